@@ -1,0 +1,66 @@
+"""trtet_store: disk-aware storage for TensorRT engines in ExecuTorch programs.
+
+The public face. Importing it is cheap: the ExecuTorch and TensorRT adapters
+load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trtet_store.io import (
+    Blob,
+    BlobStore,
+    ConcurrentWriteError,
+    ExternalFile,
+    InsufficientSpaceError,
+    VerificationError,
+    WriteReport,
+    write_file,
+    write_files,
+)
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; imported on first access (PEP 562).
+_LAZY = {
+    "save": "trtet_store.export.executorch",
+    "write_tensor_data": "trtet_store.export.executorch",
+    "save_program": "trtet_store.export.executorch",
+    "compile_and_save": "trtet_store.export.compile",
+    "recover": "trtet_store.io.recovery",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trtet_store.export.compile import compile_and_save
+    from trtet_store.export.executorch import save, save_program, write_tensor_data
+    from trtet_store.io.recovery import recover
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trtet_store' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Blob",
+    "BlobStore",
+    "ConcurrentWriteError",
+    "ExternalFile",
+    "InsufficientSpaceError",
+    "VerificationError",
+    "WriteReport",
+    "compile_and_save",
+    "recover",
+    "save",
+    "save_program",
+    "write_file",
+    "write_files",
+    "write_tensor_data",
+]

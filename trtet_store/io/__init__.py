@@ -1,0 +1,30 @@
+"""The storage engine: owned blobs, layouts, placements, the write transaction.
+
+Standard library and xxhash only; nothing here knows about programs or engines.
+"""
+
+from trtet_store.io.blobstore import Blob, BlobStore
+from trtet_store.io.fs import InsufficientSpaceError
+from trtet_store.io.layout import ExternalFile, Layout
+from trtet_store.io.transfer import VerificationError
+from trtet_store.io.writer import (
+    ConcurrentWriteError,
+    PlacementRecord,
+    WriteReport,
+    write_file,
+    write_files,
+)
+
+__all__ = [
+    "Blob",
+    "BlobStore",
+    "ConcurrentWriteError",
+    "ExternalFile",
+    "InsufficientSpaceError",
+    "Layout",
+    "PlacementRecord",
+    "VerificationError",
+    "WriteReport",
+    "write_file",
+    "write_files",
+]

@@ -1,0 +1,233 @@
+"""Filesystem primitives: checked I/O, durability, free space, capability cache.
+
+Every system call that changes or reads file content goes through the module
+object :data:`calls`, so fault-injection tests can wrap the real calls (raise,
+return a short count) without faking the filesystem.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Errors that mean "this placement is not possible here", never "the disk is full".
+UNSUPPORTED_ERRNOS = frozenset(
+    {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS, errno.EPERM}
+)
+
+
+@dataclass
+class Syscalls:
+    """The system calls the storage engine makes, as one replaceable table.
+
+    Tests install a wrapper around each real call; production code always runs
+    the real ``os`` functions.
+    """
+
+    open: object = field(default=os.open)
+    close: object = field(default=os.close)
+    pread: object = field(default=os.pread)
+    pwrite: object = field(default=os.pwrite)
+    ftruncate: object = field(default=os.ftruncate)
+    fsync: object = field(default=os.fsync)
+    fdatasync: object = field(default=os.fdatasync)
+    copy_file_range: object = field(default=os.copy_file_range)
+    rename: object = field(default=os.rename)
+    replace: object = field(default=os.replace)
+    link: object = field(default=os.link)
+    unlink: object = field(default=os.unlink)
+    fallocate: object = field(default=lambda *a: fallocate(*a))
+
+
+calls = Syscalls()
+
+NAMES = tuple(Syscalls.__dataclass_fields__)
+
+
+class InsufficientSpaceError(OSError):
+    """Raised before anything is created when a write cannot fit.
+
+    Attributes
+    ----------
+    needed : int
+        Bytes the chosen placements need on the destination filesystem.
+    available : int
+        Bytes free to an unprivileged writer there when it was checked.
+    path : str
+        The destination the space was needed for.
+    """
+
+    def __init__(self, needed: int, available: int, path: os.PathLike | str) -> None:
+        super().__init__(
+            errno.ENOSPC,
+            f"not enough free space for {os.fspath(path)}: needs {_mib(needed)}, "
+            f"{_mib(available)} available; free {_mib(needed - available)} or write "
+            "to another filesystem (consume=True needs only one chunk extra)",
+            os.fspath(path),
+        )
+        self.needed = needed
+        self.available = available
+        self.path = os.fspath(path)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def free_bytes(path: os.PathLike | str) -> int:
+    """Bytes free to unprivileged users on the filesystem holding ``path``.
+
+    ``f_bavail`` rather than ``f_bfree``: root may dip into ext4's reserve, but
+    a plan that needs the reserve is a plan that fails for everyone else.
+    """
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def block_size(path: os.PathLike | str) -> int:
+    """The filesystem's allocation unit for ``path`` (a file or directory)."""
+    return os.statvfs(path).f_bsize
+
+
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple``."""
+    return -(-n // multiple) * multiple
+
+
+def pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset``; a short count is retried, never ignored.
+
+    A zero-byte write without an error would loop forever, so it is raised as
+    ENOSPC (what the kernel means by it on a full filesystem).
+    """
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        n = calls.pwrite(fd, view[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress", None)
+        done += n
+
+
+def pread_exact(fd: int, size: int, offset: int, path: os.PathLike | str = "") -> bytes:
+    """Read exactly ``size`` bytes at ``offset`` or raise: a file that shrank is an error."""
+    parts = []
+    done = 0
+    while done < size:
+        chunk = calls.pread(fd, size - done, offset + done)
+        if not chunk:
+            raise OSError(
+                errno.EIO,
+                f"file ended at {offset + done}, expected {size} bytes from {offset}",
+                os.fspath(path),
+            )
+        parts.append(chunk)
+        done += len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def fsync_dir(path: os.PathLike | str) -> None:
+    """fsync a directory, so a rename or unlink in it survives a power cut."""
+    fd = calls.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        calls.fsync(fd)
+    finally:
+        calls.close(fd)
+
+
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """Whether two stat results name one inode."""
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def is_regular(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode)
+
+
+class CapabilityCache:
+    """What a filesystem was found unable to do, so later writes don't pay to find out.
+
+    Keys are ``(operation, st_dev of source, st_dev of destination)``. st_dev is
+    only a cache key here, never a prediction: a miss always tries the call.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, tuple[bool, str]] = {}
+
+    def get(self, key: tuple) -> tuple[bool, str] | None:
+        return self._known.get(key)
+
+    def put(self, key: tuple, works: bool, reason: str) -> None:
+        self._known[key] = (works, reason)
+
+    def clear(self) -> None:
+        self._known.clear()
+
+
+capabilities = CapabilityCache()
+
+
+def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
+    """Whether ``source`` can be renamed into ``dest_dir``, found by trying a hard link.
+
+    A link succeeds exactly where a rename would (same mount of the same
+    superblock); bind mounts and btrfs subvolumes make ``st_dev`` unreliable.
+    """
+    key = ("link", os.stat(source).st_dev, os.stat(dest_dir).st_dev)
+    known = capabilities.get(key)
+    if known is not None:
+        return known
+    probe = dest_dir / f".trtet-probe-{os.getpid()}-{id(source):x}"
+    try:
+        os.link(source, probe)
+    except OSError as exc:
+        if exc.errno in UNSUPPORTED_ERRNOS or exc.errno == errno.EMLINK:
+            reason = f"{source.parent} and {dest_dir} are on different filesystems " \
+                f"(link: {os.strerror(exc.errno)})"
+            capabilities.put(key, False, reason)
+            return False, reason
+        raise
+    os.unlink(probe)
+    result = (True, f"{source.parent} and {dest_dir} share a filesystem")
+    capabilities.put(key, *result)
+    return result
+
+
+_libc = None
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_INSERT_RANGE = 0x20
+
+
+def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    """``fallocate(2)`` with mode flags, which ``os.posix_fallocate`` cannot pass."""
+    global _libc
+    if _libc is None:
+        import ctypes
+        import ctypes.util
+
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if _libc.fallocate(fd, mode, offset, length) != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free ``[offset, offset+length)`` of a file, keeping its size.
+
+    Returns False where the filesystem cannot punch holes: the caller keeps the
+    bytes allocated, which costs disk but loses nothing.
+    """
+    try:
+        calls.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
+    except OSError as exc:
+        if exc.errno in UNSUPPORTED_ERRNOS:
+            return False
+        raise
+    return True

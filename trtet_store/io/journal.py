@@ -1,0 +1,190 @@
+"""The intent journal: what a write transaction is doing, durable before it acts.
+
+A journal is a JSON-lines file beside the first output's temp file. Line one
+is the plan (outputs, temp names, every payload's source, offset, size,
+placement and chunk digests, every inline extent's digest); each later line
+records a state the transaction reached. A torn last line is ignored: the
+state before it still holds. Like SQLite's journal it knows files and bytes,
+never programs or engines; recovery needs nothing but the journal and the
+files it names.
+
+The writer holds an exclusive ``flock`` on the journal for the transaction's
+lifetime, so a recovery can tell a live transaction from a dead one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trtet_store.io import fs
+
+VERSION = 1
+SUFFIX = ".trtet-journal"
+
+# States, in the order a transaction reaches them.
+PLACING = "placing"  # sources may be partly moved; roll back, or forward if all agrees
+PUBLISHING = "publishing"  # every output placed and verified; renames may have started
+DONE = "done"  # every output published; only cleanup is left
+
+
+@dataclass
+class PayloadPlan:
+    """One file-backed piece of an output."""
+
+    source: str
+    offset: int
+    size: int
+    placement: str
+    reason: str
+    chunk_size: int
+    chunk_digests: list[int] | None
+    step: int = 0
+    consumed: bool = False
+
+
+@dataclass
+class InlinePlan:
+    """One in-memory piece, by digest (its bytes live only in the temp file)."""
+
+    offset: int
+    size: int
+    digest: int
+
+
+@dataclass
+class OutputPlan:
+    """One output file of the transaction."""
+
+    dest: str
+    temp: str
+    backup: str | None
+    size: int
+    inline: list[InlinePlan] = field(default_factory=list)
+    payloads: list[PayloadPlan] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """Everything a recovery needs to finish or undo a transaction."""
+
+    token: str
+    outputs: list[OutputPlan]
+    pins: list[str] = field(default_factory=list)
+    version: int = VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        raw = json.loads(text)
+        if raw.get("version") != VERSION:
+            raise ValueError(f"journal version {raw.get('version')!r}, expected {VERSION}")
+        outputs = [
+            OutputPlan(
+                dest=o["dest"], temp=o["temp"], backup=o["backup"], size=o["size"],
+                inline=[InlinePlan(**i) for i in o["inline"]],
+                payloads=[PayloadPlan(**p) for p in o["payloads"]],
+            )
+            for o in raw["outputs"]
+        ]
+        return cls(token=raw["token"], outputs=outputs, pins=raw["pins"], version=VERSION)
+
+    def sources(self) -> list[str]:
+        return [p.source for o in self.outputs for p in o.payloads]
+
+
+class Journal:
+    """An open, locked journal file."""
+
+    def __init__(self, path: Path, fd: int, plan: Plan, state: str) -> None:
+        self.path = path
+        self.fd = fd
+        self.plan = plan
+        self.state = state
+
+    @classmethod
+    def create(cls, path: Path, plan: Plan) -> Journal:
+        """Write the plan durably (file and directory entry) and lock it."""
+        fd = fs.calls.open(os.fspath(path), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                           0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fs.pwrite_all(fd, (plan.to_json() + "\n").encode(), 0)
+            fs.calls.fsync(fd)
+            fs.fsync_dir(path.parent)
+        except BaseException:
+            fs.calls.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        return cls(path, fd, plan, PLACING)
+
+    @classmethod
+    def open_if_abandoned(cls, path: Path) -> Journal | None:
+        """Open a journal whose writer is gone; None while a writer holds it."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            plan, state = read(path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, plan, state)
+
+    def mark(self, state: str) -> None:
+        """Record that the transaction reached ``state``, durably."""
+        end = os.fstat(self.fd).st_size
+        fs.pwrite_all(self.fd, (json.dumps({"state": state}) + "\n").encode(), end)
+        fs.calls.fsync(self.fd)
+        self.state = state
+
+    def remove(self) -> None:
+        """Delete the journal and its pins, then release the lock."""
+        for pin in self.plan.pins:
+            with contextlib.suppress(FileNotFoundError):
+                fs.calls.unlink(pin)
+        fs.calls.unlink(os.fspath(self.path))
+        fs.fsync_dir(self.path.parent)
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+
+def read(path: Path) -> tuple[Plan, str]:
+    """The plan and the last state recorded in a journal file."""
+    lines = Path(path).read_bytes().split(b"\n")
+    if not lines or not lines[0]:
+        raise ValueError(f"{path}: empty journal")
+    plan = Plan.from_json(lines[0].decode())
+    state = PLACING
+    for line in lines[1:]:
+        try:
+            state = json.loads(line)["state"]
+        except (ValueError, KeyError, TypeError):
+            break  # torn tail: the last complete state stands
+    return plan, state
+
+
+def source_paths(path: Path) -> list[str]:
+    """The source files a journal names (they must not be collected)."""
+    plan, _ = read(path)
+    return plan.sources()
+
+
+def journals_in(directory: Path) -> list[Path]:
+    """Journal files in ``directory``."""
+    return sorted(Path(directory).glob(f".*{SUFFIX}"))

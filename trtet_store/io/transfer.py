@@ -1,0 +1,212 @@
+"""The placements: how a payload's bytes get from its source file into the output.
+
+Each function works on open file descriptors and one payload. Moves are
+resumable in both directions: the source's length is the progress marker, so
+:func:`move` and :func:`unmove` continue from wherever a previous call (or a
+process that died) stopped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Sequence
+
+from trtet_store.io import fs
+from trtet_store.io.blobstore import chunk_digest
+
+Progress = Callable[[int], None]
+
+
+class PlacementUnavailable(Exception):
+    """This placement cannot work here; raised only before anything changed."""
+
+    def __init__(self, reason: str, errno_: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.errno = errno_
+
+
+class VerificationError(OSError):
+    """Bytes did not match the digests recorded when the blob was staged."""
+
+    def __init__(self, what: str, chunk: int, path: str) -> None:
+        super().__init__(
+            errno.EIO,
+            f"{what}: chunk {chunk} does not match the digest recorded when the blob was "
+            "staged (the file changed after staging, or the disk returned other bytes)",
+            path,
+        )
+        self.chunk = chunk
+
+
+def verify_chunks(data: bytes | memoryview, start: int, chunk_size: int,
+                  digests: Sequence[int] | None, what: str, path: str) -> None:
+    """Check ``data``, which begins at payload offset ``start``, against chunk digests.
+
+    ``start`` must be a chunk boundary; ``data`` must end on one or at the
+    payload's end.
+    """
+    if digests is None:
+        return
+    if start % chunk_size:
+        raise ValueError(f"{what}: offset {start} is not a multiple of chunk {chunk_size}")
+    view = memoryview(data)
+    first = start // chunk_size
+    for k in range(0, len(view), chunk_size):
+        j = first + k // chunk_size
+        if j >= len(digests) or chunk_digest(view[k:k + chunk_size]) != digests[j]:
+            raise VerificationError(what, j, path)
+
+
+def verify_range(fd: int, offset: int, size: int, chunk_size: int,
+                 digests: Sequence[int] | None, what: str, path: str,
+                 read_size: int = 8 << 20) -> None:
+    """Read ``[offset, offset+size)`` of ``fd`` and check it against chunk digests."""
+    if digests is None:
+        return
+    step = max(chunk_size, read_size // chunk_size * chunk_size)
+    for pos in range(0, size, step):
+        n = min(step, size - pos)
+        verify_chunks(fs.pread_exact(fd, n, offset + pos, path), pos, chunk_size, digests,
+                      what, path)
+
+
+def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
+         digests: Sequence[int] | None, digest_chunk: int, src_path: str, dst_path: str,
+         progress: Progress | None = None) -> int:
+    """Copy a whole source file to ``dst_offset``; the source is left intact.
+
+    Tries ``copy_file_range`` (the kernel copies, or reflinks where it can),
+    falling back to pread/pwrite only if the first call fails before copying a
+    byte for a reason that means "not here". The copy is then checked against
+    the recorded digests.
+
+    Returns
+    -------
+    int
+        Bytes copied.
+    """
+    done = _copy_file_range(src_fd, dst_fd, dst_offset, size, chunk, src_path, progress)
+    if done is None:
+        _copy_pread_pwrite(src_fd, dst_fd, dst_offset, size, chunk, digests, digest_chunk,
+                           src_path, progress)
+    else:
+        verify_range(dst_fd, dst_offset, size, digest_chunk, digests,
+                     f"copy of {src_path} into {dst_path}", dst_path)
+    return size
+
+
+_copy_file_range_works: dict[tuple[int, int], bool] = {}
+
+
+def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk: int,
+                     src_path: str, progress: Progress | None) -> int | None:
+    key = (os.fstat(src_fd).st_dev, os.fstat(dst_fd).st_dev)
+    if _copy_file_range_works.get(key) is False:
+        return None
+    done = 0
+    while done < size:
+        try:
+            n = fs.calls.copy_file_range(src_fd, dst_fd, min(chunk, size - done), done,
+                                         dst_offset + done)
+        except OSError as exc:
+            if done == 0 and exc.errno in fs.UNSUPPORTED_ERRNOS:
+                _copy_file_range_works[key] = False
+                return None
+            raise
+        if n == 0:
+            raise OSError(errno.EIO, f"source ended at {done} of {size} bytes", src_path)
+        done += n
+        if progress:
+            progress(n)
+    _copy_file_range_works[key] = True
+    return done
+
+
+def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk: int,
+                       digests: Sequence[int] | None, digest_chunk: int, src_path: str,
+                       progress: Progress | None) -> None:
+    step = max(digest_chunk, chunk // digest_chunk * digest_chunk)
+    for pos in range(0, size, step):
+        n = min(step, size - pos)
+        data = fs.pread_exact(src_fd, n, pos, src_path)
+        verify_chunks(data, pos, digest_chunk, digests, f"source {src_path}", src_path)
+        fs.pwrite_all(dst_fd, data, dst_offset + pos)
+        if progress:
+            progress(n)
+
+
+def move_step(chunk: int, digest_chunk: int) -> int:
+    """The move granularity: ``chunk`` rounded to a multiple of the digest chunk.
+
+    Moving whole digest chunks lets a move verify every chunk as it passes.
+    """
+    return max(digest_chunk, chunk // digest_chunk * digest_chunk)
+
+
+def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
+         digests: Sequence[int] | None, digest_chunk: int, src_path: str,
+         progress: Progress | None = None) -> int:
+    """Move the source into ``[dst_offset, dst_offset+size)``, back to front.
+
+    Each step copies the source's last ``step`` bytes to their place, makes the
+    destination durable, and only then truncates the source. The source's
+    length is the progress marker: bytes ``[len, size)`` are in the destination.
+    Extra disk at any instant: one step.
+
+    Returns
+    -------
+    int
+        Bytes moved by this call (a resumed move moves only what was left).
+    """
+    length = os.fstat(src_fd).st_size
+    if length > size:
+        raise OSError(errno.EINVAL, f"source is {length} bytes, planned {size}", src_path)
+    moved = 0
+    while length > 0:
+        start = (length - 1) // step * step
+        data = fs.pread_exact(src_fd, length - start, start, src_path)
+        verify_chunks(data, start, digest_chunk, digests, f"source {src_path}", src_path)
+        fs.pwrite_all(dst_fd, data, dst_offset + start)
+        fs.calls.fdatasync(dst_fd)
+        fs.calls.ftruncate(src_fd, start)
+        moved += length - start
+        if progress:
+            progress(length - start)
+        length = start
+    return moved
+
+
+def unmove(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
+           digests: Sequence[int] | None, digest_chunk: int, dst_path: str,
+           src_path: str) -> int:
+    """Undo :func:`move`: give the source back the bytes it lost, front to back.
+
+    The source grows from its current length (still the progress marker), each
+    step made durable before its copy in the destination is punched out, so a
+    rollback on a full disk needs one step of space, like the move.
+
+    Returns
+    -------
+    int
+        Bytes returned to the source.
+    """
+    length = os.fstat(src_fd).st_size
+    if length < size:
+        # A step cut short by a crash leaves a partial chunk: its bytes are
+        # still in the destination (punched only after a synced step), so
+        # start again from the chunk boundary.
+        length = length // digest_chunk * digest_chunk
+    restored = 0
+    while length < size:
+        end = min(size, (length // step + 1) * step)
+        data = fs.pread_exact(dst_fd, end - length, dst_offset + length, dst_path)
+        verify_chunks(data, length, digest_chunk, digests,
+                      f"rollback of {src_path} from {dst_path}", dst_path)
+        fs.pwrite_all(src_fd, data, length)
+        fs.calls.fdatasync(src_fd)
+        fs.punch_hole(dst_fd, dst_offset + length, end - length)
+        restored += end - length
+        length = end
+    return restored

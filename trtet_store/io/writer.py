@@ -1,0 +1,539 @@
+"""The write transaction: validate, preflight, journal, place, verify, publish, release.
+
+One or more output files are written as a single transaction. Until the
+journal records ``publishing`` every failure rolls back: moved bytes go back
+into their sources, temp files go, destinations keep what they had, and the
+error propagates. See DESIGN.md, "The transaction".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtet_store.io import fs, transfer
+from trtet_store.io.blobstore import Blob, chunk_digest
+from trtet_store.io.journal import (
+    PUBLISHING,
+    InlinePlan,
+    Journal,
+    OutputPlan,
+    PayloadPlan,
+    Plan,
+)
+from trtet_store.io.layout import Extent, ExternalFile, Layout, Piece
+
+log = logging.getLogger("trtet_store.writer")
+
+DEFAULT_CHUNK_SIZE = 8 << 20
+# Room for the journal, directory entries and per-file block rounding, on top
+# of what the placements themselves need.
+SLACK_BYTES = 1 << 20
+ROLLING_BACK = "rolling_back"
+
+ProgressCallback = Callable[[int, int], None]
+
+
+class ConcurrentWriteError(BlockingIOError):
+    """Another transaction is writing the same destination right now."""
+
+
+@dataclass
+class PlacementRecord:
+    """How one payload got into its output."""
+
+    index: int
+    source: str
+    offset: int
+    size: int
+    placement: str
+    reason: str
+    bytes_written: int = 0
+    seconds: float = 0.0
+    verified: bool = False
+
+
+@dataclass
+class WriteReport:
+    """What a write did, per output file.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The published file.
+    size : int
+        Its length.
+    inline_bytes : int
+        Bytes written from memory (headers, metadata, padding).
+    placements : list of PlacementRecord
+        One per payload: the placement used, why, bytes written, seconds.
+    seconds : float
+        Wall time of the whole transaction.
+    """
+
+    path: Path
+    size: int
+    inline_bytes: int = 0
+    placements: list[PlacementRecord] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes this write put on disk itself (inline plus copied or moved)."""
+        return self.inline_bytes + sum(p.bytes_written for p in self.placements)
+
+
+def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: bool = False,
+               chunk_size: int | None = None,
+               progress: ProgressCallback | None = None) -> WriteReport:
+    """Write the concatenation of ``pieces`` to ``path`` as one transaction.
+
+    Parameters
+    ----------
+    path : path-like
+        The destination. It holds its old content, or none, until the new file
+        is complete and durable, then the new file replaces it atomically.
+    pieces : iterable of bytes, Blob or ExternalFile
+        The content in order.
+    consume : bool
+        Allow moving :class:`Blob` pieces into the output (they are released
+        afterwards) when they share the output's filesystem. Without it every
+        source is left as it was.
+    chunk_size : int, optional
+        Bytes per step of a move or copy (default 8 MiB); a move is rounded to
+        whole digest chunks of its blob. A move needs this much extra disk.
+    progress : callable, optional
+        Called as ``progress(bytes_done, bytes_total)`` as payload bytes land.
+
+    Returns
+    -------
+    WriteReport
+
+    Raises
+    ------
+    InsufficientSpaceError
+        Before anything is created, when the chosen placements cannot fit.
+    OSError
+        Any other failure, after everything was rolled back.
+    """
+    return write_files([(path, pieces)], consume=consume, chunk_size=chunk_size,
+                       progress=progress)[0]
+
+
+def write_files(outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
+                consume: bool = False, chunk_size: int | None = None,
+                progress: ProgressCallback | None = None) -> list[WriteReport]:
+    """Write several files as one transaction: all are published, or none changes.
+
+    Every output is placed and verified in its temp file before the first
+    rename. Parameters are as for :func:`write_file`.
+    """
+    return Transaction(outputs, consume=consume, chunk_size=chunk_size,
+                       progress=progress).run()
+
+
+class _Output:
+    """One output while the transaction runs."""
+
+    def __init__(self, dest: Path, layout: Layout) -> None:
+        self.dest = dest
+        self.layout = layout
+        self.temp = dest.with_name(f".{dest.name}.trtet-{{token}}.tmp")
+        self.backup: Path | None = None
+        self.temp_fd = -1
+        self.lock_fd = -1
+        self.lock_path = dest.with_name(f".{dest.name}.trtet-lock")
+        self.report = WriteReport(dest, layout.size)
+        self.renamed = False
+
+
+class Transaction:
+    """A write of one or more files; :meth:`run` is the only way in."""
+
+    def __init__(self, outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
+                 consume: bool, chunk_size: int | None,
+                 progress: ProgressCallback | None) -> None:
+        if chunk_size is not None and chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if not outputs:
+            raise ValueError("nothing to write: no outputs given")
+        self.token = uuid.uuid4().hex[:16]
+        self.consume = consume
+        self.chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
+        self.progress = progress
+        self.outputs = [_Output(_destination(p), Layout(pieces)) for p, pieces in outputs]
+        for out in self.outputs:
+            out.temp = out.temp.with_name(out.temp.name.format(token=self.token))
+        self.plans: dict[int, list[tuple[Extent, PayloadPlan]]] = {}
+        self.journal: Journal | None = None
+        self.total = sum(o.layout.size for o in self.outputs)
+        self.done = 0
+
+    # -- the steps, in order -------------------------------------------------
+
+    def run(self) -> list[WriteReport]:
+        start = time.monotonic()
+        try:
+            self.validate()
+            self.lock_destinations()
+            try:
+                self.choose_placements()
+                self.preflight()
+                self.write_journal()
+                try:
+                    self.create_temps()
+                    self.place()
+                    self.publish()
+                except BaseException as exc:
+                    self.rollback(exc)
+                    raise
+                self.release()
+            finally:
+                self.unlock_destinations()
+        finally:
+            self.close_temps()
+        seconds = time.monotonic() - start
+        for out in self.outputs:
+            out.report.seconds = seconds
+        return [o.report for o in self.outputs]
+
+    def validate(self) -> None:
+        """Refuse bad destinations and sources before touching anything."""
+        dests: dict[str, Path] = {}
+        dest_stats = []
+        for out in self.outputs:
+            parent = out.dest.parent
+            if not parent.is_dir():
+                raise FileNotFoundError(errno.ENOENT,
+                                        f"cannot write {out.dest}: its directory does not exist",
+                                        os.fspath(parent))
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES,
+                                      f"cannot write {out.dest}: its directory is not writable",
+                                      os.fspath(parent))
+            if out.dest.is_dir():
+                raise IsADirectoryError(errno.EISDIR, f"cannot write {out.dest}: it is a "
+                                        "directory; give a file name", os.fspath(out.dest))
+            key = os.fspath(out.dest)
+            if key in dests:
+                raise ValueError(f"{out.dest} is named twice among the outputs")
+            dests[key] = out.dest
+            with contextlib.suppress(FileNotFoundError):
+                dest_stats.append((out.dest, os.stat(out.dest)))
+        for out in self.outputs:
+            for ext in out.layout.payloads:
+                src = _source_path(ext.piece)
+                try:
+                    st = os.stat(src)
+                except FileNotFoundError:
+                    raise FileNotFoundError(
+                        errno.ENOENT, f"piece {ext.index} of {out.dest}: source file is gone",
+                        os.fspath(src)) from None
+                if not fs.is_regular(st):
+                    raise ValueError(f"piece {ext.index} of {out.dest}: {src} is not a "
+                                     "regular file")
+                if st.st_size != ext.size:
+                    raise ValueError(
+                        f"piece {ext.index} of {out.dest}: {src} is {st.st_size} bytes, but "
+                        f"{ext.size} were planned; it changed after it was staged")
+                for dest, dst_st in dest_stats:
+                    if fs.same_file(st, dst_st):
+                        raise ValueError(
+                            f"cannot write {dest}: it is (or links to) the source of piece "
+                            f"{ext.index}, {src}; write to another path")
+
+    def lock_destinations(self) -> None:
+        """Take a per-destination lock, so two writers never race for one file."""
+        for out in self.outputs:
+            out.lock_fd = _lock_file(out.lock_path, out.dest)
+
+    def choose_placements(self) -> None:
+        """Pick, per payload, the best placement allowed, and say why."""
+        uses: dict[str, int] = {}
+        for out in self.outputs:
+            for ext in out.layout.payloads:
+                key = os.fspath(_source_path(ext.piece))
+                uses[key] = uses.get(key, 0) + 1
+        for i, out in enumerate(self.outputs):
+            plans = []
+            for ext in out.layout.payloads:
+                piece = ext.piece
+                placement, reason = "copy", ""
+                if isinstance(piece, ExternalFile):
+                    reason = "not owned by a blob store: a user's file is only copied"
+                elif not self.consume:
+                    reason = "consume=False: sources are left intact"
+                elif uses[os.fspath(piece.path)] > 1:
+                    reason = "the blob is used more than once, so it must survive"
+                else:
+                    same, why = fs.probe_same_filesystem(piece.path, out.dest.parent)
+                    placement, reason = ("move", why) if same else ("copy", why)
+                digest_chunk, digests = _digests(piece)
+                step = transfer.move_step(self.chunk_size, digest_chunk)
+                plan = PayloadPlan(
+                    source=os.fspath(_source_path(piece)), offset=ext.offset, size=ext.size,
+                    placement=placement, reason=reason, chunk_size=digest_chunk,
+                    chunk_digests=list(digests) if digests is not None else None, step=step,
+                    consumed=placement == "move")
+                plans.append((ext, plan))
+                log.info("%s: piece %d (%d bytes from %s) by %s: %s", out.dest, ext.index,
+                         ext.size, plan.source, placement, reason)
+            self.plans[i] = plans
+
+    def preflight(self) -> None:
+        """Fail before creating anything if the placements cannot fit."""
+        need: dict[int, tuple[int, Path]] = {}
+        for i, out in enumerate(self.outputs):
+            bs = fs.block_size(out.dest.parent)
+            n = sum(fs.round_up(e.size, bs) for e in out.layout.inline)
+            moves = [p for _, p in self.plans[i] if p.placement == "move"]
+            n += sum(fs.round_up(p.size, bs) for _, p in self.plans[i] if p.placement == "copy")
+            if moves:
+                n += max(p.step for p in moves) + bs * 2 * len(moves)
+            dev = os.stat(out.dest.parent).st_dev
+            prev, _ = need.get(dev, (SLACK_BYTES, out.dest))
+            need[dev] = (prev + n, out.dest)
+        for needed, dest in need.values():
+            available = fs.free_bytes(dest.parent)
+            if needed > available:
+                raise fs.InsufficientSpaceError(needed, available, dest)
+
+    def write_journal(self) -> None:
+        """Record the plan durably, and pin the sources it moves."""
+        outputs = []
+        for i, out in enumerate(self.outputs):
+            if len(self.outputs) > 1:
+                out.backup = out.dest.with_name(f".{out.dest.name}.trtet-{self.token}.old")
+            inline = [InlinePlan(e.offset, e.size, chunk_digest(_bytes(e.piece)))
+                      for e in out.layout.inline]
+            outputs.append(OutputPlan(
+                dest=os.fspath(out.dest), temp=os.fspath(out.temp),
+                backup=os.fspath(out.backup) if out.backup else None, size=out.layout.size,
+                inline=inline, payloads=[p for _, p in self.plans[i]]))
+        first = self.outputs[0]
+        path = first.dest.with_name(f".{first.dest.name}.trtet-{self.token}.trtet-journal")
+        pin_dirs = sorted({os.path.dirname(p.source) for plans in self.plans.values()
+                           for _, p in plans if p.placement == "move"})
+        pins = [os.path.join(d, f".trtet-pin-{self.token}") for d in pin_dirs]
+        plan = Plan(token=self.token, outputs=outputs, pins=pins)
+        self.journal = Journal.create(path, plan)
+        try:
+            for pin in pins:
+                os.symlink(path, pin)
+                fs.fsync_dir(os.path.dirname(pin))
+        except BaseException:
+            self.journal.remove()
+            self.journal = None
+            raise
+
+    def create_temps(self) -> None:
+        """Temp files beside each destination, at full size (sparse), inline bytes in."""
+        for out in self.outputs:
+            out.temp_fd = fs.calls.open(
+                os.fspath(out.temp), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            # Pre-sizing keeps XFS from speculative preallocation past EOF,
+            # which would cost a move a second chunk of disk.
+            fs.calls.ftruncate(out.temp_fd, out.layout.size)
+            for ext in out.layout.inline:
+                data = _bytes(ext.piece)
+                if data.strip(b"\0"):  # zero padding stays a hole
+                    fs.pwrite_all(out.temp_fd, data, ext.offset)
+                out.report.inline_bytes += ext.size
+                self._advance(ext.size)
+
+    def place(self) -> None:
+        """Place every payload, from the end of each file toward the front."""
+        for i, out in enumerate(self.outputs):
+            for ext, plan in sorted(self.plans[i], key=lambda ep: -ep[1].offset):
+                record = PlacementRecord(ext.index, plan.source, plan.offset, plan.size,
+                                         plan.placement, plan.reason)
+                t0 = time.monotonic()
+                record.bytes_written = self._place_one(out, plan)
+                record.seconds = time.monotonic() - t0
+                record.verified = plan.chunk_digests is not None
+                out.report.placements.append(record)
+                log.info("%s: placed %d bytes at %d by %s in %.3f s", out.dest, plan.size,
+                         plan.offset, plan.placement, record.seconds)
+            out.report.placements.sort(key=lambda r: r.offset)
+
+    def _place_one(self, out: _Output, plan: PayloadPlan) -> int:
+        flags = os.O_RDWR if plan.placement == "move" else os.O_RDONLY
+        src_fd = fs.calls.open(plan.source, flags | os.O_CLOEXEC)
+        try:
+            if plan.placement == "move":
+                return transfer.move(src_fd, out.temp_fd, plan.offset, plan.size, step=plan.step,
+                                     digests=plan.chunk_digests, digest_chunk=plan.chunk_size,
+                                     src_path=plan.source, progress=self._advance)
+            return transfer.copy(src_fd, out.temp_fd, plan.offset, plan.size,
+                                 chunk=self.chunk_size, digests=plan.chunk_digests,
+                                 digest_chunk=plan.chunk_size, src_path=plan.source,
+                                 dst_path=os.fspath(out.temp), progress=self._advance)
+        finally:
+            fs.calls.close(src_fd)
+
+    def publish(self) -> None:
+        """Make every temp file durable, then rename each over its destination."""
+        for out in self.outputs:
+            fs.calls.fsync(out.temp_fd)
+        assert self.journal is not None
+        self.journal.mark(PUBLISHING)
+        for out in self.outputs:
+            if out.backup is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.calls.link(os.fspath(out.dest), os.fspath(out.backup))
+            fs.calls.rename(os.fspath(out.temp), os.fspath(out.dest))
+            out.renamed = True
+        for parent in sorted({o.dest.parent for o in self.outputs}):
+            fs.fsync_dir(parent)
+
+    def release(self) -> None:
+        """After publish: drop backups, release consumed sources, remove the journal."""
+        finish(self.journal.plan)
+        for i, _ in enumerate(self.outputs):
+            for ext, plan in self.plans[i]:
+                if plan.consumed and isinstance(ext.piece, Blob):
+                    ext.piece.mark_consumed()
+        self.journal.remove()
+        self.journal = None
+
+    def rollback(self, exc: BaseException) -> None:
+        """Undo everything before publish; the original error is re-raised by the caller."""
+        if self.journal is None:
+            return
+        log.warning("write of %s failed (%s); rolling back",
+                    ", ".join(os.fspath(o.dest) for o in self.outputs), exc)
+        try:
+            self.journal.mark(ROLLING_BACK)
+            for out in self.outputs:
+                if out.renamed:
+                    fs.calls.rename(os.fspath(out.dest), os.fspath(out.temp))
+                    if out.backup is not None and out.backup.exists():
+                        fs.calls.rename(os.fspath(out.backup), os.fspath(out.dest))
+                    out.renamed = False
+            self.close_temps()
+            undo(self.journal.plan)
+            self.journal.remove()
+            self.journal = None
+        except BaseException as undo_exc:
+            # Keep the journal: it is what lets `recover` finish the rollback.
+            log.error("rollback did not complete (%s); run trtet_store.recover(%r)", undo_exc,
+                      os.fspath(self.journal.path.parent))
+            self.journal.close()
+            exc.add_note(f"rollback did not complete: {undo_exc!r}; run "
+                         f"trtet_store.recover({os.fspath(self.journal.path.parent)!r})")
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress:
+            self.progress(self.done, self.total)
+
+    def close_temps(self) -> None:
+        for out in self.outputs:
+            if out.temp_fd >= 0:
+                with contextlib.suppress(OSError):
+                    fs.calls.close(out.temp_fd)
+                out.temp_fd = -1
+
+    def unlock_destinations(self) -> None:
+        for out in self.outputs:
+            if out.lock_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(out.lock_path)
+                os.close(out.lock_fd)
+                out.lock_fd = -1
+
+
+def undo(plan: Plan) -> None:
+    """Give every moved source its bytes back, then delete the temp files.
+
+    Works from the files alone (each source's length is its marker), so an
+    interrupted rollback can be run again.
+    """
+    for out in plan.outputs:
+        temp_exists = os.path.exists(out.temp)
+        for p in out.payloads:
+            if p.placement != "move":
+                continue
+            if not temp_exists:
+                if os.stat(p.source).st_size != p.size:
+                    raise OSError(errno.EIO, f"cannot restore {p.source}: the temp file "
+                                  f"{out.temp} holding its bytes is gone", p.source)
+                continue
+            src_fd = os.open(p.source, os.O_RDWR | os.O_CLOEXEC)
+            dst_fd = os.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                transfer.unmove(src_fd, dst_fd, p.offset, p.size, step=p.step,
+                                digests=p.chunk_digests, digest_chunk=p.chunk_size,
+                                dst_path=out.temp, src_path=p.source)
+            finally:
+                os.close(dst_fd)
+                os.close(src_fd)
+    for out in plan.outputs:
+        with contextlib.suppress(FileNotFoundError):
+            fs.calls.unlink(out.temp)
+        if out.backup:
+            with contextlib.suppress(FileNotFoundError):
+                fs.calls.unlink(out.backup)
+
+
+def finish(plan: Plan) -> None:
+    """After every rename: drop backups and the emptied sources of moves."""
+    for out in plan.outputs:
+        if out.backup:
+            with contextlib.suppress(FileNotFoundError):
+                fs.calls.unlink(out.backup)
+        for p in out.payloads:
+            if p.consumed:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.calls.unlink(p.source)
+
+
+def _destination(path: os.PathLike | str) -> Path:
+    # A symlinked destination updates the file it points to, as open(path, "wb") would.
+    p = Path(path).absolute()
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+def _source_path(piece: Blob | ExternalFile) -> Path:
+    return Path(piece.path).absolute()
+
+
+def _digests(piece: Blob | ExternalFile) -> tuple[int, Sequence[int] | None]:
+    if isinstance(piece, Blob):
+        return piece.chunk_size, piece.chunk_digests
+    return 1 << 20, None
+
+
+def _bytes(piece: Piece) -> bytes:
+    return bytes(piece) if not isinstance(piece, bytes) else piece
+
+
+def _lock_file(lock_path: Path, dest: Path) -> int:
+    """An exclusive, non-blocking lock tied to ``lock_path``'s current inode."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConcurrentWriteError(
+                errno.EAGAIN, f"another write to {dest} is in progress; wait for it to finish",
+                os.fspath(dest)) from None
+        # The holder before us may have unlinked the file after we opened it:
+        # a lock on a deleted inode protects nothing, so take it again.
+        try:
+            if fs.same_file(os.fstat(fd), os.stat(lock_path)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)

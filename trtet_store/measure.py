@@ -1,0 +1,360 @@
+"""Measurement helpers for tests and benchmarks: peak extra disk, bytes written, peak RSS.
+
+Standard library only (Linux), so that the storage engine's tests can measure
+without importing torch or executorch.
+
+The disk figures follow the method in ``shared/reference/filesystems.md``:
+quiesce before reading the start value, poll ``statvfs`` from a thread and
+also sample after each step, and report start-minus-minimum free space plus
+the extra left after a final sync. Measure on a small dedicated filesystem:
+on a shared one, other processes' writes show up as yours.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import threading
+import time
+from types import TracebackType
+
+__all__ = [
+    "PeakDiskMonitor",
+    "bytes_written",
+    "free_bytes",
+    "io_counters",
+    "peak_rss_bytes",
+    "quiesce",
+    "reset_peak_rss",
+    "syncfs",
+]
+
+_libc: ctypes.CDLL | None = None
+
+
+def _get_libc() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int:
+    """Return the bytes an unprivileged user may still allocate on ``path``'s filesystem.
+
+    Args:
+        path: Any file or directory on the filesystem.
+
+    Returns:
+        ``f_bavail * f_frsize`` from ``statvfs``. This is what a writer can
+        really use; ``f_bfree`` would count ext4's root-reserved blocks.
+    """
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def syncfs(path: str | os.PathLike[str]) -> None:
+    """Flush the one filesystem holding ``path`` (``syncfs(2)``).
+
+    Cheaper than ``os.sync()`` when other filesystems are busy, and on btrfs
+    it commits the transaction, without which ``statvfs`` lags behind.
+
+    Args:
+        path: Any file or directory on the filesystem to flush.
+
+    Raises:
+        OSError: If the path cannot be opened or ``syncfs`` fails.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _get_libc().syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs: {os.strerror(err)}", os.fspath(path))
+    finally:
+        os.close(fd)
+
+
+def _quiesce(
+    path: str | os.PathLike[str],
+    *,
+    use_syncfs: bool,
+    polls: int,
+    interval: float,
+    timeout: float,
+) -> tuple[int, bool]:
+    os.sync()
+    if use_syncfs:
+        syncfs(path)
+    deadline = time.monotonic() + timeout
+    last = free_bytes(path)
+    same = 1
+    while same < polls:
+        if time.monotonic() >= deadline:
+            return last, False
+        time.sleep(interval)
+        now = free_bytes(path)
+        same = same + 1 if now == last else 1
+        last = now
+    return last, True
+
+
+def quiesce(
+    path: str | os.PathLike[str],
+    *,
+    use_syncfs: bool = False,
+    polls: int = 5,
+    interval: float = 0.02,
+    timeout: float = 10.0,
+) -> int:
+    """Sync, then wait until the free space on ``path``'s filesystem stops changing.
+
+    Args:
+        path: Any file or directory on the filesystem.
+        use_syncfs: Also call ``syncfs`` on the filesystem (needed on btrfs).
+        polls: Number of consecutive equal ``statvfs`` readings that count as stable.
+        interval: Seconds between readings.
+        timeout: Give up waiting after this many seconds and return the last reading.
+
+    Returns:
+        Free bytes (see :func:`free_bytes`) once stable, or the last reading on timeout.
+    """
+    free, _settled = _quiesce(
+        path, use_syncfs=use_syncfs, polls=polls, interval=interval, timeout=timeout
+    )
+    return free
+
+
+class PeakDiskMonitor:
+    """Record how much extra disk space a piece of code takes on one filesystem, at its peak.
+
+    On entry the filesystem is quiesced and its free space read as the start
+    value. A background thread then polls ``statvfs`` every ``interval``
+    seconds, and callers should call :meth:`sample` after each step so that
+    short peaks between polls are not missed. On exit one last sample is
+    taken, the filesystem is synced and quiesced again, and the extra space
+    still in use is recorded.
+
+    Example::
+
+        with PeakDiskMonitor(mnt) as mon:
+            for chunk in chunks:
+                f.write(chunk)
+                mon.sample()
+        print(mon.peak_extra_bytes, mon.extra_after_bytes)
+
+    Args:
+        path: A file or directory on the filesystem to watch.
+        interval: Seconds between background polls (default 2 ms).
+        use_syncfs: Call ``syncfs`` before each :meth:`sample` and at the start
+            and end. Needed on btrfs, whose ``statvfs`` lags until a
+            transaction commits. The background poll never syncs, since
+            syncing every few milliseconds would throttle the writer and
+            change the very behaviour being measured.
+        settle_polls: Consecutive equal readings that count as quiesced.
+        settle_interval: Seconds between quiesce readings.
+        settle_timeout: Longest wait for quiescence, in seconds.
+
+    Attributes:
+        start_free_bytes: Free bytes at the start, after quiescing.
+        end_free_bytes: Free bytes at the end, after the final sync.
+        settled: Whether both start and end readings were stable before the timeout.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        interval: float = 0.002,
+        use_syncfs: bool = False,
+        settle_polls: int = 5,
+        settle_interval: float = 0.02,
+        settle_timeout: float = 10.0,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.interval = interval
+        self.use_syncfs = use_syncfs
+        self._settle = {
+            "polls": settle_polls,
+            "interval": settle_interval,
+            "timeout": settle_timeout,
+        }
+        self.start_free_bytes: int | None = None
+        self.end_free_bytes: int | None = None
+        self.settled = False
+        self._min_free: int | None = None
+        self._last_polled: int | None = None
+        self._timeline: list[tuple[float, int]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._poll_error: BaseException | None = None
+        self._t0 = 0.0
+        self._entered = False
+
+    def __enter__(self) -> PeakDiskMonitor:
+        if self._entered:
+            raise RuntimeError("a PeakDiskMonitor can only be entered once")
+        self._entered = True
+        start, settled = _quiesce(self.path, use_syncfs=self.use_syncfs, **self._settle)
+        self.start_free_bytes = start
+        self.settled = settled
+        self._min_free = start
+        self._last_polled = start
+        self._t0 = time.perf_counter()
+        self._timeline.append((0.0, 0))
+        self._thread = threading.Thread(
+            target=self._poll, name=f"PeakDiskMonitor({self.path})", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        # The state at exit, before any sync, may be the peak itself.
+        self.sample()
+        end, settled = _quiesce(self.path, use_syncfs=self.use_syncfs, **self._settle)
+        self.settled = self.settled and settled
+        self.end_free_bytes = end
+        # After the sync a lagging filesystem (btrfs) may only now show space
+        # that was in use all along, so this reading also counts toward the peak.
+        self._record(end, always=True)
+        if self._poll_error is not None and exc_type is None:
+            raise RuntimeError("PeakDiskMonitor polling failed") from self._poll_error
+
+    def _poll(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                self._record(free_bytes(self.path), always=False)
+        except BaseException as err:  # handed to the caller in __exit__
+            self._poll_error = err
+
+    def _record(self, free: int, *, always: bool) -> None:
+        assert self.start_free_bytes is not None and self._min_free is not None
+        t = time.perf_counter() - self._t0
+        with self._lock:
+            if free < self._min_free:
+                self._min_free = free
+            # Polls only log changes so a long run does not hoard memory; a
+            # step plot of the timeline loses nothing by it.
+            if always or free != self._last_polled:
+                self._timeline.append((t, self.start_free_bytes - free))
+            if not always:
+                self._last_polled = free
+
+    def sample(self) -> int:
+        """Read the free space now and record it (call after each step).
+
+        Returns:
+            Extra bytes in use now, relative to the start (negative if space was freed).
+
+        Raises:
+            RuntimeError: If the monitor has not been entered.
+        """
+        if self.start_free_bytes is None:
+            raise RuntimeError("PeakDiskMonitor.sample() called outside its with block")
+        if self.use_syncfs:
+            syncfs(self.path)
+        free = free_bytes(self.path)
+        self._record(free, always=True)
+        return self.start_free_bytes - free
+
+    @property
+    def peak_extra_bytes(self) -> int:
+        """Start free bytes minus the least free bytes seen so far (never negative)."""
+        if self.start_free_bytes is None or self._min_free is None:
+            raise RuntimeError("PeakDiskMonitor has not been entered")
+        with self._lock:
+            return self.start_free_bytes - self._min_free
+
+    @property
+    def extra_after_bytes(self) -> int:
+        """Extra bytes still in use after the final sync (negative if space was freed)."""
+        if self.start_free_bytes is None or self.end_free_bytes is None:
+            raise RuntimeError("extra_after_bytes is only known after the with block")
+        return self.start_free_bytes - self.end_free_bytes
+
+    @property
+    def timeline(self) -> list[tuple[float, int]]:
+        """``(seconds since start, extra bytes)`` points in time order, for plotting."""
+        with self._lock:
+            return sorted(self._timeline)
+
+
+def io_counters(pid: int | None = None) -> dict[str, int]:
+    """Return the I/O accounting fields of ``/proc/<pid>/io``.
+
+    Args:
+        pid: Process to read; ``None`` for this process (all its threads).
+
+    Returns:
+        A mapping such as ``{"rchar": ..., "write_bytes": ...,
+        "cancelled_write_bytes": ...}``.
+    """
+    where = "self" if pid is None else str(pid)
+    counters: dict[str, int] = {}
+    with open(f"/proc/{where}/io", encoding="ascii") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            counters[key.strip()] = int(value)
+    return counters
+
+
+def bytes_written(pid: int | None = None) -> int:
+    """Return ``write_bytes`` from ``/proc/<pid>/io``: bytes this process caused to be stored.
+
+    The kernel counts a page when it is dirtied, so no sync is needed to see
+    it; pages truncated before writeback are counted again under
+    ``cancelled_write_bytes`` (see :func:`io_counters`). tmpfs always
+    reports 0. Take the difference of two calls around the code measured.
+
+    Args:
+        pid: Process to read; ``None`` for this process. Children are not included.
+
+    Returns:
+        The cumulative ``write_bytes`` counter.
+    """
+    return io_counters(pid)["write_bytes"]
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS so :func:`peak_rss_bytes` measures from now.
+
+    Returns:
+        True if the kernel accepted the reset (``/proc/self/clear_refs``),
+        False if it is unavailable, in which case the peak stays the one since
+        process start.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_bytes() -> int:
+    """Return this process's peak resident set size in bytes.
+
+    Reads ``VmHWM`` from ``/proc/self/status``, which :func:`reset_peak_rss`
+    can reset between phases; falls back to ``getrusage`` (peak since start).
+
+    Returns:
+        Peak RSS in bytes.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    # Linux reports ru_maxrss in KiB.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
