@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 from trtet_store.io.blobstore import Blob
 
@@ -28,8 +27,8 @@ class ExternalFile:
         return cls(p, os.stat(p).st_size)
 
 
-Payload = Union[Blob, ExternalFile]
-Piece = Union[bytes, bytearray, memoryview, Blob, ExternalFile]
+Payload = Blob | ExternalFile
+Piece = bytes | bytearray | memoryview | Blob | ExternalFile
 
 
 @dataclass(frozen=True)

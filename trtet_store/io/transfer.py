@@ -59,16 +59,19 @@ def verify_chunks(data: bytes | memoryview, start: int, chunk_size: int,
             raise VerificationError(what, j, path)
 
 
-def verify_range(fd: int, offset: int, size: int, chunk_size: int,
+def verify_range(fd: int, base: int, start: int, end: int, chunk_size: int,
                  digests: Sequence[int] | None, what: str, path: str,
                  read_size: int = 8 << 20) -> None:
-    """Read ``[offset, offset+size)`` of ``fd`` and check it against chunk digests."""
+    """Check payload bytes ``[start, end)``, stored in ``fd`` at ``base + start``.
+
+    ``start`` must be a chunk boundary of the payload.
+    """
     if digests is None:
         return
     step = max(chunk_size, read_size // chunk_size * chunk_size)
-    for pos in range(0, size, step):
-        n = min(step, size - pos)
-        verify_chunks(fs.pread_exact(fd, n, offset + pos, path), pos, chunk_size, digests,
+    for pos in range(start, end, step):
+        n = min(step, end - pos)
+        verify_chunks(fs.pread_exact(fd, n, base + pos, path), pos, chunk_size, digests,
                       what, path)
 
 
@@ -92,7 +95,7 @@ def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
         _copy_pread_pwrite(src_fd, dst_fd, dst_offset, size, chunk, digests, digest_chunk,
                            src_path, progress)
     else:
-        verify_range(dst_fd, dst_offset, size, digest_chunk, digests,
+        verify_range(dst_fd, dst_offset, 0, size, digest_chunk, digests,
                      f"copy of {src_path} into {dst_path}", dst_path)
     return size
 

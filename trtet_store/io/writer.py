@@ -38,6 +38,7 @@ DEFAULT_CHUNK_SIZE = 8 << 20
 # of what the placements themselves need.
 SLACK_BYTES = 1 << 20
 ROLLING_BACK = "rolling_back"
+LOCK_SUFFIX = ".trtet-lock"
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -150,7 +151,7 @@ class _Output:
         self.backup: Path | None = None
         self.temp_fd = -1
         self.lock_fd = -1
-        self.lock_path = dest.with_name(f".{dest.name}.trtet-lock")
+        self.lock_path = dest.with_name(f".{dest.name}{LOCK_SUFFIX}")
         self.report = WriteReport(dest, layout.size)
         self.renamed = False
 
@@ -176,6 +177,7 @@ class Transaction:
         self.journal: Journal | None = None
         self.total = sum(o.layout.size for o in self.outputs)
         self.done = 0
+        self.committed = False
 
     # -- the steps, in order -------------------------------------------------
 
@@ -192,10 +194,10 @@ class Transaction:
                     self.create_temps()
                     self.place()
                     self.publish()
+                    self.release()
                 except BaseException as exc:
                     self.rollback(exc)
                     raise
-                self.release()
             finally:
                 self.unlock_destinations()
         finally:
@@ -252,8 +254,11 @@ class Transaction:
 
     def lock_destinations(self) -> None:
         """Take a per-destination lock, so two writers never race for one file."""
+        from trtet_store.io.recovery import recover_destination  # recovery builds on this module
+
         for out in self.outputs:
             out.lock_fd = _lock_file(out.lock_path, out.dest)
+            recover_destination(out.dest)
 
     def choose_placements(self) -> None:
         """Pick, per payload, the best placement allowed, and say why."""
@@ -391,6 +396,9 @@ class Transaction:
                     fs.calls.link(os.fspath(out.dest), os.fspath(out.backup))
             fs.calls.rename(os.fspath(out.temp), os.fspath(out.dest))
             out.renamed = True
+        # The commit point: every new file is in place. What fails from here on
+        # is reported, and `recover` finishes the cleanup; nothing is undone.
+        self.committed = True
         for parent in sorted({o.dest.parent for o in self.outputs}):
             fs.fsync_dir(parent)
 
@@ -407,6 +415,15 @@ class Transaction:
     def rollback(self, exc: BaseException) -> None:
         """Undo everything before publish; the original error is re-raised by the caller."""
         if self.journal is None:
+            return
+        if self.committed:
+            log.error("%s published, but the cleanup after it failed (%s); run "
+                      "trtet_store.recover(%r) to finish it", ", ".join(
+                          os.fspath(o.dest) for o in self.outputs), exc,
+                      os.fspath(self.journal.path.parent))
+            exc.add_note("the new files were published; run trtet_store.recover("
+                         f"{os.fspath(self.journal.path.parent)!r}) to finish the cleanup")
+            self.journal.close()
             return
         log.warning("write of %s failed (%s); rolling back",
                     ", ".join(os.fspath(o.dest) for o in self.outputs), exc)

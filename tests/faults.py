@@ -1,0 +1,87 @@
+"""Fault injection around the storage engine's real system calls.
+
+:class:`FaultInjector` replaces each entry of ``trtet_store.io.fs.calls`` with
+a wrapper that counts calls and, at the Nth, raises or returns a short count
+instead of (or after) doing the real thing. Nothing about the filesystem is
+faked: every call that is not the faulted one runs for real.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trtet_store.io import fs
+
+SHORTABLE = {"pwrite", "copy_file_range"}
+
+
+@dataclass
+class FaultInjector:
+    """Count calls; at call number ``fail_at`` (1-based) inject ``mode``.
+
+    Modes: ``"eio"`` raises EIO before the call, ``"enospc"`` raises ENOSPC,
+    ``"short"`` performs half of a write or copy and returns that count (other
+    calls raise EIO), ``"crash"`` raises :class:`SimulatedCrash` (a
+    BaseException, like a signal), so nothing rolls back after it.
+    """
+
+    fail_at: int | None = None
+    mode: str = "eio"
+    only: frozenset[str] | None = None
+    count: int = 0
+    fired: str | None = None
+    log: list[str] = field(default_factory=list)
+    _saved: dict[str, Callable] = field(default_factory=dict)
+
+    def __enter__(self) -> FaultInjector:
+        for name in fs.NAMES:
+            real = getattr(fs.calls, name)
+            self._saved[name] = real
+            setattr(fs.calls, name, self._wrap(name, real))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, real in self._saved.items():
+            setattr(fs.calls, name, real)
+
+    def _wrap(self, name: str, real: Callable) -> Callable:
+        def call(*args, **kwargs):
+            if self.only is not None and name not in self.only:
+                return real(*args, **kwargs)
+            self.count += 1
+            self.log.append(name)
+            if self.count != self.fail_at:
+                return real(*args, **kwargs)
+            self.fired = name
+            if self.mode == "crash":
+                raise SimulatedCrash(f"crash at call {self.count} ({name})")
+            if self.mode == "short" and name in SHORTABLE:
+                return _short(name, real, args)
+            code = errno.ENOSPC if self.mode == "enospc" else errno.EIO
+            raise OSError(code, f"injected {os.strerror(code)} at call {self.count} ({name})")
+
+        return call
+
+
+class SimulatedCrash(BaseException):
+    """The process 'dies' here: no except-Exception handler runs."""
+
+
+def _short(name: str, real: Callable, args: tuple) -> int:
+    if name == "pwrite":
+        fd, data, offset = args
+        data = memoryview(data)
+        half = max(1, len(data) // 2) if len(data) > 1 else len(data)
+        return real(fd, data[:half], offset)
+    src, dst, count, *rest = args
+    return real(src, dst, max(1, count // 2), *rest)
+
+
+def count_calls(action: Callable[[], object]) -> int:
+    """How many engine system calls ``action`` makes when nothing fails."""
+    with FaultInjector() as inj:
+        action()
+    return inj.count

@@ -1,0 +1,205 @@
+"""Finish or undo writes that a dead process left behind, from their journals alone."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtet_store.io import fs, transfer
+from trtet_store.io.journal import DONE, PLACING, PUBLISHING, Journal, Plan, journals_in
+from trtet_store.io.writer import LOCK_SUFFIX, finish, undo
+
+log = logging.getLogger("trtet_store.recovery")
+
+_TEMP = re.compile(r"^\..+\.trtet-([0-9a-f]{16})\.(tmp|old)$")
+
+
+@dataclass
+class Outcome:
+    """What recovery did with one interrupted write.
+
+    ``action`` is ``"rolled forward"`` (the new files were published),
+    ``"rolled back"`` (every source restored, destinations as before),
+    ``"busy"`` (a live process still owns it), or ``"removed stray"`` (a temp
+    or backup file no journal needed).
+    """
+
+    journal: Path
+    action: str
+    outputs: list[str]
+    detail: str = ""
+
+
+def recover(directory: os.PathLike | str) -> list[Outcome]:
+    """Finish or undo every interrupted write whose journal is in ``directory``.
+
+    A write that reached ``publishing`` is rolled forward (its files were
+    complete and durable). One that was still placing is rolled forward when
+    its temp file and sources agree with the journal (the move is finished and
+    verified), otherwise rolled back, every source byte-identical again.
+    Idempotent; a write whose process is alive is left alone.
+
+    Parameters
+    ----------
+    directory : path-like
+        The output directory of the interrupted write(s).
+
+    Returns
+    -------
+    list of Outcome
+    """
+    directory = Path(directory).absolute()
+    outcomes = []
+    for path in journals_in(directory):
+        journal = Journal.open_if_abandoned(path)
+        if journal is None:
+            outcomes.append(Outcome(path, "busy", [], "a live process holds its lock"))
+            continue
+        try:
+            outcomes.append(_recover_one(journal))
+        finally:
+            journal.close()
+    outcomes.extend(_remove_strays(directory))
+    for o in outcomes:
+        log.info("recover %s: %s %s %s", o.journal, o.action, o.outputs, o.detail)
+    return outcomes
+
+
+def recover_destination(dest: Path) -> list[Outcome]:
+    """Recover abandoned writes of ``dest`` before a new write of it starts."""
+    mine = []
+    for path in journals_in(dest.parent):
+        journal = Journal.open_if_abandoned(path)
+        if journal is None:
+            continue
+        try:
+            if any(o.dest == os.fspath(dest) for o in journal.plan.outputs):
+                log.warning("found an interrupted write of %s (%s); recovering it first", dest,
+                            path)
+                mine.append(_recover_one(journal))
+        finally:
+            journal.close()
+    return mine
+
+
+def _recover_one(journal: Journal) -> Outcome:
+    plan = journal.plan
+    outputs = [o.dest for o in plan.outputs]
+    if journal.state in (PUBLISHING, DONE):
+        _publish(plan)
+        action, detail = "rolled forward", f"journal state {journal.state}"
+    elif journal.state == PLACING and (why := _cannot_roll_forward(plan)) is None:
+        _complete_placement(plan)
+        journal.mark(PUBLISHING)
+        _publish(plan)
+        action, detail = "rolled forward", "temp file and sources agreed with the journal"
+    else:
+        if journal.state == PLACING:
+            journal.mark("rolling_back")
+        undo(plan)
+        action = "rolled back"
+        detail = f"journal state {journal.state}" + (f"; {why}" if journal.state == PLACING
+                                                      and why else "")
+    if action == "rolled forward":
+        finish(plan)
+    journal.remove()
+    return Outcome(journal.path, action, outputs, detail)
+
+
+def _cannot_roll_forward(plan: Plan) -> str | None:
+    """Why the interrupted placement cannot be finished, or None if it can."""
+    for out in plan.outputs:
+        try:
+            st = os.stat(out.temp)
+        except FileNotFoundError:
+            return f"temp file {out.temp} is missing"
+        if st.st_size != out.size:
+            return f"temp file {out.temp} is {st.st_size} bytes, planned {out.size}"
+        fd = os.open(out.temp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            for i in out.inline:
+                if transfer.chunk_digest(fs.pread_exact(fd, i.size, i.offset)) != i.digest:
+                    return f"inline bytes at {i.offset} of {out.temp} did not reach the disk"
+            for p in out.payloads:
+                try:
+                    length = os.stat(p.source).st_size
+                except FileNotFoundError:
+                    return f"source {p.source} is missing"
+                if length != p.size and (p.placement != "move" or length % p.step):
+                    return f"source {p.source} is {length} bytes, not a step boundary"
+                if p.placement == "move" and length < p.size:
+                    try:
+                        transfer.verify_range(fd, p.offset, length, p.size, p.chunk_size,
+                                              p.chunk_digests, "moved bytes in temp", out.temp)
+                    except (OSError, ValueError) as exc:
+                        return f"moved bytes of {p.source} in the temp file: {exc}"
+        finally:
+            os.close(fd)
+    return None
+
+
+def _complete_placement(plan: Plan) -> None:
+    for out in plan.outputs:
+        fd = os.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for p in sorted(out.payloads, key=lambda p: -p.offset):
+                flags = os.O_RDWR if p.placement == "move" else os.O_RDONLY
+                src = os.open(p.source, flags | os.O_CLOEXEC)
+                try:
+                    if p.placement == "move":
+                        transfer.move(src, fd, p.offset, p.size, step=p.step,
+                                      digests=p.chunk_digests, digest_chunk=p.chunk_size,
+                                      src_path=p.source)
+                    else:
+                        transfer.copy(src, fd, p.offset, p.size, chunk=p.step or (8 << 20),
+                                      digests=p.chunk_digests, digest_chunk=p.chunk_size,
+                                      src_path=p.source, dst_path=out.temp)
+                finally:
+                    os.close(src)
+            fs.calls.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _publish(plan: Plan) -> None:
+    for out in plan.outputs:
+        if os.path.exists(out.temp):
+            if out.backup and not os.path.exists(out.backup):
+                with contextlib.suppress(FileNotFoundError):
+                    fs.calls.link(out.dest, out.backup)
+            fs.calls.rename(out.temp, out.dest)
+    for parent in sorted({os.path.dirname(o.dest) for o in plan.outputs}):
+        fs.fsync_dir(parent)
+
+
+def _remove_strays(directory: Path) -> list[Outcome]:
+    """Temp and backup files whose journal is gone were never needed by anyone."""
+    live = {p.name.split(".trtet-")[-2] for p in journals_in(directory)}
+    outcomes = []
+    for f in directory.iterdir():
+        m = _TEMP.match(f.name)
+        if (m and m.group(1) not in live) or (f.name.endswith(LOCK_SUFFIX) and _unlocked(f)):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+            outcomes.append(Outcome(f, "removed stray", [], "no journal or live writer needs it"))
+    return outcomes
+
+
+def _unlocked(lock_path: Path) -> bool:
+    """Whether no live writer holds a destination lock file."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
