@@ -78,14 +78,16 @@ def syncfs(path: str | os.PathLike[str]) -> None:
 def _quiesce(
     path: str | os.PathLike[str],
     *,
-    use_syncfs: bool,
     polls: int,
     interval: float,
     timeout: float,
 ) -> tuple[int, bool]:
-    os.sync()
-    if use_syncfs:
+    # Only the measured filesystem is flushed: a global sync would also wait
+    # for unrelated writeback (other tests on the root disk) and skew timings.
+    try:
         syncfs(path)
+    except OSError:
+        os.sync()
     deadline = time.monotonic() + timeout
     last = free_bytes(path)
     same = 1
@@ -102,16 +104,14 @@ def _quiesce(
 def quiesce(
     path: str | os.PathLike[str],
     *,
-    use_syncfs: bool = False,
     polls: int = 5,
     interval: float = 0.02,
     timeout: float = 10.0,
 ) -> int:
-    """Sync, then wait until the free space on ``path``'s filesystem stops changing.
+    """Flush the filesystem (``syncfs``), then wait until its free space stops changing.
 
     Args:
         path: Any file or directory on the filesystem.
-        use_syncfs: Also call ``syncfs`` on the filesystem (needed on btrfs).
         polls: Number of consecutive equal ``statvfs`` readings that count as stable.
         interval: Seconds between readings.
         timeout: Give up waiting after this many seconds and return the last reading.
@@ -119,18 +119,16 @@ def quiesce(
     Returns:
         Free bytes (see :func:`free_bytes`) once stable, or the last reading on timeout.
     """
-    free, _settled = _quiesce(
-        path, use_syncfs=use_syncfs, polls=polls, interval=interval, timeout=timeout
-    )
+    free, _settled = _quiesce(path, polls=polls, interval=interval, timeout=timeout)
     return free
 
 
 class PeakDiskMonitor:
     """Record how much extra disk space a piece of code takes on one filesystem, at its peak.
 
-    On entry the filesystem is quiesced and its free space read as the start
-    value. A background thread then polls ``statvfs`` every ``interval``
-    seconds, and callers should call :meth:`sample` after each step so that
+    On entry the filesystem is flushed (``syncfs``) and quiesced, and its free
+    space read as the start value. A background thread then polls ``statvfs``
+    every ``interval`` seconds, and callers should call :meth:`sample` after each step so that
     short peaks between polls are not missed. On exit one last sample is
     taken, the filesystem is synced and quiesced again, and the extra space
     still in use is recorded.
@@ -146,9 +144,9 @@ class PeakDiskMonitor:
     Args:
         path: A file or directory on the filesystem to watch.
         interval: Seconds between background polls (default 2 ms).
-        use_syncfs: Call ``syncfs`` before each :meth:`sample` and at the start
-            and end. Needed on btrfs, whose ``statvfs`` lags until a
-            transaction commits. The background poll never syncs, since
+        use_syncfs: Call ``syncfs`` before each :meth:`sample` (the start and
+            end readings always sync the filesystem). Needed on btrfs, whose
+            ``statvfs`` lags until a transaction commits. The background poll never syncs, since
             syncing every few milliseconds would throttle the writer and
             change the very behaviour being measured.
         settle_polls: Consecutive equal readings that count as quiesced.
@@ -196,7 +194,7 @@ class PeakDiskMonitor:
         if self._entered:
             raise RuntimeError("a PeakDiskMonitor can only be entered once")
         self._entered = True
-        start, settled = _quiesce(self.path, use_syncfs=self.use_syncfs, **self._settle)
+        start, settled = _quiesce(self.path, **self._settle)
         self.start_free_bytes = start
         self.settled = settled
         self._min_free = start
@@ -220,7 +218,7 @@ class PeakDiskMonitor:
             self._thread.join()
         # The state at exit, before any sync, may be the peak itself.
         self.sample()
-        end, settled = _quiesce(self.path, use_syncfs=self.use_syncfs, **self._settle)
+        end, settled = _quiesce(self.path, **self._settle)
         self.settled = self.settled and settled
         self.end_free_bytes = end
         # After the sync a lagging filesystem (btrfs) may only now show space
