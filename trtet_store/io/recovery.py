@@ -93,22 +93,42 @@ def _recover_one(journal: Journal) -> Outcome:
     if journal.state in (PUBLISHING, DONE):
         _publish(plan)
         action, detail = "rolled forward", f"journal state {journal.state}"
-    elif journal.state == PLACING and (why := _cannot_roll_forward(plan)) is None:
-        _complete_placement(plan)
+    elif journal.state == PLACING and (why := _finish_placement(plan)) is None:
         journal.mark(PUBLISHING)
         _publish(plan)
         action, detail = "rolled forward", "temp file and sources agreed with the journal"
     else:
+        detail = f"journal state {journal.state}"
         if journal.state == PLACING:
+            detail += f"; {why}"
             journal.mark("rolling_back")
         undo(plan)
         action = "rolled back"
-        detail = f"journal state {journal.state}" + (f"; {why}" if journal.state == PLACING
-                                                      and why else "")
     if action == "rolled forward":
         finish(plan)
     journal.remove()
     return Outcome(journal.path, action, outputs, detail)
+
+
+def _finish_placement(plan: Plan) -> str | None:
+    """Finish the interrupted placement; None when done, else why it must be rolled back.
+
+    The check before it covers what was already placed; the rest of each
+    source is verified only as it moves. A source changed after staging (or
+    an I/O error) is found there, and then the write is rolled back like the
+    writer itself would have done: the sources' lengths still say where
+    every byte is, so the rollback can start from any step.
+    """
+    why = _cannot_roll_forward(plan)
+    if why is not None:
+        return why
+    try:
+        _complete_placement(plan)
+    except OSError as exc:
+        log.warning("cannot finish the interrupted write of %s (%s); rolling it back",
+                    ", ".join(o.dest for o in plan.outputs), exc)
+        return f"finishing the placement failed: {exc}"
+    return None
 
 
 def _cannot_roll_forward(plan: Plan) -> str | None:
