@@ -1,0 +1,179 @@
+"""SIGKILL at random moments of a real write, then recover(): nothing lost, nothing torn.
+
+A child process (``tests/crashkit.py`` run as a script) stages five blobs
+(64 MiB in all) in a store, then writes two outputs from them in one
+consuming transaction with 256 KiB steps (hundreds of chunk boundaries, each
+a place to die). The parent kills it at a random moment, runs
+``recover(out)`` and checks (crashkit.check_recovered): each output is its
+old content or the new one, byte-identical to an uninterrupted write, both
+outputs agree; every blob's bytes exist exactly once; no temp, journal, lock
+or pin file is left. A new store then collects the dead child's files.
+
+The rollback variant tampers with the blob moved last, so the write moves
+almost everything, fails verification and rolls back; kills land in the
+placement before the failure and inside the rollback itself.
+
+Default run: 24 + 10 kills. ``TRTET_LONG=1`` (``make test-long``): 1,000 + 200.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import crashkit
+import pytest
+from crashkit import Scenario, check_recovered, collect_dead_store, digest, journal_state
+
+from trtet_store import recover
+
+CHILD = Path(crashkit.__file__)
+KILLS = 24
+ROLLBACK_KILLS = 10
+LONG_KILLS = 1000
+LONG_ROLLBACK_KILLS = 200
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """The kill scenario's blob bytes, generated once per module."""
+    d = tmp_path_factory.mktemp("pristine")
+    crashkit.write_pristine(crashkit.kill_scenario(d), d)
+    return d
+
+
+class Child:
+    """The writing child, with its stdout read line by line."""
+
+    def __init__(self, scn_file: Path, root: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.fspath(CHILD), os.fspath(scn_file), os.fspath(root)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+
+    def wait_for(self, word: str) -> bool:
+        """Read lines until one starts with ``word``; False if the child ended first."""
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                return False
+            self.lines.append(line.strip())
+            if line.startswith(word):
+                return True
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.finish()
+
+    def finish(self) -> tuple[int, str]:
+        out, err = self.proc.communicate(timeout=120)
+        self.lines += out.split()
+        return self.proc.returncode, err
+
+
+def calibrate(scn: Scenario, root: Path, scn_file: Path) -> dict[str, float]:
+    """Run the child uninterrupted: how long it writes, when a rollback starts and ends."""
+    scn.install(root)
+    child = Child(scn_file, root)
+    assert child.wait_for("ready"), child.finish()
+    t0 = time.monotonic()
+    times = {}
+    if scn.tamper is not None:
+        assert child.wait_for("rollback"), child.finish()
+        times["rollback"] = time.monotonic() - t0
+    code, err = child.finish()
+    times["end"] = time.monotonic() - t0
+    assert code == (3 if scn.tamper is not None else 0), (code, child.lines, err)
+    return times
+
+
+def run_kills(scn: Scenario, root: Path, kills: int, seed: int, *, during_rollback=False):
+    """Kill the child ``kills`` times at random moments; check every recovery."""
+    scn_file = root.parent / f"{root.name}.scenario.json"
+    scn_file.write_text(scn.to_json())
+    staged = scn.staged_digests()
+    new = {k: digest(v) for k, v in scn.new_content().items()}
+
+    times = calibrate(scn, root, scn_file)
+    staging, out, user = root / "staging", root / "out", root / "user"
+    verdict = check_recovered(scn, staging, out, user, staged=staged, new=new,
+                              where="uninterrupted run")
+    # The reference: an uninterrupted write publishes exactly the scenario's bytes.
+    assert verdict == ("old" if scn.tamper is not None else "new")
+    collect_dead_store(staging)
+
+    rng = random.Random(seed)
+    stats = collections.Counter()
+    for k in range(kills):
+        scn.install(root)
+        child = Child(scn_file, root)
+        assert child.wait_for("ready"), child.finish()
+        if during_rollback and k % 2 == 0:
+            # Half of them inside the rollback, timed from its first log line.
+            if child.wait_for("rollback"):
+                time.sleep(rng.uniform(0, 0.8 * (times["end"] - times["rollback"])))
+            where_ = "rollback"
+        else:
+            time.sleep(rng.uniform(0, times["end"] * 1.05))
+            where_ = "any"
+        child.kill()
+        state = journal_state(out) or "no journal"
+        outcomes = recover(out)
+        actions = ",".join(sorted({o.action for o in outcomes})) or "nothing"
+        verdict = check_recovered(scn, staging, out, user, staged=staged, new=new,
+                                  where=f"kill {k} ({where_}, journal {state}, {actions})")
+        assert recover(out) == [], "recover is not idempotent"
+        collect_dead_store(staging)
+        stats[f"outputs {verdict}"] += 1
+        stats[f"journal at kill: {state}"] += 1
+        stats[f"recovery: {actions}"] += 1
+    return times, stats
+
+
+def _report(name: str, kills: int, times, stats) -> None:
+    print(f"\n{name}: {kills} kills, write takes {times['end']:.2f} s uninterrupted; "
+          f"lost: 0, torn: 0")
+    for key, n in sorted(stats.items()):
+        print(f"  {key}: {n}")
+
+
+def test_sigkill_at_random_moments_loses_nothing(here_fs, pristine):
+    scn = crashkit.kill_scenario(pristine)
+    times, stats = run_kills(scn, here_fs / "w", KILLS, seed=5)
+    _report("kill during write", KILLS, times, stats)
+    # The kills must have landed inside the transaction, not only around it.
+    assert stats["journal at kill: placing"] >= KILLS // 4, stats
+
+
+def test_sigkill_during_rollback_loses_nothing(here_fs, pristine):
+    scn = crashkit.kill_scenario(pristine)
+    scn.tamper = 2  # the blob placed last: nearly everything is moved, then rolled back
+    times, stats = run_kills(scn, here_fs / "w", ROLLBACK_KILLS, seed=6, during_rollback=True)
+    _report("kill during a failing write and its rollback", ROLLBACK_KILLS, times, stats)
+    assert stats["outputs old"] == ROLLBACK_KILLS
+    assert stats["journal at kill: rolling_back"] >= 1, stats
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(6 * 3600)
+def test_sigkill_thousand_times_loses_nothing(here_fs, pristine):
+    scn = crashkit.kill_scenario(pristine)
+    times, stats = run_kills(scn, here_fs / "w", LONG_KILLS, seed=1005)
+    _report("kill during write (long)", LONG_KILLS, times, stats)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(6 * 3600)
+def test_sigkill_during_rollback_many_times_loses_nothing(here_fs, pristine):
+    scn = crashkit.kill_scenario(pristine)
+    scn.tamper = 2
+    times, stats = run_kills(scn, here_fs / "w", LONG_ROLLBACK_KILLS, seed=1006,
+                             during_rollback=True)
+    _report("kill during a failing write and its rollback (long)", LONG_ROLLBACK_KILLS,
+            times, stats)
+    assert stats["outputs old"] == LONG_ROLLBACK_KILLS
