@@ -1,0 +1,1573 @@
+"""Peak-disk benchmark: ExecuTorch's own save against trtet_store, side by side.
+
+The benchmark builds a real ExecuTorch program whose delegates carry large
+file-backed payloads (engine-sized blobs staged in a :class:`~trtet_store.io.BlobStore`,
+handed to ExecuTorch as ``FileBackedData`` named data), then writes it with
+each method on one filesystem, in one run:
+
+``executorch``
+    ExecuTorch's ``program.save(pte)`` plus ``write_tensor_data_to_file(dir)``
+    (a Python read/write copy, no fsync, errors in ``save`` only logged).
+``trtet_store``
+    trtet_store's transactional write with ``consume=False``: the payloads
+    stay intact, so they are copied (or cloned, where the io layer can).
+``trtet_store_consume``
+    The same with ``consume=True`` and the payloads staged as owned blobs on
+    the output's filesystem: they are moved (back to front, one chunk at a
+    time) or placed by a zero-copy placement when the io layer has one.
+
+Per method and repeat it records peak extra disk (``statvfs`` polled in a
+thread, sampled after every step), bytes written (``/proc/self/io``), wall
+seconds (and seconds until the data is durable), and peak RSS. As root it
+measures on a dedicated loop-mounted filesystem (or tmpfs) of the chosen type,
+made for the run and torn down afterwards; otherwise, or with
+``filesystem="here"``, in a temporary directory on the current filesystem,
+and the result says so.
+
+Library code only: :mod:`trtet_store.cli` is the command line. Heavy imports
+(torch, executorch, matplotlib) happen inside the functions that need them.
+
+Example::
+
+    from trtet_store import bench
+    result = bench.run_bench(bench.BenchConfig(payload_size=64 << 20, repeat=1))
+    print(bench.format_table(result))
+    bench.write_json(result, "bench.json")
+    bench.plot(result, "bench.png")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtet_store.measure import (
+    PeakDiskMonitor,
+    free_bytes,
+    io_counters,
+    peak_rss_bytes,
+    reset_peak_rss,
+    syncfs,
+)
+
+__all__ = [
+    "FILESYSTEMS",
+    "METHODS",
+    "BenchConfig",
+    "BenchError",
+    "BenchFilesystem",
+    "BenchResult",
+    "RunResult",
+    "bench_filesystem",
+    "build_program",
+    "format_size",
+    "format_table",
+    "parse_size",
+    "plot",
+    "run_bench",
+    "write_json",
+]
+
+log = logging.getLogger("trtet_store.bench")
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: The methods compared, in table order; ``executorch`` is the baseline of every ratio.
+METHODS: tuple[str, ...] = ("executorch", "trtet_store", "trtet_store_consume")
+METHOD_LABELS: dict[str, str] = {
+    "executorch": "ExecuTorch save",
+    "trtet_store": "trtet_store",
+    "trtet_store_consume": "trtet_store consume",
+}
+#: ``here`` is a temporary directory on the current filesystem (no mount).
+FILESYSTEMS: tuple[str, ...] = ("ext4", "xfs", "btrfs", "tmpfs", "here")
+LAYOUTS: tuple[str, ...] = ("split", "pte", "ptd")
+#: Named-data tag of the payloads that go to a ``.ptd`` (``engines.ptd``).
+PTD_TAG = "engines"
+PTE_NAME = "model.pte"
+BACKEND_ID = "TrtetBenchBackend"
+#: Fields every entry of ``runs`` in the JSON has (the issue's schema); more follow them.
+RUN_FIELDS: tuple[str, ...] = (
+    "method",
+    "placement",
+    "filesystem",
+    "payload_bytes",
+    "peak_extra_bytes",
+    "bytes_written",
+    "seconds",
+    "peak_rss_bytes",
+)
+#: Metrics summarised as median and max, and compared to ExecuTorch's save.
+METRICS: tuple[str, ...] = (
+    "peak_extra_bytes",
+    "bytes_written",
+    "seconds",
+    "seconds_durable",
+    "peak_rss_bytes",
+    "rss_growth_bytes",
+)
+_SESSION_PREFIX = "trtet-bench-"
+_SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not be set up (no space, bad configuration)."""
+
+
+# --- sizes -------------------------------------------------------------------------
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": MiB,
+    "mb": MiB,
+    "mib": MiB,
+    "g": GiB,
+    "gb": GiB,
+    "gib": GiB,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte size such as ``512M``, ``1.5GiB``, ``4096`` or ``16 MiB``.
+
+    Units are binary (``K``/``KB``/``KiB`` all mean 1024), case-insensitive.
+
+    Args:
+        text: The size, or an int (returned as is).
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        ValueError: If the text is not a size, or is negative.
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        s = text.strip().lower().replace(" ", "")
+        i = len(s)
+        while i and not (s[i - 1].isdigit() or s[i - 1] == "."):
+            i -= 1
+        number, unit = s[:i], s[i:]
+        if not number or unit not in _UNITS:
+            raise ValueError(f"not a size: {text!r} (examples: 512M, 1GiB, 4096)")
+        try:
+            value = (
+                int(float(number) * _UNITS[unit]) if "." in number else int(number) * _UNITS[unit]
+            )
+        except ValueError:
+            raise ValueError(f"not a size: {text!r}") from None
+    if value < 0:
+        raise ValueError(f"a size cannot be negative: {text!r}")
+    return value
+
+
+def format_size(n: float | None, *, signed: bool = False) -> str:
+    """Format a byte count with a binary unit, e.g. ``512.0 MiB``.
+
+    Args:
+        n: Bytes, or None (formatted as ``-``).
+        signed: Prefix positive values with ``+``.
+
+    Returns:
+        The text.
+    """
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ("+" if signed and n > 0 else "")
+    a = abs(n)
+    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if a >= div:
+            return f"{sign}{a / div:.1f} {unit}"
+    return f"{sign}{int(a)} B"
+
+
+# --- configuration and results ----------------------------------------------------------
+
+
+@dataclass
+class BenchConfig:
+    """What to benchmark.
+
+    Attributes:
+        payload_size: Bytes per payload (one per delegate, like one TensorRT engine).
+        payloads: Number of payloads.
+        chunk_size: Bytes per step of trtet_store's move/copy; None for its default (8 MiB).
+        filesystem: ``ext4``, ``xfs``, ``btrfs``, ``tmpfs`` (a dedicated
+            filesystem, root only), ``here`` (a temp directory on the
+            filesystem of ``workdir``), or ``auto`` (ext4 as root, else here).
+        fs_size: Size of the dedicated filesystem: ``"fit"`` (every method
+            fits: the staged payloads plus a full copy of them), ``"tight"``
+            (the staged payloads fit once, plus a move's chunk, but not
+            twice), or a byte count (used as given).
+        repeat: Repetitions of every method; results give median and max.
+        methods: Which of :data:`METHODS` to run.
+        layout: Where the payloads go: ``split`` (even-numbered ones in the
+            ``.pte``, odd ones in ``engines.ptd``), ``pte`` or ``ptd``.
+        segment_alignment: ExecuTorch's ``segment_alignment`` (4096 gives
+            page-aligned payloads, which zero-copy placements need).
+        workdir: Directory for ``here`` runs; default the current directory.
+        image_dir: Where loop images live (on a disk, never a tmpfs); default
+            ``$TRTET_FS_ROOT`` or ``/var/tmp``.
+        verify_outputs: Hash each method's outputs (outside the measured
+            window) and check every method wrote the same bytes.
+    """
+
+    payload_size: int = 512 * MiB
+    payloads: int = 2
+    chunk_size: int | None = None
+    filesystem: str = "auto"
+    fs_size: str | int = "fit"
+    repeat: int = 3
+    methods: tuple[str, ...] = METHODS
+    layout: str = "split"
+    segment_alignment: int = 4096
+    workdir: Path | None = None
+    image_dir: Path | None = None
+    verify_outputs: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError on an impossible configuration."""
+        if self.payload_size <= 0:
+            raise ValueError("payload_size must be positive")
+        if self.payloads < 1:
+            raise ValueError("payloads must be at least 1")
+        if self.chunk_size is not None and self.chunk_size <= 0:
+            raise ValueError("chunk_size must be positive")
+        if self.repeat < 1:
+            raise ValueError("repeat must be at least 1")
+        if self.filesystem not in (*FILESYSTEMS, "auto"):
+            raise ValueError(f"filesystem must be one of {FILESYSTEMS} or 'auto'")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {bad}")
+        if isinstance(self.fs_size, str) and self.fs_size not in ("fit", "tight"):
+            raise ValueError("fs_size must be 'fit', 'tight' or a byte count")
+        sa = self.segment_alignment
+        if sa <= 0 or sa & (sa - 1):
+            raise ValueError("segment_alignment must be a power of two")
+
+    @property
+    def total_payload_bytes(self) -> int:
+        """All payload bytes together."""
+        return self.payload_size * self.payloads
+
+    @property
+    def effective_chunk_size(self) -> int:
+        """The chunk size trtet_store will use."""
+        from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
+
+        return self.chunk_size or DEFAULT_CHUNK_SIZE
+
+
+@dataclass
+class RunResult:
+    """One method, one repeat.
+
+    The first eight attributes are the JSON schema of the issue; the rest add
+    what is needed to trust them.
+
+    Attributes:
+        method: One of :data:`METHODS`.
+        placement: How the payloads got into the output: ``copy`` (ExecuTorch's
+            read/write loop is a copy), ``move``, or what the io layer reported
+            (several joined with ``+`` when payloads differed).
+        filesystem: The filesystem type measured on (``here:<type>`` when shared).
+        payload_bytes: Total payload bytes of the program.
+        peak_extra_bytes: Start free space minus the least free space seen.
+        bytes_written: ``write_bytes`` of ``/proc/self/io`` over the call.
+        seconds: Wall seconds of the save call.
+        peak_rss_bytes: Peak resident set size during the call (VmHWM after a reset).
+        repeat: Repetition index, from 0.
+        outcome: ``ok``, ``failed`` (an exception), ``failed silently`` (no
+            exception, but an error was logged or the output is short),
+            ``refused`` (InsufficientSpaceError before anything was written),
+            or ``wrong output`` (the bytes differ from the other methods').
+        error: The exception or logged error, if any.
+        output_bytes: Sizes of the files found after the call, by name.
+        expected_output_bytes: Sizes they should have, by name.
+        extra_after_bytes: Extra disk still in use after the call and a sync.
+        seconds_durable: Seconds of the call plus a ``syncfs`` of the filesystem.
+        rss_before_bytes: RSS just before the call.
+        rss_growth_bytes: ``peak_rss_bytes - rss_before_bytes``.
+        rss_reset: Whether the peak RSS could be reset before the call
+            (otherwise ``peak_rss_bytes`` is the process's peak so far).
+        reasons: The io layer's reason for each placement (trtet_store only).
+        output_digest: xxh3-128 over the outputs, when verified.
+        timeline: ``[seconds, extra bytes]`` points of disk use during the call.
+    """
+
+    method: str
+    placement: str
+    filesystem: str
+    payload_bytes: int
+    peak_extra_bytes: int
+    bytes_written: int
+    seconds: float
+    peak_rss_bytes: int
+    repeat: int = 0
+    outcome: str = "ok"
+    error: str | None = None
+    output_bytes: dict[str, int] = field(default_factory=dict)
+    expected_output_bytes: dict[str, int] = field(default_factory=dict)
+    extra_after_bytes: int = 0
+    seconds_durable: float = 0.0
+    rss_before_bytes: int = 0
+    rss_growth_bytes: int = 0
+    rss_reset: bool = True
+    reasons: list[str] = field(default_factory=list)
+    output_digest: str | None = None
+    timeline: list[list[float]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the method produced the complete, correct output."""
+        return self.outcome == "ok"
+
+    def to_json(self, *, timeline: bool = True) -> dict[str, Any]:
+        """The run as a JSON-ready dict, schema fields first."""
+        d = asdict(self)
+        if not timeline:
+            d.pop("timeline")
+        return {k: d[k] for k in (*RUN_FIELDS, *[k for k in d if k not in RUN_FIELDS])}
+
+
+@dataclass
+class BenchFilesystem:
+    """Where a benchmark ran.
+
+    Attributes:
+        path: The directory all files went to.
+        fstype: ``ext4``, ``xfs``, ``btrfs``, ``tmpfs``, or the type under ``here``.
+        dedicated: True for a filesystem made for the run (nothing else writes to it).
+        size_bytes: Size of the image or tmpfs (dedicated only).
+        free_bytes: Free bytes when it was ready.
+        device: The loop device or mount source.
+        note: What the reader should know (fallbacks, sharing).
+    """
+
+    path: Path
+    fstype: str
+    dedicated: bool
+    size_bytes: int | None = None
+    free_bytes: int = 0
+    device: str | None = None
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        """``ext4`` for a dedicated filesystem, ``here:ext4`` for a shared one."""
+        return self.fstype if self.dedicated else f"here:{self.fstype}"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "path": os.fspath(self.path),
+            "type": self.fstype,
+            "label": self.label,
+            "dedicated": self.dedicated,
+            "size_bytes": self.size_bytes,
+            "free_bytes": self.free_bytes,
+            "device": self.device,
+            "note": self.note,
+        }
+
+
+@dataclass
+class BenchResult:
+    """Everything a benchmark measured.
+
+    Attributes:
+        config: The configuration run.
+        filesystem: Where it ran.
+        runs: One entry per method and repeat.
+        notes: Remarks for the reader (fallbacks, failures, caveats).
+        environment: Versions and machine facts.
+    """
+
+    config: BenchConfig
+    filesystem: BenchFilesystem
+    runs: list[RunResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def runs_of(self, method: str) -> list[RunResult]:
+        """The runs of one method, in repeat order."""
+        return [r for r in self.runs if r.method == method]
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per method: outcomes, median and max of every metric, ratios to ExecuTorch's save.
+
+        Medians and maxima are over the runs that succeeded (over all runs when
+        none did, so a failure's cost still shows). Ratios are medians divided
+        by ExecuTorch's medians, and are None when ExecuTorch's save did not
+        succeed or its value is 0.
+        """
+        out = []
+        base = self._stats("executorch")
+        for method in self.config.methods:
+            runs = self.runs_of(method)
+            if not runs:
+                continue
+            stats = self._stats(method)
+            ratios: dict[str, float | None] = {}
+            for m in METRICS:
+                b = base["median"].get(m) if base and base["ok_runs"] else None
+                v = stats["median"].get(m)
+                ratios[m] = (v / b) if (b and v is not None) else None
+            out.append(
+                {
+                    "method": method,
+                    "label": METHOD_LABELS[method],
+                    "placement": "/".join(sorted({r.placement for r in runs})),
+                    "runs": len(runs),
+                    "ok_runs": stats["ok_runs"],
+                    "outcomes": sorted({r.outcome for r in runs}),
+                    "errors": sorted({r.error for r in runs if r.error}),
+                    "median": stats["median"],
+                    "max": stats["max"],
+                    "ratio_to_executorch": ratios,
+                }
+            )
+        return out
+
+    def _stats(self, method: str) -> dict[str, Any]:
+        runs = self.runs_of(method)
+        if not runs:
+            return {}
+        ok = [r for r in runs if r.ok]
+        use = ok or runs
+        med: dict[str, float] = {}
+        mx: dict[str, float] = {}
+        for m in METRICS:
+            values = [getattr(r, m) for r in use]
+            med[m] = statistics.median(values)
+            mx[m] = max(values)
+        return {"ok_runs": len(ok), "median": med, "max": mx}
+
+    def to_json(self, *, timelines: bool = True) -> dict[str, Any]:
+        """The whole result as a JSON-ready dict: ``{"runs": [...], "summary": [...], ...}``."""
+        cfg = asdict(self.config)
+        cfg["workdir"] = os.fspath(self.config.workdir) if self.config.workdir else None
+        cfg["image_dir"] = os.fspath(self.config.image_dir) if self.config.image_dir else None
+        cfg["methods"] = list(self.config.methods)
+        cfg["effective_chunk_size"] = self.config.effective_chunk_size
+        cfg["total_payload_bytes"] = self.config.total_payload_bytes
+        return {
+            "runs": [r.to_json(timeline=timelines) for r in self.runs],
+            "summary": self.summary(),
+            "config": cfg,
+            "filesystem": self.filesystem.to_json(),
+            "notes": list(self.notes),
+            "environment": dict(self.environment),
+        }
+
+
+# --- the dedicated filesystem ----------------------------------------------------------
+
+
+def _which(tool: str) -> str | None:
+    found = shutil.which(tool)
+    if found:
+        return found
+    for d in _SBIN:
+        candidate = os.path.join(d, tool)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def _unescape(field: str) -> str:
+    """Undo /proc/mounts' octal escapes (space, tab, newline, backslash)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    """(source, mountpoint, fstype) of every mount."""
+    rows = []
+    with open("/proc/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3:
+                rows.append((_unescape(parts[0]), _unescape(parts[1]), parts[2]))
+    return rows
+
+
+def _is_mounted(path: Path) -> bool:
+    target = os.path.realpath(path)
+    return any(mp == target for _src, mp, _t in _mounts())
+
+
+def _fstype_of(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (longest mount-point prefix)."""
+    real = os.path.realpath(path)
+    best, best_type = "", "unknown"
+    for _src, mp, fstype in _mounts():
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
+            best, best_type = mp, fstype
+    return best_type
+
+
+def _loop_devices_for(image: Path) -> list[str]:
+    """Loop devices whose backing file is ``image`` (also when it was deleted)."""
+    target = os.path.realpath(image)
+    found = []
+    for entry in sorted(Path("/sys/block").glob("loop*")):
+        try:
+            backing = (entry / "loop" / "backing_file").read_text().strip()
+        except OSError:
+            continue
+        if backing.removesuffix(" (deleted)") == target:
+            found.append(f"/dev/{entry.name}")
+    return found
+
+
+def _unmount(mountpoint: Path) -> str | None:
+    """Unmount, retrying while busy, lazily as a last resort; return an error or None."""
+    umount = _which("umount") or "umount"
+    err = ""
+    for attempt in range(6):
+        if not _is_mounted(mountpoint):
+            return None
+        proc = _run([umount, os.fspath(mountpoint)])
+        if proc.returncode == 0:
+            return None
+        err = proc.stderr.strip()
+        time.sleep(0.1 * (attempt + 1))
+    proc = _run([umount, "-l", os.fspath(mountpoint)])
+    if proc.returncode != 0 and _is_mounted(mountpoint):
+        return f"cannot unmount {mountpoint}: {err}"
+    return None
+
+
+def _teardown(session: Path, mountpoint: Path, image: Path | None) -> list[str]:
+    """Unmount, detach the loop device, delete the image and the session directory."""
+    problems = []
+    err = _unmount(mountpoint)
+    if err:
+        problems.append(err)
+    if image is not None:
+        losetup = _which("losetup") or "losetup"
+        for dev in _loop_devices_for(image):
+            _run([losetup, "-d", dev])
+        for _ in range(40):
+            if not _loop_devices_for(image):
+                break
+            time.sleep(0.05)
+        else:
+            problems.append(f"loop device still attached to {image}: {_loop_devices_for(image)}")
+        with contextlib.suppress(FileNotFoundError):
+            image.unlink()
+    if not err:
+        shutil.rmtree(session, ignore_errors=True)
+    return problems
+
+
+def _process_start(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _cleanup_stale_sessions(root: Path) -> None:
+    """Tear down benchmark filesystems left by a benchmark that was killed."""
+    for session in sorted(root.glob(_SESSION_PREFIX + "*")):
+        try:
+            pid_text, start = (session / "owner").read_text().split()
+            if _process_start(int(pid_text)) == start:
+                continue  # a live benchmark
+        except (OSError, ValueError):
+            try:
+                if time.time() - session.stat().st_mtime < 3600:
+                    continue
+            except OSError:
+                continue
+        log.info("removing a stale benchmark filesystem in %s", session)
+        image = session / "fs.img"
+        _teardown(session, session / "mnt", image)
+
+
+def _make_fs(session: Path, fstype: str, size: int) -> tuple[Path, Path | None, str | None]:
+    """Format and mount one filesystem of ``size`` bytes; return (mountpoint, image, device)."""
+    mnt = session / "mnt"
+    mnt.mkdir()
+    mount = _which("mount")
+    if mount is None:
+        raise BenchError("the mount tool is missing (Debian package: mount)")
+    size_mib = max(1, -(-size // MiB))
+    if fstype == "tmpfs":
+        argv = [mount, "-t", "tmpfs", "-o", f"size={size_mib}m", "trtet-bench", os.fspath(mnt)]
+        proc = _run(argv)
+        if proc.returncode != 0:
+            mnt.rmdir()
+            raise BenchError(f"mounting tmpfs failed: {proc.stderr.strip()}")
+        return mnt, None, "tmpfs"
+    mkfs = {
+        # No lazy inode-table init: its background writes would disturb timings.
+        "ext4": [
+            "mkfs.ext4",
+            "-q",
+            "-m",
+            "0",
+            "-F",
+            "-b",
+            "4096",
+            "-E",
+            "lazy_itable_init=0,lazy_journal_init=0",
+        ],
+        "xfs": ["mkfs.xfs", "-q", "-f", "-m", "reflink=1"],
+        "btrfs": ["mkfs.btrfs", "-q", "-f"],
+    }[fstype]
+    tool = _which(mkfs[0])
+    if tool is None:
+        mnt.rmdir()
+        pkg = {"ext4": "e2fsprogs", "xfs": "xfsprogs", "btrfs": "btrfs-progs"}[fstype]
+        raise BenchError(f"{mkfs[0]} is missing (Debian package: {pkg})")
+    image = session / "fs.img"
+    with open(image, "wb") as f:
+        f.truncate(size_mib * MiB)  # sparse
+    proc = _run([tool, *mkfs[1:], os.fspath(image)])
+    if proc.returncode != 0:
+        image.unlink()
+        mnt.rmdir()
+        raise BenchError(f"{mkfs[0]} failed: {(proc.stderr or proc.stdout).strip()}")
+    proc = _run([mount, "-t", fstype, "-o", "loop", os.fspath(image), os.fspath(mnt)])
+    if proc.returncode != 0:
+        for dev in _loop_devices_for(image):
+            _run([_which("losetup") or "losetup", "-d", dev])
+        image.unlink()
+        mnt.rmdir()
+        raise BenchError(f"mounting {fstype} failed: {proc.stderr.strip()}")
+    real = os.path.realpath(mnt)
+    device = next((src for src, mp, _t in _mounts() if mp == real), None)
+    return mnt, image, device
+
+
+#: Filesystem overhead guesses (fraction usable, fixed MiB lost) for the first try.
+_OVERHEAD = {"ext4": (0.92, 8), "xfs": (0.98, 110), "btrfs": (0.97, 130), "tmpfs": (1.0, 0)}
+_MIN_MIB = {"ext4": 8, "xfs": 300, "btrfs": 114, "tmpfs": 1}
+
+
+@contextlib.contextmanager
+def bench_filesystem(
+    fstype: str,
+    *,
+    min_free: int,
+    max_free: int | None = None,
+    size: int | None = None,
+    image_dir: Path | None = None,
+    workdir: Path | None = None,
+) -> Iterator[BenchFilesystem]:
+    """A place to benchmark in: a dedicated filesystem, or a temp dir on the current one.
+
+    A dedicated filesystem (root only) is an image under ``image_dir``,
+    formatted, loop-mounted and, on exit (also on an exception or Ctrl-C),
+    unmounted, detached and deleted. It is sized so that its free space lies
+    in ``[min_free, max_free]`` (made again, bigger or smaller, if the first
+    guess missed), or exactly ``size`` bytes when given. When it cannot be
+    made (not root, tool missing, mount refused), or ``fstype == "here"``, a
+    temporary directory under ``workdir`` is used instead and
+    :attr:`BenchFilesystem.note` says why.
+
+    Args:
+        fstype: One of :data:`FILESYSTEMS`.
+        min_free: Free bytes the benchmark needs.
+        max_free: Free bytes it must not have (for a tight filesystem), or None.
+        size: Exact image size in bytes, overriding the sizing.
+        image_dir: Directory for images; default ``$TRTET_FS_ROOT`` or ``/var/tmp``.
+        workdir: Directory for ``here``; default the current directory.
+
+    Yields:
+        The filesystem.
+
+    Raises:
+        BenchError: ``here`` lacks ``min_free`` bytes, or a tight filesystem
+            could not be sized.
+    """
+    note = ""
+    if fstype != "here":
+        if os.geteuid() != 0:
+            note = f"not root, so no dedicated {fstype} filesystem could be mounted"
+        else:
+            try:
+                with _dedicated(fstype, min_free, max_free, size, image_dir) as fs:
+                    yield fs
+                return
+            except _Unavailable as exc:
+                note = f"no dedicated {fstype} filesystem: {exc}"
+    base = Path(workdir or Path.cwd()).absolute()
+    base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=".trtet-bench-", dir=base))
+    try:
+        real_type = _fstype_of(path)
+        free = free_bytes(path)
+        shared = (
+            f"measured in a temp directory on the shared {real_type} filesystem of {base}: "
+            "other processes' writes there show up in the figures"
+        )
+        note = f"{note}; {shared}" if note else shared
+        if free < min_free:
+            raise BenchError(
+                f"{base} has {format_size(free)} free, the benchmark needs {format_size(min_free)}"
+            )
+        yield BenchFilesystem(path, real_type, False, None, free, None, note)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class _Unavailable(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _dedicated(
+    fstype: str, min_free: int, max_free: int | None, size: int | None, image_dir: Path | None
+) -> Iterator[BenchFilesystem]:
+    root = Path(image_dir or os.environ.get("TRTET_FS_ROOT") or "/var/tmp")
+    root.mkdir(parents=True, exist_ok=True)
+    _cleanup_stale_sessions(root)
+    session = Path(tempfile.mkdtemp(prefix=_SESSION_PREFIX, dir=root))
+    pid = os.getpid()
+    (session / "owner").write_text(f"{pid} {_process_start(pid)}\n")
+    mnt: Path | None = None
+    image: Path | None = None
+    try:
+        target = min_free if max_free is None else (min_free + max_free) // 2
+        frac, fixed = _OVERHEAD[fstype]
+        guess = size or max(int(target / frac) + fixed * MiB, _MIN_MIB[fstype] * MiB)
+        for _attempt in range(4):
+            try:
+                mnt, image, device = _make_fs(session, fstype, guess)
+            except BenchError as exc:
+                raise _Unavailable(str(exc)) from None
+            free = free_bytes(mnt)
+            fits = free >= min_free and (max_free is None or free <= max_free)
+            if size is not None or fits:
+                break
+            # Resize by what was missed, and try again.
+            problems = _teardown_keep_session(mnt, image)
+            mnt = image = None
+            if problems:
+                raise BenchError("; ".join(problems))
+            guess = max(guess + (target - free) + MiB, _MIN_MIB[fstype] * MiB)
+        else:
+            raise BenchError(
+                f"could not size a {fstype} filesystem to {format_size(min_free)}"
+                + (f"..{format_size(max_free)}" if max_free is not None else "")
+                + " free"
+            )
+        os.chmod(mnt, 0o777)
+        yield BenchFilesystem(mnt, fstype, True, guess, free, device, "")
+    finally:
+        problems = []
+        if mnt is not None:
+            problems = _teardown(session, mnt, image)
+        else:
+            shutil.rmtree(session, ignore_errors=True)
+        if problems:
+            log.error("benchmark filesystem teardown: %s", "; ".join(problems))
+
+
+def _teardown_keep_session(mnt: Path, image: Path | None) -> list[str]:
+    err = _unmount(mnt)
+    if err:
+        return [err]
+    if image is not None:
+        for dev in _loop_devices_for(image):
+            _run([_which("losetup") or "losetup", "-d", dev])
+        with contextlib.suppress(FileNotFoundError):
+            image.unlink()
+    with contextlib.suppress(OSError):
+        mnt.rmdir()
+    return []
+
+
+# --- the program -------------------------------------------------------------------
+
+
+_PENDING: dict[str, list[tuple[str, Any, str | None]]] = {}
+_BACKEND: type | None = None
+
+
+def _backend() -> type:
+    """Define the benchmark's backend once (``to_backend`` finds it by class name)."""
+    global _BACKEND
+    if _BACKEND is not None:
+        return _BACKEND
+    from typing import final
+
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+    from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+
+    from trtet_store.export import trt_blob
+    from trtet_store.export.executorch import add_blob_as_named_data
+
+    @final
+    class TrtetBenchBackend(BackendDetails):
+        """One delegate per payload; the payload is named data, the blob a TR01 header."""
+
+        @staticmethod
+        def preprocess(edge_program: Any, compile_specs: list[Any]) -> Any:
+            specs = {c.key: c.value.decode() for c in compile_specs}
+            key, blob, tag = _PENDING[specs["trtet_bench_token"]][int(specs["engine_index"])]
+            store = NamedDataStore()
+            add_blob_as_named_data(store, key, blob, alignment=16, external_tag=tag)
+            meta = trt_blob.BlobMetadata(
+                io_bindings=(
+                    trt_blob.IOBinding("x", "float32", (4,), True),
+                    trt_blob.IOBinding("output", "float32", (4,), False),
+                ),
+                target_platform="benchmark (no engine: payload bytes are random)",
+                engine_key=key,
+            )
+            return PreprocessResult(
+                processed_bytes=trt_blob.encode(meta),
+                data_store_output=store.get_named_data_store_output(),
+            )
+
+    _BACKEND = TrtetBenchBackend
+    return _BACKEND
+
+
+def build_program(
+    blobs: Sequence[Any], *, layout: str = "split", segment_alignment: int = 4096
+) -> Any:
+    """A real ExecuTorch program with one delegate per blob, each blob file-backed named data.
+
+    The module is a chain of ``x * 2.0`` steps, each lowered by its own
+    partition to the benchmark backend (as Torch-TensorRT makes one partition
+    per engine). Each delegate's blob is a TensorRT-format header (``TR01``)
+    whose ``engine_key`` names its payload; the payload is registered with
+    :func:`trtet_store.export.executorch.add_blob_as_named_data`, so ExecuTorch
+    only ever sees its length. The runtime can load the program but not its
+    methods (the backend exists only at export time).
+
+    Args:
+        blobs: Live :class:`~trtet_store.io.Blob` payloads.
+        layout: ``split`` (blob *i* in the ``.pte`` when *i* is even, else in
+            ``engines.ptd``), ``pte`` or ``ptd``.
+        segment_alignment: ExecuTorch's segment alignment.
+
+    Returns:
+        The ``ExecutorchProgramManager``.
+    """
+    import torch
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+    from executorch.exir.backend.partitioner import (
+        DelegationSpec,
+        Partitioner,
+        PartitionResult,
+    )
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}")
+    _backend()
+    token = uuid.uuid4().hex
+    n = len(blobs)
+
+    def tag_of(i: int) -> str | None:
+        if layout == "pte" or (layout == "split" and i % 2 == 0):
+            return None
+        return PTD_TAG
+
+    _PENDING[token] = [(f"engine{i}_trt_engine", b, tag_of(i)) for i, b in enumerate(blobs)]
+
+    class PerStepPartitioner(Partitioner):
+        def partition(self, exported_program: Any) -> Any:
+            tags = {}
+            i = 0
+            for node in exported_program.graph_module.graph.nodes:
+                if node.op != "call_function":
+                    continue
+                tag = f"trtet_bench_{i}"
+                node.meta["delegation_tag"] = tag
+                tags[tag] = DelegationSpec(
+                    BACKEND_ID,
+                    [
+                        CompileSpec("trtet_bench_token", token.encode()),
+                        CompileSpec("engine_index", str(i).encode()),
+                    ],
+                )
+                i += 1
+            return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+    class Chain(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(n):
+                x = x * 2.0
+            return x
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.export(Chain(), (torch.randn(4),))
+            edge = to_edge(ep).to_backend(PerStepPartitioner())
+            return edge.to_executorch(ExecutorchBackendConfig(segment_alignment=segment_alignment))
+    finally:
+        del _PENDING[token]
+
+
+def _stage_payloads(
+    store: Any, config: BenchConfig, seed: int, progress: Callable[[int], None] | None
+) -> list[Any]:
+    """Write ``config.payloads`` payloads of random-looking bytes as blobs of ``store``.
+
+    A 16 MiB random block is reused with each chunk's first 16 bytes made
+    unique (payload, chunk, seed), so payloads differ (ExecuTorch's dedup
+    fingerprint is the first 32 bytes) without generating gigabytes of
+    randomness.
+    """
+    block = bytearray(os.urandom(min(16 * MiB, config.payload_size)))
+    blobs = []
+    done = 0
+    for i in range(config.payloads):
+        left = config.payload_size
+        k = 0
+        with store.writer() as w:
+            while left:
+                n = min(left, len(block))
+                if n >= 16:
+                    block[:16] = struct.pack("<IQI", i, k, seed & 0xFFFFFFFF)
+                w.write(memoryview(block)[:n])
+                left -= n
+                k += 1
+                done += n
+                if progress:
+                    progress(done)
+        blobs.append(w.blob)
+    return blobs
+
+
+# --- running the methods ---------------------------------------------------------------
+
+
+class _LogCapture(logging.Handler):
+    """Collects ERROR records of the root logger (where ExecuTorch's ``save`` logs)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.messages.append(record.getMessage())
+
+
+def _current_rss() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _expected_outputs(program: Any, out: Path) -> dict[str, int]:
+    """File name -> size of every output of ``program`` (the Cords' lengths)."""
+    from trtet_store.export import _executorch_private as priv
+    from trtet_store.export.executorch import ptd_paths
+
+    sizes = {PTE_NAME: len(priv.pte_cord(program))}
+    cords = priv.ptd_cords(program)
+    for tag, path in ptd_paths(program, out).items():
+        sizes[path.name] = len(cords[tag])
+    return sizes
+
+
+def _executorch_save(program: Any, out: Path) -> None:
+    """What a user of ExecuTorch 1.5.1 runs: ``save`` then ``write_tensor_data_to_file``."""
+    program.save(os.fspath(out / PTE_NAME))
+    if program._tensor_data:
+        program.write_tensor_data_to_file(os.fspath(out))
+
+
+def _trtet_save(
+    program: Any,
+    out: Path,
+    *,
+    consume: bool,
+    chunk_size: int | None,
+    progress: Callable[[int, int], None],
+) -> list[Any]:
+    """trtet_store's write of the ``.pte`` and its ``.ptd`` files, one transaction."""
+    from trtet_store.export import executorch as adapter
+
+    save_program = getattr(adapter, "save_program", None)
+    if save_program is not None:
+        return list(
+            save_program(
+                program, out / PTE_NAME, consume=consume, chunk_size=chunk_size, progress=progress
+            )
+        )
+    from trtet_store.io import write_files
+
+    layouts = adapter.program_layouts(program, out / PTE_NAME, consume=consume)
+    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress)
+
+
+class _SizeWatcher:
+    """Reports the growth of output files while a call without a progress hook runs."""
+
+    def __init__(self, out: Path, total: int, report: Callable[[int, int], None]) -> None:
+        self.out = out
+        self.total = total
+        self.report = report
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-size-watcher", daemon=True)
+
+    def __enter__(self) -> _SizeWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            done = 0
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(self.out):
+                    with contextlib.suppress(OSError):
+                        done += entry.stat().st_size
+            self.report(min(done, self.total), self.total)
+
+
+def _digest_outputs(out: Path, names: Sequence[str]) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    for name in sorted(names):
+        h.update(name.encode() + b"\0")
+        with open(out / name, "rb") as f:
+            while chunk := f.read(16 * MiB):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _run_method(
+    method: str,
+    program: Any,
+    fs: BenchFilesystem,
+    config: BenchConfig,
+    repeat: int,
+    progress: ProgressFn | None,
+) -> RunResult:
+    """Run one method once, measured; leave no output behind."""
+    from trtet_store.io import InsufficientSpaceError
+
+    out = fs.path / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    expected = _expected_outputs(program, out)
+    total = sum(expected.values())
+    label = f"{METHOD_LABELS[method]} [{repeat + 1}/{config.repeat}]"
+    result = RunResult(
+        method=method,
+        placement="copy" if method == "executorch" else "?",
+        filesystem=fs.label,
+        payload_bytes=config.total_payload_bytes,
+        peak_extra_bytes=0,
+        bytes_written=0,
+        seconds=0.0,
+        peak_rss_bytes=0,
+        repeat=repeat,
+        expected_output_bytes=expected,
+    )
+    if method == "executorch":
+        result.reasons = ["ExecuTorch copies every payload (Cord.write_to_file, 8 MiB reads)"]
+    gc.collect()
+    use_syncfs = fs.fstype == "btrfs"
+    capture = _LogCapture()
+    reports: list[Any] = []
+    mon = PeakDiskMonitor(fs.path, use_syncfs=use_syncfs)
+    with mon:
+        rss_before = _current_rss()
+        result.rss_reset = reset_peak_rss()
+        io_before = io_counters()["write_bytes"]
+        t0 = time.perf_counter()
+        try:
+            if method == "executorch":
+                root = logging.getLogger()
+                root.addHandler(capture)
+                try:
+                    with _SizeWatcher(out, total, lambda d, t: progress and progress(label, d, t)):
+                        _executorch_save(program, out)
+                finally:
+                    root.removeHandler(capture)
+            else:
+
+                def step(done: int, tot: int) -> None:
+                    mon.sample()
+                    if progress:
+                        progress(label, done, tot)
+
+                reports = _trtet_save(
+                    program,
+                    out,
+                    consume=method == "trtet_store_consume",
+                    chunk_size=config.chunk_size,
+                    progress=step,
+                )
+        except InsufficientSpaceError as exc:
+            result.outcome = "refused"
+            result.error = f"InsufficientSpaceError: {exc}"
+        except Exception as exc:  # recorded, not raised: the table shows it
+            result.outcome = "failed"
+            code = (
+                f" [{errno.errorcode.get(exc.errno, exc.errno)}]"
+                if isinstance(exc, OSError) and exc.errno
+                else ""
+            )
+            result.error = f"{type(exc).__name__}{code}: {exc}"
+        t1 = time.perf_counter()
+        mon.sample()
+        with contextlib.suppress(OSError):
+            syncfs(fs.path)
+        t2 = time.perf_counter()
+        result.bytes_written = io_counters()["write_bytes"] - io_before
+        result.peak_rss_bytes = peak_rss_bytes()
+    result.seconds = t1 - t0
+    result.seconds_durable = t2 - t0
+    result.rss_before_bytes = rss_before
+    result.rss_growth_bytes = max(0, result.peak_rss_bytes - rss_before)
+    result.peak_extra_bytes = mon.peak_extra_bytes
+    result.extra_after_bytes = mon.extra_after_bytes
+    result.timeline = [[round(t, 4), b] for t, b in mon.timeline]
+    if progress:
+        progress(label, total, total)
+
+    found = {}
+    for entry in sorted(os.scandir(out), key=lambda e: e.name):
+        if entry.is_file() and not entry.name.startswith("."):
+            found[entry.name] = entry.stat().st_size
+    result.output_bytes = found
+    if reports:
+        placements = [p for r in reports for p in r.placements]
+        result.placement = "+".join(sorted({p.placement for p in placements})) or "none"
+        result.reasons = sorted({f"{p.placement}: {p.reason}" for p in placements})
+    elif method != "executorch":
+        result.placement = "none"
+    if capture.messages:
+        logged = "logged, not raised: " + " | ".join(capture.messages)
+        if result.outcome == "ok":
+            result.outcome = "failed silently"
+            result.error = logged
+        else:
+            result.error = f"{result.error}; before that, {logged}"
+    if result.outcome == "ok" and found != expected:
+        result.outcome = "failed silently"
+        short = ", ".join(
+            f"{name}: {format_size(found.get(name, 0))} of {format_size(size)}"
+            for name, size in expected.items()
+            if found.get(name) != size
+        )
+        result.error = f"no error raised, but outputs are incomplete ({short})"
+    elif result.outcome != "ok" and found:
+        partial = ", ".join(f"{n} {format_size(s)}" for n, s in found.items())
+        result.error = f"{result.error}; left behind: {partial}"
+    if result.outcome == "ok" and config.verify_outputs:
+        result.output_digest = _digest_outputs(out, list(expected))
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def _environment() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "euid": os.geteuid(),
+    }
+    for dist in ("executorch", "torch", "trtet-store"):
+        try:
+            env[dist] = version(dist)
+        except PackageNotFoundError:
+            env[dist] = None
+    try:
+        import psutil
+
+        env["memory_bytes"] = psutil.virtual_memory().total
+    except Exception:  # pragma: no cover - psutil is a dependency
+        pass
+    return env
+
+
+def _space_needed(config: BenchConfig) -> tuple[int, int | None]:
+    """(min_free, max_free) for the filesystem: roomy (``fit``) or ``tight``."""
+    payload = config.total_payload_bytes
+    chunk = config.effective_chunk_size
+    # Headers, flatbuffers, segment padding, journal, block rounding per file.
+    overhead = 2 * MiB + 2 * config.segment_alignment * (config.payloads + 2)
+    if config.fs_size == "tight":
+        # The staged payloads plus what a move needs (a chunk per output file,
+        # the writer's slack), but clearly less than a second copy.
+        low = payload + 3 * chunk + overhead + 4 * MiB
+        high = payload + max(low - payload + 8 * MiB, payload // 2)
+        if high >= 2 * payload:
+            raise BenchError(
+                "payloads too small for a tight filesystem: a move's needs "
+                f"({format_size(low - payload)}) are not well below the payload size"
+            )
+        return low, high
+    return 2 * payload + 2 * chunk + overhead + 16 * MiB, None
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    progress: ProgressFn | None = None,
+    filesystem: BenchFilesystem | None = None,
+) -> BenchResult:
+    """Run the benchmark and return every measurement.
+
+    Per repeat: payloads are staged as blobs on the benchmark filesystem and a
+    program is built over them; then each method writes the program to an
+    empty output directory there, measured, and the outputs are deleted
+    again, so every method starts from the same state (the staged payloads,
+    nothing else). The consuming method runs last, since it uses the payloads
+    up; the other two alternate their order between repeats.
+
+    Args:
+        config: What to run.
+        progress: ``progress(phase, done, total)`` while staging and writing
+            (byte counts); the CLI draws tqdm bars from it.
+        filesystem: Measure here instead of making a filesystem (a test's
+            mount, say); ``config.filesystem`` and ``fs_size`` are then ignored.
+
+    Returns:
+        The result; a method that fails is recorded with its outcome, not raised.
+
+    Raises:
+        BenchError: The filesystem could not be set up.
+        ValueError: An invalid configuration.
+    """
+    config.validate()
+    fstype = config.filesystem
+    if fstype == "auto":
+        fstype = "ext4" if os.geteuid() == 0 else "here"
+    if filesystem is not None:
+        return _run_all(config, filesystem, progress)
+    min_free, max_free = _space_needed(config)
+    size = config.fs_size if isinstance(config.fs_size, int) else None
+    with bench_filesystem(
+        fstype,
+        min_free=min_free,
+        max_free=max_free,
+        size=size,
+        image_dir=config.image_dir,
+        workdir=config.workdir,
+    ) as fs:
+        return _run_all(config, fs, progress)
+
+
+def _run_all(config: BenchConfig, fs: BenchFilesystem, progress: ProgressFn | None) -> BenchResult:
+    from trtet_store.io import BlobStore
+
+    result = BenchResult(config, fs, environment=_environment())
+    if fs.note:
+        result.notes.append(fs.note)
+    if fs.fstype == "tmpfs" or fs.fstype.endswith("tmpfs"):
+        result.notes.append("tmpfs: /proc/self/io reports 0 bytes written")
+    if fs.fstype == "btrfs":
+        result.notes.append(
+            "btrfs: statvfs lags until a commit, so every sample calls syncfs; a move "
+            "frees nothing until a whole extent is unreferenced"
+        )
+    if config.fs_size == "tight":
+        result.notes.append(
+            f"tight filesystem: {format_size(fs.free_bytes)} free for "
+            f"{format_size(config.total_payload_bytes)} of payloads (fits once, not twice)"
+        )
+    result.notes.append(
+        "ExecuTorch's save does not fsync; 'seconds' is the call, 'durable' adds a syncfs"
+    )
+    staging = fs.path / "staging"
+    staging.mkdir(exist_ok=True)
+    digests: dict[str, str] = {}
+    for rep in range(config.repeat):
+        store = BlobStore(staging)
+        try:
+            label = f"staging payloads [{rep + 1}/{config.repeat}]"
+            total = config.total_payload_bytes
+            blobs = _stage_payloads(
+                store,
+                config,
+                rep,
+                (lambda d, lb=label, t=total: progress(lb, d, t)) if progress else None,
+            )
+            program = build_program(
+                blobs, layout=config.layout, segment_alignment=config.segment_alignment
+            )
+            del blobs  # the program holds them now
+            order = [m for m in config.methods if m != "trtet_store_consume"]
+            if rep % 2:
+                order.reverse()
+            if "trtet_store_consume" in config.methods:
+                order.append("trtet_store_consume")
+            for method in order:
+                run = _run_method(method, program, fs, config, rep, progress)
+                if run.output_digest is not None:
+                    ref = digests.setdefault(f"rep{rep}", run.output_digest)
+                    if run.output_digest != ref:
+                        run.outcome = "wrong output"
+                        run.error = "the outputs differ from the first method's of this repeat"
+                result.runs.append(run)
+            del program
+            gc.collect()
+        finally:
+            store.close()
+    result.runs.sort(key=lambda r: (config.methods.index(r.method), r.repeat))
+    for s in result.summary():
+        if s["ok_runs"] < s["runs"]:
+            result.notes.append(
+                f"{s['label']}: {s['runs'] - s['ok_runs']} of {s['runs']} runs "
+                f"{'/'.join(o for o in s['outcomes'] if o != 'ok')}: " + " | ".join(s["errors"])
+            )
+    return result
+
+
+# --- reporting ------------------------------------------------------------------------
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def format_table(result: BenchResult) -> str:
+    """The summary as a plain-text table (median, max in parentheses, ratio to ExecuTorch).
+
+    Args:
+        result: A benchmark result.
+
+    Returns:
+        The table with a heading line and notes underneath.
+    """
+    cfg = result.config
+    head = (
+        f"{cfg.payloads} x {format_size(cfg.payload_size)} payloads "
+        f"({format_size(cfg.total_payload_bytes)}, layout {cfg.layout}) on "
+        f"{result.filesystem.label}"
+        + (
+            f" ({format_size(result.filesystem.size_bytes)} image, "
+            f"{format_size(result.filesystem.free_bytes)} free)"
+            if result.filesystem.dedicated and result.filesystem.size_bytes
+            else ""
+        )
+        + f", chunk {format_size(cfg.effective_chunk_size)}, {cfg.repeat} repeat(s); "
+        "median (max), ratio to ExecuTorch's save"
+    )
+    cols = [
+        "method",
+        "placement",
+        "ok",
+        "peak extra disk",
+        "ratio",
+        "bytes written",
+        "ratio",
+        "seconds",
+        "ratio",
+        "durable s",
+        "RSS growth",
+    ]
+    rows = []
+    for s in result.summary():
+        med, mx, r = s["median"], s["max"], s["ratio_to_executorch"]
+        rows.append(
+            [
+                s["label"],
+                s["placement"],
+                f"{s['ok_runs']}/{s['runs']}",
+                f"{format_size(med['peak_extra_bytes'])} ({format_size(mx['peak_extra_bytes'])})",
+                _ratio(r["peak_extra_bytes"]),
+                format_size(med["bytes_written"]),
+                _ratio(r["bytes_written"]),
+                f"{med['seconds']:.2f} ({mx['seconds']:.2f})",
+                _ratio(r["seconds"]),
+                f"{med['seconds_durable']:.2f}",
+                format_size(med["rss_growth_bytes"]),
+            ]
+        )
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i < 3 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    out = [head, "", line(cols), line(["-" * w for w in widths])]
+    out += [line(row) for row in rows]
+    if result.notes:
+        out.append("")
+        out += [f"note: {n}" for n in result.notes]
+    return "\n".join(out)
+
+
+def write_json(result: BenchResult, path: os.PathLike | str, *, timelines: bool = True) -> Path:
+    """Write the result as JSON (``{"runs": [...], "summary": [...], ...}``).
+
+    Args:
+        result: A benchmark result.
+        path: The file; its directory is created.
+        timelines: Include each run's disk-use timeline.
+
+    Returns:
+        The path written.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(result.to_json(timelines=timelines), indent=1) + "\n")
+    os.replace(tmp, p)
+    return p
+
+
+_COLORS = {"executorch": "#d62728", "trtet_store": "#1f77b4", "trtet_store_consume": "#2ca02c"}
+
+
+def plot(result: BenchResult, path: os.PathLike | str) -> Path:
+    """Draw disk use over time per method, and peak extra disk per method, to a PNG.
+
+    Left: extra disk in use over the save call, one line per method (the
+    repeat with the median peak), the payload size dashed. Right: peak extra
+    disk per method (median bar, max whisker), labelled with the ratio to
+    ExecuTorch's save.
+
+    Args:
+        result: A benchmark result.
+        path: The PNG; its directory is created.
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = result.config
+    fig, (ax, bx) = plt.subplots(
+        1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [2.2, 1]}, constrained_layout=True
+    )
+    summary = result.summary()
+    for s in summary:
+        runs = result.runs_of(s["method"])
+        ok = [r for r in runs if r.ok] or runs
+        target = statistics.median_low([r.peak_extra_bytes for r in ok])
+        run = next(r for r in ok if r.peak_extra_bytes == target)
+        pts = run.timeline or [[0.0, 0]]
+        xs = [p[0] for p in pts]
+        ys = [p[1] / MiB for p in pts]
+        status = "" if run.ok else f" ({run.outcome})"
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            color=_COLORS.get(s["method"]),
+            linewidth=2,
+            label=f"{s['label']}: {s['placement']}{status}, peak "
+            f"{format_size(run.peak_extra_bytes)}",
+        )
+        ax.axvline(run.seconds, color=_COLORS.get(s["method"]), linestyle=":", linewidth=1)
+    ax.axhline(
+        cfg.total_payload_bytes / MiB,
+        color="grey",
+        linestyle="--",
+        linewidth=1,
+        label=f"payload size {format_size(cfg.total_payload_bytes)}",
+    )
+    ax.set_xlabel("seconds since the save started (dotted: call returned; then sync)")
+    ax.set_ylabel("extra disk in use (MiB)")
+    ax.set_title(
+        f"Disk use while saving {cfg.payloads} x {format_size(cfg.payload_size)} "
+        f"on {result.filesystem.label}"
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    ax.set_ylim(bottom=min(0, ax.get_ylim()[0]))
+
+    names = [s["label"] for s in summary]
+    med = [s["median"]["peak_extra_bytes"] / MiB for s in summary]
+    mx = [s["max"]["peak_extra_bytes"] / MiB for s in summary]
+    colors = [_COLORS.get(s["method"], "grey") for s in summary]
+    xpos = range(len(names))
+    bx.bar(
+        xpos,
+        med,
+        color=colors,
+        yerr=[[0] * len(med), [b - a for a, b in zip(med, mx, strict=True)]],
+        capsize=4,
+    )
+    for i, s in enumerate(summary):
+        r = s["ratio_to_executorch"]["peak_extra_bytes"]
+        text = f"{med[i]:.1f} MiB" + (f"\n{r:.3f}x" if r is not None and i else "")
+        if s["ok_runs"] < s["runs"]:
+            text += f"\n{'/'.join(o for o in s['outcomes'] if o != 'ok')}"
+        bx.annotate(
+            text,
+            (i, mx[i]),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            xytext=(0, 3),
+            textcoords="offset points",
+        )
+    bx.set_xticks(list(xpos), names, fontsize=8)
+    bx.set_ylabel("peak extra disk (MiB), median; whisker: max")
+    bx.set_title(f"Peak extra disk, {cfg.repeat} repeat(s)")
+    bx.set_ylim(0, max(mx + [1]) * 1.25)
+    bx.grid(True, axis="y", alpha=0.3)
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p

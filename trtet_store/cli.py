@@ -1,0 +1,626 @@
+"""The ``trtet-store`` command: a thin shell over the API.
+
+Subcommands::
+
+    trtet-store bench [--payload-size SIZE] [--payloads N] [--chunk-size SIZE]
+                      [--filesystem auto|ext4|xfs|btrfs|tmpfs|here] [--fs-size fit|tight|SIZE]
+                      [--repeat N] [--json FILE] [--plot FILE] ...
+    trtet-store inspect FILE [--json]
+    trtet-store verify FILE [--data FILE.ptd] [--run] [--json]
+    trtet-store compile-and-save MODULE.py:FACTORY OUT [--backend tensorrt|xnnpack] ...
+    trtet-store recover DIR [--json]
+
+Exit codes: 0 success; 1 the command ran and found a problem (verify found
+errors, a trtet_store method failed in the benchmark, a compile failed);
+2 usage errors (argparse's own); 130 interrupted.
+
+Everything heavy (torch, executorch, matplotlib, tqdm) is imported inside the
+command that needs it, so ``trtet-store inspect`` and ``recover`` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_OUT_DIR = Path("bench-out")
+
+
+def _size_arg(text: str) -> int:
+    from trtet_store.bench import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fs_size_arg(text: str) -> str | int:
+    if text in ("fit", "tight"):
+        return text
+    return _size_arg(text)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``trtet-store`` (exposed for docs and tests)."""
+    from trtet_store.bench import FILESYSTEMS, LAYOUTS, METHODS
+
+    parser = argparse.ArgumentParser(
+        prog="trtet-store",
+        description="Disk-aware storage for TensorRT engines in ExecuTorch programs.",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log what the library does (-vv: debug)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser(
+        "bench",
+        help="peak disk, bytes written, time and RSS: ExecuTorch's save vs trtet_store",
+        description=(
+            "Build a real ExecuTorch program with N file-backed payloads and save it with "
+            "ExecuTorch's own save and with trtet_store (copy, and move with consume=True), "
+            "measuring each on a dedicated loop filesystem (as root) or in a temp directory."
+        ),
+    )
+    b.add_argument(
+        "--payload-size",
+        type=_size_arg,
+        default=512 << 20,
+        metavar="SIZE",
+        help="bytes per payload, e.g. 512M (default 512 MiB)",
+    )
+    b.add_argument(
+        "--payloads",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="number of payloads, one per delegate (default 2)",
+    )
+    b.add_argument(
+        "--chunk-size",
+        type=_size_arg,
+        default=None,
+        metavar="SIZE",
+        help="trtet_store's move/copy step (default 8 MiB)",
+    )
+    b.add_argument(
+        "--filesystem",
+        choices=("auto", *FILESYSTEMS),
+        default="auto",
+        help="dedicated filesystem type (root only), or 'here' for a temp dir on "
+        "the current filesystem; auto: ext4 as root, else here",
+    )
+    b.add_argument(
+        "--fs-size",
+        type=_fs_size_arg,
+        default="fit",
+        metavar="fit|tight|SIZE",
+        help="size of the dedicated filesystem: fit (every method fits), tight "
+        "(the payloads fit once, not twice), or a size",
+    )
+    b.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=3,
+        metavar="N",
+        help="repetitions per method; median and max are reported (default 3)",
+    )
+    b.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        metavar="LIST",
+        help=f"comma-separated subset of {','.join(METHODS)}",
+    )
+    b.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="split",
+        help="payloads in the .pte, in engines.ptd, or split (default)",
+    )
+    b.add_argument(
+        "--segment-alignment",
+        type=_size_arg,
+        default=4096,
+        metavar="N",
+        help="ExecuTorch segment_alignment (default 4096)",
+    )
+    b.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        metavar="DIR",
+        help="where --json and --plot default to (default ./bench-out)",
+    )
+    b.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the results as JSON (default OUT_DIR/bench.json)",
+    )
+    b.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write a PNG of disk use over time (default OUT_DIR/bench.png)",
+    )
+    b.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="for --filesystem here: where the temp dir goes (default OUT_DIR)",
+    )
+    b.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not hash and compare the outputs of the methods",
+    )
+    b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b.set_defaults(func=cmd_bench)
+
+    i = sub.add_parser(
+        "inspect",
+        help="the layout of a .pte or .ptd",
+        description="Headers, segments, named data, delegates and TensorRT "
+        "blob headers of a .pte or .ptd; payload bytes are not read.",
+    )
+    i.add_argument("file", type=Path, metavar="FILE")
+    i.add_argument("--json", action="store_true", help="print JSON instead of text")
+    i.set_defaults(func=cmd_inspect)
+
+    v = sub.add_parser(
+        "verify",
+        help="structural checks, optionally a runtime load",
+        description="Check magic, versions, offsets and segments against the "
+        "file's size; with --data also the .ptd and the keys the .pte needs from "
+        "it; with --run load the program with the ExecuTorch runtime.",
+    )
+    v.add_argument("file", type=Path, metavar="FILE")
+    v.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        metavar="FILE.ptd",
+        help="the .ptd the program reads external data from",
+    )
+    v.add_argument(
+        "--run",
+        action="store_true",
+        help="load the program (and its methods, where the backend is registered)",
+    )
+    v.add_argument("--json", action="store_true", help="print JSON instead of text")
+    v.set_defaults(func=cmd_verify)
+
+    c = sub.add_parser(
+        "compile-and-save",
+        help="lower a model and save it (engines moved, not copied)",
+        description="Import MODULE.py, call FACTORY() for (module, inputs), and "
+        "run trtet_store.compile_and_save(module, inputs, OUT).",
+    )
+    c.add_argument(
+        "target",
+        metavar="MODULE.py:FACTORY",
+        help="FACTORY() returns (module, example_inputs), a dict with 'module' and "
+        "'inputs', or a module with an 'example_inputs' attribute",
+    )
+    c.add_argument("out", type=Path, metavar="OUT", help="the .pte to write")
+    c.add_argument("--backend", default="tensorrt", help="tensorrt (default) or xnnpack")
+    c.add_argument(
+        "--external-engine-data",
+        default=None,
+        metavar="NAME",
+        help="put engines (xnnpack: weights) in NAME.ptd beside OUT",
+    )
+    c.add_argument(
+        "--segment-alignment",
+        type=_size_arg,
+        default=None,
+        metavar="N",
+        help="segment alignment of the program (4096: page-aligned payloads)",
+    )
+    c.add_argument("--etrecord", action="store_true", help="also write OUT_etrecord.bin")
+    c.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="staging directory for engines (default beside OUT)",
+    )
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.set_defaults(func=cmd_compile_and_save)
+
+    r = sub.add_parser(
+        "recover",
+        help="finish or undo writes a crash interrupted",
+        description="Roll forward or back every interrupted write whose journal "
+        "is in DIR (the output directory).",
+    )
+    r.add_argument("dir", type=Path, metavar="DIR")
+    r.add_argument("--json", action="store_true", help="print JSON instead of text")
+    r.set_defaults(func=cmd_recover)
+    return parser
+
+
+# --- progress ---------------------------------------------------------------------------
+
+
+class _Bars:
+    """tqdm bars keyed by phase name, for the library's ``progress(phase, done, total)``."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: Any = None
+        self._phase: str | None = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        if phase != self._phase:
+            self.close()
+            self._phase = phase
+            self._bar = tqdm(
+                total=total,
+                desc=phase,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                leave=False,
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
+        bar = self._bar
+        if bar.total != total:
+            bar.total = total
+        if done > bar.n:
+            bar.update(done - bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+            self._phase = None
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit so cleanup (unmounting) runs."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``trtet-store bench``: run, print the table, write JSON and the plot."""
+    from trtet_store import bench
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    config = bench.BenchConfig(
+        payload_size=args.payload_size,
+        payloads=args.payloads,
+        chunk_size=args.chunk_size,
+        filesystem=args.filesystem,
+        fs_size=args.fs_size,
+        repeat=args.repeat,
+        methods=methods,
+        layout=args.layout,
+        segment_alignment=args.segment_alignment,
+        workdir=(args.workdir or args.out_dir).absolute(),
+        verify_outputs=not args.no_verify,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        print(f"trtet-store bench: {exc}", file=sys.stderr)
+        return 2
+    json_path = args.json or args.out_dir / "bench.json"
+    plot_path = args.plot or args.out_dir / "bench.png"
+    fs_text = (
+        config.filesystem
+        if config.filesystem != "auto"
+        else ("ext4" if os.geteuid() == 0 else "here")
+    )
+    print(
+        f"trtet-store bench: {config.payloads} x {bench.format_size(config.payload_size)} "
+        f"on {fs_text}, {config.repeat} repeat(s), methods {', '.join(methods)}",
+        file=sys.stderr,
+    )
+    bars = _Bars(enabled=not args.no_progress)
+    try:
+        result = bench.run_bench(config, progress=bars)
+    except bench.BenchError as exc:
+        print(f"trtet-store bench: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        bars.close()
+    print(bench.format_table(result))
+    written = bench.write_json(result, json_path)
+    print(f"\nJSON: {written}")
+    try:
+        png = bench.plot(result, plot_path)
+    except ImportError as exc:
+        print(f"plot: skipped, matplotlib is not installed ({exc})", file=sys.stderr)
+    else:
+        print(f"plot: {png}")
+    bad = [
+        r
+        for r in result.runs
+        if r.outcome == "wrong output" or (r.method != "executorch" and r.outcome == "failed")
+    ]
+    for r in bad:
+        print(
+            f"trtet-store bench: {r.method} repeat {r.repeat}: {r.outcome}: {r.error}",
+            file=sys.stderr,
+        )
+    return 1 if bad else 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``trtet-store inspect``: print the layout; exit 1 if it has structural errors."""
+    from trtet_store.inspect import format_inspection, inspect_file
+
+    try:
+        ins = inspect_file(args.file)
+    except OSError as exc:
+        print(f"trtet-store inspect: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(ins.to_json(), indent=1))
+    else:
+        print(format_inspection(ins))
+    return 1 if ins.errors else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``trtet-store verify``: structural checks (and a runtime load); exit 1 on any error."""
+    from trtet_store.inspect import format_verify, verify
+
+    try:
+        result = verify(args.file, data=args.data, run=args.run)
+    except (OSError, ValueError) as exc:
+        print(f"trtet-store verify: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(format_verify(result))
+    return 0 if result.ok else 1
+
+
+def _load_factory(target: str) -> Callable[[], Any]:
+    """Import ``MODULE.py:FACTORY`` (a file path, or a dotted module name) and return FACTORY."""
+    module_part, sep, attr = target.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise ValueError(f"expected MODULE.py:FACTORY, got {target!r}")
+    path = Path(module_part)
+    if module_part.endswith(".py") or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file: {module_part}")
+        name = f"_trtet_user_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, os.fspath(path.parent.absolute()))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(os.fspath(path.parent.absolute()))
+    else:
+        module = importlib.import_module(module_part)
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise AttributeError(f"{module_part} has no attribute {attr!r}")
+    if not callable(factory):
+        raise TypeError(f"{target} is not callable")
+    return factory
+
+
+def _module_and_inputs(made: Any) -> tuple[Any, tuple]:
+    if isinstance(made, dict):
+        return made["module"], tuple(made.get("inputs", ()))
+    if isinstance(made, (tuple, list)) and len(made) == 2:
+        return made[0], tuple(made[1])
+    inputs = getattr(made, "example_inputs", None)
+    if inputs is None:
+        raise TypeError(
+            "FACTORY() must return (module, inputs), {'module': ..., 'inputs': ...}, or a "
+            "module with an 'example_inputs' attribute"
+        )
+    return made, tuple(inputs)
+
+
+def cmd_compile_and_save(args: argparse.Namespace) -> int:
+    """``trtet-store compile-and-save``: lower and save through ``trtet_store.compile_and_save``."""
+    import trtet_store
+
+    try:
+        compile_and_save = trtet_store.compile_and_save
+    except (AttributeError, ImportError) as exc:
+        print(
+            f"trtet-store compile-and-save: not available in this installation ({exc})",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        module, inputs = _module_and_inputs(_load_factory(args.target)())
+    except Exception as exc:
+        print(
+            f"trtet-store compile-and-save: {args.target}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    kwargs: dict[str, Any] = {"backend": args.backend}
+    if args.external_engine_data is not None:
+        kwargs["external_engine_data"] = args.external_engine_data
+    if args.segment_alignment is not None:
+        kwargs["segment_alignment"] = args.segment_alignment
+    if args.etrecord:
+        kwargs["generate_etrecord"] = True
+    store = None
+    if args.store is not None:
+        from trtet_store.io import BlobStore
+
+        store = BlobStore(args.store)
+        kwargs["store"] = store
+    bars = _Bars(enabled=not args.no_progress)
+    kwargs["progress"] = lambda done, total: bars("writing", done, total)
+    try:
+        report = compile_and_save(module, inputs, args.out, **kwargs)
+    except Exception as exc:
+        print(f"trtet-store compile-and-save: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        bars.close()
+        if store is not None:
+            store.close()
+    writes = list(getattr(report, "writes", []) or [])
+    if args.json:
+        print(json.dumps(_report_json(report, writes), indent=1))
+    else:
+        print(f"wrote {getattr(report, 'path', args.out)}")
+        for w in writes:
+            print(f"  {w.path}: {w.size} bytes in {w.seconds:.2f} s")
+            for p in w.placements:
+                print(f"    payload at {p.offset}, {p.size} bytes: {p.placement} ({p.reason})")
+    return 0
+
+
+def _report_json(report: Any, writes: Sequence[Any]) -> dict[str, Any]:
+    return {
+        "path": os.fspath(getattr(report, "path", "")),
+        "data_paths": [os.fspath(p) for p in getattr(report, "data_paths", []) or []],
+        "etrecord": os.fspath(report.etrecord) if getattr(report, "etrecord", None) else None,
+        "engines": [list(e) for e in getattr(report, "engines", []) or []],
+        "seconds": getattr(report, "seconds", None),
+        "writes": [
+            {
+                "path": os.fspath(w.path),
+                "size": w.size,
+                "seconds": w.seconds,
+                "placements": [
+                    {
+                        "offset": p.offset,
+                        "size": p.size,
+                        "placement": p.placement,
+                        "reason": p.reason,
+                        "bytes_written": p.bytes_written,
+                    }
+                    for p in w.placements
+                ],
+            }
+            for w in writes
+        ],
+    }
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """``trtet-store recover``: roll interrupted writes in DIR forward or back."""
+    import trtet_store
+
+    if not args.dir.is_dir():
+        print(f"trtet-store recover: {args.dir} is not a directory", file=sys.stderr)
+        return 1
+    try:
+        outcomes = trtet_store.recover(args.dir)
+    except Exception as exc:
+        print(f"trtet-store recover: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "journal": os.fspath(o.journal),
+                        "action": o.action,
+                        "outputs": list(o.outputs),
+                        "detail": o.detail,
+                    }
+                    for o in outcomes
+                ],
+                indent=1,
+            )
+        )
+    elif not outcomes:
+        print(f"{args.dir}: nothing to recover")
+    else:
+        for o in outcomes:
+            outs = ", ".join(os.fspath(x) for x in o.outputs) or "-"
+            print(f"{o.journal}: {o.action} ({outs})" + (f": {o.detail}" if o.detail else ""))
+    busy = [o for o in outcomes if o.action == "busy"]
+    return 1 if busy else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trtet-store`` console script.
+
+    Args:
+        argv: Arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        The exit code.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verbose:
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+    try:
+        with _sigterm_as_exit():
+            return int(args.func(args))
+    except KeyboardInterrupt:
+        print("trtet-store: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): say nothing more, like other CLI tools.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
