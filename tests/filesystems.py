@@ -247,6 +247,7 @@ class MountedFs:
         mountpoint: Where it is mounted.
         image: The sparse image file, or None for tmpfs.
         loop_device: The loop device backing it, or None for tmpfs.
+        mount_options: The extra ``mount -o`` options it was mounted with.
     """
 
     fstype: str
@@ -254,6 +255,7 @@ class MountedFs:
     mountpoint: Path
     image: Path | None
     loop_device: str | None
+    mount_options: tuple[str, ...] = ()
 
 
 class FilesystemFactory:
@@ -399,7 +401,50 @@ class FilesystemFactory:
         loop = next(
             (src for src, mp, _t, _o in _read_mounts() if mp == str(mountpoint.resolve())), None
         )
-        return MountedFs(fstype, size_mib, mountpoint, image, loop)
+        return MountedFs(fstype, size_mib, mountpoint, image, loop, tuple(opts))
+
+    def remount(self, mountpoint: str | os.PathLike[str]) -> Path:
+        """Unmount an image filesystem and mount it again, on a fresh loop device.
+
+        What the filesystem holds afterwards is what reached the image: after
+        a shutdown ioctl (a simulated power cut) this is what a machine would
+        find on reboot, log replay included.
+
+        Args:
+            mountpoint: A mount point returned by :meth:`make` (not a tmpfs:
+                its content would be gone).
+
+        Returns:
+            The mount point (unchanged).
+
+        Raises:
+            ValueError: Not an image filesystem made by this factory.
+            RuntimeError: Unmounting or mounting failed.
+        """
+        fs = self._mounted.get(Path(mountpoint))
+        if fs is None or fs.image is None:
+            raise ValueError(f"{mountpoint} is not an image filesystem made by this factory")
+        err, lazy = _umount(fs.mountpoint)
+        if err or lazy:
+            raise RuntimeError(err or f"{mountpoint} was busy: it was unmounted lazily")
+        losetup = _which("losetup") or "losetup"
+        for _ in range(40):  # `mount -o loop` sets autoclear: the device goes by itself
+            if not loop_devices_under(fs.image):
+                break
+            time.sleep(0.05)
+        else:
+            for dev in loop_devices_under(fs.image):
+                _run([losetup, "-d", dev])
+        mount = _which("mount") or "mount"
+        argv = [mount, "-t", fs.fstype, "-o", ",".join(["loop", *fs.mount_options]),
+                str(fs.image), str(fs.mountpoint)]
+        proc = _run(argv)
+        if proc.returncode != 0:
+            raise RuntimeError(f"mounting {fs.fstype} again ({' '.join(argv)}) failed: "
+                               f"{proc.stderr.strip()}")
+        fs.loop_device = next((src for src, mp, _t, _o in _read_mounts()
+                               if mp == str(fs.mountpoint.resolve())), None)
+        return fs.mountpoint
 
     def release(self, mountpoint: str | os.PathLike[str]) -> list[str]:
         """Unmount one filesystem, detach its loop device and delete its image.
