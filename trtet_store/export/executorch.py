@@ -1,0 +1,534 @@
+"""ExecuTorch adapter: an ``ExecutorchProgramManager`` as piece lists for :mod:`trtet_store.io`.
+
+ExecuTorch 1.5.1 serializes a program eagerly into Cords: one for the ``.pte``
+and one per ``.ptd`` tag. A Cord is a list of small ``bytes`` (headers,
+flatbuffers, zero padding, in-memory segments) and ``FileBackedData`` payloads.
+This module turns each into the ordered piece list the io layer writes, without
+reading a payload byte, so the bytes written are exactly those of ExecuTorch's
+own ``save(path)`` and ``write_tensor_data_to_file(outdir)``.
+
+Which piece a ``FileBackedData`` becomes (ownership)
+----------------------------------------------------
+=========================================  ===============  =================
+the payload's file is ...                  consume=False    consume=True
+=========================================  ===============  =================
+a live Blob of ours (attached by                Blob             Blob
+:func:`add_blob_as_named_data`, or
+``store.find(path)``)
+owned by ExecuTorch (``cleanup=True`` /      ExternalFile     Blob (adopted)
+``FileBackedData.move_from``)
+the user's (no cleanup)                      ExternalFile     ExternalFile
+=========================================  ===============  =================
+
+Adoption (consume only) renames the file into a :class:`BlobStore` (``store``,
+or by default a store in the file's own directory, so the rename never copies)
+and transfers ownership: ExecuTorch's finalizers for the old name are detached,
+the ``FileBackedData`` is re-pointed at the blob's path with no cleanup, and it
+holds the Blob. From then on only the store can delete the file: when the
+write consumes the blob, or when the blob is released (the FileBackedData, and
+so the program, dropped). If the write fails, the program is still valid and
+can be saved again. After a consuming write the payload is gone: the program's
+Cord names a file that no longer exists, so neither ExecuTorch's ``save`` nor
+ours can write that program again.
+
+A Blob piece is not consumed by these functions: the io layer decides (it moves
+blob pieces only under ``write_files(..., consume=True)``; otherwise clones or
+copies them). An ExternalFile is always copied, never truncated.
+
+Page-aligned payloads
+---------------------
+Pass ``ExecutorchBackendConfig(segment_alignment=4096)`` to ``to_executorch``:
+the segment base and every segment offset are then multiples of 4096 in the
+``.pte`` and in every ``.ptd`` (the per-entry ``alignment`` of named data is
+*relative* to the segment base, so on its own it does not give absolute page
+alignment). :func:`payload_extents` lists the absolute offsets.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from executorch.exir._serialize._cord import Cord, FileBackedData
+    from executorch.exir.program import ExecutorchProgramManager
+
+    from trtet_store.io.blobstore import Blob, BlobStore
+    from trtet_store.io.layout import Piece
+
+PTD_SUFFIX = ".ptd"
+#: Adjacent ``bytes`` pieces are joined while each is below this size; larger
+#: in-memory segments (e.g. an XNNPACK delegate blob) stay separate pieces, so
+#: merging never copies much memory.
+MERGE_LIMIT = 64 * 1024
+PAGE_ALIGNMENT = 4096
+
+
+# --- tags ------------------------------------------------------------------------
+
+
+def ptd_file_name(tag: str) -> str:
+    """The file name ExecuTorch gives the ``.ptd`` of ``tag``, after validating ``tag``.
+
+    ``tag`` plus ``.ptd`` unless it already ends in ``.ptd`` (as
+    ``ExecutorchProgramManager.write_tensor_data_to_file`` does).
+
+    Raises
+    ------
+    ValueError
+        If the name would not be a plain file name inside the output directory:
+        empty, ``.`` or ``..``, absolute, containing a path separator or a NUL.
+    """
+    if not isinstance(tag, str):
+        raise ValueError(f".ptd tag {tag!r} is not a string")
+    name = tag if tag.endswith(PTD_SUFFIX) else tag + PTD_SUFFIX
+    seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    problem = None
+    if tag in ("", ".", ".."):
+        problem = "empty, '.' or '..'"
+    elif any(s in tag for s in seps):
+        problem = "contains a path separator"
+    elif "\0" in tag:
+        problem = "contains a NUL byte"
+    elif os.path.isabs(tag):
+        problem = "is an absolute path"
+    elif name in (PTD_SUFFIX,) or os.path.basename(name) != name:
+        problem = "does not name a file"
+    if problem is not None:
+        raise ValueError(
+            f"refusing .ptd tag {tag!r}: it {problem}; a tag must be a plain file name "
+            "that stays inside the output directory"
+        )
+    return name
+
+
+def ptd_paths(program: ExecutorchProgramManager, outdir: os.PathLike | str) -> dict[str, Path]:
+    """Destination of each ``.ptd`` of ``program`` by tag, all validated first.
+
+    Raises
+    ------
+    ValueError
+        On a bad tag (see :func:`ptd_file_name`) or two tags naming one file
+        (``w`` and ``w.ptd``: ExecuTorch would silently overwrite the first).
+    """
+    from trtet_store.export import _executorch_private as priv
+
+    out = Path(outdir)
+    paths: dict[str, Path] = {}
+    seen: dict[str, str] = {}
+    for tag in priv.ptd_cords(program):
+        name = ptd_file_name(tag)
+        if name in seen:
+            raise ValueError(f".ptd tags {seen[name]!r} and {tag!r} both name {name!r}")
+        seen[name] = tag
+        paths[tag] = out / name
+    return paths
+
+
+# --- pieces ----------------------------------------------------------------------
+
+
+class _Converter:
+    """Turns Cord pieces into io pieces; shares adoptions across the files of one call."""
+
+    def __init__(self, *, consume: bool, store: BlobStore | None) -> None:
+        self.consume = consume
+        self.store = store
+        self._stores: dict[str, BlobStore] = {}
+        self._adopted: dict[str, Blob] = {}  # old path -> blob
+
+    def _store_for(self, path: str) -> BlobStore:
+        if self.store is not None:
+            return self.store
+        from trtet_store.io.blobstore import BlobStore
+
+        directory = os.path.dirname(os.path.abspath(path))
+        if directory not in self._stores:
+            self._stores[directory] = BlobStore(directory)
+        return self._stores[directory]
+
+    def _live_blob(self, fbd: FileBackedData) -> Blob | None:
+        from trtet_store.export import _executorch_private as priv
+
+        blob = priv.attached_blob(fbd)
+        if blob is None and self.store is not None:
+            blob = self.store.find(priv.file_backed_path(fbd))
+        if blob is not None and blob.closed:
+            state = "consumed by an earlier write" if blob.consumed else "released"
+            raise ValueError(
+                f"payload {priv.file_backed_path(fbd)!r} was {state}; the program "
+                "cannot be written again"
+            )
+        return blob
+
+    def payload(self, fbd: FileBackedData) -> Piece:
+        """The piece for one payload; call after :func:`_precheck_payload`."""
+        from trtet_store.export import _executorch_private as priv
+        from trtet_store.io.layout import ExternalFile
+
+        path = priv.file_backed_path(fbd)
+        blob = self._live_blob(fbd)
+        if blob is not None:
+            return blob
+        if path in self._adopted:  # a second FileBackedData naming an adopted file
+            blob = self._adopted[path]
+            priv.transfer_to_blob(fbd, blob)
+            return blob
+        if self.consume and priv.file_backed_owns_file(fbd):
+            blob = self._store_for(path).adopt(path)
+            if os.path.lexists(path):
+                # The store is on another filesystem and copied the file: keep
+                # ExecuTorch's file (it still owns it) and drop the copy.
+                blob.close()
+                return ExternalFile(Path(os.path.abspath(path)), len(fbd))
+            priv.transfer_to_blob(fbd, blob)
+            self._adopted[path] = blob
+            return blob
+        return ExternalFile(Path(os.path.abspath(path)), len(fbd))
+
+    def pieces(self, cord: Cord) -> list[Piece]:
+        from trtet_store.export import _executorch_private as priv
+
+        out: list[Piece] = []
+        run: list[bytes] = []
+        for item in priv.cord_pieces(cord):
+            if isinstance(item, bytes):
+                if not item:
+                    continue
+                if len(item) < MERGE_LIMIT:
+                    run.append(item)
+                    continue
+                _flush(run, out)
+                out.append(item)
+            else:
+                _flush(run, out)
+                out.append(self.payload(item))
+        _flush(run, out)
+        return out
+
+
+def _flush(run: list[bytes], out: list[Any]) -> None:
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
+        run.clear()
+
+
+def _check_program(program: object) -> None:
+    from executorch.exir.program import ExecutorchProgramManager
+
+    if not isinstance(program, ExecutorchProgramManager):
+        raise TypeError(
+            f"expected an ExecutorchProgramManager (edge.to_executorch()), got "
+            f"{type(program).__name__}"
+        )
+
+
+def program_layouts(
+    program: ExecutorchProgramManager,
+    path: os.PathLike | str | None,
+    outdir: os.PathLike | str | None = None,
+    *,
+    consume: bool = False,
+    store: BlobStore | None = None,
+    include_ptd: bool = True,
+) -> list[tuple[Path, list[Piece]]]:
+    """The ``.pte`` and every ``.ptd`` of ``program`` as ``(path, pieces)`` for ``write_files``.
+
+    No payload byte is read. Every check (program type, tags, name clashes,
+    payload files present with their planned size) runs before any file is
+    adopted, so a refused call changes nothing.
+
+    Parameters
+    ----------
+    program : ExecutorchProgramManager
+        The result of ``EdgeProgramManager.to_executorch()``.
+    path : path-like or None
+        Destination of the ``.pte`` (any name, unlike ExecuTorch's ``save``).
+        None: only the ``.ptd`` files.
+    outdir : path-like, optional
+        Directory of the ``.ptd`` files; default the ``.pte``'s directory.
+    consume : bool
+        Plan for a consuming write: ExecuTorch-owned payload files are adopted
+        into a BlobStore (see the module docstring). Pass the same flag to
+        ``write_files``.
+    store : BlobStore, optional
+        Where adopted files go (rename if same filesystem, else the file is
+        left alone and copied), and where ``store.find`` looks for our blobs
+        not made by :func:`add_blob_as_named_data`. Default: a store in each
+        payload file's own directory.
+    include_ptd : bool
+        False: only the ``.pte``.
+
+    Returns
+    -------
+    list of (pathlib.Path, list of pieces)
+        The ``.pte`` first (if ``path``), then one entry per ``.ptd`` tag in
+        ExecuTorch's order. Pieces are ``bytes``, ``Blob`` or ``ExternalFile``;
+        their concatenation is byte-for-byte what ExecuTorch writes.
+
+    Raises
+    ------
+    ValueError
+        A bad or clashing ``.ptd`` tag, a ``.ptd`` named like the ``.pte``, a
+        payload resized since serialization, or an already consumed blob.
+    FileNotFoundError
+        A payload file is gone.
+    ExecutorchPrivateAPIError
+        The installed ExecuTorch does not look like 1.5.1 inside.
+    """
+    from trtet_store.export import _executorch_private as priv
+
+    _check_program(program)
+    if path is None and outdir is None:
+        raise ValueError("give the .pte path, or outdir for the .ptd files")
+    pte_path = Path(path) if path is not None else None
+    base = Path(outdir) if outdir is not None else pte_path.parent  # type: ignore[union-attr]
+
+    plan: list[tuple[Path, Cord]] = []
+    if pte_path is not None:
+        plan.append((pte_path, priv.pte_cord(program)))
+    if include_ptd:
+        cords = priv.ptd_cords(program)
+        for tag, ptd in ptd_paths(program, base).items():
+            plan.append((ptd, cords[tag]))
+    _check_distinct([p for p, _ in plan])
+
+    conv = _Converter(consume=consume, store=store)
+    # Validate every payload before adopting any: a refusal must change nothing.
+    for _, cord in plan:
+        for item in priv.cord_pieces(cord):
+            if not isinstance(item, bytes):
+                _precheck_payload(conv, item)
+    return [(dest, conv.pieces(cord)) for dest, cord in plan]
+
+
+def _precheck_payload(conv: _Converter, fbd: FileBackedData) -> None:
+    from trtet_store.export import _executorch_private as priv
+
+    path = priv.file_backed_path(fbd)
+    blob = conv._live_blob(fbd)
+    planned = len(fbd)
+    if blob is not None:
+        if blob.size != planned:
+            raise ValueError(f"payload {path!r}: planned {planned} bytes, blob has {blob.size}")
+        return
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise FileNotFoundError(f"payload file {path!r} of the program is missing") from None
+    if size != planned:
+        raise ValueError(
+            f"payload file {path!r} has {size} bytes; ExecuTorch planned the layout with {planned}"
+        )
+
+
+def _check_distinct(paths: Sequence[Path]) -> None:
+    seen: set[str] = set()
+    for p in paths:
+        key = os.path.normpath(os.path.abspath(p))
+        if key in seen:
+            raise ValueError(f"two outputs of the program would be written to {p}")
+        seen.add(key)
+
+
+def pte_pieces(
+    program: ExecutorchProgramManager,
+    *,
+    consume: bool = False,
+    store: BlobStore | None = None,
+) -> list[Piece]:
+    """The pieces of the ``.pte`` alone (what ``program.save`` writes)."""
+    ((_, pieces),) = program_layouts(
+        program, "program.pte", consume=consume, store=store, include_ptd=False
+    )
+    return pieces
+
+
+def ptd_layouts(
+    program: ExecutorchProgramManager,
+    outdir: os.PathLike | str,
+    *,
+    consume: bool = False,
+    store: BlobStore | None = None,
+) -> list[tuple[Path, list[Piece]]]:
+    """The ``.ptd`` files alone (what ``write_tensor_data_to_file(outdir)`` writes)."""
+    return program_layouts(program, None, outdir, consume=consume, store=store)
+
+
+def payload_extents(pieces: Iterable[Piece]) -> list[tuple[int, int, Piece]]:
+    """``(absolute offset, size, piece)`` of every file-backed piece, in file order."""
+    out = []
+    offset = 0
+    for piece in pieces:
+        size = len(piece) if isinstance(piece, (bytes, bytearray)) else piece.size
+        if not isinstance(piece, (bytes, bytearray)):
+            out.append((offset, size, piece))
+        offset += size
+    return out
+
+
+# --- writing ------------------------------------------------------------------------
+
+
+def save_program(
+    program: ExecutorchProgramManager,
+    path: os.PathLike | str,
+    outdir: os.PathLike | str | None = None,
+    *,
+    consume: bool = False,
+    chunk_size: int | None = None,
+    progress: Any = None,
+    store: BlobStore | None = None,
+) -> list[Any]:
+    """Write the ``.pte`` and every ``.ptd`` of ``program`` as one transaction.
+
+    Preflight covers all files together, every payload is placed in its temp
+    file before the first rename, and a failure before publish leaves every
+    destination as it was. Errors propagate (ExecuTorch's ``save`` logs and
+    swallows them). Any output name works.
+
+    Parameters
+    ----------
+    program : ExecutorchProgramManager
+    path : path-like
+        The ``.pte``.
+    outdir : path-like, optional
+        Directory of the ``.ptd`` files (``<tag>.ptd``); default ``path``'s.
+    consume : bool
+        Move what the program owns (our blobs, ExecuTorch-owned payload files)
+        instead of copying; the user's files are always copied. A consumed
+        program cannot be written again.
+    chunk_size, progress
+        As for :func:`trtet_store.io.writer.write_files`.
+    store : BlobStore, optional
+        See :func:`program_layouts`.
+
+    Returns
+    -------
+    list of WriteReport
+        The ``.pte`` first, then the ``.ptd`` files.
+    """
+    from trtet_store.io.writer import write_files
+
+    layouts = program_layouts(program, path, outdir, consume=consume, store=store)
+    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress)
+
+
+def save(
+    program: ExecutorchProgramManager,
+    path: os.PathLike | str,
+    *,
+    consume: bool = False,
+    chunk_size: int | None = None,
+    progress: Any = None,
+    store: BlobStore | None = None,
+) -> Any:
+    """Write the ``.pte`` of ``program`` (what ``program.save(path)`` writes), atomically.
+
+    Returns the WriteReport. See :func:`save_program` for the parameters.
+    """
+    from trtet_store.io.writer import write_files
+
+    layouts = program_layouts(program, path, consume=consume, store=store, include_ptd=False)
+    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress)[0]
+
+
+def write_tensor_data(
+    program: ExecutorchProgramManager,
+    outdir: os.PathLike | str,
+    *,
+    consume: bool = False,
+    chunk_size: int | None = None,
+    progress: Any = None,
+    store: BlobStore | None = None,
+) -> list[Any]:
+    """Write every ``.ptd`` of ``program`` into ``outdir`` as one transaction.
+
+    What ``write_tensor_data_to_file(outdir)`` writes, with tags validated
+    first. Returns one WriteReport per file ([] when the program has none).
+    """
+    from trtet_store.io.writer import write_files
+
+    layouts = ptd_layouts(program, outdir, consume=consume, store=store)
+    if not layouts:
+        return []
+    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress)
+
+
+# --- handing our blobs to ExecuTorch ------------------------------------------------
+
+
+def add_blob_as_named_data(
+    named_data_store: Any,
+    key: str,
+    blob: Blob,
+    *,
+    alignment: int = 16,
+    external_tag: str | None = None,
+    tensor_layout: Any = None,
+    sha256: bytes | None = None,
+) -> FileBackedData:
+    """Register ``blob`` in an ExecuTorch ``NamedDataStore`` as file-backed named data.
+
+    The ``FileBackedData`` is made without cleanup: ExecuTorch never deletes the
+    file; our BlobStore does, when the blob is released or consumed by a write.
+    The object holds the blob, so the file stays as long as ExecuTorch keeps
+    the payload (``program_layouts`` recognises it and emits the Blob itself).
+    One ``FileBackedData`` is reused per blob, so registering a blob under
+    several keys (aliases) hashes it at most once.
+
+    Cost: ``FileBackedData`` takes one ``stat``; ``add_named_data`` reads the
+    first 32 bytes for its dedup fingerprint. ExecuTorch's dedup uses SHA-256,
+    which our xxh3 digests cannot stand in for, so it reads the whole file once
+    (8 MiB chunks) only when the fingerprint ``(size, first 32 bytes)`` matches
+    another buffer or a key is registered twice; pass ``sha256`` (raw 32-byte
+    digest, e.g. the one a TensorRT engine key is derived from) to avoid it.
+
+    Parameters
+    ----------
+    named_data_store : executorch.exir._serialize._named_data_store.NamedDataStore
+        The store a backend's ``preprocess`` returns as ``data_store_output``.
+    key : str
+        Name the runtime looks the data up by.
+    blob : Blob
+        A live blob.
+    alignment : int
+        Alignment of the segment relative to the segment base (absolute only up
+        to ``segment_alignment``).
+    external_tag : str, optional
+        Put the data in ``<tag>.ptd`` instead of the ``.pte``; validated here.
+    tensor_layout : executorch.exir.tensor_layout.TensorLayout, optional
+        For tensor data.
+    sha256 : bytes, optional
+        SHA-256 digest (raw bytes) of the blob's content, if known.
+
+    Returns
+    -------
+    FileBackedData
+        The object registered.
+    """
+    from trtet_store.export import _executorch_private as priv
+
+    if blob.closed:
+        raise ValueError(f"{blob!r} was released")
+    if external_tag is not None:
+        ptd_file_name(external_tag)
+    if sha256 is not None and len(sha256) != 32:
+        raise ValueError("sha256 must be the raw 32-byte digest")
+    fbd = _FBD_BY_BLOB.get(id(blob))
+    if fbd is None or priv.attached_blob(fbd) is not blob:
+        fbd = priv.new_file_backed_data(blob, sha256=sha256)
+        _FBD_BY_BLOB[id(blob)] = fbd
+    elif sha256 is not None:
+        priv.set_known_sha256(fbd, sha256)
+    named_data_store.add_named_data(
+        key, fbd, alignment=alignment, external_tag=external_tag, tensor_layout=tensor_layout
+    )
+    return fbd
+
+
+#: One FileBackedData per live blob (weak: the FileBackedData holds the blob).
+_FBD_BY_BLOB: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
