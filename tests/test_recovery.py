@@ -8,12 +8,17 @@ Crashes here are real deaths: the write runs in a forked child that calls
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from pathlib import Path
 
 import crashkit
+import pytest
 from crashkit import CallHook, Scenario, check_recovered, collect_dead_store, die, in_child
 
-from trtet_store import recover
+from trtet_store import BlobStore, recover, write_file
+from trtet_store.io import fs
+from trtet_store.io import journal as journal_mod
 
 KiB = 1 << 10
 
@@ -105,3 +110,70 @@ def test_recover_rolls_back_when_finishing_a_move_finds_a_changed_source(here_fs
     assert check_recovered(scn, staging, out, user) == "old"
     assert recover(out) == []
     collect_dead_store(staging)
+
+
+def _journal_cut_short(scn: Scenario, root: Path, keep: float):
+    """A writer that died while writing its plan: the journal holds ``keep`` of the plan line."""
+    names = trace(scn, root)
+    plan_write = nth(names, "pwrite", 1)  # the journal's plan line comes first
+    assert names[plan_write - 2] == "open"
+    staging, out, user = die_at(scn, root, plan_write + 1 if keep else plan_write)
+    (path,) = journal_mod.journals_in(out)
+    if keep:
+        line = path.read_bytes()
+        assert line.endswith(b"\n")
+        path.write_bytes(line[: int(len(line) * keep)])
+    return staging, out, user, path
+
+
+@pytest.mark.parametrize("keep", [0, 0.5], ids=["empty", "torn"])
+def test_recover_removes_a_journal_whose_plan_never_got_written(here_fs, keep):
+    scn = small_scenario()
+    staging, out, user, path = _journal_cut_short(scn, here_fs, keep)
+    outcomes = recover(out)
+    assert [o.action for o in outcomes if o.journal == path] == ["removed incomplete journal"]
+    assert not path.exists()
+    assert check_recovered(scn, staging, out, user) == "old"
+    assert recover(out) == []
+    collect_dead_store(staging)
+
+
+def test_write_after_a_writer_died_writing_its_plan_succeeds(here_fs, caplog):
+    scn = small_scenario()
+    staging, out, user, path = _journal_cut_short(scn, here_fs, 0)
+    with BlobStore(here_fs / "s2") as store:
+        blob = store.put(b"x" * 100_000)
+        with caplog.at_level(logging.WARNING, logger="trtet_store.recovery"):
+            write_file(out / "m.pte", [b"head", blob], consume=True)
+    assert (out / "m.pte").read_bytes() == b"head" + b"x" * 100_000
+    assert not path.exists()
+    assert "never completely written" in caplog.text
+
+
+def test_recover_leaves_an_empty_journal_alone_while_its_writer_lives(here_fs):
+    # A live writer holds its destination's lock from before it creates the
+    # journal until after it removes it; between creating the journal and
+    # locking it, the journal is empty. Recovery must call that busy, and the
+    # write must go on undisturbed.
+    store = BlobStore(here_fs / "s")
+    blob = store.put(b"y" * 300_000)
+    out = here_fs / "out"
+    out.mkdir()
+    seen = []
+    real_open = fs.calls.open
+
+    def open_then_recover(path, flags, *mode):
+        fd = real_open(path, flags, *mode)
+        if os.fspath(path).endswith(".trtet-journal"):
+            seen.extend(recover(out))  # the journal exists, empty and not yet locked
+        return fd
+
+    fs.calls.open = open_then_recover
+    try:
+        write_file(out / "m.pte", [b"h", blob], consume=True, chunk_size=64 * KiB)
+    finally:
+        fs.calls.open = real_open
+    assert [o.action for o in seen] == ["busy"]
+    assert (out / "m.pte").read_bytes() == b"h" + b"y" * 300_000
+    assert sorted(p.name for p in out.iterdir()) == ["m.pte"]
+    store.close()

@@ -164,11 +164,31 @@ class Journal:
             self.fd = -1
 
 
+class IncompleteJournal(ValueError):
+    """The plan line never reached the journal whole.
+
+    The writer writes and syncs the plan before it creates a temp file, pins
+    a source or moves a byte, so such a journal stands for a write that did
+    nothing yet: either its writer died, or it is alive and about to lock
+    and fill it (recovery tells the two apart by the destination's lock).
+    """
+
+
 def read(path: Path) -> tuple[Plan, str]:
-    """The plan and the last state recorded in a journal file."""
-    lines = Path(path).read_bytes().split(b"\n")
-    if not lines or not lines[0]:
-        raise ValueError(f"{path}: empty journal")
+    """The plan and the last state recorded in a journal file.
+
+    Raises
+    ------
+    IncompleteJournal
+        The plan line is missing or cut short (no newline ends it).
+    ValueError
+        The plan line is complete but unreadable: the journal is damaged.
+    """
+    raw = Path(path).read_bytes()
+    if b"\n" not in raw:
+        raise IncompleteJournal(f"{path}: the plan was never completely written "
+                                f"({len(raw)} bytes, no complete line)")
+    lines = raw.split(b"\n")
     plan = Plan.from_json(lines[0].decode())
     state = PLACING
     for line in lines[1:]:

@@ -11,12 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtet_store.io import fs, transfer
-from trtet_store.io.journal import DONE, PLACING, PUBLISHING, Journal, Plan, journals_in
-from trtet_store.io.writer import LOCK_SUFFIX, finish, undo
+from trtet_store.io.journal import (
+    DONE,
+    PLACING,
+    PUBLISHING,
+    IncompleteJournal,
+    Journal,
+    Plan,
+    journals_in,
+)
+from trtet_store.io.writer import LOCK_SUFFIX, ConcurrentWriteError, _lock_file, finish, undo
 
 log = logging.getLogger("trtet_store.recovery")
 
 _TEMP = re.compile(r"^\..+\.trtet-([0-9a-f]{16})\.(tmp|old)$")
+_JOURNAL = re.compile(r"^\.(.+)\.trtet-([0-9a-f]{16})\.trtet-journal$")
 
 
 @dataclass
@@ -25,8 +34,10 @@ class Outcome:
 
     ``action`` is ``"rolled forward"`` (the new files were published),
     ``"rolled back"`` (every source restored, destinations as before),
-    ``"busy"`` (a live process still owns it), or ``"removed stray"`` (a temp
-    or backup file no journal needed).
+    ``"busy"`` (a live process still owns it), ``"removed stray"`` (a temp
+    or backup file no journal needed), ``"removed incomplete journal"`` (its
+    writer died while writing the plan, before doing anything else) or
+    ``"kept"`` (a journal recovery cannot read and leaves for a person).
     """
 
     journal: Path
@@ -56,7 +67,11 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
     directory = Path(directory).absolute()
     outcomes = []
     for path in journals_in(directory):
-        journal = Journal.open_if_abandoned(path)
+        try:
+            journal = Journal.open_if_abandoned(path)
+        except IncompleteJournal as exc:
+            outcomes.append(_remove_incomplete(path, exc))
+            continue
         if journal is None:
             outcomes.append(Outcome(path, "busy", [], "a live process holds its lock"))
             continue
@@ -74,7 +89,13 @@ def recover_destination(dest: Path) -> list[Outcome]:
     """Recover abandoned writes of ``dest`` before a new write of it starts."""
     mine = []
     for path in journals_in(dest.parent):
-        journal = Journal.open_if_abandoned(path)
+        try:
+            journal = Journal.open_if_abandoned(path)
+        except IncompleteJournal as exc:
+            if _journal_dest(path) == dest:
+                # Our caller holds dest's lock: no live writer of dest can own it.
+                mine.append(_remove_incomplete(path, exc, dest_locked=True))
+            continue
         if journal is None:
             continue
         try:
@@ -85,6 +106,56 @@ def recover_destination(dest: Path) -> list[Outcome]:
         finally:
             journal.close()
     return mine
+
+
+def _journal_dest(path: Path) -> Path | None:
+    """The destination a journal's name says it writes first (its lock guards the journal)."""
+    m = _JOURNAL.match(path.name)
+    return path.with_name(m.group(1)) if m else None
+
+
+def _remove_incomplete(path: Path, exc: IncompleteJournal, *,
+                       dest_locked: bool = False) -> Outcome:
+    """Delete a journal whose plan never got written, unless its writer may be alive.
+
+    A writer locks its destination before it creates the journal and keeps
+    the lock until the journal is gone; only between creating the journal and
+    locking it is a live writer's journal empty. So with the destination's
+    lock in hand, an incomplete journal is a dead writer's, which did nothing
+    else yet: no temp, no pin, no byte moved.
+    """
+    dest = _journal_dest(path)
+    if dest is None:
+        return Outcome(path, "kept", [], f"{exc}; its name names no destination, so it is "
+                       "left for a person to look at")
+    lock_fd = -1
+    lock_path = dest.with_name(f".{dest.name}{LOCK_SUFFIX}")
+    if not dest_locked:
+        try:
+            lock_fd = _lock_file(lock_path, dest)
+        except ConcurrentWriteError:
+            return Outcome(path, "busy", [os.fspath(dest)],
+                           "a live writer of its destination may still be creating it")
+    try:
+        journal = Journal.open_if_abandoned(path)
+        if journal is not None:  # it was complete after all (written since): recover it
+            try:
+                return _recover_one(journal)
+            finally:
+                journal.close()
+    except IncompleteJournal:
+        log.warning("removing %s: %s; its writer died before it did anything", path, exc)
+        with contextlib.suppress(FileNotFoundError):
+            fs.calls.unlink(os.fspath(path))
+        fs.fsync_dir(path.parent)
+        return Outcome(path, "removed incomplete journal", [os.fspath(dest)],
+                       f"{exc}; its writer died before it did anything")
+    finally:
+        if lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(lock_path)
+            os.close(lock_fd)
+    return Outcome(path, "busy", [os.fspath(dest)], "a live process holds its lock")
 
 
 def _recover_one(journal: Journal) -> Outcome:
