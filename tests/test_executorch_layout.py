@@ -601,3 +601,19 @@ def test_save_missing_payload_raises_and_keeps_destination(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="refusing"):
         save_program(named_data_program([NamedEntry("e", b"e", 1, "../x")]), out / "p.pte")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_consume_with_a_store_on_another_filesystem_copies_nothing_twice(
+    tmp_path: Path, make_fs
+) -> None:
+    """adopt() across filesystems copies; the adapter then drops the copy and plans a copy."""
+    other = make_fs("tmpfs", 16)
+    sp = standard_entries(tmp_path / "src", 300_000)
+    program = named_data_program(sp.entries)
+    store = BlobStore(other / "store")
+    layouts = program_layouts(program, tmp_path / "p.pte", consume=True, store=store)
+    kinds = [type(p) for _, pieces in layouts for _, _, p in payload_extents(pieces)]
+    assert kinds == [ExternalFile] * 4
+    assert store.blobs() == [] and priv.file_backed_owns_file(sp.moved)
+    assert os.path.exists(sp.moved._path) and os.path.exists(sp.cleanup._path)
+    assert_identical(program, layouts, tmp_path / "cmp")
