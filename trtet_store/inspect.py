@@ -23,8 +23,12 @@ something unusual that still loads.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,8 @@ SUPPORTED_VERSION = 0
 #: Bytes of a delegate blob read to decode a TensorRT header and its metadata.
 TRT_READ_LIMIT = 1 << 20
 PAGE = 4096
+#: Seconds a runtime load (``verify --run``) may take.
+RUNTIME_TIMEOUT = 600
 
 _DATA_LOCATION = {0: "INLINE", 1: "SEGMENT"}
 
@@ -488,8 +494,6 @@ def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int) -> d
         )
     raw = head[h.metadata_offset : h.metadata_offset + h.metadata_size]
     try:
-        import json
-
         out["metadata"] = json.loads(raw)
         trt_blob.BlobMetadata.from_json(raw)
     except Exception as exc:
@@ -677,7 +681,9 @@ def verify(
         run: Also load the program with the ExecuTorch runtime
             (``Runtime.get().load_program`` with full verification) and load
             every method whose delegates' backends are registered in this
-            runtime (others are reported as skipped).
+            runtime (others are reported as skipped). This runs in a child
+            process, so a file that crashes the runtime is reported as such
+            (with the signal and the step) instead of killing the caller.
 
     Returns:
         The findings; :attr:`VerifyResult.ok` is False on any error.
@@ -728,46 +734,119 @@ def _cross_check(pte: Inspection, ptd: Inspection | None, result: VerifyResult) 
             )
 
 
+#: Loads the program in a child process: a bad file can crash the 1.5.1 runtime
+#: (XNNPACK's load_method segfaults without its .ptd), which must not take the
+#: verifier down with it. Prints one JSON event per line; the last is the result.
+_CHILD = """
+import json, sys
+def emit(**event):
+    print(json.dumps(event), flush=True)
+pte, ptd, plans = sys.argv[1], sys.argv[2] or None, json.loads(sys.argv[3])
+out = {"loaded": False, "methods": {}, "registered_backends": []}
+try:
+    from executorch.runtime import Runtime, Verification
+    runtime = Runtime.get()
+    emit(event="load_program")
+    program = runtime.load_program(
+        pte, verification=Verification.InternalConsistency, data_path=ptd)
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+    emit(event="result", result=out)
+    sys.exit(0)
+out["loaded"] = True
+try:
+    registered = set(runtime.backend_registry.registered_backend_names)
+except Exception:
+    registered = set()
+out["registered_backends"] = sorted(registered)
+for name in sorted(program.method_names):
+    missing = sorted(set(plans.get(name, [])) - registered)
+    if missing:
+        out["methods"][name] = {"state": "skipped", "missing_backends": missing}
+        continue
+    emit(event="load_method", method=name)
+    try:
+        program.load_method(name)
+    except Exception as exc:
+        out["methods"][name] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    else:
+        out["methods"][name] = {"state": "loaded"}
+emit(event="result", result=out)
+"""
+
+
 def _run_program(pte: Inspection, ptd: Inspection | None, result: VerifyResult) -> dict[str, Any]:
     out: dict[str, Any] = {"loaded": False, "methods": {}}
     if pte.errors or (ptd is not None and ptd.errors):
         out["skipped"] = "structural errors: not handing the file to the runtime"
         result.problems.append(Problem("error", "runtime load skipped: structural errors"))
         return out
+    plans: dict[str, list[str]] = {}
+    for d in pte.delegates:
+        plans.setdefault(d["plan"], []).append(d["id"])
+    argv = [
+        sys.executable,
+        "-c",
+        _CHILD,
+        os.fspath(pte.path),
+        os.fspath(ptd.path) if ptd is not None else "",
+        json.dumps(plans),
+    ]
     try:
-        from executorch.runtime import Runtime, Verification
-
-        runtime = Runtime.get()
-        program = runtime.load_program(
-            os.fspath(pte.path),
-            verification=Verification.InternalConsistency,
-            data_path=os.fspath(ptd.path) if ptd is not None else None,
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RUNTIME_TIMEOUT, stdin=subprocess.DEVNULL
         )
-    except Exception as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-        result.problems.append(Problem("error", f"the runtime refused the program: {exc}"))
+    except subprocess.TimeoutExpired:
+        out["error"] = f"the runtime did not finish within {RUNTIME_TIMEOUT} s"
+        result.problems.append(Problem("error", out["error"]))
         return out
-    out["loaded"] = True
-    registered = set()
-    with contextlib.suppress(Exception):
-        registered = set(runtime.backend_registry.registered_backend_names)
-    out["registered_backends"] = sorted(registered)
-    for name in sorted(program.method_names):
-        missing = sorted(
-            {d["id"] for d in pte.delegates if d["plan"] == name and d["id"] not in registered}
+    events = []
+    for line in proc.stdout.splitlines():
+        with contextlib.suppress(ValueError):
+            events.append(json.loads(line))
+    final = next((e["result"] for e in reversed(events) if e.get("event") == "result"), None)
+    if final is None:
+        last = events[-1] if events else {"event": "start"}
+        where = (
+            f"loading method {last['method']!r}"
+            if last.get("event") == "load_method"
+            else "loading the program"
+            if last.get("event") == "load_program"
+            else "starting"
         )
-        if missing:
-            msg = f"skipped: backend {', '.join(missing)} not registered in this runtime"
-            out["methods"][name] = msg
-            result.problems.append(Problem("warning", f"method {name!r} {msg}"))
-            continue
-        try:
-            program.load_method(name)
-        except Exception as exc:
-            out["methods"][name] = f"{type(exc).__name__}: {exc}"
-            result.problems.append(Problem("error", f"method {name!r} failed to load: {exc}"))
+        if proc.returncode < 0:
+            try:
+                how = signal.Signals(-proc.returncode).name
+            except ValueError:
+                how = f"signal {-proc.returncode}"
+            out["error"] = f"the runtime crashed ({how}) while {where}"
+            if last.get("event") == "load_method":
+                out["loaded"] = True
+                out["methods"][last["method"]] = f"crashed ({how})"
         else:
-            out["methods"][name] = "loaded"
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            out["error"] = f"the runtime exited with {proc.returncode} while {where}: {tail}"
+        result.problems.append(Problem("error", out["error"]))
+        return out
+    out.update({k: v for k, v in final.items() if k != "methods"})
+    if not final.get("loaded"):
+        result.problems.append(
+            Problem("error", f"the runtime refused the program: {final.get('error')}")
+        )
+        return out
+    for name, state in final["methods"].items():
+        if state["state"] == "skipped":
+            text = (
+                f"skipped: backend {', '.join(state['missing_backends'])} not registered in "
+                "this runtime"
+            )
+            result.problems.append(Problem("warning", f"method {name!r} {text}"))
+        elif state["state"] == "failed":
+            text = state["error"]
+            result.problems.append(Problem("error", f"method {name!r} failed to load: {text}"))
+        else:
+            text = "loaded"
+        out["methods"][name] = text
     return out
 
 
@@ -867,5 +946,7 @@ def format_verify(result: VerifyResult) -> str:
                 lines.append(f"  method {name}: {state}")
         else:
             lines.append(f"runtime: not loaded ({rt.get('error') or rt.get('skipped')})")
+        if rt.get("loaded") and rt.get("error"):
+            lines.append(f"runtime: {rt['error']}")
     lines.append("OK" if result.ok else "FAILED")
     return "\n".join(lines)
