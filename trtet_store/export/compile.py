@@ -65,6 +65,7 @@ def compile_and_save(
     store: BlobStore | None = None,
     progress: Any = None,
     segment_alignment: int | None = None,
+    compile_specs: list | None = None,
     **compile_settings: Any,
 ) -> CompileReport:
     """Compile ``module`` and write it as an ExecuTorch program, each engine on disk once.
@@ -99,6 +100,9 @@ def compile_and_save(
         ``progress(bytes_done, bytes_total)`` while the program is written.
     segment_alignment : int, optional
         Segment alignment of the program (4096 gives page-aligned payloads).
+    compile_specs : list of CompileSpec, optional
+        For the TensorRT partitioner; ``target_device`` defaults to each
+        engine's ``cuda:N``.
     **compile_settings
         Passed to Torch-TensorRT's compiler.
 
@@ -143,7 +147,7 @@ def compile_and_save(
                                        dynamic_shapes=dynamic_shapes, strict=False)
         if backend == "tensorrt":
             edge, engines = _lower_tensorrt(exported, args, kwarg_inputs, store,
-                                            external_engine_data,
+                                            compile_specs, external_engine_data,
                                             weight_streaming_budget_per_engine,
                                             generate_etrecord, compile_settings)
         else:
@@ -186,7 +190,7 @@ def compile_and_save(
             _remove_if_empty(store.directory)
 
 
-def _lower_tensorrt(exported, args, kwargs, store, external, budget, etrecord, settings):
+def _lower_tensorrt(exported, args, kwargs, store, specs, external, budget, etrecord, settings):
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     from trtet_store.export import tensorrt
@@ -194,7 +198,7 @@ def _lower_tensorrt(exported, args, kwargs, store, external, budget, etrecord, s
     built = tensorrt.build_engines(exported, args, kwargs, store, settings)
     try:
         partitioner = tensorrt.TensorRTPartitioner(
-            external_engine_data=external, weight_streaming_budget_per_engine=budget)
+            specs, external_engine_data=external, weight_streaming_budget_per_engine=budget)
         edge = to_edge_transform_and_lower(
             built.exported_program, partitioner=[partitioner],
             compile_config=EdgeCompileConfig(_check_ir_validity=False),
@@ -217,7 +221,8 @@ def _lower_xnnpack(exported, args, kwargs, external, etrecord):
 
         unlifted = exported.module()
         delegate_external_constants_pass_unlifted(unlifted, gen_tag_fn=lambda _n: external)
-        exported = torch.export.export(unlifted, args, kwargs or {}, strict=False)
+        # Strict export keeps the node meta that carries the tags.
+        exported = torch.export.export(unlifted, args, kwargs or {}, strict=True)
     return to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()],
                                        generate_etrecord=etrecord)
 
