@@ -370,11 +370,13 @@ def collect_dead_store(staging: Path) -> None:
 class CallHook:
     """Wrap every call in ``fs.calls``; run ``action(n, name)`` before call number ``at``.
 
-    ``action`` may end the process (``os._exit``), cut the power, or raise.
+    ``at`` is one call number or a set of them. ``action`` may end the
+    process (``os._exit``), cut the power, or raise (which the call then does).
     """
 
-    def __init__(self, at: int | None, action: Callable[[int, str], None]) -> None:
-        self.at = at
+    def __init__(self, at: int | set[int] | None,
+                 action: Callable[[int, str], None]) -> None:
+        self.at = {at} if isinstance(at, int) else set(at or ())
         self.action = action
         self.count = 0
         self.names: list[str] = []
@@ -395,7 +397,7 @@ class CallHook:
         def call(*args, **kwargs):
             self.count += 1
             self.names.append(name)
-            if self.count == self.at:
+            if self.count in self.at:
                 self.action(self.count, name)
             return real(*args, **kwargs)
 

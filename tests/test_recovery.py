@@ -8,6 +8,7 @@ Crashes here are real deaths: the write runs in a forked child that calls
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 from pathlib import Path
@@ -177,3 +178,59 @@ def test_recover_leaves_an_empty_journal_alone_while_its_writer_lives(here_fs):
     assert (out / "m.pte").read_bytes() == b"h" + b"y" * 300_000
     assert sorted(p.name for p in out.iterdir()) == ["m.pte"]
     store.close()
+
+
+# -- a rollback that had to take back published files ------------------------------------
+
+
+def _fail_second_rename_then_die(scn: Scenario, root: Path, k: int):
+    """The second output's rename fails (EIO); the writer dies before call ``k`` of its rollback.
+
+    ``k`` counts the rollback's calls from the failed rename (1 = the next call).
+    """
+    names = trace(scn, root)
+    assert names.count("rename") == 2
+    eio_at = nth(names, "rename", 2)
+
+    def eio_then_die(n, name):
+        if n == eio_at:
+            raise OSError(errno.EIO, f"injected EIO at call {n} ({name})")
+        die()
+
+    staging, out, user = scn.install(root)
+
+    def child():
+        _store, blobs = scn.stage(staging)
+        with CallHook({eio_at, eio_at + k}, eio_then_die):
+            scn.write(out, user, blobs)
+
+    code = in_child(child)
+    return code, staging, out, user
+
+
+@pytest.mark.parametrize("old_ptd", [True, False], ids=["both-old", "pte-old-only"])
+def test_recover_finishes_a_rollback_that_was_taking_back_a_published_file(here_fs, old_ptd):
+    # Two outputs; the first is renamed into place, the second's rename
+    # fails, so the writer takes the first one back (rename it to its temp,
+    # the backup of the old file to its name) and then unmoves. Die at each
+    # call of that rollback: recovery must end with both old files and every
+    # blob restored.
+    scn = small_scenario()
+    if old_ptd:
+        scn.old["m.ptd"] = (6, 2000)
+    # Every call of the taking back and the first unmoves, then every 10th.
+    for k in [*range(1, 16), *range(20, 1000, 10)]:
+        code, staging, out, user = _fail_second_rename_then_die(scn, here_fs, k)
+        if code != 86:
+            assert code == 1  # the rollback finished before call k: nothing left to do
+            break
+        state = crashkit.journal_state(out)
+        where = f"died at call {k} of the rollback (journal {state})"
+        recover(out)
+        verdict = check_recovered(scn, staging, out, user, where=where)
+        # Dead before the rollback was recorded, the write was still publishing:
+        # finishing it is right too. Once recorded, the old files must come back.
+        assert verdict == "old" or state == "publishing", where
+        collect_dead_store(staging)
+    else:
+        raise AssertionError("the rollback never finished")

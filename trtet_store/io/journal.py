@@ -30,6 +30,10 @@ SUFFIX = ".trtet-journal"
 PLACING = "placing"  # sources may be partly moved; roll back, or forward if all agrees
 PUBLISHING = "publishing"  # every output placed and verified; renames may have started
 DONE = "done"  # every output published; only cleanup is left
+# A failure before the commit point, in the order a rollback records them:
+UNPUBLISHING = "unpublishing"  # renames may have happened; taking them back (every temp
+#                                existed when they began, so a missing temp is a renamed one)
+ROLLING_BACK = "rolling_back"  # no output renamed any more; giving the sources their bytes
 
 
 @dataclass

@@ -15,12 +15,21 @@ from trtet_store.io.journal import (
     DONE,
     PLACING,
     PUBLISHING,
+    ROLLING_BACK,
+    UNPUBLISHING,
     IncompleteJournal,
     Journal,
     Plan,
     journals_in,
 )
-from trtet_store.io.writer import LOCK_SUFFIX, ConcurrentWriteError, _lock_file, finish, undo
+from trtet_store.io.writer import (
+    LOCK_SUFFIX,
+    ConcurrentWriteError,
+    _lock_file,
+    finish,
+    undo,
+    unpublish,
+)
 
 log = logging.getLogger("trtet_store.recovery")
 
@@ -172,7 +181,10 @@ def _recover_one(journal: Journal) -> Outcome:
         detail = f"journal state {journal.state}"
         if journal.state == PLACING:
             detail += f"; {why}"
-            journal.mark("rolling_back")
+            journal.mark(ROLLING_BACK)
+        elif journal.state == UNPUBLISHING:
+            unpublish(plan)
+            journal.mark(ROLLING_BACK)
         undo(plan)
         action = "rolled back"
     if action == "rolled forward":

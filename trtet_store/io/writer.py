@@ -23,6 +23,8 @@ from trtet_store.io import fs, transfer
 from trtet_store.io.blobstore import Blob, chunk_digest
 from trtet_store.io.journal import (
     PUBLISHING,
+    ROLLING_BACK,
+    UNPUBLISHING,
     InlinePlan,
     Journal,
     OutputPlan,
@@ -37,7 +39,6 @@ DEFAULT_CHUNK_SIZE = 8 << 20
 # Room for the journal, directory entries and per-file block rounding, on top
 # of what the placements themselves need.
 SLACK_BYTES = 1 << 20
-ROLLING_BACK = "rolling_back"
 LOCK_SUFFIX = ".trtet-lock"
 
 ProgressCallback = Callable[[int, int], None]
@@ -449,13 +450,14 @@ class Transaction:
         log.warning("write of %s failed (%s); rolling back",
                     ", ".join(os.fspath(o.dest) for o in self.outputs), exc)
         try:
-            self.journal.mark(ROLLING_BACK)
-            for out in self.outputs:
-                if out.renamed:
-                    fs.calls.rename(os.fspath(out.dest), os.fspath(out.temp))
-                    if out.backup is not None and out.backup.exists():
-                        fs.calls.rename(os.fspath(out.backup), os.fspath(out.dest))
+            if self.journal.state == PUBLISHING:
+                # Some outputs may be renamed into place: say so durably before
+                # taking them back, so that recovery can finish taking them back.
+                self.journal.mark(UNPUBLISHING)
+                unpublish(self.journal.plan)
+                for out in self.outputs:
                     out.renamed = False
+            self.journal.mark(ROLLING_BACK)
             self.close_temps()
             undo(self.journal.plan)
             self.journal.remove()
@@ -522,6 +524,28 @@ def undo(plan: Plan) -> None:
         if out.backup:
             with contextlib.suppress(FileNotFoundError):
                 fs.calls.unlink(out.backup)
+
+
+def unpublish(plan: Plan) -> None:
+    """Take back the renames of a publish that failed: old files in place, temps back.
+
+    Only for a journal in state ``unpublishing``: every temp file existed when
+    the renames began, so a missing temp is one renamed over its destination.
+    Idempotent, and durable when it returns; after it, a missing temp means
+    the rollback already deleted it, so the caller records ``rolling_back``.
+    """
+    for out in plan.outputs:
+        if not os.path.exists(out.temp):
+            fs.calls.rename(out.dest, out.temp)
+        if out.backup and os.path.exists(out.backup):
+            try:
+                restored = fs.same_file(os.stat(out.backup), os.stat(out.dest))
+            except FileNotFoundError:
+                restored = False
+            if not restored:  # the backup (the old file) goes back to its name
+                fs.calls.rename(out.backup, out.dest)
+    for parent in sorted({os.path.dirname(o.dest) for o in plan.outputs}):
+        fs.fsync_dir(parent)
 
 
 def finish(plan: Plan) -> None:
