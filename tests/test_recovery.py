@@ -18,7 +18,7 @@ import pytest
 from crashkit import CallHook, Scenario, check_recovered, collect_dead_store, die, in_child
 
 from trtet_store import BlobStore, recover, write_file
-from trtet_store.io import fs
+from trtet_store.io import fs, recovery
 from trtet_store.io import journal as journal_mod
 
 KiB = 1 << 10
@@ -234,3 +234,33 @@ def test_recover_finishes_a_rollback_that_was_taking_back_a_published_file(here_
         collect_dead_store(staging)
     else:
         raise AssertionError("the rollback never finished")
+
+
+# -- recovery beside other processes ---------------------------------------------------------
+
+
+def test_concurrent_recovers_do_not_trip_over_each_other(here_fs, monkeypatch):
+    # Two recover() calls on one directory (say, the user's and a new
+    # writer's): a journal the other one just finished must be skipped, not
+    # raise FileNotFoundError.
+    scn = small_scenario()
+    names = trace(scn, here_fs)
+    staging, out, user = die_at(scn, here_fs, move_truncation(names, 2) + 1)
+    assert journal_mod.journals_in(out)
+    real = recovery.journals_in
+    others = []
+
+    def listed_then_another_recovers(directory):
+        found = real(directory)
+        if found and not others:
+            monkeypatch.setattr(recovery, "journals_in", real)
+            others.extend(recover(directory))  # finishes them all, meanwhile
+            monkeypatch.setattr(recovery, "journals_in", listed_then_another_recovers)
+        return found
+
+    monkeypatch.setattr(recovery, "journals_in", listed_then_another_recovers)
+    mine = recover(out)
+    assert actions(others) == ["rolled forward"] or actions(others) == ["rolled back"]
+    assert actions(mine) == []
+    check_recovered(scn, staging, out, user)
+    collect_dead_store(staging)

@@ -15,6 +15,7 @@ lifetime, so a recovery can tell a live transaction from a dead one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -131,7 +132,14 @@ class Journal:
 
     @classmethod
     def open_if_abandoned(cls, path: Path) -> Journal | None:
-        """Open a journal whose writer is gone; None while a writer holds it."""
+        """Open a journal whose writer is gone; None while a writer holds it.
+
+        Raises
+        ------
+        FileNotFoundError
+            The journal is gone: another recovery finished it meanwhile
+            (possibly just before we got its lock).
+        """
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -139,6 +147,10 @@ class Journal:
             os.close(fd)
             return None
         try:
+            # A recovery that held the lock before us removes the journal
+            # before unlocking it: the lock we got may be on a deleted file.
+            if not fs.same_file(os.fstat(fd), os.stat(path)):
+                raise FileNotFoundError(errno.ENOENT, "journal was replaced", os.fspath(path))
             plan, state = read(path)
         except BaseException:
             os.close(fd)

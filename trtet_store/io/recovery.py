@@ -45,8 +45,9 @@ class Outcome:
     ``"rolled back"`` (every source restored, destinations as before),
     ``"busy"`` (a live process still owns it), ``"removed stray"`` (a temp
     or backup file no journal needed), ``"removed incomplete journal"`` (its
-    writer died while writing the plan, before doing anything else) or
-    ``"kept"`` (a journal recovery cannot read and leaves for a person).
+    writer died while writing the plan, before doing anything else),
+    ``"gone"`` (another recovery finished it meanwhile) or ``"kept"`` (a
+    journal recovery cannot read and leaves for a person).
     """
 
     journal: Path
@@ -78,6 +79,8 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
     for path in journals_in(directory):
         try:
             journal = Journal.open_if_abandoned(path)
+        except FileNotFoundError:
+            continue  # another recovery finished it meanwhile
         except IncompleteJournal as exc:
             outcomes.append(_remove_incomplete(path, exc))
             continue
@@ -100,6 +103,8 @@ def recover_destination(dest: Path) -> list[Outcome]:
     for path in journals_in(dest.parent):
         try:
             journal = Journal.open_if_abandoned(path)
+        except FileNotFoundError:
+            continue  # another recovery finished it meanwhile
         except IncompleteJournal as exc:
             if _journal_dest(path) == dest:
                 # Our caller holds dest's lock: no live writer of dest can own it.
@@ -152,6 +157,8 @@ def _remove_incomplete(path: Path, exc: IncompleteJournal, *,
                 return _recover_one(journal)
             finally:
                 journal.close()
+    except FileNotFoundError:
+        return Outcome(path, "gone", [os.fspath(dest)], "another recovery removed it")
     except IncompleteJournal:
         log.warning("removing %s: %s; its writer died before it did anything", path, exc)
         with contextlib.suppress(FileNotFoundError):
