@@ -11,6 +11,7 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 from pathlib import Path
 
 import crashkit
@@ -264,3 +265,47 @@ def test_concurrent_recovers_do_not_trip_over_each_other(here_fs, monkeypatch):
     assert actions(mine) == []
     check_recovered(scn, staging, out, user)
     collect_dead_store(staging)
+def test_recover_never_removes_the_temp_file_of_a_live_writer(here_fs, monkeypatch):
+    # A writer may create its journal and temp file while recover() is
+    # looking for strays: the temp must not be taken for one.
+    store = BlobStore(here_fs / "s", chunk_size=16 * KiB)
+    blob = store.put(crashkit.content(1, 500_000))
+    out = here_fs / "out"
+    out.mkdir()
+    blocked, go = threading.Event(), threading.Event()
+    result = {}
+
+    def progress(done, total):
+        blocked.set()
+        go.wait(30)
+
+    def writer():
+        try:
+            write_file(out / "live.pte", [b"head", blob], consume=True, chunk_size=64 * KiB,
+                       progress=progress)
+            result["ok"] = True
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            result["error"] = exc
+
+    real = recovery.journals_in
+    calls = []
+    thread = threading.Thread(target=writer)
+
+    def writer_starts_meanwhile(directory):
+        found = real(directory)
+        calls.append(directory)
+        if len(calls) == 2:  # the stray hunt's look at the journals
+            thread.start()
+            assert blocked.wait(30)
+        return found
+
+    monkeypatch.setattr(recovery, "journals_in", writer_starts_meanwhile)
+    try:
+        recover(out)
+    finally:
+        go.set()
+        if thread.is_alive() or len(calls) >= 2:
+            thread.join(30)
+    assert result.get("ok"), result.get("error")
+    assert (out / "live.pte").read_bytes() == b"head" + crashkit.content(1, 500_000)
+    store.close()

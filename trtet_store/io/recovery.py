@@ -288,10 +288,19 @@ def _publish(plan: Plan) -> None:
 
 
 def _remove_strays(directory: Path) -> list[Outcome]:
-    """Temp and backup files whose journal is gone were never needed by anyone."""
+    """Temp and backup files whose journal is gone were never needed by anyone.
+
+    A writer creates its journal before its temp file and removes the journal
+    only after the temp is renamed or deleted. So the directory is listed
+    first and the journals after: a temp file listed while its writer was
+    alive has a journal then. (The other way round, a writer starting in
+    between had its temp file taken for a stray and deleted, with the bytes
+    it had moved into it.)
+    """
+    entries = list(directory.iterdir())
     live = {p.name.split(".trtet-")[-2] for p in journals_in(directory)}
     outcomes = []
-    for f in directory.iterdir():
+    for f in entries:
         m = _TEMP.match(f.name)
         if (m and m.group(1) not in live) or (f.name.endswith(LOCK_SUFFIX) and _unlocked(f)):
             with contextlib.suppress(FileNotFoundError):
