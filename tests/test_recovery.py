@@ -21,6 +21,7 @@ from crashkit import CallHook, Scenario, check_recovered, collect_dead_store, di
 from trtet_store import BlobStore, recover, write_file
 from trtet_store.io import fs, recovery
 from trtet_store.io import journal as journal_mod
+from trtet_store.io.writer import LOCK_SUFFIX, ConcurrentWriteError, _lock_file
 
 KiB = 1 << 10
 
@@ -309,3 +310,33 @@ def test_recover_never_removes_the_temp_file_of_a_live_writer(here_fs, monkeypat
     assert result.get("ok"), result.get("error")
     assert (out / "live.pte").read_bytes() == b"head" + crashkit.content(1, 500_000)
     store.close()
+def test_recover_never_unlinks_a_lock_a_writer_just_took(here_fs, monkeypatch):
+    # recover() removes lock files nobody holds. If a writer takes the lock
+    # in between the check and the unlink, the writer must either be refused
+    # or keep a lock that still guards the destination.
+    dest = here_fs / "m.pte"
+    lock_path = here_fs / f".m.pte{LOCK_SUFFIX}"
+    lock_path.touch()  # left by a writer that died
+    taken = []
+
+    def writer_locks_first(real):
+        def unlink(path, *args, **kwargs):
+            if os.fspath(path).endswith(LOCK_SUFFIX) and not taken:
+                try:
+                    taken.append(_lock_file(lock_path, dest))
+                except ConcurrentWriteError:
+                    taken.append(None)
+            return real(path, *args, **kwargs)
+
+        return unlink
+
+    monkeypatch.setattr(os, "unlink", writer_locks_first(os.unlink))
+    monkeypatch.setattr(fs.calls, "unlink", writer_locks_first(fs.calls.unlink))
+    recover(here_fs)
+    monkeypatch.undo()
+    assert taken
+    if taken[0] is not None:
+        # The writer holds a lock: a second writer must be refused.
+        with pytest.raises(ConcurrentWriteError):
+            _lock_file(lock_path, dest)
+        os.close(taken[0])

@@ -302,22 +302,35 @@ def _remove_strays(directory: Path) -> list[Outcome]:
     outcomes = []
     for f in entries:
         m = _TEMP.match(f.name)
-        if (m and m.group(1) not in live) or (f.name.endswith(LOCK_SUFFIX) and _unlocked(f)):
+        if m and m.group(1) not in live:
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
-            outcomes.append(Outcome(f, "removed stray", [], "no journal or live writer needs it"))
+        elif not (f.name.endswith(LOCK_SUFFIX) and _remove_unheld_lock(f)):
+            continue
+        outcomes.append(Outcome(f, "removed stray", [], "no journal or live writer needs it"))
     return outcomes
 
 
-def _unlocked(lock_path: Path) -> bool:
-    """Whether no live writer holds a destination lock file."""
+def _remove_unheld_lock(lock_path: Path) -> bool:
+    """Delete a destination lock file that no live writer holds; whether it was deleted.
+
+    It is unlinked while we hold its lock. Checking first and unlinking after
+    would let a writer lock it in between and then hold a lock on a deleted
+    file, which guards nothing: a second writer would create a new lock file
+    and both would write the destination. A writer that opens it while we
+    hold it is refused (ConcurrentWriteError) or, if it gets the lock after
+    the unlink, sees the file was replaced and takes a fresh one.
+    """
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        if not fs.same_file(os.fstat(fd), os.stat(lock_path)):
+            return False  # already replaced by a writer's own lock file
+        os.unlink(lock_path)
+    except (BlockingIOError, FileNotFoundError):
         return False
     finally:
         os.close(fd)
