@@ -8,8 +8,10 @@ return a short count) without faking the filesystem.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +42,7 @@ class Syscalls:
     link: object = field(default=os.link)
     unlink: object = field(default=os.unlink)
     fallocate: object = field(default=lambda *a: fallocate(*a))
+    clone_range: object = field(default=lambda *a: clone_range(*a))
 
 
 calls = Syscalls()
@@ -170,13 +173,58 @@ class CapabilityCache:
 capabilities = CapabilityCache()
 
 
+def fs_identity(path: os.PathLike | str) -> tuple[int, int]:
+    """A cache key for the filesystem holding ``path``.
+
+    ``st_dev`` alone is reused when a loop device is detached and attached
+    again with another filesystem on it; ``f_fsid`` (from the superblock's
+    UUID on ext4, XFS and btrfs) tells those apart.
+    """
+    return os.stat(path).st_dev, os.statvfs(path).f_fsid
+
+
+def probe_clone(source: Path, dest_dir: Path) -> tuple[bool, str]:
+    """Whether blocks of ``source`` can be shared into a file in ``dest_dir``, by trying it.
+
+    Clones one block of the source into a scratch file (no data is copied,
+    no space is used) and deletes it.
+    """
+    key = ("clone", fs_identity(source), fs_identity(dest_dir))
+    known = capabilities.get(key)
+    if known is not None:
+        return known
+    bs = block_size(dest_dir)
+    if os.stat(source).st_size < bs:
+        return False, f"the payload is smaller than one block ({bs} bytes)"
+    probe = dest_dir / f".trtet-probe-{os.getpid()}-{id(source):x}"
+    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dst = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            clone_range(src, 0, bs, dst, 0)
+        except OSError as exc:
+            if exc.errno not in UNSUPPORTED_ERRNOS:
+                raise
+            result = (False, f"reflink not possible from {source.parent} to {dest_dir} "
+                             f"(FICLONERANGE: {os.strerror(exc.errno)})")
+        else:
+            result = (True, f"{source.parent} and {dest_dir} share a reflink filesystem")
+        finally:
+            os.close(dst)
+            os.unlink(probe)
+    finally:
+        os.close(src)
+    capabilities.put(key, *result)
+    return result
+
+
 def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
     """Whether ``source`` can be renamed into ``dest_dir``, found by trying a hard link.
 
     A link succeeds exactly where a rename would (same mount of the same
     superblock); bind mounts and btrfs subvolumes make ``st_dev`` unreliable.
     """
-    key = ("link", os.stat(source).st_dev, os.stat(dest_dir).st_dev)
+    key = ("link", fs_identity(source), fs_identity(dest_dir))
     known = capabilities.get(key)
     if known is not None:
         return known
@@ -216,6 +264,22 @@ def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
 
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+# struct file_clone_range { s64 src_fd; u64 src_offset, src_length, dest_offset; }
+_CLONE_RANGE = struct.Struct("=qQQQ")
+FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
+
+
+def clone_range(src_fd: int, src_offset: int, length: int, dst_fd: int, dst_offset: int) -> None:
+    """Share ``length`` bytes of ``src_fd`` into ``dst_fd`` (``FICLONERANGE``): no data is copied.
+
+    Offsets and length must be multiples of the filesystem block, except a
+    length that runs to the source's end. EOPNOTSUPP, EXDEV, EINVAL where the
+    filesystem or the alignment does not allow it.
+    """
+    fcntl.ioctl(dst_fd, FICLONERANGE,
+                _CLONE_RANGE.pack(src_fd, src_offset, length, dst_offset))
 
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:

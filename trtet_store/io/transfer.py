@@ -140,6 +140,43 @@ def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chu
             progress(n)
 
 
+def clone(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, block: int,
+          src_path: str, progress: Progress | None = None) -> int:
+    """Share the source's blocks into ``dst_offset``: zero-copy, the source left intact.
+
+    Whole blocks are cloned; a tail shorter than a block (which the kernel
+    will not clone mid-file) is written. Raises :class:`PlacementUnavailable`
+    before changing anything where cloning cannot work here.
+
+    Returns
+    -------
+    int
+        Bytes written (only the tail).
+    """
+    if dst_offset % block:
+        raise PlacementUnavailable(
+            f"offset {dst_offset} is not a multiple of the {block}-byte block "
+            "(export with segment_alignment=4096 to allow reflinks)")
+    whole = size // block * block
+    if whole == 0:
+        raise PlacementUnavailable(f"the payload is smaller than one block ({block} bytes)")
+    try:
+        fs.calls.clone_range(src_fd, 0, whole, dst_fd, dst_offset)
+    except OSError as exc:
+        if exc.errno in fs.UNSUPPORTED_ERRNOS:
+            raise PlacementUnavailable(f"FICLONERANGE: {os.strerror(exc.errno)}",
+                                       exc.errno) from exc
+        raise
+    if progress:
+        progress(whole)
+    tail = size - whole
+    if tail:
+        fs.pwrite_all(dst_fd, fs.pread_exact(src_fd, tail, whole, src_path), dst_offset + whole)
+        if progress:
+            progress(tail)
+    return tail
+
+
 def move_step(chunk: int, digest_chunk: int) -> int:
     """The move granularity: ``chunk`` rounded to a multiple of the digest chunk.
 

@@ -273,27 +273,47 @@ class Transaction:
             plans = []
             for ext in out.layout.payloads:
                 piece = ext.piece
-                placement, reason = "copy", ""
-                if isinstance(piece, ExternalFile):
-                    reason = "not owned by a blob store: a user's file is only copied"
-                elif not self.consume:
-                    reason = "consume=False: sources are left intact"
-                elif uses[os.fspath(piece.path)] > 1:
-                    reason = "the blob is used more than once, so it must survive"
-                else:
-                    same, why = fs.probe_same_filesystem(piece.path, out.dest.parent)
-                    placement, reason = ("move", why) if same else ("copy", why)
+                placement, reason = self._choose(out, ext, uses[os.fspath(_source_path(piece))])
                 digest_chunk, digests = _digests(piece)
                 step = transfer.move_step(self.chunk_size, digest_chunk)
                 plan = PayloadPlan(
                     source=os.fspath(_source_path(piece)), offset=ext.offset, size=ext.size,
                     placement=placement, reason=reason, chunk_size=digest_chunk,
                     chunk_digests=list(digests) if digests is not None else None, step=step,
-                    consumed=placement == "move")
+                    consumed=placement == "move" or (
+                        placement == "clone" and self.consume and isinstance(piece, Blob)
+                        and uses[os.fspath(piece.path)] == 1))
                 plans.append((ext, plan))
                 log.info("%s: piece %d (%d bytes from %s) by %s: %s", out.dest, ext.index,
                          ext.size, plan.source, placement, reason)
             self.plans[i] = plans
+
+    def _choose(self, out: _Output, ext: Extent, uses: int) -> tuple[str, str]:
+        """The best placement allowed for one payload, with why, and why not better.
+
+        Ladder, best first: clone (shares blocks, needs a reflink filesystem
+        and a block-aligned offset), move (needs consume and one filesystem),
+        copy. Capabilities are found by trying, never predicted.
+        """
+        piece = ext.piece
+        source = _source_path(piece)
+        bs = fs.block_size(out.dest.parent)
+        if ext.offset % bs:
+            no_clone = (f"no clone: offset {ext.offset} is not a multiple of the {bs}-byte "
+                        "block (export with segment_alignment=4096)")
+        else:
+            can_clone, why = fs.probe_clone(source, out.dest.parent)
+            if can_clone:
+                return "clone", why
+            no_clone = f"no clone: {why}"
+        if isinstance(piece, ExternalFile):
+            return "copy", f"not owned by a blob store, so only copied; {no_clone}"
+        if not self.consume:
+            return "copy", f"consume=False: sources are left intact; {no_clone}"
+        if uses > 1:
+            return "copy", f"the blob is used more than once, so it must survive; {no_clone}"
+        same, why = fs.probe_same_filesystem(source, out.dest.parent)
+        return ("move" if same else "copy"), f"{why}; {no_clone}"
 
     def preflight(self) -> None:
         """Fail before creating anything if the placements cannot fit."""
@@ -303,6 +323,7 @@ class Transaction:
             n = sum(fs.round_up(e.size, bs) for e in out.layout.inline)
             moves = [p for _, p in self.plans[i] if p.placement == "move"]
             n += sum(fs.round_up(p.size, bs) for _, p in self.plans[i] if p.placement == "copy")
+            n += sum(bs for _, p in self.plans[i] if p.placement == "clone")  # unaligned tail
             if moves:
                 n += max(p.step for p in moves) + bs * 2 * len(moves)
             dev = os.stat(out.dest.parent).st_dev
@@ -385,7 +406,9 @@ class Transaction:
                 t0 = time.monotonic()
                 record.bytes_written = self._place_one(out, plan)
                 record.seconds = time.monotonic() - t0
-                record.verified = plan.chunk_digests is not None
+                record.placement, record.reason = plan.placement, plan.reason
+                # A clone shares the source's blocks: no byte passed through us to check.
+                record.verified = plan.chunk_digests is not None and plan.placement != "clone"
                 out.report.placements.append(record)
                 log.info("%s: placed %d bytes at %d by %s in %.3f s", out.dest, plan.size,
                          plan.offset, plan.placement, record.seconds)
@@ -395,6 +418,19 @@ class Transaction:
         flags = os.O_RDWR if plan.placement == "move" else os.O_RDONLY
         src_fd = fs.calls.open(plan.source, flags | os.O_CLOEXEC)
         try:
+            if plan.placement == "clone":
+                try:
+                    return transfer.clone(src_fd, out.temp_fd, plan.offset, plan.size,
+                                          block=fs.block_size(out.dest.parent),
+                                          src_path=plan.source, progress=self._advance)
+                except transfer.PlacementUnavailable as exc:
+                    # Only to copy: the journal promised the source stays intact.
+                    log.warning("%s: clone of %s failed before changing anything (%s); "
+                                "copying instead", out.dest, plan.source, exc.reason)
+                    plan.placement = "copy"
+                    plan.reason = f"clone failed ({exc.reason}); copied"
+                    fs.capabilities.put(("clone", fs.fs_identity(plan.source),
+                                         fs.fs_identity(out.dest.parent)), False, exc.reason)
             if plan.placement == "move":
                 return transfer.move(src_fd, out.temp_fd, plan.offset, plan.size, step=plan.step,
                                      digests=plan.chunk_digests, digest_chunk=plan.chunk_size,

@@ -1,0 +1,121 @@
+"""Zero-copy placement on real filesystems: each placement where expected, bytes identical."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+from faults import FaultInjector, count_calls
+
+from trtet_store import BlobStore, write_file
+from trtet_store.io import fs
+from trtet_store.measure import bytes_written
+
+MiB = 1 << 20
+FS_SIZE = {"xfs": 400, "btrfs": 400, "ext4": 400, "tmpfs": 400}
+
+
+def blob_of(store: BlobStore, size: int, seed: int):
+    with store.writer() as w:
+        h = xxhash.xxh3_128(seed=seed)
+        left = size
+        while left:
+            h.update(b"x")
+            n = min(left, 4 * MiB)
+            w.write((h.digest() * (n // 16 + 1))[:n])
+            left -= n
+    return w.blob
+
+
+def digest(path: os.PathLike | str) -> str:
+    with open(path, "rb") as f:
+        return xxhash.xxh3_128_hexdigest(f.read())
+
+
+@pytest.mark.parametrize("fstype,expected", [("xfs", "clone"), ("btrfs", "clone"),
+                                             ("ext4", "copy"), ("tmpfs", "copy")])
+def test_plain_save_clones_where_the_filesystem_reflinks(make_fs, fstype, expected):
+    mnt = make_fs(fstype, FS_SIZE[fstype])
+    fs.capabilities.clear()
+    store = BlobStore(mnt / "staging")
+    blob = blob_of(store, 64 * MiB + 123, seed=1)  # an unaligned tail, as engines have
+    header = b"H" * 4096
+    before = bytes_written()
+    report = write_file(mnt / "m.pte", [header, blob, b"trailer"], consume=False)
+    written = bytes_written() - before
+    (rec,) = report.placements
+    assert rec.placement == expected, rec.reason
+    want = header + Path(blob.path).read_bytes() + b"trailer"
+    assert (mnt / "m.pte").read_bytes() == want
+    assert digest(blob.path) == blob.digest  # the source is intact
+    if expected == "clone":
+        assert rec.bytes_written == 123
+        assert written <= len(header) + MiB, written
+        assert "reflink" in rec.reason
+    else:
+        assert "no clone" in rec.reason
+    store.close()
+
+
+def test_unaligned_offset_says_why_it_cannot_clone(make_fs):
+    mnt = make_fs("xfs", 400)
+    fs.capabilities.clear()
+    store = BlobStore(mnt / "s")
+    blob = blob_of(store, 8 * MiB, seed=2)
+    report = write_file(mnt / "m.pte", [b"h" * 640, blob], consume=True)
+    (rec,) = report.placements
+    assert rec.placement == "move"
+    assert "segment_alignment=4096" in rec.reason
+    store.close()
+
+
+def test_clone_with_consume_releases_the_blob(make_fs):
+    mnt = make_fs("btrfs", 400)
+    fs.capabilities.clear()
+    store = BlobStore(mnt / "s")
+    blob = blob_of(store, 32 * MiB, seed=3)
+    content = Path(blob.path).read_bytes()
+    report = write_file(mnt / "m.pte", [b"h" * 4096, blob], consume=True)
+    assert report.placements[0].placement == "clone"
+    assert blob.consumed and not Path(blob.path).exists()
+    assert (mnt / "m.pte").read_bytes()[4096:] == content
+    store.close()
+
+
+def test_fault_at_every_call_of_a_clone_loses_nothing(make_fs):
+    mnt = make_fs("xfs", 400)
+    fs.capabilities.clear()
+    store = BlobStore(mnt / "s", chunk_size=64 << 10)
+    blobs = [blob_of(store, n, seed=n) for n in (1 * MiB + 5, 2 * MiB)]
+    digests = [b.digest for b in blobs]
+    dest = mnt / "out" / "m.pte"
+    dest.parent.mkdir()
+    pieces = [b"h" * 4096, blobs[0], b"\0" * (4096 - 5), blobs[1]]
+    new = b"".join(p if isinstance(p, bytes) else Path(p.path).read_bytes() for p in pieces)
+
+    def run():
+        if dest.exists():
+            dest.unlink()
+        dest.write_bytes(b"old")
+        return write_file(dest, pieces, consume=False)
+
+    report = run()
+    assert [p.placement for p in report.placements] == ["clone", "clone"]
+    total = count_calls(run)
+    for n in range(1, total + 1):
+        with FaultInjector(fail_at=n, mode="eio") as inj:
+            try:
+                run()
+            except OSError:
+                pass
+        assert inj.fired
+        assert dest.read_bytes() in (b"old", new), f"call {n} ({inj.fired})"
+        assert [digest(b.path) for b in blobs] == digests
+        if any(p.name.startswith(".m.pte.trtet") for p in dest.parent.iterdir()):
+            from trtet_store import recover
+
+            recover(dest.parent)
+        assert sorted(p.name for p in dest.parent.iterdir()) == ["m.pte"], f"call {n}"
+    store.close()
