@@ -11,6 +11,8 @@ import contextlib
 import errno
 import logging
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -340,3 +342,145 @@ def test_recover_never_unlinks_a_lock_a_writer_just_took(here_fs, monkeypatch):
         with pytest.raises(ConcurrentWriteError):
             _lock_file(lock_path, dest)
         os.close(taken[0])
+
+
+# -- nothing to do, idempotence ---------------------------------------------------------------
+
+
+def test_recover_with_nothing_to_do_does_nothing(here_fs):
+    assert recover(here_fs) == []
+    (here_fs / "model.pte").write_bytes(b"a finished output")
+    (here_fs / ".hidden").write_bytes(b"not ours")
+    (here_fs / "notes.trtet-journal.txt").write_bytes(b"not a journal either")
+    before = {p.name: p.read_bytes() for p in here_fs.iterdir()}
+    assert recover(here_fs) == []
+    assert recover(os.fspath(here_fs)) == []
+    assert {p.name: p.read_bytes() for p in here_fs.iterdir()} == before
+
+
+def test_recover_of_a_missing_directory_says_so(here_fs):
+    with pytest.raises(FileNotFoundError):
+        recover(here_fs / "no-such-dir")
+
+
+@pytest.mark.parametrize("where", ["placing", "publishing", "cleanup"])
+def test_recover_is_idempotent(here_fs, where):
+    scn = small_scenario()
+    names = trace(scn, here_fs)
+    at = {"placing": move_truncation(names, 4) + 1,
+          "publishing": nth(names, "rename", 1) + 1,  # first output published, second not
+          "cleanup": nth(names, "unlink", 1)}[where]  # every rename done, sources not released
+    staging, out, user = die_at(scn, here_fs, at)
+    first = recover(out)
+    assert actions(first) == ["rolled forward"], first
+    snapshot = {p.name: crashkit.digest_file(p) for p in out.iterdir()}
+    for _ in range(3):
+        assert recover(out) == []
+    assert {p.name: crashkit.digest_file(p) for p in out.iterdir()} == snapshot
+    assert check_recovered(scn, staging, out, user) == "new"
+    collect_dead_store(staging)
+
+
+# -- stale state: say what was found, delete nothing a journal needs --------------------------
+
+
+def test_a_store_starting_beside_an_interrupted_write_keeps_its_files(here_fs, caplog):
+    scn = small_scenario()
+    names = trace(scn, here_fs)
+    staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
+    blobs_before = crashkit.blob_files(staging)
+    assert len(blobs_before) == 3
+    with caplog.at_level(logging.WARNING, logger="trtet_store.blobstore"), \
+            BlobStore(staging) as store:
+        assert store.collected == []  # the dead store's blobs are pinned by the journal
+        assert crashkit.blob_files(staging) == blobs_before
+    assert "kept 3 file(s) of a dead store" in caplog.text
+    assert "recover" in caplog.text
+    assert actions(recover(out)) in (["rolled forward"], ["rolled back"])
+    check_recovered(scn, staging, out, user)
+    collect_dead_store(staging)
+
+
+def test_a_write_beside_an_interrupted_write_reports_it_and_leaves_it_alone(here_fs, caplog):
+    scn = small_scenario()
+    names = trace(scn, here_fs)
+    staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
+    (journal,) = journal_mod.journals_in(out)
+    before = {p.name: crashkit.digest_file(p) for p in [*out.iterdir(), *staging.iterdir()]}
+    with BlobStore(here_fs / "other") as store:
+        blob = store.put(b"z" * 50_000)
+        with caplog.at_level(logging.WARNING, logger="trtet_store.recovery"):
+            write_file(out / "other.pte", [b"o", blob], consume=True)
+    assert "found an interrupted write of" in caplog.text and "m.pte" in caplog.text
+    assert f"trtet-store recover {out}" in caplog.text
+    after = {p.name: crashkit.digest_file(p) for p in [*out.iterdir(), *staging.iterdir()]}
+    assert after == {**before, "other.pte": crashkit.digest(b"o" + b"z" * 50_000)}
+    assert journal.exists()
+    recover(out)
+    (out / "other.pte").unlink()
+    check_recovered(scn, staging, out, user)
+    collect_dead_store(staging)
+
+
+def test_a_write_of_the_same_destination_finishes_the_interrupted_one_first(here_fs, caplog):
+    scn = small_scenario()
+    names = trace(scn, here_fs)
+    staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
+    with BlobStore(here_fs / "other") as store:
+        blob = store.put(b"n" * 50_000)
+        with caplog.at_level(logging.WARNING, logger="trtet_store.recovery"):
+            write_file(out / "m.pte", [b"n", blob], consume=True)
+    assert "found an interrupted write of" in caplog.text and "recovering it first" in caplog.text
+    assert (out / "m.pte").read_bytes() == b"n" + b"n" * 50_000
+    assert not journal_mod.journals_in(out)
+    # The interrupted write was finished or undone as a whole: its other
+    # output tells which, and its blobs are where that says.
+    ptd = out / "m.ptd"
+    finished = ptd.exists()
+    if finished:
+        assert ptd.read_bytes() == scn.new_content()["m.ptd"]
+    staged = scn.staged_digests()
+    files = crashkit.blob_files(staging)
+    for i in range(3):
+        assert (i in files) != finished
+        if not finished:
+            assert crashkit.digest_file(files[i]) == staged[i]
+
+
+# -- recover beside a live writer in another process --------------------------------------------
+
+
+def test_recover_in_a_loop_while_another_process_writes_in_the_directory(here_fs):
+    # A dead writer's leftovers (m.pte) and a live child writing model.pte
+    # and model.ptd (16 MiB of blobs) in the same directory; recover() runs
+    # over and over meanwhile. The dead write is finished or undone, the live
+    # one completes untouched, recover() never raises.
+    dead = small_scenario()
+    names = trace(dead, here_fs / "live")
+    staging, out, user = die_at(dead, here_fs / "live", move_truncation(names, 3) + 1)
+    live = crashkit.kill_scenario(scale=256 * KiB)
+    for name, (seed, size) in live.old.items():
+        (out / name).write_bytes(crashkit.content(seed, size))
+    for name, (seed, size) in live.externals.items():
+        (user / name).write_bytes(crashkit.content(seed, size))
+    scn_file = here_fs / "live.json"
+    scn_file.write_text(live.to_json())
+    child = subprocess.Popen([sys.executable, crashkit.__file__, scn_file, here_fs / "live"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    seen = []
+    while child.poll() is None:
+        seen += recover(out)
+    stdout, stderr = child.communicate()
+    assert child.returncode == 0 and "done" in stdout, stderr
+    seen += recover(out)
+    acts = [o.action for o in seen]
+    assert acts.count("rolled forward") + acts.count("rolled back") == 1, acts
+    assert "busy" in acts, "recover never ran while the child was writing"
+    new = live.new_content()
+    for name in live.outputs:
+        assert (out / name).read_bytes() == new[name], name
+    m_pte = (out / "m.pte").read_bytes()
+    assert m_pte in (dead.old_content()["m.pte"], dead.new_content()["m.pte"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["model.pte", "model.ptd", "m.pte"] + (["m.ptd"] if (out / "m.ptd").exists() else []))

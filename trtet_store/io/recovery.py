@@ -98,7 +98,11 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
 
 
 def recover_destination(dest: Path) -> list[Outcome]:
-    """Recover abandoned writes of ``dest`` before a new write of it starts."""
+    """Recover abandoned writes of ``dest`` before a new write of it starts.
+
+    Interrupted writes of other files in the directory are left alone (their
+    journals still need their files) and reported in the log.
+    """
     mine = []
     for path in journals_in(dest.parent):
         try:
@@ -117,6 +121,12 @@ def recover_destination(dest: Path) -> list[Outcome]:
                 log.warning("found an interrupted write of %s (%s); recovering it first", dest,
                             path)
                 mine.append(_recover_one(journal))
+            else:
+                log.warning("found an interrupted write of %s in %s (journal %s, state %s); "
+                            "leaving it and the files it needs alone; run `trtet-store "
+                            "recover %s` to finish or undo it",
+                            ", ".join(o.dest for o in journal.plan.outputs), dest.parent,
+                            path.name, journal.state, dest.parent)
         finally:
             journal.close()
     return mine
