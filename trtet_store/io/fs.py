@@ -218,6 +218,35 @@ def probe_clone(source: Path, dest_dir: Path) -> tuple[bool, str]:
     return result
 
 
+def probe_insert_range(directory: Path) -> tuple[bool, str]:
+    """Whether files in ``directory`` can grow at the front (``FALLOC_FL_INSERT_RANGE``).
+
+    Tried on a sparse scratch file, which costs no space.
+    """
+    key = ("insert", fs_identity(directory))
+    known = capabilities.get(key)
+    if known is not None:
+        return known
+    bs = block_size(directory)
+    probe = directory / f".trtet-probe-{os.getpid()}-insert"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, 2 * bs)
+        fallocate(fd, FALLOC_FL_INSERT_RANGE, 0, bs)
+    except OSError as exc:
+        if exc.errno not in UNSUPPORTED_ERRNOS:
+            raise
+        result = (False, f"{directory} cannot insert ranges (fallocate INSERT_RANGE: "
+                         f"{os.strerror(exc.errno)})")
+    else:
+        result = (True, f"{directory} can insert ranges at the front of a file")
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    capabilities.put(key, *result)
+    return result
+
+
 def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
     """Whether ``source`` can be renamed into ``dest_dir``, found by trying a hard link.
 
@@ -247,6 +276,7 @@ def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
 _libc = None
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_COLLAPSE_RANGE = 0x08
 FALLOC_FL_INSERT_RANGE = 0x20
 
 

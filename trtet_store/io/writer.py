@@ -280,13 +280,38 @@ class Transaction:
                     source=os.fspath(_source_path(piece)), offset=ext.offset, size=ext.size,
                     placement=placement, reason=reason, chunk_size=digest_chunk,
                     chunk_digests=list(digests) if digests is not None else None, step=step,
-                    consumed=placement == "move" or (
+                    consumed=placement in ("move", "insert") or (
                         placement == "clone" and self.consume and isinstance(piece, Blob)
                         and uses[os.fspath(piece.path)] == 1))
                 plans.append((ext, plan))
                 log.info("%s: piece %d (%d bytes from %s) by %s: %s", out.dest, ext.index,
                          ext.size, plan.source, placement, reason)
             self.plans[i] = plans
+            self._choose_host(out, plans)
+
+    def _choose_host(self, out: _Output, plans: list[tuple[Extent, PayloadPlan]]) -> None:
+        """Let the largest movable payload become the output file itself (insert).
+
+        Renaming it into place and inserting room for what precedes it moves no
+        payload byte at all; it needs a block-aligned offset and a filesystem
+        that inserts ranges (ext4, XFS).
+        """
+        movable = [p for _, p in plans if p.placement == "move"]
+        if not movable:
+            return
+        host = max(movable, key=lambda p: p.size)
+        bs = fs.block_size(out.dest.parent)
+        if host.offset % bs:
+            host.reason += (f"; no insert: offset {host.offset} is not a multiple of the "
+                            f"{bs}-byte block (export with segment_alignment=4096)")
+            return
+        ok, why = fs.probe_insert_range(out.dest.parent)
+        if not ok:
+            host.reason += f"; no insert: {why}"
+            return
+        host.placement = "insert"
+        host.reason = f"the largest payload hosts the file: {why}; {host.reason}"
+        log.info("%s: %s becomes the output file (insert)", out.dest, host.source)
 
     def _choose(self, out: _Output, ext: Extent, uses: int) -> tuple[str, str]:
         """The best placement allowed for one payload, with why, and why not better.
@@ -326,6 +351,7 @@ class Transaction:
             n += sum(bs for _, p in self.plans[i] if p.placement == "clone")  # unaligned tail
             if moves:
                 n += max(p.step for p in moves) + bs * 2 * len(moves)
+            # insert: the header's blocks are counted with the inline bytes
             dev = os.stat(out.dest.parent).st_dev
             prev, _ = need.get(dev, (SLACK_BYTES, out.dest))
             need[dev] = (prev + n, out.dest)
@@ -384,9 +410,14 @@ class Transaction:
 
     def create_temps(self) -> None:
         """Temp files beside each destination, at full size (sparse), inline bytes in."""
-        for out in self.outputs:
-            out.temp_fd = fs.calls.open(
-                os.fspath(out.temp), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        for i, out in enumerate(self.outputs):
+            host = next((p for _, p in self.plans[i] if p.placement == "insert"), None)
+            if host is not None:
+                self._host(out, host)
+            else:
+                out.temp_fd = fs.calls.open(os.fspath(out.temp),
+                                            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                            0o644)
             # Pre-sizing keeps XFS from speculative preallocation past EOF,
             # which would cost a move a second chunk of disk.
             fs.calls.ftruncate(out.temp_fd, out.layout.size)
@@ -397,10 +428,22 @@ class Transaction:
                 out.report.inline_bytes += ext.size
                 self._advance(ext.size)
 
+    def _host(self, out: _Output, host: PayloadPlan) -> None:
+        """Rename the host payload into place as the temp file, and make room before it."""
+        fs.calls.rename(host.source, os.fspath(out.temp))
+        out.temp_fd = fs.calls.open(os.fspath(out.temp), os.O_RDWR | os.O_CLOEXEC)
+        if host.offset:
+            fs.calls.fallocate(out.temp_fd, fs.FALLOC_FL_INSERT_RANGE, 0, host.offset)
+
     def place(self) -> None:
         """Place every payload, from the end of each file toward the front."""
         for i, out in enumerate(self.outputs):
             for ext, plan in sorted(self.plans[i], key=lambda ep: -ep[1].offset):
+                if plan.placement == "insert":  # already in place since create_temps
+                    out.report.placements.append(PlacementRecord(
+                        ext.index, plan.source, plan.offset, plan.size, "insert", plan.reason))
+                    self._advance(plan.size)
+                    continue
                 record = PlacementRecord(ext.index, plan.source, plan.offset, plan.size,
                                          plan.placement, plan.reason)
                 t0 = time.monotonic()
@@ -500,11 +543,25 @@ class Transaction:
             self.journal = None
         except BaseException as undo_exc:
             # Keep the journal: it is what lets `recover` finish the rollback.
+            directory = os.fspath(self.journal.path.parent)
             log.error("rollback did not complete (%s); run trtet_store.recover(%r)", undo_exc,
-                      os.fspath(self.journal.path.parent))
+                      directory)
             self.journal.close()
             exc.add_note(f"rollback did not complete: {undo_exc!r}; run "
-                         f"trtet_store.recover({os.fspath(self.journal.path.parent)!r})")
+                         f"trtet_store.recover({directory!r})")
+            if isinstance(undo_exc, OSError) and undo_exc.errno == errno.ENOSPC:
+                step = max((p.step for plans in self.plans.values() for _, p in plans
+                            if p.placement == "move"), default=0)
+                exc.add_note(f"giving moved bytes back to their sources needs {step} bytes "
+                             f"free; free that much on the filesystem of {directory}, then run "
+                             f"`trtet-store recover {directory}`. Until then every byte is in "
+                             "its source or in the temp file, as the journal there records.")
+            return
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            exc.add_note(f"the filesystem of {', '.join(os.fspath(o.dest) for o in self.outputs)} "
+                         "filled up during the write, after the preflight had found enough "
+                         "space (something else took it meanwhile); the write was rolled back: "
+                         "the sources and the destinations are as they were")
 
     # -- helpers ---------------------------------------------------------------
 
@@ -555,6 +612,9 @@ def undo(plan: Plan) -> None:
                 os.close(dst_fd)
                 os.close(src_fd)
     for out in plan.outputs:
+        for p in out.payloads:
+            if p.placement == "insert":
+                _unhost(out.temp, p)
         with contextlib.suppress(FileNotFoundError):
             fs.calls.unlink(out.temp)
         if out.backup:
@@ -582,6 +642,29 @@ def unpublish(plan: Plan) -> None:
                 fs.calls.rename(out.backup, out.dest)
     for parent in sorted({os.path.dirname(o.dest) for o in plan.outputs}):
         fs.fsync_dir(parent)
+
+
+def _unhost(temp: str, host: PayloadPlan) -> None:
+    """Turn a temp file that a payload hosted back into that payload's source, exactly.
+
+    Its size tells how far the write got: the payload's own size (renamed,
+    nothing inserted yet), or more (room inserted before it and the rest of
+    the output after it), which is cut away again.
+    """
+    try:
+        fd = os.open(temp, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return  # never renamed, or already given back
+    try:
+        if os.fstat(fd).st_size != host.size:
+            fs.calls.ftruncate(fd, host.offset + host.size)
+            if host.offset:
+                fs.calls.fallocate(fd, fs.FALLOC_FL_COLLAPSE_RANGE, 0, host.offset)
+        fs.calls.fsync(fd)
+    finally:
+        os.close(fd)
+    fs.calls.rename(temp, host.source)
+    fs.fsync_dir(os.path.dirname(host.source))
 
 
 def finish(plan: Plan) -> None:
