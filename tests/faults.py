@@ -61,6 +61,8 @@ class FaultInjector:
             if self.mode == "short" and name in SHORTABLE:
                 return _short(name, real, args)
             code = errno.ENOSPC if self.mode == "enospc" else errno.EIO
+            if name == "close":
+                real(*args, **kwargs)  # Linux releases the descriptor even when close fails
             raise OSError(code, f"injected {os.strerror(code)} at call {self.count} ({name})")
 
         return call
