@@ -15,7 +15,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,7 @@ DEFAULT_CHUNK_SIZE = 8 << 20
 # of what the placements themselves need.
 SLACK_BYTES = 1 << 20
 LOCK_SUFFIX = ".trtet-lock"
+PLACEMENTS = ("clone", "insert", "move", "copy")
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -94,8 +95,8 @@ class WriteReport:
 
 
 def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: bool = False,
-               chunk_size: int | None = None,
-               progress: ProgressCallback | None = None) -> WriteReport:
+               chunk_size: int | None = None, progress: ProgressCallback | None = None,
+               placements: Collection[str] | None = None) -> WriteReport:
     """Write the concatenation of ``pieces`` to ``path`` as one transaction.
 
     Parameters
@@ -114,6 +115,10 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
         whole digest chunks of its blob. A move needs this much extra disk.
     progress : callable, optional
         Called as ``progress(bytes_done, bytes_total)`` as payload bytes land.
+    placements : collection of str, optional
+        Limit the ladder (``clone``, ``insert``, ``move``, ``copy``; copy is
+        always allowed), e.g. to compare placements in a benchmark. Default:
+        every placement the filesystem allows, best first.
 
     Returns
     -------
@@ -127,19 +132,20 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
         Any other failure, after everything was rolled back.
     """
     return write_files([(path, pieces)], consume=consume, chunk_size=chunk_size,
-                       progress=progress)[0]
+                       progress=progress, placements=placements)[0]
 
 
 def write_files(outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
                 consume: bool = False, chunk_size: int | None = None,
-                progress: ProgressCallback | None = None) -> list[WriteReport]:
+                progress: ProgressCallback | None = None,
+                placements: Collection[str] | None = None) -> list[WriteReport]:
     """Write several files as one transaction: all are published, or none changes.
 
     Every output is placed and verified in its temp file before the first
     rename. Parameters are as for :func:`write_file`.
     """
     return Transaction(outputs, consume=consume, chunk_size=chunk_size,
-                       progress=progress).run()
+                       progress=progress, placements=placements).run()
 
 
 class _Output:
@@ -162,13 +168,19 @@ class Transaction:
 
     def __init__(self, outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
                  consume: bool, chunk_size: int | None,
-                 progress: ProgressCallback | None) -> None:
+                 progress: ProgressCallback | None,
+                 placements: Collection[str] | None = None) -> None:
         if chunk_size is not None and chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if not outputs:
             raise ValueError("nothing to write: no outputs given")
         self.token = uuid.uuid4().hex[:16]
         self.consume = consume
+        allowed = set(PLACEMENTS if placements is None else placements) | {"copy"}
+        if allowed - set(PLACEMENTS):
+            raise ValueError(f"unknown placements {sorted(allowed - set(PLACEMENTS))}; "
+                             f"choose from {PLACEMENTS}")
+        self.allowed = allowed
         self.chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
         self.progress = progress
         self.outputs = [_Output(_destination(p), Layout(pieces)) for p, pieces in outputs]
@@ -297,7 +309,7 @@ class Transaction:
         that inserts ranges (ext4, XFS).
         """
         movable = [p for _, p in plans if p.placement == "move"]
-        if not movable:
+        if not movable or "insert" not in self.allowed:
             return
         host = max(movable, key=lambda p: p.size)
         bs = fs.block_size(out.dest.parent)
@@ -323,7 +335,9 @@ class Transaction:
         piece = ext.piece
         source = _source_path(piece)
         bs = fs.block_size(out.dest.parent)
-        if ext.offset % bs:
+        if "clone" not in self.allowed:
+            no_clone = "no clone: not among the placements allowed"
+        elif ext.offset % bs:
             no_clone = (f"no clone: offset {ext.offset} is not a multiple of the {bs}-byte "
                         "block (export with segment_alignment=4096)")
         else:
@@ -337,6 +351,8 @@ class Transaction:
             return "copy", f"consume=False: sources are left intact; {no_clone}"
         if uses > 1:
             return "copy", f"the blob is used more than once, so it must survive; {no_clone}"
+        if "move" not in self.allowed:
+            return "copy", f"move is not among the placements allowed; {no_clone}"
         same, why = fs.probe_same_filesystem(source, out.dest.parent)
         return ("move" if same else "copy"), f"{why}; {no_clone}"
 
