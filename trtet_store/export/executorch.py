@@ -382,6 +382,7 @@ def save_program(
     chunk_size: int | None = None,
     progress: Any = None,
     store: BlobStore | None = None,
+    placements: Any = None,
 ) -> list[Any]:
     """Write the ``.pte`` and every ``.ptd`` of ``program`` as one transaction.
 
@@ -401,7 +402,7 @@ def save_program(
         Move what the program owns (our blobs, ExecuTorch-owned payload files)
         instead of copying; the user's files are always copied. A consumed
         program cannot be written again.
-    chunk_size, progress
+    chunk_size, progress, placements
         As for :func:`trtet_store.io.writer.write_files`.
     store : BlobStore, optional
         See :func:`program_layouts`.
@@ -414,7 +415,8 @@ def save_program(
     from trtet_store.io.writer import write_files
 
     layouts = program_layouts(program, path, outdir, consume=consume, store=store)
-    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress)
+    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
+                       placements=placements)
 
 
 def save(
@@ -425,6 +427,7 @@ def save(
     chunk_size: int | None = None,
     progress: Any = None,
     store: BlobStore | None = None,
+    placements: Any = None,
 ) -> Any:
     """Write the ``.pte`` of ``program`` (what ``program.save(path)`` writes), atomically.
 
@@ -433,7 +436,8 @@ def save(
     from trtet_store.io.writer import write_files
 
     layouts = program_layouts(program, path, consume=consume, store=store, include_ptd=False)
-    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress)[0]
+    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
+                       placements=placements)[0]
 
 
 def write_tensor_data(
@@ -444,6 +448,7 @@ def write_tensor_data(
     chunk_size: int | None = None,
     progress: Any = None,
     store: BlobStore | None = None,
+    placements: Any = None,
 ) -> list[Any]:
     """Write every ``.ptd`` of ``program`` into ``outdir`` as one transaction.
 
@@ -455,7 +460,8 @@ def write_tensor_data(
     layouts = ptd_layouts(program, outdir, consume=consume, store=store)
     if not layouts:
         return []
-    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress)
+    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
+                       placements=placements)
 
 
 # --- handing our blobs to ExecuTorch ------------------------------------------------
