@@ -87,6 +87,11 @@ class PowerCuts:
 
     def cut_at(self, at: int | None, where: str) -> str:
         """Cut the power before call ``at`` (None: right after the write returns); check."""
+        self.cut_write_at(at, where)
+        return self.check(where)
+
+    def cut_write_at(self, at: int | None, where: str) -> None:
+        """Stage and write in a child that cuts the power before call ``at``; remount."""
         staging, out, user = self.scn.install(self.root)
         syncfs(self.mnt)  # the old outputs and the user file are durable before the write
 
@@ -104,6 +109,31 @@ class PowerCuts:
 
         assert in_child(child) == 86, f"{where}: the child did not die at the cut"
         self.factory.remount(self.mnt)
+
+    def cut_recovery_at(self, at: int, where: str) -> bool:
+        """Run ``recover()`` in a child that cuts the power before its call ``at``.
+
+        Returns False when recovery finished before making that many calls.
+        """
+        out = self.root / "out"
+
+        def cut(*_):
+            crashkit.power_cut(self.mnt)
+            crashkit.die()
+
+        def child():
+            with CallHook(at, cut):
+                recover(out)
+
+        code = in_child(child)
+        assert code in (0, 86), f"{where}: recovery failed in the child (exit {code})"
+        if code == 86:
+            self.factory.remount(self.mnt)
+        return code == 86
+
+    def check(self, where: str) -> str:
+        """Recover in this process and check the invariants."""
+        staging, out, user = self.root / "staging", self.root / "out", self.root / "user"
         state = crashkit.journal_state(out) or "no journal"
         outcomes = recover(out)
         acts = ",".join(sorted({o.action for o in outcomes})) or "nothing"
@@ -155,3 +185,30 @@ def test_power_cut_loses_no_blob_that_was_never_synced(make_fs, fs_factory, conf
         cuts.cut_at(n, f"{config}: unsynced blobs, cut before call {n} ({names[n - 1]})")
     _report(f"power cut during the moves of unsynced blobs on {config}",
             steps[-1] - steps[0] + 1, cuts.stats)
+
+
+@pytest.mark.parametrize("config", ["ext4", "xfs"])
+def test_power_cut_during_recovery_loses_nothing(make_fs, fs_factory, config):
+    # A first cut in the write, then a second one at each call of the
+    # recovery that follows; a third recovery must still end it right.
+    fstype, options = CONFIGS[config]
+    mnt = make_fs(fstype, 300, mount_options=options)
+    cuts = PowerCuts(fs_factory, mnt, scenario(), sync_blobs=True)
+    names = cuts.trace()
+    steps = _move_steps(names)
+    first_cuts = {
+        "early in the moves": steps[2] + 1,
+        "after the last move step": steps[-1] + 1,
+        "after the first rename": names.index("rename") + 2,
+    }
+    total = 0
+    for label, at_write in first_cuts.items():
+        for m in range(1, 1000):
+            where = f"{config}: cut {label} (call {at_write}), then in recovery at call {m}"
+            cuts.cut_write_at(at_write, where)
+            cut_happened = cuts.cut_recovery_at(m, where)
+            cuts.check(where)
+            total += 1
+            if not cut_happened:
+                break
+    _report(f"power cut during recovery on {config}", total, cuts.stats)
