@@ -8,13 +8,17 @@ each method on one filesystem, in one run:
 ``executorch``
     ExecuTorch's ``program.save(pte)`` plus ``write_tensor_data_to_file(dir)``
     (a Python read/write copy, no fsync, errors in ``save`` only logged).
-``trtet_store``
-    trtet_store's transactional write with ``consume=False``: the payloads
-    stay intact, so they are copied (or cloned, where the io layer can).
-``trtet_store_consume``
-    The same with ``consume=True`` and the payloads staged as owned blobs on
-    the output's filesystem: they are moved (back to front, one chunk at a
-    time) or placed by a zero-copy placement when the io layer has one.
+``copy``, ``clone``
+    trtet_store's transactional write with ``consume=False`` (the payloads
+    stay intact), limited to that placement.
+``move``, ``insert``
+    The same with ``consume=True``, the payloads staged as owned blobs on the
+    output's filesystem (a move goes back to front, one chunk at a time; an
+    insert renames a payload into place and makes room for the header).
+
+A zero-copy placement the filesystem cannot do (clone on ext4, insert on
+btrfs) is tried once, reported as ``unavailable`` with the io layer's reason,
+and not repeated.
 
 Per method and repeat it records peak extra disk (``statvfs`` polled in a
 thread, sampled after every step), bytes written (``/proc/self/io``), wall
@@ -45,6 +49,7 @@ import json
 import logging
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -54,7 +59,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -94,12 +98,16 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 #: The methods compared, in table order; ``executorch`` is the baseline of every ratio.
-METHODS: tuple[str, ...] = ("executorch", "trtet_store", "trtet_store_consume")
+METHODS: tuple[str, ...] = ("executorch", "copy", "clone", "move", "insert")
 METHOD_LABELS: dict[str, str] = {
     "executorch": "ExecuTorch save",
-    "trtet_store": "trtet_store",
-    "trtet_store_consume": "trtet_store consume",
+    "copy": "trtet_store copy",
+    "clone": "trtet_store clone",
+    "move": "trtet_store move",
+    "insert": "trtet_store insert",
 }
+#: The methods that use the staged payloads up (``consume=True``).
+CONSUMING: frozenset[str] = frozenset({"move", "insert"})
 #: ``here`` is a temporary directory on the current filesystem (no mount).
 FILESYSTEMS: tuple[str, ...] = ("ext4", "xfs", "btrfs", "tmpfs", "here")
 LAYOUTS: tuple[str, ...] = ("split", "pte", "ptd")
@@ -302,8 +310,8 @@ class RunResult:
 
     Attributes:
         method: One of :data:`METHODS`.
-        placement: How the payloads got into the output: ``copy`` (ExecuTorch's
-            read/write loop is a copy), ``move``, or what the io layer reported
+        placement: How the payloads got into the output: ``copy`` for
+            ExecuTorch's read/write loop, else what the io layer reported
             (several joined with ``+`` when payloads differed).
         filesystem: The filesystem type measured on (``here:<type>`` when shared).
         payload_bytes: Total payload bytes of the program.
@@ -315,7 +323,9 @@ class RunResult:
         outcome: ``ok``, ``failed`` (an exception), ``failed silently`` (no
             exception, but an error was logged or the output is short),
             ``refused`` (InsufficientSpaceError before anything was written),
-            or ``wrong output`` (the bytes differ from the other methods').
+            ``unavailable`` (the filesystem cannot do the placement asked
+            for; the io layer fell back, and ``reasons`` says why), or
+            ``wrong output`` (the bytes differ from the other methods').
         error: The exception or logged error, if any.
         output_bytes: Sizes of the files found after the call, by name.
         expected_output_bytes: Sizes they should have, by name.
@@ -433,8 +443,8 @@ class BenchResult:
 
         Medians and maxima are over the runs that succeeded (over all runs when
         none did, so a failure's cost still shows). Ratios are medians divided
-        by ExecuTorch's medians, and are None when ExecuTorch's save did not
-        succeed or its value is 0.
+        by ExecuTorch's medians, and are None when either side never
+        succeeded or ExecuTorch's value is 0.
         """
         out = []
         base = self._stats("executorch")
@@ -446,7 +456,7 @@ class BenchResult:
             ratios: dict[str, float | None] = {}
             for m in METRICS:
                 b = base["median"].get(m) if base and base["ok_runs"] else None
-                v = stats["median"].get(m)
+                v = stats["median"].get(m) if stats["ok_runs"] else None
                 ratios[m] = (v / b) if (b and v is not None) else None
             out.append(
                 {
@@ -470,8 +480,11 @@ class BenchResult:
             return {}
         ok = [r for r in runs if r.ok]
         use = ok or runs
-        med: dict[str, float] = {}
-        mx: dict[str, float] = {}
+        med: dict[str, float | None] = {}
+        mx: dict[str, float | None] = {}
+        if all(r.outcome == "unavailable" for r in runs):
+            # What was measured is a fallback, not this method: show nothing.
+            return {"ok_runs": 0, "median": dict.fromkeys(METRICS), "max": dict.fromkeys(METRICS)}
         for m in METRICS:
             values = [getattr(r, m) for r in use]
             med[m] = statistics.median(values)
@@ -666,7 +679,7 @@ def _make_fs(session: Path, fstype: str, size: int) -> tuple[Path, Path | None, 
         raise BenchError(f"{mkfs[0]} is missing (Debian package: {pkg})")
     image = session / "fs.img"
     with open(image, "wb") as f:
-        f.truncate(size_mib * MiB)  # sparse
+        f.truncate(size_mib * MiB)  # sparse; _warm_up writes it once before measuring
     proc = _run([tool, *mkfs[1:], os.fspath(image)])
     if proc.returncode != 0:
         image.unlink()
@@ -682,6 +695,39 @@ def _make_fs(session: Path, fstype: str, size: int) -> tuple[Path, Path | None, 
     real = os.path.realpath(mnt)
     device = next((src for src, mp, _t in _mounts() if mp == real), None)
     return mnt, image, device
+
+
+def _warm_up(path: Path, keep_free: int = 64 * MiB) -> None:
+    """Write a file over the free space of a fresh filesystem once, then delete it.
+
+    On a freshly made filesystem the first write into never-used space is much
+    slower (block groups initialised on first allocation, the sparse image
+    allocated on the host): whichever method ran first looked up to three
+    times slower than the same method later (measured: 6.7 s vs 2.3 s for one
+    1 GiB save). Touching the space once takes that out of every measurement.
+    """
+    filler = path / ".trtet-bench-warm-up"
+    zeros = bytes(16 * MiB)
+    try:
+        with open(filler, "wb") as f:
+            left = max(0, free_bytes(path) - keep_free)
+            while left > 0:
+                n = min(left, len(zeros))
+                try:
+                    f.write(zeros[:n])
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    break
+                left -= n
+            with contextlib.suppress(OSError):
+                f.flush()
+                os.fsync(f.fileno())
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            filler.unlink()
+    with contextlib.suppress(OSError):
+        syncfs(path)
 
 
 #: Filesystem overhead guesses (fraction usable, fixed MiB lost) for the first try.
@@ -798,6 +844,8 @@ def _dedicated(
                 + " free"
             )
         os.chmod(mnt, 0o777)
+        if fstype != "tmpfs":
+            _warm_up(mnt)
         yield BenchFilesystem(mnt, fstype, True, guess, free, device, "")
     finally:
         problems = []
@@ -826,7 +874,9 @@ def _teardown_keep_session(mnt: Path, image: Path | None) -> list[str]:
 # --- the program -------------------------------------------------------------------
 
 
-_PENDING: dict[str, list[tuple[str, Any, str | None]]] = {}
+#: (key, blob, external tag) per delegate of the program being built.
+_PENDING: list[tuple[str, Any, str | None]] = []
+_BUILD_LOCK = threading.Lock()
 _BACKEND: type | None = None
 
 
@@ -850,7 +900,7 @@ def _backend() -> type:
         @staticmethod
         def preprocess(edge_program: Any, compile_specs: list[Any]) -> Any:
             specs = {c.key: c.value.decode() for c in compile_specs}
-            key, blob, tag = _PENDING[specs["trtet_bench_token"]][int(specs["engine_index"])]
+            key, blob, tag = _PENDING[int(specs["engine_index"])]
             store = NamedDataStore()
             add_blob_as_named_data(store, key, blob, alignment=16, external_tag=tag)
             meta = trt_blob.BlobMetadata(
@@ -904,7 +954,6 @@ def build_program(
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}")
     _backend()
-    token = uuid.uuid4().hex
     n = len(blobs)
 
     def tag_of(i: int) -> str | None:
@@ -912,7 +961,7 @@ def build_program(
             return None
         return PTD_TAG
 
-    _PENDING[token] = [(f"engine{i}_trt_engine", b, tag_of(i)) for i, b in enumerate(blobs)]
+    entries = [(f"engine{i}_trt_engine", b, tag_of(i)) for i, b in enumerate(blobs)]
 
     class PerStepPartitioner(Partitioner):
         def partition(self, exported_program: Any) -> Any:
@@ -925,10 +974,7 @@ def build_program(
                 node.meta["delegation_tag"] = tag
                 tags[tag] = DelegationSpec(
                     BACKEND_ID,
-                    [
-                        CompileSpec("trtet_bench_token", token.encode()),
-                        CompileSpec("engine_index", str(i).encode()),
-                    ],
+                    [CompileSpec("engine_index", str(i).encode())],
                 )
                 i += 1
             return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
@@ -939,14 +985,19 @@ def build_program(
                 x = x * 2.0
             return x
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ep = torch.export.export(Chain(), (torch.randn(4),))
-            edge = to_edge(ep).to_backend(PerStepPartitioner())
-            return edge.to_executorch(ExecutorchBackendConfig(segment_alignment=segment_alignment))
-    finally:
-        del _PENDING[token]
+    # preprocess runs inside to_backend and finds its payload here; no token
+    # goes into the program, so equal payloads give byte-identical outputs.
+    with _BUILD_LOCK:
+        _PENDING[:] = entries
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ep = torch.export.export(Chain(), (torch.randn(4),))
+                edge = to_edge(ep).to_backend(PerStepPartitioner())
+                config = ExecutorchBackendConfig(segment_alignment=segment_alignment)
+                return edge.to_executorch(config)
+        finally:
+            _PENDING.clear()
 
 
 def _stage_payloads(
@@ -954,12 +1005,13 @@ def _stage_payloads(
 ) -> list[Any]:
     """Write ``config.payloads`` payloads of random-looking bytes as blobs of ``store``.
 
-    A 16 MiB random block is reused with each chunk's first 16 bytes made
-    unique (payload, chunk, seed), so payloads differ (ExecuTorch's dedup
-    fingerprint is the first 32 bytes) without generating gigabytes of
-    randomness.
+    A 16 MiB pseudo-random block (from ``seed``) is reused with each chunk's
+    first 16 bytes made unique (payload, chunk, seed), so payloads differ
+    (ExecuTorch's dedup fingerprint is the first 32 bytes) without generating
+    gigabytes of randomness, and the same seed gives the same bytes (outputs
+    of different stagings can be compared).
     """
-    block = bytearray(os.urandom(min(16 * MiB, config.payload_size)))
+    block = bytearray(random.Random(seed).randbytes(min(16 * MiB, config.payload_size)))
     blobs = []
     done = 0
     for i in range(config.payloads):
@@ -1030,23 +1082,32 @@ def _trtet_save(
     out: Path,
     *,
     consume: bool,
+    placements: set[str] | None,
     chunk_size: int | None,
     progress: Callable[[int, int], None],
 ) -> list[Any]:
     """trtet_store's write of the ``.pte`` and its ``.ptd`` files, one transaction."""
-    from trtet_store.export import executorch as adapter
+    import inspect
 
-    save_program = getattr(adapter, "save_program", None)
-    if save_program is not None:
-        return list(
-            save_program(
-                program, out / PTE_NAME, consume=consume, chunk_size=chunk_size, progress=progress
-            )
-        )
+    from trtet_store.export import executorch as adapter
     from trtet_store.io import write_files
 
+    save_program = getattr(adapter, "save_program", None)
+    if save_program is not None and "placements" in inspect.signature(save_program).parameters:
+        return list(
+            save_program(
+                program,
+                out / PTE_NAME,
+                consume=consume,
+                chunk_size=chunk_size,
+                progress=progress,
+                placements=placements,
+            )
+        )
     layouts = adapter.program_layouts(program, out / PTE_NAME, consume=consume)
-    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress)
+    return write_files(
+        layouts, consume=consume, chunk_size=chunk_size, progress=progress, placements=placements
+    )
 
 
 class _SizeWatcher:
@@ -1149,7 +1210,10 @@ def _run_method(
                 reports = _trtet_save(
                     program,
                     out,
-                    consume=method == "trtet_store_consume",
+                    consume=method in CONSUMING,
+                    # An insert is a kind of move: the writer only considers
+                    # payloads it may move for it.
+                    placements={"insert", "move"} if method == "insert" else {method},
                     chunk_size=config.chunk_size,
                     progress=step,
                 )
@@ -1188,8 +1252,14 @@ def _run_method(
     result.output_bytes = found
     if reports:
         placements = [p for r in reports for p in r.placements]
-        result.placement = "+".join(sorted({p.placement for p in placements})) or "none"
+        used = {p.placement for p in placements}
+        result.placement = "+".join(sorted(used)) or "none"
         result.reasons = sorted({f"{p.placement}: {p.reason}" for p in placements})
+        if method not in used and result.outcome == "ok":
+            result.outcome = "unavailable"
+            result.error = f"{method} is not possible here: " + " | ".join(
+                sorted({p.reason for p in placements})
+            )
     elif method != "executorch":
         result.placement = "none"
     if capture.messages:
@@ -1207,7 +1277,7 @@ def _run_method(
             if found.get(name) != size
         )
         result.error = f"no error raised, but outputs are incomplete ({short})"
-    elif result.outcome != "ok" and found:
+    elif result.outcome in ("failed", "refused") and found:
         partial = ", ".join(f"{n} {format_size(s)}" for n, s in found.items())
         result.error = f"{result.error}; left behind: {partial}"
     if result.outcome == "ok" and config.verify_outputs:
@@ -1308,14 +1378,45 @@ def run_bench(
         return _run_all(config, fs, progress)
 
 
-def _run_all(config: BenchConfig, fs: BenchFilesystem, progress: ProgressFn | None) -> BenchResult:
+def _run_group(
+    methods: Sequence[str],
+    fs: BenchFilesystem,
+    config: BenchConfig,
+    rep: int,
+    progress: ProgressFn | None,
+) -> list[RunResult]:
+    """Stage payloads, build a program over them, and run ``methods`` on it in order."""
     from trtet_store.io import BlobStore
 
+    store = BlobStore(fs.path / "staging")
+    try:
+        label = f"staging payloads [{rep + 1}/{config.repeat}]"
+        total = config.total_payload_bytes
+        report = (lambda d: progress(label, d, total)) if progress else None
+        blobs = _stage_payloads(store, config, rep, report)
+        program = build_program(
+            blobs, layout=config.layout, segment_alignment=config.segment_alignment
+        )
+        del blobs  # the program holds them now
+        runs = [_run_method(m, program, fs, config, rep, progress) for m in methods]
+        del program
+        gc.collect()
+        return runs
+    finally:
+        store.close()
+
+
+def _run_all(config: BenchConfig, fs: BenchFilesystem, progress: ProgressFn | None) -> BenchResult:
     result = BenchResult(config, fs, environment=_environment())
     if fs.note:
         result.notes.append(fs.note)
     if fs.fstype == "tmpfs" or fs.fstype.endswith("tmpfs"):
         result.notes.append("tmpfs: /proc/self/io reports 0 bytes written")
+    if fs.fstype in ("xfs", "btrfs") and "copy" in config.methods:
+        result.notes.append(
+            f"{fs.fstype}: the kernel's copy_file_range shares (reflinks) block-aligned extents "
+            "on its own, so trtet_store's copy costs about as little as a clone here"
+        )
     if fs.fstype == "btrfs":
         result.notes.append(
             "btrfs: statvfs lags until a commit, so every sample calls syncfs; a move "
@@ -1331,39 +1432,26 @@ def _run_all(config: BenchConfig, fs: BenchFilesystem, progress: ProgressFn | No
     )
     staging = fs.path / "staging"
     staging.mkdir(exist_ok=True)
-    digests: dict[str, str] = {}
+    unavailable: set[str] = set()
     for rep in range(config.repeat):
-        store = BlobStore(staging)
-        try:
-            label = f"staging payloads [{rep + 1}/{config.repeat}]"
-            total = config.total_payload_bytes
-            blobs = _stage_payloads(
-                store,
-                config,
-                rep,
-                (lambda d, lb=label, t=total: progress(lb, d, t)) if progress else None,
-            )
-            program = build_program(
-                blobs, layout=config.layout, segment_alignment=config.segment_alignment
-            )
-            del blobs  # the program holds them now
-            order = [m for m in config.methods if m != "trtet_store_consume"]
-            if rep % 2:
-                order.reverse()
-            if "trtet_store_consume" in config.methods:
-                order.append("trtet_store_consume")
-            for method in order:
-                run = _run_method(method, program, fs, config, rep, progress)
+        plain = [m for m in config.methods if m not in CONSUMING and m not in unavailable]
+        if rep % 2:
+            plain.reverse()  # neither ExecuTorch nor we always go first
+        # Methods that keep the payloads share one staging; each consuming
+        # method uses its payloads up and gets a fresh one.
+        groups = [plain] if plain else []
+        groups += [[m] for m in config.methods if m in CONSUMING and m not in unavailable]
+        digests: list[str] = []
+        for group in groups:
+            for run in _run_group(group, fs, config, rep, progress):
                 if run.output_digest is not None:
-                    ref = digests.setdefault(f"rep{rep}", run.output_digest)
-                    if run.output_digest != ref:
+                    digests.append(run.output_digest)
+                    if run.output_digest != digests[0]:
                         run.outcome = "wrong output"
                         run.error = "the outputs differ from the first method's of this repeat"
+                if run.outcome == "unavailable":
+                    unavailable.add(run.method)
                 result.runs.append(run)
-            del program
-            gc.collect()
-        finally:
-            store.close()
     result.runs.sort(key=lambda r: (config.methods.index(r.method), r.repeat))
     for s in result.summary():
         if s["ok_runs"] < s["runs"]:
@@ -1379,6 +1467,10 @@ def _run_all(config: BenchConfig, fs: BenchFilesystem, progress: ProgressFn | No
 
 def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
+
+
+def _secs(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def format_table(result: BenchResult) -> str:
@@ -1429,9 +1521,9 @@ def format_table(result: BenchResult) -> str:
                 _ratio(r["peak_extra_bytes"]),
                 format_size(med["bytes_written"]),
                 _ratio(r["bytes_written"]),
-                f"{med['seconds']:.2f} ({mx['seconds']:.2f})",
+                f"{_secs(med['seconds'])} ({_secs(mx['seconds'])})",
                 _ratio(r["seconds"]),
-                f"{med['seconds_durable']:.2f}",
+                _secs(med["seconds_durable"]),
                 format_size(med["rss_growth_bytes"]),
             ]
         )
@@ -1470,7 +1562,49 @@ def write_json(result: BenchResult, path: os.PathLike | str, *, timelines: bool 
     return p
 
 
-_COLORS = {"executorch": "#d62728", "trtet_store": "#1f77b4", "trtet_store_consume": "#2ca02c"}
+def _zoom_inset(ax: Any, shown: dict[str, RunResult], cfg: BenchConfig) -> None:
+    """Magnify the small peaks (a move's chunk) that vanish at the payload's scale."""
+    peaks = {m: r.peak_extra_bytes for m, r in shown.items()}
+    if not peaks:
+        return
+    top = max(peaks.values())
+    small = {m: p for m, p in peaks.items() if p < 0.05 * top}
+    if not small or top <= 0:
+        return
+    inset = ax.inset_axes([0.52, 0.1, 0.45, 0.3])
+    limit = max(max(small.values()), cfg.effective_chunk_size) * 1.6 / MiB
+    for m in small:
+        pts = shown[m].timeline or [[0.0, 0]]
+        inset.step(
+            [p[0] for p in pts],
+            [p[1] / MiB for p in pts],
+            where="post",
+            color=_COLORS.get(m),
+            linewidth=1.2,
+        )
+    inset.axhline(cfg.effective_chunk_size / MiB, color="grey", linestyle=":", linewidth=1)
+    inset.text(
+        0.01,
+        cfg.effective_chunk_size / MiB,
+        " one chunk",
+        va="bottom",
+        fontsize=7,
+        color="grey",
+        transform=inset.get_yaxis_transform(),
+    )
+    inset.set_ylim(min(0, inset.get_ylim()[0]), limit)
+    inset.set_title("zoom (MiB)", fontsize=7)
+    inset.tick_params(labelsize=7)
+    inset.grid(True, alpha=0.3)
+
+
+_COLORS = {
+    "executorch": "#d62728",
+    "copy": "#1f77b4",
+    "clone": "#9467bd",
+    "move": "#2ca02c",
+    "insert": "#ff7f0e",
+}
 
 
 def plot(result: BenchResult, path: os.PathLike | str) -> Path:
@@ -1497,12 +1631,16 @@ def plot(result: BenchResult, path: os.PathLike | str) -> Path:
     fig, (ax, bx) = plt.subplots(
         1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [2.2, 1]}, constrained_layout=True
     )
-    summary = result.summary()
+    everything = result.summary()
+    summary = [s for s in everything if s["median"]["peak_extra_bytes"] is not None]
+    missing = [s["label"] for s in everything if s["median"]["peak_extra_bytes"] is None]
+    shown: dict[str, RunResult] = {}
     for s in summary:
         runs = result.runs_of(s["method"])
         ok = [r for r in runs if r.ok] or runs
         target = statistics.median_low([r.peak_extra_bytes for r in ok])
         run = next(r for r in ok if r.peak_extra_bytes == target)
+        shown[s["method"]] = run
         pts = run.timeline or [[0.0, 0]]
         xs = [p[0] for p in pts]
         ys = [p[1] / MiB for p in pts]
@@ -1531,10 +1669,11 @@ def plot(result: BenchResult, path: os.PathLike | str) -> Path:
         f"on {result.filesystem.label}"
     )
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
     ax.set_ylim(bottom=min(0, ax.get_ylim()[0]))
+    _zoom_inset(ax, shown, cfg)
 
-    names = [s["label"] for s in summary]
+    names = [s["label"].replace(" ", "\n", 1) for s in summary]
     med = [s["median"]["peak_extra_bytes"] / MiB for s in summary]
     mx = [s["max"]["peak_extra_bytes"] / MiB for s in summary]
     colors = [_COLORS.get(s["method"], "grey") for s in summary]
@@ -1548,7 +1687,9 @@ def plot(result: BenchResult, path: os.PathLike | str) -> Path:
     )
     for i, s in enumerate(summary):
         r = s["ratio_to_executorch"]["peak_extra_bytes"]
-        text = f"{med[i]:.1f} MiB" + (f"\n{r:.3f}x" if r is not None and i else "")
+        text = format_size(s["median"]["peak_extra_bytes"]) + (
+            f"\n{r:.3f}x" if r is not None and i else ""
+        )
         if s["ok_runs"] < s["runs"]:
             text += f"\n{'/'.join(o for o in s['outcomes'] if o != 'ok')}"
         bx.annotate(
@@ -1563,6 +1704,8 @@ def plot(result: BenchResult, path: os.PathLike | str) -> Path:
     bx.set_xticks(list(xpos), names, fontsize=8)
     bx.set_ylabel("peak extra disk (MiB), median; whisker: max")
     bx.set_title(f"Peak extra disk, {cfg.repeat} repeat(s)")
+    if missing:
+        bx.set_xlabel("not possible on this filesystem: " + ", ".join(missing), fontsize=8)
     bx.set_ylim(0, max(mx + [1]) * 1.25)
     bx.grid(True, axis="y", alpha=0.3)
 
