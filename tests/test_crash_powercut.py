@@ -19,6 +19,7 @@ cache, and cuts the power once the moves have started.
 from __future__ import annotations
 
 import collections
+import os
 from pathlib import Path
 
 import crashkit
@@ -29,6 +30,7 @@ from filesystems import syncfs
 from trtet_store import recover
 
 KiB = 1 << 10
+LONG = os.environ.get("TRTET_LONG", "").strip().lower() in ("1", "true", "yes")
 
 CONFIGS = {
     "ext4": ("ext4", []),
@@ -37,14 +39,20 @@ CONFIGS = {
 }
 
 
-def scenario() -> Scenario:
-    """Two outputs (both replacing old files), three moved blobs and a copied user file."""
+def scenario(aligned: bool = False) -> Scenario:
+    """Two outputs (both replacing old files), three consumed blobs and a copied user file.
+
+    Unaligned, every blob is moved. Aligned (4 KiB headers before blobs 0 and
+    2), the largest blob of each output hosts it on ext4 (insert: renamed
+    into place, room inserted before it) and blobs are cloned on XFS.
+    """
+    head = 4096 if aligned else 100
     return Scenario(
         blobs=[(21, 150_001), (22, 100_000), (23, 40_000)],
         outputs={
-            "m.pte": [["bytes", 1, 100], ["blob", 0], ["bytes", 2, 33], ["ext", "u.bin"],
+            "m.pte": [["bytes", 1, head], ["blob", 0], ["bytes", 2, 33], ["ext", "u.bin"],
                       ["blob", 1]],
-            "m.ptd": [["bytes", 3, 10], ["blob", 2]],
+            "m.ptd": [["bytes", 3, 4096 if aligned else 10], ["blob", 2]],
         },
         old={"m.pte": (4, 1000), "m.ptd": (6, 5000)},
         externals={"u.bin": (5, 30_000)},
@@ -152,17 +160,31 @@ def _report(name: str, cuts: int, stats) -> None:
         print(f"  {key}: {n}")
 
 
+@pytest.mark.parametrize("layout", ["unaligned", "aligned"])
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_power_cut_at_every_step_loses_nothing(make_fs, fs_factory, config):
+def test_power_cut_at_every_step_loses_nothing(make_fs, fs_factory, config, layout):
     fstype, options = CONFIGS[config]
     mnt = make_fs(fstype, 300, mount_options=options)
-    cuts = PowerCuts(fs_factory, mnt, scenario(), sync_blobs=True)
+    cuts = PowerCuts(fs_factory, mnt, scenario(layout == "aligned"), sync_blobs=True)
     names = cuts.trace()
     for n in range(1, len(names) + 1):
         cuts.cut_at(n, f"{config}: cut before call {n} ({names[n - 1]})")
     assert cuts.cut_at(None, f"{config}: cut after the write returned") == "new"
-    _report(f"power cut at every step on {config}", len(names) + 1, cuts.stats)
+    _report(f"power cut at every step on {config}, {layout}: {placements(names)}",
+            len(names) + 1, cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
+
+
+def placements(names: list[str]) -> str:
+    """What a call trace says about the placements used."""
+    kinds = []
+    if "clone_range" in names:
+        kinds.append("clone")
+    if "fallocate" in names:
+        kinds.append("insert")
+    if _move_steps(names):
+        kinds.append("move")
+    return "+".join(kinds)
 
 
 def _move_steps(names: list[str]) -> list[int]:
@@ -171,20 +193,27 @@ def _move_steps(names: list[str]) -> list[int]:
             if names[i] == "ftruncate" and names[i - 1] == "fdatasync"]
 
 
+@pytest.mark.parametrize("layout", ["unaligned", "aligned"])
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_power_cut_loses_no_blob_that_was_never_synced(make_fs, fs_factory, config):
+def test_power_cut_loses_no_blob_that_was_never_synced(make_fs, fs_factory, config, layout):
     # A fresh build: the blobs are only in the page cache when the write
-    # starts. Once a move has truncated a source, its remaining bytes must
-    # already be durable, or a power cut takes them with it.
+    # starts. Once a write has truncated a source (move), renamed it (insert)
+    # or shared its blocks (clone), its bytes must already be durable, or a
+    # power cut takes them with it.
     fstype, options = CONFIGS[config]
     mnt = make_fs(fstype, 300, mount_options=options)
-    cuts = PowerCuts(fs_factory, mnt, scenario(), sync_blobs=False)
+    cuts = PowerCuts(fs_factory, mnt, scenario(layout == "aligned"), sync_blobs=False)
     names = cuts.trace()
-    steps = _move_steps(names)
-    for n in range(steps[0] + 1, steps[-1] + 2):
-        cuts.cut_at(n, f"{config}: unsynced blobs, cut before call {n} ({names[n - 1]})")
-    _report(f"power cut during the moves of unsynced blobs on {config}",
-            steps[-1] - steps[0] + 1, cuts.stats)
+    # From the first call that changes a source (a move's truncation, an
+    # insert's rename or a clone) to the end of the write.
+    first = min(i for i, n in enumerate(names, 1) if n in ("ftruncate", "rename", "clone_range")
+                and i > names.index("fsync"))
+    stride = 1 if LONG else 3  # every call in the long run, every third by default
+    for n in range(first, len(names) + 1, stride):
+        cuts.cut_at(n, f"{config}, {layout}: unsynced blobs, cut before call {n} "
+                       f"({names[n - 1]})")
+    _report(f"power cut after the first change to an unsynced blob on {config}, {layout}",
+            len(range(first, len(names) + 1, stride)), cuts.stats)
 
 
 @pytest.mark.parametrize("config", ["ext4", "xfs"])

@@ -377,19 +377,21 @@ class Transaction:
                 raise fs.InsufficientSpaceError(needed, available, dest)
 
     def sync_sources(self) -> None:
-        """Make every source that will be moved durable, before the journal exists.
+        """Make every source the write consumes durable, before the journal exists.
 
         A move truncates its source, and recovery reads each source's length
-        as its progress marker. A freshly built blob may still be only in the
-        page cache: a power cut would bring it back empty (seen on ext4 and
-        XFS), taking its unmoved bytes with it and making a partly moved
-        source look fully moved. Synced first, every byte is durable in its
-        source or in the temp file at every instant. The price is one write
-        of the blob's bytes that the page cache would otherwise have dropped.
+        as its progress marker; an insert renames its source into place; a
+        consuming clone deletes it after publish. A freshly built blob may
+        still be only in the page cache: a power cut would bring it back
+        empty (seen on ext4 and XFS), taking its bytes with it, and making a
+        partly moved source look fully moved. Synced first, every byte is
+        durable in its source or in the temp file at every instant. The price
+        is one write of the blob's bytes that the page cache would otherwise
+        have dropped.
         """
         for plans in self.plans.values():
             for _, plan in plans:
-                if plan.placement == "move":
+                if plan.consumed:
                     fd = fs.calls.open(plan.source, os.O_RDONLY | os.O_CLOEXEC)
                     try:
                         fs.calls.fdatasync(fd)
