@@ -484,3 +484,22 @@ def test_recover_in_a_loop_while_another_process_writes_in_the_directory(here_fs
     assert m_pte in (dead.old_content()["m.pte"], dead.new_content()["m.pte"])
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["model.pte", "model.ptd", "m.pte"] + (["m.ptd"] if (out / "m.ptd").exists() else []))
+
+
+def test_recover_removes_capability_probes_of_dead_writers_only(here_fs):
+    # A writer tries operations on scratch files (.trtet-probe-<pid>-...) in
+    # the output directory; killed in that instant, it leaves one behind.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        left = here_fs / f".trtet-probe-{dead.pid}-insert"
+        left.write_bytes(b"")
+        live = here_fs / f".trtet-probe-{alive.pid}-7f00aa"
+        live.write_bytes(b"a link to a blob, say")
+        outcomes = recover(here_fs)
+        assert [(o.journal.name, o.action) for o in outcomes] == [(left.name, "removed stray")]
+        assert not left.exists() and live.exists()
+    finally:
+        alive.kill()
+        alive.wait()

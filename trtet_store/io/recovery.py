@@ -34,6 +34,9 @@ from trtet_store.io.writer import (
 log = logging.getLogger("trtet_store.recovery")
 
 _TEMP = re.compile(r"^\..+\.trtet-([0-9a-f]{16})\.(tmp|old)$")
+# A scratch file of fs.probe_*: a writer tries an operation beside the
+# destination and deletes it at once; killed in that instant, it stays.
+_PROBE = re.compile(r"^\.trtet-probe-(\d+)-")
 _JOURNAL = re.compile(r"^\.(.+)\.trtet-([0-9a-f]{16})\.trtet-journal$")
 
 
@@ -300,6 +303,9 @@ def _publish(plan: Plan) -> None:
 def _remove_strays(directory: Path) -> list[Outcome]:
     """Temp and backup files whose journal is gone were never needed by anyone.
 
+    Nor are destination locks nobody holds, or capability probes of writers
+    that are gone.
+
     A writer creates its journal before its temp file and removes the journal
     only after the temp is renamed or deleted. So the directory is listed
     first and the journals after: a temp file listed while its writer was
@@ -312,13 +318,27 @@ def _remove_strays(directory: Path) -> list[Outcome]:
     outcomes = []
     for f in entries:
         m = _TEMP.match(f.name)
-        if m and m.group(1) not in live:
+        probe = _PROBE.match(f.name)
+        if (m and m.group(1) not in live) or (probe and not _alive(int(probe.group(1)))):
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
         elif not (f.name.endswith(LOCK_SUFFIX) and _remove_unheld_lock(f)):
             continue
         outcomes.append(Outcome(f, "removed stray", [], "no journal or live writer needs it"))
     return outcomes
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a capability probe of a live writer is its own)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remove_unheld_lock(lock_path: Path) -> bool:
