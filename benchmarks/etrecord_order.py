@@ -33,7 +33,7 @@ MiB = 1 << 20
 
 
 def etrecord_first(directory: Path, builder: FakeBuilder) -> dict:
-    """What compile_and_save does: ETRecord before any engine moves, then the program with consume."""
+    """What compile_and_save does: the ETRecord before any engine moves, then a consuming save."""
     module, inputs = linear_relu()
     with PeakDiskMonitor(directory) as mon:
         report = trtet_store.compile_and_save(module, inputs, directory / "m.pte",
