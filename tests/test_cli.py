@@ -304,6 +304,24 @@ def test_verify_run_survives_a_runtime_crash(capsys, tmp_path: Path) -> None:
     assert "while loading method 'forward'" in messages or "failed to load" in messages
 
 
+def test_verify_external_constants(capsys, written, tmp_path: Path) -> None:
+    """Emitter constants in a .ptd: a .pte without segment data, tensors found by name."""
+    from programs import portable_linear_program
+
+    built = portable_linear_program()
+    save_ours(built.manager, tmp_path / "m.pte")
+    ptd = tmp_path / "_default_external_constant.ptd"
+    ins = json.loads(run_cli(capsys, "inspect", tmp_path / "m.pte", "--json")[1])
+    assert ins["external_tensors"] == ["l1.weight", "l1.bias", "l2.weight", "l2.bias"]
+    assert ins["problems"] == []
+    code, out, _err = run_cli(capsys, "verify", tmp_path / "m.pte", "--data", ptd, "--run")
+    assert code == 0, out
+    assert "method forward: loaded" in out
+    code, out, _err = run_cli(capsys, "verify", tmp_path / "m.pte", "--data", written["ptd"])
+    assert code == 1
+    assert "external tensor 'l1.weight' is in neither" in out
+
+
 def test_recover(capsys, tmp_path: Path) -> None:
     code, out, _err = run_cli(capsys, "recover", tmp_path)
     assert code == 0 and "nothing to recover" in out

@@ -314,7 +314,9 @@ def _describe_program(f: Any, program: Any, ins: Inspection, base: int, data_siz
         )
     segs = list(program.segments or [])
     used: dict[int, list[str]] = {i: [] for i in range(len(segs))}
-    if segs and not base:
+    if not base and any(s.size for s in segs):
+        # Empty segments without a header are what ExecuTorch writes when there
+        # is no segment data at all; only data needs a base to be found.
         ins.error(f"{len(segs)} segments, but no segment_base_offset (no extended header)")
     prev_end = 0
     for i, s in enumerate(segs):
