@@ -503,3 +503,27 @@ def test_recover_removes_capability_probes_of_dead_writers_only(here_fs):
     finally:
         alive.kill()
         alive.wait()
+
+
+@pytest.mark.parametrize("case", ["insert host", "copy"])
+def test_a_store_started_before_recovery_keeps_what_the_journal_needs(here_fs, case):
+    # The writer died; the user restarts and a new store opens in the
+    # staging directory before anyone runs recover(). It must leave the dead
+    # store's files that the journal needs, and its lock, so that recovery
+    # can finish or undo the write and the files are collected afterwards.
+    if case == "insert host":  # blob 0 becomes the output file (rename + insert)
+        scn = small_scenario(outputs={"m.pte": [["bytes", 1, 4096], ["blob", 0]]},
+                             blobs=small_scenario().blobs[:1])
+        names = trace(scn, here_fs)
+        assert "fallocate" in names, "no insert here"
+        at = nth(names, "fallocate", 1) + 1  # renamed into place, room inserted
+    else:  # consume=False: the blobs are copied and must survive
+        scn = small_scenario(consume=False)
+        names = trace(scn, here_fs)
+        at = nth(names, "copy_file_range", 3)
+    staging, out, user = die_at(scn, here_fs, at)
+    with BlobStore(staging) as early:
+        assert early.collected == [], early.collected
+    assert actions(recover(out)) in (["rolled back"], ["rolled forward"])
+    check_recovered(scn, staging, out, user)
+    collect_dead_store(staging)

@@ -407,10 +407,16 @@ def collect_stale(directory: Path) -> list[Path]:
                     continue
                 _unlink_quietly(os.fspath(f))
                 removed.append(f)
-            if kept:
-                log.warning("kept %d file(s) of a dead store in %s: an interrupted write "
-                            "still needs them; run `trtet-store recover` on its output "
-                            "directory", len(kept), directory)
+            # A file an interrupted write renamed away (an insert's host) comes
+            # back here when the write is undone: its owner's lock must still
+            # be here then, or nothing would ever collect it.
+            prefix = os.fspath(directory / f"{token}-")
+            away = [p for p in pinned if p.startswith(prefix) and not os.path.exists(p)]
+            if kept or away:
+                log.warning("kept %d file(s) of a dead store in %s (and its lock, for %d "
+                            "more an interrupted write holds): an interrupted write still "
+                            "needs them; run `trtet-store recover` on its output directory",
+                            len(kept), directory, len(away))
             else:
                 _unlink_quietly(os.fspath(lock_path))
         finally:

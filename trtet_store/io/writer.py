@@ -399,7 +399,13 @@ class Transaction:
                         fs.calls.close(fd)
 
     def write_journal(self) -> None:
-        """Record the plan durably, and pin the sources it moves."""
+        """Record the plan durably, and pin the blob files it needs.
+
+        A pin (a symlink to the journal) in each directory holding a blob the
+        write uses tells a store starting there that a journal still needs
+        those files, even when their owner is dead: a move's or an insert's
+        source to give the bytes back, a copy's or a clone's to finish.
+        """
         outputs = []
         for i, out in enumerate(self.outputs):
             if len(self.outputs) > 1:
@@ -413,7 +419,7 @@ class Transaction:
         first = self.outputs[0]
         path = first.dest.with_name(f".{first.dest.name}.trtet-{self.token}.trtet-journal")
         pin_dirs = sorted({os.path.dirname(p.source) for plans in self.plans.values()
-                           for _, p in plans if p.placement == "move"})
+                           for ext, p in plans if isinstance(ext.piece, Blob)})
         pins = [os.path.join(d, f".trtet-pin-{self.token}") for d in pin_dirs]
         plan = Plan(token=self.token, outputs=outputs, pins=pins)
         self.journal = Journal.create(path, plan)
