@@ -50,11 +50,9 @@ import logging
 import os
 import platform
 import random
-import re
 import shutil
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -65,8 +63,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtet_store import loopfs
 from trtet_store.measure import (
     PeakDiskMonitor,
+    current_rss_bytes,
     free_bytes,
     io_counters,
     peak_rss_bytes,
@@ -136,7 +136,7 @@ METRICS: tuple[str, ...] = (
     "rss_growth_bytes",
 )
 _SESSION_PREFIX = "trtet-bench-"
-_SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+_TMPFS_SOURCE = "trtet-bench"
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -512,189 +512,8 @@ class BenchResult:
 # --- the dedicated filesystem ----------------------------------------------------------
 
 
-def _which(tool: str) -> str | None:
-    found = shutil.which(tool)
-    if found:
-        return found
-    for d in _SBIN:
-        candidate = os.path.join(d, tool)
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def _run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
-
-
-def _unescape(field: str) -> str:
-    """Undo /proc/mounts' octal escapes (space, tab, newline, backslash)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _mounts() -> list[tuple[str, str, str]]:
-    """(source, mountpoint, fstype) of every mount."""
-    rows = []
-    with open("/proc/mounts", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3:
-                rows.append((_unescape(parts[0]), _unescape(parts[1]), parts[2]))
-    return rows
-
-
-def _is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    return any(mp == target for _src, mp, _t in _mounts())
-
-
-def _fstype_of(path: Path) -> str:
-    """The type of the filesystem holding ``path`` (longest mount-point prefix)."""
-    real = os.path.realpath(path)
-    best, best_type = "", "unknown"
-    for _src, mp, fstype in _mounts():
-        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
-            best, best_type = mp, fstype
-    return best_type
-
-
-def _loop_devices_for(image: Path) -> list[str]:
-    """Loop devices whose backing file is ``image`` (also when it was deleted)."""
-    target = os.path.realpath(image)
-    found = []
-    for entry in sorted(Path("/sys/block").glob("loop*")):
-        try:
-            backing = (entry / "loop" / "backing_file").read_text().strip()
-        except OSError:
-            continue
-        if backing.removesuffix(" (deleted)") == target:
-            found.append(f"/dev/{entry.name}")
-    return found
-
-
-def _unmount(mountpoint: Path) -> str | None:
-    """Unmount, retrying while busy, lazily as a last resort; return an error or None."""
-    umount = _which("umount") or "umount"
-    err = ""
-    for attempt in range(6):
-        if not _is_mounted(mountpoint):
-            return None
-        proc = _run([umount, os.fspath(mountpoint)])
-        if proc.returncode == 0:
-            return None
-        err = proc.stderr.strip()
-        time.sleep(0.1 * (attempt + 1))
-    proc = _run([umount, "-l", os.fspath(mountpoint)])
-    if proc.returncode != 0 and _is_mounted(mountpoint):
-        return f"cannot unmount {mountpoint}: {err}"
-    return None
-
-
-def _teardown(session: Path, mountpoint: Path, image: Path | None) -> list[str]:
-    """Unmount, detach the loop device, delete the image and the session directory."""
-    problems = []
-    err = _unmount(mountpoint)
-    if err:
-        problems.append(err)
-    if image is not None:
-        losetup = _which("losetup") or "losetup"
-        for dev in _loop_devices_for(image):
-            _run([losetup, "-d", dev])
-        for _ in range(40):
-            if not _loop_devices_for(image):
-                break
-            time.sleep(0.05)
-        else:
-            problems.append(f"loop device still attached to {image}: {_loop_devices_for(image)}")
-        with contextlib.suppress(FileNotFoundError):
-            image.unlink()
-    if not err:
-        shutil.rmtree(session, ignore_errors=True)
-    return problems
-
-
-def _process_start(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _cleanup_stale_sessions(root: Path) -> None:
-    """Tear down benchmark filesystems left by a benchmark that was killed."""
-    for session in sorted(root.glob(_SESSION_PREFIX + "*")):
-        try:
-            pid_text, start = (session / "owner").read_text().split()
-            if _process_start(int(pid_text)) == start:
-                continue  # a live benchmark
-        except (OSError, ValueError):
-            try:
-                if time.time() - session.stat().st_mtime < 3600:
-                    continue
-            except OSError:
-                continue
-        log.info("removing a stale benchmark filesystem in %s", session)
-        image = session / "fs.img"
-        _teardown(session, session / "mnt", image)
-
-
-def _make_fs(session: Path, fstype: str, size: int) -> tuple[Path, Path | None, str | None]:
-    """Format and mount one filesystem of ``size`` bytes; return (mountpoint, image, device)."""
-    mnt = session / "mnt"
-    mnt.mkdir()
-    mount = _which("mount")
-    if mount is None:
-        raise BenchError("the mount tool is missing (Debian package: mount)")
-    size_mib = max(1, -(-size // MiB))
-    if fstype == "tmpfs":
-        argv = [mount, "-t", "tmpfs", "-o", f"size={size_mib}m", "trtet-bench", os.fspath(mnt)]
-        proc = _run(argv)
-        if proc.returncode != 0:
-            mnt.rmdir()
-            raise BenchError(f"mounting tmpfs failed: {proc.stderr.strip()}")
-        return mnt, None, "tmpfs"
-    mkfs = {
-        # No lazy inode-table init: its background writes would disturb timings.
-        "ext4": [
-            "mkfs.ext4",
-            "-q",
-            "-m",
-            "0",
-            "-F",
-            "-b",
-            "4096",
-            "-E",
-            "lazy_itable_init=0,lazy_journal_init=0",
-        ],
-        "xfs": ["mkfs.xfs", "-q", "-f", "-m", "reflink=1"],
-        "btrfs": ["mkfs.btrfs", "-q", "-f"],
-    }[fstype]
-    tool = _which(mkfs[0])
-    if tool is None:
-        mnt.rmdir()
-        pkg = {"ext4": "e2fsprogs", "xfs": "xfsprogs", "btrfs": "btrfs-progs"}[fstype]
-        raise BenchError(f"{mkfs[0]} is missing (Debian package: {pkg})")
-    image = session / "fs.img"
-    with open(image, "wb") as f:
-        f.truncate(size_mib * MiB)  # sparse; _warm_up writes it once before measuring
-    proc = _run([tool, *mkfs[1:], os.fspath(image)])
-    if proc.returncode != 0:
-        image.unlink()
-        mnt.rmdir()
-        raise BenchError(f"{mkfs[0]} failed: {(proc.stderr or proc.stdout).strip()}")
-    proc = _run([mount, "-t", fstype, "-o", "loop", os.fspath(image), os.fspath(mnt)])
-    if proc.returncode != 0:
-        for dev in _loop_devices_for(image):
-            _run([_which("losetup") or "losetup", "-d", dev])
-        image.unlink()
-        mnt.rmdir()
-        raise BenchError(f"mounting {fstype} failed: {proc.stderr.strip()}")
-    real = os.path.realpath(mnt)
-    device = next((src for src, mp, _t in _mounts() if mp == real), None)
-    return mnt, image, device
+#: ext4 without lazy inode-table init: its background writes would disturb timings.
+_MKFS_OPTIONS: dict[str, list[str]] = {"ext4": ["-E", "lazy_itable_init=0,lazy_journal_init=0"]}
 
 
 def _warm_up(path: Path, keep_free: int = 64 * MiB) -> None:
@@ -732,7 +551,6 @@ def _warm_up(path: Path, keep_free: int = 64 * MiB) -> None:
 
 #: Filesystem overhead guesses (fraction usable, fixed MiB lost) for the first try.
 _OVERHEAD = {"ext4": (0.92, 8), "xfs": (0.98, 110), "btrfs": (0.97, 130), "tmpfs": (1.0, 0)}
-_MIN_MIB = {"ext4": 8, "xfs": 300, "btrfs": 114, "tmpfs": 1}
 
 
 @contextlib.contextmanager
@@ -786,7 +604,7 @@ def bench_filesystem(
     base.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=".trtet-bench-", dir=base))
     try:
-        real_type = _fstype_of(path)
+        real_type = loopfs.fstype_of(path)
         free = free_bytes(path)
         shared = (
             f"measured in a temp directory on the shared {real_type} filesystem of {base}: "
@@ -810,65 +628,46 @@ class _Unavailable(Exception):
 def _dedicated(
     fstype: str, min_free: int, max_free: int | None, size: int | None, image_dir: Path | None
 ) -> Iterator[BenchFilesystem]:
-    root = Path(image_dir or os.environ.get("TRTET_FS_ROOT") or "/var/tmp")
-    root.mkdir(parents=True, exist_ok=True)
-    _cleanup_stale_sessions(root)
-    session = Path(tempfile.mkdtemp(prefix=_SESSION_PREFIX, dir=root))
-    pid = os.getpid()
-    (session / "owner").write_text(f"{pid} {_process_start(pid)}\n")
-    mnt: Path | None = None
-    image: Path | None = None
+    factory = loopfs.FilesystemFactory(
+        image_dir, prefix=_SESSION_PREFIX, tmpfs_source=_TMPFS_SOURCE
+    )
+    for stale in factory.stale_cleaned:
+        log.info("removed a stale benchmark filesystem in %s", stale)
+    min_bytes = loopfs.MIN_SIZE_MIB[fstype] * MiB
     try:
         target = min_free if max_free is None else (min_free + max_free) // 2
         frac, fixed = _OVERHEAD[fstype]
-        guess = size or max(int(target / frac) + fixed * MiB, _MIN_MIB[fstype] * MiB)
+        guess = size or max(int(target / frac) + fixed * MiB, min_bytes)
         for _attempt in range(4):
             try:
-                mnt, image, device = _make_fs(session, fstype, guess)
-            except BenchError as exc:
+                mnt = factory.make(
+                    fstype, max(1, -(-guess // MiB)), mkfs_options=_MKFS_OPTIONS.get(fstype)
+                )
+            except (loopfs.FilesystemUnavailable, ValueError) as exc:
                 raise _Unavailable(str(exc)) from None
             free = free_bytes(mnt)
             fits = free >= min_free and (max_free is None or free <= max_free)
             if size is not None or fits:
                 break
             # Resize by what was missed, and try again.
-            problems = _teardown_keep_session(mnt, image)
-            mnt = image = None
+            problems = factory.release(mnt)
             if problems:
                 raise BenchError("; ".join(problems))
-            guess = max(guess + (target - free) + MiB, _MIN_MIB[fstype] * MiB)
+            guess = max(guess + (target - free) + MiB, min_bytes)
         else:
             raise BenchError(
                 f"could not size a {fstype} filesystem to {format_size(min_free)}"
                 + (f"..{format_size(max_free)}" if max_free is not None else "")
                 + " free"
             )
-        os.chmod(mnt, 0o777)
         if fstype != "tmpfs":
             _warm_up(mnt)
+        device = "tmpfs" if fstype == "tmpfs" else factory.mounted_at(mnt).loop_device
         yield BenchFilesystem(mnt, fstype, True, guess, free, device, "")
     finally:
-        problems = []
-        if mnt is not None:
-            problems = _teardown(session, mnt, image)
-        else:
-            shutil.rmtree(session, ignore_errors=True)
+        problems = factory.close()
         if problems:
             log.error("benchmark filesystem teardown: %s", "; ".join(problems))
-
-
-def _teardown_keep_session(mnt: Path, image: Path | None) -> list[str]:
-    err = _unmount(mnt)
-    if err:
-        return [err]
-    if image is not None:
-        for dev in _loop_devices_for(image):
-            _run([_which("losetup") or "losetup", "-d", dev])
-        with contextlib.suppress(FileNotFoundError):
-            image.unlink()
-    with contextlib.suppress(OSError):
-        mnt.rmdir()
-    return []
 
 
 # --- the program -------------------------------------------------------------------
@@ -1047,17 +846,6 @@ class _LogCapture(logging.Handler):
             self.messages.append(record.getMessage())
 
 
-def _current_rss() -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _expected_outputs(program: Any, out: Path) -> dict[str, int]:
     """File name -> size of every output of ``program`` (the Cords' lengths)."""
     from trtet_store.export import _executorch_private as priv
@@ -1187,7 +975,7 @@ def _run_method(
     reports: list[Any] = []
     mon = PeakDiskMonitor(fs.path, use_syncfs=use_syncfs)
     with mon:
-        rss_before = _current_rss()
+        rss_before = current_rss_bytes()
         result.rss_reset = reset_peak_rss()
         io_before = io_counters()["write_bytes"]
         t0 = time.perf_counter()

@@ -22,6 +22,8 @@ from types import TracebackType
 __all__ = [
     "PeakDiskMonitor",
     "bytes_written",
+    "current_rss_bytes",
+    "drop_caches",
     "free_bytes",
     "io_counters",
     "peak_rss_bytes",
@@ -73,6 +75,33 @@ def syncfs(path: str | os.PathLike[str]) -> None:
             raise OSError(err, f"syncfs: {os.strerror(err)}", os.fspath(path))
     finally:
         os.close(fd)
+
+
+def _write_proc(path: str, text: str) -> bool:
+    """Write ``text`` to a ``/proc`` control file; False if it is not writable here."""
+    try:
+        with open(path, "w", encoding="ascii") as f:
+            f.write(text)
+    except OSError:
+        return False
+    return True
+
+
+def drop_caches(path: str | os.PathLike[str] | None = None) -> bool:
+    """Flush dirty data and drop the page cache, so reads hit the device.
+
+    Args:
+        path: If given, also ``syncfs`` this filesystem (btrfs needs it for
+            ``statvfs`` to be current).
+
+    Returns:
+        True if the caches were dropped; False if ``/proc/sys/vm/drop_caches``
+        is not writable here (not root, read-only /proc). The sync happens either way.
+    """
+    os.sync()
+    if path is not None:
+        syncfs(path)
+    return _write_proc("/proc/sys/vm/drop_caches", "3\n")
 
 
 def _quiesce(
@@ -330,12 +359,19 @@ def reset_peak_rss() -> bool:
         False if it is unavailable, in which case the peak stays the one since
         process start.
     """
+    return _write_proc("/proc/self/clear_refs", "5")
+
+
+def _status_bytes(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (such as ``VmRSS``) in bytes, or None."""
     try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
     except OSError:
-        return False
-    return True
+        pass
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -347,12 +383,14 @@ def peak_rss_bytes() -> int:
     Returns:
         Peak RSS in bytes.
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = _status_bytes("VmHWM")
+    if peak is not None:
+        return peak
     # Linux reports ru_maxrss in KiB.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    """Return this process's resident set size now (``VmRSS``), in bytes; 0 if unknown."""
+    rss = _status_bytes("VmRSS")
+    return 0 if rss is None else rss
