@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -105,11 +106,8 @@ def test_fault_at_every_call_of_a_clone_loses_nothing(make_fs):
     assert [p.placement for p in report.placements] == ["clone", "clone"]
     total = count_calls(run)
     for n in range(1, total + 1):
-        with FaultInjector(fail_at=n, mode="eio") as inj:
-            try:
-                run()
-            except OSError:
-                pass
+        with FaultInjector(fail_at=n, mode="eio") as inj, contextlib.suppress(OSError):
+            run()
         assert inj.fired
         assert dest.read_bytes() in (b"old", new), f"call {n} ({inj.fired})"
         assert [digest(b.path) for b in blobs] == digests
