@@ -246,14 +246,20 @@ class Scenario:
         return write_files(outputs, consume=self.consume, chunk_size=self.write_chunk, **kwargs)
 
 
-def kill_scenario(pristine: Path | None = None, *, scale: int = MiB) -> Scenario:
+def kill_scenario(pristine: Path | None = None, *, scale: int = MiB,
+                  aligned: bool = False) -> Scenario:
     """The kill tests' write: two outputs from five blobs (64 MiB at the default scale)
-    and a user file, small chunks so that there are hundreds of chunk boundaries."""
+    and a user file, small chunks so that there are hundreds of chunk boundaries.
+
+    Unaligned, every blob is moved. Aligned, model.pte's 4 KiB header lets its
+    largest blob host it (insert) where the filesystem can insert ranges.
+    """
     sizes = [20 * scale + 123, 17 * scale + 4097, 13 * scale, 9 * scale + 1, 5 * scale + 77]
     return Scenario(
         blobs=[(100 + i, n) for i, n in enumerate(sizes)],
         outputs={
-            "model.pte": [["bytes", 1, 4096], ["blob", 0], ["bytes", 2, 3000], ["blob", 1],
+            "model.pte": [["bytes", 1, 4096 if aligned else 4000], ["blob", 0],
+                          ["bytes", 2, 3000], ["blob", 1],
                           ["ext", "user.bin"], ["bytes", 3, 100]],
             "model.ptd": [["bytes", 4, 64], ["blob", 2], ["blob", 3], ["bytes", 5, 17],
                           ["blob", 4]],
@@ -459,6 +465,10 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs in a subproc
     logging.getLogger("trtet_store.writer").addHandler(Announce(logging.WARNING))
     logging.getLogger("trtet_store.writer").setLevel(logging.WARNING)
     _store, blobs = scn.stage(staging)
+    for blob in blobs:  # built long ago: the kills should land in the write, not in its sync
+        fd = os.open(blob.path, os.O_RDONLY)
+        os.fdatasync(fd)
+        os.close(fd)
     print("ready", flush=True)
     try:
         scn.write(out, user, blobs)
