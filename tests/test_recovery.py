@@ -112,6 +112,10 @@ def test_recover_rolls_back_when_finishing_a_move_finds_a_changed_source(here_fs
     outcomes = recover(out)
     assert actions(outcomes) == ["rolled back"], outcomes
     assert "does not match the digest" in outcomes[0].detail
+    # It says where the blobs are: their store died with the writer.
+    for path in crashkit.blob_files(staging).values():
+        assert str(path) in outcomes[0].detail
+    assert "BlobStore.adopt" in outcomes[0].detail
     assert check_recovered(scn, staging, out, user) == "old"
     assert recover(out) == []
     collect_dead_store(staging)

@@ -207,6 +207,16 @@ def _recover_one(journal: Journal) -> Outcome:
             journal.mark(ROLLING_BACK)
         undo(plan)
         action = "rolled back"
+        back = sorted({p.source for o in plan.outputs for p in o.payloads if p.consumed})
+        if back:
+            # The writer died, and its store with it: the next store opened in
+            # that directory would collect these as stale. Say where they are.
+            detail += (f"; the blobs it was consuming are back in place, as they were: "
+                       f"{', '.join(back)}; their store is gone, so adopt them "
+                       "(BlobStore.adopt) to use them again before a new store in that "
+                       "directory collects them")
+            log.warning("rolled back the interrupted write of %s; %s", ", ".join(outputs),
+                        detail)
     if action == "rolled forward":
         finish(plan)
     journal.remove()
