@@ -531,3 +531,17 @@ def test_a_store_started_before_recovery_keeps_what_the_journal_needs(here_fs, c
     assert actions(recover(out)) in (["rolled back"], ["rolled forward"])
     check_recovered(scn, staging, out, user)
     collect_dead_store(staging)
+
+
+def test_trtet_store_recover_command_finishes_an_interrupted_write(here_fs):
+    scn = small_scenario()
+    names = trace(scn, here_fs)
+    staging, out, user = die_at(scn, here_fs, move_truncation(names, 4) + 1)
+    cli = [sys.executable, "-m", "trtet_store.cli", "recover", os.fspath(out)]
+    first = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "rolled forward" in first.stdout or "rolled back" in first.stdout, first.stdout
+    again = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "nothing to recover" in again.stdout, again.stdout
+    check_recovered(scn, staging, out, user)
+    collect_dead_store(staging)
