@@ -12,6 +12,7 @@ import fcntl
 import os
 import stat
 import struct
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,39 +184,51 @@ def fs_identity(path: os.PathLike | str) -> tuple[int, int]:
     return os.stat(path).st_dev, os.statvfs(path).f_fsid
 
 
+def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,
+                      fails: str) -> tuple[bool, str]:
+    """Try ``attempt(scratch_fd)`` on a scratch file in ``directory``; cache the verdict.
+
+    ``fails`` is formatted with the error's text. Only "not possible here"
+    errors are a verdict; any other error is raised.
+    """
+    known = capabilities.get(key)
+    if known is not None:
+        return known
+    probe = directory / f".trtet-probe-{os.getpid()}-{key[0]}-{uuid.uuid4().hex[:8]}"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        attempt(fd)
+    except OSError as exc:
+        if exc.errno not in UNSUPPORTED_ERRNOS:
+            raise
+        result = (False, fails.format(os.strerror(exc.errno)))
+    else:
+        result = (True, works)
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    capabilities.put(key, *result)
+    return result
+
+
 def probe_clone(source: Path, dest_dir: Path) -> tuple[bool, str]:
     """Whether blocks of ``source`` can be shared into a file in ``dest_dir``, by trying it.
 
     Clones one block of the source into a scratch file (no data is copied,
     no space is used) and deletes it.
     """
-    key = ("clone", fs_identity(source), fs_identity(dest_dir))
-    known = capabilities.get(key)
-    if known is not None:
-        return known
     bs = block_size(dest_dir)
     if os.stat(source).st_size < bs:
         return False, f"the payload is smaller than one block ({bs} bytes)"
-    probe = dest_dir / f".trtet-probe-{os.getpid()}-{id(source):x}"
     src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        dst = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            clone_range(src, 0, bs, dst, 0)
-        except OSError as exc:
-            if exc.errno not in UNSUPPORTED_ERRNOS:
-                raise
-            result = (False, f"reflink not possible from {source.parent} to {dest_dir} "
-                             f"(FICLONERANGE: {os.strerror(exc.errno)})")
-        else:
-            result = (True, f"{source.parent} and {dest_dir} share a reflink filesystem")
-        finally:
-            os.close(dst)
-            os.unlink(probe)
+        return _probe_on_scratch(
+            ("clone", fs_identity(source), fs_identity(dest_dir)), dest_dir,
+            lambda fd: clone_range(src, 0, bs, fd, 0),
+            f"{source.parent} and {dest_dir} share a reflink filesystem",
+            f"reflink not possible from {source.parent} to {dest_dir} (FICLONERANGE: {{}})")
     finally:
         os.close(src)
-    capabilities.put(key, *result)
-    return result
 
 
 def probe_insert_range(directory: Path) -> tuple[bool, str]:
@@ -223,28 +236,16 @@ def probe_insert_range(directory: Path) -> tuple[bool, str]:
 
     Tried on a sparse scratch file, which costs no space.
     """
-    key = ("insert", fs_identity(directory))
-    known = capabilities.get(key)
-    if known is not None:
-        return known
     bs = block_size(directory)
-    probe = directory / f".trtet-probe-{os.getpid()}-insert"
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
+
+    def attempt(fd: int) -> None:
         os.ftruncate(fd, 2 * bs)
         fallocate(fd, FALLOC_FL_INSERT_RANGE, 0, bs)
-    except OSError as exc:
-        if exc.errno not in UNSUPPORTED_ERRNOS:
-            raise
-        result = (False, f"{directory} cannot insert ranges (fallocate INSERT_RANGE: "
-                         f"{os.strerror(exc.errno)})")
-    else:
-        result = (True, f"{directory} can insert ranges at the front of a file")
-    finally:
-        os.close(fd)
-        os.unlink(probe)
-    capabilities.put(key, *result)
-    return result
+
+    return _probe_on_scratch(
+        ("insert", fs_identity(directory)), directory, attempt,
+        f"{directory} can insert ranges at the front of a file",
+        f"{directory} cannot insert ranges (fallocate INSERT_RANGE: {{}})")
 
 
 def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
@@ -310,6 +311,21 @@ def clone_range(src_fd: int, src_offset: int, length: int, dst_fd: int, dst_offs
     """
     fcntl.ioctl(dst_fd, FICLONERANGE,
                 _CLONE_RANGE.pack(src_fd, src_offset, length, dst_offset))
+
+
+def allocate(fd: int, offset: int, length: int) -> None:
+    """Allocate exactly ``[offset, offset+length)`` before writing it.
+
+    An exact request keeps ext4 from rounding a write's allocation up and
+    preallocating past it (seen as a second chunk of transient disk use
+    during a move), and a full disk fails here, before any byte is written.
+    Where the filesystem cannot preallocate, the write allocates as usual.
+    """
+    try:
+        calls.fallocate(fd, 0, offset, length)
+    except OSError as exc:
+        if exc.errno not in UNSUPPORTED_ERRNOS:
+            raise
 
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:

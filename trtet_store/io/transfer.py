@@ -208,6 +208,7 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
         start = (length - 1) // step * step
         data = fs.pread_exact(src_fd, length - start, start, src_path)
         verify_chunks(data, start, digest_chunk, digests, f"source {src_path}", src_path)
+        fs.allocate(dst_fd, dst_offset + start, length - start)
         fs.pwrite_all(dst_fd, data, dst_offset + start)
         fs.calls.fdatasync(dst_fd)
         fs.calls.ftruncate(src_fd, start)
