@@ -75,6 +75,7 @@ class PowerCuts:
         self.staged = scn.staged_digests()
         self.new = {k: crashkit.digest(v) for k, v in scn.new_content().items()}
         self.stats: collections.Counter = collections.Counter()
+        self.placements = ""
 
     def trace(self) -> list[str]:
         """The calls of an uninterrupted write (in a child, as the cuts will run it)."""
@@ -84,11 +85,12 @@ class PowerCuts:
         def child():
             _store, blobs = self.scn.stage(staging)
             with CallHook(None, crashkit.die) as hook:
-                self.scn.write(out, user, blobs)
-            names_file.write_text("\n".join(hook.names))
+                reports = self.scn.write(out, user, blobs)
+            used = sorted({p.placement for r in reports for p in r.placements})
+            names_file.write_text("+".join(used) + "\n" + "\n".join(hook.names))
 
         assert in_child(child) == 0
-        names = names_file.read_text().split("\n")
+        self.placements, *names = names_file.read_text().split("\n")
         names_file.unlink()
         assert check_recovered(self.scn, staging, out, user, staged=self.staged,
                                new=self.new, where="uninterrupted") == "new"
@@ -172,21 +174,9 @@ def test_power_cut_at_every_step_loses_nothing(make_fs, fs_factory, config, layo
     for n in range(1, len(names) + 1):
         cuts.cut_at(n, f"{config}: cut before call {n} ({names[n - 1]})")
     assert cuts.cut_at(None, f"{config}: cut after the write returned") == "new"
-    _report(f"power cut at every step on {config}, {layout}: {placements(names)}",
+    _report(f"power cut at every step on {config}, {layout} ({cuts.placements})",
             len(names) + 1, cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
-
-
-def placements(names: list[str]) -> str:
-    """What a call trace says about the placements used."""
-    kinds = []
-    if "clone_range" in names:
-        kinds.append("clone")
-    if "fallocate" in names:
-        kinds.append("insert")
-    if _move_steps(names):
-        kinds.append("move")
-    return "+".join(kinds)
 
 
 def _move_steps(names: list[str]) -> list[int]:
