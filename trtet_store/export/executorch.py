@@ -412,9 +412,14 @@ def save_program(
     list of WriteReport
         The ``.pte`` first, then the ``.ptd`` files.
     """
+    layouts = program_layouts(program, path, outdir, consume=consume, store=store)
+    return _write(layouts, consume, chunk_size, progress, placements)
+
+
+def _write(layouts: list, consume: bool, chunk_size: int | None, progress: Any,
+           placements: Any) -> list[Any]:
     from trtet_store.io.writer import write_files
 
-    layouts = program_layouts(program, path, outdir, consume=consume, store=store)
     return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
                        placements=placements)
 
@@ -433,11 +438,8 @@ def save(
 
     Returns the WriteReport. See :func:`save_program` for the parameters.
     """
-    from trtet_store.io.writer import write_files
-
     layouts = program_layouts(program, path, consume=consume, store=store, include_ptd=False)
-    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
-                       placements=placements)[0]
+    return _write(layouts, consume, chunk_size, progress, placements)[0]
 
 
 def write_tensor_data(
@@ -455,13 +457,10 @@ def write_tensor_data(
     What ``write_tensor_data_to_file(outdir)`` writes, with tags validated
     first. Returns one WriteReport per file ([] when the program has none).
     """
-    from trtet_store.io.writer import write_files
-
     layouts = ptd_layouts(program, outdir, consume=consume, store=store)
     if not layouts:
         return []
-    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
-                       placements=placements)
+    return _write(layouts, consume, chunk_size, progress, placements)
 
 
 # --- handing our blobs to ExecuTorch ------------------------------------------------
