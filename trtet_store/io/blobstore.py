@@ -23,7 +23,7 @@ from pathlib import Path
 
 import xxhash
 
-from trtet_store.io import fs
+from trtet_store.io import fs, pagecache
 
 log = logging.getLogger("trtet_store.blobstore")
 
@@ -156,6 +156,7 @@ class BlobWriter:
         self._part = final.with_name(final.name[: -len(BLOB_SUFFIX)] + PART_SUFFIX)
         self._fd = os.open(self._part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._digester = Digester(store.chunk_size)
+        self._behind = pagecache.DropBehind(self._fd) if store.drop_behind else None
         self.blob: Blob | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
@@ -163,9 +164,13 @@ class BlobWriter:
         offset = self._digester.size
         fs.pwrite_all(self._fd, data, offset)
         self._digester.update(data)
+        if self._behind is not None:
+            self._behind.advance(self._digester.size)
         return len(data)
 
     def _seal(self) -> Blob:
+        if self._behind is not None:
+            self._behind.finish(self._digester.size)
         os.close(self._fd)
         self._fd = -1
         os.rename(self._part, self._final)
@@ -194,6 +199,13 @@ class BlobStore:
     chunk_size : int
         The span of each per-chunk digest. A move places a blob in multiples
         of it, so it bounds how finely a crash can interrupt a move.
+    drop_behind : bool
+        Write blobs back and drop them from the page cache while they are
+        written, and drop adopted files once digested (see
+        :mod:`trtet_store.io.pagecache`). On by default: a staged engine is
+        only placed, never read again, and a cached one makes ext4's insert
+        placement cost time in proportion to its size. Turn it off to read
+        blobs back right after writing them.
 
     Examples
     --------
@@ -205,7 +217,7 @@ class BlobStore:
     """
 
     def __init__(self, directory: os.PathLike | str | None = None, *,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, drop_behind: bool = True) -> None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if directory is None:
@@ -214,6 +226,7 @@ class BlobStore:
         self.directory = Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.chunk_size = chunk_size
+        self.drop_behind = drop_behind
         self.token = uuid.uuid4().hex[:16]
         self._seq = 0
         self._mutex = threading.Lock()
@@ -286,7 +299,7 @@ class BlobStore:
             log.info("adopt %s: other filesystem than %s, copying", src, self.directory)
             return self._copy_in(src)
         try:
-            digest, chunks, size = _digest_file(dest, self.chunk_size)
+            digest, chunks, size = _digest_file(dest, self.chunk_size, self.drop_behind)
         except BaseException:
             os.rename(dest, src)
             raise
@@ -339,11 +352,14 @@ def _release_store(lock_fd: int, lock_path: str) -> None:
         os.close(lock_fd)
 
 
-def _digest_file(path: Path, chunk_size: int) -> tuple[str, tuple[int, ...], int]:
+def _digest_file(path: Path, chunk_size: int,
+                 drop_cached: bool) -> tuple[str, tuple[int, ...], int]:
     d = Digester(chunk_size)
     with open(path, "rb") as f:
         while chunk := f.read(max(chunk_size, 1 << 20)):
             d.update(chunk)
+        if drop_cached:
+            pagecache.drop(f.fileno(), 0, 0)
     digest, chunks = d.finish()
     return digest, chunks, d.size
 

@@ -44,6 +44,8 @@ class Syscalls:
     unlink: object = field(default=os.unlink)
     fallocate: object = field(default=lambda *a: fallocate(*a))
     clone_range: object = field(default=lambda *a: clone_range(*a))
+    sync_file_range: object = field(default=lambda *a: sync_file_range(*a))
+    fadvise: object = field(default=os.posix_fadvise)
 
 
 calls = Syscalls()
@@ -274,27 +276,43 @@ def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
     return result
 
 
-_libc = None
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 FALLOC_FL_COLLAPSE_RANGE = 0x08
 FALLOC_FL_INSERT_RANGE = 0x20
+SYNC_FILE_RANGE_WAIT_BEFORE = 0x01
+SYNC_FILE_RANGE_WRITE = 0x02
+SYNC_FILE_RANGE_WAIT_AFTER = 0x04
+
+_libc = None
+
+
+def _c_call(name: str, *args: int) -> None:
+    """Call libc's ``name`` with integer arguments; a nonzero return raises OSError."""
+    import ctypes
+
+    global _libc
+    if _libc is None:
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_uint]
+        _libc = libc
+    if getattr(_libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
     """``fallocate(2)`` with mode flags, which ``os.posix_fallocate`` cannot pass."""
-    global _libc
-    if _libc is None:
-        import ctypes
-        import ctypes.util
+    _c_call("fallocate", fd, mode, offset, length)
 
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    if _libc.fallocate(fd, mode, offset, length) != 0:
-        import ctypes
 
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+def sync_file_range(fd: int, offset: int, length: int, flags: int) -> None:
+    """``sync_file_range(2)``, which the ``os`` module does not offer."""
+    _c_call("sync_file_range", fd, offset, length, flags)
 
 
 # struct file_clone_range { s64 src_fd; u64 src_offset, src_length, dest_offset; }

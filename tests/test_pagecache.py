@@ -1,0 +1,146 @@
+"""Write-behind and drop-behind: staged blobs leave the page cache, and nothing is lost.
+
+Residency is read with util-linux's ``fincore`` (``mincore(2)``) on real
+loop-mounted filesystems and tmpfs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+
+import pytest
+import xxhash
+from faults import FaultInjector
+
+from trtet_store import BlobStore
+from trtet_store.io import fs, pagecache
+
+MiB = 1 << 20
+
+
+def resident(path: os.PathLike | str) -> int:
+    """Bytes of ``path`` in the page cache."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
+                          os.fspath(path)], check=True, capture_output=True, text=True)
+    return int(out.stdout.strip())
+
+
+def write_blob(store: BlobStore, size: int, seen: list[int] | None = None):
+    """Stream ``size`` pseudo-random bytes in 1 MiB writes; returns (blob, xxh3-128 digest)."""
+    block = os.urandom(MiB)
+    h = xxhash.xxh3_128()
+    with store.writer() as w:
+        for i in range(size // MiB):
+            piece = i.to_bytes(8, "little") + block[8:]
+            w.write(piece)
+            h.update(piece)
+            if seen is not None:
+                seen.append(resident(w._part))
+    return w.blob, h.hexdigest()
+
+
+def file_digest(path: os.PathLike | str) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(MiB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("fstype", ["ext4", "xfs", "btrfs"])
+def test_a_staged_blob_leaves_the_page_cache_as_it_is_written(make_fs, fstype):
+    root = make_fs(fstype, 512)
+    seen: list[int] = []
+    with BlobStore(root / "staging") as store:
+        blob, digest = write_blob(store, 64 * MiB, seen)
+        # The window being filled, the one being written back, and the write
+        # in flight: never the whole blob.
+        assert max(seen) <= 2 * pagecache.WINDOW + MiB, seen
+        assert resident(blob.path) == 0
+        assert blob.digest == digest == file_digest(blob.path)
+
+
+def test_without_drop_behind_the_blob_stays_cached(make_fs):
+    root = make_fs("ext4", 256)
+    with BlobStore(root / "staging", drop_behind=False) as store:
+        blob, digest = write_blob(store, 32 * MiB)
+        assert resident(blob.path) == 32 * MiB
+        assert file_digest(blob.path) == digest
+
+
+def test_a_blob_smaller_than_a_window_is_left_cached(make_fs):
+    # Waiting for a small blob's writeback would cost more than its pages.
+    root = make_fs("ext4", 256)
+    with BlobStore(root / "staging") as store:
+        blob, digest = write_blob(store, 4 * MiB)
+        assert resident(blob.path) == 4 * MiB
+        assert file_digest(blob.path) == digest
+
+
+def test_tmpfs_blobs_are_intact(make_fs):
+    # tmpfs pages are the file: dropping must not (and cannot) discard them.
+    root = make_fs("tmpfs", 128)
+    with BlobStore(root / "staging") as store:
+        blob, digest = write_blob(store, 40 * MiB)
+        assert resident(blob.path) == 40 * MiB
+        assert file_digest(blob.path) == digest == blob.digest
+
+
+def test_adopt_drops_the_adopted_file_once_digested(make_fs):
+    root = make_fs("ext4", 256)
+    src = root / "engine.bin"
+    data = os.urandom(24 * MiB)
+    src.write_bytes(data)  # dirty: adopt has to write it back to drop it
+    assert resident(src) == len(data)
+    with BlobStore(root / "staging") as store:
+        blob = store.adopt(src)
+        assert resident(blob.path) == 0
+        assert blob.digest == xxhash.xxh3_128_hexdigest(data) == file_digest(blob.path)
+
+
+@pytest.mark.parametrize("call", ["sync_file_range", "fadvise"])
+def test_a_writeback_error_fails_the_writer_and_leaves_nothing(make_fs, call):
+    # sync_file_range consumes the file's error state: a later fsync would not
+    # report the lost pages, so the writer must.
+    root = make_fs("ext4", 256)
+    staging = root / "staging"
+    with BlobStore(staging) as store:
+        before = sorted(p.name for p in staging.iterdir())
+        with FaultInjector(fail_at=1, only=frozenset({call})) as inj, \
+                pytest.raises(OSError) as info:
+            write_blob(store, 32 * MiB)
+        assert inj.fired == call
+        assert info.value.errno == errno.EIO
+        assert sorted(p.name for p in staging.iterdir()) == before
+        assert store.blobs() == []
+
+
+def test_a_file_that_cannot_write_behind_is_written_normally(make_fs, monkeypatch):
+    root = make_fs("ext4", 256)
+    tried = []
+
+    def unsupported(*args):
+        tried.append(args)
+        raise OSError(errno.ESPIPE, os.strerror(errno.ESPIPE))
+
+    monkeypatch.setattr(fs.calls, "sync_file_range", unsupported)
+    with BlobStore(root / "staging") as store:
+        blob, digest = write_blob(store, 32 * MiB)
+        assert len(tried) == 1  # given up on the first refusal, not retried per window
+        assert blob.digest == digest == file_digest(blob.path)
+
+
+def test_drop_behind_rejects_a_nonpositive_window():
+    with pytest.raises(ValueError, match="window"):
+        pagecache.DropBehind(0, window=0)
+
+
+def test_drop_reports_files_that_cannot_drop():
+    r, w = os.pipe()
+    try:
+        assert pagecache.drop(w, 0, 0) is False
+    finally:
+        os.close(r)
+        os.close(w)

@@ -1,0 +1,119 @@
+"""Keeping staged payloads out of the page cache: write-behind and drop-behind.
+
+A staged engine is written once and then only placed, never read by us again.
+Left in the page cache it costs twice:
+
+- a blob of tens of GiB evicts everything else the machine had cached, and
+  sits dirty in memory until writeback catches up with it;
+- ext4's ``FALLOC_FL_INSERT_RANGE`` writes back and drops every cached page
+  of the file beyond the insert offset (``truncate_pagecache``), so an insert
+  placement into a fully cached 4 GiB blob took 0.37 s here and into an
+  uncached one under a millisecond: the one placement that should cost the
+  same at every size would grow with it.
+
+So a blob's writer starts writeback of each window as soon as it is full and
+drops the window before it once that is on disk, the pattern of
+``dd oflag=nocache``. The work happens while the bytes are being written
+anyway; ``benchmarks/drop_behind.py`` measures what it costs the staging.
+
+``sync_file_range`` only schedules and waits for page writeback: it commits
+no metadata and flushes no disk cache, so it is no substitute for ``fsync``;
+a write still syncs its sources before its journal names them.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+from trtet_store.io import fs
+
+log = logging.getLogger("trtet_store.pagecache")
+
+WINDOW = 8 << 20
+"""Bytes per writeback window: large enough for sequential I/O, small next to RAM."""
+
+# Errors that mean "this file cannot do that" (a pipe, FUSE, an old kernel):
+# the pages stay cached, which costs memory and time but loses nothing.
+# Anything else (EIO above all) is a failed writeback and must be raised:
+# sync_file_range consumes the file's error state, so a later fsync on
+# another descriptor would not report it again.
+_NOT_SUPPORTED = frozenset({errno.ESPIPE, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+
+
+def drop(fd: int, offset: int, length: int) -> bool:
+    """Write ``[offset, offset+length)`` of ``fd`` back, wait for it, and drop it from the cache.
+
+    ``length`` 0 means to the end of the file. Returns False where the file
+    cannot do this (its pages simply stay cached); raises on a writeback error.
+    """
+    try:
+        fs.calls.sync_file_range(fd, offset, length, fs.SYNC_FILE_RANGE_WAIT_BEFORE
+                                 | fs.SYNC_FILE_RANGE_WRITE | fs.SYNC_FILE_RANGE_WAIT_AFTER)
+        fs.calls.fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    except OSError as exc:
+        if exc.errno in _NOT_SUPPORTED:
+            return False
+        raise
+    return True
+
+
+class DropBehind:
+    """Write-behind and drop-behind for a file written front to back.
+
+    Call :meth:`advance` after each write with the length written so far and
+    :meth:`finish` once the last byte is written. At most two windows of the
+    file are in the page cache at any time: the one being filled and the one
+    being written back.
+
+    Parameters
+    ----------
+    fd : int
+        The file, open for writing.
+    window : int
+        Bytes per writeback window.
+    """
+
+    def __init__(self, fd: int, window: int = WINDOW) -> None:
+        if window <= 0:
+            raise ValueError(f"window must be positive, got {window}")
+        self.fd = fd
+        self.window = window
+        self.started = 0  # writeback scheduled for [0, started)
+        self.dropped = 0  # written back and dropped: [0, dropped)
+        self.enabled = True
+
+    def advance(self, written: int) -> None:
+        """The file's first ``written`` bytes are written; push full windows behind."""
+        while self.enabled and written - self.started >= self.window:
+            try:
+                fs.calls.sync_file_range(self.fd, self.started, self.window,
+                                         fs.SYNC_FILE_RANGE_WRITE)
+            except OSError as exc:
+                self._unsupported(exc)
+                return
+            self.started += self.window
+            # The window before this one had a whole window's writing time to
+            # reach the disk, so waiting for it rarely waits.
+            if self.started - self.dropped > self.window:
+                if not drop(self.fd, self.dropped, self.window):
+                    self.enabled = False
+                    return
+                self.dropped += self.window
+
+    def finish(self, written: int) -> None:
+        """Drop the rest of the file, if it was long enough to start dropping at all.
+
+        A file shorter than a window stays cached: waiting for its writeback
+        would cost a small blob more than its cached pages ever can.
+        """
+        if (self.enabled and self.started and written > self.dropped
+                and drop(self.fd, self.dropped, written - self.dropped)):
+            self.dropped = written
+
+    def _unsupported(self, exc: OSError) -> None:
+        if exc.errno not in _NOT_SUPPORTED:
+            raise exc
+        log.debug("write-behind not supported here (%s); pages stay cached", exc)
+        self.enabled = False
