@@ -12,6 +12,7 @@ size to the largest. Writes ``--out``/zero_copy.json and zero_copy.md.
 
     .venv/bin/python benchmarks/zero_copy.py                       # 256M,1G,4G on 4 filesystems
     .venv/bin/python benchmarks/zero_copy.py --sizes 64M,256M --filesystems xfs
+    .venv/bin/python benchmarks/zero_copy.py --methods clone,insert --repeat 3   # medians
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--filesystems", type=_list, default=["xfs", "btrfs", "ext4", "tmpfs"])
     p.add_argument("--sizes", type=_list, default=["256M", "1G", "4G"])
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--methods", type=_list, default=list(bench.METHODS),
+                   help="methods to run (executorch, the baseline, always runs)")
     p.add_argument("--out", type=Path, default=Path("bench-out/zero_copy"))
     args = p.parse_args(argv)
     sizes = [bench.parse_size(s) for s in args.sizes]
@@ -45,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             config = bench.BenchConfig(payload_size=size, payloads=1, filesystem=fstype,
                                        fs_size="fit", repeat=args.repeat, layout="ptd",
-                                       segment_alignment=4096)
+                                       segment_alignment=4096,
+                                       methods=tuple(dict.fromkeys(["executorch",
+                                                                    *args.methods])))
             print(f"{fstype} {bench.format_size(size)} ...", file=sys.stderr, flush=True)
             result = bench.run_bench(config)
             for s in result.summary():

@@ -31,13 +31,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import xxhash
-
 _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:  # when run as a script
     sys.path.insert(0, str(_ROOT))
 
-from trtet_store.io import fs  # noqa: E402
+from digests import digest, file_digest  # noqa: E402
+from faults import WrappedCalls  # noqa: E402
 
 MiB = 1 << 20
 
@@ -83,16 +82,8 @@ def content(seed: int, size: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def digest(data: bytes) -> str:
-    return xxhash.xxh3_128(data).hexdigest()
 
 
-def digest_file(path: os.PathLike | str) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def tampered(data: bytes) -> bytes:
@@ -317,7 +308,7 @@ def check_recovered(scn: Scenario, staging: Path, out: Path, user: Path, *,
     states = {}
     for name in scn.outputs:
         path = out / name
-        got = digest_file(path) if path.exists() else None
+        got = file_digest(path) if path.exists() else None
         if got == new[name]:
             states[name] = "new"
         elif got == old[name]:
@@ -350,11 +341,11 @@ def check_recovered(scn: Scenario, staging: Path, out: Path, user: Path, *,
         if not must_be_in_source:
             fail(f"blob {i} was moved into the published output, but its source "
                  f"({files[i].stat().st_size} bytes) is still there: its bytes exist twice")
-        if digest_file(files[i]) != staged[i]:
+        if file_digest(files[i]) != staged[i]:
             fail(f"LOST: blob {i}'s source is {files[i].stat().st_size} of "
                  f"{scn.blobs[i][1]} bytes, not as staged (outputs {state})")
     for name, (seed, size) in scn.externals.items():
-        if digest_file(user / name) != digest(content(seed, size)):
+        if file_digest(user / name) != digest(content(seed, size)):
             fail(f"user file {name} changed")
     return state
 
@@ -373,7 +364,7 @@ def collect_dead_store(staging: Path) -> None:
 # -- dying at a chosen system call ---------------------------------------------------------
 
 
-class CallHook:
+class CallHook(WrappedCalls):
     """Wrap every call in ``fs.calls``; run ``action(n, name)`` before call number ``at``.
 
     ``at`` is one call number or a set of them. ``action`` may end the
@@ -386,18 +377,6 @@ class CallHook:
         self.action = action
         self.count = 0
         self.names: list[str] = []
-        self._saved: dict[str, Callable] = {}
-
-    def __enter__(self) -> CallHook:
-        for name in fs.NAMES:
-            real = getattr(fs.calls, name)
-            self._saved[name] = real
-            setattr(fs.calls, name, self._wrap(name, real))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for name, real in self._saved.items():
-            setattr(fs.calls, name, real)
 
     def _wrap(self, name: str, real: Callable) -> Callable:
         def call(*args, **kwargs):

@@ -9,7 +9,6 @@ Everything after the seam runs for real.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -69,11 +68,3 @@ def linear_relu() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
     return module, (torch.randn(2, 16),)
-
-
-def file_digest(path: os.PathLike | str) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()

@@ -18,8 +18,27 @@ from trtet_store.io import fs
 SHORTABLE = {"pwrite", "copy_file_range"}
 
 
+class WrappedCalls:
+    """Inside ``with``, every entry of ``fs.calls`` is replaced by ``self._wrap(name, real)``."""
+
+    def __enter__(self):
+        self._saved: dict[str, Callable] = {}
+        for name in fs.NAMES:
+            real = getattr(fs.calls, name)
+            self._saved[name] = real
+            setattr(fs.calls, name, self._wrap(name, real))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, real in self._saved.items():
+            setattr(fs.calls, name, real)
+
+    def _wrap(self, name: str, real: Callable) -> Callable:
+        raise NotImplementedError
+
+
 @dataclass
-class FaultInjector:
+class FaultInjector(WrappedCalls):
     """Count calls; at call number ``fail_at`` (1-based) inject ``mode``.
 
     Modes: ``"eio"`` raises EIO before the call, ``"enospc"`` raises ENOSPC,
@@ -34,18 +53,6 @@ class FaultInjector:
     count: int = 0
     fired: str | None = None
     log: list[str] = field(default_factory=list)
-    _saved: dict[str, Callable] = field(default_factory=dict)
-
-    def __enter__(self) -> FaultInjector:
-        for name in fs.NAMES:
-            real = getattr(fs.calls, name)
-            self._saved[name] = real
-            setattr(fs.calls, name, self._wrap(name, real))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for name, real in self._saved.items():
-            setattr(fs.calls, name, real)
 
     def _wrap(self, name: str, real: Callable) -> Callable:
         def call(*args, **kwargs):

@@ -40,7 +40,7 @@ def snapshot(*dirs: Path) -> dict[str, str]:
             if p.is_symlink():
                 found[os.fspath(p)] = "-> " + os.readlink(p)
             elif p.is_file():
-                found[os.fspath(p)] = crashkit.digest_file(p)
+                found[os.fspath(p)] = crashkit.file_digest(p)
     return found
 
 
@@ -70,7 +70,7 @@ class Scene:
     def assert_nothing_lost(self) -> None:
         assert self.snapshot() == self.before
         for blob in (self.a, self.b):
-            assert crashkit.digest_file(blob.path) == blob.digest
+            assert crashkit.file_digest(blob.path) == blob.digest
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_destination_in_a_directory_the_user_cannot_write_is_refused():
                 outcome = "written"
             except PermissionError as exc:
                 outcome = str(exc)
-            ok = crashkit.digest_file(blob.path) == blob.digest
+            ok = crashkit.file_digest(blob.path) == blob.digest
             Path(staging / "result.txt").write_text(f"{ok}\n{outcome}")
             store.close()
 
@@ -173,7 +173,7 @@ def test_destination_that_is_a_source_is_refused(scene, alias, consume):
         write_file(dest, scene.pieces(), consume=consume)
     assert scene.snapshot() == before
     for blob in (scene.a, scene.b):
-        assert crashkit.digest_file(blob.path) == blob.digest
+        assert crashkit.file_digest(blob.path) == blob.digest
 
 
 def test_destination_that_is_a_source_of_another_output_is_refused(scene):
@@ -214,7 +214,7 @@ def test_source_whose_bytes_changed_after_staging_rolls_back(scene, where, consu
         write_file(scene.dest, scene.pieces(), consume=consume, chunk_size=32 * KiB)
     assert info.value.errno == errno.EIO
     assert scene.snapshot() == scene.before  # the changed source is back as it was found
-    assert crashkit.digest_file(scene.b.path) == scene.b.digest
+    assert crashkit.file_digest(scene.b.path) == scene.b.digest
 
 
 def test_user_file_that_vanished_is_refused(scene):
@@ -263,7 +263,7 @@ def test_a_blob_used_twice_is_copied_not_consumed(scene):
     assert "used more than once" in report.placements[0].reason
     data = crashkit.content(1, 300_001)
     assert scene.dest.read_bytes() == data + b"|" + data
-    assert crashkit.digest_file(scene.a.path) == scene.a.digest
+    assert crashkit.file_digest(scene.a.path) == scene.a.digest
 
 
 # -- two writers racing for one destination ----------------------------------------------
@@ -293,12 +293,12 @@ def test_second_writer_of_a_destination_is_refused(scene, second):
         if second == "through a symlink":
             other.symlink_to(scene.dest)
         target = other if second == "through a symlink" else scene.dest
-        b_digest = crashkit.digest_file(scene.b.path)
+        b_digest = crashkit.file_digest(scene.b.path)
         with pytest.raises(ConcurrentWriteError, match="another write to .* is in progress") \
                 as info:
             write_file(target, [b"second", scene.b], consume=True)
         assert info.value.errno == errno.EAGAIN
-        assert crashkit.digest_file(scene.b.path) == b_digest
+        assert crashkit.file_digest(scene.b.path) == b_digest
     finally:
         go.set()
         thread.join(30)
@@ -337,7 +337,7 @@ def test_writers_in_two_processes_racing_for_one_destination(scene):
         assert os.read(r, 16) == b"locked"
         with pytest.raises(ConcurrentWriteError):
             write_file(scene.dest, [b"parent", scene.b], consume=True)
-        assert crashkit.digest_file(scene.b.path) == scene.b.digest
+        assert crashkit.file_digest(scene.b.path) == scene.b.digest
     finally:
         os.write(w2, b"g")
         _, status = os.waitpid(pid, 0)
@@ -393,7 +393,7 @@ def test_disk_filled_after_the_preflight_rolls_back(make_fs, fstype, consume):
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "filled up during the write" in notes and "rolled back" in notes, notes
     assert snapshot(mnt / "staging", mnt / "out") == before
-    assert crashkit.digest_file(blob.path) == blob.digest
+    assert crashkit.file_digest(blob.path) == blob.digest
     fillers[0].unlink()
     assert recover(dest.parent) == []
     store.close()
@@ -433,5 +433,5 @@ def test_disk_filled_in_the_middle_of_a_move_loses_nothing(make_fs, fstype):
         fillers[0].unlink()
     assert dest.read_bytes() == b"old"
     assert sorted(p.name for p in dest.parent.iterdir()) == ["m.pte"]
-    assert crashkit.digest_file(blob.path) == digest
+    assert crashkit.file_digest(blob.path) == digest
     store.close()

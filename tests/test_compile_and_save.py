@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import xxhash
-from fake_trt import FakeBuilder, file_digest, linear_relu
+from digests import file_digest
+from fake_trt import FakeBuilder, linear_relu
 
 import trtet_store
 from trtet_store.export import tensorrt as trt

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 import xxhash
+from digests import file_digest
 from faults import FaultInjector
 
 from trtet_store import BlobStore
@@ -41,14 +42,6 @@ def write_blob(store: BlobStore, size: int, seen: list[int] | None = None):
     return w.blob, h.hexdigest()
 
 
-def file_digest(path: os.PathLike | str) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(MiB):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @pytest.mark.parametrize("fstype", ["ext4", "xfs", "btrfs"])
 def test_a_staged_blob_leaves_the_page_cache_as_it_is_written(make_fs, fstype):
     root = make_fs(fstype, 512)
@@ -62,29 +55,18 @@ def test_a_staged_blob_leaves_the_page_cache_as_it_is_written(make_fs, fstype):
         assert blob.digest == digest == file_digest(blob.path)
 
 
-def test_without_drop_behind_the_blob_stays_cached(make_fs):
-    root = make_fs("ext4", 256)
-    with BlobStore(root / "staging", drop_behind=False) as store:
-        blob, digest = write_blob(store, 32 * MiB)
-        assert resident(blob.path) == 32 * MiB
-        assert file_digest(blob.path) == digest
-
-
-def test_a_blob_smaller_than_a_window_is_left_cached(make_fs):
+@pytest.mark.parametrize("fstype,size_mib,drop_behind", [
+    ("ext4", 32, False),  # asked for
     # Waiting for a small blob's writeback would cost more than its pages.
-    root = make_fs("ext4", 256)
-    with BlobStore(root / "staging") as store:
-        blob, digest = write_blob(store, 4 * MiB)
-        assert resident(blob.path) == 4 * MiB
-        assert file_digest(blob.path) == digest
-
-
-def test_tmpfs_blobs_are_intact(make_fs):
+    ("ext4", 4, True),
     # tmpfs pages are the file: dropping must not (and cannot) discard them.
-    root = make_fs("tmpfs", 128)
-    with BlobStore(root / "staging") as store:
-        blob, digest = write_blob(store, 40 * MiB)
-        assert resident(blob.path) == 40 * MiB
+    ("tmpfs", 40, True),
+], ids=["drop_behind-off", "smaller-than-a-window", "tmpfs"])
+def test_blobs_left_cached_are_intact(make_fs, fstype, size_mib, drop_behind):
+    root = make_fs(fstype, 128)
+    with BlobStore(root / "staging", drop_behind=drop_behind) as store:
+        blob, digest = write_blob(store, size_mib * MiB)
+        assert resident(blob.path) == size_mib * MiB
         assert file_digest(blob.path) == digest == blob.digest
 
 

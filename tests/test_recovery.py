@@ -377,10 +377,10 @@ def test_recover_is_idempotent(here_fs, where):
     staging, out, user = die_at(scn, here_fs, at)
     first = recover(out)
     assert actions(first) == ["rolled forward"], first
-    snapshot = {p.name: crashkit.digest_file(p) for p in out.iterdir()}
+    snapshot = {p.name: crashkit.file_digest(p) for p in out.iterdir()}
     for _ in range(3):
         assert recover(out) == []
-    assert {p.name: crashkit.digest_file(p) for p in out.iterdir()} == snapshot
+    assert {p.name: crashkit.file_digest(p) for p in out.iterdir()} == snapshot
     assert check_recovered(scn, staging, out, user) == "new"
     collect_dead_store(staging)
 
@@ -410,14 +410,14 @@ def test_a_write_beside_an_interrupted_write_reports_it_and_leaves_it_alone(here
     names = trace(scn, here_fs)
     staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
     (journal,) = journal_mod.journals_in(out)
-    before = {p.name: crashkit.digest_file(p) for p in [*out.iterdir(), *staging.iterdir()]}
+    before = {p.name: crashkit.file_digest(p) for p in [*out.iterdir(), *staging.iterdir()]}
     with BlobStore(here_fs / "other") as store:
         blob = store.put(b"z" * 50_000)
         with caplog.at_level(logging.WARNING, logger="trtet_store.recovery"):
             write_file(out / "other.pte", [b"o", blob], consume=True)
     assert "found an interrupted write of" in caplog.text and "m.pte" in caplog.text
     assert f"trtet-store recover {out}" in caplog.text
-    after = {p.name: crashkit.digest_file(p) for p in [*out.iterdir(), *staging.iterdir()]}
+    after = {p.name: crashkit.file_digest(p) for p in [*out.iterdir(), *staging.iterdir()]}
     assert after == {**before, "other.pte": crashkit.digest(b"o" + b"z" * 50_000)}
     assert journal.exists()
     recover(out)
@@ -448,7 +448,7 @@ def test_a_write_of_the_same_destination_finishes_the_interrupted_one_first(here
     for i in range(3):
         assert (i in files) != finished
         if not finished:
-            assert crashkit.digest_file(files[i]) == staged[i]
+            assert crashkit.file_digest(files[i]) == staged[i]
 
 
 # -- recover beside a live writer in another process --------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import xxhash
+from digests import file_digest
 from programs import (
     NamedEntry,
     executorch_outputs,
@@ -21,14 +22,6 @@ from programs import (
 import trtet_store
 
 MiB = 1 << 20
-
-
-def digest(path: os.PathLike | str) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def ptd_entries(ptd: Path) -> dict[str, str]:
@@ -51,7 +44,7 @@ def test_our_save_fits_where_executorchs_own_save_cannot(make_fs, caplog):
     sizes = (100 * MiB, 90 * MiB)
     files = [write_payload_file(payload_dir / f"p{i}.bin", n, seed=i)
              for i, n in enumerate(sizes)]
-    want = {f"engine{i}": digest(f) for i, f in enumerate(files)}
+    want = {f"engine{i}": file_digest(f) for i, f in enumerate(files)}
     entries = [NamedEntry(f"engine{i}", FileBackedData(os.fspath(f), cleanup=True), 16, "eng")
                for i, f in enumerate(files)]
     program = named_data_program(entries)
@@ -101,10 +94,10 @@ def test_executorch_save_swallows_errors_ours_raises(here_fs, caplog):
 def test_consume_false_leaves_every_source_identical_and_matches_executorch(here_fs):
     payloads = standard_entries(here_fs / "src", size=2 * MiB)
     program = named_data_program(payloads.entries)
-    sources = {p.name: digest(p) for p in (here_fs / "src").iterdir()}
+    sources = {p.name: file_digest(p) for p in (here_fs / "src").iterdir()}
     (here_fs / "ours").mkdir()
     reports = trtet_store.save_program(program, here_fs / "ours" / "program.pte")
-    assert {p.name: digest(p) for p in (here_fs / "src").iterdir()} == sources
+    assert {p.name: file_digest(p) for p in (here_fs / "src").iterdir()} == sources
     assert all(r.placement == "copy" for w in reports for r in w.placements)
     theirs = executorch_outputs(program, here_fs / "theirs")
     ours = {p.name: p.read_bytes() for p in sorted((here_fs / "ours").iterdir())}

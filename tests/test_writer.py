@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from digests import file_digest
 from faults import FaultInjector, count_calls
 
 from trtet_store import BlobStore, ExternalFile, InsufficientSpaceError, write_file, write_files
@@ -17,17 +18,9 @@ from trtet_store.measure import PeakDiskMonitor
 MiB = 1 << 20
 
 
-def digest_file(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def snapshot(directory: Path) -> dict[str, str]:
     """Every file in ``directory`` (hidden ones too) with a digest of its content."""
-    return {p.name: digest_file(p) for p in sorted(directory.iterdir()) if p.is_file()}
+    return {p.name: file_digest(p) for p in sorted(directory.iterdir()) if p.is_file()}
 
 
 def random_blob(store: BlobStore, size: int, seed: int):
@@ -65,7 +58,7 @@ def test_move_fits_where_copy_cannot(make_fs):
     with PeakDiskMonitor(mnt) as mon:
         report = write_file(out, [header, blob, trailer], consume=True, chunk_size=chunk,
                             progress=lambda done, total: mon.sample())
-    assert digest_file(out) == want
+    assert file_digest(out) == want
     assert not Path(blob.path).exists() and blob.consumed
     assert [p.placement for p in report.placements] == ["move"]
     assert mon.peak_extra_bytes <= chunk + MiB, mon.peak_extra_bytes
@@ -89,7 +82,7 @@ def test_copy_that_cannot_fit_fails_before_creating_anything(make_fs):
     assert not (mnt / "model.pte").exists()
     assert sorted(p.name for p in mnt.iterdir()) == ["lost+found", "staging"]
     assert snapshot(mnt / "staging") == before
-    assert digest_file(blob.path) == blob.digest
+    assert file_digest(blob.path) == blob.digest
     store.close()
 
 
@@ -102,7 +95,7 @@ def test_staging_on_another_filesystem_is_copied_and_says_why(make_fs):
     (rec,) = report.placements
     assert rec.placement == "copy"
     assert "different filesystems" in rec.reason
-    assert digest_file(blob.path) == blob.digest  # copied, so the source is intact
+    assert file_digest(blob.path) == blob.digest  # copied, so the source is intact
     assert (out_fs / "m.pte").read_bytes() == b"x" * 10 + Path(blob.path).read_bytes()
     store.close()
 
@@ -168,7 +161,7 @@ def test_fault_at_every_call_loses_nothing(here_fs, mode, consume, existing):
         store, blobs, pieces, dest, run = _fault_case(here_fs, consume=consume,
                                                       existing=existing)
         digests = [b.digest for b in blobs]
-        ext_digest = digest_file(here_fs / "user.bin")
+        ext_digest = file_digest(here_fs / "user.bin")
         with FaultInjector(fail_at=n, mode=mode) as inj:
             try:
                 run()
@@ -182,11 +175,15 @@ def test_fault_at_every_call_loses_nothing(here_fs, mode, consume, existing):
         if raised is not None and content == old:
             failures += 1
             for b, d in zip(blobs, digests, strict=True):
-                assert digest_file(b.path) == d, where
+                assert file_digest(b.path) == d, where
         if content == new_content and consume:
             for b in blobs:
                 assert not Path(b.path).exists() or raised is not None, where
-        assert digest_file(here_fs / "user.bin") == ext_digest, where
+                # Published: the output owns the bytes, even if cleanup failed.
+                assert b.consumed, where
+        if content == old:
+            assert not any(b.consumed for b in blobs), where
+        assert file_digest(here_fs / "user.bin") == ext_digest, where
         if raised is not None and content == new_content:
             # Failed after the commit point: recovery only has cleanup left.
             from trtet_store import recover
@@ -232,7 +229,7 @@ def test_destination_that_is_a_source_is_refused(here_fs, alias):
     with pytest.raises(ValueError, match="source"):
         write_file(dest, [b"x", blob], consume=True)
     assert snapshot(here_fs / "s") == before
-    assert digest_file(blob.path) == blob.digest
+    assert file_digest(blob.path) == blob.digest
 
 
 def test_bad_destinations_raise_clear_errors_and_write_nothing(here_fs):
@@ -255,7 +252,7 @@ def test_bad_destinations_raise_clear_errors_and_write_nothing(here_fs):
         write_file(here_fs / "m.pte", [blob, 42])
     with pytest.raises(ValueError, match="named twice"):
         write_files([(here_fs / "a", [b"1"]), (here_fs / "a", [b"2"])])
-    assert digest_file(blob.path) == blob.digest
+    assert file_digest(blob.path) == blob.digest
     assert sorted(p.name for p in here_fs.iterdir()) == ["ro", "s"]
 
 
@@ -274,11 +271,11 @@ def test_source_changed_after_staging_rolls_back(here_fs):
     blob = random_blob(store, MiB, seed=13)
     with open(blob.path, "r+b") as f:  # same size, other bytes, at the front
         f.write(b"tampered")
-    tampered = digest_file(blob.path)
+    tampered = file_digest(blob.path)
     (here_fs / "m.pte").write_bytes(b"previous")
     with pytest.raises(OSError, match="does not match the digest"):
         write_file(here_fs / "m.pte", [b"h", blob], consume=True, chunk_size=64 << 10)
-    assert digest_file(blob.path) == tampered  # every moved chunk went back
+    assert file_digest(blob.path) == tampered  # every moved chunk went back
     assert (here_fs / "m.pte").read_bytes() == b"previous"
     assert sorted(p.name for p in here_fs.iterdir()) == ["m.pte", "s"]
 
@@ -295,7 +292,7 @@ def test_several_files_publish_together_or_not_at_all(here_fs):
         write_files(outputs, consume=True)
     assert (here_fs / "m.pte").read_bytes() == b"old pte"
     assert (here_fs / "w.ptd").read_bytes() == b"old ptd"
-    assert digest_file(a.path) == a.digest and digest_file(b.path) == b.digest
+    assert file_digest(a.path) == a.digest and file_digest(b.path) == b.digest
     assert sorted(p.name for p in here_fs.iterdir()) == ["m.pte", "s", "w.ptd"]
     write_files(outputs, consume=True)
     assert (here_fs / "w.ptd").read_bytes()[:1] == b"d"

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import pytest
 import xxhash
+from digests import file_digest
 from faults import FaultInjector, count_calls
 
 from trtet_store import BlobStore, write_file
@@ -30,11 +30,6 @@ def blob_of(store: BlobStore, size: int, seed: int):
     return w.blob
 
 
-def digest(path: os.PathLike | str) -> str:
-    with open(path, "rb") as f:
-        return xxhash.xxh3_128_hexdigest(f.read())
-
-
 @pytest.mark.parametrize("fstype,expected", [("xfs", "clone"), ("btrfs", "clone"),
                                              ("ext4", "copy"), ("tmpfs", "copy")])
 def test_plain_save_clones_where_the_filesystem_reflinks(make_fs, fstype, expected):
@@ -50,7 +45,7 @@ def test_plain_save_clones_where_the_filesystem_reflinks(make_fs, fstype, expect
     assert rec.placement == expected, rec.reason
     want = header + Path(blob.path).read_bytes() + b"trailer"
     assert (mnt / "m.pte").read_bytes() == want
-    assert digest(blob.path) == blob.digest  # the source is intact
+    assert file_digest(blob.path) == blob.digest  # the source is intact
     if expected == "clone":
         assert rec.bytes_written == 123
         assert written <= len(header) + MiB, written
@@ -110,7 +105,7 @@ def test_fault_at_every_call_of_a_clone_loses_nothing(make_fs):
             run()
         assert inj.fired
         assert dest.read_bytes() in (b"old", new), f"call {n} ({inj.fired})"
-        assert [digest(b.path) for b in blobs] == digests
+        assert [file_digest(b.path) for b in blobs] == digests
         if any(p.name.startswith(".m.pte.trtet") for p in dest.parent.iterdir()):
             from trtet_store import recover
 
@@ -181,7 +176,7 @@ def test_fault_at_every_call_of_an_insert_restores_the_source_exactly(make_fs):
         if content == b"old":
             assert raised
             for path, d in digests:
-                assert digest(path) == d, f"call {n} ({inj.fired}): {path} not restored"
+                assert file_digest(path) == d, f"call {n} ({inj.fired}): {path} not restored"
         elif raised:
             from trtet_store import recover
 

@@ -234,18 +234,26 @@ def inspect_file(path: os.PathLike | str) -> Inspection:
     return ins
 
 
-def _inspect_pte(f: Any, head: bytes, ins: Inspection) -> None:
-    size = ins.file_size
+def _check_head(head: bytes, ins: Inspection, identifier: bytes, refusal: str) -> int:
+    """Record the root offset and file identifier, checked as the runtime checks them.
+
+    Returns the root offset.
+    """
     ident = head[4:8]
     root = _u32(head, 0)
     ins.header.update({"root_offset": root, "file_identifier": ident})
-    if ident != PTE_IDENTIFIER:
-        ins.error(
-            f"file identifier {_show_bytes(ident)!r}: this runtime reads only "
-            f"{PTE_IDENTIFIER.decode()} (IncompatibleVersion)"
-        )
+    if ident != identifier:
+        ins.error(f"file identifier {_show_bytes(ident)!r}: the runtime reads only "
+                  f"{identifier.decode()}{refusal}")
     if len(head) < HEAD_BYTES:
-        ins.error(f"file has {size} bytes; the runtime reads {HEAD_BYTES} head bytes first")
+        ins.error(f"file has {ins.file_size} bytes; the runtime reads {HEAD_BYTES} head "
+                  "bytes first")
+    return root
+
+
+def _inspect_pte(f: Any, head: bytes, ins: Inspection) -> None:
+    size = ins.file_size
+    root = _check_head(head, ins, PTE_IDENTIFIER, " (IncompatibleVersion)")
     program_size = size
     base = 0
     data_size = 0
@@ -516,18 +524,9 @@ def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int) -> d
 
 def _inspect_ptd(f: Any, head: bytes, ins: Inspection) -> None:
     size = ins.file_size
-    ident = head[4:8]
-    root = _u32(head, 0)
-    ins.header.update({"root_offset": root, "file_identifier": ident})
-    if ident != PTD_IDENTIFIER:
-        ins.error(
-            f"file identifier {_show_bytes(ident)!r}: the runtime reads only "
-            f"{PTD_IDENTIFIER.decode()}"
-        )
-    if len(head) < HEAD_BYTES:
-        ins.error(f"file has {size} bytes; the runtime reads {HEAD_BYTES} head bytes first")
-        if len(head) < 48:
-            return
+    root = _check_head(head, ins, PTD_IDENTIFIER, "")
+    if len(head) < 48:
+        return
     magic = head[8:12]
     ins.header["magic"] = magic
     if magic != PTD_HEADER_MAGIC:

@@ -523,19 +523,24 @@ class Transaction:
             out.renamed = True
         # The commit point: every new file is in place. What fails from here on
         # is reported, and `recover` finishes the cleanup; nothing is undone.
+        # The outputs own the consumed bytes now, and their Blob objects say so.
         self.committed = True
+        for blob in self._consumed_blobs():
+            blob.consumed = True
         for parent in sorted({o.dest.parent for o in self.outputs}):
             fs.fsync_dir(parent)
 
     def release(self) -> None:
         """After publish: drop backups, release consumed sources, remove the journal."""
         finish(self.journal.plan)
-        for i, _ in enumerate(self.outputs):
-            for ext, plan in self.plans[i]:
-                if plan.consumed and isinstance(ext.piece, Blob):
-                    ext.piece.mark_consumed()
+        for blob in self._consumed_blobs():
+            blob.mark_consumed()
         self.journal.remove()
         self.journal = None
+
+    def _consumed_blobs(self) -> list[Blob]:
+        return [ext.piece for i, _ in enumerate(self.outputs) for ext, plan in self.plans[i]
+                if plan.consumed and isinstance(ext.piece, Blob)]
 
     def rollback(self, exc: BaseException) -> None:
         """Undo everything before publish; the original error is re-raised by the caller."""
