@@ -19,7 +19,7 @@ import errno
 import fcntl
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from trtet_store.io import fs
@@ -83,7 +83,9 @@ class Plan:
     version: int = VERSION
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        # Not dataclasses.asdict: it deep-copies every chunk digest list, and
+        # made the journal of a 4 GiB clone or insert cost 30 ms of its 43.
+        return json.dumps(self, default=_fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -102,6 +104,10 @@ class Plan:
 
     def sources(self) -> list[str]:
         return [p.source for o in self.outputs for p in o.payloads]
+
+
+def _fields(obj: object) -> dict:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 class Journal:
