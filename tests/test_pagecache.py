@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 
 import pytest
 import xxhash
 from digests import file_digest
 from faults import FaultInjector
+from filesystems import unavailable
 
 from trtet_store import BlobStore
 from trtet_store.io import fs, pagecache
@@ -23,6 +25,8 @@ MiB = 1 << 20
 
 def resident(path: os.PathLike | str) -> int:
     """Bytes of ``path`` in the page cache."""
+    if shutil.which("fincore") is None:
+        unavailable("fincore is missing (apt-get install util-linux-extra)")
     out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
                           os.fspath(path)], check=True, capture_output=True, text=True)
     return int(out.stdout.strip())
