@@ -539,7 +539,7 @@ class Transaction:
         self.journal = None
 
     def _consumed_blobs(self) -> list[Blob]:
-        return [ext.piece for i, _ in enumerate(self.outputs) for ext, plan in self.plans[i]
+        return [ext.piece for plans in self.plans.values() for ext, plan in plans
                 if plan.consumed and isinstance(ext.piece, Blob)]
 
     def rollback(self, exc: BaseException) -> None:
