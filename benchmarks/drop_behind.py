@@ -12,7 +12,8 @@ dedicated loop filesystem, this measures:
   plus ``fsync`` (the write syncs its sources anyway before its journal);
 - insert: ``write_file`` of a 4 KiB header + the blob, consumed, limited to
   the insert placement, plus ``syncfs``;
-- the bytes of the blob left in the page cache after staging (``fincore``).
+- the bytes of the blob left in the page cache after staging (``fincore``, via
+  :func:`trtet_store.measure.cached_bytes`).
 
 Ratios are drop-behind on / off in the same run. Writes ``--out``/drop_behind.json.
 
@@ -26,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,12 +44,6 @@ def _list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def resident(path: Path) -> int:
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
-                         check=True, capture_output=True, text=True)
-    return int(out.stdout.strip())
-
-
 def one_run(root: Path, size: int, drop_behind: bool, block: bytes) -> dict:
     """Stage one blob of ``size`` bytes and insert it into an output on ``root``."""
     with BlobStore(root / "staging", drop_behind=drop_behind) as store:
@@ -63,7 +57,7 @@ def one_run(root: Path, size: int, drop_behind: bool, block: bytes) -> dict:
         finally:
             os.close(fd)
         staging = time.perf_counter() - t0
-        cached = resident(w.blob.path)
+        cached = measure.cached_bytes(w.blob.path)
         out = root / "out.ptd"
         t0 = time.perf_counter()
         report = write_file(out, [b"\0" * 4096, w.blob], consume=True,

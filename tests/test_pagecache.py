@@ -1,7 +1,7 @@
 """Write-behind and drop-behind: staged blobs leave the page cache, and nothing is lost.
 
-Residency is read with util-linux's ``fincore`` (``mincore(2)``) on real
-loop-mounted filesystems and tmpfs.
+Residency is read with :func:`trtet_store.measure.cached_bytes` (``fincore``) on
+real loop-mounted filesystems and tmpfs.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import subprocess
 
 import pytest
 import xxhash
@@ -17,7 +16,7 @@ from digests import file_digest
 from faults import FaultInjector
 from filesystems import unavailable
 
-from trtet_store import BlobStore
+from trtet_store import BlobStore, measure
 from trtet_store.io import fs, pagecache
 
 MiB = 1 << 20
@@ -27,9 +26,7 @@ def resident(path: os.PathLike | str) -> int:
     """Bytes of ``path`` in the page cache."""
     if shutil.which("fincore") is None:
         unavailable("fincore is missing (apt-get install util-linux-extra)")
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
-                          os.fspath(path)], check=True, capture_output=True, text=True)
-    return int(out.stdout.strip())
+    return measure.cached_bytes(path)
 
 
 def write_blob(store: BlobStore, size: int, seen: list[int] | None = None):

@@ -13,8 +13,11 @@ on a shared one, other processes' writes show up as yours.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import resource
+import shutil
+import subprocess
 import threading
 import time
 from types import TracebackType
@@ -22,6 +25,7 @@ from types import TracebackType
 __all__ = [
     "PeakDiskMonitor",
     "bytes_written",
+    "cached_bytes",
     "current_rss_bytes",
     "drop_caches",
     "free_bytes",
@@ -54,6 +58,25 @@ def free_bytes(path: str | os.PathLike[str]) -> int:
     """
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def cached_bytes(path: str | os.PathLike[str]) -> int:
+    """Return how many bytes of the file ``path`` are in the page cache.
+
+    Read with util-linux's ``fincore`` (``mincore(2)`` on a mapping, which
+    faults nothing in).
+
+    Raises:
+        FileNotFoundError: ``fincore`` is not installed (Debian and Ubuntu:
+            ``apt-get install util-linux-extra``).
+    """
+    tool = shutil.which("fincore")
+    if tool is None:
+        raise FileNotFoundError(errno.ENOENT, "fincore is missing (Debian and Ubuntu: "
+                                "apt-get install util-linux-extra)", "fincore")
+    out = subprocess.run([tool, "--bytes", "--noheadings", "--output", "RES", os.fspath(path)],
+                         check=True, capture_output=True, text=True)
+    return int(out.stdout.strip())
 
 
 def syncfs(path: str | os.PathLike[str]) -> None:

@@ -34,12 +34,24 @@ log = logging.getLogger("trtet_store.pagecache")
 WINDOW = 8 << 20
 """Bytes per writeback window: large enough for sequential I/O, small next to RAM."""
 
-# Errors that mean "this file cannot do that" (a pipe, FUSE, an old kernel):
-# the pages stay cached, which costs memory and time but loses nothing.
-# Anything else (EIO above all) is a failed writeback and must be raised:
-# sync_file_range consumes the file's error state, so a later fsync on
-# another descriptor would not report it again.
-_NOT_SUPPORTED = frozenset({errno.ESPIPE, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+# A pipe (ESPIPE), FUSE or an old kernel cannot do this: the pages stay
+# cached, which costs memory and time but loses nothing. Any other error
+# (EIO above all) is a failed writeback and must be raised: sync_file_range
+# consumes the file's error state, so a later fsync on another descriptor
+# would not report it.
+_NOT_SUPPORTED = fs.UNSUPPORTED_ERRNOS | {errno.ESPIPE}
+
+
+def _supported(call, *args: int) -> bool:
+    """Run ``call(*args)``; False where the file cannot do it, any other error raised."""
+    try:
+        call(*args)
+    except OSError as exc:
+        if exc.errno not in _NOT_SUPPORTED:
+            raise
+        log.debug("page cache control not supported here (%s); pages stay cached", exc)
+        return False
+    return True
 
 
 def drop(fd: int, offset: int, length: int) -> bool:
@@ -48,15 +60,10 @@ def drop(fd: int, offset: int, length: int) -> bool:
     ``length`` 0 means to the end of the file. Returns False where the file
     cannot do this (its pages simply stay cached); raises on a writeback error.
     """
-    try:
-        fs.calls.sync_file_range(fd, offset, length, fs.SYNC_FILE_RANGE_WAIT_BEFORE
-                                 | fs.SYNC_FILE_RANGE_WRITE | fs.SYNC_FILE_RANGE_WAIT_AFTER)
-        fs.calls.fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-    except OSError as exc:
-        if exc.errno in _NOT_SUPPORTED:
-            return False
-        raise
-    return True
+    wait_all = (fs.SYNC_FILE_RANGE_WAIT_BEFORE | fs.SYNC_FILE_RANGE_WRITE
+                | fs.SYNC_FILE_RANGE_WAIT_AFTER)
+    return (_supported(fs.calls.sync_file_range, fd, offset, length, wait_all)
+            and _supported(fs.calls.fadvise, fd, offset, length, os.POSIX_FADV_DONTNEED))
 
 
 class DropBehind:
@@ -65,7 +72,7 @@ class DropBehind:
     Call :meth:`advance` after each write with the length written so far and
     :meth:`finish` once the last byte is written. At most two windows of the
     file are in the page cache at any time: the one being filled and the one
-    being written back.
+    being written back. Where the file cannot do this, it stops trying.
 
     Parameters
     ----------
@@ -87,20 +94,17 @@ class DropBehind:
     def advance(self, written: int) -> None:
         """The file's first ``written`` bytes are written; push full windows behind."""
         while self.enabled and written - self.started >= self.window:
-            try:
-                fs.calls.sync_file_range(self.fd, self.started, self.window,
-                                         fs.SYNC_FILE_RANGE_WRITE)
-            except OSError as exc:
-                self._unsupported(exc)
+            self.enabled = _supported(fs.calls.sync_file_range, self.fd, self.started,
+                                      self.window, fs.SYNC_FILE_RANGE_WRITE)
+            if not self.enabled:
                 return
             self.started += self.window
             # The window before this one had a whole window's writing time to
             # reach the disk, so waiting for it rarely waits.
             if self.started - self.dropped > self.window:
-                if not drop(self.fd, self.dropped, self.window):
-                    self.enabled = False
-                    return
-                self.dropped += self.window
+                self.enabled = drop(self.fd, self.dropped, self.window)
+                if self.enabled:
+                    self.dropped += self.window
 
     def finish(self, written: int) -> None:
         """Drop the rest of the file, if it was long enough to start dropping at all.
@@ -111,9 +115,3 @@ class DropBehind:
         if (self.enabled and self.started and written > self.dropped
                 and drop(self.fd, self.dropped, written - self.dropped)):
             self.dropped = written
-
-    def _unsupported(self, exc: OSError) -> None:
-        if exc.errno not in _NOT_SUPPORTED:
-            raise exc
-        log.debug("write-behind not supported here (%s); pages stay cached", exc)
-        self.enabled = False
