@@ -351,10 +351,11 @@ def check_recovered(scn: Scenario, staging: Path, out: Path, user: Path, *,
 
 
 def collect_dead_store(staging: Path) -> None:
-    """A new store collects the dead one's files; afterwards only its own lock is there."""
+    """A new store keeps the dead one's blobs as orphans; removing them leaves only its lock."""
     from trtet_store import BlobStore
 
     with BlobStore(staging) as store:
+        store.remove_orphans()  # explicit: orphans are never removed behind the user's back
         left = sorted(p.name for p in staging.iterdir())
         mine = f".store-{store.token}.lock"
         if left != [mine]:

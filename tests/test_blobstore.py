@@ -106,7 +106,8 @@ def test_adopt_refuses_what_is_not_a_regular_file(here_fs):
         store.adopt(here_fs)
 
 
-def test_a_dead_stores_files_are_collected_by_the_next_store(here_fs):
+def test_a_dead_stores_blobs_are_kept_as_orphans_until_removed(here_fs):
+    """Issue 12 item 3: a dead store's blobs may be hours of build; the next store keeps them."""
     script = textwrap.dedent(f"""
         import os, signal
         from trtet_store import BlobStore
@@ -119,10 +120,12 @@ def test_a_dead_stores_files_are_collected_by_the_next_store(here_fs):
     assert proc.returncode == -signal.SIGKILL
     token = proc.stdout.strip()
     left = [n for n in files(here_fs) if token in n]
-    assert len(left) == 4  # three blobs and the lock file survive a SIGKILL
+    assert len(left) == 7  # three blobs, their sidecars and the lock file survive a SIGKILL
+    blobs = sorted(n for n in left if n.endswith(".blob"))
     with BlobStore(here_fs) as store:
-        assert sorted(p.name for p in store.collected) == sorted(
-            n for n in left if n.endswith(".blob"))
+        assert store.collected == []
+        assert sorted(o.path.name for o in store.orphans()) == blobs
+        assert sorted(p.name for p in store.remove_orphans()) == blobs
     assert files(here_fs) == []
 
 

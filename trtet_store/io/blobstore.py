@@ -4,7 +4,21 @@ A :class:`BlobStore` owns every file it names ``<token>-<n>.blob`` in its
 directory, and holds an exclusive ``flock`` on ``.store-<token>.lock`` for its
 lifetime. The kernel drops that lock when the process dies, so the next store
 in the directory can tell a live owner from a dead one without trusting PIDs,
-and collects the dead owner's files unless a write journal still pins them.
+and keeps the dead owner's blobs as *orphans*: a staged blob may be hours of
+TensorRT build, so it is never deleted behind the user's back. They are
+listed (:meth:`BlobStore.orphans`, and by ``recover``), taken over without a
+copy (:meth:`BlobStore.adopt_orphan`), and removed only by an explicit call
+(:meth:`BlobStore.remove_orphans`) or an age the user sets
+(``BlobStore(..., orphan_max_age=...)``).
+
+Each blob has a sidecar ``<token>-<n>.blob.meta`` (JSON): its size, its
+identity (device, inode, size, mtime, ctime as sealed), its digests, who
+staged it and when, where an adopted file came from, and a small user
+``metadata`` dict (e.g. a build fingerprint). It is what makes an orphan
+recognisable and adoptable without reading it.
+
+Every release runs only in the process that created the store or blob: a
+forked child that exits never deletes its parent's files or lock.
 """
 
 from __future__ import annotations
@@ -12,14 +26,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
+import socket
+import stat
 import tempfile
 import threading
+import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -33,6 +53,34 @@ PART_SUFFIX = ".blob.part"
 LOCK_PREFIX = ".store-"
 LOCK_SUFFIX = ".lock"
 PIN_PREFIX = ".trtet-pin-"
+META_SUFFIX = ".meta"
+META_VERSION = 1
+
+# Every live blob of every store in this process, by (st_dev, st_ino), so a
+# write can refuse a destination that is some blob's file (or a link to it).
+_LIVE: weakref.WeakValueDictionary[tuple[int, int], Blob] = weakref.WeakValueDictionary()
+_LIVE_MUTEX = threading.Lock()
+
+
+class BlobChangedError(OSError):
+    """A blob's file is not the one that was sealed (changed, replaced or touched since).
+
+    Zero-copy placements (clone, insert) never read the payload, so they rely
+    on the file's identity (device, inode, size, mtime, ctime) as sealed.
+    """
+
+    def __init__(self, path: os.PathLike | str, what: str) -> None:
+        super().__init__(errno.ESTALE, f"{os.fspath(path)} changed after it was staged "
+                         f"({what}); stage it again", os.fspath(path))
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """The identity a blob is sealed with: device, inode, size, mtime_ns, ctime_ns.
+
+    Any write, truncate, ``touch`` or replacement of the file changes one of
+    them, and comparing them costs one ``stat``, whatever the file's size.
+    """
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class Digester:
@@ -77,11 +125,41 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
 
 
+def _release_file(owner_pid: int, path: str, state: dict) -> None:
+    """Finalizer of a :class:`Blob`: delete its file, or give an adopted file back.
+
+    Runs only in the process that created the blob: a forked child shares
+    the files but not their ownership (invariant 7), so its exit, its GC and
+    its ``close()`` leave them alone.
+    """
+    if os.getpid() != owner_pid:
+        return
+    origin = state.get("give_back")
+    if origin:
+        try:
+            # link, not rename: never replace a file the user put there since
+            os.link(path, origin)
+        except FileNotFoundError:
+            pass  # the file is gone (placed by an insert or a move): nothing to give back
+        except OSError as exc:
+            log.warning("could not give the adopted file %s back to %s (%s); it stays in the "
+                        "store directory as an orphan (BlobStore.orphans)", path, origin, exc)
+            return
+        else:
+            log.info("gave the adopted file %s back to %s", path, origin)
+    _unlink_quietly(path)
+    _unlink_quietly(path + META_SUFFIX)
+
+
 class Blob:
-    """A file owned by a :class:`BlobStore`, with its size and content digests.
+    """A file owned by a :class:`BlobStore`, with its size, identity and content digests.
 
     The file is deleted when the blob is released: :meth:`close`, leaving a
-    ``with`` block, garbage collection, or interpreter exit, whichever is first.
+    ``with`` block, garbage collection, or interpreter exit, whichever is first
+    (in the process that created it; never in a forked child). An adopted file
+    that no write consumed is given back to the path it was adopted from
+    instead (if that name is free again; otherwise it stays in the store as an
+    orphan).
 
     Attributes
     ----------
@@ -89,13 +167,22 @@ class Blob:
         Where the bytes are.
     size : int
         Length in bytes, recorded when the blob was sealed.
+    identity : tuple of int
+        ``(st_dev, st_ino, size, st_mtime_ns, st_ctime_ns)`` when sealed; a
+        zero-copy placement checks it before and after placing.
     digest : str
-        xxh3-128 of the content, hex.
+        xxh3-128 of the content, hex (computed on first use for an adopted file).
     chunk_size : int
         The span each entry of ``chunk_digests`` covers (the last may be short).
     chunk_digests : tuple[int, ...]
-        xxh3-64 of each chunk, recorded as the bytes went in; a placement
-        verifies the payload against them.
+        xxh3-64 of each chunk, recorded as the bytes went in (for an adopted
+        file: on first use, by a placement that reads the bytes anyway); a
+        placement verifies the payload against them.
+    metadata : dict
+        The user's metadata recorded with the blob (see :meth:`BlobStore.put`).
+    origin : str or None
+        For a file adopted by rename: where it came from (it goes back there
+        unless a write consumes it).
     """
 
     def __init__(
@@ -103,18 +190,82 @@ class Blob:
         store: BlobStore,
         path: Path,
         size: int,
-        digest: str,
+        digest: str | None,
         chunk_size: int,
-        chunk_digests: tuple[int, ...],
+        chunk_digests: tuple[int, ...] | None,
+        identity: tuple[int, ...] | None = None,
+        origin: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.path = path
         self.size = size
-        self.digest = digest
+        self._digest = digest
         self.chunk_size = chunk_size
-        self.chunk_digests = chunk_digests
+        self._chunk_digests = chunk_digests
+        self.identity = identity if identity is not None else file_identity(os.stat(path))
+        self.origin = origin
+        self.metadata = dict(metadata or {})
         self.consumed = False
-        self._finalizer = weakref.finalize(self, _unlink_quietly, os.fspath(path))
+        self._state = {"give_back": origin}
+        self._finalizer = weakref.finalize(self, _release_file, os.getpid(), os.fspath(path),
+                                           self._state)
+
+    @property
+    def digest(self) -> str:
+        """xxh3-128 of the content (an adopted file is read once, on first use)."""
+        if self._digest is None:
+            self.ensure_digests()
+        return self._digest
+
+    @property
+    def chunk_digests(self) -> tuple[int, ...]:
+        """Per-chunk xxh3-64 digests (an adopted file is read once, on first use)."""
+        if self._chunk_digests is None:
+            self.ensure_digests()
+        return self._chunk_digests
+
+    @property
+    def has_digests(self) -> bool:
+        """Whether the digests are known without reading the file."""
+        return self._chunk_digests is not None
+
+    def check_identity(self, st: os.stat_result | None = None, *, ctime: bool = True) -> None:
+        """Raise :class:`BlobChangedError` unless the file is still the one sealed.
+
+        ``ctime=False`` skips the change time, for a check right after our own
+        rename of the file (a rename updates it).
+        """
+        if st is None:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                raise BlobChangedError(self.path, "the file is gone") from None
+        now = file_identity(st)
+        n = 5 if ctime else 4
+        if now[:n] != tuple(self.identity[:n]):
+            names = ("device", "inode", "size", "mtime", "ctime")
+            what = ", ".join(f"{k} {a} -> {b}" for k, a, b in zip(names, self.identity, now,
+                                                                  strict=True)
+                             if a != b)
+            raise BlobChangedError(self.path, what)
+
+    def reseal(self) -> None:
+        """Record the file's identity again, after a rollback of our own put it back."""
+        self.identity = file_identity(os.stat(self.path))
+
+    def ensure_digests(self) -> None:
+        """Read the file once to compute its digests, checking it is still as sealed."""
+        if self._chunk_digests is not None:
+            return
+        self.check_identity()
+        digest, chunks, size = _digest_file(self.path, self.chunk_size, self.store.drop_behind)
+        self.check_identity()
+        if size != self.size:
+            raise BlobChangedError(self.path, f"read {size} bytes, sealed {self.size}")
+        self._digest, self._chunk_digests = digest, chunks
+        with contextlib.suppress(OSError):
+            self.store._write_meta(self)
 
     @property
     def closed(self) -> bool:
@@ -122,12 +273,13 @@ class Blob:
         return not self._finalizer.alive
 
     def close(self) -> None:
-        """Release the blob: delete its file. Idempotent."""
+        """Release the blob: delete its file (give an adopted one back). Idempotent."""
         self._finalizer()
 
     def mark_consumed(self) -> None:
         """Record that a write moved this blob's bytes into an output, and release it."""
         self.consumed = True
+        self._state["give_back"] = None
         self.close()
 
     def __enter__(self) -> Blob:
@@ -147,14 +299,65 @@ class Blob:
         return f"Blob({os.fspath(self.path)!r}, size={self.size}{state})"
 
 
+def live_blob(st: os.stat_result) -> Blob | None:
+    """The live blob (of any store in this process) whose file is ``st``'s inode, if any."""
+    with _LIVE_MUTEX:
+        blob = _LIVE.get((st.st_dev, st.st_ino))
+    return blob if blob is not None and not blob.closed else None
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A staged blob whose store died (its process exited or crashed) without releasing it.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The blob file.
+    size : int
+        Its length now.
+    age : float
+        Seconds since it was last modified.
+    created : float or None
+        When it was sealed (Unix time), from its sidecar.
+    pid, host : int or None, str or None
+        The process (and machine) that staged it, from its sidecar.
+    origin : str or None
+        Where an adopted file came from.
+    metadata : dict
+        The user's metadata recorded with it (e.g. a build fingerprint).
+    pinned : bool
+        A write journal still needs it: run ``recover`` on that write's output
+        directory first; until then it can be neither adopted nor removed.
+    sealed_identity : tuple or None
+        Its identity when sealed; when it still matches, its recorded digests
+        are trusted on adoption.
+    """
+
+    path: Path
+    size: int
+    age: float
+    created: float | None = None
+    pid: int | None = None
+    host: str | None = None
+    origin: str | None = None
+    metadata: dict = field(default_factory=dict)
+    pinned: bool = False
+    sealed_identity: tuple | None = None
+
+
 class BlobWriter:
     """Streams bytes into a new blob; see :meth:`BlobStore.writer`."""
 
-    def __init__(self, store: BlobStore, final: Path) -> None:
+    def __init__(self, store: BlobStore, final: Path,
+                 metadata: Mapping[str, Any] | None = None) -> None:
         self._store = store
         self._final = final
+        self._metadata = metadata
         self._part = final.with_name(final.name[: -len(BLOB_SUFFIX)] + PART_SUFFIX)
-        self._fd = os.open(self._part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # Through fs.calls, like every call of the engine, so fault tests reach it.
+        self._fd = fs.calls.open(os.fspath(self._part),
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._digester = Digester(store.chunk_size)
         self._behind = pagecache.DropBehind(self._fd) if store.drop_behind else None
         self.blob: Blob | None = None
@@ -171,20 +374,52 @@ class BlobWriter:
     def _seal(self) -> Blob:
         if self._behind is not None:
             self._behind.finish(self._digester.size)
-        os.close(self._fd)
-        self._fd = -1
-        os.rename(self._part, self._final)
+        fd, self._fd = self._fd, -1
+        fs.calls.close(fd)
+        fs.calls.rename(os.fspath(self._part), os.fspath(self._final))
         digest, chunks = self._digester.finish()
+        # Identity after the rename: a rename updates the inode's ctime.
         self.blob = self._store._register(
-            self._final, self._digester.size, digest, self._store.chunk_size, chunks
-        )
+            self._final, self._digester.size, digest, self._store.chunk_size, chunks,
+            metadata=self._metadata)
         return self.blob
 
     def _abandon(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+            with contextlib.suppress(OSError):
+                fs.calls.close(fd)
         _unlink_quietly(os.fspath(self._part))
+
+
+def default_directory() -> Path:
+    """The default store directory: ``<tmp>/trtet-store-<uid>``, private to this user."""
+    return Path(tempfile.gettempdir(), f"trtet-store-{os.getuid()}")
+
+
+def _private_directory(path: Path) -> Path:
+    """Create ``path`` (mode 0700) or check that it is this user's own private directory.
+
+    The default store sits in a shared temporary directory: anyone could
+    create the name first (and then read, replace or delete the engines
+    staged there), so a directory that is a symlink, not ours, or writable
+    by others is refused rather than used.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        problem = "it is not a directory (a symlink?)"
+    elif st.st_uid != os.getuid():
+        problem = f"it is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    elif st.st_mode & 0o022:
+        problem = f"it is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if problem:
+        raise PermissionError(errno.EACCES, f"refusing the default blob store {path}: {problem}; "
+                              "remove it, or pass a directory (or set TRTET_STORE_DIR)",
+                              os.fspath(path))
+    return path
 
 
 class BlobStore:
@@ -195,36 +430,67 @@ class BlobStore:
     directory : path-like, optional
         Where blobs live. Put it on the output's filesystem when you can: that
         is what lets a write move a blob instead of copying it. Defaults to
-        ``$TRTET_STORE_DIR`` or ``<tmp>/trtet-store``. Created if missing.
+        ``$TRTET_STORE_DIR`` or ``<tmp>/trtet-store-<uid>``, a directory private
+        to the user (created with mode 0700; one owned by someone else,
+        writable by others or a symlink is refused). Created if missing.
     chunk_size : int
         The span of each per-chunk digest. A move places a blob in multiples
         of it, so it bounds how finely a crash can interrupt a move.
     drop_behind : bool
         Write blobs back and drop them from the page cache while they are
-        written, and drop adopted files once digested (see
+        written, and drop adopted files' cached pages (see
         :mod:`trtet_store.io.pagecache`). On by default: a staged engine is
         only placed, never read again, and a cached one makes ext4's insert
         placement cost time in proportion to its size. Turn it off to read
         blobs back right after writing them.
+    orphan_max_age : float, optional
+        Seconds. When given, orphans (blobs of dead stores, see below) last
+        modified longer ago than this are removed when the store opens.
+        Default: orphans are kept until :meth:`remove_orphans` is called.
+
+    Notes
+    -----
+    **Orphans.** A store that dies without releasing its blobs (its process
+    crashed or was killed) leaves them in the directory. They are kept: a
+    staged TensorRT engine can be hours of build. :meth:`orphans` lists them
+    with their size, age, who staged them and the ``metadata`` recorded with
+    them; :meth:`adopt_orphan` takes one over (a rename, no copy);
+    :meth:`remove_orphans` removes them (all, or those older than an age).
+    ``trtet_store.recover`` and ``trtet-store recover DIR`` report them too.
+    A blob a dead write's journal still needs is *pinned*: recover that
+    write first.
+
+    **Metadata.** ``writer(metadata=...)``, ``put(..., metadata=...)`` and
+    ``adopt(..., metadata=...)`` record a small JSON-serializable dict with
+    the blob (e.g. a fingerprint of the exported graph, the build settings
+    and the TensorRT version). It is in :attr:`Blob.metadata` and in the
+    orphan listing, so a re-run after a crash can find the engines it would
+    otherwise build again.
 
     Examples
     --------
     >>> with BlobStore("/data/staging") as store:          # doctest: +SKIP
-    ...     with store.writer() as w:
+    ...     with store.writer(metadata={"fingerprint": fp}) as w:
     ...         for part in engine_parts:
     ...             w.write(part)
     ...     blob = w.blob
+    >>> with BlobStore("/data/staging") as store:          # doctest: +SKIP
+    ...     reuse = [o for o in store.orphans() if o.metadata.get("fingerprint") == fp]
+    ...     blob = store.adopt_orphan(reuse[0]) if reuse else build()
     """
 
     def __init__(self, directory: os.PathLike | str | None = None, *,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE, drop_behind: bool = True) -> None:
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, drop_behind: bool = True,
+                 orphan_max_age: float | None = None) -> None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if directory is None and os.environ.get("TRTET_STORE_DIR"):
+            directory = os.environ["TRTET_STORE_DIR"]
         if directory is None:
-            directory = os.environ.get("TRTET_STORE_DIR") or Path(tempfile.gettempdir(),
-                                                                   "trtet-store")
-        self.directory = Path(directory).absolute()
-        self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory = _private_directory(default_directory())
+        else:
+            self.directory = Path(directory).absolute()
+            self.directory.mkdir(parents=True, exist_ok=True)
         self.chunk_size = chunk_size
         self.drop_behind = drop_behind
         self.token = uuid.uuid4().hex[:16]
@@ -234,8 +500,17 @@ class BlobStore:
         lock_path = self.directory / f"{LOCK_PREFIX}{self.token}{LOCK_SUFFIX}"
         lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        self._finalizer = weakref.finalize(self, _release_store, lock_fd, os.fspath(lock_path))
+        self._finalizer = weakref.finalize(self, _release_store, os.getpid(), lock_fd,
+                                           os.fspath(lock_path))
         self.collected = collect_stale(self.directory)
+        if orphan_max_age is not None:
+            self.collected += self.remove_orphans(older_than=orphan_max_age)
+        kept = self.orphans()
+        if kept:
+            log.warning("%s holds %d staged blob(s) of dead stores (%.1f MiB), kept: list them "
+                        "with BlobStore.orphans(), take one over with adopt_orphan(), remove "
+                        "them with remove_orphans()", self.directory, len(kept),
+                        sum(o.size for o in kept) / 2**20)
 
     # -- creating blobs -------------------------------------------------------
 
@@ -244,21 +519,51 @@ class BlobStore:
             self._seq += 1
             return self.directory / f"{self.token}-{self._seq}{BLOB_SUFFIX}"
 
-    def _register(self, path: Path, size: int, digest: str, chunk_size: int,
-                  chunks: tuple[int, ...]) -> Blob:
-        blob = Blob(self, path, size, digest, chunk_size, chunks)
+    def _register(self, path: Path, size: int, digest: str | None, chunk_size: int,
+                  chunks: tuple[int, ...] | None, *, origin: str | None = None,
+                  metadata: Mapping[str, Any] | None = None,
+                  identity: tuple[int, ...] | None = None) -> Blob:
+        blob = Blob(self, path, size, digest, chunk_size, chunks, identity=identity,
+                    origin=origin, metadata=metadata)
         self._blobs[os.fspath(path)] = blob
+        with _LIVE_MUTEX:
+            _LIVE[tuple(blob.identity[:2])] = blob
+        self._write_meta(blob)
         return blob
 
+    def _write_meta(self, blob: Blob) -> None:
+        """Write the blob's sidecar (replaced whole by a rename, so never torn)."""
+        record = {
+            "version": META_VERSION, "size": blob.size, "identity": list(blob.identity),
+            "created": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
+            "origin": blob.origin, "metadata": blob.metadata, "chunk_size": blob.chunk_size,
+            "digest": blob._digest,
+            "chunk_digests": list(blob._chunk_digests) if blob._chunk_digests is not None
+            else None,
+        }
+        meta = os.fspath(blob.path) + META_SUFFIX
+        part = meta + ".part"
+        try:
+            text = json.dumps(record, separators=(",", ":"))
+        except TypeError as exc:
+            raise TypeError(f"blob metadata must be JSON-serializable: {exc}") from None
+        fd = fs.calls.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            fs.pwrite_all(fd, text.encode(), 0)
+        finally:
+            fs.calls.close(fd)
+        fs.calls.rename(part, meta)
+
     @contextlib.contextmanager
-    def writer(self) -> Iterator[BlobWriter]:
+    def writer(self, *, metadata: Mapping[str, Any] | None = None) -> Iterator[BlobWriter]:
         """Stream bytes into a new blob.
 
         The blob exists, as ``writer.blob``, once the block exits cleanly; an
-        exception inside the block leaves no file behind.
+        exception inside the block leaves no file behind. ``metadata`` (a
+        small JSON-serializable dict) is recorded with it in its sidecar.
         """
         self._check_open()
-        w = BlobWriter(self, self._next_path())
+        w = BlobWriter(self, self._next_path(), metadata)
         try:
             yield w
         except BaseException:
@@ -268,49 +573,141 @@ class BlobStore:
             w._seal()
         except BaseException:
             w._abandon()
+            if w.blob is not None:
+                w.blob.close()
             _unlink_quietly(os.fspath(w._final))
+            _unlink_quietly(os.fspath(w._final) + META_SUFFIX)
             raise
 
-    def put(self, data: bytes | bytearray | memoryview) -> Blob:
-        """Store ``data`` as a new blob."""
-        with self.writer() as w:
+    def put(self, data: bytes | bytearray | memoryview, *,
+            metadata: Mapping[str, Any] | None = None) -> Blob:
+        """Store ``data`` as a new blob, with optional ``metadata`` (see :meth:`writer`)."""
+        with self.writer(metadata=metadata) as w:
             w.write(data)
         assert w.blob is not None
         return w.blob
 
-    def adopt(self, path: os.PathLike | str) -> Blob:
-        """Take ownership of an existing regular file.
+    def adopt(self, path: os.PathLike | str, *,
+              metadata: Mapping[str, Any] | None = None) -> Blob:
+        """Take ownership of an existing regular file, without reading it.
 
-        On the store's filesystem the file is renamed into the store (O(1), the
-        original name disappears); elsewhere it is copied and the original is
-        left alone. Either way its digests are computed by reading it once.
+        On the store's filesystem the file is renamed into the store (O(1),
+        the original name disappears) and its identity (device, inode, size,
+        mtime, ctime) is recorded at once; its digests are computed only if a
+        placement reads the bytes anyway (move, copy). Zero-copy placements
+        (clone, insert) check the identity instead, before and after placing.
+        Elsewhere it is copied in (and digested on the way) and the original
+        is left alone.
+
+        If no write consumes the blob, releasing it gives the file back to
+        ``path`` (when that name is still free; otherwise it stays in the
+        store directory, listed by :meth:`orphans`). A write that fails and
+        rolls back therefore never costs the adopted file.
         """
         self._check_open()
-        src = Path(path)
+        src = Path(path).absolute()
         st = os.stat(src)
         if not fs.is_regular(st):
             raise ValueError(f"cannot adopt {src}: not a regular file")
+        if live_blob(st) is not None:
+            raise ValueError(f"cannot adopt {src}: it is already a live blob's file")
         dest = self._next_path()
         try:
-            os.rename(src, dest)
+            fs.calls.rename(os.fspath(src), os.fspath(dest))
         except OSError as exc:
             if exc.errno != errno.EXDEV:
                 raise
             log.info("adopt %s: other filesystem than %s, copying", src, self.directory)
-            return self._copy_in(src)
+            return self._copy_in(src, metadata)
         try:
-            digest, chunks, size = _digest_file(dest, self.chunk_size, self.drop_behind)
+            if self.drop_behind:
+                # Drops only what is cached (no read): ext4's insert would
+                # otherwise drop the host's cached pages itself, in its time.
+                fd = fs.calls.open(os.fspath(dest), os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    pagecache.drop(fd, 0, 0)
+                finally:
+                    fs.calls.close(fd)
+            return self._register(dest, st.st_size, None, self.chunk_size, None,
+                                  origin=os.fspath(src), metadata=metadata)
         except BaseException:
-            os.rename(dest, src)
+            with contextlib.suppress(OSError):
+                os.rename(dest, src)
+            _unlink_quietly(os.fspath(dest) + META_SUFFIX)
             raise
-        return self._register(dest, size, digest, self.chunk_size, chunks)
 
-    def _copy_in(self, src: Path) -> Blob:
-        with self.writer() as w, open(src, "rb") as f:
+    def _copy_in(self, src: Path, metadata: Mapping[str, Any] | None) -> Blob:
+        with self.writer(metadata=metadata) as w, open(src, "rb") as f:
             while chunk := f.read(self.chunk_size):
                 w.write(chunk)
         assert w.blob is not None
         return w.blob
+
+    # -- orphans --------------------------------------------------------------
+
+    def orphans(self) -> list[Orphan]:
+        """Staged blobs of dead stores in this directory, oldest first (see the class notes)."""
+        return list_orphans(self.directory)
+
+    def adopt_orphan(self, orphan: Orphan | os.PathLike | str) -> Blob:
+        """Take over an orphan: rename it into this store (no copy, no read).
+
+        Its recorded digests and metadata come with it when its identity
+        still matches the sidecar (otherwise the digests are computed when a
+        placement reads it). A pinned orphan is refused: recover the
+        interrupted write that needs it first.
+        """
+        self._check_open()
+        path = Path(orphan.path if isinstance(orphan, Orphan) else orphan).absolute()
+        current = {o.path: o for o in self.orphans()}
+        o = current.get(path)
+        if o is None:
+            raise ValueError(f"{path} is not an orphan of {self.directory} (its store is alive, "
+                             "it was taken over already, or it is not a blob there)")
+        if o.pinned:
+            raise ValueError(f"{path} is still needed by an interrupted write; run "
+                             "`trtet-store recover` on that write's output directory first")
+        st = os.stat(path)
+        meta = _read_meta(path)
+        digest = chunks = None
+        chunk_size = self.chunk_size
+        sealed = meta.get("identity")
+        # Trust recorded digests only for the very file they were taken of,
+        # unchanged since (ctime excluded: the store's own rename updated it).
+        if sealed and tuple(sealed[:4]) == file_identity(st)[:4] and meta.get("chunk_digests"):
+            digest, chunks = meta.get("digest"), tuple(meta["chunk_digests"])
+            chunk_size = meta.get("chunk_size", chunk_size)
+        dest = self._next_path()
+        fs.calls.rename(os.fspath(path), os.fspath(dest))
+        _unlink_quietly(os.fspath(path) + META_SUFFIX)
+        blob = self._register(dest, st.st_size, digest, chunk_size, chunks,
+                              origin=meta.get("origin"), metadata=meta.get("metadata"))
+        log.info("took over orphan %s as %s", path, dest)
+        return blob
+
+    def remove_orphans(self, older_than: float | None = None) -> list[Path]:
+        """Delete orphans (not pinned ones) last modified more than ``older_than`` seconds ago.
+
+        Parameters
+        ----------
+        older_than : float, optional
+            Seconds; default: every orphan.
+
+        Returns
+        -------
+        list of pathlib.Path
+            The blob files deleted.
+        """
+        removed = []
+        for o in self.orphans():
+            if o.pinned or (older_than is not None and o.age < older_than):
+                continue
+            _unlink_quietly(os.fspath(o.path))
+            _unlink_quietly(os.fspath(o.path) + META_SUFFIX)
+            removed.append(o.path)
+        if removed:
+            log.warning("removed %d orphaned blob(s) from %s", len(removed), self.directory)
+        return removed
 
     # -- lookup and lifetime --------------------------------------------------
 
@@ -331,7 +728,10 @@ class BlobStore:
             raise ValueError("BlobStore is closed")
 
     def close(self) -> None:
-        """Release every blob the store still owns, then the store itself."""
+        """Release every blob the store still owns, then the store itself.
+
+        In a forked child this releases nothing: the files belong to the parent.
+        """
         for blob in list(self._blobs.values()):
             blob.close()
         self._finalizer()
@@ -346,7 +746,9 @@ class BlobStore:
         return f"BlobStore({os.fspath(self.directory)!r}, blobs={len(self.blobs())})"
 
 
-def _release_store(lock_fd: int, lock_path: str) -> None:
+def _release_store(owner_pid: int, lock_fd: int, lock_path: str) -> None:
+    if os.getpid() != owner_pid:
+        return  # a forked child: the lock (shared with the parent) stays the parent's
     _unlink_quietly(lock_path)
     with contextlib.suppress(OSError):
         os.close(lock_fd)
@@ -355,13 +757,28 @@ def _release_store(lock_fd: int, lock_path: str) -> None:
 def _digest_file(path: Path, chunk_size: int,
                  drop_cached: bool) -> tuple[str, tuple[int, ...], int]:
     d = Digester(chunk_size)
-    with open(path, "rb") as f:
-        while chunk := f.read(max(chunk_size, 1 << 20)):
+    fd = fs.calls.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        step = max(chunk_size, 8 << 20) // chunk_size * chunk_size
+        pos = 0
+        while chunk := fs.calls.pread(fd, step, pos):
             d.update(chunk)
+            pos += len(chunk)
         if drop_cached:
-            pagecache.drop(f.fileno(), 0, 0)
+            pagecache.drop(fd, 0, 0)
+    finally:
+        fs.calls.close(fd)
     digest, chunks = d.finish()
     return digest, chunks, d.size
+
+
+def _read_meta(blob_path: Path) -> dict:
+    """A blob's sidecar record, or {} when it is missing or unreadable."""
+    try:
+        raw = json.loads(Path(os.fspath(blob_path) + META_SUFFIX).read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def pinned_paths(directory: Path) -> set[str]:
@@ -390,19 +807,118 @@ def pinned_paths(directory: Path) -> set[str]:
     return pinned
 
 
-def collect_stale(directory: Path) -> list[Path]:
-    """Delete files of dead stores in ``directory``, except those a journal pins.
+class _Liveness:
+    """Which store tokens in a directory are alive (their lock is held), asked once each."""
 
-    A store is dead when its lock file can be locked: the kernel released the
-    owner's ``flock`` when the owner exited, however it exited.
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._known: dict[str, bool] = {}
+
+    def alive(self, token: str) -> bool:
+        if token not in self._known:
+            self._known[token] = _token_alive(self.directory, token)
+        return self._known[token]
+
+
+def _token_alive(directory: Path, token: str) -> bool:
+    lock_path = directory / f"{LOCK_PREFIX}{token}{LOCK_SUFFIX}"
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _token_of(name: str) -> str | None:
+    head, sep, _ = name.partition("-")
+    return head if sep and len(head) == 16 else None
+
+
+def list_orphans(directory: os.PathLike | str) -> list[Orphan]:
+    """Blobs in ``directory`` whose store is dead, oldest first; nothing is changed.
+
+    A store is dead when its lock file can be locked (or is gone): the kernel
+    released the owner's ``flock`` when the owner exited, however it exited.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    live = _Liveness(directory)
+    pinned: set[str] | None = None
+    now = time.time()
+    found = []
+    for path in directory.glob(f"*{BLOB_SUFFIX}"):
+        token = _token_of(path.name)
+        if token is None or live.alive(token):
+            continue
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue  # taken over or removed meanwhile
+        if pinned is None:
+            pinned = pinned_paths(directory)
+        meta = _read_meta(path)
+        found.append(Orphan(
+            path=path.absolute(), size=st.st_size, age=max(0.0, now - st.st_mtime),
+            created=meta.get("created"), pid=meta.get("pid"), host=meta.get("host"),
+            origin=meta.get("origin"), metadata=meta.get("metadata") or {},
+            pinned=os.fspath(path) in pinned or os.fspath(path.absolute()) in pinned,
+            sealed_identity=tuple(meta["identity"]) if meta.get("identity") else None))
+    return sorted(found, key=lambda o: -o.age)
+
+
+def describe_orphan(o: Orphan) -> str:
+    """One line about an orphan, for logs and ``trtet-store recover``."""
+    parts = [f"{o.size} bytes", f"age {_age(o.age)}"]
+    if o.pid is not None:
+        parts.append(f"staged by pid {o.pid}" + (f" on {o.host}" if o.host else ""))
+    if o.origin:
+        parts.append(f"adopted from {o.origin}")
+    if o.metadata:
+        parts.append("metadata " + json.dumps(o.metadata, sort_keys=True))
+    if o.pinned:
+        parts.append("pinned by an interrupted write (recover it first)")
+    return "; ".join(parts)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def collect_stale(directory: Path) -> list[Path]:
+    """Tidy up after dead stores in ``directory``; their blobs are kept (orphans).
+
+    Removes what no one can use: half-written blobs (``.blob.part``) and
+    sidecars whose blob is gone, of dead stores only; and the dead stores'
+    lock files. A store is dead when its lock file can be locked.
 
     Returns
     -------
     list of pathlib.Path
-        The files deleted.
+        The files deleted (never a sealed blob).
     """
     removed: list[Path] = []
-    pinned: set[str] | None = None
+    live = _Liveness(directory)
+    for f in list(directory.iterdir()):
+        token = _token_of(f.name)
+        if token is None or live.alive(token):
+            continue
+        name = f.name
+        if name.endswith(PART_SUFFIX) or name.endswith(META_SUFFIX + ".part") or (
+                name.endswith(BLOB_SUFFIX + META_SUFFIX)
+                and not f.with_name(name[: -len(META_SUFFIX)]).exists()):
+            _unlink_quietly(os.fspath(f))
+            removed.append(f)
     for lock_path in directory.glob(f"{LOCK_PREFIX}*{LOCK_SUFFIX}"):
         token = lock_path.name[len(LOCK_PREFIX): -len(LOCK_SUFFIX)]
         try:
@@ -410,33 +926,15 @@ def collect_stale(directory: Path) -> list[Path]:
         except FileNotFoundError:
             continue
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # owner alive
-            if pinned is None:
-                pinned = pinned_paths(directory)
-            kept = []
-            for f in directory.glob(f"{token}-*"):
-                if os.fspath(f) in pinned:
-                    kept.append(f)
-                    continue
-                _unlink_quietly(os.fspath(f))
-                removed.append(f)
-            # A file an interrupted write renamed away (an insert's host) comes
-            # back here when the write is undone: its owner's lock must still
-            # be here then, or nothing would ever collect it.
-            prefix = os.fspath(directory / f"{token}-")
-            away = [p for p in pinned if p.startswith(prefix) and not os.path.exists(p)]
-            if kept or away:
-                log.warning("kept %d file(s) of a dead store in %s (and its lock, for %d "
-                            "more an interrupted write holds): an interrupted write still "
-                            "needs them; run `trtet-store recover` on its output directory",
-                            len(kept), directory, len(away))
-            else:
-                _unlink_quietly(os.fspath(lock_path))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # Unlinked while we hold it, so no one is left holding a lock on
+            # a deleted file; a dead token stays dead without its lock file.
+            if fs.same_file(os.fstat(fd), os.stat(lock_path)):
+                os.unlink(lock_path)
+        except (BlockingIOError, FileNotFoundError):
+            pass  # owner alive, or removed meanwhile
         finally:
             os.close(fd)
     if removed:
-        log.info("collected %d stale file(s) of dead stores in %s", len(removed), directory)
+        log.info("removed %d unfinished file(s) of dead stores in %s", len(removed), directory)
     return removed
