@@ -2,53 +2,102 @@
 
 It replaces exactly one function, ``trtet_store.export.tensorrt.build_engines``
 (the seam): the real module is exported, run eagerly for its output specs,
-and replaced by a chain of engine placeholder nodes; the "engines" are large
-random byte strings streamed into the blob store, as the real builder does.
+and replaced by a chain of engine placeholder nodes. Each "engine" is random
+bytes streamed into the blob store in 1 MiB pieces, as the real builder
+streams its engines, with a state record shaped like torch-tensorrt 2.14.0's
+(:func:`engine_record`), read by the real :func:`~trtet_store.export.tensorrt.engine_state`.
 Everything after the seam runs for real.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import xxhash
 
-from trtet_store.export import trt_blob
-from trtet_store.export.tensorrt import BuildResult, register_engine, trt_engine_op
+from trtet_store.export.tensorrt import (
+    BuildResult,
+    engine_state,
+    register_engine,
+    trt_engine_op,
+)
+
+#: Fields of torch-tensorrt 2.14.0's serialized engine record (SERIALIZATION_LEN).
+RECORD_LEN = 13
+
+
+def engine_record(*, inputs: Sequence[str] = ("input_0",),
+                  outputs: Sequence[str] = ("output_0",), aliased_io: str = "",
+                  requires_output_allocator: bool = False, device_id: int = 0,
+                  serialized_metadata: str = "", target_platform: str = "linux_x86_64",
+                  hardware_compatible: bool = False) -> list[str]:
+    """An engine state record as ``get_engine_info_from_state(metadata_only=True)`` gives it.
+
+    Indices and encodings as in torch-tensorrt 2.14.0's
+    ``_serialized_engine_layout``: binding names and device joined by ``%``,
+    flags as ``"0"``/``"1"``, ``aliased_io`` as ``out@in@kind`` records joined
+    by ``%``, and the engine slot empty (metadata only).
+    """
+    record = [""] * RECORD_LEN
+    record[0] = "10"  # ABI version
+    record[1] = "fake_engine"
+    record[2] = f"{device_id}%8%9%0%Fake GPU"
+    record[3] = ""  # the engine: not in a metadata-only record
+    record[4] = "%".join(inputs)
+    record[5] = "%".join(outputs)
+    record[6] = "1" if hardware_compatible else "0"
+    record[7] = serialized_metadata
+    record[8] = target_platform
+    record[9] = "1" if requires_output_allocator else "0"
+    record[10] = "static"
+    record[11] = "0"
+    record[12] = aliased_io
+    return record
+
+
+def stage_fake_engine(store, size: int, seed: int):
+    """Stream ``size`` pseudo-random bytes into ``store``; the blob and their xxh3-128."""
+    h = xxhash.xxh3_128()
+    rnd = xxhash.xxh3_128(seed=seed)
+    with store.writer() as w:
+        left = size
+        while left:
+            rnd.update(b"more")
+            n = min(left, 1 << 20)
+            part = (rnd.digest() * (n // 16 + 1))[:n]
+            w.write(part)
+            h.update(part)
+            left -= n
+    return w.blob, h.hexdigest()
 
 
 @dataclass
 class FakeBuilder:
-    """Callable with the seam's signature; records what it built."""
+    """Callable with the seam's signature; records what it built.
+
+    ``seeds`` give each engine's content (equal seeds: identical engines, with
+    identical metadata); by default engine ``i`` has seed ``i``. ``record``
+    gives each engine's state record.
+    """
 
     engine_sizes: tuple[int, ...] = (4 << 20,)
+    seeds: tuple[int, ...] | None = None
+    record: dict = field(default_factory=dict)  # engine_record(**record) for every engine
     built: list = field(default_factory=list)  # (engine, xxh3-128 of the bytes written)
-    seed: int = 0
 
     def __call__(self, exported_program, arg_inputs, kwarg_inputs, store, settings):
         out = exported_program.module()(*arg_inputs, **(kwarg_inputs or {}))
+        seeds = self.seeds or tuple(range(len(self.engine_sizes)))
         engines = []
-        for i, size in enumerate(self.engine_sizes):
-            h = xxhash.xxh3_128()
-            with store.writer() as w:
-                left = size
-                rnd = xxhash.xxh3_128(seed=self.seed + i)
-                while left:
-                    rnd.update(b"more")
-                    n = min(left, 1 << 20)
-                    part = (rnd.digest() * (n // 16 + 1))[:n]
-                    w.write(part)
-                    h.update(part)
-                    left -= n
-            metadata = trt_blob.BlobMetadata(
-                io_bindings=(trt_blob.IOBinding("input_0"),
-                             trt_blob.IOBinding("output_0", is_input=False)),
-                device_id=0, target_platform="linux_x86_64",
-                serialized_metadata=f"fake-engine-{i}")
-            engine = register_engine(w.blob, metadata, [(tuple(out.shape), out.dtype)])
+        for i, (size, seed) in enumerate(zip(self.engine_sizes, seeds, strict=True)):
+            fields = {"serialized_metadata": f"fake-engine-{seed}", **self.record}
+            state = engine_state(engine_record(**fields), name=f"engine {i}")  # before staging
+            blob, digest = stage_fake_engine(store, size, seed)
+            engine = register_engine(blob, state, [(tuple(out.shape), out.dtype)])
             engines.append(engine)
-            self.built.append((engine, h.hexdigest()))
+            self.built.append((engine, digest))
         ids = [e.engine_id for e in engines]
         op = trt_engine_op()
 

@@ -214,8 +214,12 @@ def test_real_tensorrt_compile_and_save(here_fs):
         out = here_fs / f"m_{external}.pte"
         report = trtet_store.compile_and_save(module, inputs, out, external_engine_data=external)
         assert report.engines and all(p in ("move", "copy") for p in report.placements)
-        blobs = delegate_blobs(out)
-        assert all(trt_blob.decode(b)[1].engine_key for b in blobs)
+        for raw in delegate_blobs(out):
+            header, meta, engine = trt_blob.decode(raw)
+            if external is None:  # inline: what the released runtime reads
+                assert meta.engine_key is None and len(engine) == header.engine_size > 0
+            else:
+                assert meta.engine_key and header.engine_size == 0
         if importlib.util.find_spec("torch_tensorrt_executorch_runtime"):
             import torch_tensorrt
 

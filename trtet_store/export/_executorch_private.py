@@ -1,11 +1,11 @@
-"""The one place that touches ExecuTorch internals (written against executorch 1.5.1).
+"""The one place that touches ExecuTorch internals (written against executorch 1.4.1 and 1.5.1).
 
 Everything trtet_store needs from ExecuTorch that is not public API goes through
 this module, so that a future ExecuTorch that renames something breaks here,
 loudly, and :func:`check_private_api` says which attribute moved.
 
-Private attributes used (executorch 1.5.1)
-------------------------------------------
+Private attributes used (executorch 1.4.1 and 1.5.1 unless said)
+-----------------------------------------------------------------
 ``ExecutorchProgramManager._pte_data`` : ``Cord``
     The serialized ``.pte``, built eagerly in ``__init__`` by
     ``serialize_for_executorch``; ``save``/``write_to_file`` write exactly it.
@@ -15,17 +15,15 @@ Private attributes used (executorch 1.5.1)
 ``Cord._buffers`` : ``list[bytes | FileBackedData]``
     The pieces of a Cord in file order (``Cord.append`` flattens nested Cords).
     ``Cord._byte_size`` is their total length (``len(cord)``).
-``FileBackedData._path`` : ``str``
-    The file holding the payload.
-``FileBackedData._size``
-    Read through the public ``len(fbd)``: ``os.path.getsize`` taken once, at
-    construction. The layout is planned with it.
-``FileBackedData._finalizer`` : ``weakref.finalize | None``
-    Not None when the object owns its file (``cleanup=True`` or ``move_from``):
-    calling it removes ``_path`` (``FileBackedData._remove`` ignores
-    ``OSError``, so a file already renamed away or deleted is a silent no-op).
-``FileBackedData._remove`` : staticmethod
-    The finalizer's callback; used to recognise ExecuTorch's finalizers.
+``executorch.exir._serialize._program._extract_delegate_segments(program, segments)``
+    Moves each delegate's ``processed_bytes`` into an ``AlignedData`` segment
+    (``.data`` a Cord), identical blobs once. Wrapped by
+    :func:`expand_delegate_segments` so that a TensorRT delegate's segment is
+    its blob header followed by the staged engine file (an :class:`EngineView`).
+``FileBackedData`` (1.5.1 only; 1.4.1 has no file-backed Cord pieces)
+    ``_path`` (the file), ``_size`` (read through ``len``), ``_sha256``,
+    ``_finalizer`` (a ``weakref.finalize`` when it owns its file: ``cleanup=True``
+    or ``move_from``) and the staticmethod ``_remove`` it calls.
 ``weakref.finalize._registry`` (CPython stdlib)
     Enumerated to find *every* live finalizer that would remove a path, including
     the one of an original ``FileBackedData`` when we only hold a deep copy (a
@@ -40,9 +38,11 @@ lets the adapter recognise its own files without a store lookup.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import tempfile
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,12 +51,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from trtet_store.io.blobstore import Blob
 
-TESTED_EXECUTORCH = "1.5.1"
+TESTED_EXECUTORCH = ("1.4.1", "1.5.1")
 _BLOB_ATTR = "_trtet_blob"
 
 
 class ExecutorchPrivateAPIError(RuntimeError):
     """An ExecuTorch internal that trtet_store relies on is missing or changed."""
+
+
+class FileBackedDataUnavailableError(RuntimeError):
+    """A file-backed payload was asked for from an ExecuTorch without ``FileBackedData``."""
 
 
 class _BlobRef:
@@ -82,7 +86,7 @@ class _BlobRef:
 def _fail(what: str, detail: str) -> ExecutorchPrivateAPIError:
     return ExecutorchPrivateAPIError(
         f"ExecuTorch internal {what} is not as trtet_store expects ({detail}); "
-        f"trtet_store was written against executorch {TESTED_EXECUTORCH} "
+        f"trtet_store was written against executorch {' and '.join(TESTED_EXECUTORCH)} "
         f"(installed: {executorch_version()}). Update trtet_store/export/_executorch_private.py."
     )
 
@@ -102,10 +106,37 @@ def _cord_module() -> Any:
         from executorch.exir._serialize import _cord
     except ImportError as exc:  # pragma: no cover - depends on the installed version
         raise _fail("module executorch.exir._serialize._cord", str(exc)) from exc
-    for name in ("Cord", "FileBackedData"):
-        if not hasattr(_cord, name):
-            raise _fail(f"executorch.exir._serialize._cord.{name}", "missing")
+    if not hasattr(_cord, "Cord"):
+        raise _fail("executorch.exir._serialize._cord.Cord", "missing")
     return _cord
+
+
+def has_file_backed_data() -> bool:
+    """Whether this ExecuTorch has file-backed Cord pieces (``FileBackedData``, 1.5+)."""
+    return hasattr(_cord_module(), "FileBackedData")
+
+
+def _file_backed_class() -> Any:
+    """``FileBackedData``, or raise naming the version that lacks it."""
+    cls = getattr(_cord_module(), "FileBackedData", None)
+    if cls is None:
+        raise FileBackedDataUnavailableError(
+            f"executorch {executorch_version()} has no FileBackedData (it came in 1.5): "
+            "payloads it holds are in memory, and a file can only reach a program as a "
+            "TensorRT engine inline in its delegate; install executorch>=1.5.1 for "
+            "file-backed named data (external_engine_data)"
+        )
+    return cls
+
+
+def _program_module() -> Any:
+    try:
+        from executorch.exir._serialize import _program
+    except ImportError as exc:  # pragma: no cover - depends on the installed version
+        raise _fail("module executorch.exir._serialize._program", str(exc)) from exc
+    if not callable(getattr(_program, "_extract_delegate_segments", None)):
+        raise _fail("executorch.exir._serialize._program._extract_delegate_segments", "missing")
+    return _program
 
 
 # --- programs -----------------------------------------------------------------
@@ -137,15 +168,16 @@ def ptd_cords(program: ExecutorchProgramManager) -> dict[str, Cord]:
     return dict(data)
 
 
-def cord_pieces(cord: Cord) -> list[bytes | FileBackedData]:
+def cord_pieces(cord: Cord) -> list[bytes | FileBackedData | EngineView]:
     """The pieces of ``cord`` in file order: ``cord._buffers`` (a copy of the list)."""
     mod = _cord_module()
     buffers = getattr(cord, "_buffers", None)
     if not isinstance(buffers, list):
         raise _fail("Cord._buffers", f"expected a list, found {type(buffers).__name__}")
+    kinds = (bytes, EngineView) + ((mod.FileBackedData,) if has_file_backed_data() else ())
     total = 0
     for item in buffers:
-        if not isinstance(item, (bytes, mod.FileBackedData)):
+        if not isinstance(item, kinds):
             raise _fail("Cord._buffers", f"unexpected piece type {type(item).__name__}")
         total += len(item)
     if total != len(cord):
@@ -157,8 +189,9 @@ def cord_pieces(cord: Cord) -> list[bytes | FileBackedData]:
 
 
 def is_file_backed(obj: object) -> bool:
-    """Whether ``obj`` is an ExecuTorch ``FileBackedData``."""
-    return isinstance(obj, _cord_module().FileBackedData)
+    """Whether ``obj`` is an ExecuTorch ``FileBackedData`` (never, on 1.4.1)."""
+    cls = getattr(_cord_module(), "FileBackedData", None)
+    return cls is not None and isinstance(obj, cls)
 
 
 def file_backed_path(fbd: FileBackedData) -> str:
@@ -189,7 +222,7 @@ def attached_blob(fbd: FileBackedData) -> Blob | None:
 def _remove_func() -> Any:
     import inspect
 
-    fbd_cls = _cord_module().FileBackedData
+    fbd_cls = _file_backed_class()
     func = inspect.getattr_static(fbd_cls, "_remove", None)
     if not isinstance(func, staticmethod):
         raise _fail("FileBackedData._remove", "expected a staticmethod")
@@ -233,7 +266,7 @@ def new_file_backed_data(blob: Blob, *, sha256: bytes | None = None) -> FileBack
     BlobStore, does when it is released. The object holds the Blob, so the
     file lives at least as long as ExecuTorch holds the payload.
     """
-    fbd = _cord_module().FileBackedData(os.fspath(blob.path), cleanup=False, sha256=sha256)
+    fbd = _file_backed_class()(os.fspath(blob.path), cleanup=False, sha256=sha256)
     if len(fbd) != blob.size:
         raise ValueError(f"{blob!r}: file has {len(fbd)} bytes, the blob recorded {blob.size}")
     setattr(fbd, _BLOB_ATTR, _BlobRef(blob))
@@ -263,6 +296,118 @@ def set_known_sha256(fbd: FileBackedData, sha256: bytes) -> None:
         fbd._sha256 = sha256
 
 
+# --- staged engines inside delegate segments --------------------------------------
+
+
+class EngineView(mmap.mmap):
+    """A staged blob as a piece of a Cord: a read-only mapping of its file.
+
+    ExecuTorch 1.4.1 writes a Cord with ``outfile.write(piece)`` and 1.5.1 calls
+    ``piece.write_to_file(outfile)`` for anything that is not ``bytes``; a
+    mapping serves both without reading the file into memory, so ExecuTorch's
+    own ``save`` still writes the program. trtet_store's writer never reads it:
+    it places :attr:`blob` instead. Copies are the view itself, as for
+    :class:`_BlobRef`. Closed once a write consumed the blob (a consumed file is
+    gone or truncated, and touching its pages would fault).
+    """
+
+    blob: Blob
+
+    def __new__(cls, blob: Blob) -> EngineView:
+        if blob.size <= 0:
+            raise ValueError(f"{blob!r} is empty: a TensorRT engine has bytes")
+        with open(blob.path, "rb") as f:
+            view = super().__new__(cls, f.fileno(), blob.size, prot=mmap.PROT_READ)
+        view.blob = blob
+        return view
+
+    def check_live(self) -> None:
+        if self.closed or self.blob.closed:
+            state = "consumed by a write" if self.blob.consumed else "released"
+            raise ValueError(f"staged engine {self.blob.path} was {state}; the program "
+                             "cannot be written again")
+
+    def write_to_file(self, outfile: Any) -> None:
+        """Write the engine's bytes to ``outfile`` (ExecuTorch 1.5.1's Cord protocol)."""
+        self.check_live()
+        outfile.write(self)
+
+    def to_bytes(self) -> bytes:
+        """The engine's bytes, read into memory (``bytes(cord)`` on 1.5.1)."""
+        self.check_live()
+        return bytes(self)
+
+    def __copy__(self) -> EngineView:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> EngineView:
+        return self
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a staged TensorRT engine cannot be pickled; write the program "
+                        "with trtet_store.save_program")
+
+
+def cord_with_view(head: bytes, blob: Blob) -> Cord:
+    """A Cord of ``head`` followed by ``blob``'s bytes, as an :class:`EngineView`."""
+    cord = _cord_module().Cord(head)
+    view = EngineView(blob)
+    # Cord.append takes only bytes, Cords and (1.5) FileBackedData.
+    cord._buffers.append(view)
+    cord._byte_size += len(view)
+    return cord
+
+
+#: Turns one delegate segment's bytes into (bytes before the engine, staged engine blob),
+#: or None for a segment it does not know.
+SegmentExpander = Callable[[bytes], "tuple[bytes, Blob] | None"]
+
+
+def expand_delegate_segments(expander: SegmentExpander) -> None:
+    """Have ExecuTorch's serializer expand delegate segments that ``expander`` recognises.
+
+    ``_extract_delegate_segments`` is wrapped (once per process): after it has
+    moved every delegate's processed bytes into a segment, deduplicated, each
+    new segment that is one ``bytes`` piece is offered to every expander, and a
+    hit becomes ``head + EngineView(blob)``. The segment table and the extended
+    header are computed afterwards from the segment's length, so offsets and
+    sizes in the ``.pte`` describe the expanded segment. Idempotent.
+    """
+    mod = _program_module()
+    extract = mod._extract_delegate_segments
+    expanders: list[SegmentExpander] | None = getattr(extract, "_trtet_expanders", None)
+    if expanders is None:
+        original = extract
+        expanders = []
+
+        def extract(program: Any, segments: list[Any]) -> None:
+            start = len(segments)
+            original(program, segments)
+            for segment in segments[start:]:
+                data = getattr(segment, "data", None)
+                if data is None:
+                    raise _fail("AlignedData.data", "missing")
+                pieces = cord_pieces(data)
+                if len(pieces) != 1 or not isinstance(pieces[0], bytes):
+                    continue
+                for expand in expanders:
+                    hit = expand(pieces[0])
+                    if hit is not None:
+                        segment.data = cord_with_view(*hit)
+                        break
+
+        extract._trtet_expanders = expanders  # type: ignore[attr-defined]
+        extract.__wrapped__ = original  # type: ignore[attr-defined]
+        mod._extract_delegate_segments = extract
+    if expander not in expanders:
+        expanders.append(expander)
+
+
+def engine_views(cords: list[Cord]) -> list[EngineView]:
+    """Every :class:`EngineView` in ``cords``."""
+    return [p for c in cords for p in cord_pieces(c) if isinstance(p, EngineView)]
+
+
 # --- the check ------------------------------------------------------------------
 
 
@@ -280,9 +425,53 @@ def check_private_api(program: ExecutorchProgramManager | None = None) -> None:
     ExecutorchPrivateAPIError
         Naming the attribute and the installed executorch version.
     """
+    mod = _cord_module()
+    cord_cls = mod.Cord
+    _check_delegate_segments()
+    if has_file_backed_data():
+        _check_file_backed_data(mod)
+    elif executorch_version().startswith("1.5"):
+        raise _fail("executorch.exir._serialize._cord.FileBackedData", "missing in 1.5")
+    cord = cord_cls(b"ab")
+    cord.append(b"cd")
+    if cord_pieces(cord) != [b"ab", b"cd"]:
+        raise _fail("Cord._buffers", "does not hold the appended bytes in order")
+    if not isinstance(getattr(cord, "_byte_size", None), int):
+        raise _fail("Cord._byte_size", "missing")
+
+    try:
+        from executorch.exir.program import ExecutorchProgramManager
+    except ImportError as exc:
+        raise _fail("executorch.exir.program.ExecutorchProgramManager", str(exc)) from exc
+    for name in ("save", "write_to_file", "write_tensor_data_to_file"):
+        if not callable(getattr(ExecutorchProgramManager, name, None)):
+            raise _fail(f"ExecutorchProgramManager.{name}", "missing")
+    if program is not None:
+        cords = [pte_cord(program), *ptd_cords(program).values()]
+        for cord in cords:
+            cord_pieces(cord)
+
+
+def _check_delegate_segments() -> None:
     import inspect
 
-    mod = _cord_module()
+    mod = _program_module()
+    extract = getattr(mod._extract_delegate_segments, "__wrapped__",
+                      mod._extract_delegate_segments)
+    if list(inspect.signature(extract).parameters) != ["program", "segments"]:
+        raise _fail("_program._extract_delegate_segments", "expected (program, segments)")
+    aligned = getattr(mod, "AlignedData", None)
+    if aligned is None or "data" not in inspect.signature(aligned).parameters:
+        raise _fail("_program.AlignedData", "expected a class with a data field")
+    source = inspect.getsource(mod.serialize_pte_binary)
+    if "_extract_delegate_segments(" not in source or "len(segment.data)" not in source:
+        raise _fail("_program.serialize_pte_binary",
+                    "no longer sizes segments after _extract_delegate_segments")
+
+
+def _check_file_backed_data(mod: Any) -> None:
+    import inspect
+
     fbd_cls, cord_cls = mod.FileBackedData, mod.Cord
     params = inspect.signature(fbd_cls.__init__).parameters
     for name in ("path", "cleanup", "sha256"):
@@ -331,15 +520,3 @@ def check_private_api(program: ExecutorchProgramManager | None = None) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-
-    try:
-        from executorch.exir.program import ExecutorchProgramManager
-    except ImportError as exc:
-        raise _fail("executorch.exir.program.ExecutorchProgramManager", str(exc)) from exc
-    for name in ("save", "write_to_file", "write_tensor_data_to_file"):
-        if not callable(getattr(ExecutorchProgramManager, name, None)):
-            raise _fail(f"ExecutorchProgramManager.{name}", "missing")
-    if program is not None:
-        cords = [pte_cord(program), *ptd_cords(program).values()]
-        for cord in cords:
-            cord_pieces(cord)

@@ -52,9 +52,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtet_store.export.trt_blob import STAGED_ENGINE_MARKER
+
 if TYPE_CHECKING:  # pragma: no cover
     from executorch.exir._serialize._cord import Cord, FileBackedData
     from executorch.exir.program import ExecutorchProgramManager
+
+    from trtet_store.export._executorch_private import EngineView
 
     from trtet_store.io.blobstore import Blob, BlobStore
     from trtet_store.io.layout import Piece
@@ -164,11 +168,13 @@ class _Converter:
             )
         return blob
 
-    def payload(self, fbd: FileBackedData) -> Piece:
+    def payload(self, fbd: FileBackedData | EngineView) -> Piece:
         """The piece for one payload; call after :func:`_precheck_payload`."""
         from trtet_store.export import _executorch_private as priv
         from trtet_store.io.layout import ExternalFile
 
+        if isinstance(fbd, priv.EngineView):
+            return fbd.blob
         path = priv.file_backed_path(fbd)
         blob = self._live_blob(fbd)
         if blob is not None:
@@ -298,16 +304,28 @@ def program_layouts(
 
     conv = _Converter(consume=consume, store=store)
     # Validate every payload before adopting any: a refusal must change nothing.
-    for _, cord in plan:
+    for dest, cord in plan:
         for item in priv.cord_pieces(cord):
             if not isinstance(item, bytes):
                 _precheck_payload(conv, item)
+            elif STAGED_ENGINE_MARKER in item:
+                raise ValueError(
+                    f"{dest}: the program holds a TensorRT engine token where its engine "
+                    "should be: it was serialized without delegate segments "
+                    "(ExecutorchBackendConfig(extract_delegate_segments=False)); "
+                    "call to_executorch() with extract_delegate_segments=True")
     return [(dest, conv.pieces(cord)) for dest, cord in plan]
 
 
-def _precheck_payload(conv: _Converter, fbd: FileBackedData) -> None:
+def _precheck_payload(conv: _Converter, fbd: FileBackedData | EngineView) -> None:
     from trtet_store.export import _executorch_private as priv
 
+    if isinstance(fbd, priv.EngineView):
+        fbd.check_live()
+        if len(fbd) != fbd.blob.size:
+            raise ValueError(f"staged engine {fbd.blob.path}: planned {len(fbd)} bytes, "
+                             f"blob has {fbd.blob.size}")
+        return
     path = priv.file_backed_path(fbd)
     blob = conv._live_blob(fbd)
     planned = len(fbd)
@@ -413,15 +431,24 @@ def save_program(
         The ``.pte`` first, then the ``.ptd`` files.
     """
     layouts = program_layouts(program, path, outdir, consume=consume, store=store)
-    return _write(layouts, consume, chunk_size, progress, placements)
+    return _write(program, layouts, consume, chunk_size, progress, placements)
 
 
-def _write(layouts: list, consume: bool, chunk_size: int | None, progress: Any,
-           placements: Any) -> list[Any]:
+def _write(program: ExecutorchProgramManager, layouts: list, consume: bool,
+           chunk_size: int | None, progress: Any, placements: Any) -> list[Any]:
+    from trtet_store.export import _executorch_private as priv
     from trtet_store.io.writer import write_files
 
-    return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
-                       placements=placements)
+    try:
+        return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
+                           placements=placements)
+    finally:
+        # A consumed engine's file is gone or truncated: unmap it, so that a later
+        # write of this program fails with an error instead of a fault.
+        for view in priv.engine_views([priv.pte_cord(program),
+                                       *priv.ptd_cords(program).values()]):
+            if view.blob.consumed and not view.closed:
+                view.close()
 
 
 def save(
@@ -439,7 +466,7 @@ def save(
     Returns the WriteReport. See :func:`save_program` for the parameters.
     """
     layouts = program_layouts(program, path, consume=consume, store=store, include_ptd=False)
-    return _write(layouts, consume, chunk_size, progress, placements)[0]
+    return _write(program, layouts, consume, chunk_size, progress, placements)[0]
 
 
 def write_tensor_data(
@@ -460,7 +487,7 @@ def write_tensor_data(
     layouts = ptd_layouts(program, outdir, consume=consume, store=store)
     if not layouts:
         return []
-    return _write(layouts, consume, chunk_size, progress, placements)
+    return _write(program, layouts, consume, chunk_size, progress, placements)
 
 
 # --- handing our blobs to ExecuTorch ------------------------------------------------

@@ -1,14 +1,37 @@
-"""TensorRT lowering: engines staged as owned blobs, delegated to ExecuTorch as named data.
+"""TensorRT lowering: engines staged as owned blobs, placed inline in their delegate segments.
 
 The TensorRT build is one function, :func:`build_engines` (the seam): module
 and inputs in; an ExportedProgram whose engines are ``trtet_store::trt_engine``
 placeholder nodes, and the engines as :class:`~trtet_store.io.Blob` s, out.
 Each engine is streamed into the blob store as soon as it is built and its
-in-memory copy dropped. Everything after the seam is ordinary ExecuTorch
-lowering: :class:`TensorRTPartitioner` claims the placeholder nodes,
-:class:`TensorRTBackend` emits the delegate blob (header and metadata only,
-``engine_key`` set, engine size 0) and hands the engine over as file-backed
-named data, so no engine byte passes through ``processed_bytes``.
+in-memory copy dropped; its state record (the list torch-tensorrt 2.14.0's
+engine objects serialize to) is read by :func:`engine_state`, before staging, so
+an engine the ExecuTorch runtime cannot run is refused before it costs disk.
+Everything after the seam is ordinary ExecuTorch lowering:
+:class:`TensorRTPartitioner` claims the placeholder nodes and
+:class:`TensorRTBackend` emits the delegate blob the released runtime
+(torch-tensorrt-executorch-runtime 0.1.0) parses, with upstream's preprocess
+semantics: input bindings in delegate-argument order, output order checked,
+``aliased_io`` carried (magic ``TR02``).
+
+Where the engine goes
+---------------------
+Inline (the default, what the released runtime reads): the delegate's segment
+is the whole upstream blob, header, metadata, padding, engine. ExecuTorch wants
+``processed_bytes`` as ``bytes``, so preprocess returns the blob's head and a
+token naming the staged engine (:data:`~trtet_store.export.trt_blob.STAGED_ENGINE_MARKER`
+and the engine's digest); when the program is serialized, the token is replaced
+by the engine file itself (``_executorch_private.expand_delegate_segments``), so
+the engine is placed by clone, insert, move or copy like any payload and never
+read into memory. The head pads the engine to :data:`PAGE_ALIGNMENT` within
+the blob, so in a page-aligned segment (``segment_alignment=4096``) every
+engine starts on a page of the file. Identical blobs (same engine, same
+bindings) are one segment, as ExecuTorch does for any identical delegate data.
+
+Named (``external_engine_data="name"``): the engine goes to ``name.ptd`` as
+named data under ``engine_key`` and the blob in the ``.pte`` has engine size 0.
+Newer Torch-TensorRT sources read this layout; no released runtime does yet.
+It needs executorch 1.5 (``FileBackedData``).
 """
 
 from __future__ import annotations
@@ -18,6 +41,7 @@ import logging
 import operator
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, final
 
@@ -37,13 +61,140 @@ log = logging.getLogger("trtet_store.tensorrt")
 BACKEND_ID = "TensorRTBackend"
 OP_NAMESPACE = "trtet_store"
 OP_NAME = "trt_engine"
-ENGINE_ALIGNMENT = 16
+ENGINE_ALIGNMENT = trt_blob.ENGINE_ALIGNMENT
+#: Engine offset alignment inside an inline blob: a page, so that clone and
+#: insert can place the engine (under 4 KiB of padding per engine).
+PAGE_ALIGNMENT = 4096
 EXTERNAL_SPEC = "external_engine_data"
 STREAMING_SPEC = "weight_streaming_budget"
 
 
 class TensorRTUnavailableError(RuntimeError):
     """The TensorRT backend was asked for where Torch-TensorRT or CUDA is missing."""
+
+
+class UnsupportedEngineError(ValueError):
+    """A built engine the ExecuTorch TensorRT runtime cannot run (e.g. an output allocator)."""
+
+
+# -- engine state records ---------------------------------------------------------------
+
+#: Indices into torch-tensorrt 2.14.0's serialized engine record
+#: (``torch_tensorrt.dynamo.runtime._serialized_engine_layout``). Used only where
+#: torch_tensorrt is not installed; otherwise its own constants are read.
+STATE_LAYOUT_2_14 = {
+    "DEVICE_IDX": 2,
+    "ENGINE_IDX": 3,
+    "INPUT_BINDING_NAMES_IDX": 4,
+    "OUTPUT_BINDING_NAMES_IDX": 5,
+    "HW_COMPATIBLE_IDX": 6,
+    "SERIALIZED_METADATA_IDX": 7,
+    "TARGET_PLATFORM_IDX": 8,
+    "REQUIRES_OUTPUT_ALLOCATOR_IDX": 9,
+    "ALIASED_IO_IDX": 12,
+}
+_DELIM = "%"
+_ALIAS_FIELD_DELIM = "@"
+
+
+def _parse_aliased_io(text: str) -> dict[str, tuple[str, str]]:
+    """``out@in@kind`` records joined by ``%``, as torch-tensorrt 2.14.0 writes them."""
+    out: dict[str, tuple[str, str]] = {}
+    for record in filter(None, text.split(_DELIM)):
+        fields = record.split(_ALIAS_FIELD_DELIM)
+        if len(fields) != 3:
+            raise UnsupportedEngineError(f"malformed aliased_io record {record!r} (want "
+                                         "output@input@kind)")
+        out[fields[0]] = (fields[1], fields[2])
+    return out
+
+
+def state_layout() -> tuple[dict[str, int], Callable[[str], dict[str, tuple[str, str]]]]:
+    """The engine record's indices and the ``aliased_io`` decoder.
+
+    torch_tensorrt's own constants and ``deserialize_aliased_io`` where it is
+    installed; torch-tensorrt 2.14.0's values, restated, where it is not.
+    """
+    try:
+        from torch_tensorrt.dynamo.runtime import _TorchTensorRTModule as trt_module
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "torch_tensorrt":
+            raise
+        return dict(STATE_LAYOUT_2_14), _parse_aliased_io
+    return ({name: int(getattr(trt_module, name)) for name in STATE_LAYOUT_2_14},
+            trt_module.deserialize_aliased_io)
+
+
+def _text(record: Sequence[Any], index: int) -> str:
+    if index >= len(record) or record[index] is None:
+        return ""
+    value = record[index]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """What the runtime needs to bind an engine, read from its state record.
+
+    Attributes
+    ----------
+    input_names, output_names : tuple of str
+        Binding names in the engine's (TensorRT submodule's) order.
+    aliased_io : tuple of (output, input, kind)
+        Outputs written in place into an input (KV caches); makes the blob ``TR02``.
+    hardware_compatible : bool
+    device_id : int
+    serialized_metadata, target_platform : str
+    """
+
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    aliased_io: tuple[tuple[str, str, str], ...] = ()
+    hardware_compatible: bool = False
+    device_id: int = 0
+    serialized_metadata: str = ""
+    target_platform: str = ""
+
+
+def engine_state(record: Sequence[Any], *, name: str = "engine") -> EngineState:
+    """Read an engine's state record (``engine.__getstate__()[0]`` in torch-tensorrt 2.14.0).
+
+    Parameters
+    ----------
+    record : sequence
+        The serialized engine record; its engine slot is not read.
+    name : str
+        For error messages.
+
+    Raises
+    ------
+    UnsupportedEngineError
+        The record is too short, or the engine needs an output allocator
+        (data-dependent output shapes), which the ExecuTorch runtime refuses.
+    """
+    layout, parse_aliased_io = state_layout()
+    record = list(record)
+    if len(record) <= layout["ENGINE_IDX"]:
+        raise UnsupportedEngineError(f"{name}: incomplete engine state record "
+                                     f"({len(record)} fields)")
+    if _text(record, layout["REQUIRES_OUTPUT_ALLOCATOR_IDX"]) == "1":
+        raise UnsupportedEngineError(
+            f"{name} needs an output allocator (data-dependent output shapes); the "
+            "ExecuTorch TensorRT runtime cannot run it. Give its outputs static or "
+            "bounded shapes, or leave that part out of the TensorRT partition")
+    aliased = parse_aliased_io(_text(record, layout["ALIASED_IO_IDX"]))
+    device = _text(record, layout["DEVICE_IDX"]).split(_DELIM)[0]
+    return EngineState(
+        input_names=tuple(filter(None, _text(record, layout["INPUT_BINDING_NAMES_IDX"])
+                                 .split(_DELIM))),
+        output_names=tuple(filter(None, _text(record, layout["OUTPUT_BINDING_NAMES_IDX"])
+                                  .split(_DELIM))),
+        aliased_io=tuple((out, inp, kind) for out, (inp, kind) in aliased.items()),
+        hardware_compatible=_text(record, layout["HW_COMPATIBLE_IDX"]) == "1",
+        device_id=int(device) if device.isdigit() else 0,
+        serialized_metadata=_text(record, layout["SERIALIZED_METADATA_IDX"]),
+        target_platform=_text(record, layout["TARGET_PLATFORM_IDX"]),
+    )
 
 
 @dataclass
@@ -56,15 +207,15 @@ class Engine:
         Names the engine in its placeholder node.
     blob : Blob
         The serialized engine.
-    metadata : trt_blob.BlobMetadata
-        I/O bindings, device, platform; ``engine_key`` is filled in at preprocess.
+    state : EngineState
+        Bindings (in engine order), aliasing, device, platform.
     outputs : list of (shape, dtype)
         Output specs, for the placeholder's shape function.
     """
 
     engine_id: str
     blob: Blob
-    metadata: trt_blob.BlobMetadata
+    state: EngineState
     outputs: list[tuple[tuple[int, ...], torch.dtype]]
 
     @property
@@ -87,10 +238,14 @@ _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 
 
-def register_engine(blob: Blob, metadata: trt_blob.BlobMetadata,
+def register_engine(blob: Blob, state: EngineState,
                     outputs: list[tuple[tuple[int, ...], torch.dtype]]) -> Engine:
     """Make ``blob`` known to the placeholder op and the backend under a fresh id."""
-    engine = Engine(uuid.uuid4().hex, blob, metadata, outputs)
+    if len(state.output_names) != len(outputs):
+        raise UnsupportedEngineError(
+            f"engine {blob.path}: {len(state.output_names)} output bindings "
+            f"{list(state.output_names)} for {len(outputs)} outputs")
+    engine = Engine(uuid.uuid4().hex, blob, state, outputs)
     with _engines_lock:
         _engines[engine.engine_id] = engine
     return engine
@@ -108,6 +263,47 @@ def lookup_engine(engine_id: str) -> Engine:
     except KeyError:
         raise RuntimeError(f"engine {engine_id} is not registered: was it built in this "
                            "process, by trtet_store.export.tensorrt.build_engines?") from None
+
+
+# Staged engines by digest, from preprocess until the program is serialized; the
+# serialized program then holds each blob through its segment.
+_inline: dict[str, Blob] = {}
+_TOKEN_SIZE = len(trt_blob.STAGED_ENGINE_MARKER) + 32  # xxh3-128 hex digest
+
+
+def _inline_processed_bytes(metadata: trt_blob.BlobMetadata, blob: Blob) -> bytes:
+    from trtet_store.export import _executorch_private as priv
+
+    digest = blob.digest
+    if len(digest) != 32:
+        raise RuntimeError(f"{blob!r}: unexpected digest {digest!r}")
+    with _engines_lock:
+        for stale in [d for d, b in _inline.items() if b.closed]:
+            del _inline[stale]
+        _inline.setdefault(digest, blob)
+    priv.expand_delegate_segments(_expand_inline_engine)
+    head = trt_blob.prefix(metadata, blob.size, alignment=PAGE_ALIGNMENT)
+    return head + trt_blob.STAGED_ENGINE_MARKER + digest.encode()
+
+
+def _expand_inline_engine(raw: bytes) -> tuple[bytes, Blob] | None:
+    """The head and staged engine of a delegate segment made by :class:`TensorRTBackend`."""
+    token = raw[-_TOKEN_SIZE:]
+    if raw[:4] not in (trt_blob.MAGIC, trt_blob.MAGIC_ALIASED_IO) or not token.startswith(
+            trt_blob.STAGED_ENGINE_MARKER):
+        return None
+    digest = token[len(trt_blob.STAGED_ENGINE_MARKER):].decode()
+    head = raw[:-_TOKEN_SIZE]
+    with _engines_lock:
+        blob = _inline.get(digest)
+    if blob is None or blob.closed:
+        raise RuntimeError(f"staged TensorRT engine {digest} was released before the program "
+                           "was serialized: keep its BlobStore open until to_executorch()")
+    header = trt_blob.BlobHeader.from_bytes(head)
+    if header.engine_offset != len(head) or header.engine_size != blob.size:
+        raise RuntimeError(f"delegate blob head of engine {digest} does not describe "
+                           f"{blob.size} engine bytes at offset {len(head)}")
+    return head, blob
 
 
 # -- the placeholder op --------------------------------------------------------------
@@ -151,9 +347,17 @@ class TensorRTPartitioner(Partitioner):
         Passed to every partition. ``target_device`` defaults to ``cuda:<device_id>``
         of each engine.
     external_engine_data : str, optional
-        Put engines in ``<name>.ptd`` instead of the ``.pte``.
+        Put engines in ``<name>.ptd`` as named data instead of inline in their
+        delegates in the ``.pte``. No released TensorRT runtime reads this
+        layout yet (torch-tensorrt-executorch-runtime 0.1.0 reads inline
+        engines only); it needs executorch 1.5.
     weight_streaming_budget_per_engine : int, optional
         Bytes of engine weights that may stay resident on the GPU, per engine.
+
+    Raises
+    ------
+    FileBackedDataUnavailableError
+        ``external_engine_data`` with executorch 1.4.
     """
 
     def __init__(self, compile_specs: list[CompileSpec] | None = None, *,
@@ -162,6 +366,11 @@ class TensorRTPartitioner(Partitioner):
         super().__init__()
         self.compile_specs = list(compile_specs or [])
         if external_engine_data is not None:
+            from trtet_store.export import _executorch_private as priv
+            from trtet_store.export.executorch import ptd_file_name
+
+            ptd_file_name(external_engine_data)
+            priv._file_backed_class()  # named engines are file-backed named data
             self.compile_specs.append(CompileSpec(EXTERNAL_SPEC, external_engine_data.encode()))
         if weight_streaming_budget_per_engine is not None:
             budget = int(weight_streaming_budget_per_engine)
@@ -180,7 +389,7 @@ class TensorRTPartitioner(Partitioner):
                 user.meta["delegation_tag"] = tag
             specs = list(self.compile_specs)
             if not any(s.key == "target_device" for s in specs):
-                device = lookup_engine(node.args[1]).metadata.device_id
+                device = lookup_engine(node.args[1]).state.device_id
                 specs.append(CompileSpec("target_device", f"cuda:{device}".encode()))
             tags[tag] = DelegationSpec(BACKEND_ID, specs)
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
@@ -188,37 +397,111 @@ class TensorRTPartitioner(Partitioner):
 
 @final
 class TensorRTBackend(BackendDetails):
-    """Emits the TensorRT delegate blob without the engine, and the engine as named data."""
+    """Emits the delegate blob torch-tensorrt-executorch-runtime parses, engine inline or named."""
 
     @staticmethod
     def preprocess(edge_program: ExportedProgram,
                    compile_specs: list[CompileSpec]) -> PreprocessResult:
-        from executorch.exir._serialize._named_data_store import NamedDataStore
-
-        from trtet_store.export.executorch import add_blob_as_named_data
-
         nodes = [n for n in edge_program.graph_module.graph.nodes if _is_engine_node(n)]
         if len(nodes) != 1:
             raise RuntimeError(f"a TensorRT partition holds exactly one engine, found "
                                f"{len(nodes)}")
-        engine = lookup_engine(nodes[0].args[1])
-        specs = {s.key: bytes(s.value) for s in compile_specs}
-        external = specs.get(EXTERNAL_SPEC)
-        store = NamedDataStore()
-        add_blob_as_named_data(store, engine.key, engine.blob, alignment=ENGINE_ALIGNMENT,
-                               external_tag=external.decode() if external else None)
-        metadata = _with_key(engine.metadata, engine.key)
-        log.info("engine %s: %d bytes as named data %r in %s", engine.engine_id,
-                 engine.blob.size, engine.key,
-                 f"{external.decode()}.ptd" if external else "the .pte")
-        return PreprocessResult(processed_bytes=trt_blob.encode(metadata),
-                                data_store_output=store.get_named_data_store_output())
+        node = nodes[0]
+        engine = lookup_engine(node.args[1])
+        inputs = delegate_input_order(edge_program, node, engine.state.input_names)
+        check_output_order(edge_program, node, engine.state.output_names)
+        metadata = trt_blob.BlobMetadata(
+            io_bindings=tuple([trt_blob.IOBinding(n) for n in inputs]
+                              + [trt_blob.IOBinding(n, is_input=False)
+                                 for n in engine.state.output_names]),
+            aliased_io=engine.state.aliased_io,
+            hardware_compatible=engine.state.hardware_compatible,
+            device_id=engine.state.device_id,
+            serialized_metadata=engine.state.serialized_metadata,
+            target_platform=engine.state.target_platform)
+        external = {s.key: bytes(s.value) for s in compile_specs}.get(EXTERNAL_SPEC)
+        if external is None:
+            log.info("engine %s: %d bytes inline in its delegate segment (from %s)",
+                     engine.engine_id, engine.blob.size, engine.blob.path)
+            return PreprocessResult(processed_bytes=_inline_processed_bytes(metadata,
+                                                                            engine.blob))
+        return _named_engine(engine, metadata, external.decode())
 
 
-def _with_key(metadata: trt_blob.BlobMetadata, key: str) -> trt_blob.BlobMetadata:
+def _named_engine(engine: Engine, metadata: trt_blob.BlobMetadata,
+                  tag: str) -> PreprocessResult:
     from dataclasses import replace
 
-    return replace(metadata, engine_key=key)
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+
+    from trtet_store.export.executorch import add_blob_as_named_data
+
+    store = NamedDataStore()
+    add_blob_as_named_data(store, engine.key, engine.blob, alignment=ENGINE_ALIGNMENT,
+                           external_tag=tag)
+    log.info("engine %s: %d bytes as named data %r in %s.ptd", engine.engine_id,
+             engine.blob.size, engine.key, tag)
+    return PreprocessResult(
+        processed_bytes=trt_blob.encode(replace(metadata, engine_key=engine.key)),
+        data_store_output=store.get_named_data_store_output())
+
+
+def delegate_input_order(edge_program: ExportedProgram, node: torch.fx.Node,
+                         names: Sequence[str]) -> list[str]:
+    """Input binding names in the order of the delegate's runtime arguments.
+
+    The runtime binds argument ``i`` to input name ``i``, and lowering may put the
+    partition's placeholders in another order than the engine's inputs. The
+    engine node lists its input nodes in binding order, so each name goes to the
+    position of its node among the partition's placeholders.
+
+    Raises
+    ------
+    ValueError
+        The names do not match the engine node's inputs, or an input is not a
+        placeholder of the partition.
+    """
+    inputs = list(node.args[0])
+    if len(inputs) != len(names):
+        raise ValueError(f"TensorRT engine node {node.name}: {len(names)} input binding "
+                         f"names {list(names)} for {len(inputs)} inputs")
+    position = {p: i for i, p in enumerate(
+        n for n in edge_program.graph_module.graph.nodes if n.op == "placeholder")}
+    strays = [n for n in inputs if n not in position]
+    if strays:
+        raise ValueError(f"TensorRT engine node {node.name}: inputs "
+                         f"{[getattr(n, 'name', n) for n in strays]} are not arguments of "
+                         "the delegate, so their binding order is unknown")
+    return [name for _, name in sorted(zip((position[n] for n in inputs), names,
+                                           strict=True))]
+
+
+def check_output_order(edge_program: ExportedProgram, node: torch.fx.Node,
+                       names: Sequence[str]) -> None:
+    """Check that the delegate's output ``i`` is the engine's output ``i``.
+
+    The runtime binds output ``i`` to output name ``i``; that holds only while
+    the partition returns ``getitem(engine, i)`` in index order (or, for one
+    output, the engine node itself).
+
+    Raises
+    ------
+    ValueError
+        Naming the order found.
+    """
+    output = next(n for n in edge_program.graph_module.graph.nodes if n.op == "output")
+    returned = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) \
+        else [output.args[0]]
+    if returned == [node] and len(names) == 1:
+        return
+    indices = [r.args[1] if isinstance(r, torch.fx.Node) and r.op == "call_function"
+               and r.target is operator.getitem and r.args[0] is node else None
+               for r in returned]
+    if indices != list(range(len(names))):
+        raise ValueError(
+            f"TensorRT delegate of {node.name}: its outputs are engine outputs {indices} "
+            f"(None: not an engine output), expected {list(range(len(names)))}; the runtime "
+            "binds output i to output binding i, so it would return the wrong tensors")
 
 
 # -- the seam: building engines with Torch-TensorRT ----------------------------------------
@@ -243,44 +526,30 @@ def build_engines(exported_program: ExportedProgram, arg_inputs: tuple,
     """Compile with Torch-TensorRT's dynamo path; stage each engine in ``store`` as it is built.
 
     This is the one function CPU tests replace. It needs torch_tensorrt and a
-    CUDA device, and runs only where both exist.
+    CUDA device, and runs only where both exist. Each engine's state is read
+    with torch_tensorrt's own ``get_engine_info_from_state`` (metadata only) and
+    checked before its bytes are staged; the bytes come from the engine's
+    tensor accessor where the runtime has one.
     """
     import torch_tensorrt  # noqa: F401 - registers the tensorrt ops
     from torch_tensorrt.dynamo import compile as trt_compile
-    from torch_tensorrt.dynamo.runtime._TorchTensorRTModule import (
-        DEVICE_IDX,
-        ENGINE_IDX,
-        HW_COMPATIBLE_IDX,
-        INPUT_BINDING_NAMES_IDX,
-        OUTPUT_BINDING_NAMES_IDX,
-        SERIALIZED_METADATA_IDX,
-        TARGET_PLATFORM_IDX,
-    )
+    from torch_tensorrt.executorch._export_utils import get_engine_info_from_state
 
     compiled = trt_compile(exported_program, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs,
                            **settings)
     engines: list[Engine] = []
     for name, sub in list(compiled.named_children()):
-        info = getattr(sub, "engine", None)
-        if info is None:
+        trt_engine = getattr(sub, "engine", None)
+        if trt_engine is None:
             continue
-        state = list(sub.engine.__getstate__()[0])
+        state = engine_state(get_engine_info_from_state(trt_engine, metadata_only=True),
+                             name=name)
         with store.writer() as w:
-            w.write(state[ENGINE_IDX])
-        state[ENGINE_IDX] = None  # drop the in-memory engine as soon as it is staged
-        inputs = [s for s in str(state[INPUT_BINDING_NAMES_IDX]).split("%") if s]
-        outputs = [s for s in str(state[OUTPUT_BINDING_NAMES_IDX]).split("%") if s]
+            w.write(_serialized_engine(trt_engine))  # dropped once written
         example_out = [n for n in compiled.graph.nodes if n.op == "call_module"
                        and n.target == name][0].meta.get("val")
         vals = example_out if isinstance(example_out, (list, tuple)) else [example_out]
-        metadata = trt_blob.BlobMetadata(
-            io_bindings=tuple([trt_blob.IOBinding(n) for n in inputs]
-                              + [trt_blob.IOBinding(n, is_input=False) for n in outputs]),
-            hardware_compatible=str(state[HW_COMPATIBLE_IDX]) == "1",
-            device_id=int(str(state[DEVICE_IDX]).split("%")[0] or 0),
-            serialized_metadata=str(state[SERIALIZED_METADATA_IDX] or ""),
-            target_platform=str(state[TARGET_PLATFORM_IDX] or ""))
-        engine = register_engine(w.blob, metadata,
+        engine = register_engine(w.blob, state,
                                  [(tuple(v.shape), v.dtype) for v in vals if v is not None])
         engines.append(engine)
         _replace_submodule_with_placeholder(compiled, name, engine)
@@ -289,6 +558,22 @@ def build_engines(exported_program: ExportedProgram, arg_inputs: tuple,
                  engine.blob.size, engine.blob.path)
     exported = torch.export.export(compiled, arg_inputs, kwarg_inputs or {}, strict=False)
     return BuildResult(exported, engines)
+
+
+def _serialized_engine(trt_engine: Any) -> memoryview:
+    """The engine's bytes, through its tensor accessor where the runtime has one."""
+    tensor_of = getattr(trt_engine, "serialized_engine_tensor", None)
+    if tensor_of is not None:
+        tensor = tensor_of().cpu().contiguous().view(torch.uint8)
+        return memoryview(tensor.numpy())
+    raw = trt_engine.__getstate__()
+    record = list(raw[0] if isinstance(raw, tuple) else raw)
+    engine = record[state_layout()[0]["ENGINE_IDX"]]
+    if isinstance(engine, str):
+        import base64
+
+        engine = base64.b64decode(engine)
+    return memoryview(engine)
 
 
 def _replace_submodule_with_placeholder(gm: torch.fx.GraphModule, name: str,

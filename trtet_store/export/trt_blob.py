@@ -6,6 +6,12 @@ size, reserved (0x01 then zeros). Metadata is compact JSON whose key order the
 C++ parser depends on: the two arrays first, scalars after them, and
 ``engine_key`` last. With ``engine_key`` set the engine is not in the blob
 (engine size 0) but in named data under that key.
+
+Both readers (torch-tensorrt 2.14.0's ``deserialize_engine`` and its C++
+backend) accept any 16-aligned engine offset past the metadata. Torch-TensorRT
+itself pads to 16; :func:`prefix` pads to a page when asked, so that an engine
+in a page-aligned segment starts on a page of the file (what clone and insert
+placements need).
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ HEADER_FORMAT = "<4sIIIQ8s"
 HEADER_SIZE = struct.calcsize(HEADER_FORMAT)
 RESERVED = b"\x01" + b"\x00" * 7
 ENGINE_ALIGNMENT = 16
+#: Ends the processed bytes of a delegate whose engine is a staged file; the
+#: serializer replaces it by the file (see ``trtet_store.export.tensorrt``). It can
+#: never be read as a blob: the header's engine size counts the file's bytes.
+STAGED_ENGINE_MARKER = b"\0trtet:staged-engine:"
 
 
 @dataclass(frozen=True)
@@ -106,14 +116,43 @@ class BlobHeader:
         return h
 
 
-def encode(metadata: BlobMetadata, engine: bytes = b"") -> bytes:
-    """The delegate blob: header, metadata, zero padding to 16, then ``engine`` (may be empty)."""
+def prefix(metadata: BlobMetadata, engine_size: int, *,
+           alignment: int = ENGINE_ALIGNMENT) -> bytes:
+    """Everything of the delegate blob before the engine: header, metadata, zero padding.
+
+    Parameters
+    ----------
+    metadata : BlobMetadata
+        Serialized as compact JSON right after the header.
+    engine_size : int
+        Recorded in the header; the engine's bytes follow the prefix.
+    alignment : int
+        The engine offset is the metadata's end rounded up to this, a multiple
+        of 16. 16 gives exactly the bytes of torch-tensorrt's
+        ``serialize_engine``; 4096 puts the engine on a page of a page-aligned
+        segment.
+
+    Raises
+    ------
+    ValueError
+        If ``alignment`` is not a positive multiple of 16, or ``engine_size`` is negative.
+    """
+    if alignment <= 0 or alignment % ENGINE_ALIGNMENT:
+        raise ValueError(f"engine alignment must be a positive multiple of "
+                         f"{ENGINE_ALIGNMENT}, got {alignment}")
+    if engine_size < 0:
+        raise ValueError(f"engine size must not be negative, got {engine_size}")
     meta = metadata.to_json()
-    engine_offset = -(-(HEADER_SIZE + len(meta)) // ENGINE_ALIGNMENT) * ENGINE_ALIGNMENT
+    engine_offset = -(-(HEADER_SIZE + len(meta)) // alignment) * alignment
     header = BlobHeader(MAGIC_ALIASED_IO if metadata.aliased_io else MAGIC, HEADER_SIZE,
-                        len(meta), engine_offset, len(engine))
-    pad = b"\0" * (engine_offset - HEADER_SIZE - len(meta))
-    return header.to_bytes() + meta + pad + engine
+                        len(meta), engine_offset, engine_size)
+    return header.to_bytes() + meta + b"\0" * (engine_offset - HEADER_SIZE - len(meta))
+
+
+def encode(metadata: BlobMetadata, engine: bytes = b"", *,
+           alignment: int = ENGINE_ALIGNMENT) -> bytes:
+    """The whole delegate blob: :func:`prefix`, then ``engine`` (may be empty)."""
+    return prefix(metadata, len(engine), alignment=alignment) + engine
 
 
 def decode(blob: bytes) -> tuple[BlobHeader, BlobMetadata, bytes]:
