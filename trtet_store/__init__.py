@@ -6,14 +6,18 @@ load on first use.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from trtet_store.io import (
     Blob,
+    BlobChangedError,
     BlobStore,
     ConcurrentWriteError,
     ExternalFile,
     InsufficientSpaceError,
+    JournalError,
+    Orphan,
     VerificationError,
     WriteReport,
     write_file,
@@ -21,6 +25,11 @@ from trtet_store.io import (
 )
 
 __version__ = "0.1.0"
+
+# A library does not decide where its log goes: without this, Python's
+# last-resort handler printed our warnings to stderr (a recovery's rollback
+# detail twice, beside the CLI's own line).
+logging.getLogger("trtet_store").addHandler(logging.NullHandler())
 
 # name -> module that defines it; imported on first access (PEP 562).
 _LAZY = {
@@ -50,10 +59,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Blob",
+    "BlobChangedError",
     "BlobStore",
     "ConcurrentWriteError",
     "ExternalFile",
     "InsufficientSpaceError",
+    "JournalError",
+    "Orphan",
     "VerificationError",
     "WriteReport",
     "compile_and_save",

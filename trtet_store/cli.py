@@ -588,8 +588,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
         for o in outcomes:
             outs = ", ".join(os.fspath(x) for x in o.outputs) or "-"
             print(f"{o.journal}: {o.action} ({outs})" + (f": {o.detail}" if o.detail else ""))
-    busy = [o for o in outcomes if o.action == "busy"]
-    return 1 if busy else 0
+    stuck = [o for o in outcomes if o.action in ("busy", "damaged")]
+    return 1 if stuck else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

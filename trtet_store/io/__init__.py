@@ -3,8 +3,9 @@
 Standard library and xxhash only; nothing here knows about programs or engines.
 """
 
-from trtet_store.io.blobstore import Blob, BlobStore
+from trtet_store.io.blobstore import Blob, BlobChangedError, BlobStore, Orphan
 from trtet_store.io.fs import InsufficientSpaceError
+from trtet_store.io.journal import JournalError
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.transfer import VerificationError
 from trtet_store.io.writer import (
@@ -17,11 +18,14 @@ from trtet_store.io.writer import (
 
 __all__ = [
     "Blob",
+    "BlobChangedError",
     "BlobStore",
     "ConcurrentWriteError",
     "ExternalFile",
     "InsufficientSpaceError",
+    "JournalError",
     "Layout",
+    "Orphan",
     "PlacementRecord",
     "VerificationError",
     "WriteReport",

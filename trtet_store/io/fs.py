@@ -46,6 +46,9 @@ class Syscalls:
     clone_range: object = field(default=lambda *a: clone_range(*a))
     sync_file_range: object = field(default=lambda *a: sync_file_range(*a))
     fadvise: object = field(default=os.posix_fadvise)
+    fchmod: object = field(default=os.fchmod)
+    fchown: object = field(default=os.fchown)
+    symlink: object = field(default=os.symlink)
 
 
 calls = Syscalls()
@@ -66,12 +69,15 @@ class InsufficientSpaceError(OSError):
         The destination the space was needed for.
     """
 
-    def __init__(self, needed: int, available: int, path: os.PathLike | str) -> None:
+    def __init__(self, needed: int, available: int, path: os.PathLike | str,
+                 hint: str | None = "consume=True needs only one chunk extra") -> None:
+        # The hint is the caller's: "consume=True ..." only helps a write that
+        # does not consume yet and could move its blobs.
         super().__init__(
             errno.ENOSPC,
             f"not enough free space for {os.fspath(path)}: needs {_mib(needed)}, "
             f"{_mib(available)} available; free {_mib(needed - available)} or write "
-            "to another filesystem (consume=True needs only one chunk extra)",
+            "to another filesystem" + (f" ({hint})" if hint else ""),
             os.fspath(path),
         )
         self.needed = needed
@@ -176,14 +182,63 @@ class CapabilityCache:
 capabilities = CapabilityCache()
 
 
-def fs_identity(path: os.PathLike | str) -> tuple[int, int]:
-    """A cache key for the filesystem holding ``path``.
+def fs_identity(path: os.PathLike | str) -> tuple:
+    """A cache key for the filesystem holding ``path``, new with every mkfs.
 
-    ``st_dev`` alone is reused when a loop device is detached and attached
-    again with another filesystem on it; ``f_fsid`` (from the superblock's
-    UUID on ext4, XFS and btrfs) tells those apart.
+    ``st_dev`` is reused when a loop device is detached and attached again
+    with another filesystem on it, and XFS's ``f_fsid`` is only the device
+    number, so neither tells two filesystems made on one loop device apart
+    (a reflink=0 XFS was handed the clone capability of the reflink=1 one
+    made there before). The superblock's UUID (``FS_IOC_GETFSUUID``, Linux
+    6.5+) is new per mkfs; where it is not offered, the root directory's
+    inode and change time, and the mount's id, stand in for it.
     """
-    return os.stat(path).st_dev, os.statvfs(path).f_fsid
+    st = os.stat(path)
+    return st.st_dev, os.statvfs(path).f_fsid, _fs_uuid(path) or _mount_key(path, st)
+
+
+# struct fsuuid2 { __u8 len; __u8 uuid[16]; }; _IOR(0x15, 0, struct fsuuid2)
+FS_IOC_GETFSUUID = 0x80111500
+
+
+def _fs_uuid(path: os.PathLike | str) -> bytes | None:
+    """The filesystem's UUID, or None where the kernel or the filesystem does not tell it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        buf = fcntl.ioctl(fd, FS_IOC_GETFSUUID, bytes(17))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    n = min(buf[0], 16)
+    uuid_ = bytes(buf[1:1 + n])
+    return uuid_ if uuid_.strip(b"\0") else None
+
+
+def _mount_key(path: os.PathLike | str, st: os.stat_result) -> tuple:
+    """Mount ids of ``st_dev`` (from /proc/self/mountinfo) and the mount root's inode/ctime."""
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    ids, root = [], None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                parts = line.split()
+                if parts[2] == f"{major}:{minor}":
+                    ids.append(int(parts[0]))
+                    root = parts[4]
+    except OSError:
+        pass
+    root_id = None
+    if root is not None:
+        try:
+            rst = os.stat(root)
+            root_id = (rst.st_ino, rst.st_ctime_ns)
+        except OSError:
+            pass
+    return tuple(sorted(ids)), root_id
 
 
 def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,

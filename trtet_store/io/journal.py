@@ -50,6 +50,8 @@ class PayloadPlan:
     chunk_digests: list[int] | None
     step: int = 0
     consumed: bool = False
+    # (st_dev, st_ino, size, mtime_ns, ctime_ns) of a blob as sealed; None for user files
+    identity: list[int] | None = None
 
 
 @dataclass
@@ -90,6 +92,8 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("the plan is not a JSON object")
         if raw.get("version") != VERSION:
             raise ValueError(f"journal version {raw.get('version')!r}, expected {VERSION}")
         outputs = [
@@ -163,6 +167,19 @@ class Journal:
             raise
         return cls(path, fd, plan, state)
 
+    def amend(self, output: int, payload: PayloadPlan) -> None:
+        """Record, durably, that ``payload`` of output ``output`` is now placed otherwise.
+
+        Written before the new placement changes a byte, so a recovery reads
+        the plan the files follow (e.g. an insert that turned out impossible
+        and became a move).
+        """
+        index = self.plan.outputs[output].payloads.index(payload)
+        line = {"amend": {"output": output, "payload": index, "plan": _fields(payload)}}
+        end = os.fstat(self.fd).st_size
+        fs.pwrite_all(self.fd, (json.dumps(line, separators=(",", ":")) + "\n").encode(), end)
+        fs.calls.fsync(self.fd)
+
     def mark(self, state: str) -> None:
         """Record that the transaction reached ``state``, durably."""
         end = os.fstat(self.fd).st_size
@@ -186,6 +203,23 @@ class Journal:
             self.fd = -1
 
 
+class JournalError(ValueError):
+    """A journal whose plan line is complete but cannot be read (damaged, or another version).
+
+    It may describe where a dead write left bytes, so nothing deletes it: the
+    message names the file and what to do.
+    """
+
+    def __init__(self, path: os.PathLike | str, why: str) -> None:
+        super().__init__(
+            f"write journal {os.fspath(path)} cannot be read ({why}). It records an "
+            "interrupted write of the file its name starts with; writes of other files are "
+            "not affected. If no interrupted write of that file matters, move it away (or "
+            "delete it); otherwise keep it and run `trtet-store recover` with a trtet_store "
+            "version that wrote it.")
+        self.path = Path(path)
+
+
 class IncompleteJournal(ValueError):
     """The plan line never reached the journal whole.
 
@@ -203,20 +237,37 @@ def read(path: Path) -> tuple[Plan, str]:
     ------
     IncompleteJournal
         The plan line is missing or cut short (no newline ends it).
-    ValueError
+    JournalError
         The plan line is complete but unreadable: the journal is damaged.
     """
-    raw = Path(path).read_bytes()
+    fd = fs.calls.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        parts = []
+        while chunk := fs.calls.pread(fd, 1 << 20, sum(len(p) for p in parts)):
+            parts.append(chunk)
+    finally:
+        fs.calls.close(fd)
+    raw = b"".join(parts)
     if b"\n" not in raw:
         raise IncompleteJournal(f"{path}: the plan was never completely written "
                                 f"({len(raw)} bytes, no complete line)")
     lines = raw.split(b"\n")
-    plan = Plan.from_json(lines[0].decode())
+    try:
+        plan = Plan.from_json(lines[0].decode())
+    except (ValueError, KeyError, TypeError) as exc:
+        # KeyError: a field missing; TypeError: an unexpected one
+        why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise JournalError(path, why) from None
     state = PLACING
     for line in lines[1:]:
         try:
-            state = json.loads(line)["state"]
-        except (ValueError, KeyError, TypeError):
+            record = json.loads(line)
+            if "amend" in record:
+                a = record["amend"]
+                plan.outputs[a["output"]].payloads[a["payload"]] = PayloadPlan(**a["plan"])
+            else:
+                state = record["state"]
+        except (ValueError, KeyError, TypeError, IndexError):
             break  # torn tail: the last complete state stands
     return plan, state
 

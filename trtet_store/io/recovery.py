@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtet_store.io import fs, transfer
+from trtet_store.io.blobstore import describe_orphan, list_orphans
 from trtet_store.io.journal import (
     DONE,
     PLACING,
@@ -19,6 +20,7 @@ from trtet_store.io.journal import (
     UNPUBLISHING,
     IncompleteJournal,
     Journal,
+    JournalError,
     Plan,
     journals_in,
 )
@@ -27,6 +29,7 @@ from trtet_store.io.writer import (
     ConcurrentWriteError,
     _lock_file,
     finish,
+    internal_stem,
     undo,
     unpublish,
 )
@@ -49,8 +52,11 @@ class Outcome:
     ``"busy"`` (a live process still owns it), ``"removed stray"`` (a temp
     or backup file no journal needed), ``"removed incomplete journal"`` (its
     writer died while writing the plan, before doing anything else),
-    ``"gone"`` (another recovery finished it meanwhile) or ``"kept"`` (a
-    journal recovery cannot read and leaves for a person).
+    ``"gone"`` (another recovery finished it meanwhile), ``"kept"`` (a
+    journal recovery cannot read and leaves for a person), ``"damaged"`` (a
+    complete journal that cannot be read: ``detail`` says what to do) or
+    ``"orphan"`` (a staged blob of a dead store, kept; ``journal`` is the
+    blob file and ``detail`` its size, age and recorded metadata).
     """
 
     journal: Path
@@ -68,6 +74,12 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
     verified), otherwise rolled back, every source byte-identical again.
     Idempotent; a write whose process is alive is left alone.
 
+    It also reports, without touching them, the staged blobs of dead stores
+    (orphans) in ``directory``, in the directories of the blobs the
+    recovered writes used, and in ``directory/.trtet-staging``: they are
+    kept until taken over (``BlobStore.adopt_orphan``) or removed
+    (``BlobStore.remove_orphans``).
+
     Parameters
     ----------
     directory : path-like
@@ -79,6 +91,8 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
     """
     directory = Path(directory).absolute()
     outcomes = []
+    # The staging directory compile_and_save uses beside its outputs.
+    blob_dirs = {directory, directory / ".trtet-staging"}
     for path in journals_in(directory):
         try:
             journal = Journal.open_if_abandoned(path)
@@ -87,16 +101,27 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
         except IncompleteJournal as exc:
             outcomes.append(_remove_incomplete(path, exc))
             continue
+        except JournalError as exc:
+            outcomes.append(Outcome(path, "damaged", [os.fspath(_journal_dest(path) or path)],
+                                    str(exc)))
+            continue
         if journal is None:
             outcomes.append(Outcome(path, "busy", [], "a live process holds its lock"))
             continue
         try:
+            blob_dirs.update(Path(p).parent for p in journal.plan.sources())
             outcomes.append(_recover_one(journal))
         finally:
             journal.close()
     outcomes.extend(_remove_strays(directory))
+    for d in sorted(blob_dirs):
+        for o in list_orphans(d):
+            outcomes.append(Outcome(o.path, "orphan", [], describe_orphan(o)))
     for o in outcomes:
-        log.info("recover %s: %s %s %s", o.journal, o.action, o.outputs, o.detail)
+        # Said once, here: the CLI prints the outcomes, and a library's log
+        # must not say the same thing a second time.
+        level = logging.WARNING if o.action in ("rolled back", "damaged") else logging.INFO
+        log.log(level, "recover %s: %s %s %s", o.journal, o.action, o.outputs, o.detail)
     return outcomes
 
 
@@ -113,9 +138,14 @@ def recover_destination(dest: Path) -> list[Outcome]:
         except FileNotFoundError:
             continue  # another recovery finished it meanwhile
         except IncompleteJournal as exc:
-            if _journal_dest(path) == dest:
+            if _journal_stem(path) == internal_stem(dest.name):
                 # Our caller holds dest's lock: no live writer of dest can own it.
                 mine.append(_remove_incomplete(path, exc, dest_locked=True))
+            continue
+        except JournalError:
+            if _journal_stem(path) == internal_stem(dest.name):
+                raise  # it may describe where bytes of dest's last write are
+            log.warning("ignoring the unreadable journal %s: it is not about %s", path, dest)
             continue
         if journal is None:
             continue
@@ -135,10 +165,20 @@ def recover_destination(dest: Path) -> list[Outcome]:
     return mine
 
 
-def _journal_dest(path: Path) -> Path | None:
-    """The destination a journal's name says it writes first (its lock guards the journal)."""
+def _journal_stem(path: Path) -> str | None:
+    """The internal stem (see :func:`writer.internal_stem`) of the journal's first destination."""
     m = _JOURNAL.match(path.name)
-    return path.with_name(m.group(1)) if m else None
+    return m.group(1) if m else None
+
+
+def _journal_dest(path: Path) -> Path | None:
+    """The destination a journal's name says it writes first (its lock guards the journal).
+
+    For a name too long to keep whole this is its shortened stem: good for
+    messages and for finding the lock, which is named after the same stem.
+    """
+    stem = _journal_stem(path)
+    return path.with_name(stem) if stem is not None else None
 
 
 def _remove_incomplete(path: Path, exc: IncompleteJournal, *,
@@ -156,7 +196,7 @@ def _remove_incomplete(path: Path, exc: IncompleteJournal, *,
         return Outcome(path, "kept", [], f"{exc}; its name names no destination, so it is "
                        "left for a person to look at")
     lock_fd = -1
-    lock_path = dest.with_name(f".{dest.name}{LOCK_SUFFIX}")
+    lock_path = dest.with_name(f".{dest.name}{LOCK_SUFFIX}")  # dest.name is the stem here
     if not dest_locked:
         try:
             lock_fd = _lock_file(lock_path, dest)
@@ -212,11 +252,9 @@ def _recover_one(journal: Journal) -> Outcome:
             # The writer died, and its store with it: the next store opened in
             # that directory would collect these as stale. Say where they are.
             detail += (f"; the blobs it was consuming are back in place, as they were: "
-                       f"{', '.join(back)}; their store is gone, so adopt them "
-                       "(BlobStore.adopt) to use them again before a new store in that "
-                       "directory collects them")
-            log.warning("rolled back the interrupted write of %s; %s", ", ".join(outputs),
-                        detail)
+                       f"{', '.join(back)}; their store is gone, so they are kept as "
+                       "orphans: take them over with BlobStore.adopt_orphan, or remove "
+                       "them with BlobStore.remove_orphans")
     if action == "rolled forward":
         finish(plan)
     journal.remove()
@@ -253,7 +291,7 @@ def _cannot_roll_forward(plan: Plan) -> str | None:
             return f"temp file {out.temp} is missing"
         if st.st_size != out.size:
             return f"temp file {out.temp} is {st.st_size} bytes, planned {out.size}"
-        fd = os.open(out.temp, os.O_RDONLY | os.O_CLOEXEC)
+        fd = fs.calls.open(out.temp, os.O_RDONLY | os.O_CLOEXEC)
         try:
             for i in out.inline:
                 if transfer.chunk_digest(fs.pread_exact(fd, i.size, i.offset)) != i.digest:
@@ -272,17 +310,17 @@ def _cannot_roll_forward(plan: Plan) -> str | None:
                     except (OSError, ValueError) as exc:
                         return f"moved bytes of {p.source} in the temp file: {exc}"
         finally:
-            os.close(fd)
+            fs.calls.close(fd)
     return None
 
 
 def _complete_placement(plan: Plan) -> None:
     for out in plan.outputs:
-        fd = os.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
+        fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
         try:
             for p in sorted(out.payloads, key=lambda p: -p.offset):
                 flags = os.O_RDWR if p.placement == "move" else os.O_RDONLY
-                src = os.open(p.source, flags | os.O_CLOEXEC)
+                src = fs.calls.open(p.source, flags | os.O_CLOEXEC)
                 try:
                     if p.placement == "move":
                         transfer.move(src, fd, p.offset, p.size, step=p.step,
@@ -293,10 +331,10 @@ def _complete_placement(plan: Plan) -> None:
                                       digests=p.chunk_digests, digest_chunk=p.chunk_size,
                                       src_path=p.source, dst_path=out.temp)
                 finally:
-                    os.close(src)
+                    fs.calls.close(src)
             fs.calls.fsync(fd)
         finally:
-            os.close(fd)
+            fs.calls.close(fd)
 
 
 def _publish(plan: Plan) -> None:
@@ -331,7 +369,7 @@ def _remove_strays(directory: Path) -> list[Outcome]:
         probe = _PROBE.match(f.name)
         if (m and m.group(1) not in live) or (probe and not _alive(int(probe.group(1)))):
             with contextlib.suppress(FileNotFoundError):
-                f.unlink()
+                fs.calls.unlink(os.fspath(f))
         elif not (f.name.endswith(LOCK_SUFFIX) and _remove_unheld_lock(f)):
             continue
         outcomes.append(Outcome(f, "removed stray", [], "no journal or live writer needs it"))

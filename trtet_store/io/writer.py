@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
+import stat
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtet_store.io import fs, transfer
-from trtet_store.io.blobstore import Blob, chunk_digest
+from trtet_store.io.blobstore import META_SUFFIX, Blob, chunk_digest, live_blob
 from trtet_store.io.journal import (
     PUBLISHING,
     ROLLING_BACK,
@@ -45,8 +47,35 @@ PLACEMENTS = ("clone", "insert", "move", "copy")
 ProgressCallback = Callable[[int, int], None]
 
 
+# Internal names add up to 38 bytes to the destination's (journal); a longer
+# name is shortened to a prefix and a hash, so every name fits NAME_MAX (255).
+_NAME_KEEP = 200
+
+
 class ConcurrentWriteError(BlockingIOError):
-    """Another transaction is writing the same destination right now."""
+    """Another transaction is writing the same destination right now.
+
+    Pass ``timeout=`` (seconds) to the write functions to wait for it instead.
+    """
+
+
+def internal_stem(name: str) -> str:
+    """The part of ``name`` the writer's internal files (lock, journal, temp) are named after.
+
+    The name itself when it leaves room for the longest suffix; otherwise its
+    first bytes and a hash of the whole, so that names of 218 to 255 bytes
+    still get internal names within NAME_MAX.
+    """
+    raw = os.fsencode(name)
+    if len(raw) <= _NAME_KEEP:
+        return name
+    head = os.fsdecode(raw[:_NAME_KEEP - 40]).rstrip("\udcff")
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:32]}"
+
+
+def lock_path_of(dest: Path) -> Path:
+    """The lock file that guards writes of ``dest``."""
+    return dest.with_name(f".{internal_stem(dest.name)}{LOCK_SUFFIX}")
 
 
 @dataclass
@@ -96,7 +125,8 @@ class WriteReport:
 
 def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: bool = False,
                chunk_size: int | None = None, progress: ProgressCallback | None = None,
-               placements: Collection[str] | None = None) -> WriteReport:
+               placements: Collection[str] | str | None = None,
+               timeout: float | None = None) -> WriteReport:
     """Write the concatenation of ``pieces`` to ``path`` as one transaction.
 
     Parameters
@@ -118,7 +148,11 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
     placements : collection of str, optional
         Limit the ladder (``clone``, ``insert``, ``move``, ``copy``; copy is
         always allowed), e.g. to compare placements in a benchmark. Default:
-        every placement the filesystem allows, best first.
+        every placement the filesystem allows, best first. One placement may
+        be given as a string.
+    timeout : float, optional
+        Seconds to wait for another write of the same destination to finish.
+        Default: do not wait (raise :class:`ConcurrentWriteError` at once).
 
     Returns
     -------
@@ -132,20 +166,28 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
         Any other failure, after everything was rolled back.
     """
     return write_files([(path, pieces)], consume=consume, chunk_size=chunk_size,
-                       progress=progress, placements=placements)[0]
+                       progress=progress, placements=placements, timeout=timeout)[0]
 
 
 def write_files(outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
                 consume: bool = False, chunk_size: int | None = None,
                 progress: ProgressCallback | None = None,
-                placements: Collection[str] | None = None) -> list[WriteReport]:
+                placements: Collection[str] | str | None = None,
+                timeout: float | None = None) -> list[WriteReport]:
     """Write several files as one transaction: all are published, or none changes.
 
     Every output is placed and verified in its temp file before the first
     rename. Parameters are as for :func:`write_file`.
     """
     return Transaction(outputs, consume=consume, chunk_size=chunk_size,
-                       progress=progress, placements=placements).run()
+                       progress=progress, placements=placements, timeout=timeout).run()
+
+
+def _check_pieces(dest: os.PathLike | str, pieces: object) -> None:
+    """A bytes object is iterable (as ints): say what was meant instead of 'got int'."""
+    if isinstance(pieces, (bytes, bytearray, memoryview, str, Blob, ExternalFile)):
+        raise TypeError(f"pieces of {os.fspath(dest)} must be a list of pieces (bytes, Blob, "
+                        f"ExternalFile), got a single {type(pieces).__name__}; wrap it: [data]")
 
 
 class _Output:
@@ -154,11 +196,13 @@ class _Output:
     def __init__(self, dest: Path, layout: Layout) -> None:
         self.dest = dest
         self.layout = layout
-        self.temp = dest.with_name(f".{dest.name}.trtet-{{token}}.tmp")
+        self.stem = internal_stem(dest.name)
+        self.temp = dest.with_name(f".{self.stem}.trtet-{{token}}.tmp")
         self.backup: Path | None = None
         self.temp_fd = -1
         self.lock_fd = -1
-        self.lock_path = dest.with_name(f".{dest.name}{LOCK_SUFFIX}")
+        self.lock_path = lock_path_of(dest)
+        self.old_stat: os.stat_result | None = None
         self.report = WriteReport(dest, layout.size)
         self.renamed = False
 
@@ -169,17 +213,24 @@ class Transaction:
     def __init__(self, outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
                  consume: bool, chunk_size: int | None,
                  progress: ProgressCallback | None,
-                 placements: Collection[str] | None = None) -> None:
+                 placements: Collection[str] | str | None = None,
+                 timeout: float | None = None) -> None:
         if chunk_size is not None and chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if not outputs:
             raise ValueError("nothing to write: no outputs given")
+        for path, pieces in outputs:
+            _check_pieces(path, pieces)
         self.token = uuid.uuid4().hex[:16]
         self.consume = consume
+        self.timeout = timeout
+        if isinstance(placements, str):
+            placements = [placements]  # one placement, not its letters
         allowed = set(PLACEMENTS if placements is None else placements) | {"copy"}
-        if allowed - set(PLACEMENTS):
-            raise ValueError(f"unknown placements {sorted(allowed - set(PLACEMENTS))}; "
-                             f"choose from {PLACEMENTS}")
+        unknown = sorted(allowed - set(PLACEMENTS))
+        if unknown:
+            raise ValueError(f"unknown placement{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(repr(u) for u in unknown)}; choose from {PLACEMENTS}")
         self.allowed = allowed
         self.chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
         self.progress = progress
@@ -202,6 +253,7 @@ class Transaction:
             try:
                 self.choose_placements()
                 self.preflight()
+                self.digest_sources()
                 self.sync_sources()
                 self.write_journal()
                 try:
@@ -231,6 +283,9 @@ class Transaction:
                 raise FileNotFoundError(errno.ENOENT,
                                         f"cannot write {out.dest}: its directory does not exist",
                                         os.fspath(parent))
+            if os.statvfs(parent).f_flag & os.ST_RDONLY:
+                raise OSError(errno.EROFS, f"cannot write {out.dest}: its filesystem is mounted "
+                              "read-only", os.fspath(parent))
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES,
                                       f"cannot write {out.dest}: its directory is not writable",
@@ -243,7 +298,15 @@ class Transaction:
                 raise ValueError(f"{out.dest} is named twice among the outputs")
             dests[key] = out.dest
             with contextlib.suppress(FileNotFoundError):
-                dest_stats.append((out.dest, os.stat(out.dest)))
+                out.old_stat = os.stat(out.dest)
+                dest_stats.append((out.dest, out.old_stat))
+                owner = live_blob(out.old_stat)
+                if owner is not None:
+                    # Its bytes would be overwritten under a Blob that keeps its
+                    # old size and digests, and closing it would delete the output.
+                    raise ValueError(f"cannot write {out.dest}: it is (or links to) the file of a "
+                                     f"live blob, {owner.path}; write to another path")
+        self._check_inodes()
         for out in self.outputs:
             for ext in out.layout.payloads:
                 src = _source_path(ext.piece)
@@ -266,12 +329,29 @@ class Transaction:
                             f"cannot write {dest}: it is (or links to) the source of piece "
                             f"{ext.index}, {src}; write to another path")
 
+    def _check_inodes(self) -> None:
+        """Refuse, naming the cause, a write whose lock, journal and temp files cannot be created.
+
+        Out of inodes, the first ``open(O_CREAT)`` fails with a bare ENOSPC on
+        an internal name, which reads like a full disk that ``df`` denies.
+        """
+        per_dir: dict[Path, int] = {}
+        for out in self.outputs:
+            per_dir[out.dest.parent] = per_dir.get(out.dest.parent, 0) + 4  # lock, journal,
+        for parent, n in per_dir.items():                                    # temp, backup
+            st = os.statvfs(parent)
+            if st.f_files and st.f_favail < n:  # f_files 0: no inode limit (btrfs)
+                raise OSError(errno.ENOSPC, f"cannot write into {parent}: its filesystem has "
+                              f"{st.f_favail} free inodes (files) left, the write needs {n}; "
+                              "delete files there (disk space is not the problem)",
+                              os.fspath(parent))
+
     def lock_destinations(self) -> None:
         """Take a per-destination lock, so two writers never race for one file."""
         from trtet_store.io.recovery import recover_destination  # recovery builds on this module
 
         for out in self.outputs:
-            out.lock_fd = _lock_file(out.lock_path, out.dest)
+            out.lock_fd = _lock_file(out.lock_path, out.dest, self.timeout)
             recover_destination(out.dest)
 
     def choose_placements(self) -> None:
@@ -292,6 +372,7 @@ class Transaction:
                     source=os.fspath(_source_path(piece)), offset=ext.offset, size=ext.size,
                     placement=placement, reason=reason, chunk_size=digest_chunk,
                     chunk_digests=list(digests) if digests is not None else None, step=step,
+                    identity=list(piece.identity) if isinstance(piece, Blob) else None,
                     consumed=placement in ("move", "insert") or (
                         placement == "clone" and self.consume and isinstance(piece, Blob)
                         and uses[os.fspath(piece.path)] == 1))
@@ -300,6 +381,11 @@ class Transaction:
                          ext.size, plan.source, placement, reason)
             self.plans[i] = plans
             self._choose_host(out, plans)
+            for ext, plan in plans:
+                if plan.placement in ("clone", "insert") and isinstance(ext.piece, Blob):
+                    # A zero-copy placement never reads the payload: the file
+                    # must still be the one sealed (checked again as it is placed).
+                    ext.piece.check_identity()
 
     def _choose_host(self, out: _Output, plans: list[tuple[Extent, PayloadPlan]]) -> None:
         """Let the largest movable payload become the output file itself (insert).
@@ -353,7 +439,10 @@ class Transaction:
             return "copy", f"the blob is used more than once, so it must survive; {no_clone}"
         if "move" not in self.allowed:
             return "copy", f"move is not among the placements allowed; {no_clone}"
+        unchanged = piece.identity_matches()
         same, why = fs.probe_same_filesystem(source, out.dest.parent)
+        if unchanged:
+            piece.reseal()  # the probe's own link and unlink changed only its ctime
         return ("move" if same else "copy"), f"{why}; {no_clone}"
 
     def preflight(self) -> None:
@@ -374,7 +463,31 @@ class Transaction:
         for needed, dest in need.values():
             available = fs.free_bytes(dest.parent)
             if needed > available:
-                raise fs.InsufficientSpaceError(needed, available, dest)
+                raise fs.InsufficientSpaceError(needed, available, dest, self._space_hint())
+
+    def _space_hint(self) -> str | None:
+        """What would make the write fit, if anything: never advice it already follows."""
+        copied = [(ext, p) for plans in self.plans.values() for ext, p in plans
+                  if p.placement == "copy" and isinstance(ext.piece, Blob)]
+        if not copied:
+            return None
+        if not self.consume:
+            return "consume=True needs only one chunk extra"
+        return ("the blobs are copied because they are on another filesystem than the output; "
+                "stage them on the output's filesystem to move them")
+
+    def digest_sources(self) -> None:
+        """Digest adopted blobs that a move or copy will read anyway (adopt reads nothing).
+
+        Their digests go into the journal, so a move is verified as it goes,
+        and a rollback or a recovery can check what it gives back.
+        """
+        for plans in self.plans.values():
+            for ext, plan in plans:
+                if (plan.placement in ("move", "copy") and plan.chunk_digests is None
+                        and isinstance(ext.piece, Blob)):
+                    ext.piece.ensure_digests()
+                    plan.chunk_digests = list(ext.piece.chunk_digests)
 
     def sync_sources(self) -> None:
         """Make every source the write consumes durable, before the journal exists.
@@ -409,7 +522,7 @@ class Transaction:
         outputs = []
         for i, out in enumerate(self.outputs):
             if len(self.outputs) > 1:
-                out.backup = out.dest.with_name(f".{out.dest.name}.trtet-{self.token}.old")
+                out.backup = out.dest.with_name(f".{out.stem}.trtet-{self.token}.old")
             inline = [InlinePlan(e.offset, e.size, chunk_digest(_bytes(e.piece)))
                       for e in out.layout.inline]
             outputs.append(OutputPlan(
@@ -417,7 +530,7 @@ class Transaction:
                 backup=os.fspath(out.backup) if out.backup else None, size=out.layout.size,
                 inline=inline, payloads=[p for _, p in self.plans[i]]))
         first = self.outputs[0]
-        path = first.dest.with_name(f".{first.dest.name}.trtet-{self.token}.trtet-journal")
+        path = first.dest.with_name(f".{first.stem}.trtet-{self.token}.trtet-journal")
         pin_dirs = sorted({os.path.dirname(p.source) for plans in self.plans.values()
                            for ext, p in plans if isinstance(ext.piece, Blob)})
         pins = [os.path.join(d, f".trtet-pin-{self.token}") for d in pin_dirs]
@@ -425,7 +538,7 @@ class Transaction:
         self.journal = Journal.create(path, plan)
         try:
             for pin in pins:
-                os.symlink(path, pin)
+                fs.calls.symlink(os.fspath(path), pin)
                 fs.fsync_dir(os.path.dirname(pin))
         except BaseException:
             self.journal.remove()
@@ -437,11 +550,12 @@ class Transaction:
         for i, out in enumerate(self.outputs):
             host = next((p for _, p in self.plans[i] if p.placement == "insert"), None)
             if host is not None:
-                self._host(out, host)
-            else:
+                self._host(i, out, host)
+            if host is None or out.temp_fd < 0:
                 out.temp_fd = fs.calls.open(os.fspath(out.temp),
                                             os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                                             0o644)
+            self._keep_mode_and_owner(out)
             # Pre-sizing keeps XFS from speculative preallocation past EOF,
             # which would cost a move a second chunk of disk.
             fs.calls.ftruncate(out.temp_fd, out.layout.size)
@@ -452,12 +566,67 @@ class Transaction:
                 out.report.inline_bytes += ext.size
                 self._advance(ext.size)
 
-    def _host(self, out: _Output, host: PayloadPlan) -> None:
-        """Rename the host payload into place as the temp file, and make room before it."""
+    def _keep_mode_and_owner(self, out: _Output) -> None:
+        """Give the new file the old one's mode and owner, as an in-place save keeps them."""
+        st = out.old_stat
+        if st is None:
+            return
+        try:
+            fs.calls.fchown(out.temp_fd, st.st_uid, st.st_gid)
+        except PermissionError:
+            # Only root may give a file away; an unprivileged writer keeps its
+            # own ownership, as any replace-by-rename does.
+            log.info("%s: cannot keep its owner %d:%d (not permitted); the new file is ours",
+                     out.dest, st.st_uid, st.st_gid)
+        # After the chown, which clears set-id bits.
+        fs.calls.fchmod(out.temp_fd, stat.S_IMODE(st.st_mode))
+
+    def _host(self, i: int, out: _Output, host: PayloadPlan) -> None:
+        """Rename the host payload into place as the temp file, and make room before it.
+
+        The blob is checked against its sealed identity before the rename and
+        after it (on the open file), since no byte of it passes through us.
+        Where inserting turns out impossible here (a capability cache that was
+        wrong, a filesystem that changed), the file is given back untouched
+        and the payload is moved instead, recorded in the journal first.
+        """
+        blob = self._blob_of(host)
+        if blob is not None:
+            blob.check_identity()
         fs.calls.rename(host.source, os.fspath(out.temp))
         out.temp_fd = fs.calls.open(os.fspath(out.temp), os.O_RDWR | os.O_CLOEXEC)
-        if host.offset:
+        if blob is not None:
+            blob.check_identity(os.fstat(out.temp_fd), ctime=False)  # the rename set ctime
+        if not host.offset:
+            return
+        try:
             fs.calls.fallocate(out.temp_fd, fs.FALLOC_FL_INSERT_RANGE, 0, host.offset)
+        except OSError as exc:
+            if exc.errno not in fs.UNSUPPORTED_ERRNOS:
+                raise
+            why = f"fallocate INSERT_RANGE: {os.strerror(exc.errno)}"
+            fd, out.temp_fd = out.temp_fd, -1
+            fs.calls.close(fd)
+            fs.calls.rename(os.fspath(out.temp), host.source)
+            fs.fsync_dir(os.path.dirname(host.source))
+            fs.capabilities.put(("insert", fs.fs_identity(out.dest.parent)), False,
+                                f"{out.dest.parent} cannot insert ranges ({why})")
+            if blob is not None:
+                blob.reseal()
+                blob.ensure_digests()
+                host.chunk_digests = list(blob.chunk_digests)
+            host.placement = "move"
+            host.reason = f"insert failed at placement ({why}); moved instead"
+            log.warning("%s: %s", out.dest, host.reason)
+            assert self.journal is not None
+            self.journal.amend(i, host)
+
+    def _blob_of(self, plan: PayloadPlan) -> Blob | None:
+        for plans in self.plans.values():
+            for ext, p in plans:
+                if p is plan:
+                    return ext.piece if isinstance(ext.piece, Blob) else None
+        return None
 
     def place(self) -> None:
         """Place every payload, from the end of each file toward the front."""
@@ -486,10 +655,18 @@ class Transaction:
         src_fd = fs.calls.open(plan.source, flags | os.O_CLOEXEC)
         try:
             if plan.placement == "clone":
+                blob = self._blob_of(plan)
                 try:
-                    return transfer.clone(src_fd, out.temp_fd, plan.offset, plan.size,
-                                          block=fs.block_size(out.dest.parent),
-                                          src_path=plan.source, progress=self._advance)
+                    # Nothing is read: the sealed identity, before and after,
+                    # is what says the shared blocks are the staged bytes.
+                    if blob is not None:
+                        blob.check_identity(os.fstat(src_fd))
+                    written = transfer.clone(src_fd, out.temp_fd, plan.offset, plan.size,
+                                             block=fs.block_size(out.dest.parent),
+                                             src_path=plan.source, progress=self._advance)
+                    if blob is not None:
+                        blob.check_identity(os.fstat(src_fd))
+                    return written
                 except transfer.PlacementUnavailable as exc:
                     # Only to copy: the journal promised the source stays intact.
                     log.warning("%s: clone of %s failed before changing anything (%s); "
@@ -570,6 +747,7 @@ class Transaction:
             undo(self.journal.plan)
             self.journal.remove()
             self.journal = None
+            self._reseal_restored()
         except BaseException as undo_exc:
             # Keep the journal: it is what lets `recover` finish the rollback.
             directory = os.fspath(self.journal.path.parent)
@@ -591,6 +769,18 @@ class Transaction:
                          "filled up during the write, after the preflight had found enough "
                          "space (something else took it meanwhile); the write was rolled back: "
                          "the sources and the destinations are as they were")
+
+    def _reseal_restored(self) -> None:
+        """Blobs a rollback gave back (verified moves, exactly undone inserts) are sealed anew.
+
+        Our own truncation, rename and collapse changed their files' identity;
+        without this a retry could not place them by clone or insert.
+        """
+        for plans in self.plans.values():
+            for ext, plan in plans:
+                if plan.placement in ("move", "insert") and isinstance(ext.piece, Blob):
+                    with contextlib.suppress(OSError):
+                        ext.piece.reseal()
 
     # -- helpers ---------------------------------------------------------------
 
@@ -631,15 +821,17 @@ def undo(plan: Plan) -> None:
                     raise OSError(errno.EIO, f"cannot restore {p.source}: the temp file "
                                   f"{out.temp} holding its bytes is gone", p.source)
                 continue
-            src_fd = os.open(p.source, os.O_RDWR | os.O_CLOEXEC)
-            dst_fd = os.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
+            src_fd = fs.calls.open(p.source, os.O_RDWR | os.O_CLOEXEC)
             try:
-                transfer.unmove(src_fd, dst_fd, p.offset, p.size, step=p.step,
-                                digests=p.chunk_digests, digest_chunk=p.chunk_size,
-                                dst_path=out.temp, src_path=p.source)
+                dst_fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    transfer.unmove(src_fd, dst_fd, p.offset, p.size, step=p.step,
+                                    digests=p.chunk_digests, digest_chunk=p.chunk_size,
+                                    dst_path=out.temp, src_path=p.source)
+                finally:
+                    fs.calls.close(dst_fd)
             finally:
-                os.close(dst_fd)
-                os.close(src_fd)
+                fs.calls.close(src_fd)
     for out in plan.outputs:
         for p in out.payloads:
             if p.placement == "insert":
@@ -681,7 +873,7 @@ def _unhost(temp: str, host: PayloadPlan) -> None:
     the output after it), which is cut away again.
     """
     try:
-        fd = os.open(temp, os.O_RDWR | os.O_CLOEXEC)
+        fd = fs.calls.open(temp, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         return  # never renamed, or already given back
     try:
@@ -691,7 +883,7 @@ def _unhost(temp: str, host: PayloadPlan) -> None:
                 fs.calls.fallocate(fd, fs.FALLOC_FL_COLLAPSE_RANGE, 0, host.offset)
         fs.calls.fsync(fd)
     finally:
-        os.close(fd)
+        fs.calls.close(fd)
     fs.calls.rename(temp, host.source)
     fs.fsync_dir(os.path.dirname(host.source))
 
@@ -706,6 +898,9 @@ def finish(plan: Plan) -> None:
             if p.consumed:
                 with contextlib.suppress(FileNotFoundError):
                     fs.calls.unlink(p.source)
+                if p.source.endswith(".blob"):  # a staged blob's metadata sidecar
+                    with contextlib.suppress(FileNotFoundError):
+                        fs.calls.unlink(p.source + META_SUFFIX)
 
 
 def _destination(path: os.PathLike | str) -> Path:
@@ -720,7 +915,8 @@ def _source_path(piece: Blob | ExternalFile) -> Path:
 
 def _digests(piece: Blob | ExternalFile) -> tuple[int, Sequence[int] | None]:
     if isinstance(piece, Blob):
-        return piece.chunk_size, piece.chunk_digests
+        # An adopted blob has none until a placement that reads it asks (digest_sources).
+        return piece.chunk_size, piece.chunk_digests if piece.has_digests else None
     return 1 << 20, None
 
 
@@ -728,17 +924,26 @@ def _bytes(piece: Piece) -> bytes:
     return bytes(piece) if not isinstance(piece, bytes) else piece
 
 
-def _lock_file(lock_path: Path, dest: Path) -> int:
-    """An exclusive, non-blocking lock tied to ``lock_path``'s current inode."""
+def _lock_file(lock_path: Path, dest: Path, timeout: float | None = None) -> int:
+    """An exclusive lock tied to ``lock_path``'s current inode, waiting up to ``timeout`` s.
+
+    Polled rather than a blocking ``flock``: a blocking call cannot be given
+    a deadline, and the holder may unlink the file we wait on.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            if deadline is not None and time.monotonic() < deadline:
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                continue
+            waited = f" (waited {timeout:g} s)" if timeout else ""
             raise ConcurrentWriteError(
-                errno.EAGAIN, f"another write to {dest} is in progress; wait for it to finish",
-                os.fspath(dest)) from None
+                errno.EAGAIN, f"another write to {dest} is in progress{waited}; wait for it to "
+                "finish, or pass timeout= to wait", os.fspath(dest)) from None
         # The holder before us may have unlinked the file after we opened it:
         # a lock on a deleted inode protects nothing, so take it again.
         try:
