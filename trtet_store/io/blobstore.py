@@ -250,6 +250,14 @@ class Blob:
                              if a != b)
             raise BlobChangedError(self.path, what)
 
+    def identity_matches(self) -> bool:
+        """Whether the file is still the one sealed (see :meth:`check_identity`)."""
+        try:
+            self.check_identity()
+        except BlobChangedError:
+            return False
+        return True
+
     def reseal(self) -> None:
         """Record the file's identity again, after a rollback of our own put it back."""
         self.identity = file_identity(os.stat(self.path))
