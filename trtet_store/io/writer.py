@@ -37,7 +37,11 @@ from trtet_store.io.layout import Extent, ExternalFile, Layout, Piece
 
 log = logging.getLogger("trtet_store.writer")
 
-DEFAULT_CHUNK_SIZE = 8 << 20
+# A move's peak-disk budget (two steps of half this; see transfer.move_step)
+# and a copy's step. One fdatasync per 32 MiB step instead of two per 8 MiB
+# cut a third off a durable 1 GiB move (benchmarks/README.md); 64 MiB is
+# small next to any disk that holds an engine.
+DEFAULT_CHUNK_SIZE = 64 << 20
 # Room for the journal, directory entries and per-file block rounding, on top
 # of what the placements themselves need.
 SLACK_BYTES = 1 << 20
@@ -141,8 +145,8 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
         afterwards) when they share the output's filesystem. Without it every
         source is left as it was.
     chunk_size : int, optional
-        Bytes per step of a move or copy (default 8 MiB); a move is rounded to
-        whole digest chunks of its blob. A move needs this much extra disk.
+        The most extra disk a move may use (default 64 MiB: two steps of half
+        that, rounded to whole digest chunks of its blob), and a copy's step.
     progress : callable, optional
         Called as ``progress(bytes_done, bytes_total)`` as payload bytes land.
     placements : collection of str, optional
@@ -455,7 +459,7 @@ class Transaction:
             n += sum(fs.round_up(p.size, bs) for _, p in self.plans[i] if p.placement == "copy")
             n += sum(bs for _, p in self.plans[i] if p.placement == "clone")  # unaligned tail
             if moves:
-                n += max(p.step for p in moves) + bs * 2 * len(moves)
+                n += transfer.move_peak(max(p.step for p in moves)) + bs * 2 * len(moves)
             # insert: the header's blocks are counted with the inline bytes
             dev = os.stat(out.dest.parent).st_dev
             prev, _ = need.get(dev, (SLACK_BYTES, out.dest))
