@@ -2,7 +2,15 @@
 # when it is already up to date).
 
 PYTHON ?= python3
+# The ExecuTorch the environment is built with. 1.5.1 is the default; 1.4.1 is
+# what torch-tensorrt 2.14.0's [executorch] extra and its released runtime
+# (torch-tensorrt-executorch-runtime 0.1.0) require. Each gets its own venv.
+EXECUTORCH ?= 1.5.1
+ifeq ($(EXECUTORCH),1.5.1)
 VENV := .venv
+else
+VENV := .venv-executorch-$(EXECUTORCH)
+endif
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 # Rebuilt whenever the pinned requirements or the package metadata change.
@@ -14,7 +22,7 @@ PYTEST_TIMEOUT ?= 900
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := test
-.PHONY: venv demo test test-long lint
+.PHONY: venv demo test test-all test-long lint
 
 venv: $(STAMP)
 
@@ -24,7 +32,7 @@ $(STAMP): requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@test -n "$(TORCH_PIN)" || { echo "requirements-dev.txt must pin torch==..." >&2; exit 1; }
 	$(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q -r requirements-dev.txt "executorch==$(EXECUTORCH)"
 	$(PIP) install -q -c requirements-dev.txt -e .
 	touch $@
 
@@ -34,6 +42,11 @@ demo: venv
 # pytest's own exit code is kept: 5 (no tests collected) fails like any other.
 test: venv
 	$(BIN)/python -m pytest -q --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS)
+
+# The whole suite on both ExecuTorch versions users have (what CI runs).
+test-all:
+	$(MAKE) test EXECUTORCH=1.5.1
+	$(MAKE) test EXECUTORCH=1.4.1
 
 # Long fuzzing and kill variants: tests marked `slow`, which conftest.py
 # skips unless TRTET_LONG=1.

@@ -127,3 +127,17 @@ def here_fs(fs_factory: FilesystemFactory, request: pytest.FixtureRequest) -> It
     path.mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def upstream_trt():
+    """torch-tensorrt 2.14.0's delegate-blob module, loaded from its wheel (see upstream.py).
+
+    Skips where the wheel cannot be fetched, or fails under ``CI=true``.
+    """
+    import upstream
+
+    try:
+        return upstream.serialization_module()
+    except upstream.WheelUnavailable as exc:
+        unavailable(str(exc))

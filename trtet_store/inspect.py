@@ -474,11 +474,18 @@ def _describe_delegate(
         ins.error(f"{where}: unknown data location {loc}")
         return entry
     if blob_head is not None and blob_head[:4] in (b"TR01", b"TR02"):
-        entry["tensorrt"] = _describe_trt_blob(ins, where, blob_head, entry.get("size", 0))
+        entry["tensorrt"] = _describe_trt_blob(ins, where, blob_head, entry.get("size", 0),
+                                               entry.get("absolute_offset"))
     return entry
 
 
-def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int) -> dict[str, Any]:
+def _alignment(offset: int) -> int:
+    """The largest power of two (up to 1 MiB) that divides ``offset``."""
+    return min(offset & -offset, 1 << 20) if offset else 1 << 20
+
+
+def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int,
+                       segment_offset: int | None = None) -> dict[str, Any]:
     from trtet_store.export import trt_blob
 
     out: dict[str, Any] = {}
@@ -516,6 +523,16 @@ def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int) -> d
             ins.warn(f"{where}: has engine bytes and an engine_key {key!r}")
         if key is None and not h.engine_size:
             ins.error(f"{where}: TensorRT blob has no engine bytes and no engine_key")
+        if key is not None:
+            out["engine"] = {"layout": "named", "key": key}
+        else:
+            # Inline: the layout torch-tensorrt-executorch-runtime 0.1.0 reads.
+            engine: dict[str, Any] = {"layout": "inline", "size": h.engine_size,
+                                      "blob_offset": h.engine_offset}
+            if segment_offset is not None:
+                engine["file_offset"] = segment_offset + h.engine_offset
+                engine["alignment"] = _alignment(engine["file_offset"])
+            out["engine"] = engine
     return out
 
 
@@ -917,6 +934,14 @@ def format_inspection(ins: Inspection) -> str:
                     f"{h.get('metadata_size')} B at {h.get('metadata_offset')}, engine "
                     f"{h.get('engine_size')} B at {h.get('engine_offset')}"
                 )
+                engine = trt.get("engine", {})
+                if engine.get("layout") == "inline":
+                    where = (f"at file offset {engine['file_offset']} (aligned to "
+                             f"{engine['alignment']})" if "file_offset" in engine else "")
+                    lines.append(f"    engine: inline, {_size(engine['size'])} bytes {where}")
+                elif engine.get("layout") == "named":
+                    lines.append(f"    engine: named data {engine['key']!r} (in a .ptd; no "
+                                 "released runtime reads this layout)")
                 meta = trt.get("metadata")
                 if isinstance(meta, dict):
                     for k, v in meta.items():

@@ -321,8 +321,12 @@ class EngineView(mmap.mmap):
         view.blob = blob
         return view
 
+    def __len__(self) -> int:
+        # The planned size, even once the view is closed (mmap's own len() raises then).
+        return self.blob.size
+
     def check_live(self) -> None:
-        if self.closed or self.blob.closed:
+        if self.blob.closed or self.closed:
             state = "consumed by a write" if self.blob.consumed else "released"
             raise ValueError(f"staged engine {self.blob.path} was {state}; the program "
                              "cannot be written again")
