@@ -249,6 +249,7 @@ class WriterMachine(RuleBasedStateMachine):
         for name, content in self.externals.items():
             assert (self.user / name).read_bytes() == content
         expected = {os.path.basename(b.path) for b, _ in self.blobs}
+        expected |= {name + ".meta" for name in expected}  # each blob's metadata sidecar
         expected |= {f".store-{s.token}.lock" for s in self.stores}
         assert {p.name for p in self.staging.iterdir()} == expected
 

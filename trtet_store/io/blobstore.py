@@ -557,10 +557,14 @@ class BlobStore:
             raise TypeError(f"blob metadata must be JSON-serializable: {exc}") from None
         fd = fs.calls.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            fs.pwrite_all(fd, text.encode(), 0)
-        finally:
-            fs.calls.close(fd)
-        fs.calls.rename(part, meta)
+            try:
+                fs.pwrite_all(fd, text.encode(), 0)
+            finally:
+                fs.calls.close(fd)
+            fs.calls.rename(part, meta)
+        except BaseException:
+            _unlink_quietly(part)
+            raise
 
     @contextlib.contextmanager
     def writer(self, *, metadata: Mapping[str, Any] | None = None) -> Iterator[BlobWriter]:
