@@ -145,8 +145,11 @@ def test_two_delegates_with_one_engine_store_it_once(here_fs, stub_tensorrt, ups
 def test_executorch_save_of_a_program_with_staged_engines_writes_the_same_bytes(
         here_fs, stub_tensorrt, caplog):
     """ExecuTorch's own writer streams the engine views; ours places the blobs."""
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
-    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir import (
+        EdgeCompileConfig,
+        ExecutorchBackendConfig,
+        to_edge_transform_and_lower,
+    )
 
     builder = stub_tensorrt(engine_sizes=(2 * MiB,))
     store = trtet_store.BlobStore(here_fs / "staging")
@@ -178,8 +181,11 @@ def test_executorch_save_of_a_program_with_staged_engines_writes_the_same_bytes(
 
 
 def test_a_program_serialized_without_delegate_segments_is_refused(here_fs, stub_tensorrt):
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
-    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir import (
+        EdgeCompileConfig,
+        ExecutorchBackendConfig,
+        to_edge_transform_and_lower,
+    )
 
     builder = stub_tensorrt(engine_sizes=(1 * MiB,))
     store = trtet_store.BlobStore(here_fs / "staging")
@@ -198,6 +204,62 @@ def test_a_program_serialized_without_delegate_segments_is_refused(here_fs, stub
     finally:
         trt.unregister_engines(built.engines)
         store.close()
+
+
+def _patch(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+DAMAGE = {  # offset in the blob, bytes written there
+    "magic": (0, b"TRXX"),
+    "metadata inside the header": (4, (8).to_bytes(4, "little")),
+    "metadata past the engine": (8, (1 << 20).to_bytes(4, "little")),
+    "engine offset not 16-aligned": (12, (4096 + 8).to_bytes(4, "little")),
+    "engine past the blob": (16, (1 << 40).to_bytes(8, "little")),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_verify_refuses_what_upstreams_parser_refuses(here_fs, stub_tensorrt, upstream_trt,
+                                                      damage):
+    from trtet_store.inspect import verify
+
+    builder = stub_tensorrt(engine_sizes=(1 * MiB, 2 * MiB))
+    module, inputs = linear_relu()
+    out = here_fs / "m.pte"
+    trtet_store.compile_and_save(module, inputs, out)
+    digests = [d for _, d in builder.built]
+    result = verify(out, engine_digests=digests)
+    assert result.ok, result.all_problems
+    engines = [d["tensorrt"]["engine"] for d in result.files[0].delegates]
+    assert [e["xxh3_128"] for e in engines] == digests
+    for _, blob in delegates(out):
+        upstream_trt.deserialize_engine(blob)
+
+    segment = result.files[0].delegates[0]["absolute_offset"]
+    offset, data = DAMAGE[damage]
+    _patch(out, segment + offset, data)
+    with pytest.raises(ValueError):
+        upstream_trt.deserialize_engine(delegates(out)[0][1])
+    assert not verify(out).ok
+
+
+def test_verify_finds_an_engine_byte_changed_only_by_its_digest(here_fs, stub_tensorrt,
+                                                               upstream_trt):
+    from trtet_store.inspect import verify
+
+    builder = stub_tensorrt(engine_sizes=(1 * MiB,))
+    module, inputs = linear_relu()
+    out = here_fs / "m.pte"
+    trtet_store.compile_and_save(module, inputs, out)
+    (engine,) = engine_layout(out)
+    _patch(out, engine["file_offset"] + 12345, b"\xff")
+    upstream_trt.deserialize_engine(delegates(out)[0][1])  # the parser cannot tell
+    assert verify(out).ok
+    result = verify(out, engine_digests=[builder.built[0][1]])
+    assert not result.ok and "not one of the expected engines" in str(result.all_problems)
 
 
 # -- upstream's preprocess semantics ------------------------------------------------------

@@ -29,6 +29,7 @@ import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -473,7 +474,8 @@ def _describe_delegate(
     else:
         ins.error(f"{where}: unknown data location {loc}")
         return entry
-    if blob_head is not None and blob_head[:4] in (b"TR01", b"TR02"):
+    if blob_head is not None and (blob_head[:4] in (b"TR01", b"TR02")
+                                  or d.id == "TensorRTBackend"):
         entry["tensorrt"] = _describe_trt_blob(ins, where, blob_head, entry.get("size", 0),
                                                entry.get("absolute_offset"))
     return entry
@@ -688,14 +690,25 @@ def verify(
     *,
     data: os.PathLike | str | None = None,
     run: bool = False,
+    engine_digests: Iterable[str] | None = None,
 ) -> VerifyResult:
     """Check a ``.pte`` (with its ``.ptd``) or a ``.ptd`` for structural soundness.
+
+    Every TensorRT delegate blob gets the checks torch-tensorrt 2.14.0's
+    ``deserialize_engine`` (and so its runtime) makes: magic, metadata past the
+    header and inside the blob, a 16-aligned engine offset past the metadata,
+    the engine inside the blob, JSON metadata. Each engine's bytes are read
+    once (streamed) for its xxh3-128 digest, which must match its named-data
+    key (``<digest>_trt_engine``) and, when given, ``engine_digests``.
 
     Args:
         path: The file to check.
         data: The ``.ptd`` the ``.pte`` reads external data from; it is
             checked too, and every engine key and external tensor the
             ``.pte`` names must be found in it (or in the ``.pte``).
+        engine_digests: The xxh3-128 digests the engines must have (e.g. the
+            keys of ``CompileReport.engines`` without ``_trt_engine``); an
+            engine whose digest is not among them is an error.
         run: Also load the program with the ExecuTorch runtime
             (``Runtime.get().load_program`` with full verification) and load
             every method whose delegates' backends are registered in this
@@ -722,9 +735,74 @@ def verify(
             result.problems.append(Problem("error", f"{data} is not a .ptd"))
     if main.kind == "pte":
         _cross_check(main, ptd, result)
+        _check_engines(main, ptd, result,
+                       None if engine_digests is None else set(engine_digests))
     if run and main.kind == "pte":
         result.runtime = _run_program(main, ptd, result)
     return result
+
+
+def _digest_range(path: Path, offset: int, size: int, *, sha256: bool = False) -> tuple[str, str]:
+    """xxh3-128 (and SHA-256 when asked, else "") of ``size`` bytes of ``path`` at ``offset``."""
+    import hashlib
+
+    import xxhash
+
+    h, sha = xxhash.xxh3_128(), hashlib.sha256() if sha256 else None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = size
+        while left:
+            part = f.read(min(left, 8 << 20))
+            if not part:
+                raise ValueError(f"{path} ends {left} bytes early")
+            h.update(part)
+            if sha is not None:
+                sha.update(part)
+            left -= len(part)
+    return h.hexdigest(), sha.hexdigest() if sha is not None else ""
+
+
+def _key_digest(key: str) -> str | None:
+    """The content digest a named engine key carries: ``<xxh3-128 or SHA-256 hex>_trt_engine``."""
+    stem = key.removesuffix("_trt_engine")
+    if len(stem) in (32, 64) and all(c in "0123456789abcdef" for c in stem):
+        return stem
+    return None
+
+
+def _check_engines(pte: Inspection, ptd: Inspection | None, result: VerifyResult,
+                   expected: set[str] | None) -> None:
+    named = {d["key"]: (ins.path, d) for ins in ([pte] + ([ptd] if ptd else []))
+             for d in ins.named_data if "absolute_offset" in d}
+    for d in pte.delegates:
+        engine = d.get("tensorrt", {}).get("engine")
+        if not engine:
+            continue
+        where = f"delegate {d['plan']}/{d['index']} ({d['id']})"
+        if engine["layout"] == "inline":
+            if "file_offset" not in engine or (
+                    engine["blob_offset"] + engine["size"] > d.get("size", 0)
+                    or engine["file_offset"] + engine["size"] > pte.file_size):
+                continue  # in the flatbuffer, or past its blob or file (an error already)
+            digest, _ = _digest_range(pte.path, engine["file_offset"], engine["size"])
+        else:
+            found = named.get(engine["key"])
+            if found is None or found[1]["absolute_offset"] + found[1]["size"] > os.path.getsize(
+                    found[0]):
+                continue  # reported by _cross_check, or past the end of its file
+            # Ours key engines by xxh3-128, Torch-TensorRT's by SHA-256.
+            stored = _key_digest(engine["key"])
+            digest, sha = _digest_range(found[0], found[1]["absolute_offset"], found[1]["size"],
+                                        sha256=stored is not None and len(stored) == 64)
+            if stored is not None and stored not in (digest, sha):
+                result.problems.append(Problem(
+                    "error", f"{where}: engine {engine['key']!r} has digest "
+                    f"{sha or digest}: its bytes are not the ones it was stored under"))
+        engine["xxh3_128"] = digest
+        if expected is not None and digest not in expected:
+            result.problems.append(Problem(
+                "error", f"{where}: engine digest {digest} is not one of the expected engines"))
 
 
 def _cross_check(pte: Inspection, ptd: Inspection | None, result: VerifyResult) -> None:
@@ -935,13 +1013,15 @@ def format_inspection(ins: Inspection) -> str:
                     f"{h.get('engine_size')} B at {h.get('engine_offset')}"
                 )
                 engine = trt.get("engine", {})
+                digest = f", xxh3-128 {engine['xxh3_128']}" if "xxh3_128" in engine else ""
                 if engine.get("layout") == "inline":
                     where = (f"at file offset {engine['file_offset']} (aligned to "
                              f"{engine['alignment']})" if "file_offset" in engine else "")
-                    lines.append(f"    engine: inline, {_size(engine['size'])} bytes {where}")
+                    lines.append(f"    engine: inline, {_size(engine['size'])} bytes "
+                                 f"{where}{digest}")
                 elif engine.get("layout") == "named":
                     lines.append(f"    engine: named data {engine['key']!r} (in a .ptd; no "
-                                 "released runtime reads this layout)")
+                                 f"released runtime reads this layout){digest}")
                 meta = trt.get("metadata")
                 if isinstance(meta, dict):
                     for k, v in meta.items():

@@ -59,7 +59,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from executorch.exir.program import ExecutorchProgramManager
 
     from trtet_store.export._executorch_private import EngineView
-
     from trtet_store.io.blobstore import Blob, BlobStore
     from trtet_store.io.layout import Piece
 
