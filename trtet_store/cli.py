@@ -212,6 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load the program (and its methods, where the backend is registered)",
     )
+    v.add_argument(
+        "--engine-digest",
+        action="append",
+        default=None,
+        metavar="XXH3_128",
+        help="an engine's expected xxh3-128 digest (repeat for each engine); any TensorRT "
+        "engine with another digest is an error",
+    )
     v.add_argument("--json", action="store_true", help="print JSON instead of text")
     v.set_defaults(func=cmd_verify)
 
@@ -415,7 +423,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from trtet_store.inspect import format_verify, verify
 
     try:
-        result = verify(args.file, data=args.data, run=args.run)
+        result = verify(args.file, data=args.data, run=args.run,
+                        engine_digests=args.engine_digest)
     except (OSError, ValueError) as exc:
         print(f"trtet-store verify: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
