@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, os.fspath(HERE.parent / "tests"))
 
 import torch  # noqa: E402
-from fake_trt import FakeBuilder, linear_relu  # noqa: E402
+from trtet_store.stub_tensorrt import FakeBuilder, linear_relu  # noqa: E402
 from filesystems import FilesystemFactory  # noqa: E402
 
 import trtet_store  # noqa: E402

@@ -11,11 +11,11 @@ import pytest
 import torch
 import xxhash
 from digests import file_digest
-from fake_trt import FakeBuilder, linear_relu
 
 import trtet_store
 from trtet_store.export import tensorrt as trt
 from trtet_store.export import trt_blob
+from trtet_store.stub_tensorrt import FakeBuilder, linear_relu
 
 MiB = 1 << 20
 # The staging store sits beside the output on the root ext4, and engines are

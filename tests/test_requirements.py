@@ -7,14 +7,13 @@ machine.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
+import upstream
 from packaging.requirements import Requirement
 from packaging.version import Version
-
-import upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""A stand-in for the TensorRT build, for machines without a GPU.
+"""A stand-in for the TensorRT build, for machines without a GPU (tests and benchmarks).
 
 It replaces exactly one function, ``trtet_store.export.tensorrt.build_engines``
 (the seam): the real module is exported, run eagerly for its output specs,
@@ -6,12 +6,14 @@ and replaced by a chain of engine placeholder nodes. Each "engine" is random
 bytes streamed into the blob store in 1 MiB pieces, as the real builder
 streams its engines, with a state record shaped like torch-tensorrt 2.14.0's
 (:func:`engine_record`), read by the real :func:`~trtet_store.export.tensorrt.engine_state`.
-Everything after the seam runs for real.
+Everything after the seam runs for real. Install it with :func:`installed`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +25,7 @@ from trtet_store.export.tensorrt import (
     register_engine,
     trt_engine_op,
 )
+from trtet_store.io import Blob, BlobStore
 
 #: Fields of torch-tensorrt 2.14.0's serialized engine record (SERIALIZATION_LEN).
 RECORD_LEN = 13
@@ -57,7 +60,7 @@ def engine_record(*, inputs: Sequence[str] = ("input_0",),
     return record
 
 
-def stage_fake_engine(store, size: int, seed: int):
+def stage_fake_engine(store: BlobStore, size: int, seed: int) -> tuple[Blob, str]:
     """Stream ``size`` pseudo-random bytes into ``store``; the blob and their xxh3-128."""
     h = xxhash.xxh3_128()
     rnd = xxhash.xxh3_128(seed=seed)
@@ -86,8 +89,10 @@ class FakeBuilder:
     seeds: tuple[int, ...] | None = None
     record: dict = field(default_factory=dict)  # engine_record(**record) for every engine
     built: list = field(default_factory=list)  # (engine, xxh3-128 of the bytes written)
+    seconds: float = 0.0  # spent staging engines
 
     def __call__(self, exported_program, arg_inputs, kwarg_inputs, store, settings):
+        start = time.monotonic()
         out = exported_program.module()(*arg_inputs, **(kwarg_inputs or {}))
         seeds = self.seeds or tuple(range(len(self.engine_sizes)))
         engines = []
@@ -98,6 +103,7 @@ class FakeBuilder:
             engine = register_engine(blob, state, [(tuple(out.shape), out.dtype)])
             engines.append(engine)
             self.built.append((engine, digest))
+        self.seconds += time.monotonic() - start
         ids = [e.engine_id for e in engines]
         op = trt_engine_op()
 
@@ -117,3 +123,16 @@ def linear_relu() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
     return module, (torch.randn(2, 16),)
+
+
+@contextlib.contextmanager
+def installed(builder: FakeBuilder) -> Iterator[FakeBuilder]:
+    """Put ``builder`` at the seam (and skip the CUDA check) for the duration."""
+    from trtet_store.export import tensorrt
+
+    saved = tensorrt.build_engines, tensorrt.check_available
+    tensorrt.build_engines, tensorrt.check_available = builder, lambda: None
+    try:
+        yield builder
+    finally:
+        tensorrt.build_engines, tensorrt.check_available = saved
