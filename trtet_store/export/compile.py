@@ -30,7 +30,8 @@ class CompileReport:
     writes : list of WriteReport
         Per file: the placement of every payload and why.
     engines : list of (str, int)
-        Named-data key and size of each TensorRT engine.
+        Key (``<xxh3-128>_trt_engine``) and size of each TensorRT engine; the
+        digest is what ``trtet-store verify --engine-digest`` checks.
     etrecord : pathlib.Path or None
         The ETRecord, when one was asked for.
     seconds : float
@@ -87,7 +88,12 @@ def compile_and_save(
     backend : {"tensorrt", "xnnpack"}
         ``"xnnpack"`` lowers for CPU through the same store and writer.
     external_engine_data : str, optional
-        Put engines (or, for XNNPACK, the weights) in ``<name>.ptd``.
+        Put engines (or, for XNNPACK, the weights) in ``<name>.ptd``. By default
+        each TensorRT engine is inline in its delegate's segment of the ``.pte``,
+        the layout torch-tensorrt-executorch-runtime 0.1.0 loads. With a name,
+        engines are named data in ``<name>.ptd`` (``engine_key`` in each
+        delegate): no released TensorRT runtime reads that layout yet, and it
+        needs executorch 1.5.
     generate_etrecord : bool
         Also write ``<path stem>_etrecord.bin``. It is written before any engine
         is moved; if it fails, the program is still written and the failure raised.
@@ -117,6 +123,9 @@ def compile_and_save(
     TensorRTUnavailableError
         ``backend="tensorrt"`` without Torch-TensorRT or a CUDA device; raised
         before any file is created.
+    UnsupportedEngineError
+        An engine the ExecuTorch TensorRT runtime cannot run (one that needs an
+        output allocator); raised before it is staged.
     """
     start = time.monotonic()
     if backend not in BACKENDS:
