@@ -288,6 +288,19 @@ def transfer_to_blob(fbd: FileBackedData, blob: Blob) -> None:
     setattr(fbd, _BLOB_ATTR, _BlobRef(blob))
 
 
+def return_from_blob(fbd: FileBackedData, path: str) -> None:
+    """Undo :func:`transfer_to_blob`: ``fbd`` reads ``path`` again and owns it.
+
+    Call once the blob's file is back at ``path``. Ownership is a new
+    ``weakref.finalize`` calling ``FileBackedData._remove(path)``, what
+    ``cleanup=True`` and ``move_from`` arm.
+    """
+    fbd._path = path
+    fbd._finalizer = weakref.finalize(fbd, _remove_func(), path)
+    with contextlib.suppress(AttributeError):
+        delattr(fbd, _BLOB_ATTR)
+
+
 def set_known_sha256(fbd: FileBackedData, sha256: bytes) -> None:
     """Give ``fbd`` its SHA-256 (``fbd._sha256``) if it has none, so ExecuTorch won't hash it."""
     if not hasattr(fbd, "_sha256"):

@@ -142,6 +142,8 @@ class _Converter:
         self.store = store
         self._stores: dict[str, BlobStore] = {}
         self._adopted: dict[str, Blob] = {}  # old path -> blob
+        # Every FileBackedData re-pointed at an adopted blob, with its old path.
+        self._transfers: list[tuple[FileBackedData, str, Blob]] = []
 
     def _store_for(self, path: str) -> BlobStore:
         if self.store is not None:
@@ -181,6 +183,7 @@ class _Converter:
         if path in self._adopted:  # a second FileBackedData naming an adopted file
             blob = self._adopted[path]
             priv.transfer_to_blob(fbd, blob)
+            self._transfers.append((fbd, path, blob))
             return blob
         if self.consume and priv.file_backed_owns_file(fbd):
             blob = self._store_for(path).adopt(path)
@@ -190,9 +193,42 @@ class _Converter:
                 blob.close()
                 return ExternalFile(Path(os.path.abspath(path)), len(fbd))
             priv.transfer_to_blob(fbd, blob)
+            self._transfers.append((fbd, path, blob))
             self._adopted[path] = blob
             return blob
         return ExternalFile(Path(os.path.abspath(path)), len(fbd))
+
+    def give_back(self) -> None:
+        """Undo the adoptions no write consumed: each file back at its path, ExecuTorch's again.
+
+        Releasing an adopted blob gives its file back to the path it was
+        adopted from (see ``BlobStore.adopt``); the ``FileBackedData`` then
+        reads from there and owns it, as before the call. A file whose name was
+        taken meanwhile stays in the store as an orphan, and its
+        ``FileBackedData`` keeps reading it there.
+        """
+        from trtet_store.export import _executorch_private as priv
+
+        for fbd, path, blob in reversed(self._transfers):
+            if blob.consumed:
+                continue
+            blob.close()
+            if os.path.exists(path):
+                priv.return_from_blob(fbd, path)
+        self._transfers.clear()
+        self._adopted.clear()
+        self.close_own_stores()
+
+    def close_own_stores(self) -> None:
+        """Close the stores made for adoptions once none of their blobs is live.
+
+        They sit in the payloads' own directories; a lock file left there
+        until the garbage collector runs would be litter in the user's folder.
+        """
+        for directory, store in list(self._stores.items()):
+            if all(b.closed for b in store.blobs()):
+                store.close()
+                del self._stores[directory]
 
     def pieces(self, cord: Cord) -> list[Piece]:
         from trtet_store.export import _executorch_private as priv
@@ -282,8 +318,22 @@ def program_layouts(
     FileNotFoundError
         A payload file is gone.
     ExecutorchPrivateAPIError
-        The installed ExecuTorch does not look like 1.5.1 inside.
+        The installed ExecuTorch does not look like 1.4.1 or 1.5.1 inside.
     """
+    return _plan(program, path, outdir, consume=consume, store=store,
+                 include_ptd=include_ptd)[0]
+
+
+def _plan(
+    program: ExecutorchProgramManager,
+    path: os.PathLike | str | None,
+    outdir: os.PathLike | str | None,
+    *,
+    consume: bool,
+    store: BlobStore | None,
+    include_ptd: bool,
+) -> tuple[list[tuple[Path, list[Piece]]], _Converter]:
+    """:func:`program_layouts`, and the converter that can give its adoptions back."""
     from trtet_store.export import _executorch_private as priv
 
     _check_program(program)
@@ -313,7 +363,11 @@ def program_layouts(
                     "should be: it was serialized without delegate segments "
                     "(ExecutorchBackendConfig(extract_delegate_segments=False)); "
                     "call to_executorch() with extract_delegate_segments=True")
-    return [(dest, conv.pieces(cord)) for dest, cord in plan]
+    try:
+        return [(dest, conv.pieces(cord)) for dest, cord in plan], conv
+    except BaseException:
+        conv.give_back()
+        raise
 
 
 def _precheck_payload(conv: _Converter, fbd: FileBackedData | EngineView) -> None:
@@ -429,18 +483,25 @@ def save_program(
     list of WriteReport
         The ``.pte`` first, then the ``.ptd`` files.
     """
-    layouts = program_layouts(program, path, outdir, consume=consume, store=store)
-    return _write(program, layouts, consume, chunk_size, progress, placements)
+    planned = _plan(program, path, outdir, consume=consume, store=store, include_ptd=True)
+    return _write(program, planned, consume, chunk_size, progress, placements)
 
 
-def _write(program: ExecutorchProgramManager, layouts: list, consume: bool,
+def _write(program: ExecutorchProgramManager,
+           planned: tuple[list[tuple[Path, list[Piece]]], _Converter], consume: bool,
            chunk_size: int | None, progress: Any, placements: Any) -> list[Any]:
     from trtet_store.export import _executorch_private as priv
     from trtet_store.io.writer import write_files
 
+    layouts, conv = planned
     try:
-        return write_files(layouts, consume=consume, chunk_size=chunk_size, progress=progress,
-                           placements=placements)
+        reports = write_files(layouts, consume=consume, chunk_size=chunk_size,
+                              progress=progress, placements=placements)
+        conv.close_own_stores()
+        return reports
+    except BaseException:
+        conv.give_back()  # a refused or rolled-back write changes nothing
+        raise
     finally:
         # A consumed engine's file is gone or truncated: unmap it, so that a later
         # write of this program fails with an error instead of a fault.
@@ -464,8 +525,8 @@ def save(
 
     Returns the WriteReport. See :func:`save_program` for the parameters.
     """
-    layouts = program_layouts(program, path, consume=consume, store=store, include_ptd=False)
-    return _write(program, layouts, consume, chunk_size, progress, placements)[0]
+    planned = _plan(program, path, None, consume=consume, store=store, include_ptd=False)
+    return _write(program, planned, consume, chunk_size, progress, placements)[0]
 
 
 def write_tensor_data(
@@ -483,10 +544,10 @@ def write_tensor_data(
     What ``write_tensor_data_to_file(outdir)`` writes, with tags validated
     first. Returns one WriteReport per file ([] when the program has none).
     """
-    layouts = ptd_layouts(program, outdir, consume=consume, store=store)
-    if not layouts:
+    planned = _plan(program, None, outdir, consume=consume, store=store, include_ptd=True)
+    if not planned[0]:
         return []
-    return _write(program, layouts, consume, chunk_size, progress, placements)
+    return _write(program, planned, consume, chunk_size, progress, placements)
 
 
 # --- handing our blobs to ExecuTorch ------------------------------------------------
