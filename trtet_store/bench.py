@@ -59,7 +59,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,9 @@ METRICS: tuple[str, ...] = (
     "seconds_durable",
     "peak_rss_bytes",
     "rss_growth_bytes",
+    "syncs",
+    "device_bytes_written",
+    "peak_over_final_bytes",
 )
 _SESSION_PREFIX = "trtet-bench-"
 _TMPFS_SOURCE = "trtet-bench"
@@ -234,7 +237,9 @@ class BenchConfig:
         chunk_size: Bytes per step of trtet_store's move/copy; None for its default (8 MiB).
         filesystem: ``ext4``, ``xfs``, ``btrfs``, ``tmpfs`` (a dedicated
             filesystem, root only), ``here`` (a temp directory on the
-            filesystem of ``workdir``), or ``auto`` (ext4 as root, else here).
+            filesystem of ``workdir``), or ``auto`` (as root ext4, then XFS
+            where it can be made, so that a first run shows insert and clone;
+            else here).
         fs_size: Size of the dedicated filesystem: ``"fit"`` (every method
             fits: the staged payloads plus a full copy of them), ``"tight"``
             (the staged payloads fit once, plus a move's chunk, but not
@@ -250,6 +255,10 @@ class BenchConfig:
             ``$TRTET_FS_ROOT`` or ``/var/tmp``.
         verify_outputs: Hash each method's outputs (outside the measured
             window) and check every method wrote the same bytes.
+        cached_sources: Read the payloads into the page cache before each
+            method (a blob just built and still cached); otherwise each is
+            dropped from the cache before each method (an engine built long
+            ago), so that a method never reads what the one before it cached.
     """
 
     payload_size: int = 512 * MiB
@@ -264,6 +273,7 @@ class BenchConfig:
     workdir: Path | None = None
     image_dir: Path | None = None
     verify_outputs: bool = True
+    cached_sources: bool = False
 
     def validate(self) -> None:
         """Raise ValueError on an impossible configuration."""
@@ -338,6 +348,14 @@ class RunResult:
         reasons: The io layer's reason for each placement (trtet_store only).
         output_digest: xxh3-128 over the outputs, when verified.
         timeline: ``[seconds, extra bytes]`` points of disk use during the call.
+        syncs: ``fsync`` and ``fdatasync`` calls of the call, plus the one
+            ``syncfs`` that makes it durable.
+        device_bytes_written: Bytes the filesystem's block device wrote over
+            the call and its ``syncfs`` (the filesystem's journal included),
+            from ``/sys/block``; None without a dedicated loop device.
+        peak_over_final_bytes: ``peak_extra_bytes`` minus what the finished
+            output keeps (``extra_after_bytes``, if positive): the disk a
+            method needs on the way beyond its result.
     """
 
     method: str
@@ -361,6 +379,9 @@ class RunResult:
     reasons: list[str] = field(default_factory=list)
     output_digest: str | None = None
     timeline: list[list[float]] = field(default_factory=list)
+    syncs: int = 0
+    device_bytes_written: int | None = None
+    peak_over_final_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -426,6 +447,8 @@ class BenchResult:
         runs: One entry per method and repeat.
         notes: Remarks for the reader (fallbacks, failures, caveats).
         environment: Versions and machine facts.
+        also: Results of the same configuration on further filesystems
+            (``auto`` as root runs ext4, then XFS).
     """
 
     config: BenchConfig
@@ -433,6 +456,7 @@ class BenchResult:
     runs: list[RunResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
+    also: list[BenchResult] = field(default_factory=list)
 
     def runs_of(self, method: str) -> list[RunResult]:
         """The runs of one method, in repeat order."""
@@ -486,9 +510,10 @@ class BenchResult:
             # What was measured is a fallback, not this method: show nothing.
             return {"ok_runs": 0, "median": dict.fromkeys(METRICS), "max": dict.fromkeys(METRICS)}
         for m in METRICS:
-            values = [getattr(r, m) for r in use]
-            med[m] = statistics.median(values)
-            mx[m] = max(values)
+            # None: not measurable here (no dedicated block device).
+            values = [v for v in (getattr(r, m) for r in use) if v is not None]
+            med[m] = statistics.median(values) if values else None
+            mx[m] = max(values) if values else None
         return {"ok_runs": len(ok), "median": med, "max": mx}
 
     def to_json(self, *, timelines: bool = True) -> dict[str, Any]:
@@ -506,6 +531,7 @@ class BenchResult:
             "filesystem": self.filesystem.to_json(),
             "notes": list(self.notes),
             "environment": dict(self.environment),
+            "also": [o.to_json(timelines=timelines) for o in self.also],
         }
 
 
@@ -938,6 +964,64 @@ def _digest_outputs(out: Path, names: Sequence[str]) -> str:
     return h.hexdigest()
 
 
+class _SyncCounter:
+    """Counts ``fsync`` and ``fdatasync`` calls through the io layer's call table.
+
+    Wraps the real calls (and puts them back on exit); ExecuTorch's save does
+    not go through the table, and does not sync at all.
+    """
+
+    def __init__(self, calls: Any) -> None:
+        self.calls = calls
+        self.count = 0
+        self.saved: dict[str, Any] = {}
+
+    def __enter__(self) -> _SyncCounter:
+        for name in ("fsync", "fdatasync"):
+            real = self.saved[name] = getattr(self.calls, name)
+
+            def counted(fd: int, _real: Any = real) -> None:
+                self.count += 1
+                _real(fd)
+
+            setattr(self.calls, name, counted)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, real in self.saved.items():
+            setattr(self.calls, name, real)
+
+
+def _set_cached(paths: Sequence[Path], cached: bool) -> None:
+    """Read ``paths`` into the page cache, or write them back and drop them from it."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # consumed by a method before
+            continue
+        try:
+            if cached:
+                while os.read(fd, 16 * MiB):
+                    pass
+            else:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _device_written(path: Path) -> int | None:
+    """Bytes written so far by the block device under ``path`` (a loop device), or None."""
+    source = loopfs.mount_source(path)
+    if not source or not source.startswith("/dev/"):
+        return None
+    try:
+        with open(f"/sys/block/{os.path.basename(source)}/stat") as f:
+            return int(f.read().split()[6]) * 512  # sectors written
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _run_method(
     method: str,
     program: Any,
@@ -945,9 +1029,11 @@ def _run_method(
     config: BenchConfig,
     repeat: int,
     progress: ProgressFn | None,
+    sources: Sequence[Path] = (),
 ) -> RunResult:
     """Run one method once, measured; leave no output behind."""
     from trtet_store.io import InsufficientSpaceError
+    from trtet_store.io import fs as io_fs
 
     out = fs.path / "out"
     shutil.rmtree(out, ignore_errors=True)
@@ -970,14 +1056,17 @@ def _run_method(
     if method == "executorch":
         result.reasons = ["ExecuTorch copies every payload (Cord.write_to_file, 8 MiB reads)"]
     gc.collect()
+    _set_cached(sources, config.cached_sources)
     use_syncfs = fs.fstype == "btrfs"
     capture = _LogCapture()
     reports: list[Any] = []
     mon = PeakDiskMonitor(fs.path, use_syncfs=use_syncfs)
-    with mon:
+    syncs = _SyncCounter(io_fs.calls)
+    with mon, syncs:
         rss_before = current_rss_bytes()
         result.rss_reset = reset_peak_rss()
         io_before = io_counters()["write_bytes"]
+        dev_before = _device_written(fs.path)
         t0 = time.perf_counter()
         try:
             if method == "executorch":
@@ -1022,6 +1111,9 @@ def _run_method(
             syncfs(fs.path)
         t2 = time.perf_counter()
         result.bytes_written = io_counters()["write_bytes"] - io_before
+        dev_after = _device_written(fs.path)
+        if dev_before is not None and dev_after is not None:
+            result.device_bytes_written = dev_after - dev_before
         result.peak_rss_bytes = peak_rss_bytes()
     result.seconds = t1 - t0
     result.seconds_durable = t2 - t0
@@ -1029,6 +1121,8 @@ def _run_method(
     result.rss_growth_bytes = max(0, result.peak_rss_bytes - rss_before)
     result.peak_extra_bytes = mon.peak_extra_bytes
     result.extra_after_bytes = mon.extra_after_bytes
+    result.peak_over_final_bytes = mon.peak_extra_bytes - max(0, mon.extra_after_bytes)
+    result.syncs = syncs.count + 1  # the syncfs that makes the call durable
     result.timeline = [[round(t, 4), b] for t, b in mon.timeline]
     if progress:
         progress(label, total, total)
@@ -1149,10 +1243,18 @@ def run_bench(
     """
     config.validate()
     fstype = config.filesystem
-    if fstype == "auto":
-        fstype = "ext4" if os.geteuid() == 0 else "here"
     if filesystem is not None:
         return _run_all(config, filesystem, progress)
+    if fstype == "auto" and os.geteuid() == 0:
+        # ext4 shows insert, XFS clone: a first run should see both.
+        result = run_bench(replace(config, filesystem="ext4"), progress=progress)
+        try:
+            result.also.append(run_bench(replace(config, filesystem="xfs"), progress=progress))
+        except BenchError as exc:
+            result.notes.append(f"xfs: not measured ({exc})")
+        return result
+    if fstype == "auto":
+        fstype = "here"
     min_free, max_free = _space_needed(config)
     size = config.fs_size if isinstance(config.fs_size, int) else None
     with bench_filesystem(
@@ -1185,8 +1287,9 @@ def _run_group(
         program = build_program(
             blobs, layout=config.layout, segment_alignment=config.segment_alignment
         )
+        sources = [Path(b.path) for b in blobs]
         del blobs  # the program holds them now
-        runs = [_run_method(m, program, fs, config, rep, progress) for m in methods]
+        runs = [_run_method(m, program, fs, config, rep, progress, sources) for m in methods]
         del program
         gc.collect()
         return runs
@@ -1290,11 +1393,15 @@ def format_table(result: BenchResult) -> str:
         "ok",
         "peak extra disk",
         "ratio",
+        "over final",
         "bytes written",
         "ratio",
         "seconds",
         "ratio",
         "durable s",
+        "ratio",
+        "syncs",
+        "device written",
         "RSS growth",
     ]
     rows = []
@@ -1307,11 +1414,15 @@ def format_table(result: BenchResult) -> str:
                 f"{s['ok_runs']}/{s['runs']}",
                 f"{format_size(med['peak_extra_bytes'])} ({format_size(mx['peak_extra_bytes'])})",
                 _ratio(r["peak_extra_bytes"]),
+                format_size(med["peak_over_final_bytes"]),
                 format_size(med["bytes_written"]),
                 _ratio(r["bytes_written"]),
                 f"{_secs(med['seconds'])} ({_secs(mx['seconds'])})",
                 _ratio(r["seconds"]),
                 _secs(med["seconds_durable"]),
+                _ratio(r["seconds_durable"]),
+                "-" if med["syncs"] is None else f"{med['syncs']:.0f}",
+                format_size(med["device_bytes_written"]),
                 format_size(med["rss_growth_bytes"]),
             ]
         )
@@ -1328,6 +1439,8 @@ def format_table(result: BenchResult) -> str:
     if result.notes:
         out.append("")
         out += [f"note: {n}" for n in result.notes]
+    for other in result.also:
+        out += ["", "", format_table(other)]
     return "\n".join(out)
 
 
