@@ -515,10 +515,13 @@ class BlobStore:
             self.collected += self.remove_orphans(older_than=orphan_max_age)
         kept = self.orphans()
         if kept:
+            pinned = sum(o.pinned for o in kept)
             log.warning("%s holds %d staged blob(s) of dead stores (%.1f MiB), kept: list them "
                         "with BlobStore.orphans(), take one over with adopt_orphan(), remove "
-                        "them with remove_orphans()", self.directory, len(kept),
-                        sum(o.size for o in kept) / 2**20)
+                        "them with remove_orphans()%s", self.directory, len(kept),
+                        sum(o.size for o in kept) / 2**20,
+                        f"; {pinned} of them an interrupted write still needs: run "
+                        "`trtet-store recover` on its output directory" if pinned else "")
 
     # -- creating blobs -------------------------------------------------------
 
@@ -921,16 +924,24 @@ def collect_stale(directory: Path) -> list[Path]:
     """
     removed: list[Path] = []
     live = _Liveness(directory)
+    pinned: set[str] | None = None
     for f in list(directory.iterdir()):
         token = _token_of(f.name)
         if token is None or live.alive(token):
             continue
         name = f.name
-        if name.endswith(PART_SUFFIX) or name.endswith(META_SUFFIX + ".part") or (
-                name.endswith(BLOB_SUFFIX + META_SUFFIX)
-                and not f.with_name(name[: -len(META_SUFFIX)]).exists()):
-            _unlink_quietly(os.fspath(f))
-            removed.append(f)
+        if name.endswith(BLOB_SUFFIX + META_SUFFIX):
+            blob = f.with_name(name[: -len(META_SUFFIX)])
+            if pinned is None:
+                pinned = pinned_paths(directory)
+            # A blob an interrupted write renamed away (an insert's host)
+            # comes back when it is undone: its sidecar must be there then.
+            if blob.exists() or os.fspath(blob) in pinned:
+                continue
+        elif not (name.endswith(PART_SUFFIX) or name.endswith(META_SUFFIX + ".part")):
+            continue
+        _unlink_quietly(os.fspath(f))
+        removed.append(f)
     for lock_path in directory.glob(f"{LOCK_PREFIX}*{LOCK_SUFFIX}"):
         token = lock_path.name[len(LOCK_PREFIX): -len(LOCK_SUFFIX)]
         try:
