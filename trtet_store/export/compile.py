@@ -151,16 +151,18 @@ def compile_and_save(
     if own_store:
         store = BlobStore(path.parent / ".trtet-staging")
     engines: list[Any] = []
+    built = None  # holds the build record until the program is written
     try:
         import torch
 
         exported = torch.export.export(module, args, kwarg_inputs or {},
                                        dynamic_shapes=dynamic_shapes, strict=False)
         if backend == "tensorrt":
-            edge, engines = _lower_tensorrt(exported, args, kwarg_inputs, store,
-                                            compile_specs, external_engine_data,
-                                            weight_streaming_budget_per_engine,
-                                            generate_etrecord, compile_settings)
+            edge, built = _lower_tensorrt(exported, args, kwarg_inputs, store,
+                                          compile_specs, external_engine_data,
+                                          weight_streaming_budget_per_engine,
+                                          generate_etrecord, compile_settings)
+            engines = built.engines
         else:
             edge = _lower_xnnpack(exported, args, kwarg_inputs, external_engine_data,
                                   generate_etrecord)
@@ -198,6 +200,7 @@ def compile_and_save(
             from trtet_store.export import tensorrt
 
             tensorrt.unregister_engines(engines)
+        del built
         if own_store:
             store.close()
             _remove_if_empty(store.directory)
@@ -206,9 +209,9 @@ def compile_and_save(
 def _lower_tensorrt(exported, args, kwargs, store, specs, external, budget, etrecord, settings):
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    from trtet_store.export import tensorrt
+    from trtet_store.export import engine_reuse, tensorrt
 
-    built = tensorrt.build_engines(exported, args, kwargs, store, settings)
+    built = engine_reuse.build_or_reuse(exported, args, kwargs, store, settings)
     try:
         partitioner = tensorrt.TensorRTPartitioner(
             specs, external_engine_data=external, weight_streaming_budget_per_engine=budget)
@@ -219,7 +222,7 @@ def _lower_tensorrt(exported, args, kwargs, store, specs, external, budget, etre
     except BaseException:
         tensorrt.unregister_engines(built.engines)
         raise
-    return edge, built.engines
+    return edge, built
 
 
 def _lower_xnnpack(exported, args, kwargs, external, etrecord):

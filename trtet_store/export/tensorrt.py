@@ -226,10 +226,16 @@ class Engine:
 
 @dataclass
 class BuildResult:
-    """What the seam returns."""
+    """What the seam returns.
+
+    ``record`` is the build record of :mod:`~trtet_store.export.engine_reuse`,
+    held here so that it lives (a blob nobody holds is released) until the
+    export is done.
+    """
 
     exported_program: ExportedProgram
     engines: list[Engine] = field(default_factory=list)
+    record: Blob | None = None
 
 
 # Engines by id while a lowering runs. Preprocess sees only a deep copy of
@@ -239,13 +245,18 @@ _engines_lock = threading.Lock()
 
 
 def register_engine(blob: Blob, state: EngineState,
-                    outputs: list[tuple[tuple[int, ...], torch.dtype]]) -> Engine:
-    """Make ``blob`` known to the placeholder op and the backend under a fresh id."""
+                    outputs: list[tuple[tuple[int, ...], torch.dtype]], *,
+                    engine_id: str | None = None) -> Engine:
+    """Make ``blob`` known to the placeholder op and the backend, under a fresh id by default.
+
+    ``engine_id`` names it as a recorded program's placeholders do (see
+    :mod:`trtet_store.export.engine_reuse`).
+    """
     if len(state.output_names) != len(outputs):
         raise UnsupportedEngineError(
             f"engine {blob.path}: {len(state.output_names)} output bindings "
             f"{list(state.output_names)} for {len(outputs)} outputs")
-    engine = Engine(uuid.uuid4().hex, blob, state, outputs)
+    engine = Engine(engine_id or uuid.uuid4().hex, blob, state, outputs)
     with _engines_lock:
         _engines[engine.engine_id] = engine
     return engine
