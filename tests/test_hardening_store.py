@@ -266,3 +266,12 @@ def test_default_store_refuses_a_directory_someone_else_could_control(tmp_path, 
             os.chmod(path, 0o777)
     with pytest.raises(PermissionError, match=os.fspath(path)):
         BlobStore()
+
+
+def test_adopting_a_live_blobs_file_is_refused(here_fs):
+    with BlobStore(here_fs / "a") as a, BlobStore(here_fs / "b") as b:
+        blob = a.put(b"mine" * 1000)
+        with pytest.raises(ValueError, match="already a live blob"):
+            b.adopt(blob.path)
+        assert Path(blob.path).read_bytes() == b"mine" * 1000
+        assert b.blobs() == []
