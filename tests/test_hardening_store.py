@@ -275,3 +275,23 @@ def test_adopting_a_live_blobs_file_is_refused(here_fs):
             b.adopt(blob.path)
         assert Path(blob.path).read_bytes() == b"mine" * 1000
         assert b.blobs() == []
+
+
+@pytest.mark.parametrize("obstacle", ["name_taken", "directory_gone"])
+def test_an_adopted_file_that_cannot_go_back_is_kept(here_fs, obstacle):
+    user = here_fs / "user"
+    user.mkdir()
+    src = user / "w.bin"
+    data = os.urandom(100_000)
+    src.write_bytes(data)
+    store = BlobStore(here_fs / "s")
+    blob = store.adopt(src)
+    if obstacle == "name_taken":
+        src.write_bytes(b"the user's new file")
+    else:
+        user.rmdir()
+    store.close()
+    kept = [p for p in (here_fs / "s").glob("*.blob")]
+    assert len(kept) == 1 and file_digest(kept[0]) == digest(data), blob
+    if obstacle == "name_taken":
+        assert src.read_bytes() == b"the user's new file"

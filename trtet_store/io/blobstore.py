@@ -135,13 +135,12 @@ def _release_file(owner_pid: int, path: str, state: dict) -> None:
     if os.getpid() != owner_pid:
         return
     origin = state.get("give_back")
-    if origin:
+    if origin and os.path.exists(path):  # gone: placed by an insert or a move
         try:
             # link, not rename: never replace a file the user put there since
             os.link(path, origin)
-        except FileNotFoundError:
-            pass  # the file is gone (placed by an insert or a move): nothing to give back
         except OSError as exc:
+            # e.g. its directory is gone, or the name is taken: keep the bytes
             log.warning("could not give the adopted file %s back to %s (%s); it stays in the "
                         "store directory as an orphan (BlobStore.orphans)", path, origin, exc)
             return
