@@ -73,7 +73,8 @@ def internal_stem(name: str) -> str:
     raw = os.fsencode(name)
     if len(raw) <= _NAME_KEEP:
         return name
-    head = os.fsdecode(raw[:_NAME_KEEP - 40]).rstrip("\udcff")
+    # A cut through a multi-byte character is dropped; the hash keeps names apart.
+    head = raw[:_NAME_KEEP - 40].decode("utf-8", "ignore")
     return f"{head}~{hashlib.sha256(raw).hexdigest()[:32]}"
 
 
