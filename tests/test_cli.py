@@ -284,7 +284,7 @@ def test_verify_run_loads_xnnpack_methods(capsys, tmp_path: Path) -> None:
         capsys, "verify", tmp_path / "mlp.pte", "--data", tmp_path / "model.ptd", "--run"
     )
     assert code == 0, out
-    assert "method forward: loaded" in out
+    assert "method forward: executed on zeros (1 outputs)" in out
 
 
 def test_verify_run_survives_a_runtime_crash(capsys, tmp_path: Path) -> None:
@@ -302,6 +302,7 @@ def test_verify_run_survives_a_runtime_crash(capsys, tmp_path: Path) -> None:
     assert state.startswith("crashed (SIG") or state.startswith("RuntimeError"), state
     messages = " ".join(p["message"] for p in result["problems"])
     assert "while loading method 'forward'" in messages or "failed to load" in messages
+    assert "pass --data FILE.ptd" in messages
 
 
 def test_verify_external_constants(capsys, written, tmp_path: Path) -> None:
@@ -316,7 +317,7 @@ def test_verify_external_constants(capsys, written, tmp_path: Path) -> None:
     assert ins["problems"] == []
     code, out, _err = run_cli(capsys, "verify", tmp_path / "m.pte", "--data", ptd, "--run")
     assert code == 0, out
-    assert "method forward: loaded" in out
+    assert "method forward: executed on zeros (1 outputs)" in out
     code, out, _err = run_cli(capsys, "verify", tmp_path / "m.pte", "--data", written["ptd"])
     assert code == 1
     assert "external tensor 'l1.weight' is in neither" in out
@@ -437,7 +438,7 @@ def test_compile_and_save_xnnpack(capsys, factory_file: Path, tmp_path: Path) ->
     code, out, _err = run_cli(
         capsys, "verify", out_dir / "mlp.pte", "--data", out_dir / "weights.ptd", "--run"
     )
-    assert code == 0 and "method forward: loaded" in out
+    assert code == 0 and "method forward: executed on zeros (1 outputs)" in out
 
 
 def test_compile_and_save_tensorrt_unavailable(capsys, factory_file: Path, tmp_path: Path) -> None:

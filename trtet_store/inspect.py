@@ -862,13 +862,47 @@ for name in sorted(program.method_names):
         continue
     emit(event="load_method", method=name)
     try:
-        program.load_method(name)
+        method = program.load_method(name)
     except Exception as exc:
         out["methods"][name] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        continue
+    # Run it once on zeros of its input shapes: loading alone never calls a kernel.
+    emit(event="execute", method=name)
+    try:
+        import torch
+        dtypes = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32,
+                  4: torch.int64, 5: torch.float16, 6: torch.float32, 7: torch.float64,
+                  11: torch.bool, 15: torch.bfloat16}
+        meta = method.metadata
+        infos = [meta.input_tensor_meta(i) for i in range(meta.num_inputs())]
+        outputs = method.execute([torch.zeros(tuple(t.sizes()), dtype=dtypes[int(t.dtype())])
+                                  for t in infos])
+    except Exception as exc:
+        out["methods"][name] = {"state": "failed",
+                                "error": f"executing: {type(exc).__name__}: {exc}"}
     else:
-        out["methods"][name] = {"state": "loaded"}
+        out["methods"][name] = {"state": "executed", "outputs": len(outputs)}
 emit(event="result", result=out)
 """
+
+
+def _data_hint(pte: Inspection, ptd: Inspection | None) -> str:
+    """Why a program may fail without its ``.ptd``, when it is the likely cause."""
+    if ptd is not None:
+        return ""
+    wanted = list(pte.external_tensors) + [
+        k for d in pte.delegates
+        if (k := (d.get("tensorrt", {}).get("metadata") or {}).get("engine_key"))]
+    missing = [k for k in wanted if k not in set(pte.keys)]
+    if missing:
+        return (f"; the program reads {len(missing)} entries from a .ptd ({missing[0]!r}"
+                f"{', ...' if len(missing) > 1 else ''}): pass --data FILE.ptd")
+    # A delegate's external weights are named inside its own blob, out of sight.
+    beside = sorted(p.name for p in pte.path.parent.glob("*.ptd"))
+    if beside:
+        return (f"; if the program keeps data in a .ptd ({', '.join(beside)} is beside it), "
+                "pass --data FILE.ptd")
+    return ""
 
 
 def _run_program(pte: Inspection, ptd: Inspection | None, result: VerifyResult) -> dict[str, Any]:
@@ -906,6 +940,8 @@ def _run_program(pte: Inspection, ptd: Inspection | None, result: VerifyResult) 
         where = (
             f"loading method {last['method']!r}"
             if last.get("event") == "load_method"
+            else f"executing method {last['method']!r}"
+            if last.get("event") == "execute"
             else "loading the program"
             if last.get("event") == "load_program"
             else "starting"
@@ -915,8 +951,8 @@ def _run_program(pte: Inspection, ptd: Inspection | None, result: VerifyResult) 
                 how = signal.Signals(-proc.returncode).name
             except ValueError:
                 how = f"signal {-proc.returncode}"
-            out["error"] = f"the runtime crashed ({how}) while {where}"
-            if last.get("event") == "load_method":
+            out["error"] = f"the runtime crashed ({how}) while {where}" + _data_hint(pte, ptd)
+            if last.get("event") in ("load_method", "execute"):
                 out["loaded"] = True
                 out["methods"][last["method"]] = f"crashed ({how})"
         else:
@@ -927,7 +963,8 @@ def _run_program(pte: Inspection, ptd: Inspection | None, result: VerifyResult) 
     out.update({k: v for k, v in final.items() if k != "methods"})
     if not final.get("loaded"):
         result.problems.append(
-            Problem("error", f"the runtime refused the program: {final.get('error')}")
+            Problem("error", f"the runtime refused the program: {final.get('error')}"
+                    + _data_hint(pte, ptd))
         )
         return out
     for name, state in final["methods"].items():
@@ -939,9 +976,11 @@ def _run_program(pte: Inspection, ptd: Inspection | None, result: VerifyResult) 
             result.problems.append(Problem("warning", f"method {name!r} {text}"))
         elif state["state"] == "failed":
             text = state["error"]
-            result.problems.append(Problem("error", f"method {name!r} failed to load: {text}"))
+            what = "failed" if text.startswith("executing") else "failed to load"
+            result.problems.append(Problem(
+                "error", f"method {name!r} {what}: {text}{_data_hint(pte, ptd)}"))
         else:
-            text = "loaded"
+            text = f"executed on zeros ({state['outputs']} outputs)"
         out["methods"][name] = text
     return out
 

@@ -91,7 +91,7 @@ def ptd_file_name(tag: str) -> str:
     seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
     problem = None
     if tag in ("", ".", ".."):
-        problem = "empty, '.' or '..'"
+        problem = "is empty, '.' or '..'"
     elif any(s in tag for s in seps):
         problem = "contains a path separator"
     elif "\0" in tag:
