@@ -263,10 +263,11 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
     longer, with its bytes intact (freed blocks are reused only after the
     commit), so the move copies those bytes again.
 
-    Inside a step the bytes go in windows of 8 MiB, back to front; writeback
-    of each window starts as soon as it is written (``sync_file_range``) and
-    the next window of the source is read ahead, so the disk works while we
-    copy, and the step's ``fdatasync`` finds little left to write.
+    Inside a step the bytes go in windows of 8 MiB, front to back; writeback
+    of each window starts as soon as it is written (``sync_file_range``), and
+    the next step of the source is read ahead while this one is synced, so
+    the disk works while we copy, and the step's ``fdatasync`` finds little
+    left to write.
 
     Extra disk at any instant: two steps (see :func:`move_step`). Where the
     filesystem frees truncated blocks only at a transaction commit (btrfs),
@@ -284,23 +285,28 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
     committer = _Committer(src_fd)
     write_behind = read_ahead = True
     moved = 0
+    start = (length - 1) // step * step if length else 0
+    if length:
+        read_ahead = _hint(fs.calls.fadvise, src_fd, start, length - start,
+                           os.POSIX_FADV_WILLNEED)
     while length > 0:
         start = (length - 1) // step * step
         fs.allocate(dst_fd, dst_offset + start, length - start)
-        end = length
-        while end > start:
-            pos = max(start, (end - 1) // window * window)
-            if read_ahead and pos > start:
-                ahead = max(start, pos - window)
-                read_ahead = _hint(fs.calls.fadvise, src_fd, ahead, pos - ahead,
-                                   os.POSIX_FADV_WILLNEED)
+        # Front to back inside the step, so that the kernel's readahead of an
+        # uncached source works with us; only the steps go back to front.
+        for pos in range(start, length, window):
+            end = min(length, pos + window)
             data = fs.pread_exact(src_fd, end - pos, pos, src_path)
             verify_chunks(data, pos, digest_chunk, digests, f"source {src_path}", src_path)
             fs.pwrite_all(dst_fd, data, dst_offset + pos)
             if write_behind:
                 write_behind = _hint(fs.calls.sync_file_range, dst_fd, dst_offset + pos,
                                      end - pos, fs.SYNC_FILE_RANGE_WRITE)
-            end = pos
+        if read_ahead and start:
+            # Read the next step while this one is synced.
+            before = max(0, start - step)
+            read_ahead = _hint(fs.calls.fadvise, src_fd, before, start - before,
+                               os.POSIX_FADV_WILLNEED)
         # Invariant 1: the step is durable in the destination before the
         # source loses it.
         fs.calls.fdatasync(dst_fd)
