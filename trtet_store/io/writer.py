@@ -305,12 +305,6 @@ class Transaction:
             with contextlib.suppress(FileNotFoundError):
                 out.old_stat = os.stat(out.dest)
                 dest_stats.append((out.dest, out.old_stat))
-                owner = live_blob(out.old_stat)
-                if owner is not None:
-                    # Its bytes would be overwritten under a Blob that keeps its
-                    # old size and digests, and closing it would delete the output.
-                    raise ValueError(f"cannot write {out.dest}: it is (or links to) the file of a "
-                                     f"live blob, {owner.path}; write to another path")
         self._check_inodes()
         for out in self.outputs:
             for ext in out.layout.payloads:
@@ -333,6 +327,14 @@ class Transaction:
                         raise ValueError(
                             f"cannot write {dest}: it is (or links to) the source of piece "
                             f"{ext.index}, {src}; write to another path")
+        for dest, dst_st in dest_stats:
+            owner = live_blob(dst_st)
+            if owner is not None:
+                # Not a piece of this write, but some store's blob all the same:
+                # its bytes would be overwritten under a Blob that keeps its old
+                # size and digests, and closing it would delete the output.
+                raise ValueError(f"cannot write {dest}: it is (or links to) the file of a live "
+                                 f"blob, {owner.path}; write to another path")
 
     def _check_inodes(self) -> None:
         """Refuse, naming the cause, a write whose lock, journal and temp files cannot be created.
