@@ -14,7 +14,8 @@ from trtet_store.io import BlobStore, WriteReport
 
 log = logging.getLogger("trtet_store.compile")
 
-BACKENDS = ("tensorrt", "xnnpack")
+#: TensorRT programs' segment alignment: every engine on a page of the file.
+PAGE = 4096
 
 
 @dataclass
@@ -52,7 +53,7 @@ class CompileReport:
 
 
 def compile_and_save(
-    module: Any,
+    source: Any,
     inputs: tuple | None,
     path: os.PathLike | str,
     *,
@@ -60,33 +61,51 @@ def compile_and_save(
     arg_inputs: tuple | None = None,
     kwarg_inputs: dict | None = None,
     dynamic_shapes: Any = None,
+    retrace: bool | None = None,
+    transform_passes: Any = None,
+    partitioners: Any = None,
+    compile_specs: Any = None,
+    compile_config: Any = None,
+    constant_methods: dict[str, Any] | None = None,
+    backend_config: Any = None,
     external_engine_data: str | None = None,
     generate_etrecord: bool = False,
     weight_streaming_budget_per_engine: int | None = None,
     store: BlobStore | None = None,
     progress: Any = None,
     segment_alignment: int | None = None,
-    compile_specs: list | None = None,
     **compile_settings: Any,
 ) -> CompileReport:
-    """Compile ``module`` and write it as an ExecuTorch program, each engine on disk once.
+    """Compile ``source`` and write it as an ExecuTorch program, each engine on disk once.
 
-    With ``backend="tensorrt"`` each TensorRT engine is streamed into ``store``
-    as soon as it is built; the program's ``.pte`` and ``.ptd`` are then written
-    in one transaction with ``consume=True``, so every engine is moved, not
-    copied, where the store shares the output's filesystem (and copied, with
-    the reason in the report and the log, where it does not).
+    :func:`trtet_store.export.export` (``export_program``), then
+    ``to_executorch(backend_config)``, then :func:`trtet_store.save_program`
+    with ``consume=True``: each TensorRT engine is streamed into ``store`` as
+    soon as it is built, and the ``.pte`` and ``.ptd`` files are written in one
+    transaction, every engine cloned, inserted or moved where the store shares
+    the output's filesystem (and copied, with the reason in the report and the
+    log, where it does not). An export that dies after its build leaves its
+    engines staged, and running it again reuses them (see
+    :mod:`trtet_store.export.engine_reuse`).
 
     Parameters
     ----------
-    module : torch.nn.Module
-        The model.
+    source : nn.Module, GraphModule, ExportedProgram or mapping of str to ExportedProgram
+        See :func:`trtet_store.export.export`; a mapping writes one method per key.
     inputs : tuple, optional
         Example positional inputs (``arg_inputs`` is the same under its newer name).
     path : path-like
         The ``.pte`` to write (any name); ``.ptd`` files go beside it.
     backend : {"tensorrt", "xnnpack"}
         ``"xnnpack"`` lowers for CPU through the same store and writer.
+    arg_inputs, kwarg_inputs, dynamic_shapes, retrace, transform_passes, partitioners
+        As for :func:`trtet_store.export.export`.
+    compile_specs, compile_config, constant_methods, weight_streaming_budget_per_engine
+        As for :func:`trtet_store.export.export`.
+    backend_config : ExecutorchBackendConfig, optional
+        For ``to_executorch``. With TensorRT, a ``segment_alignment`` left at
+        ExecuTorch's default (128) becomes 4096, so that every engine starts on
+        a page (what clone and insert need); ``segment_alignment=`` overrides both.
     external_engine_data : str, optional
         Put engines (or, for XNNPACK, the weights) in ``<name>.ptd``. By default
         each TensorRT engine is inline in its delegate's segment of the ``.pte``,
@@ -97,20 +116,13 @@ def compile_and_save(
     generate_etrecord : bool
         Also write ``<path stem>_etrecord.bin``. It is written before any engine
         is moved; if it fails, the program is still written and the failure raised.
-    weight_streaming_budget_per_engine : int, optional
-        Per-engine resident weight budget, in bytes (TensorRT only).
     store : BlobStore, optional
         Where engines are staged. Defaults to a store in ``.trtet-staging``
         beside ``path``, on the output's filesystem, so engines can be moved.
     progress : callable, optional
         ``progress(bytes_done, bytes_total)`` while the program is written.
     segment_alignment : int, optional
-        Segment alignment of the program. Defaults to 4096 for TensorRT: every
-        engine then starts on a block boundary, which reflink (clone) and
-        insert-range placements need, at a cost of under 4 KiB per segment.
-    compile_specs : list of CompileSpec, optional
-        For the TensorRT partitioner; ``target_device`` defaults to each
-        engine's ``cuda:N``.
+        Segment alignment of the program (see ``backend_config``).
     **compile_settings
         Passed to Torch-TensorRT's compiler.
 
@@ -126,54 +138,35 @@ def compile_and_save(
     UnsupportedEngineError
         An engine the ExecuTorch TensorRT runtime cannot run (one that needs an
         output allocator); raised before it is staged.
+    ValueError, TypeError
+        A bad argument (see :func:`trtet_store.export.export`), before any file
+        is created.
     """
     start = time.monotonic()
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if inputs is not None and arg_inputs is not None:
-        raise ValueError("give inputs or arg_inputs, not both (they are the same argument)")
-    args = tuple(inputs if inputs is not None else arg_inputs or ())
     path = Path(path).absolute()
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {path}: its directory does not exist")
+    if segment_alignment is not None and segment_alignment <= 0:
+        raise ValueError(f"segment_alignment must be positive, got {segment_alignment}")
     from trtet_store.export import executorch as et_adapter
-
-    if external_engine_data is not None:
-        et_adapter.ptd_file_name(external_engine_data)  # refuses names that escape
-    if backend == "tensorrt":
-        from trtet_store.export import tensorrt
-
-        tensorrt.check_available()
-    elif weight_streaming_budget_per_engine is not None:
-        raise ValueError("weight_streaming_budget_per_engine applies to backend='tensorrt'")
+    from trtet_store.export.lowering import export
 
     own_store = store is None
     if own_store:
         store = BlobStore(path.parent / ".trtet-staging")
-    engines: list[Any] = []
-    built = None  # holds the build record until the program is written
+    edge = None
     try:
-        import torch
-
-        exported = torch.export.export(module, args, kwarg_inputs or {},
-                                       dynamic_shapes=dynamic_shapes, strict=False)
-        if backend == "tensorrt":
-            edge, built = _lower_tensorrt(exported, args, kwarg_inputs, store,
-                                          compile_specs, external_engine_data,
-                                          weight_streaming_budget_per_engine,
-                                          generate_etrecord, compile_settings)
-            engines = built.engines
-        else:
-            edge = _lower_xnnpack(exported, args, kwarg_inputs, external_engine_data,
-                                  generate_etrecord)
-        from executorch.exir import ExecutorchBackendConfig
-
-        if segment_alignment is None and backend == "tensorrt":
-            segment_alignment = 4096
-        config = ExecutorchBackendConfig()
-        if segment_alignment is not None:
-            config = ExecutorchBackendConfig(segment_alignment=segment_alignment)
-        program = edge.to_executorch(config)
+        edge = export(source, inputs=inputs, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs,
+                      dynamic_shapes=dynamic_shapes, retrace=retrace,
+                      transform_passes=transform_passes, partitioners=partitioners,
+                      compile_specs=compile_specs, compile_config=compile_config,
+                      constant_methods=constant_methods, generate_etrecord=generate_etrecord,
+                      weight_streaming_budget_per_engine=weight_streaming_budget_per_engine,
+                      backend=backend, store=store, external_engine_data=external_engine_data,
+                      **compile_settings)
+        engines = edge._trtet_staged[0]  # noqa: SLF001
+        program = edge.to_executorch(_backend_config(backend_config, backend,
+                                                     segment_alignment))
         report = CompileReport(path, engines=[(e.key, e.blob.size) for e in engines])
         etrecord_error = None
         if generate_etrecord:
@@ -196,51 +189,31 @@ def compile_and_save(
         report.seconds = time.monotonic() - start
         return report
     finally:
-        if engines:
+        if edge is not None:
             from trtet_store.export import tensorrt
 
-            tensorrt.unregister_engines(engines)
-        del built
+            tensorrt.unregister_engines(edge._trtet_staged[0])  # noqa: SLF001
+        del edge
         if own_store:
             store.close()
             _remove_if_empty(store.directory)
 
 
-def _lower_tensorrt(exported, args, kwargs, store, specs, external, budget, etrecord, settings):
-    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+def _backend_config(config: Any, backend: str, segment_alignment: int | None) -> Any:
+    """``to_executorch``'s config: the caller's, page-aligned for TensorRT unless set."""
+    import dataclasses
 
-    from trtet_store.export import engine_reuse, tensorrt
+    from executorch.exir import ExecutorchBackendConfig
 
-    built = engine_reuse.build_or_reuse(exported, args, kwargs, store, settings)
-    try:
-        partitioner = tensorrt.TensorRTPartitioner(
-            specs, external_engine_data=external, weight_streaming_budget_per_engine=budget)
-        edge = to_edge_transform_and_lower(
-            built.exported_program, partitioner=[partitioner],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False),
-            generate_etrecord=etrecord)
-    except BaseException:
-        tensorrt.unregister_engines(built.engines)
-        raise
-    return edge, built
-
-
-def _lower_xnnpack(exported, args, kwargs, external, etrecord):
-    import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    if external is not None:
-        from executorch.exir.passes.external_constants_pass import (
-            delegate_external_constants_pass_unlifted,
-        )
-
-        unlifted = exported.module()
-        delegate_external_constants_pass_unlifted(unlifted, gen_tag_fn=lambda _n: external)
-        # Strict export keeps the node meta that carries the tags.
-        exported = torch.export.export(unlifted, args, kwargs or {}, strict=True)
-    return to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()],
-                                       generate_etrecord=etrecord)
+    if config is None:
+        config = ExecutorchBackendConfig()
+    default = ExecutorchBackendConfig().segment_alignment
+    if segment_alignment is None and backend == "tensorrt" and \
+            config.segment_alignment == default:
+        segment_alignment = PAGE
+    if segment_alignment is not None:
+        config = dataclasses.replace(config, segment_alignment=segment_alignment)
+    return config
 
 
 def _remove_if_empty(directory: Path) -> None:

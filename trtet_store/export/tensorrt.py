@@ -537,17 +537,44 @@ def build_engines(exported_program: ExportedProgram, arg_inputs: tuple,
     """Compile with Torch-TensorRT's dynamo path; stage each engine in ``store`` as it is built.
 
     This is the one function CPU tests replace. It needs torch_tensorrt and a
-    CUDA device, and runs only where both exist. Each engine's state is read
-    with torch_tensorrt's own ``get_engine_info_from_state`` (metadata only) and
-    checked before its bytes are staged; the bytes come from the engine's
-    tensor accessor where the runtime has one.
+    CUDA device, and runs only where both exist.
     """
     import torch_tensorrt  # noqa: F401 - registers the tensorrt ops
     from torch_tensorrt.dynamo import compile as trt_compile
-    from torch_tensorrt.executorch._export_utils import get_engine_info_from_state
 
     compiled = trt_compile(exported_program, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs,
                            **settings)
+    return stage_compiled(compiled, arg_inputs, kwarg_inputs, store)
+
+
+#: Torch-TensorRT's modules that hold an engine (C++ and Python runtimes).
+_TRT_MODULE_CLASSES = ("TorchTensorRTModule", "PythonTorchTensorRTModule")
+
+
+def has_engines(module: torch.nn.Module) -> bool:
+    """Whether ``module`` was compiled by Torch-TensorRT (holds TensorRT engine submodules)."""
+    return any(type(m).__name__ in _TRT_MODULE_CLASSES and getattr(m, "engine", None)
+               is not None for m in module.modules())
+
+
+def has_engine_nodes(program: ExportedProgram) -> bool:
+    """Whether ``program`` calls Torch-TensorRT engines (``tensorrt::execute_engine``)."""
+    return any(getattr(getattr(n.target, "_schema", None), "name", "").startswith("tensorrt::")
+               for n in program.graph_module.graph.nodes if n.op == "call_function")
+
+
+def stage_compiled(compiled: torch.fx.GraphModule, arg_inputs: tuple,
+                   kwarg_inputs: dict | None, store: BlobStore) -> BuildResult:
+    """Stage the engines of a module Torch-TensorRT compiled; none is rebuilt.
+
+    Each TensorRT submodule's state is read with torch_tensorrt's own
+    ``get_engine_info_from_state`` (metadata only) and checked before its bytes
+    are staged; the bytes come from the engine's tensor accessor where the
+    runtime has one. The submodule is then replaced by a placeholder node and
+    the module exported again.
+    """
+    from torch_tensorrt.executorch._export_utils import get_engine_info_from_state
+
     engines: list[Engine] = []
     for name, sub in list(compiled.named_children()):
         trt_engine = getattr(sub, "engine", None)
@@ -567,7 +594,8 @@ def build_engines(exported_program: ExportedProgram, arg_inputs: tuple,
         delattr(compiled, name)
         log.info("engine %s of %s: %d bytes staged at %s", engine.engine_id, name,
                  engine.blob.size, engine.blob.path)
-    exported = torch.export.export(compiled, arg_inputs, kwarg_inputs or {}, strict=False)
+    exported = torch.export.export(compiled, tuple(arg_inputs), kwarg_inputs or {},
+                                   strict=False)
     return BuildResult(exported, engines)
 
 

@@ -1,0 +1,371 @@
+"""export(): a model (or several methods) to an ExecuTorch Edge program, engines staged.
+
+The same keyword arguments as ``torch_tensorrt.executorch.export`` (Torch-TensorRT
+2.14.0), with the same meaning and refusals, plus ours: ``backend``, ``store``,
+``external_engine_data``. The difference is where engines live: upstream decodes
+each engine into a byte buffer the returned program owns (so a multi-gigabyte
+engine is resident twice); here every engine is a blob staged in ``store`` as
+it is built and the program holds only its length, so ``to_executorch()`` and
+:func:`trtet_store.save_program` (``consume=True``) place it without copying.
+
+Everything a caller can get wrong is checked before anything is built or
+written: method names, per-method option mappings, ``constant_methods`` keys,
+partitioners shared across methods while their specs name one.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executorch.exir import EdgeCompileConfig, EdgeProgramManager
+    from torch.export import ExportedProgram
+
+    from trtet_store.io import BlobStore
+
+log = logging.getLogger("trtet_store.export")
+
+BACKENDS = ("tensorrt", "xnnpack")
+DEFAULT_METHOD = "forward"
+
+
+def export(
+    source: Any,
+    *,
+    inputs: Sequence[Any] | None = None,
+    arg_inputs: Sequence[Any] | None = None,
+    kwarg_inputs: Mapping[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    retrace: bool | None = None,
+    transform_passes: Any = None,
+    partitioners: Sequence[Any] | Mapping[str, Sequence[Any] | None] | None = None,
+    compile_specs: Sequence[Any] | Mapping[str, Sequence[Any] | None] | None = None,
+    compile_config: EdgeCompileConfig | None = None,
+    constant_methods: Mapping[str, Any] | None = None,
+    generate_etrecord: bool = False,
+    weight_streaming_budget_per_engine: int | None = None,
+    backend: str = "tensorrt",
+    store: BlobStore | None = None,
+    external_engine_data: str | None = None,
+    **compile_settings: Any,
+) -> EdgeProgramManager:
+    """Lower ``source`` to an ExecuTorch Edge program, each TensorRT engine staged in ``store``.
+
+    Also ``trtet_store.export_program`` (the top-level ``trtet_store.export`` is
+    this subpackage, so the function has a second name there).
+
+    Parameters
+    ----------
+    source : nn.Module, GraphModule, ExportedProgram or mapping of str to ExportedProgram
+        A module (exported with the example inputs, then built), a module
+        already compiled by Torch-TensorRT (its engines are taken from its
+        TensorRT submodules, not rebuilt), an ExportedProgram (built from its
+        own example inputs), or one ExportedProgram per method of the ``.pte``
+        (``{"prefill": ep1, "decode": ep2}``).
+    inputs, arg_inputs : sequence, optional
+        Example positional inputs for a module source (the same argument; give one).
+    kwarg_inputs : mapping, optional
+        Example keyword inputs for a module source.
+    dynamic_shapes : optional
+        Passed to ``torch.export.export`` for a module source.
+    retrace : bool, optional
+        Accepted for parity; an ExportedProgram or a mapping refuses ``True``
+        as upstream does, a module is always traced.
+    transform_passes : sequence, mapping or PassManager, optional
+        ExecuTorch transform passes, for every method or per method.
+    partitioners : sequence or mapping, optional
+        Extra partitioners run after TensorRT's (or XNNPACK's), in the given
+        order, for every method or per method. Give each method its own
+        instances; one whose compile specs name a method is refused under
+        another method.
+    compile_specs : sequence or mapping, optional
+        For the TensorRT partitioner, for every method or per method.
+    compile_config : EdgeCompileConfig, optional
+        Default: ``EdgeCompileConfig(_check_ir_validity=False)`` for TensorRT
+        (engine placeholders are not core ATen), ExecuTorch's default otherwise.
+    constant_methods : mapping, optional
+        Methods returning a constant (e.g. a vocabulary size); keys must be
+        identifiers and must not name a method.
+    generate_etrecord : bool
+        Ask ExecuTorch for an ETRecord.
+    weight_streaming_budget_per_engine : int, optional
+        Bytes of each engine's weights that may stay resident on the GPU.
+    backend : {"tensorrt", "xnnpack"}
+        ``"xnnpack"`` lowers for CPU (what machines without a GPU run).
+    store : BlobStore, optional
+        Where engines are staged. Default: the per-user default store; put it
+        on the output's filesystem so that engines can be moved or cloned.
+    external_engine_data : str, optional
+        Engines (or, for XNNPACK, the weights) in ``<name>.ptd``; see
+        :func:`trtet_store.compile_and_save`.
+    **compile_settings
+        Passed to Torch-TensorRT's compiler.
+
+    Returns
+    -------
+    executorch.exir.EdgeProgramManager
+        ExecuTorch's own. Its engines stay staged (and registered) as long as
+        it lives. ``to_executorch(config)`` then
+        ``trtet_store.save_program(program, path, consume=True)`` writes it.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A bad argument, before anything is built or staged.
+    TensorRTUnavailableError
+        ``backend="tensorrt"`` needs a build and Torch-TensorRT or CUDA is missing.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if inputs is not None and arg_inputs is not None:
+        raise ValueError("give inputs or arg_inputs, not both (they are the same argument)")
+    args = inputs if inputs is not None else arg_inputs
+    if external_engine_data is not None:
+        from trtet_store.export.executorch import ptd_file_name
+
+        ptd_file_name(external_engine_data)
+    if backend != "tensorrt":
+        if weight_streaming_budget_per_engine is not None:
+            raise ValueError("weight_streaming_budget_per_engine applies to backend='tensorrt'")
+        if compile_specs is not None:
+            raise ValueError("compile_specs are for the TensorRT partitioner "
+                             "(backend='tensorrt')")
+    methods = _methods(source, args, kwarg_inputs, dynamic_shapes, retrace)
+    names = tuple(methods)
+    extra = _per_method(partitioners, names, "partitioners")
+    _refuse_misnamed_partitioners(extra)
+    specs = _per_method(compile_specs, names, "compile_specs")
+    _check_constant_methods(constant_methods, names)
+    passes = _per_method_passes(transform_passes, names)
+    from trtet_store.export import tensorrt
+
+    if backend == "tensorrt" and any(m.needs_build for m in methods.values()):
+        tensorrt.check_available()
+
+    # Checked here, before a build: a bad budget or named layout must cost nothing.
+    partitioner_for = {name: _first_partitioner(backend, specs[name], external_engine_data,
+                                                weight_streaming_budget_per_engine)
+                       for name in names}
+    if store is None:
+        from trtet_store.io import BlobStore
+
+        store = BlobStore()
+    keep: list[Any] = []
+    engines: list[tensorrt.Engine] = []
+    programs: dict[str, ExportedProgram] = {}
+    try:
+        for name, method in methods.items():
+            program = method.program
+            if backend == "tensorrt":
+                built = _engines_of(method, store, compile_settings)
+                engines += built.engines
+                keep.append(built.record)
+                program = built.exported_program
+            if external_engine_data is not None and backend != "tensorrt":
+                program = _tag_external_weights(program, external_engine_data)
+            programs[name] = program
+        edge = _lower(programs, single=not isinstance(source, Mapping), passes=passes,
+                      partitioners={n: [partitioner_for[n], *extra[n]] for n in names},
+                      constant_methods=constant_methods,
+                      compile_config=compile_config, backend=backend,
+                      generate_etrecord=generate_etrecord)
+    except BaseException:
+        tensorrt.unregister_engines(engines)
+        raise
+    # The engines (and build records) live as long as the program that names them.
+    edge._trtet_staged = (engines, keep)  # noqa: SLF001
+    weakref.finalize(edge, tensorrt.unregister_engines, list(engines))
+    return edge
+
+
+class _Method:
+    """One method to lower: its program, and how its engines are obtained."""
+
+    def __init__(self, program: Any, args: tuple, kwargs: dict, *, needs_build: bool,
+                 compiled: Any = None) -> None:
+        self.program = program
+        self.args = args
+        self.kwargs = kwargs
+        self.needs_build = needs_build
+        self.compiled = compiled  # a Torch-TensorRT compiled module, engines inside
+
+
+def _methods(source: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+             dynamic_shapes: Any, retrace: bool | None) -> dict[str, _Method]:
+    import torch
+    from torch.export import ExportedProgram
+
+    from trtet_store.export import tensorrt
+
+    input_options = (args is not None or kwargs is not None or dynamic_shapes is not None
+                     or retrace is True)
+    if isinstance(source, ExportedProgram):
+        if input_options:
+            raise ValueError("inputs, arg_inputs, kwarg_inputs, dynamic_shapes and "
+                             "retrace=True are invalid for an already exported program")
+        return {DEFAULT_METHOD: _from_exported(source, DEFAULT_METHOD)}
+    if isinstance(source, Mapping):
+        if input_options:
+            raise ValueError("a method mapping takes only exported programs: per-method "
+                             "inputs, dynamic_shapes and retrace are not supported")
+        if not source:
+            raise ValueError("the method mapping is empty")
+        seen: dict[int, str] = {}
+        out = {}
+        for name, program in source.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"method name {name!r} is not a Python identifier")
+            if not isinstance(program, ExportedProgram):
+                raise TypeError(f"method {name!r}: a method mapping takes ExportedProgram "
+                                f"values, got {type(program).__name__}")
+            if id(program) in seen:
+                raise ValueError(f"methods {seen[id(program)]!r} and {name!r} are the same "
+                                 "ExportedProgram object; export each method on its own")
+            seen[id(program)] = name
+            out[name] = _from_exported(program, name)
+        return out
+    if isinstance(source, torch.nn.Module):
+        call_args = tuple(args or ())
+        call_kwargs = dict(kwargs or {})
+        if not call_args and not call_kwargs:
+            raise ValueError(f"a {type(source).__name__} source needs example inputs "
+                             "(inputs/arg_inputs, kwarg_inputs)")
+        compiled = source if tensorrt.has_engines(source) else None
+        program = torch.export.export(source, call_args, call_kwargs,
+                                      dynamic_shapes=dynamic_shapes, strict=False)
+        return {DEFAULT_METHOD: _Method(program, call_args, call_kwargs,
+                                        needs_build=compiled is None, compiled=compiled)}
+    raise TypeError(f"source must be an nn.Module, a GraphModule, an ExportedProgram or a "
+                    f"mapping of method names to ExportedPrograms, got {type(source).__name__}")
+
+
+def _from_exported(program: ExportedProgram, name: str) -> _Method:
+    from trtet_store.export import tensorrt
+
+    if tensorrt.has_engine_nodes(program):
+        raise ValueError(
+            f"method {name!r}: this ExportedProgram already holds Torch-TensorRT engines "
+            "(tensorrt::execute_engine); pass the compiled module itself (its engines are "
+            "staged from its TensorRT submodules) or the program before compilation")
+    example = getattr(program, "example_inputs", None)
+    if example is None:
+        raise ValueError(f"method {name!r}: the ExportedProgram has no example inputs to "
+                         "build its engines with; export it with torch.export.export")
+    args, kwargs = example
+    return _Method(program, tuple(args), dict(kwargs or {}), needs_build=True)
+
+
+def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any]) -> Any:
+    from trtet_store.export import engine_reuse, tensorrt
+
+    if method.compiled is not None:
+        return tensorrt.stage_compiled(method.compiled, method.args, method.kwargs, store)
+    return engine_reuse.build_or_reuse(method.program, method.args, method.kwargs, store,
+                                       settings)
+
+
+def _per_method(value: Any, names: tuple[str, ...], option: str) -> dict[str, list[Any]]:
+    """A per-method list from a sequence (every method) or a mapping (refusing unknown names)."""
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise ValueError(f"{option} names methods that do not exist: {unknown} "
+                             f"(methods: {list(names)})")
+        out = {}
+        for name in names:
+            item = value.get(name)
+            if item is not None and (not isinstance(item, Sequence)
+                                     or isinstance(item, (str, bytes))):
+                raise TypeError(f"{option}[{name!r}] must be a sequence or None")
+            out[name] = list(item or ())
+        return out
+    if value is not None and (not isinstance(value, Sequence) or isinstance(value, (str, bytes))):
+        raise TypeError(f"{option} must be a sequence, or a mapping of method name to sequence")
+    return {name: list(value or ()) for name in names}
+
+
+def _per_method_passes(passes: Any, names: tuple[str, ...]) -> Any:
+    if not isinstance(passes, Mapping):
+        return passes
+    unknown = sorted(set(passes) - set(names))
+    if unknown:
+        raise ValueError(f"transform_passes names methods that do not exist: {unknown} "
+                         f"(methods: {list(names)})")
+    # ExecuTorch dispatches per-method passes on a real dict holding every method.
+    return {name: list(passes.get(name, ())) for name in names} if passes else None
+
+
+def _declared_method(partitioner: Any) -> str | None:
+    spec = getattr(partitioner, "delegation_spec", None)
+    for cs in getattr(spec, "compile_specs", None) or ():
+        if getattr(cs, "key", None) == "method_name":
+            value = cs.value
+            return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+    return None
+
+
+def _refuse_misnamed_partitioners(per_method: dict[str, list[Any]]) -> None:
+    for name, parts in per_method.items():
+        for part in parts:
+            declared = _declared_method(part)
+            if declared is not None and declared != name:
+                raise ValueError(
+                    f"partitioners[{name!r}] holds a {type(part).__name__} whose compile specs "
+                    f"name method {declared!r}: its delegates would look up the wrong method "
+                    f"at run time. Give {name!r} its own instance, built for {name!r}")
+
+
+def _check_constant_methods(constant_methods: Mapping[str, Any] | None,
+                            names: tuple[str, ...]) -> None:
+    if constant_methods is None:
+        return
+    bad = [k for k in constant_methods if not isinstance(k, str) or not k.isidentifier()]
+    if bad:
+        raise ValueError(f"constant_methods keys must be Python identifiers: {bad}")
+    clash = sorted(set(constant_methods) & set(names))
+    if clash:
+        raise ValueError(f"constant_methods {clash} would replace methods of the program")
+
+
+def _first_partitioner(backend: str, specs: list[Any], external: str | None,
+                       budget: int | None) -> Any:
+    if backend == "tensorrt":
+        from trtet_store.export import tensorrt
+
+        return tensorrt.TensorRTPartitioner(specs, external_engine_data=external,
+                                            weight_streaming_budget_per_engine=budget)
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner()
+
+
+def _tag_external_weights(program: ExportedProgram, tag: str) -> ExportedProgram:
+    """Mark every parameter and constant of ``program`` for ``<tag>.ptd`` (delegates' weights)."""
+    from executorch.exir.passes.external_constants_pass import is_param_node
+
+    for node in program.graph_module.graph.nodes:
+        if node.op == "placeholder" and is_param_node(program, node):
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
+    return program
+
+
+def _lower(programs: dict[str, ExportedProgram], *, single: bool, passes: Any,
+           partitioners: dict[str, list[Any]], constant_methods: Mapping[str, Any] | None,
+           compile_config: Any, backend: str, generate_etrecord: bool) -> EdgeProgramManager:
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    if compile_config is None and backend == "tensorrt":
+        compile_config = EdgeCompileConfig(_check_ir_validity=False)
+    if single:
+        ((name, program),) = programs.items()
+        return to_edge_transform_and_lower(
+            program, transform_passes=passes, partitioner=partitioners[name],
+            constant_methods=dict(constant_methods) if constant_methods else None,
+            compile_config=compile_config, generate_etrecord=generate_etrecord)
+    return to_edge_transform_and_lower(
+        programs, transform_passes=passes, partitioner=partitioners,
+        constant_methods=dict(constant_methods) if constant_methods else None,
+        compile_config=compile_config, generate_etrecord=generate_etrecord)
