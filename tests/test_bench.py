@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from filesystems import FSTYPES, unavailable
+from versions import needs_file_backed_data
 
 pytest.importorskip("executorch.exir")
 pytest.importorskip("matplotlib")
@@ -89,6 +90,7 @@ def test_config_validation() -> None:
     assert set(bench.FILESYSTEMS) == {*FSTYPES, "here"}
 
 
+@needs_file_backed_data
 def test_bench_cli_on_ext4_move_needs_one_chunk(capsys, tmp_path: Path, image_root: Path) -> None:
     """The command end to end: table, JSON in the issue's shape, PNG; move within one chunk."""
     need_root()
@@ -153,6 +155,7 @@ def test_bench_cli_on_ext4_move_needs_one_chunk(capsys, tmp_path: Path, image_ro
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@needs_file_backed_data
 def test_bench_tight_filesystem_records_executorch_failure(image_root: Path) -> None:
     """Payloads fit once, not twice: ExecuTorch's save fails, we refuse the copy, the move fits."""
     need_root()
@@ -185,6 +188,7 @@ def test_bench_tight_filesystem_records_executorch_failure(image_root: Path) -> 
     assert any("ExecuTorch save" in n and "failed" in n for n in result.notes)
 
 
+@needs_file_backed_data
 def test_bench_here_says_it_is_shared(tmp_path: Path) -> None:
     config = bench.BenchConfig(
         payload_size=4 * MiB,
@@ -210,6 +214,7 @@ def test_bench_here_says_it_is_shared(tmp_path: Path) -> None:
     assert "timeline" not in d["runs"][0] and d["config"]["layout"] == "ptd"
 
 
+@needs_file_backed_data
 def test_bench_interrupted_tears_the_filesystem_down(image_root: Path) -> None:
     need_root()
     config = bench.BenchConfig(payload_size=8 * MiB, payloads=1, filesystem="ext4", repeat=1)

@@ -19,6 +19,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from versions import needs_ptd_runtime
+
+from trtet_store.export import _executorch_private as priv
 
 pytest.importorskip("executorch.exir")
 
@@ -48,6 +51,9 @@ def save_ours(program, pte: Path) -> list:
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory):
+    if not priv.has_file_backed_data():
+        pytest.skip(f"the benchmark's program is file-backed named data: executorch "
+                    f"{priv.executorch_version()} has no FileBackedData (1.5+)")
     """The benchmark's program with three payloads, written by trtet_store, and its known layout."""
     d = tmp_path_factory.mktemp("written")
     store = BlobStore(d / "staging")
@@ -275,6 +281,7 @@ def test_verify_run_loads_program(capsys, written) -> None:
     assert result["runtime"]["methods"]["forward"].startswith("skipped")
 
 
+@needs_ptd_runtime
 def test_verify_run_loads_xnnpack_methods(capsys, tmp_path: Path) -> None:
     from programs import xnnpack_linear_program
 
@@ -287,6 +294,7 @@ def test_verify_run_loads_xnnpack_methods(capsys, tmp_path: Path) -> None:
     assert "method forward: executed on zeros (1 outputs)" in out
 
 
+@needs_ptd_runtime
 def test_verify_run_survives_a_runtime_crash(capsys, tmp_path: Path) -> None:
     """Without its .ptd an XNNPACK method cannot load (1.5.1 segfaults): reported, not fatal."""
     from programs import xnnpack_linear_program
@@ -414,6 +422,7 @@ def _compile_and_save_available() -> bool:
     return hasattr(adapter, "save_program")
 
 
+@needs_ptd_runtime
 def test_compile_and_save_xnnpack(capsys, factory_file: Path, tmp_path: Path) -> None:
     if not _compile_and_save_available():
         pytest.skip("trtet_store.export.executorch.save_program has not landed yet")

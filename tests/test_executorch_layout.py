@@ -17,6 +17,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+from versions import needs_file_backed_data, needs_ptd_runtime  # noqa: E402
 
 pytest.importorskip("executorch.exir")
 
@@ -121,21 +122,35 @@ def run_in_runtime(pte: Path, ptd: Path | None, inputs, method: str = "forward")
 # --- the private-attribute check ------------------------------------------------------
 
 
-def test_private_api_check_passes_on_installed_executorch(tmp_path: Path) -> None:
+def test_private_api_check_passes_on_installed_executorch() -> None:
     built = xnnpack_linear_program(hidden=32)
     priv.check_private_api()
     priv.check_private_api(built.manager)
+
+
+@needs_file_backed_data
+def test_private_api_check_passes_on_a_file_backed_program(tmp_path: Path) -> None:
     sp = standard_entries(tmp_path, 64 * 1024)
     priv.check_private_api(named_data_program(sp.entries))
 
 
 def test_private_api_check_names_the_changed_attribute(monkeypatch) -> None:
-    from executorch.exir._serialize import _cord
+    from executorch.exir._serialize import _program
 
     built = xnnpack_linear_program(hidden=32)
     del built.manager._pte_data
     with pytest.raises(priv.ExecutorchPrivateAPIError, match="_pte_data"):
         priv.check_private_api(built.manager)
+    original = _program._extract_delegate_segments
+    monkeypatch.setattr(_program, "_extract_delegate_segments", lambda program: None)
+    with pytest.raises(priv.ExecutorchPrivateAPIError, match="_extract_delegate_segments"):
+        priv.check_private_api()
+    monkeypatch.setattr(_program, "_extract_delegate_segments", original)
+
+
+@needs_file_backed_data
+def test_private_api_check_names_a_changed_file_backed_data(monkeypatch) -> None:
+    from executorch.exir._serialize import _cord
 
     class Renamed(_cord.FileBackedData):
         def __init__(self, path, cleanup=False, sha256=None):
@@ -178,6 +193,7 @@ def test_portable_external_constants_identical(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("segment_alignment", [128, 4096])
+@needs_file_backed_data
 def test_named_file_backed_data_identical(tmp_path: Path, segment_alignment: int) -> None:
     sp = standard_entries(tmp_path / "src", 3 * MiB + 5)
     program = named_data_program(sp.entries, segment_alignment=segment_alignment)
@@ -199,6 +215,7 @@ def test_named_file_backed_data_identical(tmp_path: Path, segment_alignment: int
     assert len(payload_extents(ours["weights_a.ptd"])) == 2
 
 
+@needs_file_backed_data
 def test_no_payload_byte_is_read(tmp_path: Path, monkeypatch) -> None:
     from executorch.exir._serialize._cord import FileBackedData
 
@@ -233,6 +250,7 @@ def test_bytes_pieces_are_merged_but_large_ones_kept(tmp_path: Path) -> None:
     assert any(len(x) >= 1024 * 256 * 4 for x in ptd)  # the weights stay one piece
 
 
+@needs_file_backed_data
 def test_ptd_only_and_pte_only(tmp_path: Path) -> None:
     sp = standard_entries(tmp_path / "src", 64 * 1024)
     program = named_data_program(sp.entries)
@@ -247,6 +265,7 @@ def test_ptd_only_and_pte_only(tmp_path: Path) -> None:
 # --- our blobs as named data ---------------------------------------------------------------
 
 
+@needs_file_backed_data
 def test_blob_as_named_data_is_a_blob_piece_without_executorch_cleanup(tmp_path: Path) -> None:
     store = BlobStore(tmp_path / "store")
     engine = store.put(os.urandom(300_000))
@@ -279,6 +298,7 @@ def test_blob_as_named_data_is_a_blob_piece_without_executorch_cleanup(tmp_path:
     assert not path.exists()
 
 
+@needs_file_backed_data
 def test_add_blob_reuses_one_file_backed_data_and_takes_sha256(tmp_path: Path) -> None:
     import hashlib
 
@@ -301,6 +321,7 @@ def test_add_blob_reuses_one_file_backed_data_and_takes_sha256(tmp_path: Path) -
         add_blob_as_named_data(nds, "d", blob)
 
 
+@needs_file_backed_data
 def test_store_find_recognises_a_blob_referenced_by_path(tmp_path: Path) -> None:
     from executorch.exir._serialize._cord import FileBackedData
 
@@ -316,6 +337,7 @@ def test_store_find_recognises_a_blob_referenced_by_path(tmp_path: Path) -> None
 # --- ownership when consuming ---------------------------------------------------------------
 
 
+@needs_file_backed_data
 def test_consume_adopts_only_what_the_program_owns(tmp_path: Path) -> None:
     sp = standard_entries(tmp_path / "src", MiB)
     program = named_data_program(sp.entries, segment_alignment=4096)
@@ -363,6 +385,7 @@ def test_consume_adopts_only_what_the_program_owns(tmp_path: Path) -> None:
     assert not any(p.exists() for p in blob_paths)
 
 
+@needs_file_backed_data
 def test_consume_with_explicit_store(tmp_path: Path) -> None:
     sp = standard_entries(tmp_path / "src", 200_000)
     program = named_data_program(sp.entries)
@@ -371,6 +394,7 @@ def test_consume_with_explicit_store(tmp_path: Path) -> None:
     assert {b.path for b in store.blobs()} == {Path(sp.moved._path), Path(sp.cleanup._path)}
 
 
+@needs_file_backed_data
 def test_finalizer_of_an_owner_is_harmless_once_the_file_moved(tmp_path: Path) -> None:
     """What ExecuTorch's FileBackedData finalizer does when its file is gone or renamed."""
     from executorch.exir._serialize._cord import FileBackedData
@@ -420,6 +444,7 @@ def test_good_tag_names(tag: str, name: str) -> None:
 
 
 @pytest.mark.parametrize("tag", ["../escaped", "/tmp/abs_tag", "a/b", ""])
+@needs_file_backed_data
 def test_bad_tag_in_program_refused_before_anything(tmp_path: Path, tag: str) -> None:
     sp = standard_entries(tmp_path / "src", 100_000)
     program = named_data_program([*sp.entries, NamedEntry("evil", b"e" * 40, 1, tag)])
@@ -443,6 +468,7 @@ def test_tags_naming_one_file_refused(tmp_path: Path) -> None:
         )
 
 
+@needs_file_backed_data
 def test_missing_or_resized_payload_raises_before_anything(tmp_path: Path) -> None:
     sp = standard_entries(tmp_path / "src", 100_000)
     program = named_data_program(sp.entries)
@@ -466,6 +492,7 @@ def test_not_a_program() -> None:
 
 
 @pytest.mark.parametrize("segment_alignment", [128, 4096])
+@needs_ptd_runtime
 def test_runtime_runs_xnnpack_program_written_from_pieces(
     tmp_path: Path, segment_alignment: int
 ) -> None:
@@ -482,6 +509,7 @@ def test_runtime_runs_xnnpack_program_written_from_pieces(
     torch.testing.assert_close(torch.tensor(result["outputs"][0]), expected, rtol=1e-4, atol=1e-5)
 
 
+@needs_ptd_runtime
 def test_runtime_runs_xnnpack_program_written_by_write_files(tmp_path: Path) -> None:
     writer = pytest.importorskip("trtet_store.io.writer")
     built = xnnpack_linear_program(in_features=64, hidden=512)
@@ -498,6 +526,7 @@ def test_runtime_runs_xnnpack_program_written_by_write_files(tmp_path: Path) -> 
     )
 
 
+@needs_file_backed_data
 def test_runtime_loads_named_data_program_and_reports_unregistered_backend(tmp_path: Path) -> None:
     sp = standard_entries(tmp_path / "src", 200_000)
     program = named_data_program(sp.entries)
@@ -515,6 +544,7 @@ def test_runtime_loads_named_data_program_and_reports_unregistered_backend(tmp_p
 # --- with the transactional writer, when it exists --------------------------------------------
 
 
+@needs_file_backed_data
 def test_write_files_consume_leaves_no_payload_file(tmp_path: Path) -> None:
     writer = pytest.importorskip("trtet_store.io.writer")
     sp = standard_entries(tmp_path / "src", MiB)
@@ -556,6 +586,7 @@ def test_large_named_payloads_identical(tmp_path: Path) -> None:
 # --- save / write_tensor_data / save_program -------------------------------------------------
 
 
+@needs_file_backed_data
 def test_save_write_tensor_data_and_save_program(tmp_path: Path) -> None:
     from trtet_store.export.executorch import save, save_program, write_tensor_data
 
@@ -585,6 +616,7 @@ def test_save_write_tensor_data_and_save_program(tmp_path: Path) -> None:
     assert write_tensor_data(xnnpack_linear_program(external_tag=None).manager, out) == []
 
 
+@needs_file_backed_data
 def test_save_missing_payload_raises_and_keeps_destination(tmp_path: Path) -> None:
     from trtet_store.export.executorch import save_program
 
@@ -603,6 +635,7 @@ def test_save_missing_payload_raises_and_keeps_destination(tmp_path: Path) -> No
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+@needs_file_backed_data
 def test_consume_with_a_store_on_another_filesystem_copies_nothing_twice(
     tmp_path: Path, make_fs
 ) -> None:

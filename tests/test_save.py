@@ -18,6 +18,7 @@ from programs import (
     write_payload_file,
     xnnpack_linear_program,
 )
+from versions import needs_file_backed_data, needs_ptd_runtime
 
 import trtet_store
 
@@ -34,6 +35,7 @@ def ptd_entries(ptd: Path) -> dict[str, str]:
             for k, e in payload.named_data.items()}
 
 
+@needs_file_backed_data
 def test_our_save_fits_where_executorchs_own_save_cannot(make_fs, caplog):
     """Sized for one copy of the payloads: ExecuTorch's copy fails, our move succeeds."""
     from executorch.exir._serialize._cord import FileBackedData
@@ -71,6 +73,7 @@ def test_our_save_fits_where_executorchs_own_save_cannot(make_fs, caplog):
     assert not any(f.exists() for f in files)
 
 
+@needs_file_backed_data
 def test_executorch_save_swallows_errors_ours_raises(here_fs, caplog):
     """ExecuTorch truncates the destination and logs; ours raises and keeps it."""
     from executorch.exir._serialize._cord import FileBackedData
@@ -91,6 +94,7 @@ def test_executorch_save_swallows_errors_ours_raises(here_fs, caplog):
     assert sorted(p.name for p in here_fs.iterdir()) == ["model.pte"]
 
 
+@needs_file_backed_data
 def test_consume_false_leaves_every_source_identical_and_matches_executorch(here_fs):
     payloads = standard_entries(here_fs / "src", size=2 * MiB)
     program = named_data_program(payloads.entries)
@@ -104,6 +108,7 @@ def test_consume_false_leaves_every_source_identical_and_matches_executorch(here
     assert ours == theirs
 
 
+@needs_file_backed_data
 def test_resized_payload_raises_and_leaves_the_destination(here_fs):
     from executorch.exir._serialize._cord import FileBackedData
 
@@ -128,6 +133,7 @@ def test_bad_tags_are_refused_with_nothing_written(here_fs, tag):
     assert list(here_fs.iterdir()) == []
 
 
+@needs_ptd_runtime
 def test_runtime_runs_the_xnnpack_program_we_wrote(here_fs):
     from executorch.runtime import Runtime
 

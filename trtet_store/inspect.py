@@ -843,8 +843,9 @@ try:
     from executorch.runtime import Runtime, Verification
     runtime = Runtime.get()
     emit(event="load_program")
-    program = runtime.load_program(
-        pte, verification=Verification.InternalConsistency, data_path=ptd)
+    # executorch 1.4's runtime loads no .ptd: ask for one only when given.
+    extra = {"data_path": ptd} if ptd else {}
+    program = runtime.load_program(pte, verification=Verification.InternalConsistency, **extra)
 except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
     emit(event="result", result=out)
