@@ -37,11 +37,13 @@ _LAZY = {
     "write_tensor_data": "trtet_store.export.executorch",
     "save_program": "trtet_store.export.executorch",
     "compile_and_save": "trtet_store.export.compile",
+    "export_program": "trtet_store.export.lowering",
     "recover": "trtet_store.io.recovery",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export.compile import compile_and_save
+    from trtet_store.export.lowering import export as export_program
     from trtet_store.export.executorch import save, save_program, write_tensor_data
     from trtet_store.io.recovery import recover
 
@@ -52,7 +54,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'trtet_store' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(module), name)
+    attr = "export" if name == "export_program" else name
+    value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
 
@@ -69,6 +72,7 @@ __all__ = [
     "VerificationError",
     "WriteReport",
     "compile_and_save",
+    "export_program",
     "recover",
     "save",
     "save_program",

@@ -82,7 +82,9 @@ class FakeBuilder:
 
     ``seeds`` give each engine's content (equal seeds: identical engines, with
     identical metadata); by default engine ``i`` has seed ``i``. ``record``
-    gives each engine's state record.
+    gives each engine's state record. ``cpu_tail`` leaves a linear layer of
+    that many features after the engines, as a partial TensorRT compile leaves
+    operators for other partitioners (XNNPACK).
     """
 
     engine_sizes: tuple[int, ...] = (4 << 20,)
@@ -90,6 +92,7 @@ class FakeBuilder:
     record: dict = field(default_factory=dict)  # engine_record(**record) for every engine
     built: list = field(default_factory=list)  # (engine, xxh3-128 of the bytes written)
     seconds: float = 0.0  # spent staging engines
+    cpu_tail: int = 0
 
     def __call__(self, exported_program, arg_inputs, kwarg_inputs, store, settings):
         start = time.monotonic()
@@ -106,13 +109,19 @@ class FakeBuilder:
         self.seconds += time.monotonic() - start
         ids = [e.engine_id for e in engines]
         op = trt_engine_op()
+        features = out.shape[-1]
+        tail = torch.nn.Linear(features, self.cpu_tail) if self.cpu_tail else None
 
         class Engines(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.tail = tail
+
             def forward(self, x: torch.Tensor) -> torch.Tensor:
                 y = x
                 for engine_id in ids:
                     y = op([y], engine_id)[0]
-                return y
+                return y if self.tail is None else self.tail(y)
 
         return BuildResult(torch.export.export(Engines(), tuple(arg_inputs), strict=False),
                            engines)

@@ -69,6 +69,7 @@ def compile_and_save(
     constant_methods: dict[str, Any] | None = None,
     backend_config: Any = None,
     external_engine_data: str | None = None,
+    external_weights: str | None = None,
     generate_etrecord: bool = False,
     weight_streaming_budget_per_engine: int | None = None,
     store: BlobStore | None = None,
@@ -113,6 +114,9 @@ def compile_and_save(
         engines are named data in ``<name>.ptd`` (``engine_key`` in each
         delegate): no released TensorRT runtime reads that layout yet, and it
         needs executorch 1.5.
+    external_weights : str, optional
+        The weights of the partitions TensorRT leaves to others in ``<name>.ptd``
+        (see :func:`trtet_store.export.export`).
     generate_etrecord : bool
         Also write ``<path stem>_etrecord.bin``. It is written before any engine
         is moved; if it fails, the program is still written and the failure raised.
@@ -163,7 +167,7 @@ def compile_and_save(
                       constant_methods=constant_methods, generate_etrecord=generate_etrecord,
                       weight_streaming_budget_per_engine=weight_streaming_budget_per_engine,
                       backend=backend, store=store, external_engine_data=external_engine_data,
-                      **compile_settings)
+                      external_weights=external_weights, **compile_settings)
         engines = edge._trtet_staged[0]  # noqa: SLF001
         program = edge.to_executorch(_backend_config(backend_config, backend,
                                                      segment_alignment))

@@ -50,6 +50,7 @@ def export(
     backend: str = "tensorrt",
     store: BlobStore | None = None,
     external_engine_data: str | None = None,
+    external_weights: str | None = None,
     **compile_settings: Any,
 ) -> EdgeProgramManager:
     """Lower ``source`` to an ExecuTorch Edge program, each TensorRT engine staged in ``store``.
@@ -101,6 +102,11 @@ def export(
     external_engine_data : str, optional
         Engines (or, for XNNPACK, the weights) in ``<name>.ptd``; see
         :func:`trtet_store.compile_and_save`.
+    external_weights : str, optional
+        The weights of what TensorRT leaves to other partitioners (e.g.
+        XNNPACK) in ``<name>.ptd``, engines staying inline: a hybrid program
+        whose CPU weights ship apart. With ``backend="xnnpack"`` the same as
+        ``external_engine_data``.
     **compile_settings
         Passed to Torch-TensorRT's compiler.
 
@@ -123,10 +129,13 @@ def export(
     if inputs is not None and arg_inputs is not None:
         raise ValueError("give inputs or arg_inputs, not both (they are the same argument)")
     args = inputs if inputs is not None else arg_inputs
-    if external_engine_data is not None:
-        from trtet_store.export.executorch import ptd_file_name
+    from trtet_store.export.executorch import ptd_file_name
 
-        ptd_file_name(external_engine_data)
+    for name in (external_engine_data, external_weights):
+        if name is not None:
+            ptd_file_name(name)
+    if backend != "tensorrt" and external_weights is None:
+        external_weights = external_engine_data
     if backend != "tensorrt":
         if weight_streaming_budget_per_engine is not None:
             raise ValueError("weight_streaming_budget_per_engine applies to backend='tensorrt'")
@@ -164,8 +173,8 @@ def export(
                 engines += built.engines
                 keep.append(built.record)
                 program = built.exported_program
-            if external_engine_data is not None and backend != "tensorrt":
-                program = _tag_external_weights(program, external_engine_data)
+            if external_weights is not None:
+                program = _tag_external_weights(program, external_weights)
             programs[name] = program
         edge = _lower(programs, single=not isinstance(source, Mapping), passes=passes,
                       partitioners={n: [partitioner_for[n], *extra[n]] for n in names},
