@@ -43,8 +43,8 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export.compile import compile_and_save
-    from trtet_store.export.lowering import export as export_program
     from trtet_store.export.executorch import save, save_program, write_tensor_data
+    from trtet_store.export.lowering import export as export_program
     from trtet_store.io.recovery import recover
 
 
