@@ -404,6 +404,10 @@ FACTORY_MODULE = textwrap.dedent(
         module, inputs = make()
         return {"module": module, "inputs": inputs}
 
+    def decode():
+        torch.manual_seed(1)
+        return MLP().eval(), (torch.randn(1, 16),)
+
     not_callable = 3
     """
 )
@@ -448,6 +452,40 @@ def test_compile_and_save_xnnpack(capsys, factory_file: Path, tmp_path: Path) ->
         capsys, "verify", out_dir / "mlp.pte", "--data", out_dir / "weights.ptd", "--run"
     )
     assert code == 0 and "method forward: executed on zeros (1 outputs)" in out
+
+
+def test_compile_and_save_several_methods_with_a_backend_config(
+        capsys, factory_file: Path, tmp_path: Path) -> None:
+    from executorch.runtime import Runtime
+
+    out = tmp_path / "two.pte"
+    code, _out, err = run_cli(
+        capsys, "compile-and-save", "--method", f"prefill={factory_file}:make",
+        "--method", f"decode={factory_file}:decode", out, "--backend", "xnnpack",
+        "--backend-config", "segment_alignment=8192", "--no-progress")
+    assert code == 0, err
+    program = Runtime.get().load_program(os.fspath(out))
+    assert program.method_names == {"prefill", "decode"}
+    ins = json.loads(run_cli(capsys, "inspect", out, "--json")[1])
+    assert ins["header"]["segment_base_offset"] % 8192 == 0
+    code, _out, err = run_cli(capsys, "verify", out, "--run")
+    assert code == 0 and "method decode: executed on zeros (1 outputs)" in _out
+
+
+def test_compile_and_save_refuses_bad_method_options(capsys, factory_file: Path,
+                                                     tmp_path: Path) -> None:
+    out = tmp_path / "m.pte"
+    for argv, expect in [
+        (["--method", f"a={factory_file}:make", f"{factory_file}:make", out], "either"),
+        ([out], "either"),
+        (["--method", f"{factory_file}:make", out], "NAME=MODULE.py:FACTORY"),
+        (["--method", f"bad-name={factory_file}:make", out], "not a Python identifier"),
+        ([f"{factory_file}:make", out, "--backend-config", "nope=1"], "KEY=VALUE"),
+    ]:
+        code, _out, err = run_cli(capsys, "compile-and-save", *argv, "--backend", "xnnpack",
+                                  "--no-progress")
+        assert code == 1 and expect in err, (argv, err)
+        assert not out.exists() and not (tmp_path / ".trtet-staging").exists()
 
 
 def test_compile_and_save_tensorrt_unavailable(capsys, factory_file: Path, tmp_path: Path) -> None:

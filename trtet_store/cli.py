@@ -7,7 +7,8 @@ Subcommands::
                       [--repeat N] [--json FILE] [--plot FILE] ...
     trtet-store inspect FILE [--json]
     trtet-store verify FILE [--data FILE.ptd] [--run] [--json]
-    trtet-store compile-and-save MODULE.py:FACTORY OUT [--backend tensorrt|xnnpack] ...
+    trtet-store compile-and-save [MODULE.py:FACTORY] OUT [--method NAME=MODULE.py:FACTORY ...]
+                                 [--backend tensorrt|xnnpack] [--backend-config KEY=VALUE ...]
     trtet-store recover DIR [--json]
 
 Exit codes: 0 success; 1 the command ran and found a problem (verify found
@@ -227,15 +228,39 @@ def build_parser() -> argparse.ArgumentParser:
         "compile-and-save",
         help="lower a model and save it (engines moved, not copied)",
         description="Import MODULE.py, call FACTORY() for (module, inputs), and "
-        "run trtet_store.compile_and_save(module, inputs, OUT).",
+        "run trtet_store.compile_and_save(module, inputs, OUT); with --method, one "
+        "method per factory in one program.",
     )
     c.add_argument(
-        "target",
-        metavar="MODULE.py:FACTORY",
+        "paths",
+        nargs="+",
+        metavar="[MODULE.py:FACTORY] OUT",
         help="FACTORY() returns (module, example_inputs), a dict with 'module' and "
-        "'inputs', or a module with an 'example_inputs' attribute",
+        "'inputs', or a module with an 'example_inputs' attribute; OUT is the .pte to "
+        "write. Without FACTORY, give --method",
     )
-    c.add_argument("out", type=Path, metavar="OUT", help="the .pte to write")
+    c.add_argument(
+        "--method",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE.py:FACTORY",
+        help="a method of the program (repeat: e.g. prefill=m.py:prefill "
+        "decode=m.py:decode); each is exported with its own example inputs",
+    )
+    c.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an ExecutorchBackendConfig field for to_executorch (repeat), e.g. "
+        "segment_alignment=4096, extract_delegate_segments=true",
+    )
+    c.add_argument(
+        "--external-weights",
+        default=None,
+        metavar="NAME",
+        help="weights of what TensorRT leaves to other partitioners in NAME.ptd",
+    )
     c.add_argument("--backend", default="tensorrt", help="tensorrt (default) or xnnpack")
     c.add_argument(
         "--external-engine-data",
@@ -493,16 +518,18 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         )
         return 1
     try:
-        module, inputs = _module_and_inputs(_load_factory(args.target)())
+        source, inputs, out = _compile_source(args)
+        backend_config = _backend_config(args.backend_config)
     except Exception as exc:
-        print(
-            f"trtet-store compile-and-save: {args.target}: {type(exc).__name__}: {exc}",
-            file=sys.stderr,
-        )
+        print(f"trtet-store compile-and-save: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     kwargs: dict[str, Any] = {"backend": args.backend}
+    if backend_config is not None:
+        kwargs["backend_config"] = backend_config
     if args.external_engine_data is not None:
         kwargs["external_engine_data"] = args.external_engine_data
+    if args.external_weights is not None:
+        kwargs["external_weights"] = args.external_weights
     if args.segment_alignment is not None:
         kwargs["segment_alignment"] = args.segment_alignment
     if args.etrecord:
@@ -516,7 +543,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     bars = _Bars(enabled=not args.no_progress)
     kwargs["progress"] = lambda done, total: bars("writing", done, total)
     try:
-        report = compile_and_save(module, inputs, args.out, **kwargs)
+        report = compile_and_save(source, inputs, out, **kwargs)
     except Exception as exc:
         print(f"trtet-store compile-and-save: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -528,12 +555,61 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_report_json(report, writes), indent=1))
     else:
-        print(f"wrote {getattr(report, 'path', args.out)}")
+        print(f"wrote {getattr(report, 'path', out)}")
         for w in writes:
             print(f"  {w.path}: {w.size} bytes in {w.seconds:.2f} s")
             for p in w.placements:
                 print(f"    payload at {p.offset}, {p.size} bytes: {p.placement} ({p.reason})")
     return 0
+
+
+def _compile_source(args: argparse.Namespace) -> tuple[Any, tuple | None, Path]:
+    """``(source, inputs, OUT)`` for compile_and_save: one module, or a method mapping."""
+    if len(args.paths) > 2:
+        raise ValueError(f"expected [MODULE.py:FACTORY] OUT, got {len(args.paths)} paths")
+    out = Path(args.paths[-1])
+    target = args.paths[0] if len(args.paths) == 2 else None
+    if (target is None) == (not args.method):
+        raise ValueError("give either MODULE.py:FACTORY or --method NAME=MODULE.py:FACTORY")
+    if target is not None:
+        try:
+            module, inputs = _module_and_inputs(_load_factory(target)())
+        except Exception as exc:
+            raise type(exc)(f"{target}: {exc}") from exc
+        return module, inputs, out
+    import torch
+
+    methods: dict[str, Any] = {}
+    for spec in args.method:
+        name, sep, where = spec.partition("=")
+        if not sep or not name or not where:
+            raise ValueError(f"--method wants NAME=MODULE.py:FACTORY, got {spec!r}")
+        if name in methods:
+            raise ValueError(f"--method {name!r} given twice")
+        module, inputs = _module_and_inputs(_load_factory(where)())
+        methods[name] = torch.export.export(module, inputs, strict=False)
+    return methods, None, out
+
+
+def _backend_config(pairs: Sequence[str]) -> Any:
+    """An ExecutorchBackendConfig from ``KEY=VALUE`` strings (ints, true/false, strings)."""
+    if not pairs:
+        return None
+    import dataclasses
+
+    from executorch.exir import ExecutorchBackendConfig
+
+    fields = {f.name for f in dataclasses.fields(ExecutorchBackendConfig)}
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--backend-config {pair!r}: expected KEY=VALUE with KEY one of "
+                             f"{sorted(fields)}")
+        low = text.lower()
+        values[key] = (True if low == "true" else False if low == "false"
+                       else int(text) if text.lstrip("-").isdigit() else text)
+    return ExecutorchBackendConfig(**values)
 
 
 def _report_json(report: Any, writes: Sequence[Any]) -> dict[str, Any]:
