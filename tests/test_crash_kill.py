@@ -166,6 +166,19 @@ def test_sigkill_at_random_moments_loses_nothing(here_fs, pristine, layout):
         assert any("rolled forward" in k for k in stats), stats
 
 
+def test_sigkill_on_xfs_loses_nothing(make_fs, pristine):
+    # The root disk is ext4: the move's one sync per step, its write-behind
+    # and the truncations it leaves for the next step's sync to commit are
+    # killed on XFS too.
+    mnt = make_fs("xfs", 400)
+    scn = crashkit.kill_scenario(pristine)
+    kills = KILLS["moves"]
+    times, stats = run_kills(scn, mnt / "w", kills, seed=7)
+    _report("kill during write (moves, xfs)", kills, times, stats)
+    assert stats["journal at kill: placing"] >= kills // 4, stats
+    assert any("rolled forward" in k for k in stats), stats
+
+
 def test_sigkill_during_rollback_loses_nothing(here_fs, pristine):
     scn = crashkit.kill_scenario(pristine)
     scn.tamper = 2  # the blob placed last: nearly everything is moved, then rolled back

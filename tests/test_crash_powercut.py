@@ -23,6 +23,7 @@ power a second time at every call of the recovery after a first cut.
 from __future__ import annotations
 
 import collections
+import os
 from pathlib import Path
 
 import crashkit
@@ -66,8 +67,10 @@ def scenario(aligned: bool = False) -> Scenario:
 class PowerCuts:
     """Runs the scenario on one mounted filesystem, cutting the power at chosen calls."""
 
-    def __init__(self, fs_factory, mnt: Path, scn: Scenario, *, sync_blobs: bool) -> None:
+    def __init__(self, fs_factory, mnt: Path, scn: Scenario, *, sync_blobs: bool,
+                 foreign_commit: bool = False) -> None:
         self.factory = fs_factory
+        self.foreign_commit = foreign_commit
         self.mnt = mnt
         self.root = mnt / "w"
         self.scn = scn
@@ -108,6 +111,8 @@ class PowerCuts:
         syncfs(self.mnt)  # the old outputs and the user file are durable before the write
 
         def cut(*_):
+            if self.foreign_commit:
+                commit_journal(self.mnt)
             crashkit.power_cut(self.mnt)
             crashkit.die()
 
@@ -176,6 +181,42 @@ def test_power_cut_at_every_step_loses_nothing(make_fs, fs_factory, config, layo
     assert cuts.cut_at(None, f"{config}: cut after the write returned") == "new"
     _report(f"power cut at every step on {config}, {layout} ({cuts.placements})",
             len(names) + 1, cuts.stats)
+    assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
+
+
+def commit_journal(mnt: Path) -> None:
+    """Commit the filesystem's journal as another process's fsync would, at this instant.
+
+    An fsync of an unrelated file commits ext4's running transaction, and
+    forces XFS's log up to its last change, with every metadata change made
+    before it (a truncation of a source, say), but writes back none of the
+    write's own data pages. The kernel's periodic commit (5 s on ext4, XFS's
+    log worker) can land at any instant the same way.
+    """
+    fd = os.open(mnt / "foreign", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, b"x")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("config", ["ext4", "xfs"])
+def test_power_cut_after_a_foreign_journal_commit_loses_nothing(make_fs, fs_factory, config):
+    # A move leaves each step's truncation of its source for the next step's
+    # fdatasync to commit. If the source were truncated before its bytes
+    # were durable in the temp file, a journal commit by anyone else at that
+    # instant followed by a power cut would lose them: commit, then cut,
+    # before every call of a write that moves every blob.
+    fstype, options = CONFIGS[config]
+    mnt = make_fs(fstype, 300, mount_options=options)
+    cuts = PowerCuts(fs_factory, mnt, scenario(False), sync_blobs=True, foreign_commit=True)
+    names = cuts.trace()
+    assert "move" in cuts.placements
+    for n in range(1, len(names) + 1):
+        cuts.cut_at(n, f"{config}: commit, then cut before call {n} ({names[n - 1]})")
+    _report(f"journal commit, then power cut, at every step on {config} ({cuts.placements})",
+            len(names), cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
 
 
