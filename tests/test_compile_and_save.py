@@ -233,3 +233,9 @@ def test_real_tensorrt_compile_and_save(here_fs):
 
             loaded = torch_tensorrt.load(os.fspath(out), format="executorch")
             torch.testing.assert_close(loaded(*inputs), module(*inputs))
+    # A module Torch-TensorRT already compiled: its engines are staged, not rebuilt.
+    import torch_tensorrt
+
+    compiled = torch_tensorrt.compile(module, ir="dynamo", inputs=list(inputs))
+    report = trtet_store.compile_and_save(compiled, inputs, here_fs / "compiled.pte")
+    assert report.engines and delegate_blobs(here_fs / "compiled.pte")
