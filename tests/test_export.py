@@ -86,7 +86,7 @@ def test_hybrid_tensorrt_then_xnnpack_with_weights_in_a_ptd(here_fs, upstream_tr
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.runtime import Runtime
 
-    from trtet_store import inspect as inspector
+    from trtet_store import inspector
 
     builder = FakeBuilder(engine_sizes=(2 * MiB,), cpu_tail=32)
     module, x = mlp(3), torch.randn(4, 16)
@@ -136,7 +136,7 @@ def test_transform_passes_are_applied(here_fs):
 def test_backend_config_segment_alignment_shows_in_inspect(here_fs):
     from executorch.exir import ExecutorchBackendConfig
 
-    from trtet_store import inspect as inspector
+    from trtet_store import inspector
 
     builder = FakeBuilder(engine_sizes=(1 * MiB, 1 * MiB))
     module, x = mlp(6), torch.randn(2, 16)

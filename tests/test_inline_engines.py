@@ -57,7 +57,7 @@ def delegates(pte: Path) -> list[tuple[str, bytes]]:
 
 def engine_layout(pte: Path) -> list[dict]:
     """Per TensorRT delegate, what ``trtet-store inspect`` says of its engine."""
-    from trtet_store import inspect as inspector
+    from trtet_store import inspector
 
     result = inspector.inspect_file(pte)
     return [d["tensorrt"]["engine"] for d in result.delegates if "tensorrt" in d]
@@ -224,7 +224,7 @@ DAMAGE = {  # offset in the blob, bytes written there
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_verify_refuses_what_upstreams_parser_refuses(here_fs, stub_tensorrt, upstream_trt,
                                                       damage):
-    from trtet_store.inspect import verify
+    from trtet_store.inspector import verify
 
     builder = stub_tensorrt(engine_sizes=(1 * MiB, 2 * MiB))
     module, inputs = linear_relu()
@@ -248,7 +248,7 @@ def test_verify_refuses_what_upstreams_parser_refuses(here_fs, stub_tensorrt, up
 
 def test_verify_finds_an_engine_byte_changed_only_by_its_digest(here_fs, stub_tensorrt,
                                                                upstream_trt):
-    from trtet_store.inspect import verify
+    from trtet_store.inspector import verify
 
     builder = stub_tensorrt(engine_sizes=(1 * MiB,))
     module, inputs = linear_relu()

@@ -429,7 +429,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``trtet-store inspect``: print the layout; exit 1 if it has structural errors."""
-    from trtet_store.inspect import format_inspection, inspect_file
+    from trtet_store.inspector import format_inspection, inspect_file
 
     try:
         ins = inspect_file(args.file)
@@ -445,7 +445,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """``trtet-store verify``: structural checks (and a runtime load); exit 1 on any error."""
-    from trtet_store.inspect import format_verify, verify
+    from trtet_store.inspector import format_verify, verify
 
     try:
         result = verify(args.file, data=args.data, run=args.run,

@@ -1,0 +1,75 @@
+"""What the readers share: format constants, byte helpers, the head check."""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trtet_store.inspector.model import Inspection
+
+HEAD_BYTES = 64  # what both runtime readers load first
+PTE_IDENTIFIER = b"ET12"
+PTE_HEADER_MAGIC = b"eh00"
+PTE_HEADER_MIN_LENGTH = 24
+PTD_IDENTIFIER = b"FT01"
+PTD_HEADER_MAGIC = b"FH01"
+PTD_HEADER_MIN_LENGTH = 40
+SUPPORTED_VERSION = 0
+#: Bytes of a delegate blob read to decode a TensorRT header and its metadata.
+TRT_READ_LIMIT = 1 << 20
+PAGE = 4096
+#: Seconds a runtime load (``verify --run``) may take.
+RUNTIME_TIMEOUT = 600
+
+DATA_LOCATION = {0: "INLINE", 1: "SEGMENT"}
+
+
+
+
+def show_bytes(b: bytes) -> str:
+    try:
+        text = b.decode("ascii")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and text.isprintable():
+        return text
+    return "0x" + b.hex()
+
+
+def u32(b: bytes, off: int) -> int:
+    return int(struct.unpack_from("<I", b, off)[0])
+
+
+def u64(b: bytes, off: int) -> int:
+    return int(struct.unpack_from("<Q", b, off)[0])
+
+
+def read_at(f: Any, offset: int, size: int) -> bytes:
+    return os.pread(f.fileno(), size, offset)
+
+
+
+def check_head(head: bytes, ins: Inspection, identifier: bytes, refusal: str) -> int:
+    """Record the root offset and file identifier, checked as the runtime checks them.
+
+    Returns the root offset.
+    """
+    ident = head[4:8]
+    root = u32(head, 0)
+    ins.header.update({"root_offset": root, "file_identifier": ident})
+    if ident != identifier:
+        ins.error(f"file identifier {show_bytes(ident)!r}: the runtime reads only "
+                  f"{identifier.decode()}{refusal}")
+    if len(head) < HEAD_BYTES:
+        ins.error(f"file has {ins.file_size} bytes; the runtime reads {HEAD_BYTES} head "
+                  "bytes first")
+    return root
+
+
+
+
+def alignment_of(offset: int) -> int:
+    """The largest power of two (up to 1 MiB) that divides ``offset``."""
+    return min(offset & -offset, 1 << 20) if offset else 1 << 20

@@ -1,0 +1,306 @@
+"""A ``.pte``: its extended header, its Program, segments, named data, delegates, TensorRT blobs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trtet_store.inspector.common import (
+    DATA_LOCATION,
+    PAGE,
+    PTE_HEADER_MAGIC,
+    PTE_HEADER_MIN_LENGTH,
+    PTE_IDENTIFIER,
+    SUPPORTED_VERSION,
+    TRT_READ_LIMIT,
+    alignment_of,
+    check_head,
+    read_at,
+    show_bytes,
+    u32,
+    u64,
+)
+from trtet_store.inspector.model import Inspection
+
+
+def inspect_pte(f: Any, head: bytes, ins: Inspection) -> None:
+    size = ins.file_size
+    root = check_head(head, ins, PTE_IDENTIFIER, " (IncompatibleVersion)")
+    program_size = size
+    base = 0
+    data_size = 0
+    if head[8:12] == PTE_HEADER_MAGIC and len(head) >= 40:
+        length = u32(head, 12)
+        program_size = u64(head, 16)
+        base = u64(head, 24)
+        data_size = u64(head, 32) if length > PTE_HEADER_MIN_LENGTH else 0
+        ins.header.update(
+            {
+                "extended_header": True,
+                "magic": PTE_HEADER_MAGIC,
+                "header_length": length,
+                "program_size": program_size,
+                "segment_base_offset": base,
+                "segment_data_size": data_size,
+            }
+        )
+        if length < PTE_HEADER_MIN_LENGTH:
+            ins.error(f"extended header length {length} < {PTE_HEADER_MIN_LENGTH}")
+        if program_size < 8 or program_size > size:
+            ins.error(
+                f"program_size {program_size} is outside the file ({size} bytes)"
+                + (": the file is truncated" if program_size > size else "")
+            )
+            return
+        if base:
+            if base < program_size:
+                ins.error(f"segment_base_offset {base} lies inside the program (< {program_size})")
+            end = base + data_size
+            if end > size:
+                ins.error(
+                    f"segments end at byte {end} but the file has {size}: truncated by "
+                    f"{end - size} bytes"
+                )
+            elif end < size:
+                ins.warn(f"{size - end} bytes after the last segment (the runtime ignores them)")
+        elif data_size:
+            ins.error(f"segment_data_size {data_size} without a segment_base_offset")
+    else:
+        ins.header["extended_header"] = False
+        if head[8:12] in (b"eh01", b"eh02") or head[8:10] == b"eh":
+            ins.error(f"unknown extended header magic {show_bytes(head[8:12])!r}")
+    ins.header["program_size"] = program_size
+    if not 8 <= root <= program_size - 4:
+        ins.error(f"root table offset {root} is outside the program [8, {program_size - 4}]")
+        return
+    data = read_at(f, 0, program_size)
+    try:
+        from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+
+        program = _flatbuffer_to_program(data)
+    except Exception as exc:
+        ins.error(f"the Program flatbuffer does not parse: {type(exc).__name__}: {exc}")
+        return
+    _describe_program(f, program, ins, base, data_size)
+
+
+def _describe_program(f: Any, program: Any, ins: Inspection, base: int, data_size: int) -> None:
+    size = ins.file_size
+    ins.program["version"] = program.version
+    if program.version > SUPPORTED_VERSION:
+        ins.error(
+            f"Program schema version {program.version} is newer than the runtime supports "
+            f"({SUPPORTED_VERSION})"
+        )
+    segs = list(program.segments or [])
+    used: dict[int, list[str]] = {i: [] for i in range(len(segs))}
+    if not base and any(s.size for s in segs):
+        # Empty segments without a header are what ExecuTorch writes when there
+        # is no segment data at all; only data needs a base to be found.
+        ins.error(f"{len(segs)} segments, but no segment_base_offset (no extended header)")
+    prev_end = 0
+    for i, s in enumerate(segs):
+        absolute = base + s.offset
+        ins.segments.append(
+            {
+                "index": i,
+                "offset": s.offset,
+                "size": s.size,
+                "absolute_offset": absolute,
+                "end": absolute + s.size,
+                "page_aligned": absolute % PAGE == 0,
+                "used_by": used[i],
+            }
+        )
+        if s.offset + s.size > data_size:
+            ins.error(
+                f"segment {i} [{s.offset}, {s.offset + s.size}) ends past segment_data_size "
+                f"{data_size}"
+            )
+        if absolute + s.size > size:
+            ins.error(
+                f"segment {i} at bytes [{absolute}, {absolute + s.size}) is past the end of the "
+                f"file ({size} bytes): truncated"
+            )
+        if s.offset < prev_end:
+            ins.error(f"segment {i} at {s.offset} overlaps the previous one (ends {prev_end})")
+        prev_end = max(prev_end, s.offset + s.size)
+
+    cs = program.constant_segment
+    offsets = list(cs.offsets) if cs is not None else []
+    ins.program["constant_segment"] = {
+        "segment_index": cs.segment_index if cs is not None else None,
+        "offsets": len(offsets),
+    }
+    ins.program["constant_buffers"] = len(program.constant_buffer or [])
+    if not offsets:
+        if program.constant_buffer:
+            ins.error(
+                "constants in the deprecated constant_buffer: the 1.5.1 runtime has that "
+                "path disabled"
+            )
+        else:
+            ins.error("constant_segment.offsets is empty; the runtime needs at least [0]")
+    elif len(offsets) > 1:
+        if cs.segment_index >= len(segs):
+            ins.error(
+                f"constant segment index {cs.segment_index} out of range ({len(segs)} segments)"
+            )
+        else:
+            used[cs.segment_index].append("constants")
+            seg_size = segs[cs.segment_index].size
+            bad = [o for o in offsets if o > seg_size]
+            if bad:
+                ins.error(f"constant offsets {bad[:3]} past the constant segment ({seg_size} B)")
+    mutable = list(program.mutable_data_segments or [])
+    ins.program["mutable_data_segments"] = [
+        {"segment_index": m.segment_index, "offsets": len(m.offsets)} for m in mutable
+    ]
+    for m in mutable:
+        if m.segment_index >= len(segs):
+            ins.error(f"mutable data segment index {m.segment_index} out of range")
+        else:
+            used[m.segment_index].append("mutable data")
+
+    for nd in program.named_data or []:
+        entry: dict[str, Any] = {"key": nd.key, "segment_index": nd.segment_index}
+        if nd.segment_index >= len(segs):
+            ins.error(f"named data {nd.key!r}: segment index {nd.segment_index} out of range")
+        else:
+            s = segs[nd.segment_index]
+            entry.update({"absolute_offset": base + s.offset, "size": s.size})
+            used[nd.segment_index].append(f"named:{nd.key}")
+        ins.named_data.append(entry)
+    if program.named_data and not segs:
+        ins.error("named data without segments (PteDataMap needs them)")
+
+    inline = list(program.backend_delegate_data or [])
+    for pi, plan in enumerate(program.execution_plan or []):
+        externals = []
+        for v in plan.values or []:
+            val = getattr(v, "val", None)
+            info = getattr(val, "extra_tensor_info", None)
+            if info is not None and int(getattr(info, "location", 0)) == 1:  # EXTERNAL
+                externals.append(info.fully_qualified_name)
+        ins.external_tensors.extend(n for n in externals if n)
+        ins.plans.append(
+            {
+                "name": plan.name,
+                "inputs": len(plan.inputs or []),
+                "outputs": len(plan.outputs or []),
+                "values": len(plan.values or []),
+                "instructions": sum(len(c.instructions or []) for c in plan.chains or []),
+                "operators": [
+                    o.name + (f".{o.overload}" if o.overload else "") for o in plan.operators or []
+                ],
+                "delegates": len(plan.delegates or []),
+                "external_tensors": len(externals),
+            }
+        )
+        for di, d in enumerate(plan.delegates or []):
+            ins.delegates.append(
+                _describe_delegate(f, ins, pi, plan.name, di, d, segs, inline, base, used)
+            )
+
+
+def _describe_delegate(
+    f: Any,
+    ins: Inspection,
+    plan_index: int,
+    plan_name: str,
+    index: int,
+    d: Any,
+    segs: list[Any],
+    inline: list[Any],
+    base: int,
+    used: dict[int, list[str]],
+) -> dict[str, Any]:
+    loc = int(d.processed.location)
+    entry: dict[str, Any] = {
+        "plan": plan_name,
+        "index": index,
+        "id": d.id,
+        "location": DATA_LOCATION.get(loc, str(loc)),
+        "data_index": d.processed.index,
+        "compile_specs": {c.key: show_bytes(bytes(c.value)) for c in d.compile_specs or []},
+    }
+    where = f"delegate {index} ({d.id}) of plan {plan_name!r}"
+    blob_head: bytes | None = None
+    if loc == 1:
+        if d.processed.index >= len(segs):
+            ins.error(f"{where}: segment index {d.processed.index} out of range ({len(segs)})")
+            return entry
+        s = segs[d.processed.index]
+        entry.update({"size": s.size, "absolute_offset": base + s.offset})
+        used[d.processed.index].append(f"delegate:{plan_name}/{index}")
+        if base + s.offset + s.size <= ins.file_size:
+            blob_head = read_at(f, base + s.offset, min(s.size, TRT_READ_LIMIT))
+    elif loc == 0:
+        if d.processed.index >= len(inline):
+            ins.error(f"{where}: inline data index {d.processed.index} out of range")
+            return entry
+        data = bytes(inline[d.processed.index].data)
+        entry["size"] = len(data)
+        blob_head = data[:TRT_READ_LIMIT]
+    else:
+        ins.error(f"{where}: unknown data location {loc}")
+        return entry
+    if blob_head is not None and (blob_head[:4] in (b"TR01", b"TR02")
+                                  or d.id == "TensorRTBackend"):
+        entry["tensorrt"] = _describe_trt_blob(ins, where, blob_head, entry.get("size", 0),
+                                               entry.get("absolute_offset"))
+    return entry
+
+
+
+
+def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int,
+                       segment_offset: int | None = None) -> dict[str, Any]:
+    from trtet_store.export import trt_blob
+
+    out: dict[str, Any] = {}
+    try:
+        h = trt_blob.BlobHeader.from_bytes(head)
+    except ValueError as exc:
+        ins.error(f"{where}: bad TensorRT blob header: {exc}")
+        return out
+    out["header"] = {
+        "magic": h.magic,
+        "metadata_offset": h.metadata_offset,
+        "metadata_size": h.metadata_size,
+        "engine_offset": h.engine_offset,
+        "engine_size": h.engine_size,
+    }
+    if h.metadata_offset + h.metadata_size > min(size, len(head)):
+        ins.error(f"{where}: TensorRT metadata runs past the blob ({size} bytes)")
+        return out
+    if h.engine_offset + h.engine_size > size:
+        ins.error(
+            f"{where}: TensorRT engine [{h.engine_offset}, {h.engine_offset + h.engine_size}) "
+            f"runs past the blob ({size} bytes)"
+        )
+    raw = head[h.metadata_offset : h.metadata_offset + h.metadata_size]
+    try:
+        out["metadata"] = json.loads(raw)
+        trt_blob.BlobMetadata.from_json(raw)
+    except Exception as exc:
+        ins.error(f"{where}: TensorRT metadata is not valid JSON metadata: {exc}")
+        return out
+    meta = out["metadata"]
+    if isinstance(meta, dict):
+        key = meta.get("engine_key")
+        if key is not None and h.engine_size:
+            ins.warn(f"{where}: has engine bytes and an engine_key {key!r}")
+        if key is None and not h.engine_size:
+            ins.error(f"{where}: TensorRT blob has no engine bytes and no engine_key")
+        if key is not None:
+            out["engine"] = {"layout": "named", "key": key}
+        else:
+            # Inline: the layout torch-tensorrt-executorch-runtime 0.1.0 reads.
+            engine: dict[str, Any] = {"layout": "inline", "size": h.engine_size,
+                                      "blob_offset": h.engine_offset}
+            if segment_offset is not None:
+                engine["file_offset"] = segment_offset + h.engine_offset
+                engine["alignment"] = alignment_of(engine["file_offset"])
+            out["engine"] = engine
+    return out
