@@ -146,6 +146,11 @@ def test_private_api_check_names_the_changed_attribute(monkeypatch) -> None:
     with pytest.raises(priv.ExecutorchPrivateAPIError, match="_extract_delegate_segments"):
         priv.check_private_api()
     monkeypatch.setattr(_program, "_extract_delegate_segments", original)
+    from executorch.exir._serialize import _flatbuffer_program
+
+    monkeypatch.delattr(_flatbuffer_program, "_flatbuffer_to_program")
+    with pytest.raises(priv.ExecutorchPrivateAPIError, match="_flatbuffer_to_program"):
+        priv.check_private_api()
 
 
 @needs_file_backed_data

@@ -24,6 +24,13 @@ Private attributes used (executorch 1.4.1 and 1.5.1 unless said)
     ``_path`` (the file), ``_size`` (read through ``len``), ``_sha256``,
     ``_finalizer`` (a ``weakref.finalize`` when it owns its file: ``cleanup=True``
     or ``move_from``) and the staticmethod ``_remove`` it calls.
+``executorch.exir._serialize._named_data_store.NamedDataStore``
+    The store a backend's ``preprocess`` returns as ``data_store_output``
+    (:func:`named_data_store`).
+``executorch.exir._serialize._flatbuffer_program._flatbuffer_to_program(bytes)``
+    A ``.pte``'s Program flatbuffer as ExecuTorch's dataclasses (:func:`program_from_flatbuffer`).
+``executorch.extension.flat_tensor.serialize.serialize._deserialize_to_flat_tensor(bytes)``
+    A ``.ptd``'s FlatTensor flatbuffer, the same way (:func:`flat_tensor_from_flatbuffer`).
 ``weakref.finalize._registry`` (CPython stdlib)
     Enumerated to find *every* live finalizer that would remove a path, including
     the one of an original ``FileBackedData`` when we only hold a deep copy (a
@@ -309,6 +316,42 @@ def set_known_sha256(fbd: FileBackedData, sha256: bytes) -> None:
         fbd._sha256 = sha256
 
 
+# --- serializer and deserializer entry points -------------------------------------
+
+
+def named_data_store() -> Any:
+    """A new ``NamedDataStore``, for a ``preprocess`` that hands data over as named data."""
+    try:
+        from executorch.exir._serialize._named_data_store import NamedDataStore
+    except ImportError as exc:
+        raise _fail("executorch.exir._serialize._named_data_store", str(exc)) from exc
+    store = NamedDataStore()
+    for name in ("add_named_data", "get_named_data_store_output"):
+        if not callable(getattr(store, name, None)):
+            raise _fail(f"NamedDataStore.{name}", "missing")
+    return store
+
+
+def program_from_flatbuffer(data: bytes) -> Any:
+    """A ``.pte``'s Program (ExecuTorch's dataclasses) from its flatbuffer bytes."""
+    try:
+        from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+    except ImportError as exc:
+        raise _fail("_flatbuffer_program._flatbuffer_to_program", str(exc)) from exc
+    return _flatbuffer_to_program(data)
+
+
+def flat_tensor_from_flatbuffer(data: bytes) -> Any:
+    """A ``.ptd``'s FlatTensor (ExecuTorch's dataclasses) from its flatbuffer bytes."""
+    try:
+        from executorch.extension.flat_tensor.serialize.serialize import (
+            _deserialize_to_flat_tensor,
+        )
+    except ImportError as exc:
+        raise _fail("flat_tensor serialize._deserialize_to_flat_tensor", str(exc)) from exc
+    return _deserialize_to_flat_tensor(data)
+
+
 # --- staged engines inside delegate segments --------------------------------------
 
 
@@ -449,6 +492,8 @@ def check_private_api(program: ExecutorchProgramManager | None = None) -> None:
         _check_file_backed_data(mod)
     elif executorch_version().startswith("1.5"):
         raise _fail("executorch.exir._serialize._cord.FileBackedData", "missing in 1.5")
+    named_data_store()
+    _check_deserializers()
     cord = cord_cls(b"ab")
     cord.append(b"cd")
     if cord_pieces(cord) != [b"ab", b"cd"]:
@@ -537,3 +582,19 @@ def _check_file_backed_data(mod: Any) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+
+
+def _check_deserializers() -> None:
+    """Both deserializers exist and take the flatbuffer bytes as their one argument."""
+    import inspect
+
+    from executorch.exir._serialize import _flatbuffer_program
+    from executorch.extension.flat_tensor.serialize import serialize
+
+    for module, name in ((_flatbuffer_program, "_flatbuffer_to_program"),
+                         (serialize, "_deserialize_to_flat_tensor")):
+        func = getattr(module, name, None)
+        if not callable(func):
+            raise _fail(name, "missing")
+        if len(inspect.signature(func).parameters) != 1:
+            raise _fail(name, "expected one parameter, the flatbuffer bytes")

@@ -443,11 +443,10 @@ def _named_engine(engine: Engine, metadata: trt_blob.BlobMetadata,
                   tag: str) -> PreprocessResult:
     from dataclasses import replace
 
-    from executorch.exir._serialize._named_data_store import NamedDataStore
-
+    from trtet_store.export import _executorch_private as priv
     from trtet_store.export.executorch import add_blob_as_named_data
 
-    store = NamedDataStore()
+    store = priv.named_data_store()
     add_blob_as_named_data(store, engine.key, engine.blob, alignment=ENGINE_ALIGNMENT,
                            external_tag=tag)
     log.info("engine %s: %d bytes as named data %r in %s.ptd", engine.engine_id,

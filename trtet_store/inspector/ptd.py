@@ -64,11 +64,9 @@ def inspect_ptd(f: Any, head: bytes, ins: Inspection) -> None:
         return
     data = read_at(f, 0, fb_end)
     try:
-        from executorch.extension.flat_tensor.serialize.serialize import (
-            _deserialize_to_flat_tensor,
-        )
+        from trtet_store.export._executorch_private import flat_tensor_from_flatbuffer
 
-        ft = _deserialize_to_flat_tensor(data)
+        ft = flat_tensor_from_flatbuffer(data)
     except Exception as exc:
         ins.error(f"the FlatTensor flatbuffer does not parse: {type(exc).__name__}: {exc}")
         return

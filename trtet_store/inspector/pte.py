@@ -75,9 +75,9 @@ def inspect_pte(f: Any, head: bytes, ins: Inspection) -> None:
         return
     data = read_at(f, 0, program_size)
     try:
-        from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+        from trtet_store.export._executorch_private import program_from_flatbuffer
 
-        program = _flatbuffer_to_program(data)
+        program = program_from_flatbuffer(data)
     except Exception as exc:
         ins.error(f"the Program flatbuffer does not parse: {type(exc).__name__}: {exc}")
         return
