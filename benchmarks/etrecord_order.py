@@ -1,6 +1,6 @@
 """Peak disk of compile_and_save with an ETRecord: ETRecord first then move, vs program first.
 
-The TensorRT build is stubbed at its one seam (tests/fake_trt.py: random
+The TensorRT build is stubbed at its one seam (trtet_store.stub_tensorrt: random
 engine bytes streamed into the blob store, as the real builder does);
 everything after it is real. Both orderings run in one process on a fresh
 ext4 loop filesystem each (as root), or in a temp directory on the current
@@ -14,20 +14,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, os.fspath(HERE.parent / "tests"))
+import torch
 
-import torch  # noqa: E402
-from trtet_store.stub_tensorrt import FakeBuilder, linear_relu  # noqa: E402
-from filesystems import FilesystemFactory  # noqa: E402
-
-import trtet_store  # noqa: E402
-from trtet_store.export import tensorrt as trt  # noqa: E402
-from trtet_store.measure import PeakDiskMonitor  # noqa: E402
+import trtet_store
+from trtet_store.export import tensorrt as trt
+from trtet_store.loopfs import FilesystemFactory
+from trtet_store.measure import PeakDiskMonitor
+from trtet_store.stub_tensorrt import FakeBuilder, linear_relu
 
 MiB = 1 << 20
 
