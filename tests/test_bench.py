@@ -226,3 +226,35 @@ def test_bench_interrupted_tears_the_filesystem_down(image_root: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         bench.run_bench(config, progress=interrupt)
     # image_root's teardown asserts nothing is mounted, attached or left.
+
+
+@needs_file_backed_data
+def test_bench_auto_shows_insert_on_ext4_and_clone_on_xfs(image_root: Path) -> None:
+    """``auto`` as root: ext4, then XFS, so a first run sees insert and clone; new columns."""
+    need_root()
+    config = bench.BenchConfig(
+        payload_size=8 * MiB,
+        payloads=2,
+        repeat=1,
+        methods=("executorch", "clone", "move", "insert"),
+        cached_sources=True,
+    )
+    result = bench.run_bench(config)
+    assert result.filesystem.fstype == "ext4"
+    (xfs,) = result.also
+    assert xfs.filesystem.fstype == "xfs"
+    (insert,) = result.runs_of("insert")
+    assert insert.outcome == "ok" and insert.placement == "insert"
+    assert insert.peak_over_final_bytes <= MiB
+    (clone,) = xfs.runs_of("clone")
+    assert clone.outcome == "ok" and clone.placement == "clone"
+    assert clone.peak_over_final_bytes <= MiB
+    (move,) = result.runs_of("move")
+    # One sync per step of the move, the transaction's own, and the syncfs.
+    assert move.syncs >= 3
+    assert move.device_bytes_written >= config.total_payload_bytes
+    (et,) = result.runs_of("executorch")
+    assert et.syncs == 1  # only the syncfs that makes it durable
+    table = bench.format_table(result)
+    assert "over final" in table and "on xfs" in table
+    assert json.loads(json.dumps(result.to_json()))["also"][0]["filesystem"]["type"] == "xfs"
