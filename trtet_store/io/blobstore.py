@@ -205,10 +205,23 @@ class Blob:
         self.identity = identity if identity is not None else file_identity(os.stat(path))
         self.origin = origin
         self.metadata = dict(metadata or {})
-        self.consumed = False
         self._state = {"give_back": origin}
+        self._consumed = False
         self._finalizer = weakref.finalize(self, _release_file, os.getpid(), os.fspath(path),
                                            self._state)
+
+    @property
+    def consumed(self) -> bool:
+        """Whether a published write took this blob's bytes (they belong to an output now)."""
+        return self._consumed
+
+    @consumed.setter
+    def consumed(self, value: bool) -> None:
+        self._consumed = value
+        if value:
+            # What is left of the file (an emptied move source) is not the
+            # user's file any more: never give it back under their name.
+            self._state["give_back"] = None
 
     @property
     def digest(self) -> str:
@@ -286,7 +299,6 @@ class Blob:
     def mark_consumed(self) -> None:
         """Record that a write moved this blob's bytes into an output, and release it."""
         self.consumed = True
-        self._state["give_back"] = None
         self.close()
 
     def __enter__(self) -> Blob:
@@ -310,7 +322,8 @@ def live_blob(st: os.stat_result) -> Blob | None:
     """The live blob (of any store in this process) whose file is ``st``'s inode, if any."""
     with _LIVE_MUTEX:
         blob = _LIVE.get((st.st_dev, st.st_ino))
-    return blob if blob is not None and not blob.closed else None
+    # A consumed blob's file (an insert's host) is an output now, not a blob.
+    return blob if blob is not None and not blob.closed and not blob.consumed else None
 
 
 @dataclass(frozen=True)
