@@ -1,4 +1,4 @@
-"""The TensorRT delegate blob's codecs, round trip and refusals (as ExecuTorch tests its headers)."""
+"""The TensorRT delegate blob's codecs: round trip and refusals, as ExecuTorch tests its headers."""
 
 from __future__ import annotations
 
