@@ -439,3 +439,42 @@ def test_a_busy_destination_can_be_waited_for(here_fs):
     write_file(dest, [b"b"], timeout=10)
     release.join()
     assert dest.read_bytes() == b"b"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fstype,placement", [("xfs", "clone"), ("ext4", "insert")])
+def test_adopt_then_zero_copy_takes_the_same_time_at_256_mib_and_4_gib(make_fs, fstype,
+                                                                       placement):
+    """Issue 14 item 4: adopt + clone/insert (durable) is O(1) in the payload's size.
+
+    The payloads are ``posix_fallocate``d (unwritten extents: nothing is
+    written, a read would return zeros at memory speed), medians of three.
+    """
+    import statistics
+
+    mnt = make_fs(fstype, 9000)
+    medians = {}
+    for size in (256 * MiB, 4096 * MiB):
+        times = []
+        for _ in range(3):
+            src = mnt / "payload.bin"
+            with open(src, "wb") as f:
+                os.posix_fallocate(f.fileno(), 0, size)
+            os.sync()
+            with BlobStore(mnt / "s") as store:
+                t0 = time.perf_counter()
+                blob = store.adopt(src)
+                report = write_file(mnt / "m.pte", [b"H" * 4096, blob],
+                                    consume=placement == "insert")
+                fd = os.open(mnt / "m.pte", os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+                times.append(time.perf_counter() - t0)
+            assert report.placements[0].placement == placement
+            (mnt / "m.pte").unlink()
+            src.unlink(missing_ok=True)
+            os.sync()
+        medians[size] = statistics.median(times)
+    print(f"\nadopt+{placement} on {fstype}: 256 MiB {medians[256 * MiB] * 1e3:.1f} ms, "
+          f"4 GiB {medians[4096 * MiB] * 1e3:.1f} ms")
+    assert medians[4096 * MiB] < max(1.5 * medians[256 * MiB], 0.05)
