@@ -478,3 +478,57 @@ def test_adopt_then_zero_copy_takes_the_same_time_at_256_mib_and_4_gib(make_fs, 
     print(f"\nadopt+{placement} on {fstype}: 256 MiB {medians[256 * MiB] * 1e3:.1f} ms, "
           f"4 GiB {medians[4096 * MiB] * 1e3:.1f} ms")
     assert medians[4096 * MiB] < max(1.5 * medians[256 * MiB], 0.05)
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_a_crash_after_an_insert_became_a_move_is_recovered_from_the_amended_journal(
+        make_fs, corrupt):
+    """The journal records the switch before a byte moves; recovery follows the move."""
+    mnt = make_fs("ext4", 200)
+    out = mnt / "out"
+    out.mkdir()
+    (out / "m.pte").write_bytes(b"old")
+    data = os.urandom(2 * MiB)
+    (mnt / "data.bin").write_bytes(data)
+    script = textwrap.dedent(f"""
+        import errno, os, signal
+        from pathlib import Path
+        from trtet_store import BlobStore, write_file
+        from trtet_store.io import fs
+        store = BlobStore({os.fspath(mnt / "s")!r}, chunk_size=64 << 10)
+        blob = store.put(Path({os.fspath(mnt / "data.bin")!r}).read_bytes())
+        print(blob.path, flush=True)
+        real_falloc, real_trunc, n = fs.calls.fallocate, fs.calls.ftruncate, [0]
+        def falloc(fd, mode, off, length):
+            if mode == fs.FALLOC_FL_INSERT_RANGE:
+                raise OSError(errno.EOPNOTSUPP, "not here")
+            return real_falloc(fd, mode, off, length)
+        def trunc(fd, size):
+            real_trunc(fd, size)
+            if size and size < (2 << 20) and size % (64 << 10) == 0:
+                n[0] += 1
+                if n[0] == 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        fs.calls.fallocate, fs.calls.ftruncate = falloc, trunc
+        write_file({os.fspath(out / "m.pte")!r}, [b"H" * 4096, blob], consume=True,
+                   chunk_size=128 << 10)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    source = Path(proc.stdout.strip())
+    assert 0 < source.stat().st_size < 2 * MiB  # moving, not inserting
+    journal = next(out.glob(".m.pte.trtet-*.trtet-journal"))
+    assert b'"amend"' in journal.read_bytes()
+    if corrupt:  # the header did not reach the disk: must roll back
+        with open(next(out.glob(".m.pte.trtet-*.tmp")), "r+b") as f:
+            f.write(b"X")
+    actions = [o.action for o in recover(out) if o.action not in ("removed stray", "orphan")]
+    if corrupt:
+        assert actions == ["rolled back"]
+        assert (out / "m.pte").read_bytes() == b"old"
+        assert file_digest(source) == digest(data)
+    else:
+        assert actions == ["rolled forward"]
+        assert (out / "m.pte").read_bytes() == b"H" * 4096 + data
+        assert not source.exists()
+    assert names(out) == ["m.pte"]
