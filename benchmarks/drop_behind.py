@@ -13,7 +13,7 @@ dedicated loop filesystem, this measures:
 - insert: ``write_file`` of a 4 KiB header + the blob, consumed, limited to
   the insert placement, plus ``syncfs``;
 - the bytes of the blob left in the page cache after staging (``fincore``, via
-  :func:`trtet_store.measure.cached_bytes`).
+  :func:`trtet_store.bench.measure.cached_bytes`).
 
 Ratios are drop-behind on / off in the same run. Writes ``--out``/drop_behind.json.
 
@@ -31,10 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-from trtet_store import bench, measure
+from trtet_store import bench
+from trtet_store.bench import measure
+from trtet_store.bench.loopfs import FilesystemFactory
 from trtet_store.io.blobstore import BlobStore
 from trtet_store.io.writer import write_file
-from trtet_store.loopfs import FilesystemFactory
 
 MiB = 1 << 20
 WRITE = 16 * MiB

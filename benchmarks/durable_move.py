@@ -32,9 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-from trtet_store import bench, loopfs
+from trtet_store import bench
+from trtet_store.bench import loopfs
+from trtet_store.bench.measure import PeakDiskMonitor, bytes_written, syncfs
 from trtet_store.io import BlobStore, fs, write_file
-from trtet_store.measure import PeakDiskMonitor, bytes_written, syncfs
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -20,9 +20,10 @@ import statistics
 import sys
 import time
 
-from trtet_store import bench, loopfs
+from trtet_store import bench
+from trtet_store.bench import loopfs
+from trtet_store.bench.measure import PeakDiskMonitor, syncfs
 from trtet_store.io import fs
-from trtet_store.measure import PeakDiskMonitor, syncfs
 
 MiB = 1 << 20
 

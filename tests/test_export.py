@@ -19,8 +19,8 @@ from test_inline_engines import delegates, engine_layout
 from versions import needs_ptd_runtime
 
 import trtet_store
+from trtet_store.bench.stub_tensorrt import FakeBuilder, installed
 from trtet_store.export import tensorrt as trt
-from trtet_store.stub_tensorrt import FakeBuilder, installed
 
 MiB = 1 << 20
 

@@ -22,11 +22,16 @@ import xxhash
 from digests import file_digest
 
 import trtet_store
+from trtet_store.bench.measure import PeakDiskMonitor
+from trtet_store.bench.stub_tensorrt import (
+    FakeBuilder,
+    engine_record,
+    linear_relu,
+    stage_fake_engine,
+)
 from trtet_store.export import tensorrt as trt
 from trtet_store.export import trt_blob
 from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
-from trtet_store.measure import PeakDiskMonitor
-from trtet_store.stub_tensorrt import FakeBuilder, engine_record, linear_relu, stage_fake_engine
 
 MiB = 1 << 20
 PAGE = 4096
@@ -417,9 +422,9 @@ import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 import trtet_store
-from trtet_store import measure
+from trtet_store.bench import measure
 from trtet_store.export import tensorrt as trt
-from trtet_store.stub_tensorrt import FakeBuilder, linear_relu
+from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
 trt.check_available = lambda: None
 trt.build_engines = FakeBuilder(engine_sizes=({size}, {size}))
 module, inputs = linear_relu()

@@ -1,4 +1,4 @@
-"""trtet_store.measure against real filesystems: the numbers it reports are the disk's."""
+"""trtet_store.bench.measure against real filesystems: the numbers it reports are the disk's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 from filesystems import drop_caches, unavailable
 
-from trtet_store.measure import (
+from trtet_store.bench.measure import (
     PeakDiskMonitor,
     bytes_written,
     free_bytes,

@@ -1,6 +1,6 @@
 """Write-behind and drop-behind: staged blobs leave the page cache, and nothing is lost.
 
-Residency is read with :func:`trtet_store.measure.cached_bytes` (``fincore``) on
+Residency is read with :func:`trtet_store.bench.measure.cached_bytes` (``fincore``) on
 real loop-mounted filesystems and tmpfs.
 """
 

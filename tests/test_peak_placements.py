@@ -22,8 +22,8 @@ import xxhash
 from digests import file_digest
 
 from trtet_store import BlobStore
+from trtet_store.bench.measure import PeakDiskMonitor
 from trtet_store.io import fs, write_files
-from trtet_store.measure import PeakDiskMonitor
 
 MiB = 1 << 20
 PAYLOAD = 256 * MiB

@@ -12,8 +12,8 @@ from digests import file_digest
 from faults import FaultInjector, count_calls
 
 from trtet_store import BlobStore, ExternalFile, InsufficientSpaceError, write_file, write_files
+from trtet_store.bench.measure import PeakDiskMonitor
 from trtet_store.io import fs
-from trtet_store.measure import PeakDiskMonitor
 
 MiB = 1 << 20
 

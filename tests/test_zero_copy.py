@@ -11,8 +11,8 @@ from digests import file_digest
 from faults import FaultInjector, count_calls
 
 from trtet_store import BlobStore, write_file
+from trtet_store.bench.measure import bytes_written
 from trtet_store.io import fs
-from trtet_store.measure import bytes_written
 
 MiB = 1 << 20
 FS_SIZE = {"xfs": 400, "btrfs": 400, "ext4": 400, "tmpfs": 400}

@@ -35,37 +35,16 @@ from typing import Any
 
 __all__ = ["main", "build_parser"]
 
-DEFAULT_OUT_DIR = Path("bench-out")
-
 
 def _size_arg(text: str) -> int:
-    from trtet_store.bench import parse_size
+    from trtet_store.bench.config import size_arg
 
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _fs_size_arg(text: str) -> str | int:
-    if text in ("fit", "tight"):
-        return text
-    return _size_arg(text)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    return size_arg(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``trtet-store`` (exposed for docs and tests)."""
-    from trtet_store.bench import FILESYSTEMS, LAYOUTS, METHODS
+    from trtet_store.bench.config import add_arguments
 
     parser = argparse.ArgumentParser(
         prog="trtet-store",
@@ -85,102 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
             "measuring each on a dedicated loop filesystem (as root) or in a temp directory."
         ),
     )
-    b.add_argument(
-        "--payload-size",
-        type=_size_arg,
-        default=512 << 20,
-        metavar="SIZE",
-        help="bytes per payload, e.g. 512M (default 512 MiB)",
-    )
-    b.add_argument(
-        "--payloads",
-        type=_positive_int,
-        default=2,
-        metavar="N",
-        help="number of payloads, one per delegate (default 2)",
-    )
-    b.add_argument(
-        "--chunk-size",
-        type=_size_arg,
-        default=None,
-        metavar="SIZE",
-        help="trtet_store's move/copy step (default 8 MiB)",
-    )
-    b.add_argument(
-        "--filesystem",
-        choices=("auto", *FILESYSTEMS),
-        default="auto",
-        help="dedicated filesystem type (root only), or 'here' for a temp dir on "
-        "the current filesystem; auto: ext4 as root, else here",
-    )
-    b.add_argument(
-        "--fs-size",
-        type=_fs_size_arg,
-        default="fit",
-        metavar="fit|tight|SIZE",
-        help="size of the dedicated filesystem: fit (every method fits), tight "
-        "(the payloads fit once, not twice), or a size",
-    )
-    b.add_argument(
-        "--repeat",
-        type=_positive_int,
-        default=3,
-        metavar="N",
-        help="repetitions per method; median and max are reported (default 3)",
-    )
-    b.add_argument(
-        "--methods",
-        default=",".join(METHODS),
-        metavar="LIST",
-        help=f"comma-separated subset of {','.join(METHODS)}",
-    )
-    b.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default="split",
-        help="payloads in the .pte, in engines.ptd, or split (default)",
-    )
-    b.add_argument(
-        "--segment-alignment",
-        type=_size_arg,
-        default=4096,
-        metavar="N",
-        help="ExecuTorch segment_alignment (default 4096)",
-    )
-    b.add_argument(
-        "--out-dir",
-        type=Path,
-        default=DEFAULT_OUT_DIR,
-        metavar="DIR",
-        help="where --json and --plot default to (default ./bench-out)",
-    )
-    b.add_argument(
-        "--json",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="write the results as JSON (default OUT_DIR/bench.json)",
-    )
-    b.add_argument(
-        "--plot",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="write a PNG of disk use over time (default OUT_DIR/bench.png)",
-    )
-    b.add_argument(
-        "--workdir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="for --filesystem here: where the temp dir goes (default OUT_DIR)",
-    )
-    b.add_argument(
-        "--no-verify",
-        action="store_true",
-        help="do not hash and compare the outputs of the methods",
-    )
-    b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_arguments(b)
     b.set_defaults(func=cmd_bench)
 
     i = sub.add_parser(
@@ -366,20 +250,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """``trtet-store bench``: run, print the table, write JSON and the plot."""
     from trtet_store import bench
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    config = bench.BenchConfig(
-        payload_size=args.payload_size,
-        payloads=args.payloads,
-        chunk_size=args.chunk_size,
-        filesystem=args.filesystem,
-        fs_size=args.fs_size,
-        repeat=args.repeat,
-        methods=methods,
-        layout=args.layout,
-        segment_alignment=args.segment_alignment,
-        workdir=(args.workdir or args.out_dir).absolute(),
-        verify_outputs=not args.no_verify,
-    )
+    config = bench.BenchConfig.from_args(args)
     try:
         config.validate()
     except ValueError as exc:
@@ -394,7 +265,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     print(
         f"trtet-store bench: {config.payloads} x {bench.format_size(config.payload_size)} "
-        f"on {fs_text}, {config.repeat} repeat(s), methods {', '.join(methods)}",
+        f"on {fs_text}, {config.repeat} repeat(s), methods {', '.join(config.methods)}",
         file=sys.stderr,
     )
     bars = _Bars(enabled=not args.no_progress)
@@ -414,16 +285,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"plot: skipped, matplotlib is not installed ({exc})", file=sys.stderr)
     else:
         print(f"plot: {png}")
-    bad = [
-        r
-        for r in result.runs
-        if r.outcome == "wrong output" or (r.method != "executorch" and r.outcome == "failed")
-    ]
-    for r in bad:
-        print(
-            f"trtet-store bench: {r.method} repeat {r.repeat}: {r.outcome}: {r.error}",
-            file=sys.stderr,
-        )
+    bad = bench.format_failures(result)
+    for line in bad:
+        print(f"trtet-store bench: {line}", file=sys.stderr)
     return 1 if bad else 0
 
 

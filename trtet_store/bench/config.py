@@ -1,0 +1,358 @@
+"""What to benchmark: sizes, the method and filesystem names, :class:`BenchConfig`.
+
+Also the command-line options of ``trtet-store bench`` (:func:`add_arguments`)
+and the way back from them (:meth:`BenchConfig.from_args`), so the defaults
+live here only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: The methods compared, in table order; ``executorch`` is the baseline of every ratio.
+METHODS: tuple[str, ...] = ("executorch", "copy", "clone", "move", "insert")
+METHOD_LABELS: dict[str, str] = {
+    "executorch": "ExecuTorch save",
+    "copy": "trtet_store copy",
+    "clone": "trtet_store clone",
+    "move": "trtet_store move",
+    "insert": "trtet_store insert",
+}
+#: The methods that use the staged payloads up (``consume=True``).
+CONSUMING: frozenset[str] = frozenset({"move", "insert"})
+#: ``here`` is a temporary directory on the current filesystem (no mount).
+FILESYSTEMS: tuple[str, ...] = ("ext4", "xfs", "btrfs", "tmpfs", "here")
+LAYOUTS: tuple[str, ...] = ("split", "pte", "ptd")
+#: Named-data tag of the payloads that go to a ``.ptd`` (``engines.ptd``).
+PTD_TAG = "engines"
+PTE_NAME = "model.pte"
+BACKEND_ID = "TrtetBenchBackend"
+#: Where ``trtet-store bench`` writes its JSON and plot unless told otherwise.
+DEFAULT_OUT_DIR = Path("bench-out")
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not be set up (no space, bad configuration)."""
+
+
+# --- sizes -------------------------------------------------------------------------
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": MiB,
+    "mb": MiB,
+    "mib": MiB,
+    "g": GiB,
+    "gb": GiB,
+    "gib": GiB,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte size such as ``512M``, ``1.5GiB``, ``4096`` or ``16 MiB``.
+
+    Units are binary (``K``/``KB``/``KiB`` all mean 1024), case-insensitive.
+
+    Args:
+        text: The size, or an int (returned as is).
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        ValueError: If the text is not a size, or is negative.
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        s = text.strip().lower().replace(" ", "")
+        i = len(s)
+        while i and not (s[i - 1].isdigit() or s[i - 1] == "."):
+            i -= 1
+        number, unit = s[:i], s[i:]
+        if not number or unit not in _UNITS:
+            raise ValueError(f"not a size: {text!r} (examples: 512M, 1GiB, 4096)")
+        try:
+            value = (
+                int(float(number) * _UNITS[unit]) if "." in number else int(number) * _UNITS[unit]
+            )
+        except ValueError:
+            raise ValueError(f"not a size: {text!r}") from None
+    if value < 0:
+        raise ValueError(f"a size cannot be negative: {text!r}")
+    return value
+
+
+def format_size(n: float | None, *, signed: bool = False) -> str:
+    """Format a byte count with a binary unit, e.g. ``512.0 MiB``.
+
+    Args:
+        n: Bytes, or None (formatted as ``-``).
+        signed: Prefix positive values with ``+``.
+
+    Returns:
+        The text.
+    """
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ("+" if signed and n > 0 else "")
+    a = abs(n)
+    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if a >= div:
+            return f"{sign}{a / div:.1f} {unit}"
+    return f"{sign}{int(a)} B"
+
+
+# --- configuration and results ----------------------------------------------------------
+
+
+@dataclass
+class BenchConfig:
+    """What to benchmark.
+
+    Attributes:
+        payload_size: Bytes per payload (one per delegate, like one TensorRT engine).
+        payloads: Number of payloads.
+        chunk_size: Bytes per step of trtet_store's move/copy; None for the
+            writer's default (``trtet_store.io.writer.DEFAULT_CHUNK_SIZE``).
+        filesystem: ``ext4``, ``xfs``, ``btrfs``, ``tmpfs`` (a dedicated
+            filesystem, root only), ``here`` (a temp directory on the
+            filesystem of ``workdir``), or ``auto`` (as root ext4, then XFS
+            where it can be made, so that a first run shows insert and clone;
+            else here).
+        fs_size: Size of the dedicated filesystem: ``"fit"`` (every method
+            fits: the staged payloads plus a full copy of them), ``"tight"``
+            (the staged payloads fit once, plus a move's chunk, but not
+            twice), or a byte count (used as given).
+        repeat: Repetitions of every method; results give median and max.
+        methods: Which of :data:`METHODS` to run.
+        layout: Where the payloads go: ``split`` (even-numbered ones in the
+            ``.pte``, odd ones in ``engines.ptd``), ``pte`` or ``ptd``.
+        segment_alignment: ExecuTorch's ``segment_alignment`` (4096 gives
+            page-aligned payloads, which zero-copy placements need).
+        workdir: Directory for ``here`` runs; default the current directory.
+        image_dir: Where loop images live (on a disk, never a tmpfs); default
+            ``$TRTET_FS_ROOT`` or ``/var/tmp``.
+        verify_outputs: Hash each method's outputs (outside the measured
+            window) and check every method wrote the same bytes.
+        cached_sources: Read the payloads into the page cache before each
+            method (a blob just built and still cached); otherwise each is
+            dropped from the cache before each method (an engine built long
+            ago), so that a method never reads what the one before it cached.
+    """
+
+    payload_size: int = 512 * MiB
+    payloads: int = 2
+    chunk_size: int | None = None
+    filesystem: str = "auto"
+    fs_size: str | int = "fit"
+    repeat: int = 3
+    methods: tuple[str, ...] = METHODS
+    layout: str = "split"
+    segment_alignment: int = 4096
+    workdir: Path | None = None
+    image_dir: Path | None = None
+    verify_outputs: bool = True
+    cached_sources: bool = False
+
+    def validate(self) -> None:
+        """Raise ValueError on an impossible configuration."""
+        if self.payload_size <= 0:
+            raise ValueError("payload_size must be positive")
+        if self.payloads < 1:
+            raise ValueError("payloads must be at least 1")
+        if self.chunk_size is not None and self.chunk_size <= 0:
+            raise ValueError("chunk_size must be positive")
+        if self.repeat < 1:
+            raise ValueError("repeat must be at least 1")
+        if self.filesystem not in (*FILESYSTEMS, "auto"):
+            raise ValueError(f"filesystem must be one of {FILESYSTEMS} or 'auto'")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {bad}")
+        if isinstance(self.fs_size, str) and self.fs_size not in ("fit", "tight"):
+            raise ValueError("fs_size must be 'fit', 'tight' or a byte count")
+        sa = self.segment_alignment
+        if sa <= 0 or sa & (sa - 1):
+            raise ValueError("segment_alignment must be a power of two")
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> BenchConfig:
+        """The configuration the options of :func:`add_arguments` describe (not validated)."""
+        return cls(
+            payload_size=ns.payload_size,
+            payloads=ns.payloads,
+            chunk_size=ns.chunk_size,
+            filesystem=ns.filesystem,
+            fs_size=ns.fs_size,
+            repeat=ns.repeat,
+            methods=tuple(m.strip() for m in ns.methods.split(",") if m.strip()),
+            layout=ns.layout,
+            segment_alignment=ns.segment_alignment,
+            workdir=(ns.workdir or ns.out_dir).absolute(),
+            verify_outputs=not ns.no_verify,
+        )
+
+    @property
+    def total_payload_bytes(self) -> int:
+        """All payload bytes together."""
+        return self.payload_size * self.payloads
+
+    @property
+    def effective_chunk_size(self) -> int:
+        """The chunk size trtet_store will use."""
+        from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
+
+        return self.chunk_size or DEFAULT_CHUNK_SIZE
+
+
+# --- command-line options --------------------------------------------------------------
+
+
+def size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fs_size_arg(text: str) -> str | int:
+    if text in ("fit", "tight"):
+        return text
+    return size_arg(text)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``trtet-store bench`` to ``parser``, defaults from :class:`BenchConfig`.
+
+    :meth:`BenchConfig.from_args` turns the parsed namespace back into a
+    configuration; ``out_dir``, ``json``, ``plot`` and ``no_progress`` are
+    for the caller (where the report goes, whether bars are drawn).
+    """
+    from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
+
+    d = BenchConfig()
+    parser.add_argument(
+        "--payload-size",
+        type=size_arg,
+        default=d.payload_size,
+        metavar="SIZE",
+        help=f"bytes per payload, e.g. 512M (default {format_size(d.payload_size)})",
+    )
+    parser.add_argument(
+        "--payloads",
+        type=_positive_int,
+        default=d.payloads,
+        metavar="N",
+        help=f"number of payloads, one per delegate (default {d.payloads})",
+    )
+    parser.add_argument(
+        "--chunk-size",
+        type=size_arg,
+        default=d.chunk_size,
+        metavar="SIZE",
+        help=f"trtet_store's move/copy step (default {format_size(DEFAULT_CHUNK_SIZE)})",
+    )
+    parser.add_argument(
+        "--filesystem",
+        choices=("auto", *FILESYSTEMS),
+        default=d.filesystem,
+        help="dedicated filesystem type (root only), or 'here' for a temp dir on "
+        "the current filesystem; auto: ext4 as root, else here",
+    )
+    parser.add_argument(
+        "--fs-size",
+        type=_fs_size_arg,
+        default=d.fs_size,
+        metavar="fit|tight|SIZE",
+        help="size of the dedicated filesystem: fit (every method fits), tight "
+        "(the payloads fit once, not twice), or a size",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=d.repeat,
+        metavar="N",
+        help=f"repetitions per method; median and max are reported (default {d.repeat})",
+    )
+    parser.add_argument(
+        "--methods",
+        default=",".join(d.methods),
+        metavar="LIST",
+        help=f"comma-separated subset of {','.join(METHODS)}",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=d.layout,
+        help=f"payloads in the .pte, in engines.ptd, or split (default {d.layout})",
+    )
+    parser.add_argument(
+        "--segment-alignment",
+        type=size_arg,
+        default=d.segment_alignment,
+        metavar="N",
+        help=f"ExecuTorch segment_alignment (default {d.segment_alignment})",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        metavar="DIR",
+        help=f"where --json and --plot default to (default ./{DEFAULT_OUT_DIR})",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the results as JSON (default OUT_DIR/bench.json)",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write a PNG of disk use over time (default OUT_DIR/bench.png)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="for --filesystem here: where the temp dir goes (default OUT_DIR)",
+    )
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not hash and compare the outputs of the methods",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
