@@ -371,16 +371,8 @@ def _module_and_inputs(made: Any) -> tuple[Any, tuple]:
 
 def cmd_compile_and_save(args: argparse.Namespace) -> int:
     """``trtet-store compile-and-save``: lower and save through ``trtet_store.compile_and_save``."""
-    import trtet_store
+    from trtet_store import compile_and_save
 
-    try:
-        compile_and_save = trtet_store.compile_and_save
-    except (AttributeError, ImportError) as exc:
-        print(
-            f"trtet-store compile-and-save: not available in this installation ({exc})",
-            file=sys.stderr,
-        )
-        return 1
     try:
         source, inputs, out = _compile_source(args)
         backend_config = _backend_config(args.backend_config)
@@ -415,12 +407,11 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         bars.close()
         if store is not None:
             store.close()
-    writes = list(getattr(report, "writes", []) or [])
     if args.json:
-        print(json.dumps(_report_json(report, writes), indent=1))
+        print(json.dumps(report.to_json(), indent=1))
     else:
-        print(f"wrote {getattr(report, 'path', out)}")
-        for w in writes:
+        print(f"wrote {report.path}")
+        for w in report.writes:
             print(f"  {w.path}: {w.size} bytes in {w.seconds:.2f} s")
             for p in w.placements:
                 print(f"    payload at {p.offset}, {p.size} bytes: {p.placement} ({p.reason})")
@@ -476,34 +467,6 @@ def _backend_config(pairs: Sequence[str]) -> Any:
     return ExecutorchBackendConfig(**values)
 
 
-def _report_json(report: Any, writes: Sequence[Any]) -> dict[str, Any]:
-    return {
-        "path": os.fspath(getattr(report, "path", "")),
-        "data_paths": [os.fspath(p) for p in getattr(report, "data_paths", []) or []],
-        "etrecord": os.fspath(report.etrecord) if getattr(report, "etrecord", None) else None,
-        "engines": [list(e) for e in getattr(report, "engines", []) or []],
-        "seconds": getattr(report, "seconds", None),
-        "writes": [
-            {
-                "path": os.fspath(w.path),
-                "size": w.size,
-                "seconds": w.seconds,
-                "placements": [
-                    {
-                        "offset": p.offset,
-                        "size": p.size,
-                        "placement": p.placement,
-                        "reason": p.reason,
-                        "bytes_written": p.bytes_written,
-                    }
-                    for p in w.placements
-                ],
-            }
-            for w in writes
-        ],
-    }
-
-
 def cmd_recover(args: argparse.Namespace) -> int:
     """``trtet-store recover``: roll interrupted writes in DIR forward or back."""
     import trtet_store
@@ -517,20 +480,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         print(f"trtet-store recover: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "journal": os.fspath(o.journal),
-                        "action": o.action,
-                        "outputs": list(o.outputs),
-                        "detail": o.detail,
-                    }
-                    for o in outcomes
-                ],
-                indent=1,
-            )
-        )
+        print(json.dumps([o.to_json() for o in outcomes], indent=1))
     elif not outcomes:
         print(f"{args.dir}: nothing to recover")
     else:

@@ -51,6 +51,17 @@ class CompileReport:
         """The placement of every payload, in write order."""
         return [p.placement for w in self.writes for p in w.placements]
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (what ``trtet-store compile-and-save --json`` prints)."""
+        return {
+            "path": os.fspath(self.path),
+            "data_paths": [os.fspath(p) for p in self.data_paths],
+            "etrecord": os.fspath(self.etrecord) if self.etrecord else None,
+            "engines": [list(e) for e in self.engines],
+            "seconds": self.seconds,
+            "writes": [w.to_json() for w in self.writes],
+        }
+
 
 def compile_and_save(
     source: Any,

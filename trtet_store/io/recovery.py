@@ -64,6 +64,15 @@ class Outcome:
     outputs: list[str]
     detail: str = ""
 
+    def to_json(self) -> dict[str, object]:
+        """The outcome as a JSON-ready dict (what ``trtet-store recover --json`` prints)."""
+        return {
+            "journal": os.fspath(self.journal),
+            "action": self.action,
+            "outputs": list(self.outputs),
+            "detail": self.detail,
+        }
+
 
 def recover(directory: os.PathLike | str) -> list[Outcome]:
     """Finish or undo every interrupted write whose journal is in ``directory``.

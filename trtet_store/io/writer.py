@@ -97,6 +97,16 @@ class PlacementRecord:
     seconds: float = 0.0
     verified: bool = False
 
+    def to_json(self) -> dict[str, object]:
+        """The record as a JSON-ready dict (what ``trtet-store`` prints)."""
+        return {
+            "offset": self.offset,
+            "size": self.size,
+            "placement": self.placement,
+            "reason": self.reason,
+            "bytes_written": self.bytes_written,
+        }
+
 
 @dataclass
 class WriteReport:
@@ -126,6 +136,15 @@ class WriteReport:
     def bytes_written(self) -> int:
         """Bytes this write put on disk itself (inline plus copied or moved)."""
         return self.inline_bytes + sum(p.bytes_written for p in self.placements)
+
+    def to_json(self) -> dict[str, object]:
+        """The report as a JSON-ready dict: path, size, seconds and each placement."""
+        return {
+            "path": os.fspath(self.path),
+            "size": self.size,
+            "seconds": self.seconds,
+            "placements": [p.to_json() for p in self.placements],
+        }
 
 
 def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: bool = False,
