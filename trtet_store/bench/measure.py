@@ -3,7 +3,7 @@
 Standard library only (Linux), so that the storage engine's tests can measure
 without importing torch or executorch.
 
-The disk figures follow the method in ``shared/reference/filesystems.md``:
+The disk figures follow one method:
 quiesce before reading the start value, poll ``statvfs`` from a thread and
 also sample after each step, and report start-minus-minimum free space plus
 the extra left after a final sync. Measure on a small dedicated filesystem:
