@@ -94,6 +94,49 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "methods" in err
 
 
+def test_bench_options_take_their_defaults_from_the_bench_config() -> None:
+    from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
+
+    args = cli.build_parser().parse_args(["bench"])
+    config = bench.BenchConfig.from_args(args)
+    defaults = bench.BenchConfig()
+    for name in ("payload_size", "payloads", "chunk_size", "filesystem", "fs_size", "repeat",
+                 "methods", "layout", "segment_alignment", "verify_outputs"):
+        assert getattr(config, name) == getattr(defaults, name), name
+    assert config.effective_chunk_size == DEFAULT_CHUNK_SIZE
+    bench_parser = next(
+        a for a in cli.build_parser()._subparsers._group_actions if a.dest == "command"
+    ).choices["bench"]
+    assert f"default {bench.format_size(DEFAULT_CHUNK_SIZE)}" in " ".join(
+        bench_parser.format_help().split()
+    )
+
+
+def test_reports_serialise_themselves_as_the_cli_prints_them() -> None:
+    from trtet_store.export.compile import CompileReport
+    from trtet_store.io.recovery import Outcome
+    from trtet_store.io.writer import PlacementRecord, WriteReport
+
+    record = PlacementRecord(0, "/s/blob", 4096, 6, "move", "same filesystem", 0)
+    write = WriteReport(Path("/o/model.pte"), 4102, 4096, [record], 0.5)
+    report = CompileReport(Path("/o/model.pte"), [Path("/o/engines.ptd")], [write],
+                           [("k_trt_engine", 6)], None, 1.5)
+    assert json.loads(json.dumps(report.to_json())) == {
+        "path": "/o/model.pte",
+        "data_paths": ["/o/engines.ptd"],
+        "etrecord": None,
+        "engines": [["k_trt_engine", 6]],
+        "seconds": 1.5,
+        "writes": [{"path": "/o/model.pte", "size": 4102, "seconds": 0.5, "placements": [
+            {"offset": 4096, "size": 6, "placement": "move", "reason": "same filesystem",
+             "bytes_written": 0}]}],
+    }
+    outcome = Outcome(Path("/o/.model.pte.trtet-journal"), "rolled back", ["/o/model.pte"])
+    assert outcome.to_json() == {"journal": "/o/.model.pte.trtet-journal",
+                                 "action": "rolled back", "outputs": ["/o/model.pte"],
+                                 "detail": ""}
+
+
 def test_inspect_json_matches_known_layout(capsys, written) -> None:
     code, out, _err = run_cli(capsys, "inspect", written["pte"], "--json")
     assert code == 0
