@@ -16,7 +16,8 @@ from digests import file_digest
 from faults import FaultInjector
 from filesystems import unavailable
 
-from trtet_store import BlobStore, measure
+from trtet_store import BlobStore
+from trtet_store.bench import measure
 from trtet_store.io import fs, pagecache
 
 MiB = 1 << 20
