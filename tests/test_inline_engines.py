@@ -22,6 +22,7 @@ import xxhash
 from digests import file_digest
 
 import trtet_store
+import trtet_store.export._executorch_private
 from trtet_store.bench.measure import PeakDiskMonitor
 from trtet_store.bench.stub_tensorrt import (
     FakeBuilder,
@@ -422,6 +423,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 import trtet_store
+import trtet_store.export._executorch_private
 from trtet_store.bench import measure
 from trtet_store.export import tensorrt as trt
 from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
@@ -448,3 +450,17 @@ def test_peak_memory_of_compile_and_save_does_not_grow_with_engine_size(here_fs)
         assert done.returncode == 0, done.stderr[-3000:]
         growth[mib] = int(done.stdout.split()[-1])
     assert abs(growth[512] - growth[64]) <= 16 * MiB, growth
+
+
+@pytest.mark.skipif(trtet_store.export._executorch_private.has_file_backed_data(),
+                    reason="executorch 1.5 has FileBackedData: named engines work there")
+def test_named_engines_are_refused_early_where_executorch_has_no_file_backed_data(
+        here_fs, stub_tensorrt):
+    from trtet_store.export._executorch_private import FileBackedDataUnavailableError
+
+    builder = stub_tensorrt(engine_sizes=(1 * MiB,))
+    module, inputs = linear_relu()
+    with pytest.raises(FileBackedDataUnavailableError, match="executorch>=1.5.1"):
+        trtet_store.compile_and_save(module, inputs, here_fs / "m.pte",
+                                     external_engine_data="engines")
+    assert builder.built == [] and list(here_fs.iterdir()) == []
