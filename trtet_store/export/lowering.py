@@ -129,7 +129,7 @@ def export(
     if inputs is not None and arg_inputs is not None:
         raise ValueError("give inputs or arg_inputs, not both (they are the same argument)")
     args = inputs if inputs is not None else arg_inputs
-    from trtet_store.export.executorch import ptd_file_name
+    from trtet_store.export.named_data import ptd_file_name
 
     for name in (external_engine_data, external_weights):
         if name is not None:
