@@ -67,7 +67,6 @@ log = logging.getLogger("trtet_store.tensorrt")
 BACKEND_ID = "TensorRTBackend"
 OP_NAMESPACE = "trtet_store"
 OP_NAME = "trt_engine"
-ENGINE_ALIGNMENT = trt_blob.ENGINE_ALIGNMENT
 #: Engine offset alignment inside an inline blob: a page, so that clone and
 #: insert can place the engine (under 4 KiB of padding per engine).
 PAGE_ALIGNMENT = 4096
@@ -330,7 +329,7 @@ def _named_engine(engine: Engine, metadata: trt_blob.BlobMetadata,
     from trtet_store.export.named_data import add_blob_as_named_data
 
     store = priv.named_data_store()
-    add_blob_as_named_data(store, engine.key, engine.blob, alignment=ENGINE_ALIGNMENT,
+    add_blob_as_named_data(store, engine.key, engine.blob, alignment=trt_blob.ENGINE_ALIGNMENT,
                            external_tag=tag)
     log.info("engine %s: %d bytes as named data %r in %s.ptd", engine.engine_id,
              engine.blob.size, engine.key, tag)
