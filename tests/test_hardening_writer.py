@@ -23,8 +23,9 @@ from digests import digest, file_digest
 from faults import FaultInjector, WrappedCalls
 
 from trtet_store import BlobStore, ConcurrentWriteError, recover, write_file
-from trtet_store.io import fs, writer
+from trtet_store.io import fs, lock
 from trtet_store.io.blobstore import BlobChangedError
+from trtet_store.io.names import lock_path_of
 
 MiB = 1 << 20
 
@@ -427,14 +428,14 @@ def test_recover_says_its_rollback_detail_once(here_fs):
 
 def test_a_busy_destination_can_be_waited_for(here_fs):
     dest = here_fs / "m.pte"
-    fd = writer._lock_file(writer.lock_path_of(dest), dest)
+    fd = lock.lock_file(lock_path_of(dest), dest)
     with pytest.raises(ConcurrentWriteError):
         write_file(dest, [b"a"])
     t0 = time.monotonic()
     with pytest.raises(ConcurrentWriteError, match="0.3"):
         write_file(dest, [b"a"], timeout=0.3)
     assert 0.25 < time.monotonic() - t0 < 3
-    release = threading.Timer(0.3, lambda: (os.unlink(writer.lock_path_of(dest)), os.close(fd)))
+    release = threading.Timer(0.3, lambda: (os.unlink(lock_path_of(dest)), os.close(fd)))
     release.start()
     write_file(dest, [b"b"], timeout=10)
     release.join()

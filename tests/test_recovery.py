@@ -23,7 +23,9 @@ from crashkit import CallHook, Scenario, check_recovered, collect_dead_store, di
 from trtet_store import BlobStore, recover, write_file
 from trtet_store.io import fs, recovery
 from trtet_store.io import journal as journal_mod
-from trtet_store.io.writer import LOCK_SUFFIX, ConcurrentWriteError, _lock_file
+from trtet_store.io.lock import ConcurrentWriteError
+from trtet_store.io.lock import lock_file as _lock_file
+from trtet_store.io.names import DEST_LOCK_SUFFIX as LOCK_SUFFIX
 
 KiB = 1 << 10
 

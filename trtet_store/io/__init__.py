@@ -7,9 +7,9 @@ from trtet_store.io.blobstore import Blob, BlobChangedError, BlobStore, Orphan
 from trtet_store.io.fs import InsufficientSpaceError
 from trtet_store.io.journal import JournalError
 from trtet_store.io.layout import ExternalFile, Layout
+from trtet_store.io.lock import ConcurrentWriteError
 from trtet_store.io.transfer import VerificationError
 from trtet_store.io.writer import (
-    ConcurrentWriteError,
     PlacementRecord,
     WriteReport,
     write_file,

@@ -24,15 +24,9 @@ from trtet_store.io.journal import (
     Plan,
     journals_in,
 )
-from trtet_store.io.writer import (
-    LOCK_SUFFIX,
-    ConcurrentWriteError,
-    _lock_file,
-    finish,
-    internal_stem,
-    undo,
-    unpublish,
-)
+from trtet_store.io.lock import ConcurrentWriteError, lock_file
+from trtet_store.io.names import internal_stem, is_dest_lock, lock_path_of_stem
+from trtet_store.io.replay import complete_placement, finish, publish, undo, unpublish
 
 log = logging.getLogger("trtet_store.recovery")
 
@@ -175,7 +169,7 @@ def recover_destination(dest: Path) -> list[Outcome]:
 
 
 def _journal_stem(path: Path) -> str | None:
-    """The internal stem (see :func:`writer.internal_stem`) of the journal's first destination."""
+    """The internal stem (see :func:`names.internal_stem`) of the journal's first destination."""
     m = _JOURNAL.match(path.name)
     return m.group(1) if m else None
 
@@ -205,10 +199,10 @@ def _remove_incomplete(path: Path, exc: IncompleteJournal, *,
         return Outcome(path, "kept", [], f"{exc}; its name names no destination, so it is "
                        "left for a person to look at")
     lock_fd = -1
-    lock_path = dest.with_name(f".{dest.name}{LOCK_SUFFIX}")  # dest.name is the stem here
+    lock_path = lock_path_of_stem(dest.parent, dest.name)  # dest.name is the stem here
     if not dest_locked:
         try:
-            lock_fd = _lock_file(lock_path, dest)
+            lock_fd = lock_file(lock_path, dest)
         except ConcurrentWriteError:
             return Outcome(path, "busy", [os.fspath(dest)],
                            "a live writer of its destination may still be creating it")
@@ -240,11 +234,11 @@ def _recover_one(journal: Journal) -> Outcome:
     plan = journal.plan
     outputs = [o.dest for o in plan.outputs]
     if journal.state in (PUBLISHING, DONE):
-        _publish(plan)
+        publish(plan)
         action, detail = "rolled forward", f"journal state {journal.state}"
     elif journal.state == PLACING and (why := _finish_placement(plan)) is None:
         journal.mark(PUBLISHING)
-        _publish(plan)
+        publish(plan)
         action, detail = "rolled forward", "temp file and sources agreed with the journal"
     else:
         detail = f"journal state {journal.state}"
@@ -283,7 +277,7 @@ def _finish_placement(plan: Plan) -> str | None:
     if why is not None:
         return why
     try:
-        _complete_placement(plan)
+        complete_placement(plan)
     except OSError as exc:
         log.warning("cannot finish the interrupted write of %s (%s); rolling it back",
                     ", ".join(o.dest for o in plan.outputs), exc)
@@ -323,40 +317,6 @@ def _cannot_roll_forward(plan: Plan) -> str | None:
     return None
 
 
-def _complete_placement(plan: Plan) -> None:
-    for out in plan.outputs:
-        fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            for p in sorted(out.payloads, key=lambda p: -p.offset):
-                flags = os.O_RDWR if p.placement == "move" else os.O_RDONLY
-                src = fs.calls.open(p.source, flags | os.O_CLOEXEC)
-                try:
-                    if p.placement == "move":
-                        transfer.move(src, fd, p.offset, p.size, step=p.step,
-                                      digests=p.chunk_digests, digest_chunk=p.chunk_size,
-                                      src_path=p.source)
-                    else:
-                        transfer.copy(src, fd, p.offset, p.size, chunk=p.step or (8 << 20),
-                                      digests=p.chunk_digests, digest_chunk=p.chunk_size,
-                                      src_path=p.source, dst_path=out.temp)
-                finally:
-                    fs.calls.close(src)
-            fs.calls.fsync(fd)
-        finally:
-            fs.calls.close(fd)
-
-
-def _publish(plan: Plan) -> None:
-    for out in plan.outputs:
-        if os.path.exists(out.temp):
-            if out.backup and not os.path.exists(out.backup):
-                with contextlib.suppress(FileNotFoundError):
-                    fs.calls.link(out.dest, out.backup)
-            fs.calls.rename(out.temp, out.dest)
-    for parent in sorted({os.path.dirname(o.dest) for o in plan.outputs}):
-        fs.fsync_dir(parent)
-
-
 def _remove_strays(directory: Path) -> list[Outcome]:
     """Temp and backup files whose journal is gone were never needed by anyone.
 
@@ -379,7 +339,7 @@ def _remove_strays(directory: Path) -> list[Outcome]:
         if (m and m.group(1) not in live) or (probe and not _alive(int(probe.group(1)))):
             with contextlib.suppress(FileNotFoundError):
                 fs.calls.unlink(os.fspath(f))
-        elif not (f.name.endswith(LOCK_SUFFIX) and _remove_unheld_lock(f)):
+        elif not (is_dest_lock(f.name) and _remove_unheld_lock(f)):
             continue
         outcomes.append(Outcome(f, "removed stray", [], "no journal or live writer needs it"))
     return outcomes

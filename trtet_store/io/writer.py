@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import hashlib
 import logging
 import os
 import stat
@@ -21,8 +19,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtet_store.io import fs, transfer
-from trtet_store.io.blobstore import META_SUFFIX, Blob, chunk_digest, live_blob
+from trtet_store.io import fs, names, replay, transfer
+from trtet_store.io.blobstore import Blob, chunk_digest, live_blob
 from trtet_store.io.journal import (
     PUBLISHING,
     ROLLING_BACK,
@@ -34,6 +32,8 @@ from trtet_store.io.journal import (
     Plan,
 )
 from trtet_store.io.layout import Extent, ExternalFile, Layout, Piece
+from trtet_store.io.lock import lock_file
+from trtet_store.io.recovery import recover_destination
 
 log = logging.getLogger("trtet_store.writer")
 
@@ -45,42 +45,9 @@ DEFAULT_CHUNK_SIZE = 64 << 20
 # Room for the journal, directory entries and per-file block rounding, on top
 # of what the placements themselves need.
 SLACK_BYTES = 1 << 20
-LOCK_SUFFIX = ".trtet-lock"
 PLACEMENTS = ("clone", "insert", "move", "copy")
 
 ProgressCallback = Callable[[int, int], None]
-
-
-# Internal names add up to 38 bytes to the destination's (journal); a longer
-# name is shortened to a prefix and a hash, so every name fits NAME_MAX (255).
-_NAME_KEEP = 200
-
-
-class ConcurrentWriteError(BlockingIOError):
-    """Another transaction is writing the same destination right now.
-
-    Pass ``timeout=`` (seconds) to the write functions to wait for it instead.
-    """
-
-
-def internal_stem(name: str) -> str:
-    """The part of ``name`` the writer's internal files (lock, journal, temp) are named after.
-
-    The name itself when it leaves room for the longest suffix; otherwise its
-    first bytes and a hash of the whole, so that names of 218 to 255 bytes
-    still get internal names within NAME_MAX.
-    """
-    raw = os.fsencode(name)
-    if len(raw) <= _NAME_KEEP:
-        return name
-    # A cut through a multi-byte character is dropped; the hash keeps names apart.
-    head = raw[:_NAME_KEEP - 40].decode("utf-8", "ignore")
-    return f"{head}~{hashlib.sha256(raw).hexdigest()[:32]}"
-
-
-def lock_path_of(dest: Path) -> Path:
-    """The lock file that guards writes of ``dest``."""
-    return dest.with_name(f".{internal_stem(dest.name)}{LOCK_SUFFIX}")
 
 
 @dataclass
@@ -220,12 +187,12 @@ class _Output:
     def __init__(self, dest: Path, layout: Layout) -> None:
         self.dest = dest
         self.layout = layout
-        self.stem = internal_stem(dest.name)
+        self.stem = names.internal_stem(dest.name)
         self.temp = dest.with_name(f".{self.stem}.trtet-{{token}}.tmp")
         self.backup: Path | None = None
         self.temp_fd = -1
         self.lock_fd = -1
-        self.lock_path = lock_path_of(dest)
+        self.lock_path = names.lock_path_of(dest)
         self.old_stat: os.stat_result | None = None
         self.report = WriteReport(dest, layout.size)
         self.renamed = False
@@ -258,7 +225,7 @@ class Transaction:
         self.allowed = allowed
         self.chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
         self.progress = progress
-        self.outputs = [_Output(_destination(p), Layout(pieces)) for p, pieces in outputs]
+        self.outputs = [_Output(names.destination(p), Layout(pieces)) for p, pieces in outputs]
         for out in self.outputs:
             out.temp = out.temp.with_name(out.temp.name.format(token=self.token))
         self.plans: dict[int, list[tuple[Extent, PayloadPlan]]] = {}
@@ -374,10 +341,8 @@ class Transaction:
 
     def lock_destinations(self) -> None:
         """Take a per-destination lock, so two writers never race for one file."""
-        from trtet_store.io.recovery import recover_destination  # recovery builds on this module
-
         for out in self.outputs:
-            out.lock_fd = _lock_file(out.lock_path, out.dest, self.timeout)
+            out.lock_fd = lock_file(out.lock_path, out.dest, self.timeout)
             recover_destination(out.dest)
 
     def choose_placements(self) -> None:
@@ -735,7 +700,7 @@ class Transaction:
 
     def release(self) -> None:
         """After publish: drop backups, release consumed sources, remove the journal."""
-        finish(self.journal.plan)
+        replay.finish(self.journal.plan)
         for blob in self._consumed_blobs():
             blob.mark_consumed()
         self.journal.remove()
@@ -765,12 +730,12 @@ class Transaction:
                 # Some outputs may be renamed into place: say so durably before
                 # taking them back, so that recovery can finish taking them back.
                 self.journal.mark(UNPUBLISHING)
-                unpublish(self.journal.plan)
+                replay.unpublish(self.journal.plan)
                 for out in self.outputs:
                     out.renamed = False
             self.journal.mark(ROLLING_BACK)
             self.close_temps()
-            undo(self.journal.plan)
+            replay.undo(self.journal.plan)
             self.journal.remove()
             self.journal = None
             self._reseal_restored()
@@ -831,110 +796,6 @@ class Transaction:
                 out.lock_fd = -1
 
 
-def undo(plan: Plan) -> None:
-    """Give every moved source its bytes back, then delete the temp files.
-
-    Works from the files alone (each source's length is its marker), so an
-    interrupted rollback can be run again.
-    """
-    for out in plan.outputs:
-        temp_exists = os.path.exists(out.temp)
-        for p in out.payloads:
-            if p.placement != "move":
-                continue
-            if not temp_exists:
-                if os.stat(p.source).st_size != p.size:
-                    raise OSError(errno.EIO, f"cannot restore {p.source}: the temp file "
-                                  f"{out.temp} holding its bytes is gone", p.source)
-                continue
-            src_fd = fs.calls.open(p.source, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                dst_fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
-                try:
-                    transfer.unmove(src_fd, dst_fd, p.offset, p.size, step=p.step,
-                                    digests=p.chunk_digests, digest_chunk=p.chunk_size,
-                                    dst_path=out.temp, src_path=p.source)
-                finally:
-                    fs.calls.close(dst_fd)
-            finally:
-                fs.calls.close(src_fd)
-    for out in plan.outputs:
-        for p in out.payloads:
-            if p.placement == "insert":
-                _unhost(out.temp, p)
-        with contextlib.suppress(FileNotFoundError):
-            fs.calls.unlink(out.temp)
-        if out.backup:
-            with contextlib.suppress(FileNotFoundError):
-                fs.calls.unlink(out.backup)
-
-
-def unpublish(plan: Plan) -> None:
-    """Take back the renames of a publish that failed: old files in place, temps back.
-
-    Only for a journal in state ``unpublishing``: every temp file existed when
-    the renames began, so a missing temp is one renamed over its destination.
-    Idempotent, and durable when it returns; after it, a missing temp means
-    the rollback already deleted it, so the caller records ``rolling_back``.
-    """
-    for out in plan.outputs:
-        if not os.path.exists(out.temp):
-            fs.calls.rename(out.dest, out.temp)
-        if out.backup and os.path.exists(out.backup):
-            try:
-                restored = fs.same_file(os.stat(out.backup), os.stat(out.dest))
-            except FileNotFoundError:
-                restored = False
-            if not restored:  # the backup (the old file) goes back to its name
-                fs.calls.rename(out.backup, out.dest)
-    for parent in sorted({os.path.dirname(o.dest) for o in plan.outputs}):
-        fs.fsync_dir(parent)
-
-
-def _unhost(temp: str, host: PayloadPlan) -> None:
-    """Turn a temp file that a payload hosted back into that payload's source, exactly.
-
-    Its size tells how far the write got: the payload's own size (renamed,
-    nothing inserted yet), or more (room inserted before it and the rest of
-    the output after it), which is cut away again.
-    """
-    try:
-        fd = fs.calls.open(temp, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return  # never renamed, or already given back
-    try:
-        if os.fstat(fd).st_size != host.size:
-            fs.calls.ftruncate(fd, host.offset + host.size)
-            if host.offset:
-                fs.calls.fallocate(fd, fs.FALLOC_FL_COLLAPSE_RANGE, 0, host.offset)
-        fs.calls.fsync(fd)
-    finally:
-        fs.calls.close(fd)
-    fs.calls.rename(temp, host.source)
-    fs.fsync_dir(os.path.dirname(host.source))
-
-
-def finish(plan: Plan) -> None:
-    """After every rename: drop backups and the emptied sources of moves."""
-    for out in plan.outputs:
-        if out.backup:
-            with contextlib.suppress(FileNotFoundError):
-                fs.calls.unlink(out.backup)
-        for p in out.payloads:
-            if p.consumed:
-                with contextlib.suppress(FileNotFoundError):
-                    fs.calls.unlink(p.source)
-                if p.source.endswith(".blob"):  # a staged blob's metadata sidecar
-                    with contextlib.suppress(FileNotFoundError):
-                        fs.calls.unlink(p.source + META_SUFFIX)
-
-
-def _destination(path: os.PathLike | str) -> Path:
-    # A symlinked destination updates the file it points to, as open(path, "wb") would.
-    p = Path(path).absolute()
-    return Path(os.path.realpath(p)) if p.is_symlink() else p
-
-
 def _source_path(piece: Blob | ExternalFile) -> Path:
     return Path(piece.path).absolute()
 
@@ -948,33 +809,3 @@ def _digests(piece: Blob | ExternalFile) -> tuple[int, Sequence[int] | None]:
 
 def _bytes(piece: Piece) -> bytes:
     return bytes(piece) if not isinstance(piece, bytes) else piece
-
-
-def _lock_file(lock_path: Path, dest: Path, timeout: float | None = None) -> int:
-    """An exclusive lock tied to ``lock_path``'s current inode, waiting up to ``timeout`` s.
-
-    Polled rather than a blocking ``flock``: a blocking call cannot be given
-    a deadline, and the holder may unlink the file we wait on.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            if deadline is not None and time.monotonic() < deadline:
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-                continue
-            waited = f" (waited {timeout:g} s)" if timeout else ""
-            raise ConcurrentWriteError(
-                errno.EAGAIN, f"another write to {dest} is in progress{waited}; wait for it to "
-                "finish, or pass timeout= to wait", os.fspath(dest)) from None
-        # The holder before us may have unlinked the file after we opened it:
-        # a lock on a deleted inode protects nothing, so take it again.
-        try:
-            if fs.same_file(os.fstat(fd), os.stat(lock_path)):
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)

@@ -1,0 +1,150 @@
+"""Plan-driven replay steps: what the writer's rollback and recovery both do from a journal.
+
+Each step works from the journal's plan and the files alone, so it can be
+run again after a crash in the middle of it. The writer's rollback and
+:mod:`trtet_store.io.recovery` call these; this module calls neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+
+from trtet_store.io import fs, transfer
+from trtet_store.io.blobstore import META_SUFFIX
+from trtet_store.io.journal import PayloadPlan, Plan
+
+
+def undo(plan: Plan) -> None:
+    """Give every moved source its bytes back, then delete the temp files.
+
+    Works from the files alone (each source's length is its marker), so an
+    interrupted rollback can be run again.
+    """
+    for out in plan.outputs:
+        temp_exists = os.path.exists(out.temp)
+        for p in out.payloads:
+            if p.placement != "move":
+                continue
+            if not temp_exists:
+                if os.stat(p.source).st_size != p.size:
+                    raise OSError(errno.EIO, f"cannot restore {p.source}: the temp file "
+                                  f"{out.temp} holding its bytes is gone", p.source)
+                continue
+            src_fd = fs.calls.open(p.source, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                dst_fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    transfer.unmove(src_fd, dst_fd, p.offset, p.size, step=p.step,
+                                    digests=p.chunk_digests, digest_chunk=p.chunk_size,
+                                    dst_path=out.temp, src_path=p.source)
+                finally:
+                    fs.calls.close(dst_fd)
+            finally:
+                fs.calls.close(src_fd)
+    for out in plan.outputs:
+        for p in out.payloads:
+            if p.placement == "insert":
+                _unhost(out.temp, p)
+        with contextlib.suppress(FileNotFoundError):
+            fs.calls.unlink(out.temp)
+        if out.backup:
+            with contextlib.suppress(FileNotFoundError):
+                fs.calls.unlink(out.backup)
+
+
+def unpublish(plan: Plan) -> None:
+    """Take back the renames of a publish that failed: old files in place, temps back.
+
+    Only for a journal in state ``unpublishing``: every temp file existed when
+    the renames began, so a missing temp is one renamed over its destination.
+    Idempotent, and durable when it returns; after it, a missing temp means
+    the rollback already deleted it, so the caller records ``rolling_back``.
+    """
+    for out in plan.outputs:
+        if not os.path.exists(out.temp):
+            fs.calls.rename(out.dest, out.temp)
+        if out.backup and os.path.exists(out.backup):
+            try:
+                restored = fs.same_file(os.stat(out.backup), os.stat(out.dest))
+            except FileNotFoundError:
+                restored = False
+            if not restored:  # the backup (the old file) goes back to its name
+                fs.calls.rename(out.backup, out.dest)
+    for parent in sorted({os.path.dirname(o.dest) for o in plan.outputs}):
+        fs.fsync_dir(parent)
+
+
+def _unhost(temp: str, host: PayloadPlan) -> None:
+    """Turn a temp file that a payload hosted back into that payload's source, exactly.
+
+    Its size tells how far the write got: the payload's own size (renamed,
+    nothing inserted yet), or more (room inserted before it and the rest of
+    the output after it), which is cut away again.
+    """
+    try:
+        fd = fs.calls.open(temp, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return  # never renamed, or already given back
+    try:
+        if os.fstat(fd).st_size != host.size:
+            fs.calls.ftruncate(fd, host.offset + host.size)
+            if host.offset:
+                fs.calls.fallocate(fd, fs.FALLOC_FL_COLLAPSE_RANGE, 0, host.offset)
+        fs.calls.fsync(fd)
+    finally:
+        fs.calls.close(fd)
+    fs.calls.rename(temp, host.source)
+    fs.fsync_dir(os.path.dirname(host.source))
+
+
+def finish(plan: Plan) -> None:
+    """After every rename: drop backups and the emptied sources of moves."""
+    for out in plan.outputs:
+        if out.backup:
+            with contextlib.suppress(FileNotFoundError):
+                fs.calls.unlink(out.backup)
+        for p in out.payloads:
+            if p.consumed:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.calls.unlink(p.source)
+                if p.source.endswith(".blob"):  # a staged blob's metadata sidecar
+                    with contextlib.suppress(FileNotFoundError):
+                        fs.calls.unlink(p.source + META_SUFFIX)
+
+
+def complete_placement(plan: Plan) -> None:
+    """Place every payload of every output into its temp file, last first, and sync it."""
+    for out in plan.outputs:
+        fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for p in sorted(out.payloads, key=lambda p: -p.offset):
+                flags = os.O_RDWR if p.placement == "move" else os.O_RDONLY
+                src = fs.calls.open(p.source, flags | os.O_CLOEXEC)
+                try:
+                    if p.placement == "move":
+                        transfer.move(src, fd, p.offset, p.size, step=p.step,
+                                      digests=p.chunk_digests, digest_chunk=p.chunk_size,
+                                      src_path=p.source)
+                    else:
+                        transfer.copy(src, fd, p.offset, p.size, chunk=p.step or (8 << 20),
+                                      digests=p.chunk_digests, digest_chunk=p.chunk_size,
+                                      src_path=p.source, dst_path=out.temp)
+                finally:
+                    fs.calls.close(src)
+            fs.calls.fsync(fd)
+        finally:
+            fs.calls.close(fd)
+
+
+def publish(plan: Plan) -> None:
+    """Rename every temp file that is still there over its destination, keeping backups."""
+    for out in plan.outputs:
+        if os.path.exists(out.temp):
+            if out.backup and not os.path.exists(out.backup):
+                with contextlib.suppress(FileNotFoundError):
+                    fs.calls.link(out.dest, out.backup)
+            fs.calls.rename(out.temp, out.dest)
+    for parent in sorted({os.path.dirname(o.dest) for o in plan.outputs}):
+        fs.fsync_dir(parent)
