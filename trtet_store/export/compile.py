@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.io import BlobStore, WriteReport
+from trtet_store.io.names import STAGING_DIR
 
 log = logging.getLogger("trtet_store.compile")
 
@@ -168,7 +169,7 @@ def compile_and_save(
 
     own_store = store is None
     if own_store:
-        store = BlobStore(path.parent / ".trtet-staging")
+        store = BlobStore(path.parent / STAGING_DIR)
     edge = None
     try:
         edge = export(source, inputs=inputs, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs,

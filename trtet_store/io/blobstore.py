@@ -43,17 +43,12 @@ from typing import Any
 
 import xxhash
 
-from trtet_store.io import fs, pagecache
+from trtet_store.io import fs, names, pagecache
+from trtet_store.io.names import BLOB_PART_SUFFIX, BLOB_SUFFIX, META_SUFFIX, PART_SUFFIX
 
 log = logging.getLogger("trtet_store.blobstore")
 
 DEFAULT_CHUNK_SIZE = 1 << 20
-BLOB_SUFFIX = ".blob"
-PART_SUFFIX = ".blob.part"
-LOCK_PREFIX = ".store-"
-LOCK_SUFFIX = ".lock"
-PIN_PREFIX = ".trtet-pin-"
-META_SUFFIX = ".meta"
 META_VERSION = 1
 
 # Every live blob of every store in this process, by (st_dev, st_ino), so a
@@ -147,7 +142,7 @@ def _release_file(owner_pid: int, path: str, state: dict) -> None:
         else:
             log.info("gave the adopted file %s back to %s", path, origin)
     _unlink_quietly(path)
-    _unlink_quietly(path + META_SUFFIX)
+    _unlink_quietly(names.meta_path_of(path))
 
 
 class Blob:
@@ -374,7 +369,7 @@ class BlobWriter:
         self._store = store
         self._final = final
         self._metadata = metadata
-        self._part = final.with_name(final.name[: -len(BLOB_SUFFIX)] + PART_SUFFIX)
+        self._part = names.part_path_of(final)
         # Through fs.calls, like every call of the engine, so fault tests reach it.
         self._fd = fs.calls.open(os.fspath(self._part),
                                  os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -517,7 +512,7 @@ class BlobStore:
         self._seq = 0
         self._mutex = threading.Lock()
         self._blobs: weakref.WeakValueDictionary[str, Blob] = weakref.WeakValueDictionary()
-        lock_path = self.directory / f"{LOCK_PREFIX}{self.token}{LOCK_SUFFIX}"
+        lock_path = names.store_lock_path(self.directory, self.token)
         lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         self._finalizer = weakref.finalize(self, _release_store, os.getpid(), lock_fd,
@@ -540,7 +535,7 @@ class BlobStore:
     def _next_path(self) -> Path:
         with self._mutex:
             self._seq += 1
-            return self.directory / f"{self.token}-{self._seq}{BLOB_SUFFIX}"
+            return names.blob_path(self.directory, self.token, self._seq)
 
     def _register(self, path: Path, size: int, digest: str | None, chunk_size: int,
                   chunks: tuple[int, ...] | None, *, origin: str | None = None,
@@ -564,8 +559,8 @@ class BlobStore:
             "chunk_digests": list(blob._chunk_digests) if blob._chunk_digests is not None
             else None,
         }
-        meta = os.fspath(blob.path) + META_SUFFIX
-        part = meta + ".part"
+        meta = names.meta_path_of(blob.path)
+        part = meta + PART_SUFFIX
         try:
             text = json.dumps(record, separators=(",", ":"))
         except TypeError as exc:
@@ -603,7 +598,7 @@ class BlobStore:
             if w.blob is not None:
                 w.blob.close()
             _unlink_quietly(os.fspath(w._final))
-            _unlink_quietly(os.fspath(w._final) + META_SUFFIX)
+            _unlink_quietly(names.meta_path_of(w._final))
             raise
 
     def put(self, data: bytes | bytearray | memoryview, *,
@@ -660,7 +655,7 @@ class BlobStore:
         except BaseException:
             with contextlib.suppress(OSError):
                 os.rename(dest, src)
-            _unlink_quietly(os.fspath(dest) + META_SUFFIX)
+            _unlink_quietly(names.meta_path_of(dest))
             raise
 
     def _copy_in(self, src: Path, metadata: Mapping[str, Any] | None) -> Blob:
@@ -706,7 +701,7 @@ class BlobStore:
             chunk_size = meta.get("chunk_size", chunk_size)
         dest = self._next_path()
         fs.calls.rename(os.fspath(path), os.fspath(dest))
-        _unlink_quietly(os.fspath(path) + META_SUFFIX)
+        _unlink_quietly(names.meta_path_of(path))
         blob = self._register(dest, st.st_size, digest, chunk_size, chunks,
                               origin=meta.get("origin"), metadata=meta.get("metadata"))
         log.info("took over orphan %s as %s", path, dest)
@@ -730,7 +725,7 @@ class BlobStore:
             if o.pinned or (older_than is not None and o.age < older_than):
                 continue
             _unlink_quietly(os.fspath(o.path))
-            _unlink_quietly(os.fspath(o.path) + META_SUFFIX)
+            _unlink_quietly(names.meta_path_of(o.path))
             removed.append(o.path)
         if removed:
             log.warning("removed %d orphaned blob(s) from %s", len(removed), self.directory)
@@ -802,7 +797,7 @@ def _digest_file(path: Path, chunk_size: int,
 def _read_meta(blob_path: Path) -> dict:
     """A blob's sidecar record, or {} when it is missing or unreadable."""
     try:
-        raw = json.loads(Path(os.fspath(blob_path) + META_SUFFIX).read_text())
+        raw = json.loads(Path(names.meta_path_of(blob_path)).read_text())
     except (OSError, ValueError):
         return {}
     return raw if isinstance(raw, dict) else {}
@@ -818,7 +813,7 @@ def pinned_paths(directory: Path) -> set[str]:
     from trtet_store.io import journal  # journal imports fs only; no cycle at import time
 
     pinned: set[str] = set()
-    for pin in directory.glob(PIN_PREFIX + "*"):
+    for pin in directory.glob(names.pin_glob()):
         target = Path(os.readlink(pin)) if pin.is_symlink() else None
         if target is None or not target.exists():
             _unlink_quietly(os.fspath(pin))
@@ -848,7 +843,7 @@ class _Liveness:
 
 
 def _token_alive(directory: Path, token: str) -> bool:
-    lock_path = directory / f"{LOCK_PREFIX}{token}{LOCK_SUFFIX}"
+    lock_path = names.store_lock_path(directory, token)
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -860,11 +855,6 @@ def _token_alive(directory: Path, token: str) -> bool:
     finally:
         os.close(fd)
     return False
-
-
-def _token_of(name: str) -> str | None:
-    head, sep, _ = name.partition("-")
-    return head if sep and len(head) == 16 else None
 
 
 def list_orphans(directory: os.PathLike | str) -> list[Orphan]:
@@ -881,7 +871,7 @@ def list_orphans(directory: os.PathLike | str) -> list[Orphan]:
     now = time.time()
     found = []
     for path in directory.glob(f"*{BLOB_SUFFIX}"):
-        token = _token_of(path.name)
+        token = names.blob_token(path.name)
         if token is None or live.alive(token):
             continue
         try:
@@ -938,7 +928,7 @@ def collect_stale(directory: Path) -> list[Path]:
     live = _Liveness(directory)
     pinned: set[str] | None = None
     for f in list(directory.iterdir()):
-        token = _token_of(f.name)
+        token = names.blob_token(f.name)
         if token is None or live.alive(token):
             continue
         name = f.name
@@ -950,12 +940,12 @@ def collect_stale(directory: Path) -> list[Path]:
             # comes back when it is undone: its sidecar must be there then.
             if blob.exists() or os.fspath(blob) in pinned:
                 continue
-        elif not (name.endswith(PART_SUFFIX) or name.endswith(META_SUFFIX + ".part")):
+        elif not (name.endswith(BLOB_PART_SUFFIX) or name.endswith(META_SUFFIX + PART_SUFFIX)):
             continue
         _unlink_quietly(os.fspath(f))
         removed.append(f)
-    for lock_path in directory.glob(f"{LOCK_PREFIX}*{LOCK_SUFFIX}"):
-        token = lock_path.name[len(LOCK_PREFIX): -len(LOCK_SUFFIX)]
+    for lock_path in directory.glob(names.store_lock_glob()):
+        token = names.store_lock_token(lock_path.name)
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:

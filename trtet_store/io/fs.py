@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtet_store.io import names
+
 # Errors that mean "this placement is not possible here", never "the disk is full".
 UNSUPPORTED_ERRNOS = frozenset(
     {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS, errno.EPERM}
@@ -251,7 +253,7 @@ def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,
     known = capabilities.get(key)
     if known is not None:
         return known
-    probe = directory / f".trtet-probe-{os.getpid()}-{key[0]}-{uuid.uuid4().hex[:8]}"
+    probe = names.probe_path(directory, f"{key[0]}-{uuid.uuid4().hex[:8]}")
     fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         attempt(fd)
@@ -315,7 +317,7 @@ def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
     known = capabilities.get(key)
     if known is not None:
         return known
-    probe = dest_dir / f".trtet-probe-{os.getpid()}-{id(source):x}"
+    probe = names.probe_path(dest_dir, f"{id(source):x}")
     try:
         os.link(source, probe)
     except OSError as exc:

@@ -22,10 +22,9 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from trtet_store.io import fs
+from trtet_store.io import fs, names
 
 VERSION = 1
-SUFFIX = ".trtet-journal"
 
 # States, in the order a transaction reaches them.
 PLACING = "placing"  # sources may be partly moved; roll back, or forward if all agrees
@@ -280,4 +279,4 @@ def source_paths(path: Path) -> list[str]:
 
 def journals_in(directory: Path) -> list[Path]:
     """Journal files in ``directory``."""
-    return sorted(Path(directory).glob(f".*{SUFFIX}"))
+    return sorted(Path(directory).glob(names.journal_glob()))

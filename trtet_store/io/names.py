@@ -8,10 +8,33 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
-# The lock beside a destination that guards its writes.
+# Beside a destination: its lock, and per transaction (a 16-hex-digit token)
+# a temp file, a backup of the old file and the journal.
 DEST_LOCK_SUFFIX = ".trtet-lock"
+JOURNAL_SUFFIX = ".trtet-journal"
+# In each directory holding a blob a transaction uses: a pin (symlink to its journal).
+PIN_PREFIX = ".trtet-pin-"
+# A scratch file of a capability probe (fs.probe_*), named after the prober's pid: a
+# writer tries an operation beside the destination and deletes it at once; killed in
+# that instant, it stays, and recovery removes it once that pid is gone.
+PROBE_PREFIX = ".trtet-probe-"
+# A blob store's files: ``<token>-<n>.blob``, its ``.meta`` sidecar, the
+# ``.part`` files they are written as, and the store's lock ``.store-<token>.lock``.
+BLOB_SUFFIX = ".blob"
+PART_SUFFIX = ".part"
+BLOB_PART_SUFFIX = BLOB_SUFFIX + PART_SUFFIX
+META_SUFFIX = ".meta"
+STORE_LOCK_PREFIX = ".store-"
+STORE_LOCK_SUFFIX = ".lock"
+# The store the exporter stages engines in, beside the output.
+STAGING_DIR = ".trtet-staging"
+
+_TEMP = re.compile(r"^\..+\.trtet-([0-9a-f]{16})\.(tmp|old)$")
+_JOURNAL = re.compile(r"^\.(.+)\.trtet-([0-9a-f]{16})" + re.escape(JOURNAL_SUFFIX) + "$")
+_PROBE = re.compile("^" + re.escape(PROBE_PREFIX) + r"(\d+)-")
 
 # Internal names add up to 38 bytes to the destination's (journal); a longer
 # name is shortened to a prefix and a hash, so every name fits NAME_MAX (255).
@@ -55,3 +78,104 @@ def destination(path: os.PathLike | str) -> Path:
     """
     p = Path(path).absolute()
     return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+# -- a transaction's files, beside its destinations -------------------------------------
+
+def temp_path(dest: Path, token: str) -> Path:
+    """The temp file transaction ``token`` builds ``dest`` in."""
+    return dest.with_name(f".{internal_stem(dest.name)}.trtet-{token}.tmp")
+
+
+def backup_path(dest: Path, token: str) -> Path:
+    """Where transaction ``token`` keeps ``dest``'s old file until every output is published."""
+    return dest.with_name(f".{internal_stem(dest.name)}.trtet-{token}.old")
+
+
+def journal_path(dest: Path, token: str) -> Path:
+    """The journal of transaction ``token``, named after its first destination ``dest``."""
+    return dest.with_name(f".{internal_stem(dest.name)}.trtet-{token}{JOURNAL_SUFFIX}")
+
+
+def journal_glob() -> str:
+    """A glob pattern for the journals in a directory."""
+    return f".*{JOURNAL_SUFFIX}"
+
+
+def parse_journal(name: str) -> tuple[str, str] | None:
+    """``(internal stem of the first destination, token)`` of a journal's name, else None."""
+    m = _JOURNAL.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def journal_token(name: str) -> str:
+    """The token of a file that :func:`journal_glob` matched (as written: the part before
+    its suffix)."""
+    return name.split(".trtet-")[-2]
+
+
+def temp_token(name: str) -> str | None:
+    """The transaction token of a temp or backup file's name, else None."""
+    m = _TEMP.match(name)
+    return m.group(1) if m else None
+
+
+def pin_path(directory: os.PathLike | str, token: str) -> str:
+    """The pin transaction ``token`` leaves in ``directory``."""
+    return os.path.join(directory, f"{PIN_PREFIX}{token}")
+
+
+def pin_glob() -> str:
+    """A glob pattern for the pins in a directory."""
+    return PIN_PREFIX + "*"
+
+
+# -- capability probes ------------------------------------------------------------------
+
+def probe_path(directory: Path, tag: str) -> Path:
+    """A scratch file for a capability probe of this process, told apart by ``tag``."""
+    return directory / f"{PROBE_PREFIX}{os.getpid()}-{tag}"
+
+
+def probe_pid(name: str) -> int | None:
+    """The pid of the process whose probe left the file ``name``, else None."""
+    m = _PROBE.match(name)
+    return int(m.group(1)) if m else None
+
+
+# -- a blob store's files ---------------------------------------------------------------
+
+def blob_path(directory: Path, token: str, seq: int) -> Path:
+    """The ``seq``-th blob of the store ``token``."""
+    return directory / f"{token}-{seq}{BLOB_SUFFIX}"
+
+
+def part_path_of(blob: Path) -> Path:
+    """The file a blob is written as until it is sealed."""
+    return blob.with_name(blob.name[: -len(BLOB_SUFFIX)] + BLOB_PART_SUFFIX)
+
+
+def meta_path_of(blob: os.PathLike | str) -> str:
+    """A blob's metadata sidecar."""
+    return os.fspath(blob) + META_SUFFIX
+
+
+def blob_token(name: str) -> str | None:
+    """The token of the store a blob (or its sidecar) belongs to, from its name."""
+    head, sep, _ = name.partition("-")
+    return head if sep and len(head) == 16 else None
+
+
+def store_lock_path(directory: Path, token: str) -> Path:
+    """The lock a live store ``token`` holds in its directory."""
+    return directory / f"{STORE_LOCK_PREFIX}{token}{STORE_LOCK_SUFFIX}"
+
+
+def store_lock_glob() -> str:
+    """A glob pattern for the store locks in a directory."""
+    return f"{STORE_LOCK_PREFIX}*{STORE_LOCK_SUFFIX}"
+
+
+def store_lock_token(name: str) -> str:
+    """The token in a store lock's name."""
+    return name[len(STORE_LOCK_PREFIX): -len(STORE_LOCK_SUFFIX)]

@@ -6,7 +6,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,17 +24,19 @@ from trtet_store.io.journal import (
     journals_in,
 )
 from trtet_store.io.lock import ConcurrentWriteError, lock_file
-from trtet_store.io.names import internal_stem, is_dest_lock, lock_path_of_stem
+from trtet_store.io.names import (
+    STAGING_DIR,
+    internal_stem,
+    is_dest_lock,
+    journal_token,
+    lock_path_of_stem,
+    parse_journal,
+    probe_pid,
+    temp_token,
+)
 from trtet_store.io.replay import complete_placement, finish, publish, undo, unpublish
 
 log = logging.getLogger("trtet_store.recovery")
-
-_TEMP = re.compile(r"^\..+\.trtet-([0-9a-f]{16})\.(tmp|old)$")
-# A scratch file of fs.probe_*: a writer tries an operation beside the
-# destination and deletes it at once; killed in that instant, it stays.
-_PROBE = re.compile(r"^\.trtet-probe-(\d+)-")
-_JOURNAL = re.compile(r"^\.(.+)\.trtet-([0-9a-f]{16})\.trtet-journal$")
-
 
 @dataclass
 class Outcome:
@@ -95,7 +96,7 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
     directory = Path(directory).absolute()
     outcomes = []
     # The staging directory compile_and_save uses beside its outputs.
-    blob_dirs = {directory, directory / ".trtet-staging"}
+    blob_dirs = {directory, directory / STAGING_DIR}
     for path in journals_in(directory):
         try:
             journal = Journal.open_if_abandoned(path)
@@ -170,8 +171,8 @@ def recover_destination(dest: Path) -> list[Outcome]:
 
 def _journal_stem(path: Path) -> str | None:
     """The internal stem (see :func:`names.internal_stem`) of the journal's first destination."""
-    m = _JOURNAL.match(path.name)
-    return m.group(1) if m else None
+    parsed = parse_journal(path.name)
+    return parsed[0] if parsed is not None else None
 
 
 def _journal_dest(path: Path) -> Path | None:
@@ -331,12 +332,12 @@ def _remove_strays(directory: Path) -> list[Outcome]:
     it had moved into it.)
     """
     entries = list(directory.iterdir())
-    live = {p.name.split(".trtet-")[-2] for p in journals_in(directory)}
+    live = {journal_token(p.name) for p in journals_in(directory)}
     outcomes = []
     for f in entries:
-        m = _TEMP.match(f.name)
-        probe = _PROBE.match(f.name)
-        if (m and m.group(1) not in live) or (probe and not _alive(int(probe.group(1)))):
+        token = temp_token(f.name)
+        pid = probe_pid(f.name)
+        if (token is not None and token not in live) or (pid is not None and not _alive(pid)):
             with contextlib.suppress(FileNotFoundError):
                 fs.calls.unlink(os.fspath(f))
         elif not (is_dest_lock(f.name) and _remove_unheld_lock(f)):

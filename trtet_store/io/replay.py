@@ -11,8 +11,7 @@ import contextlib
 import errno
 import os
 
-from trtet_store.io import fs, transfer
-from trtet_store.io.blobstore import META_SUFFIX
+from trtet_store.io import fs, names, transfer
 from trtet_store.io.journal import PayloadPlan, Plan
 
 
@@ -109,9 +108,9 @@ def finish(plan: Plan) -> None:
             if p.consumed:
                 with contextlib.suppress(FileNotFoundError):
                     fs.calls.unlink(p.source)
-                if p.source.endswith(".blob"):  # a staged blob's metadata sidecar
+                if p.source.endswith(names.BLOB_SUFFIX):  # a staged blob's metadata sidecar
                     with contextlib.suppress(FileNotFoundError):
-                        fs.calls.unlink(p.source + META_SUFFIX)
+                        fs.calls.unlink(names.meta_path_of(p.source))
 
 
 def complete_placement(plan: Plan) -> None:

@@ -187,8 +187,7 @@ class _Output:
     def __init__(self, dest: Path, layout: Layout) -> None:
         self.dest = dest
         self.layout = layout
-        self.stem = names.internal_stem(dest.name)
-        self.temp = dest.with_name(f".{self.stem}.trtet-{{token}}.tmp")
+        self.temp = dest  # named once the transaction has its token
         self.backup: Path | None = None
         self.temp_fd = -1
         self.lock_fd = -1
@@ -227,7 +226,7 @@ class Transaction:
         self.progress = progress
         self.outputs = [_Output(names.destination(p), Layout(pieces)) for p, pieces in outputs]
         for out in self.outputs:
-            out.temp = out.temp.with_name(out.temp.name.format(token=self.token))
+            out.temp = names.temp_path(out.dest, self.token)
         self.plans: dict[int, list[tuple[Extent, PayloadPlan]]] = {}
         self.journal: Journal | None = None
         self.total = sum(o.layout.size for o in self.outputs)
@@ -513,7 +512,7 @@ class Transaction:
         outputs = []
         for i, out in enumerate(self.outputs):
             if len(self.outputs) > 1:
-                out.backup = out.dest.with_name(f".{out.stem}.trtet-{self.token}.old")
+                out.backup = names.backup_path(out.dest, self.token)
             inline = [InlinePlan(e.offset, e.size, chunk_digest(_bytes(e.piece)))
                       for e in out.layout.inline]
             outputs.append(OutputPlan(
@@ -521,10 +520,10 @@ class Transaction:
                 backup=os.fspath(out.backup) if out.backup else None, size=out.layout.size,
                 inline=inline, payloads=[p for _, p in self.plans[i]]))
         first = self.outputs[0]
-        path = first.dest.with_name(f".{first.stem}.trtet-{self.token}.trtet-journal")
+        path = names.journal_path(first.dest, self.token)
         pin_dirs = sorted({os.path.dirname(p.source) for plans in self.plans.values()
                            for ext, p in plans if isinstance(ext.piece, Blob)})
-        pins = [os.path.join(d, f".trtet-pin-{self.token}") for d in pin_dirs]
+        pins = [names.pin_path(d, self.token) for d in pin_dirs]
         plan = Plan(token=self.token, outputs=outputs, pins=pins)
         self.journal = Journal.create(path, plan)
         try:
