@@ -24,7 +24,7 @@ from faults import FaultInjector, WrappedCalls
 
 from trtet_store import BlobStore, ConcurrentWriteError, recover, write_file
 from trtet_store.io import fs, lock
-from trtet_store.io.blobstore import BlobChangedError
+from trtet_store.io.errors import BlobChangedError, InsufficientSpaceError
 from trtet_store.io.names import lock_path_of
 
 MiB = 1 << 20
@@ -219,7 +219,7 @@ def test_preflight_counts_a_moves_step(make_fs):
             os.posix_fallocate(f.fileno(), 0, free - 5 * MiB)
         os.sync()
         before = names(mnt)
-        with pytest.raises(fs.InsufficientSpaceError):
+        with pytest.raises(InsufficientSpaceError):
             write_file(mnt / "m.pte", [b"H" * 4096, blob], consume=True,
                        placements=["move"], chunk_size=8 * MiB)
         assert file_digest(blob.path) == digest(data)
@@ -377,7 +377,7 @@ def test_consume_hint_only_where_consume_would_help(make_fs, here_fs):
     with BlobStore(here_fs / "s") as store:
         blob = store.put(os.urandom(6 * MiB))
         for consume in (False, True):
-            with pytest.raises(fs.InsufficientSpaceError) as err:
+            with pytest.raises(InsufficientSpaceError) as err:
                 write_file(out / "m.pte", [b"h", blob], consume=consume)
             msg = str(err.value)
             if consume:  # already consuming, across filesystems: a copy is the only way

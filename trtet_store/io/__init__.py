@@ -3,12 +3,18 @@
 Standard library and xxhash only; nothing here knows about programs or engines.
 """
 
-from trtet_store.io.blobstore import Blob, BlobChangedError, BlobStore, Orphan
-from trtet_store.io.fs import InsufficientSpaceError
-from trtet_store.io.journal import JournalError
+from trtet_store.io.blobstore import Blob, BlobStore, Orphan
+from trtet_store.io.errors import (
+    BlobChangedError,
+    ConcurrentWriteError,
+    IncompleteJournal,
+    InsufficientSpaceError,
+    JournalError,
+    SourceChangedError,
+    StorageError,
+    VerificationError,
+)
 from trtet_store.io.layout import ExternalFile, Layout
-from trtet_store.io.lock import ConcurrentWriteError
-from trtet_store.io.transfer import VerificationError
 from trtet_store.io.writer import (
     PlacementRecord,
     WriteReport,
@@ -22,11 +28,14 @@ __all__ = [
     "BlobStore",
     "ConcurrentWriteError",
     "ExternalFile",
+    "IncompleteJournal",
     "InsufficientSpaceError",
     "JournalError",
     "Layout",
     "Orphan",
     "PlacementRecord",
+    "SourceChangedError",
+    "StorageError",
     "VerificationError",
     "WriteReport",
     "write_file",

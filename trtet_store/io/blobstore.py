@@ -44,6 +44,7 @@ from typing import Any
 import xxhash
 
 from trtet_store.io import fs, names, pagecache
+from trtet_store.io.errors import BlobChangedError
 from trtet_store.io.names import BLOB_PART_SUFFIX, BLOB_SUFFIX, META_SUFFIX, PART_SUFFIX
 
 log = logging.getLogger("trtet_store.blobstore")
@@ -55,18 +56,6 @@ META_VERSION = 1
 # write can refuse a destination that is some blob's file (or a link to it).
 _LIVE: weakref.WeakValueDictionary[tuple[int, int], Blob] = weakref.WeakValueDictionary()
 _LIVE_MUTEX = threading.Lock()
-
-
-class BlobChangedError(OSError):
-    """A blob's file is not the one that was sealed (changed, replaced or touched since).
-
-    Zero-copy placements (clone, insert) never read the payload, so they rely
-    on the file's identity (device, inode, size, mtime, ctime) as sealed.
-    """
-
-    def __init__(self, path: os.PathLike | str, what: str) -> None:
-        super().__init__(errno.ESTALE, f"{os.fspath(path)} changed after it was staged "
-                         f"({what}); stage it again", os.fspath(path))
 
 
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:

@@ -58,39 +58,6 @@ calls = Syscalls()
 NAMES = tuple(Syscalls.__dataclass_fields__)
 
 
-class InsufficientSpaceError(OSError):
-    """Raised before anything is created when a write cannot fit.
-
-    Attributes
-    ----------
-    needed : int
-        Bytes the chosen placements need on the destination filesystem.
-    available : int
-        Bytes free to an unprivileged writer there when it was checked.
-    path : str
-        The destination the space was needed for.
-    """
-
-    def __init__(self, needed: int, available: int, path: os.PathLike | str,
-                 hint: str | None = "consume=True needs only one chunk extra") -> None:
-        # The hint is the caller's: "consume=True ..." only helps a write that
-        # does not consume yet and could move its blobs.
-        super().__init__(
-            errno.ENOSPC,
-            f"not enough free space for {os.fspath(path)}: needs {_mib(needed)}, "
-            f"{_mib(available)} available; free {_mib(needed - available)} or write "
-            "to another filesystem" + (f" ({hint})" if hint else ""),
-            os.fspath(path),
-        )
-        self.needed = needed
-        self.available = available
-        self.path = os.fspath(path)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
 def free_bytes(path: os.PathLike | str) -> int:
     """Bytes free to unprivileged users on the filesystem holding ``path``.
 

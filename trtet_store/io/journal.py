@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from trtet_store.io import fs, names
+from trtet_store.io.errors import IncompleteJournal, JournalError
 
 VERSION = 1
 
@@ -200,33 +201,6 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
-
-
-class JournalError(ValueError):
-    """A journal whose plan line is complete but cannot be read (damaged, or another version).
-
-    It may describe where a dead write left bytes, so nothing deletes it: the
-    message names the file and what to do.
-    """
-
-    def __init__(self, path: os.PathLike | str, why: str) -> None:
-        super().__init__(
-            f"write journal {os.fspath(path)} cannot be read ({why}). It records an "
-            "interrupted write of the file its name starts with; writes of other files are "
-            "not affected. If no interrupted write of that file matters, move it away (or "
-            "delete it); otherwise keep it and run `trtet-store recover` with a trtet_store "
-            "version that wrote it.")
-        self.path = Path(path)
-
-
-class IncompleteJournal(ValueError):
-    """The plan line never reached the journal whole.
-
-    The writer writes and syncs the plan before it creates a temp file, pins
-    a source or moves a byte, so such a journal stands for a write that did
-    nothing yet: either its writer died, or it is alive and about to lock
-    and fill it (recovery tells the two apart by the destination's lock).
-    """
 
 
 def read(path: Path) -> tuple[Plan, str]:

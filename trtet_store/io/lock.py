@@ -9,13 +9,7 @@ import time
 from pathlib import Path
 
 from trtet_store.io import fs
-
-
-class ConcurrentWriteError(BlockingIOError):
-    """Another transaction is writing the same destination right now.
-
-    Pass ``timeout=`` (seconds) to the write functions to wait for it instead.
-    """
+from trtet_store.io.errors import ConcurrentWriteError
 
 
 def lock_file(lock_path: Path, dest: Path, timeout: float | None = None) -> int:

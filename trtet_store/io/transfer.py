@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from trtet_store.io import fs
 from trtet_store.io.blobstore import chunk_digest
+from trtet_store.io.errors import VerificationError
 
 Progress = Callable[[int], None]
 
@@ -26,19 +27,6 @@ class PlacementUnavailable(Exception):
         super().__init__(reason)
         self.reason = reason
         self.errno = errno_
-
-
-class VerificationError(OSError):
-    """Bytes did not match the digests recorded when the blob was staged."""
-
-    def __init__(self, what: str, chunk: int, path: str) -> None:
-        super().__init__(
-            errno.EIO,
-            f"{what}: chunk {chunk} does not match the digest recorded when the blob was "
-            "staged (the file changed after staging, or the disk returned other bytes)",
-            path,
-        )
-        self.chunk = chunk
 
 
 def verify_chunks(data: bytes | memoryview, start: int, chunk_size: int,

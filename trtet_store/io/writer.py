@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trtet_store.io import fs, names, replay, transfer
 from trtet_store.io.blobstore import Blob, chunk_digest, live_blob
+from trtet_store.io.errors import InsufficientSpaceError, SourceChangedError
 from trtet_store.io.journal import (
     PUBLISHING,
     ROLLING_BACK,
@@ -304,9 +305,9 @@ class Transaction:
                     raise ValueError(f"piece {ext.index} of {out.dest}: {src} is not a "
                                      "regular file")
                 if st.st_size != ext.size:
-                    raise ValueError(
-                        f"piece {ext.index} of {out.dest}: {src} is {st.st_size} bytes, but "
-                        f"{ext.size} were planned; it changed after it was staged")
+                    raise SourceChangedError(
+                        src, f"piece {ext.index} of {out.dest}: it is {st.st_size} bytes, but "
+                        f"{ext.size} were planned")
                 for dest, dst_st in dest_stats:
                     if fs.same_file(st, dst_st):
                         raise ValueError(
@@ -453,7 +454,7 @@ class Transaction:
         for needed, dest in need.values():
             available = fs.free_bytes(dest.parent)
             if needed > available:
-                raise fs.InsufficientSpaceError(needed, available, dest, self._space_hint())
+                raise InsufficientSpaceError(needed, available, dest, self._space_hint())
 
     def _space_hint(self) -> str | None:
         """What would make the write fit, if anything: never advice it already follows."""

@@ -1,0 +1,12 @@
+"""Sizes: the one place for ``MiB``, alignment arithmetic and size formatting."""
+
+from __future__ import annotations
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def format_mib(n: int) -> str:
+    """``n`` bytes in MiB with one decimal, as messages print sizes."""
+    return f"{n / MiB:.1f} MiB"
