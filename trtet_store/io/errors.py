@@ -18,6 +18,20 @@ class StorageError(OSError):
     """Base of every error the storage engine raises on purpose."""
 
 
+class PlacementUnavailable(Exception):  # noqa: N818 - a signal, caught inside io/
+    """This placement or capability is not possible here; raised only before anything changed.
+
+    The one "not possible here" signal of every placement rung and capability
+    probe. The writer catches it and takes the next rung; it never reaches a
+    caller of the package.
+    """
+
+    def __init__(self, reason: str, errno_: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.errno = errno_
+
+
 class InsufficientSpaceError(StorageError):
     """Raised before anything is created when a write cannot fit.
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtet_store.io import names
+from trtet_store.io.errors import PlacementUnavailable
 
 # Errors that mean "this placement is not possible here", never "the disk is full".
 UNSUPPORTED_ERRNOS = frozenset(
@@ -211,7 +212,7 @@ def _mount_key(path: os.PathLike | str, st: os.stat_result) -> tuple:
 
 
 def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,
-                      fails: str) -> tuple[bool, str]:
+                      fails: str) -> str:
     """Try ``attempt(scratch_fd)`` on a scratch file in ``directory``; cache the verdict.
 
     ``fails`` is formatted with the error's text. Only "not possible here"
@@ -219,7 +220,7 @@ def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,
     """
     known = capabilities.get(key)
     if known is not None:
-        return known
+        return _verdict(known)
     probe = names.probe_path(directory, f"{key[0]}-{uuid.uuid4().hex[:8]}")
     fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -234,18 +235,27 @@ def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,
         os.close(fd)
         os.unlink(probe)
     capabilities.put(key, *result)
-    return result
+    return _verdict(result)
 
 
-def probe_clone(source: Path, dest_dir: Path) -> tuple[bool, str]:
-    """Whether blocks of ``source`` can be shared into a file in ``dest_dir``, by trying it.
+def _verdict(result: tuple[bool, str]) -> str:
+    """Why it works, or :class:`PlacementUnavailable` with why not."""
+    works, reason = result
+    if not works:
+        raise PlacementUnavailable(reason)
+    return reason
+
+
+def probe_clone(source: Path, dest_dir: Path) -> str:
+    """Why blocks of ``source`` can be shared into a file in ``dest_dir``, found by trying it.
 
     Clones one block of the source into a scratch file (no data is copied,
-    no space is used) and deletes it.
+    no space is used) and deletes it. Raises :class:`PlacementUnavailable`
+    (why not) where it cannot.
     """
     bs = block_size(dest_dir)
     if os.stat(source).st_size < bs:
-        return False, f"the payload is smaller than one block ({bs} bytes)"
+        raise PlacementUnavailable(f"the payload is smaller than one block ({bs} bytes)")
     src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return _probe_on_scratch(
@@ -257,10 +267,11 @@ def probe_clone(source: Path, dest_dir: Path) -> tuple[bool, str]:
         os.close(src)
 
 
-def probe_insert_range(directory: Path) -> tuple[bool, str]:
-    """Whether files in ``directory`` can grow at the front (``FALLOC_FL_INSERT_RANGE``).
+def probe_insert_range(directory: Path) -> str:
+    """Why files in ``directory`` can grow at the front (``FALLOC_FL_INSERT_RANGE``).
 
-    Tried on a sparse scratch file, which costs no space.
+    Tried on a sparse scratch file, which costs no space. Raises
+    :class:`PlacementUnavailable` (why not) where they cannot.
     """
     bs = block_size(directory)
 
@@ -274,16 +285,17 @@ def probe_insert_range(directory: Path) -> tuple[bool, str]:
         f"{directory} cannot insert ranges (fallocate INSERT_RANGE: {{}})")
 
 
-def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
-    """Whether ``source`` can be renamed into ``dest_dir``, found by trying a hard link.
+def probe_same_filesystem(source: Path, dest_dir: Path) -> str:
+    """Why ``source`` can be renamed into ``dest_dir``, found by trying a hard link.
 
     A link succeeds exactly where a rename would (same mount of the same
     superblock); bind mounts and btrfs subvolumes make ``st_dev`` unreliable.
+    Raises :class:`PlacementUnavailable` (why not) where it cannot.
     """
     key = ("link", fs_identity(source), fs_identity(dest_dir))
     known = capabilities.get(key)
     if known is not None:
-        return known
+        return _verdict(known)
     probe = names.probe_path(dest_dir, f"{id(source):x}")
     try:
         os.link(source, probe)
@@ -292,12 +304,12 @@ def probe_same_filesystem(source: Path, dest_dir: Path) -> tuple[bool, str]:
             reason = f"{source.parent} and {dest_dir} are on different filesystems " \
                 f"(link: {os.strerror(exc.errno)})"
             capabilities.put(key, False, reason)
-            return False, reason
+            raise PlacementUnavailable(reason, exc.errno) from None
         raise
     os.unlink(probe)
     result = (True, f"{source.parent} and {dest_dir} share a filesystem")
     capabilities.put(key, *result)
-    return result
+    return _verdict(result)
 
 
 FALLOC_FL_KEEP_SIZE = 0x01

@@ -15,18 +15,9 @@ from collections.abc import Callable, Sequence
 
 from trtet_store.io import fs
 from trtet_store.io.blobstore import chunk_digest
-from trtet_store.io.errors import VerificationError
+from trtet_store.io.errors import PlacementUnavailable, VerificationError
 
 Progress = Callable[[int], None]
-
-
-class PlacementUnavailable(Exception):
-    """This placement cannot work here; raised only before anything changed."""
-
-    def __init__(self, reason: str, errno_: int | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.errno = errno_
 
 
 def verify_chunks(data: bytes | memoryview, start: int, chunk_size: int,
@@ -79,8 +70,9 @@ def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
     int
         Bytes copied.
     """
-    done = _copy_file_range(src_fd, dst_fd, dst_offset, size, chunk, src_path, progress)
-    if done is None:
+    try:
+        _copy_file_range(src_fd, dst_fd, dst_offset, size, chunk, src_path, progress)
+    except PlacementUnavailable:
         _copy_pread_pwrite(src_fd, dst_fd, dst_offset, size, chunk, digests, digest_chunk,
                            src_path, progress)
     else:
@@ -93,10 +85,11 @@ _copy_file_range_works: dict[tuple[int, int], bool] = {}
 
 
 def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk: int,
-                     src_path: str, progress: Progress | None) -> int | None:
+                     src_path: str, progress: Progress | None) -> int:
+    """The kernel's copy; :class:`PlacementUnavailable` if it cannot start here."""
     key = (os.fstat(src_fd).st_dev, os.fstat(dst_fd).st_dev)
     if _copy_file_range_works.get(key) is False:
-        return None
+        raise PlacementUnavailable("copy_file_range did not work here before")
     done = 0
     while done < size:
         try:
@@ -105,7 +98,8 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
         except OSError as exc:
             if done == 0 and exc.errno in fs.UNSUPPORTED_ERRNOS:
                 _copy_file_range_works[key] = False
-                return None
+                raise PlacementUnavailable(f"copy_file_range: {os.strerror(exc.errno)}",
+                                           exc.errno) from None
             raise
         if n == 0:
             raise OSError(errno.EIO, f"source ended at {done} of {size} bytes", src_path)

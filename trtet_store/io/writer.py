@@ -21,7 +21,11 @@ from pathlib import Path
 
 from trtet_store.io import fs, names, replay, transfer
 from trtet_store.io.blobstore import Blob, chunk_digest, live_blob
-from trtet_store.io.errors import InsufficientSpaceError, SourceChangedError
+from trtet_store.io.errors import (
+    InsufficientSpaceError,
+    PlacementUnavailable,
+    SourceChangedError,
+)
 from trtet_store.io.journal import (
     PUBLISHING,
     ROLLING_BACK,
@@ -394,9 +398,10 @@ class Transaction:
             host.reason += (f"; no insert: offset {host.offset} is not a multiple of the "
                             f"{bs}-byte block (export with segment_alignment=4096)")
             return
-        ok, why = fs.probe_insert_range(out.dest.parent)
-        if not ok:
-            host.reason += f"; no insert: {why}"
+        try:
+            why = fs.probe_insert_range(out.dest.parent)
+        except PlacementUnavailable as exc:
+            host.reason += f"; no insert: {exc.reason}"
             return
         host.placement = "insert"
         host.reason = f"the largest payload hosts the file: {why}; {host.reason}"
@@ -418,10 +423,10 @@ class Transaction:
             no_clone = (f"no clone: offset {ext.offset} is not a multiple of the {bs}-byte "
                         "block (export with segment_alignment=4096)")
         else:
-            can_clone, why = fs.probe_clone(source, out.dest.parent)
-            if can_clone:
-                return "clone", why
-            no_clone = f"no clone: {why}"
+            try:
+                return "clone", fs.probe_clone(source, out.dest.parent)
+            except PlacementUnavailable as exc:
+                no_clone = f"no clone: {exc.reason}"
         if isinstance(piece, ExternalFile):
             return "copy", f"not owned by a blob store, so only copied; {no_clone}"
         if not self.consume:
@@ -431,10 +436,13 @@ class Transaction:
         if "move" not in self.allowed:
             return "copy", f"move is not among the placements allowed; {no_clone}"
         unchanged = piece.identity_matches()
-        same, why = fs.probe_same_filesystem(source, out.dest.parent)
+        try:
+            why, placement = fs.probe_same_filesystem(source, out.dest.parent), "move"
+        except PlacementUnavailable as exc:
+            why, placement = exc.reason, "copy"
         if unchanged:
             piece.reseal()  # the probe's own link and unlink changed only its ctime
-        return ("move" if same else "copy"), f"{why}; {no_clone}"
+        return placement, f"{why}; {no_clone}"
 
     def preflight(self) -> None:
         """Fail before creating anything if the placements cannot fit."""
@@ -658,7 +666,7 @@ class Transaction:
                     if blob is not None:
                         blob.check_identity(os.fstat(src_fd))
                     return written
-                except transfer.PlacementUnavailable as exc:
+                except PlacementUnavailable as exc:
                     # Only to copy: the journal promised the source stays intact.
                     log.warning("%s: clone of %s failed before changing anything (%s); "
                                 "copying instead", out.dest, plan.source, exc.reason)
