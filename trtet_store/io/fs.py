@@ -132,8 +132,10 @@ def is_regular(st: os.stat_result) -> bool:
 class CapabilityCache:
     """What a filesystem was found unable to do, so later writes don't pay to find out.
 
-    Keys are ``(operation, st_dev of source, st_dev of destination)``. st_dev is
-    only a cache key here, never a prediction: a miss always tries the call.
+    Keys are ``(operation, fs_identity of source, fs_identity of destination)``
+    (see :func:`fs_identity`; never bare ``st_dev``, which loop devices reuse).
+    The one cache of the storage engine; a key is never a prediction: a miss
+    always tries the call.
     """
 
     def __init__(self) -> None:

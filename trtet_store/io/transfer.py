@@ -71,7 +71,7 @@ def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
         Bytes copied.
     """
     try:
-        _copy_file_range(src_fd, dst_fd, dst_offset, size, chunk, src_path, progress)
+        _copy_file_range(src_fd, dst_fd, dst_offset, size, chunk, src_path, dst_path, progress)
     except PlacementUnavailable:
         _copy_pread_pwrite(src_fd, dst_fd, dst_offset, size, chunk, digests, digest_chunk,
                            src_path, progress)
@@ -81,15 +81,18 @@ def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
     return size
 
 
-_copy_file_range_works: dict[tuple[int, int], bool] = {}
-
-
 def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk: int,
-                     src_path: str, progress: Progress | None) -> int:
-    """The kernel's copy; :class:`PlacementUnavailable` if it cannot start here."""
-    key = (os.fstat(src_fd).st_dev, os.fstat(dst_fd).st_dev)
-    if _copy_file_range_works.get(key) is False:
-        raise PlacementUnavailable("copy_file_range did not work here before")
+                     src_path: str, dst_path: str, progress: Progress | None) -> int:
+    """The kernel's copy; :class:`PlacementUnavailable` if it cannot start here.
+
+    A verdict is kept in :data:`fs.capabilities`, keyed by both filesystems'
+    identity (not ``st_dev``, which a loop device hands on to the next
+    filesystem made on it).
+    """
+    key = ("copy_file_range", fs.fs_identity(src_path), fs.fs_identity(dst_path))
+    known = fs.capabilities.get(key)
+    if known is not None and not known[0]:
+        raise PlacementUnavailable(known[1])
     done = 0
     while done < size:
         try:
@@ -97,16 +100,16 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
                                          dst_offset + done)
         except OSError as exc:
             if done == 0 and exc.errno in fs.UNSUPPORTED_ERRNOS:
-                _copy_file_range_works[key] = False
-                raise PlacementUnavailable(f"copy_file_range: {os.strerror(exc.errno)}",
-                                           exc.errno) from None
+                why = f"copy_file_range: {os.strerror(exc.errno)}"
+                fs.capabilities.put(key, False, why)
+                raise PlacementUnavailable(why, exc.errno) from None
             raise
         if n == 0:
             raise OSError(errno.EIO, f"source ended at {done} of {size} bytes", src_path)
         done += n
         if progress:
             progress(n)
-    _copy_file_range_works[key] = True
+    fs.capabilities.put(key, True, "copy_file_range works")
     return done
 
 
