@@ -20,6 +20,8 @@ import json
 import struct
 from dataclasses import dataclass, field
 
+from trtet_store.io.units import round_up
+
 MAGIC = b"TR01"
 MAGIC_ALIASED_IO = b"TR02"
 HEADER_FORMAT = "<4sIIIQ8s"
@@ -143,7 +145,7 @@ def prefix(metadata: BlobMetadata, engine_size: int, *,
     if engine_size < 0:
         raise ValueError(f"engine size must not be negative, got {engine_size}")
     meta = metadata.to_json()
-    engine_offset = -(-(HEADER_SIZE + len(meta)) // alignment) * alignment
+    engine_offset = round_up(HEADER_SIZE + len(meta), alignment)
     header = BlobHeader(MAGIC_ALIASED_IO if metadata.aliased_io else MAGIC, HEADER_SIZE,
                         len(meta), engine_offset, engine_size)
     return header.to_bytes() + meta + b"\0" * (engine_offset - HEADER_SIZE - len(meta))

@@ -46,10 +46,11 @@ import xxhash
 from trtet_store.io import fs, names, pagecache
 from trtet_store.io.errors import BlobChangedError
 from trtet_store.io.names import BLOB_PART_SUFFIX, BLOB_SUFFIX, META_SUFFIX, PART_SUFFIX
+from trtet_store.io.units import MiB, format_mib
 
 log = logging.getLogger("trtet_store.blobstore")
 
-DEFAULT_CHUNK_SIZE = 1 << 20
+DEFAULT_CHUNK_SIZE = MiB
 META_VERSION = 1
 
 # Every live blob of every store in this process, by (st_dev, st_ino), so a
@@ -512,10 +513,10 @@ class BlobStore:
         kept = self.orphans()
         if kept:
             pinned = sum(o.pinned for o in kept)
-            log.warning("%s holds %d staged blob(s) of dead stores (%.1f MiB), kept: list them "
+            log.warning("%s holds %d staged blob(s) of dead stores (%s), kept: list them "
                         "with BlobStore.orphans(), take one over with adopt_orphan(), remove "
                         "them with remove_orphans()%s", self.directory, len(kept),
-                        sum(o.size for o in kept) / 2**20,
+                        format_mib(sum(o.size for o in kept)),
                         f"; {pinned} of them an interrupted write still needs: run "
                         "`trtet-store recover` on its output directory" if pinned else "")
 
@@ -770,7 +771,7 @@ def _digest_file(path: Path, chunk_size: int,
     d = Digester(chunk_size)
     fd = fs.calls.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
     try:
-        step = max(chunk_size, 8 << 20) // chunk_size * chunk_size
+        step = max(chunk_size, 8 * MiB) // chunk_size * chunk_size
         pos = 0
         while chunk := fs.calls.pread(fd, step, pos):
             d.update(chunk)

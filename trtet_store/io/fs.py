@@ -74,11 +74,6 @@ def block_size(path: os.PathLike | str) -> int:
     return os.statvfs(path).f_bsize
 
 
-def round_up(n: int, multiple: int) -> int:
-    """``n`` rounded up to a multiple of ``multiple``."""
-    return -(-n // multiple) * multiple
-
-
 def pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
     """Write all of ``data`` at ``offset``; a short count is retried, never ignored.
 

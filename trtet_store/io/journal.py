@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trtet_store.io import fs, names
 from trtet_store.io.errors import IncompleteJournal, JournalError
+from trtet_store.io.units import MiB
 
 VERSION = 1
 
@@ -216,7 +217,7 @@ def read(path: Path) -> tuple[Plan, str]:
     fd = fs.calls.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
     try:
         parts = []
-        while chunk := fs.calls.pread(fd, 1 << 20, sum(len(p) for p in parts)):
+        while chunk := fs.calls.pread(fd, MiB, sum(len(p) for p in parts)):
             parts.append(chunk)
     finally:
         fs.calls.close(fd)

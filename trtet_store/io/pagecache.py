@@ -28,10 +28,11 @@ import logging
 import os
 
 from trtet_store.io import fs
+from trtet_store.io.units import MiB
 
 log = logging.getLogger("trtet_store.pagecache")
 
-WINDOW = 8 << 20
+WINDOW = 8 * MiB
 """Bytes per writeback window: large enough for sequential I/O, small next to RAM."""
 
 # A pipe (ESPIPE), FUSE or an old kernel cannot do this: the pages stay

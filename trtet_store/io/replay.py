@@ -13,6 +13,7 @@ import os
 
 from trtet_store.io import fs, names, transfer
 from trtet_store.io.journal import PayloadPlan, Plan
+from trtet_store.io.units import MiB
 
 
 def undo(plan: Plan) -> None:
@@ -127,7 +128,7 @@ def complete_placement(plan: Plan) -> None:
                                       digests=p.chunk_digests, digest_chunk=p.chunk_size,
                                       src_path=p.source)
                     else:
-                        transfer.copy(src, fd, p.offset, p.size, chunk=p.step or (8 << 20),
+                        transfer.copy(src, fd, p.offset, p.size, chunk=p.step or 8 * MiB,
                                       digests=p.chunk_digests, digest_chunk=p.chunk_size,
                                       src_path=p.source, dst_path=out.temp)
                 finally:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from trtet_store.io import fs
 from trtet_store.io.blobstore import chunk_digest
 from trtet_store.io.errors import PlacementUnavailable, VerificationError
+from trtet_store.io.units import MiB
 
 Progress = Callable[[int], None]
 
@@ -41,7 +42,7 @@ def verify_chunks(data: bytes | memoryview, start: int, chunk_size: int,
 
 def verify_range(fd: int, base: int, start: int, end: int, chunk_size: int,
                  digests: Sequence[int] | None, what: str, path: str,
-                 read_size: int = 8 << 20) -> None:
+                 read_size: int = 8 * MiB) -> None:
     """Check payload bytes ``[start, end)``, stored in ``fd`` at ``base + start``.
 
     ``start`` must be a chunk boundary of the payload.
@@ -126,7 +127,7 @@ def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chu
             progress(n)
 
 
-CLONE_RANGE = 64 << 20
+CLONE_RANGE = 64 * MiB
 """Bytes per FICLONERANGE call. One call for 2 GiB on XFS made free space dip
 by 1.1 GiB in one run of five (XFS reserves for the whole remap); calls of
 64 MiB never dipped, in the same time (benchmarks/xfs_clone_dip.py)."""
@@ -191,7 +192,7 @@ def move_peak(step: int) -> int:
     return 2 * step
 
 
-WINDOW = 8 << 20
+WINDOW = 8 * MiB
 """Bytes per read/write call inside a move step; writeback is started after each."""
 
 # struct btrfs_ioctl_... : START_SYNC returns the transaction id, WAIT_SYNC waits for it.

@@ -7,6 +7,11 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple``."""
+    return -(-n // multiple) * multiple
+
+
 def format_mib(n: int) -> str:
     """``n`` bytes in MiB with one decimal, as messages print sizes."""
     return f"{n / MiB:.1f} MiB"

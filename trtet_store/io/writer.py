@@ -39,6 +39,7 @@ from trtet_store.io.journal import (
 from trtet_store.io.layout import Extent, ExternalFile, Layout, Piece
 from trtet_store.io.lock import lock_file
 from trtet_store.io.recovery import recover_destination
+from trtet_store.io.units import MiB, round_up
 
 log = logging.getLogger("trtet_store.writer")
 
@@ -46,10 +47,10 @@ log = logging.getLogger("trtet_store.writer")
 # and a copy's step. One fdatasync per 32 MiB step instead of two per 8 MiB
 # cut a third off a durable 1 GiB move (benchmarks/README.md); 64 MiB is
 # small next to any disk that holds an engine.
-DEFAULT_CHUNK_SIZE = 64 << 20
+DEFAULT_CHUNK_SIZE = 64 * MiB
 # Room for the journal, directory entries and per-file block rounding, on top
 # of what the placements themselves need.
-SLACK_BYTES = 1 << 20
+SLACK_BYTES = MiB
 PLACEMENTS = ("clone", "insert", "move", "copy")
 
 ProgressCallback = Callable[[int, int], None]
@@ -449,9 +450,9 @@ class Transaction:
         need: dict[int, tuple[int, Path]] = {}
         for i, out in enumerate(self.outputs):
             bs = fs.block_size(out.dest.parent)
-            n = sum(fs.round_up(e.size, bs) for e in out.layout.inline)
+            n = sum(round_up(e.size, bs) for e in out.layout.inline)
             moves = [p for _, p in self.plans[i] if p.placement == "move"]
-            n += sum(fs.round_up(p.size, bs) for _, p in self.plans[i] if p.placement == "copy")
+            n += sum(round_up(p.size, bs) for _, p in self.plans[i] if p.placement == "copy")
             n += sum(bs for _, p in self.plans[i] if p.placement == "clone")  # unaligned tail
             if moves:
                 n += transfer.move_peak(max(p.step for p in moves)) + bs * 2 * len(moves)
@@ -812,7 +813,7 @@ def _digests(piece: Blob | ExternalFile) -> tuple[int, Sequence[int] | None]:
     if isinstance(piece, Blob):
         # An adopted blob has none until a placement that reads it asks (digest_sources).
         return piece.chunk_size, piece.chunk_digests if piece.has_digests else None
-    return 1 << 20, None
+    return MiB, None
 
 
 def _bytes(piece: Piece) -> bytes:
