@@ -148,31 +148,29 @@ def test_two_delegates_with_one_engine_store_it_once(here_fs, stub_tensorrt, ups
     assert not any(Path(e.blob.path).exists() for e, _ in builder.built)
 
 
+def _lowered(here_fs: Path, stub_tensorrt, size: int, config) -> tuple:
+    """A stubbed TensorRT program through export() and to_executorch(config), and its store."""
+    builder = stub_tensorrt(engine_sizes=(size,))
+    store = trtet_store.BlobStore(here_fs / "staging")
+    module, inputs = linear_relu()
+    edge = trtet_store.export_program(module, arg_inputs=inputs, store=store)
+    return edge.to_executorch(config), builder.built[0][0].blob, store
+
+
 def test_executorch_save_of_a_program_with_staged_engines_writes_the_same_bytes(
         here_fs, stub_tensorrt, caplog):
     """ExecuTorch's own writer streams the engine views; ours places the blobs."""
-    from executorch.exir import (
-        EdgeCompileConfig,
-        ExecutorchBackendConfig,
-        to_edge_transform_and_lower,
-    )
+    from executorch.exir import ExecutorchBackendConfig
 
-    builder = stub_tensorrt(engine_sizes=(2 * MiB,))
-    store = trtet_store.BlobStore(here_fs / "staging")
-    module, inputs = linear_relu()
-    built = builder(torch.export.export(module, inputs), inputs, None, store, {})
-    try:
-        edge = to_edge_transform_and_lower(
-            built.exported_program, partitioner=[trt.TensorRTPartitioner()],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False))
-        program = edge.to_executorch(ExecutorchBackendConfig(segment_alignment=PAGE))
+    program, blob, store = _lowered(here_fs, stub_tensorrt, 2 * MiB,
+                                    ExecutorchBackendConfig(segment_alignment=PAGE))
+    with store:
         program.save(os.fspath(here_fs / "executorch.pte"))
         trtet_store.save(program, here_fs / "ours.pte")
         assert file_digest(here_fs / "ours.pte") == file_digest(here_fs / "executorch.pte")
-        staged = file_digest(built.engines[0].blob.path)
         trtet_store.save(program, here_fs / "moved.pte", consume=True)
         assert file_digest(here_fs / "moved.pte") == file_digest(here_fs / "executorch.pte")
-        assert not Path(built.engines[0].blob.path).exists() and staged
+        assert blob.consumed and not Path(blob.path).exists()
         # The engine is gone from staging: writing the program again is an error, not a
         # fault (ExecuTorch's save logs it and carries on: it swallows errors).
         program.save(os.fspath(here_fs / "again.pte"))
@@ -181,35 +179,19 @@ def test_executorch_save_of_a_program_with_staged_engines_writes_the_same_bytes(
         with pytest.raises(ValueError, match="consumed"):
             trtet_store.save(program, here_fs / "ours-again.pte")
         assert not (here_fs / "ours-again.pte").exists()
-    finally:
-        trt.unregister_engines(built.engines)
-        store.close()
 
 
 def test_a_program_serialized_without_delegate_segments_is_refused(here_fs, stub_tensorrt):
-    from executorch.exir import (
-        EdgeCompileConfig,
-        ExecutorchBackendConfig,
-        to_edge_transform_and_lower,
-    )
+    from executorch.exir import ExecutorchBackendConfig
 
-    builder = stub_tensorrt(engine_sizes=(1 * MiB,))
-    store = trtet_store.BlobStore(here_fs / "staging")
-    module, inputs = linear_relu()
-    built = builder(torch.export.export(module, inputs), inputs, None, store, {})
-    try:
-        edge = to_edge_transform_and_lower(
-            built.exported_program, partitioner=[trt.TensorRTPartitioner()],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False))
-        program = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=False))
-        before = file_digest(built.engines[0].blob.path)
+    program, blob, store = _lowered(here_fs, stub_tensorrt, 1 * MiB,
+                                    ExecutorchBackendConfig(extract_delegate_segments=False))
+    with store:
+        before = file_digest(blob.path)
         with pytest.raises(ValueError, match="extract_delegate_segments=True"):
             trtet_store.save(program, here_fs / "m.pte", consume=True)
         assert not (here_fs / "m.pte").exists()
-        assert file_digest(built.engines[0].blob.path) == before
-    finally:
-        trt.unregister_engines(built.engines)
-        store.close()
+        assert file_digest(blob.path) == before
 
 
 def _patch(path: Path, offset: int, data: bytes) -> None:

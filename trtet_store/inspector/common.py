@@ -73,3 +73,40 @@ def check_head(head: bytes, ins: Inspection, identifier: bytes, refusal: str) ->
 def alignment_of(offset: int) -> int:
     """The largest power of two (up to 1 MiB) that divides ``offset``."""
     return min(offset & -offset, 1 << 20) if offset else 1 << 20
+
+
+def check_segments(ins: Inspection, segments: Any, base: int, data_size: int,
+                   used: dict[int, list[str]]) -> None:
+    """Record each segment at its absolute offset and check it against the file.
+
+    Both formats share this: a segment table of ``(offset, size)`` relative to
+    ``base``, inside ``data_size`` bytes of segment data and inside the file,
+    in order, without overlaps.
+    """
+    prev_end = 0
+    for i, s in enumerate(segments):
+        absolute = base + s.offset
+        ins.segments.append(
+            {
+                "index": i,
+                "offset": s.offset,
+                "size": s.size,
+                "absolute_offset": absolute,
+                "end": absolute + s.size,
+                "page_aligned": absolute % PAGE == 0,
+                "used_by": used[i],
+            }
+        )
+        if s.offset + s.size > data_size:
+            ins.error(
+                f"segment {i} [{s.offset}, {s.offset + s.size}) ends past segment_data_size "
+                f"{data_size}"
+            )
+        if absolute + s.size > ins.file_size:
+            ins.error(
+                f"segment {i} at bytes [{absolute}, {absolute + s.size}) is past the end of the "
+                f"file ({ins.file_size} bytes): truncated"
+            )
+        if s.offset < prev_end:
+            ins.error(f"segment {i} at {s.offset} overlaps the previous one (ends {prev_end})")
+        prev_end = max(prev_end, s.offset + s.size)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from trtet_store.inspector.common import (
-    PAGE,
     PTD_HEADER_MAGIC,
     PTD_HEADER_MIN_LENGTH,
     PTD_IDENTIFIER,
     SUPPORTED_VERSION,
     check_head,
+    check_segments,
     read_at,
     show_bytes,
     u32,
@@ -74,30 +74,7 @@ def inspect_ptd(f: Any, head: bytes, ins: Inspection) -> None:
     if ft.version > SUPPORTED_VERSION:
         ins.error(f"FlatTensor version {ft.version} is newer than supported ({SUPPORTED_VERSION})")
     used: dict[int, list[str]] = {i: [] for i in range(len(ft.segments))}
-    prev_end = 0
-    for i, s in enumerate(ft.segments):
-        absolute = base + s.offset
-        ins.segments.append(
-            {
-                "index": i,
-                "offset": s.offset,
-                "size": s.size,
-                "absolute_offset": absolute,
-                "end": absolute + s.size,
-                "page_aligned": absolute % PAGE == 0,
-                "used_by": used[i],
-            }
-        )
-        if s.offset + s.size > data_size:
-            ins.error(f"segment {i} ends past segment_data_size {data_size}")
-        if absolute + s.size > size:
-            ins.error(
-                f"segment {i} at bytes [{absolute}, {absolute + s.size}) is past the end of the "
-                f"file ({size} bytes): truncated"
-            )
-        if s.offset < prev_end:
-            ins.error(f"segment {i} at {s.offset} overlaps the previous one (ends {prev_end})")
-        prev_end = max(prev_end, s.offset + s.size)
+    check_segments(ins, ft.segments, base, data_size, used)
     for nd in ft.named_data:
         entry: dict[str, Any] = {"key": nd.key, "segment_index": nd.segment_index}
         if nd.tensor_layout is not None:

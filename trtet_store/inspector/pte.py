@@ -7,7 +7,6 @@ from typing import Any
 
 from trtet_store.inspector.common import (
     DATA_LOCATION,
-    PAGE,
     PTE_HEADER_MAGIC,
     PTE_HEADER_MIN_LENGTH,
     PTE_IDENTIFIER,
@@ -15,6 +14,7 @@ from trtet_store.inspector.common import (
     TRT_READ_LIMIT,
     alignment_of,
     check_head,
+    check_segments,
     read_at,
     show_bytes,
     u32,
@@ -85,7 +85,6 @@ def inspect_pte(f: Any, head: bytes, ins: Inspection) -> None:
 
 
 def _describe_program(f: Any, program: Any, ins: Inspection, base: int, data_size: int) -> None:
-    size = ins.file_size
     ins.program["version"] = program.version
     if program.version > SUPPORTED_VERSION:
         ins.error(
@@ -98,33 +97,7 @@ def _describe_program(f: Any, program: Any, ins: Inspection, base: int, data_siz
         # Empty segments without a header are what ExecuTorch writes when there
         # is no segment data at all; only data needs a base to be found.
         ins.error(f"{len(segs)} segments, but no segment_base_offset (no extended header)")
-    prev_end = 0
-    for i, s in enumerate(segs):
-        absolute = base + s.offset
-        ins.segments.append(
-            {
-                "index": i,
-                "offset": s.offset,
-                "size": s.size,
-                "absolute_offset": absolute,
-                "end": absolute + s.size,
-                "page_aligned": absolute % PAGE == 0,
-                "used_by": used[i],
-            }
-        )
-        if s.offset + s.size > data_size:
-            ins.error(
-                f"segment {i} [{s.offset}, {s.offset + s.size}) ends past segment_data_size "
-                f"{data_size}"
-            )
-        if absolute + s.size > size:
-            ins.error(
-                f"segment {i} at bytes [{absolute}, {absolute + s.size}) is past the end of the "
-                f"file ({size} bytes): truncated"
-            )
-        if s.offset < prev_end:
-            ins.error(f"segment {i} at {s.offset} overlaps the previous one (ends {prev_end})")
-        prev_end = max(prev_end, s.offset + s.size)
+    check_segments(ins, segs, base, data_size, used)
 
     cs = program.constant_segment
     offsets = list(cs.offsets) if cs is not None else []
