@@ -12,11 +12,9 @@ from typing import Any
 
 from trtet_store.io import BlobStore, WriteReport
 from trtet_store.io.names import STAGING_DIR
+from trtet_store.io.units import PAGE
 
 log = logging.getLogger("trtet_store.compile")
-
-#: TensorRT programs' segment alignment: every engine on a page of the file.
-PAGE = 4096
 
 
 @dataclass

@@ -119,22 +119,20 @@ def _record(store: BlobStore, fingerprint: str, built: tensorrt.BuildResult) -> 
 
 
 def _state(entry: dict[str, Any]) -> tensorrt.EngineState:
-    s = entry["state"]
-    return tensorrt.EngineState(
-        input_names=tuple(s["input_names"]), output_names=tuple(s["output_names"]),
-        aliased_io=tuple(tuple(a) for a in s["aliased_io"]),
-        hardware_compatible=s["hardware_compatible"], device_id=s["device_id"],
-        serialized_metadata=s["serialized_metadata"], target_platform=s["target_platform"])
+    s = entry["state"]  # dataclasses.asdict of the state, lists where it has tuples
+    return tensorrt.EngineState(**{
+        **s, "input_names": tuple(s["input_names"]), "output_names": tuple(s["output_names"]),
+        "aliased_io": tuple(map(tuple, s["aliased_io"]))})
 
 
 def reuse(store: BlobStore, fingerprint: str) -> tensorrt.BuildResult | None:
     """The build of ``fingerprint`` left in ``store``'s directory by a dead export, or None.
 
     Takes over the newest complete record and its engines (renames, no
-    copies); each engine must have its recorded size and digest (an engine
-    whose sidecar identity no longer matches is read once to check). On any
-    mismatch, returns None: the blobs taken over stay in ``store`` and go when
-    it closes, and the caller builds again.
+    copies); each recorded engine is found by its digest among the build's
+    staged engines (one whose sidecar identity no longer matches is read once
+    to digest it). If one is missing, returns None: the blobs taken over stay
+    in ``store`` and go when it closes, and the caller builds again.
     """
     orphans = [o for o in store.orphans()
                if o.metadata.get("fingerprint") == fingerprint and not o.pinned]
@@ -143,24 +141,19 @@ def reuse(store: BlobStore, fingerprint: str) -> tensorrt.BuildResult | None:
         return None
     record = records[-1]
     wanted = record.metadata.get("engines", [])
-    candidates = [o for o in orphans if o.metadata.get("kind") == ENGINE_KIND]
-    chosen = []
-    for entry in wanted:
-        match = next((o for o in candidates if o.size == entry["size"] and o not in chosen),
-                     None)
-        if match is None:
-            log.info("build %s: engine %s is missing; building again", fingerprint,
-                     entry["engine_id"])
-            return None
-        chosen.append(match)
+    sizes = {entry["size"] for entry in wanted}
+    candidates = [o for o in orphans
+                  if o.metadata.get("kind") == ENGINE_KIND and o.size in sizes]
     record_blob = store.adopt_orphan(record)
-    blobs = [store.adopt_orphan(o) for o in chosen]
-    for entry, blob in zip(wanted, blobs, strict=True):
-        if blob.digest != entry["digest"]:
-            log.warning("build %s: staged engine %s changed since it was built (digest %s, "
-                        "recorded %s); building again", fingerprint, blob.path, blob.digest,
-                        entry["digest"])
-            return None
+    # Matched by content, not by size or order: two engines of one size must not swap.
+    by_digest = {b.digest: b for b in map(store.adopt_orphan, candidates)}
+    blobs = [by_digest.get(entry["digest"]) for entry in wanted]
+    missing = [entry["engine_id"] for entry, blob in zip(wanted, blobs, strict=True)
+               if blob is None]
+    if missing:
+        log.warning("build %s: staged engines %s are missing or changed since they were "
+                    "built; building again", fingerprint, missing)
+        return None
     with open(record_blob.path, "rb") as f:
         exported = torch.export.load(f)
     engines = [tensorrt.register_engine(

@@ -71,7 +71,6 @@ if TYPE_CHECKING:  # pragma: no cover
 #: in-memory segments (e.g. an XNNPACK delegate blob) stay separate pieces, so
 #: merging never copies much memory.
 MERGE_LIMIT = 64 * 1024
-PAGE_ALIGNMENT = 4096
 
 
 # --- pieces ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ token naming the staged engine (:data:`~trtet_store.export.trt_blob.STAGED_ENGIN
 and the engine's digest); when the program is serialized, the token is replaced
 by the engine file itself (``_executorch_private.expand_delegate_segments``), so
 the engine is placed by clone, insert, move or copy like any payload and never
-read into memory. The head pads the engine to :data:`PAGE_ALIGNMENT` within
+read into memory. The head pads the engine to a page (``io.units.PAGE``) within
 the blob, so in a page-aligned segment (``segment_alignment=4096``) every
 engine starts on a page of the file. Identical blobs (same engine, same
 bindings) are one segment, as ExecuTorch does for any identical delegate data.
@@ -58,6 +58,7 @@ from trtet_store.export.engine_state import (
     state_layout,
 )
 from trtet_store.io import Blob, BlobStore
+from trtet_store.io.units import PAGE
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -67,9 +68,6 @@ log = logging.getLogger("trtet_store.tensorrt")
 BACKEND_ID = "TensorRTBackend"
 OP_NAMESPACE = "trtet_store"
 OP_NAME = "trt_engine"
-#: Engine offset alignment inside an inline blob: a page, so that clone and
-#: insert can place the engine (under 4 KiB of padding per engine).
-PAGE_ALIGNMENT = 4096
 EXTERNAL_SPEC = "external_engine_data"
 STREAMING_SPEC = "weight_streaming_budget"
 
@@ -175,7 +173,7 @@ def _inline_processed_bytes(metadata: trt_blob.BlobMetadata, blob: Blob) -> byte
             del _inline[stale]
         _inline.setdefault(digest, blob)
     priv.expand_delegate_segments(_expand_inline_engine)
-    head = trt_blob.prefix(metadata, blob.size, alignment=PAGE_ALIGNMENT)
+    head = trt_blob.prefix(metadata, blob.size, alignment=PAGE)
     return head + trt_blob.STAGED_ENGINE_MARKER + digest.encode()
 
 

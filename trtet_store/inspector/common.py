@@ -6,6 +6,8 @@ import os
 import struct
 from typing import TYPE_CHECKING, Any
 
+from trtet_store.io.units import PAGE, MiB
+
 if TYPE_CHECKING:
     from trtet_store.inspector.model import Inspection
 
@@ -18,8 +20,7 @@ PTD_HEADER_MAGIC = b"FH01"
 PTD_HEADER_MIN_LENGTH = 40
 SUPPORTED_VERSION = 0
 #: Bytes of a delegate blob read to decode a TensorRT header and its metadata.
-TRT_READ_LIMIT = 1 << 20
-PAGE = 4096
+TRT_READ_LIMIT = MiB
 #: Seconds a runtime load (``verify --run``) may take.
 RUNTIME_TIMEOUT = 600
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
+#: The page: block-aligned offsets (what clone and insert place) are multiples of it.
+PAGE = 4096
 
 
 def round_up(n: int, multiple: int) -> int:
