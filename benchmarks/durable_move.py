@@ -34,7 +34,12 @@ from pathlib import Path
 
 from trtet_store import bench
 from trtet_store.bench import loopfs
-from trtet_store.bench.measure import PeakDiskMonitor, bytes_written, syncfs
+from trtet_store.bench.measure import (
+    PeakDiskMonitor,
+    bytes_written,
+    device_bytes_written,
+    syncfs,
+)
 from trtet_store.io import BlobStore, fs, write_file
 
 MiB = 1 << 20
@@ -73,12 +78,6 @@ def small_rows(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def _device_written(mnt: Path) -> int:
-    source = loopfs.mount_source(mnt)
-    with open(f"/sys/block/{os.path.basename(source)}/stat") as f:
-        return int(f.read().split()[6]) * 512
-
-
 def big_row(factory: loopfs.FilesystemFactory, fstype: str, placement: str, size: int) -> dict:
     """One payload of ``size`` fallocated bytes placed by ``placement``; timed, measured."""
     mnt = factory.make(fstype, (size + 2 * GiB) // MiB)
@@ -96,7 +95,7 @@ def big_row(factory: loopfs.FilesystemFactory, fstype: str, placement: str, size
         header = b"H" * 4096
         consume = placement != "clone"
         syncfs(mnt)
-        dev0, io0 = _device_written(mnt), bytes_written()
+        dev0, io0 = device_bytes_written(mnt), bytes_written()
         with PeakDiskMonitor(mnt) as mon:
             t0 = time.perf_counter()
             # An insert's host is chosen among the payloads the writer may move.
@@ -111,7 +110,7 @@ def big_row(factory: loopfs.FilesystemFactory, fstype: str, placement: str, size
             "filesystem": fstype, "method": placement, "payload_bytes": size,
             "placement": "+".join(sorted({p.placement for p in report.placements})),
             "durable_s": seconds, "bytes_written": bytes_written() - io0,
-            "device_bytes_written": _device_written(mnt) - dev0,
+            "device_bytes_written": device_bytes_written(mnt) - dev0,
             "peak_extra_bytes": mon.peak_extra_bytes,
             "peak_over_final_bytes": mon.peak_extra_bytes - max(0, mon.extra_after_bytes),
             "real_bytes": "header, journal, metadata" if placement != "move"

@@ -147,6 +147,7 @@ def test_fault_at_every_call_of_recovery(here_fs, direction, mode):
         else:
             assert not source.exists(), where
         assert sorted(p.name for p in out.iterdir()) == ["m.pte"], where
-        assert recover(out) == [] or all(o.action == "orphan" for o in recover(out)), where
+        acts = recover(out)  # only orphans may be left to report
+        assert all(o.action == "orphan" for o in acts), (where, acts)
     COUNTS[f"recovery-{direction}-{mode}"] = total
     print(f"\nrecovery {direction} {mode}: {total} calls faulted, {failures} raised, lost 0")

@@ -427,11 +427,7 @@ def _compile_source(args: argparse.Namespace) -> tuple[Any, tuple | None, Path]:
     if (target is None) == (not args.method):
         raise ValueError("give either MODULE.py:FACTORY or --method NAME=MODULE.py:FACTORY")
     if target is not None:
-        try:
-            module, inputs = _module_and_inputs(_load_factory(target)())
-        except Exception as exc:
-            raise type(exc)(f"{target}: {exc}") from exc
-        return module, inputs, out
+        return (*_made_by(target), out)
     import torch
 
     methods: dict[str, Any] = {}
@@ -441,9 +437,17 @@ def _compile_source(args: argparse.Namespace) -> tuple[Any, tuple | None, Path]:
             raise ValueError(f"--method wants NAME=MODULE.py:FACTORY, got {spec!r}")
         if name in methods:
             raise ValueError(f"--method {name!r} given twice")
-        module, inputs = _module_and_inputs(_load_factory(where)())
+        module, inputs = _made_by(where)
         methods[name] = torch.export.export(module, inputs, strict=False)
     return methods, None, out
+
+
+def _made_by(target: str) -> tuple[Any, tuple]:
+    """``(module, inputs)`` from ``MODULE.py:FACTORY``; an error names the target."""
+    try:
+        return _module_and_inputs(_load_factory(target)())
+    except Exception as exc:
+        raise ValueError(f"{target}: {type(exc).__name__}: {exc}") from exc
 
 
 def _backend_config(pairs: Sequence[str]) -> Any:

@@ -29,6 +29,7 @@ __all__ = [
     "current_rss_bytes",
     "drop_caches",
     "free_bytes",
+    "device_bytes_written",
     "io_counters",
     "peak_rss_bytes",
     "quiesce",
@@ -372,6 +373,20 @@ def bytes_written(pid: int | None = None) -> int:
         The cumulative ``write_bytes`` counter.
     """
     return io_counters(pid)["write_bytes"]
+
+
+def device_bytes_written(path: str | os.PathLike[str]) -> int | None:
+    """Bytes written so far by the block device under ``path`` (a loop device), or None."""
+    from trtet_store.bench import loopfs
+
+    source = loopfs.mount_source(path)
+    if not source or not source.startswith("/dev/"):
+        return None
+    try:
+        with open(f"/sys/block/{os.path.basename(source)}/stat") as f:
+            return int(f.read().split()[6]) * 512  # sectors written
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def reset_peak_rss() -> bool:

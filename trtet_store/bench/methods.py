@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtet_store.bench import loopfs
 from trtet_store.bench.config import (
     CONSUMING,
     METHOD_LABELS,
@@ -26,8 +25,9 @@ from trtet_store.bench.config import (
 )
 from trtet_store.bench.measure import (
     PeakDiskMonitor,
+    bytes_written,
     current_rss_bytes,
-    io_counters,
+    device_bytes_written,
     peak_rss_bytes,
     reset_peak_rss,
     syncfs,
@@ -178,18 +178,6 @@ def _set_cached(paths: Sequence[Path], cached: bool) -> None:
             os.close(fd)
 
 
-def _device_written(path: Path) -> int | None:
-    """Bytes written so far by the block device under ``path`` (a loop device), or None."""
-    source = loopfs.mount_source(path)
-    if not source or not source.startswith("/dev/"):
-        return None
-    try:
-        with open(f"/sys/block/{os.path.basename(source)}/stat") as f:
-            return int(f.read().split()[6]) * 512  # sectors written
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def run_method(
     method: str,
     program: Any,
@@ -233,8 +221,8 @@ def run_method(
     with mon, syncs:
         rss_before = current_rss_bytes()
         result.rss_reset = reset_peak_rss()
-        io_before = io_counters()["write_bytes"]
-        dev_before = _device_written(fs.path)
+        io_before = bytes_written()
+        dev_before = device_bytes_written(fs.path)
         t0 = time.perf_counter()
         try:
             if method == "executorch":
@@ -278,8 +266,8 @@ def run_method(
         with contextlib.suppress(OSError):
             syncfs(fs.path)
         t2 = time.perf_counter()
-        result.bytes_written = io_counters()["write_bytes"] - io_before
-        dev_after = _device_written(fs.path)
+        result.bytes_written = bytes_written() - io_before
+        dev_after = device_bytes_written(fs.path)
         if dev_before is not None and dev_after is not None:
             result.device_bytes_written = dev_after - dev_before
         result.peak_rss_bytes = peak_rss_bytes()

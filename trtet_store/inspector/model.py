@@ -96,6 +96,15 @@ class Inspection:
         """The named-data keys of this file."""
         return {d["key"] for d in self.named_data}
 
+    def wanted_keys(self) -> list[tuple[str, str]]:
+        """``(what, key)`` of every datum this ``.pte`` reads by name: engine keys, then tensors."""
+        wanted = []
+        for d in self.delegates:
+            key = (d.get("tensorrt", {}).get("metadata") or {}).get("engine_key")
+            if key:
+                wanted.append((f"delegate {d['index']} ({d['id']}) engine_key", key))
+        return wanted + [("external tensor", name) for name in self.external_tensors]
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (bytes shown as text or hex)."""
         return jsonable(

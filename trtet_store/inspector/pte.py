@@ -207,7 +207,11 @@ def _describe_delegate(
         entry.update({"size": s.size, "absolute_offset": base + s.offset})
         used[d.processed.index].append(f"delegate:{plan_name}/{index}")
         if base + s.offset + s.size <= ins.file_size:
-            blob_head = read_at(f, base + s.offset, min(s.size, TRT_READ_LIMIT))
+            # Up to TRT_READ_LIMIT only for a TensorRT blob; others need 4 bytes to tell.
+            head = read_at(f, base + s.offset, min(s.size, 4))
+            if head in (b"TR01", b"TR02") or d.id == "TensorRTBackend":
+                head = read_at(f, base + s.offset, min(s.size, TRT_READ_LIMIT))
+            blob_head = head
     elif loc == 0:
         if d.processed.index >= len(inline):
             ins.error(f"{where}: inline data index {d.processed.index} out of range")

@@ -85,10 +85,8 @@ def _data_hint(pte: Inspection, ptd: Inspection | None) -> str:
     """Why a program may fail without its ``.ptd``, when it is the likely cause."""
     if ptd is not None:
         return ""
-    wanted = list(pte.external_tensors) + [
-        k for d in pte.delegates
-        if (k := (d.get("tensorrt", {}).get("metadata") or {}).get("engine_key"))]
-    missing = [k for k in wanted if k not in set(pte.keys)]
+    present = pte.keys
+    missing = [key for _, key in pte.wanted_keys() if key not in present]
     if missing:
         return (f"; the program reads {len(missing)} entries from a .ptd ({missing[0]!r}"
                 f"{', ...' if len(missing) > 1 else ''}): pass --data FILE.ptd")

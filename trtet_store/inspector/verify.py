@@ -99,7 +99,7 @@ def _key_digest(key: str) -> str | None:
 
 def _check_engines(pte: Inspection, ptd: Inspection | None, result: VerifyResult,
                    expected: set[str] | None) -> None:
-    named = {d["key"]: (ins.path, d) for ins in ([pte] + ([ptd] if ptd else []))
+    named = {d["key"]: (ins, d) for ins in ([pte] + ([ptd] if ptd else []))
              for d in ins.named_data if "absolute_offset" in d}
     for d in pte.delegates:
         engine = d.get("tensorrt", {}).get("engine")
@@ -114,12 +114,13 @@ def _check_engines(pte: Inspection, ptd: Inspection | None, result: VerifyResult
             digest, _ = _digest_range(pte.path, engine["file_offset"], engine["size"])
         else:
             found = named.get(engine["key"])
-            if found is None or found[1]["absolute_offset"] + found[1]["size"] > os.path.getsize(
-                    found[0]):
+            if found is None or found[1]["absolute_offset"] + found[1]["size"] > \
+                    found[0].file_size:
                 continue  # reported by _cross_check, or past the end of its file
             # Ours key engines by xxh3-128, Torch-TensorRT's by SHA-256.
             stored = _key_digest(engine["key"])
-            digest, sha = _digest_range(found[0], found[1]["absolute_offset"], found[1]["size"],
+            digest, sha = _digest_range(found[0].path, found[1]["absolute_offset"],
+                                        found[1]["size"],
                                         sha256=stored is not None and len(stored) == 64)
             if stored is not None and stored not in (digest, sha):
                 result.problems.append(Problem(
@@ -133,13 +134,7 @@ def _check_engines(pte: Inspection, ptd: Inspection | None, result: VerifyResult
 
 def _cross_check(pte: Inspection, ptd: Inspection | None, result: VerifyResult) -> None:
     known = set(pte.keys) | (ptd.keys if ptd is not None else set())
-    wanted = []
-    for d in pte.delegates:
-        key = (d.get("tensorrt", {}).get("metadata") or {}).get("engine_key")
-        if key:
-            wanted.append((f"delegate {d['index']} ({d['id']}) engine_key", key))
-    wanted += [("external tensor", name) for name in pte.external_tensors]
-    for what, key in wanted:
+    for what, key in pte.wanted_keys():
         if key in known:
             continue
         if ptd is None:

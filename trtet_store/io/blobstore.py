@@ -503,8 +503,7 @@ class BlobStore:
         self._mutex = threading.Lock()
         self._blobs: weakref.WeakValueDictionary[str, Blob] = weakref.WeakValueDictionary()
         lock_path = names.store_lock_path(self.directory, self.token)
-        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        lock_fd = _lock_own_file(lock_path)
         self._finalizer = weakref.finalize(self, _release_store, os.getpid(), lock_fd,
                                            os.fspath(lock_path))
         self.collected = collect_stale(self.directory)
@@ -756,6 +755,24 @@ class BlobStore:
 
     def __repr__(self) -> str:
         return f"BlobStore({os.fspath(self.directory)!r}, blobs={len(self.blobs())})"
+
+
+def _lock_own_file(lock_path: Path) -> int:
+    """Create and lock the store's lock file; retake it if a collector unlinked it meanwhile.
+
+    Between our create and our ``flock`` another store's ``collect_stale`` may
+    find the file unlocked, take it for a dead store's and unlink it: a lock on
+    that deleted inode would leave our live blobs looking orphaned.
+    """
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if fs.same_file(os.fstat(fd), os.stat(lock_path)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
 def _release_store(owner_pid: int, lock_fd: int, lock_path: str) -> None:

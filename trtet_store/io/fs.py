@@ -7,6 +7,7 @@ return a short count) without faking the filesystem.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -200,11 +201,9 @@ def _mount_key(path: os.PathLike | str, st: os.stat_result) -> tuple:
         pass
     root_id = None
     if root is not None:
-        try:
-            rst = os.stat(root)
-            root_id = (rst.st_ino, rst.st_ctime_ns)
-        except OSError:
-            pass
+        # Not its ctime: every file created or removed in a mount root changes it.
+        with contextlib.suppress(OSError):
+            root_id = os.stat(root).st_ino
     return tuple(sorted(ids)), root_id
 
 

@@ -43,7 +43,7 @@ WINDOW = 8 * MiB
 _NOT_SUPPORTED = fs.UNSUPPORTED_ERRNOS | {errno.ESPIPE}
 
 
-def _supported(call, *args: int) -> bool:
+def supported(call, *args: int) -> bool:
     """Run ``call(*args)``; False where the file cannot do it, any other error raised."""
     try:
         call(*args)
@@ -63,8 +63,8 @@ def drop(fd: int, offset: int, length: int) -> bool:
     """
     wait_all = (fs.SYNC_FILE_RANGE_WAIT_BEFORE | fs.SYNC_FILE_RANGE_WRITE
                 | fs.SYNC_FILE_RANGE_WAIT_AFTER)
-    return (_supported(fs.calls.sync_file_range, fd, offset, length, wait_all)
-            and _supported(fs.calls.fadvise, fd, offset, length, os.POSIX_FADV_DONTNEED))
+    return (supported(fs.calls.sync_file_range, fd, offset, length, wait_all)
+            and supported(fs.calls.fadvise, fd, offset, length, os.POSIX_FADV_DONTNEED))
 
 
 class DropBehind:
@@ -95,7 +95,7 @@ class DropBehind:
     def advance(self, written: int) -> None:
         """The file's first ``written`` bytes are written; push full windows behind."""
         while self.enabled and written - self.started >= self.window:
-            self.enabled = _supported(fs.calls.sync_file_range, self.fd, self.started,
+            self.enabled = supported(fs.calls.sync_file_range, self.fd, self.started,
                                       self.window, fs.SYNC_FILE_RANGE_WRITE)
             if not self.enabled:
                 return

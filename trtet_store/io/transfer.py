@@ -13,7 +13,7 @@ import fcntl
 import os
 from collections.abc import Callable, Sequence
 
-from trtet_store.io import fs
+from trtet_store.io import fs, pagecache
 from trtet_store.io.blobstore import chunk_digest
 from trtet_store.io.errors import PlacementUnavailable, VerificationError
 from trtet_store.io.units import MiB
@@ -192,8 +192,9 @@ def move_peak(step: int) -> int:
     return 2 * step
 
 
-WINDOW = 8 * MiB
-"""Bytes per read/write call inside a move step; writeback is started after each."""
+#: Bytes per read/write call inside a move step; writeback is started after each,
+#: as the blob writer does per window.
+WINDOW = pagecache.WINDOW
 
 # struct btrfs_ioctl_... : START_SYNC returns the transaction id, WAIT_SYNC waits for it.
 BTRFS_IOC_START_SYNC = 0x80089418  # _IOR(0x94, 24, __u64)
@@ -215,7 +216,6 @@ class _Committer:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.enabled = True
-        self.commits = 0
 
     def commit(self) -> None:
         if not self.enabled:
@@ -229,22 +229,6 @@ class _Committer:
             self.enabled = False
             return
         fcntl.ioctl(self.fd, BTRFS_IOC_WAIT_SYNC, bytes(buf))
-        self.commits += 1
-
-
-def _hint(call, *args: int) -> bool:
-    """A page-cache hint (readahead, writeback start); False where the file cannot take it.
-
-    Any other error (EIO above all: ``sync_file_range`` consumes the file's
-    writeback error) is raised.
-    """
-    try:
-        call(*args)
-    except OSError as exc:
-        if exc.errno in fs.UNSUPPORTED_ERRNOS or exc.errno == errno.ESPIPE:
-            return False
-        raise
-    return True
 
 
 def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
@@ -285,8 +269,8 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
     moved = 0
     if length:
         first = (length - 1) // step * step
-        read_ahead = _hint(fs.calls.fadvise, src_fd, first, length - first,
-                           os.POSIX_FADV_WILLNEED)
+        read_ahead = pagecache.supported(fs.calls.fadvise, src_fd, first, length - first,
+                                         os.POSIX_FADV_WILLNEED)
     while length > 0:
         start = (length - 1) // step * step
         fs.allocate(dst_fd, dst_offset + start, length - start)
@@ -298,13 +282,14 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
             verify_chunks(data, pos, digest_chunk, digests, f"source {src_path}", src_path)
             fs.pwrite_all(dst_fd, data, dst_offset + pos)
             if write_behind:
-                write_behind = _hint(fs.calls.sync_file_range, dst_fd, dst_offset + pos,
-                                     end - pos, fs.SYNC_FILE_RANGE_WRITE)
+                write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
+                                                   dst_offset + pos, end - pos,
+                                                   fs.SYNC_FILE_RANGE_WRITE)
         if read_ahead and start:
             # Read the next step while this one is synced.
             before = max(0, start - step)
-            read_ahead = _hint(fs.calls.fadvise, src_fd, before, start - before,
-                               os.POSIX_FADV_WILLNEED)
+            read_ahead = pagecache.supported(fs.calls.fadvise, src_fd, before,
+                                             start - before, os.POSIX_FADV_WILLNEED)
         # Invariant 1: the step is durable in the destination before the
         # source loses it.
         fs.calls.fdatasync(dst_fd)
