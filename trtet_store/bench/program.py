@@ -28,6 +28,7 @@ def _backend() -> type:
     from trtet_store.export import _executorch_private as priv
     from trtet_store.export import trt_blob
     from trtet_store.export.executorch import add_blob_as_named_data
+    from trtet_store.io import Blob
 
     @final
     class TrtetBenchBackend(BackendDetails):
@@ -38,7 +39,10 @@ def _backend() -> type:
             specs = {c.key: c.value.decode() for c in compile_specs}
             key, blob, tag = _PENDING[int(specs["engine_index"])]
             store = priv.named_data_store()
-            add_blob_as_named_data(store, key, blob, alignment=16, external_tag=tag)
+            if isinstance(blob, Blob):
+                add_blob_as_named_data(store, key, blob, alignment=16, external_tag=tag)
+            else:  # ExecuTorch's own FileBackedData (e.g. move_from), registered as is
+                store.add_named_data(key, blob, alignment=16, external_tag=tag)
             meta = trt_blob.BlobMetadata(
                 io_bindings=(
                     trt_blob.IOBinding("x", "float32", (4,), True),
@@ -70,7 +74,8 @@ def build_program(
     methods (the backend exists only at export time).
 
     Args:
-        blobs: Live :class:`~trtet_store.io.Blob` payloads.
+        blobs: Live :class:`~trtet_store.io.Blob` payloads, or ExecuTorch's own
+            ``FileBackedData`` (registered with ``add_named_data`` as is).
         layout: ``split`` (blob *i* in the ``.pte`` when *i* is even, else in
             ``engines.ptd``), ``pte`` or ``ptd``.
         segment_alignment: ExecuTorch's segment alignment.
