@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from pathlib import Path
 
 from trtet_store.io import fs, names, transfer
 from trtet_store.io.journal import PayloadPlan, Plan
+from trtet_store.io.place import place_payload
 from trtet_store.io.units import MiB
 
 
@@ -115,24 +117,20 @@ def finish(plan: Plan) -> None:
 
 
 def complete_placement(plan: Plan) -> None:
-    """Place every payload of every output into its temp file, last first, and sync it."""
+    """Place every payload of every output into its temp file, last first, and sync it.
+
+    Through the writer's own dispatch, :func:`trtet_store.io.place.place_payload`:
+    a move resumes from its source's length, a copy is done again, and so is
+    a clone, as a copy (that reads, and where there are digests verifies,
+    what it places; nothing says a source the writer did not sync survived a
+    crash intact).
+    """
     for out in plan.outputs:
         fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
         try:
             for p in sorted(out.payloads, key=lambda p: -p.offset):
-                flags = os.O_RDWR if p.placement == "move" else os.O_RDONLY
-                src = fs.calls.open(p.source, flags | os.O_CLOEXEC)
-                try:
-                    if p.placement == "move":
-                        transfer.move(src, fd, p.offset, p.size, step=p.step,
-                                      digests=p.chunk_digests, digest_chunk=p.chunk_size,
-                                      src_path=p.source)
-                    else:
-                        transfer.copy(src, fd, p.offset, p.size, chunk=p.step or 8 * MiB,
-                                      digests=p.chunk_digests, digest_chunk=p.chunk_size,
-                                      src_path=p.source, dst_path=out.temp)
-                finally:
-                    fs.calls.close(src)
+                place_payload(p, fd, temp_path=out.temp, dest=Path(out.dest),
+                              copy_chunk=p.step or 8 * MiB, clone=False)
             fs.calls.fsync(fd)
         finally:
             fs.calls.close(fd)

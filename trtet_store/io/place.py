@@ -1,0 +1,106 @@
+"""One payload into its temp file by the placement its plan names: the one dispatch that the
+writer and recovery share.
+
+The writer places what it planned; recovery finishes what a dead writer
+planned, from the journal. Both come here, so a clone falls back, a move
+resumes and a copy verifies the same way in both. Below the writer and
+recovery: this module imports neither (nor :mod:`trtet_store.io.replay`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from trtet_store.io import fs, transfer
+from trtet_store.io.errors import PlacementUnavailable
+from trtet_store.io.journal import PayloadPlan
+
+log = logging.getLogger("trtet_store.writer")
+
+#: Called with the source's ``fstat`` before and after a clone; raises if it is
+#: not the file that was staged (a clone reads no byte that could be verified).
+SourceCheck = Callable[[os.stat_result], None]
+
+
+def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path,
+                  copy_chunk: int, clone: bool = True,
+                  check_source: SourceCheck | None = None,
+                  progress: transfer.Progress | None = None) -> int:
+    """Place one payload into the temp file ``temp_fd`` as ``plan`` says.
+
+    An ``insert`` is already in place (its source became the temp file) and
+    writes nothing here. A ``clone`` that the filesystem refuses after all
+    (:class:`PlacementUnavailable`: nothing changed yet) is copied instead,
+    never moved, since the plan promised its source stays intact; ``plan``
+    then says ``copy`` and why, and the capability cache learns it. A move
+    resumes from the source's length, whoever started it.
+
+    Parameters
+    ----------
+    plan : PayloadPlan
+        The payload's plan (updated in place when a clone falls back).
+    temp_fd : int
+        The output's temp file, open for writing.
+    temp_path : str
+        Its path, for messages.
+    dest : pathlib.Path
+        The output's destination: its directory's filesystem is where room is needed.
+    copy_chunk : int
+        Bytes per copy step.
+    clone : bool
+        Whether a ``clone`` is tried; False copies it (recovery's choice).
+    check_source : callable, optional
+        Checks the source's identity before and after a clone.
+    progress : callable, optional
+        Called with each count of bytes placed.
+
+    Returns
+    -------
+    int
+        Bytes written (a clone writes only an unaligned tail).
+    """
+    if plan.placement == "insert":
+        return 0
+    flags = os.O_RDWR if plan.placement == "move" else os.O_RDONLY
+    src_fd = fs.calls.open(plan.source, flags | os.O_CLOEXEC)
+    try:
+        if plan.placement == "clone":
+            if clone:
+                try:
+                    return _clone(plan, src_fd, temp_fd, dest, check_source, progress)
+                except PlacementUnavailable as exc:
+                    why = f"clone failed ({exc.reason})"
+                    fs.capabilities.put(("clone", fs.fs_identity(plan.source),
+                                         fs.fs_identity(dest.parent)), False, exc.reason)
+            else:
+                why = "a cloned payload is copied again by recovery"
+            # A surprise in the writer (the probe said clone works); recovery's routine.
+            log.log(logging.WARNING if clone else logging.INFO, "%s: %s; copying %s instead",
+                    dest, why, plan.source)
+            plan.placement, plan.reason = "copy", f"{why}; copied"
+        if plan.placement == "move":
+            return transfer.move(src_fd, temp_fd, plan.offset, plan.size, step=plan.step,
+                                 digests=plan.chunk_digests, digest_chunk=plan.chunk_size,
+                                 src_path=plan.source, progress=progress)
+        return transfer.copy(src_fd, temp_fd, plan.offset, plan.size, chunk=copy_chunk,
+                             digests=plan.chunk_digests, digest_chunk=plan.chunk_size,
+                             src_path=plan.source, dst_path=temp_path, progress=progress)
+    finally:
+        fs.calls.close(src_fd)
+
+
+def _clone(plan: PayloadPlan, src_fd: int, temp_fd: int, dest: Path,
+           check_source: SourceCheck | None, progress: transfer.Progress | None) -> int:
+    # Nothing is read: the sealed identity, before and after, is what says
+    # the shared blocks are the staged bytes.
+    if check_source is not None:
+        check_source(os.fstat(src_fd))
+    written = transfer.clone(src_fd, temp_fd, plan.offset, plan.size,
+                             block=fs.block_size(dest.parent), src_path=plan.source,
+                             progress=progress)
+    if check_source is not None:
+        check_source(os.fstat(src_fd))
+    return written

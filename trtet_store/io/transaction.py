@@ -1,0 +1,461 @@
+"""The write transaction: validate, preflight, journal, place, verify, publish, release.
+
+One or more output files are written as a single transaction. Until the
+journal records ``publishing`` every failure rolls back: moved bytes go back
+into their sources, temp files go, destinations keep what they had, and the
+error propagates. See DESIGN.md, "The transaction". The way in is
+:func:`trtet_store.io.writer.write_files`; which placement each payload gets,
+and whether it fits, is :mod:`trtet_store.io.ladder`'s to say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterable, Sequence
+from pathlib import Path
+
+from trtet_store.io import fs, ladder, names, replay
+from trtet_store.io.blobstore import Blob, chunk_digest
+from trtet_store.io.journal import (
+    PUBLISHING,
+    ROLLING_BACK,
+    UNPUBLISHING,
+    InlinePlan,
+    Journal,
+    OutputPlan,
+    PayloadPlan,
+    Plan,
+)
+from trtet_store.io.ladder import PLACEMENTS
+from trtet_store.io.layout import Layout, Piece
+from trtet_store.io.lock import lock_file
+from trtet_store.io.place import place_payload
+from trtet_store.io.recovery import recover_destination
+from trtet_store.io.report import PlacementRecord, WriteReport
+from trtet_store.io.units import MiB
+from trtet_store.io.validate import check_pieces, validate
+
+# The name the transaction has always logged under (tests and users filter on it).
+log = logging.getLogger("trtet_store.writer")
+
+# A move's peak-disk budget (two steps of half this; see transfer.move_step)
+# and a copy's step. One fdatasync per 32 MiB step instead of two per 8 MiB
+# cut a third off a durable 1 GiB move (benchmarks/README.md); 64 MiB is
+# small next to any disk that holds an engine.
+DEFAULT_CHUNK_SIZE = 64 * MiB
+ProgressCallback = Callable[[int, int], None]
+
+
+class _Output:
+    """One output while the transaction runs."""
+
+    def __init__(self, dest: Path, layout: Layout) -> None:
+        self.dest = dest
+        self.layout = layout
+        self.temp = dest  # named once the transaction has its token
+        self.backup: Path | None = None
+        self.temp_fd = -1
+        self.lock_fd = -1
+        self.lock_path = names.lock_path_of(dest)
+        self.old_stat: os.stat_result | None = None
+        self.report = WriteReport(dest, layout.size)
+        self.renamed = False
+
+
+class Transaction:
+    """A write of one or more files; :meth:`run` is the only way in."""
+
+    def __init__(self, outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
+                 consume: bool, chunk_size: int | None,
+                 progress: ProgressCallback | None,
+                 placements: Collection[str] | str | None = None,
+                 timeout: float | None = None) -> None:
+        if chunk_size is not None and chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if not outputs:
+            raise ValueError("nothing to write: no outputs given")
+        for path, pieces in outputs:
+            check_pieces(path, pieces)
+        self.token = uuid.uuid4().hex[:16]
+        self.consume = consume
+        self.timeout = timeout
+        if isinstance(placements, str):
+            placements = [placements]  # one placement, not its letters
+        allowed = set(PLACEMENTS if placements is None else placements) | {"copy"}
+        unknown = sorted(allowed - set(PLACEMENTS))
+        if unknown:
+            raise ValueError(f"unknown placement{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(repr(u) for u in unknown)}; choose from {PLACEMENTS}")
+        self.allowed = allowed
+        self.chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
+        self.progress = progress
+        self.outputs = [_Output(names.destination(p), Layout(pieces)) for p, pieces in outputs]
+        for out in self.outputs:
+            out.temp = names.temp_path(out.dest, self.token)
+        self.plans: list[ladder.Planned] = []
+        self.journal: Journal | None = None
+        self.total = sum(o.layout.size for o in self.outputs)
+        self.done = 0
+        self.committed = False
+
+    # -- the steps, in order -------------------------------------------------
+
+    def run(self) -> list[WriteReport]:
+        start = time.monotonic()
+        try:
+            self.validate()
+            self.lock_destinations()
+            try:
+                self.choose_placements()
+                self.preflight()
+                self.digest_sources()
+                self.sync_sources()
+                self.write_journal()
+                try:
+                    self.create_temps()
+                    self.place()
+                    self.publish()
+                    self.release()
+                except BaseException as exc:
+                    self.rollback(exc)
+                    raise
+            finally:
+                self.unlock_destinations()
+        finally:
+            self.close_temps()
+        seconds = time.monotonic() - start
+        for out in self.outputs:
+            out.report.seconds = seconds
+        return [o.report for o in self.outputs]
+
+    def validate(self) -> None:
+        """Refuse bad destinations and sources before touching anything."""
+        olds = validate([(o.dest, o.layout) for o in self.outputs])
+        for out, old in zip(self.outputs, olds, strict=True):
+            out.old_stat = old
+
+    def lock_destinations(self) -> None:
+        """Take a per-destination lock, so two writers never race for one file."""
+        for out in self.outputs:
+            out.lock_fd = lock_file(out.lock_path, out.dest, self.timeout)
+            recover_destination(out.dest)
+
+    def choose_placements(self) -> None:
+        """Pick, per payload, the best placement allowed, and say why (io/ladder.py)."""
+        self.plans = ladder.choose_placements(
+            [(o.dest, o.layout) for o in self.outputs], allowed=self.allowed,
+            consume=self.consume, chunk_size=self.chunk_size)
+
+    def preflight(self) -> None:
+        """Fail before creating anything if the placements cannot fit (io/ladder.py)."""
+        ladder.preflight([(o.dest, o.layout) for o in self.outputs], self.plans,
+                         consume=self.consume)
+
+    def digest_sources(self) -> None:
+        """Digest adopted blobs that a move or copy will read anyway (adopt reads nothing).
+
+        Their digests go into the journal, so a move is verified as it goes,
+        and a rollback or a recovery can check what it gives back.
+        """
+        for plans in self.plans:
+            for ext, plan in plans:
+                if (plan.placement in ("move", "copy") and plan.chunk_digests is None
+                        and isinstance(ext.piece, Blob)):
+                    ext.piece.ensure_digests()
+                    plan.chunk_digests = list(ext.piece.chunk_digests)
+
+    def sync_sources(self) -> None:
+        """Make every source the write consumes durable, before the journal exists.
+
+        A move truncates its source, and recovery reads each source's length
+        as its progress marker; an insert renames its source into place; a
+        consuming clone deletes it after publish. A freshly built blob may
+        still be only in the page cache: a power cut would bring it back
+        empty (seen on ext4 and XFS), taking its bytes with it, and making a
+        partly moved source look fully moved. Synced first, every byte is
+        durable in its source or in the temp file at every instant. The price
+        is one write of the blob's bytes that the page cache would otherwise
+        have dropped.
+        """
+        for plans in self.plans:
+            for _, plan in plans:
+                if plan.consumed:
+                    fd = fs.calls.open(plan.source, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        fs.calls.fdatasync(fd)
+                    finally:
+                        fs.calls.close(fd)
+
+    def write_journal(self) -> None:
+        """Record the plan durably, and pin the blob files it needs.
+
+        A pin (a symlink to the journal) in each directory holding a blob the
+        write uses tells a store starting there that a journal still needs
+        those files, even when their owner is dead: a move's or an insert's
+        source to give the bytes back, a copy's or a clone's to finish.
+        """
+        outputs = []
+        for i, out in enumerate(self.outputs):
+            if len(self.outputs) > 1:
+                out.backup = names.backup_path(out.dest, self.token)
+            inline = [InlinePlan(e.offset, e.size, chunk_digest(_bytes(e.piece)))
+                      for e in out.layout.inline]
+            outputs.append(OutputPlan(
+                dest=os.fspath(out.dest), temp=os.fspath(out.temp),
+                backup=os.fspath(out.backup) if out.backup else None, size=out.layout.size,
+                inline=inline, payloads=[p for _, p in self.plans[i]]))
+        first = self.outputs[0]
+        path = names.journal_path(first.dest, self.token)
+        pin_dirs = sorted({os.path.dirname(p.source) for plans in self.plans
+                           for ext, p in plans if isinstance(ext.piece, Blob)})
+        pins = [names.pin_path(d, self.token) for d in pin_dirs]
+        plan = Plan(token=self.token, outputs=outputs, pins=pins)
+        self.journal = Journal.create(path, plan)
+        try:
+            for pin in pins:
+                fs.calls.symlink(os.fspath(path), pin)
+                fs.fsync_dir(os.path.dirname(pin))
+        except BaseException:
+            self.journal.remove()
+            self.journal = None
+            raise
+
+    def create_temps(self) -> None:
+        """Temp files beside each destination, at full size (sparse), inline bytes in."""
+        for i, out in enumerate(self.outputs):
+            host = next((p for _, p in self.plans[i] if p.placement == "insert"), None)
+            if host is not None:
+                self._host(i, out, host)
+            if host is None or out.temp_fd < 0:
+                out.temp_fd = fs.calls.open(os.fspath(out.temp),
+                                            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                            0o644)
+            self._keep_mode_and_owner(out)
+            # Pre-sizing keeps XFS from speculative preallocation past EOF,
+            # which would cost a move a second chunk of disk.
+            fs.calls.ftruncate(out.temp_fd, out.layout.size)
+            for ext in out.layout.inline:
+                data = _bytes(ext.piece)
+                if data.strip(b"\0"):  # zero padding stays a hole
+                    fs.pwrite_all(out.temp_fd, data, ext.offset)
+                out.report.inline_bytes += ext.size
+                self._advance(ext.size)
+
+    def _keep_mode_and_owner(self, out: _Output) -> None:
+        """Give the new file the old one's mode and owner, as an in-place save keeps them."""
+        st = out.old_stat
+        if st is None:
+            return
+        try:
+            fs.calls.fchown(out.temp_fd, st.st_uid, st.st_gid)
+        except PermissionError:
+            # Only root may give a file away; an unprivileged writer keeps its
+            # own ownership, as any replace-by-rename does.
+            log.info("%s: cannot keep its owner %d:%d (not permitted); the new file is ours",
+                     out.dest, st.st_uid, st.st_gid)
+        # After the chown, which clears set-id bits.
+        fs.calls.fchmod(out.temp_fd, stat.S_IMODE(st.st_mode))
+
+    def _host(self, i: int, out: _Output, host: PayloadPlan) -> None:
+        """Rename the host payload into place as the temp file, and make room before it.
+
+        The blob is checked against its sealed identity before the rename and
+        after it (on the open file), since no byte of it passes through us.
+        Where inserting turns out impossible here (a capability cache that was
+        wrong, a filesystem that changed), the file is given back untouched
+        and the payload is moved instead, recorded in the journal first.
+        """
+        blob = self._blob_of(host)
+        if blob is not None:
+            blob.check_identity()
+        fs.calls.rename(host.source, os.fspath(out.temp))
+        out.temp_fd = fs.calls.open(os.fspath(out.temp), os.O_RDWR | os.O_CLOEXEC)
+        if blob is not None:
+            blob.check_identity(os.fstat(out.temp_fd), ctime=False)  # the rename set ctime
+        if not host.offset:
+            return
+        try:
+            fs.calls.fallocate(out.temp_fd, fs.FALLOC_FL_INSERT_RANGE, 0, host.offset)
+        except OSError as exc:
+            if exc.errno not in fs.UNSUPPORTED_ERRNOS:
+                raise
+            why = f"fallocate INSERT_RANGE: {os.strerror(exc.errno)}"
+            fd, out.temp_fd = out.temp_fd, -1
+            fs.calls.close(fd)
+            fs.calls.rename(os.fspath(out.temp), host.source)
+            fs.fsync_dir(os.path.dirname(host.source))
+            fs.capabilities.put(("insert", fs.fs_identity(out.dest.parent)), False,
+                                f"{out.dest.parent} cannot insert ranges ({why})")
+            if blob is not None:
+                blob.reseal()
+                blob.ensure_digests()
+                host.chunk_digests = list(blob.chunk_digests)
+            host.placement = "move"
+            host.reason = f"insert failed at placement ({why}); moved instead"
+            log.warning("%s: %s", out.dest, host.reason)
+            assert self.journal is not None
+            self.journal.amend(i, host)
+
+    def _blob_of(self, plan: PayloadPlan) -> Blob | None:
+        for plans in self.plans:
+            for ext, p in plans:
+                if p is plan:
+                    return ext.piece if isinstance(ext.piece, Blob) else None
+        return None
+
+    def place(self) -> None:
+        """Place every payload, from the end of each file toward the front.
+
+        One dispatch, :func:`trtet_store.io.place.place_payload`, as recovery uses.
+        """
+        for i, out in enumerate(self.outputs):
+            order = sorted(self.plans[i], key=lambda ep: -ep[1].offset)
+            for ext, plan in order:
+                record = PlacementRecord(ext.index, plan.source, plan.offset, plan.size,
+                                         plan.placement, plan.reason)
+                blob = ext.piece if isinstance(ext.piece, Blob) else None
+                t0 = time.monotonic()
+                record.bytes_written = place_payload(
+                    plan, out.temp_fd, temp_path=os.fspath(out.temp), dest=out.dest,
+                    copy_chunk=self.chunk_size, progress=self._advance,
+                    check_source=blob.check_identity if blob is not None else None)
+                record.seconds = time.monotonic() - t0
+                record.placement, record.reason = plan.placement, plan.reason
+                if plan.placement == "insert":  # in place since create_temps
+                    self._advance(plan.size)
+                else:
+                    # A clone shares the source's blocks: no byte passed through us to check.
+                    record.verified = (plan.chunk_digests is not None
+                                       and plan.placement != "clone")
+                    log.info("%s: placed %d bytes at %d by %s in %.3f s", out.dest, plan.size,
+                             plan.offset, plan.placement, record.seconds)
+                out.report.placements.append(record)
+            out.report.placements.sort(key=lambda r: r.offset)
+
+    def publish(self) -> None:
+        """Make every temp file durable, then rename each over its destination."""
+        for out in self.outputs:
+            fs.calls.fsync(out.temp_fd)
+        assert self.journal is not None
+        self.journal.mark(PUBLISHING)
+        for out in self.outputs:
+            if out.backup is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.calls.link(os.fspath(out.dest), os.fspath(out.backup))
+            fs.calls.rename(os.fspath(out.temp), os.fspath(out.dest))
+            out.renamed = True
+        # The commit point: every new file is in place. What fails from here on
+        # is reported, and `recover` finishes the cleanup; nothing is undone.
+        # The outputs own the consumed bytes now, and their Blob objects say so.
+        self.committed = True
+        for blob in self._consumed_blobs():
+            blob.consumed = True
+        for parent in sorted({o.dest.parent for o in self.outputs}):
+            fs.fsync_dir(parent)
+
+    def release(self) -> None:
+        """After publish: drop backups, release consumed sources, remove the journal."""
+        replay.finish(self.journal.plan)
+        for blob in self._consumed_blobs():
+            blob.mark_consumed()
+        self.journal.remove()
+        self.journal = None
+
+    def _consumed_blobs(self) -> list[Blob]:
+        return [ext.piece for plans in self.plans for ext, plan in plans
+                if plan.consumed and isinstance(ext.piece, Blob)]
+
+    def rollback(self, exc: BaseException) -> None:
+        """Undo everything before publish; the original error is re-raised by the caller."""
+        if self.journal is None:
+            return
+        if self.committed:
+            log.error("%s published, but the cleanup after it failed (%s); run "
+                      "trtet_store.recover(%r) to finish it", ", ".join(
+                          os.fspath(o.dest) for o in self.outputs), exc,
+                      os.fspath(self.journal.path.parent))
+            exc.add_note("the new files were published; run trtet_store.recover("
+                         f"{os.fspath(self.journal.path.parent)!r}) to finish the cleanup")
+            self.journal.close()
+            return
+        log.warning("write of %s failed (%s); rolling back",
+                    ", ".join(os.fspath(o.dest) for o in self.outputs), exc)
+        try:
+            if self.journal.state == PUBLISHING:
+                # Some outputs may be renamed into place: say so durably before
+                # taking them back, so that recovery can finish taking them back.
+                self.journal.mark(UNPUBLISHING)
+                replay.unpublish(self.journal.plan)
+                for out in self.outputs:
+                    out.renamed = False
+            self.journal.mark(ROLLING_BACK)
+            self.close_temps()
+            replay.undo(self.journal.plan)
+            self.journal.remove()
+            self.journal = None
+            self._reseal_restored()
+        except BaseException as undo_exc:
+            # Keep the journal: it is what lets `recover` finish the rollback.
+            directory = os.fspath(self.journal.path.parent)
+            log.error("rollback did not complete (%s); run trtet_store.recover(%r)", undo_exc,
+                      directory)
+            self.journal.close()
+            exc.add_note(f"rollback did not complete: {undo_exc!r}; run "
+                         f"trtet_store.recover({directory!r})")
+            if isinstance(undo_exc, OSError) and undo_exc.errno == errno.ENOSPC:
+                step = max((p.step for plans in self.plans for _, p in plans
+                            if p.placement == "move"), default=0)
+                exc.add_note(f"giving moved bytes back to their sources needs {step} bytes "
+                             f"free; free that much on the filesystem of {directory}, then run "
+                             f"`trtet-store recover {directory}`. Until then every byte is in "
+                             "its source or in the temp file, as the journal there records.")
+            return
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            exc.add_note(f"the filesystem of {', '.join(os.fspath(o.dest) for o in self.outputs)} "
+                         "filled up during the write, after the preflight had found enough "
+                         "space (something else took it meanwhile); the write was rolled back: "
+                         "the sources and the destinations are as they were")
+
+    def _reseal_restored(self) -> None:
+        """Blobs a rollback gave back (verified moves, exactly undone inserts) are sealed anew.
+
+        Our own truncation, rename and collapse changed their files' identity;
+        without this a retry could not place them by clone or insert.
+        """
+        for plans in self.plans:
+            for ext, plan in plans:
+                if plan.placement in ("move", "insert") and isinstance(ext.piece, Blob):
+                    with contextlib.suppress(OSError):
+                        ext.piece.reseal()
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress:
+            self.progress(self.done, self.total)
+
+    def close_temps(self) -> None:
+        for out in self.outputs:
+            if out.temp_fd >= 0:
+                with contextlib.suppress(OSError):
+                    fs.calls.close(out.temp_fd)
+                out.temp_fd = -1
+
+    def unlock_destinations(self) -> None:
+        for out in self.outputs:
+            if out.lock_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(out.lock_path)
+                os.close(out.lock_fd)
+                out.lock_fd = -1
+
+
+def _bytes(piece: Piece) -> bytes:
+    return bytes(piece) if not isinstance(piece, bytes) else piece
