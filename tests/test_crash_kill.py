@@ -1,10 +1,10 @@
 """SIGKILL at random moments of a real write, then recover(): nothing lost, nothing torn.
 
-A child process (``tests/crashkit.py`` run as a script) stages five blobs
+A child process (``python -m crash_child``) stages five blobs
 (64 MiB in all) in a store, then writes two outputs from them in one
 consuming transaction with 256 KiB steps (hundreds of chunk boundaries, each
 a place to die). The parent kills it at a random moment, runs
-``recover(out)`` and checks (crashkit.check_recovered): each output is its
+``recover(out)`` and checks (crash_verdict.check_recovered): each output is its
 old content or the new one, byte-identical to an uninterrupted write, both
 outputs agree; every blob's bytes exist exactly once; no temp, journal, lock
 or pin file is left. A new store then collects the dead child's files.
@@ -21,20 +21,18 @@ test-long``): 600 + 400 + 200.
 from __future__ import annotations
 
 import collections
-import os
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import crashkit
+import crash_child
 import pytest
-from crashkit import Scenario, check_recovered, collect_dead_store, digest, journal_state
+from crash_scenario import Scenario, kill_scenario, write_pristine
+from crash_verdict import check_recovered, collect_dead_store, journal_state
+from digests import digest
 
 from trtet_store import recover
 
-CHILD = Path(crashkit.__file__)
 KILLS = {"moves": 16, "insert": 8}
 ROLLBACK_KILLS = 10
 LONG_KILLS = {"moves": 600, "insert": 400}
@@ -45,7 +43,7 @@ LONG_ROLLBACK_KILLS = 200
 def pristine(tmp_path_factory):
     """The kill scenario's blob bytes, generated once per module."""
     d = tmp_path_factory.mktemp("pristine")
-    crashkit.write_pristine(crashkit.kill_scenario(d), d)
+    write_pristine(kill_scenario(d), d)
     return d
 
 
@@ -53,9 +51,7 @@ class Child:
     """The writing child, with its stdout read line by line."""
 
     def __init__(self, scn_file: Path, root: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, os.fspath(CHILD), os.fspath(scn_file), os.fspath(root)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = crash_child.spawn(scn_file, root)
         self.lines: list[str] = []
 
     def wait_for(self, word: str) -> bool:
@@ -73,9 +69,21 @@ class Child:
         self.finish()
 
     def finish(self) -> tuple[int, str]:
-        out, err = self.proc.communicate(timeout=120)
-        self.lines += out.split()
-        return self.proc.returncode, err
+        """Wait for the child's end, its remaining lines joining ``lines``.
+
+        Returns
+        -------
+        tuple of (int, str)
+            The exit status and what the child wrote to stderr.
+        """
+        # Read through the text buffer: communicate() reads the pipe itself and
+        # would drop the lines readline() has already buffered. The child writes
+        # little to stderr, so reading stdout to its end first cannot block it.
+        self.lines += self.proc.stdout.read().splitlines()
+        err = self.proc.stderr.read()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return self.proc.wait(timeout=120), err
 
 
 def calibrate(scn: Scenario, root: Path, scn_file: Path, runs: int = 3) -> dict[str, float]:
@@ -91,15 +99,24 @@ def calibrate(scn: Scenario, root: Path, scn_file: Path, runs: int = 3) -> dict[
 def _calibrate_once(scn: Scenario, root: Path, scn_file: Path) -> dict[str, float]:
     staging, out, user = scn.install(root)
     child = Child(scn_file, root)
-    assert child.wait_for("ready"), child.finish()
+    assert child.wait_for(crash_child.READY), child.finish()
     t0 = time.monotonic()
     times = {}
     if scn.tamper is not None:
-        assert child.wait_for("rollback"), child.finish()
+        assert child.wait_for(crash_child.ROLLBACK), child.finish()
         times["rollback"] = time.monotonic() - t0
     code, err = child.finish()
     times["end"] = time.monotonic() - t0
-    assert code == (3 if scn.tamper is not None else 0), (code, child.lines, err)
+    assert code == (crash_child.FAILED_STATUS if scn.tamper is not None else 0), (
+        code, child.lines, err)
+    # The child's own account must agree with what it did: a rollback seen
+    # only when the write failed, and then completed.
+    if scn.tamper is not None:
+        assert child.lines[-1].startswith(crash_child.FAILED), child.lines
+        assert child.lines[-1].endswith("rolled-back"), child.lines
+    else:
+        assert child.lines[-1] == crash_child.DONE, child.lines
+        assert crash_child.ROLLBACK not in child.lines, child.lines
     # The reference: an uninterrupted write publishes exactly the scenario's bytes.
     verdict = check_recovered(scn, staging, out, user, where="uninterrupted run")
     assert verdict == ("old" if scn.tamper is not None else "new")
@@ -121,10 +138,13 @@ def run_kills(scn: Scenario, root: Path, kills: int, seed: int, *, during_rollba
     for k in range(kills):
         staging, out, user = scn.install(root)
         child = Child(scn_file, root)
-        assert child.wait_for("ready"), child.finish()
+        assert child.wait_for(crash_child.READY), child.finish()
+        announced = False
         if during_rollback and k % 2 == 0:
-            # Half of them inside the rollback, timed from its first log line.
-            if child.wait_for("rollback"):
+            # Half of them inside the rollback, timed from the child's word
+            # that its journal records the undoing.
+            if child.wait_for(crash_child.ROLLBACK):
+                announced = True
                 time.sleep(rng.uniform(0, 0.8 * (times["end"] - times["rollback"])))
             where_ = "rollback"
         else:
@@ -132,6 +152,8 @@ def run_kills(scn: Scenario, root: Path, kills: int, seed: int, *, during_rollba
             where_ = "any"
         child.kill()
         state = journal_state(out) or "no journal"
+        if announced:  # once undoing, a write's journal only stays so or goes
+            assert state in {*crash_child.UNDOING, "no journal"}, (k, state, child.lines)
         outcomes = recover(out)
         actions = ",".join(sorted({o.action for o in outcomes})) or "nothing"
         verdict = check_recovered(scn, staging, out, user, staged=staged, new=new,
@@ -156,7 +178,7 @@ def test_sigkill_at_random_moments_loses_nothing(here_fs, pristine, layout):
     # "moves": every blob moved, so a kill in the placement can be rolled
     # forward; "insert": model.pte's largest blob hosts the file (renamed
     # into place, room inserted before it), which recovery rolls back.
-    scn = crashkit.kill_scenario(pristine, aligned=layout == "insert")
+    scn = kill_scenario(pristine, aligned=layout == "insert")
     kills = KILLS[layout]
     times, stats = run_kills(scn, here_fs / "w", kills, seed=5)
     _report(f"kill during write ({layout})", kills, times, stats)
@@ -171,7 +193,7 @@ def test_sigkill_on_xfs_loses_nothing(make_fs, pristine):
     # and the truncations it leaves for the next step's sync to commit are
     # killed on XFS too.
     mnt = make_fs("xfs", 400)
-    scn = crashkit.kill_scenario(pristine)
+    scn = kill_scenario(pristine)
     kills = KILLS["moves"]
     times, stats = run_kills(scn, mnt / "w", kills, seed=7)
     _report("kill during write (moves, xfs)", kills, times, stats)
@@ -180,7 +202,7 @@ def test_sigkill_on_xfs_loses_nothing(make_fs, pristine):
 
 
 def test_sigkill_during_rollback_loses_nothing(here_fs, pristine):
-    scn = crashkit.kill_scenario(pristine)
+    scn = kill_scenario(pristine)
     scn.tamper = 2  # the blob placed last: nearly everything is moved, then rolled back
     times, stats = run_kills(scn, here_fs / "w", ROLLBACK_KILLS, seed=6, during_rollback=True)
     _report("kill during a failing write and its rollback", ROLLBACK_KILLS, times, stats)
@@ -192,7 +214,7 @@ def test_sigkill_during_rollback_loses_nothing(here_fs, pristine):
 @pytest.mark.timeout(6 * 3600)
 @pytest.mark.parametrize("layout", list(LONG_KILLS))
 def test_sigkill_a_thousand_times_loses_nothing(here_fs, pristine, layout):
-    scn = crashkit.kill_scenario(pristine, aligned=layout == "insert")
+    scn = kill_scenario(pristine, aligned=layout == "insert")
     kills = LONG_KILLS[layout]
     times, stats = run_kills(scn, here_fs / "w", kills, seed=1005)
     _report(f"kill during write ({layout}, long)", kills, times, stats)
@@ -201,7 +223,7 @@ def test_sigkill_a_thousand_times_loses_nothing(here_fs, pristine, layout):
 @pytest.mark.slow
 @pytest.mark.timeout(6 * 3600)
 def test_sigkill_during_rollback_many_times_loses_nothing(here_fs, pristine):
-    scn = crashkit.kill_scenario(pristine)
+    scn = kill_scenario(pristine)
     scn.tamper = 2
     times, stats = run_kills(scn, here_fs / "w", LONG_ROLLBACK_KILLS, seed=1006,
                              during_rollback=True)

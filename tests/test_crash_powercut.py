@@ -1,6 +1,6 @@
 """Power cut at every step of a write, on loop-mounted ext4 (also noauto_da_alloc) and XFS.
 
-For each call number N of the transaction (counted by crashkit.CallHook
+For each call number N of the transaction (counted by crash_dying.CallHook
 around ``fs.calls``), a forked child stages the blobs and writes; just before
 call N it shuts the filesystem down without flushing its log
 (EXT4_IOC_SHUTDOWN / XFS_IOC_GOINGDOWN with the NOLOGFLUSH flag: whatever is
@@ -26,9 +26,11 @@ import collections
 import os
 from pathlib import Path
 
-import crashkit
 import pytest
-from crashkit import CallHook, Scenario, check_recovered, collect_dead_store, in_child
+from crash_dying import CallHook, die, in_child, power_cut
+from crash_scenario import Scenario
+from crash_verdict import check_recovered, collect_dead_store, journal_state
+from digests import digest
 from filesystems import syncfs
 
 from trtet_store import recover
@@ -76,7 +78,7 @@ class PowerCuts:
         self.scn = scn
         self.sync_blobs = sync_blobs
         self.staged = scn.staged_digests()
-        self.new = {k: crashkit.digest(v) for k, v in scn.new_content().items()}
+        self.new = {k: digest(v) for k, v in scn.new_content().items()}
         self.stats: collections.Counter = collections.Counter()
         self.placements = ""
 
@@ -87,7 +89,7 @@ class PowerCuts:
 
         def child():
             _store, blobs = self.scn.stage(staging)
-            with CallHook(None, crashkit.die) as hook:
+            with CallHook(None, die) as hook:
                 reports = self.scn.write(out, user, blobs)
             used = sorted({p.placement for r in reports for p in r.placements})
             names_file.write_text("+".join(used) + "\n" + "\n".join(hook.names))
@@ -113,8 +115,8 @@ class PowerCuts:
         def cut(*_):
             if self.foreign_commit:
                 commit_journal(self.mnt)
-            crashkit.power_cut(self.mnt)
-            crashkit.die()
+            power_cut(self.mnt)
+            die()
 
         def child():
             _store, blobs = self.scn.stage(staging)
@@ -135,8 +137,8 @@ class PowerCuts:
         out = self.root / "out"
 
         def cut(*_):
-            crashkit.power_cut(self.mnt)
-            crashkit.die()
+            power_cut(self.mnt)
+            die()
 
         def child():
             with CallHook(at, cut):
@@ -151,7 +153,7 @@ class PowerCuts:
     def check(self, where: str) -> str:
         """Recover in this process and check the invariants."""
         staging, out, user = self.root / "staging", self.root / "out", self.root / "user"
-        state = crashkit.journal_state(out) or "no journal"
+        state = journal_state(out) or "no journal"
         outcomes = recover(out)
         acts = ",".join(sorted({o.action for o in outcomes})) or "nothing"
         verdict = check_recovered(self.scn, staging, out, user, staged=self.staged,

@@ -1,0 +1,121 @@
+"""Ways for a crash test's writer to die: a power cut, an exit at a chosen system call.
+
+:func:`power_cut` shuts a filesystem down as a power loss would;
+:class:`CallHook` runs an action (:func:`die`, a power cut) before a chosen
+call of ``trtet_store.io.fs.calls``; :func:`in_child` runs all that in a
+forked child so that the test process lives on to recover and check.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import sys
+import traceback
+from collections.abc import Callable
+
+from faults import WrappedCalls
+
+# -- the shutdown ioctl ("power cut") --------------------------------------------
+#
+# include/uapi/linux/ext4.h:   #define EXT4_IOC_SHUTDOWN _IOR('X', 125, __u32)
+#                              #define EXT4_GOING_FLAGS_NOLOGFLUSH 0x2
+# fs/xfs/libxfs/xfs_fs.h:      #define XFS_IOC_GOINGDOWN _IOR('X', 125, uint32_t)
+#                              #define XFS_FSOP_GOING_FLAGS_NOLOGFLUSH 0x2
+# (One number for both, also F2FS_IOC_SHUTDOWN and EXFAT_IOC_SHUTDOWN.)
+_IOC_READ = 2
+_IOC_NRSHIFT, _IOC_TYPESHIFT, _IOC_SIZESHIFT, _IOC_DIRSHIFT = 0, 8, 16, 30
+
+
+def _ior(type_: str, nr: int, size: int) -> int:
+    return ((_IOC_READ << _IOC_DIRSHIFT) | (ord(type_) << _IOC_TYPESHIFT)
+            | (nr << _IOC_NRSHIFT) | (size << _IOC_SIZESHIFT))
+
+
+FS_IOC_SHUTDOWN = _ior("X", 125, 4)  # == EXT4_IOC_SHUTDOWN == XFS_IOC_GOINGDOWN
+GOING_FLAGS_NOLOGFLUSH = 2
+assert FS_IOC_SHUTDOWN == 0x8004587D
+
+#: The exit status of a process that died on purpose (:func:`die`).
+DIED = 86
+
+
+def power_cut(mountpoint: os.PathLike | str) -> None:
+    """Shut the filesystem down without flushing its log: what is not durable is lost.
+
+    From here on every call on the filesystem fails with EIO; unmount and
+    mount it again to see what a machine would find after losing power.
+    """
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, FS_IOC_SHUTDOWN, struct.pack("I", GOING_FLAGS_NOLOGFLUSH))
+    finally:
+        os.close(fd)
+
+
+# -- dying at a chosen system call ---------------------------------------------------------
+
+
+class CallHook(WrappedCalls):
+    """Wrap every call in ``fs.calls``; run ``action(n, name)`` before call number ``at``.
+
+    Parameters
+    ----------
+    at : int, set of int, or None
+        The call number(s) to act before; None only counts (``count``, ``names``).
+    action : callable
+        Called as ``action(n, name)``. It may end the process (``os._exit``),
+        cut the power, or raise (which the call then does).
+    """
+
+    def __init__(self, at: int | set[int] | None,
+                 action: Callable[[int, str], None]) -> None:
+        self.at = {at} if isinstance(at, int) else set(at or ())
+        self.action = action
+        self.count = 0
+        self.names: list[str] = []
+
+    def _wrap(self, name: str, real: Callable) -> Callable:
+        def call(*args, **kwargs):
+            self.count += 1
+            self.names.append(name)
+            if self.count in self.at:
+                self.action(self.count, name)
+            return real(*args, **kwargs)
+
+        return call
+
+
+def die(*_: object) -> None:
+    """End this process now, like SIGKILL: no cleanup, no finally, no rollback."""
+    os._exit(DIED)
+
+
+def in_child(fn: Callable[[], None]) -> int:
+    """Run ``fn`` in a forked child.
+
+    Returns
+    -------
+    int
+        The child's exit status: 0 if ``fn`` returned, 1 if it raised,
+        :data:`DIED` (86) if it died on purpose.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            logging.disable(logging.CRITICAL)
+            fn()
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
