@@ -169,13 +169,19 @@ def payload_need(plans: Iterable[PayloadPlan], block: int) -> int:
 
     A copy needs its whole payload; a clone one block (a tail shorter than a
     block is written); the moves of one output one move's peak (they run one
-    after another), plus two blocks each. An insert's header blocks are
-    counted with the inline bytes.
+    after another), plus two blocks each. An insert is budgeted as the move
+    it falls back to: inserting can still fail at placement where the probe
+    said it works (it is tried on a scratch file, and a cache can be wrong),
+    and refusing now costs one step (``chunk_size``) of free space, where a
+    fallback without its room would fill the disk mid-write. A clone's
+    fallback to a copy is not budgeted here (it would need the whole payload
+    for a placement that needs none); :func:`trtet_store.io.place.place_payload`
+    checks its room before copying a byte.
     """
     plans = list(plans)
     n = sum(round_up(p.size, block) for p in plans if p.placement == "copy")
     n += block * sum(1 for p in plans if p.placement == "clone")  # an unaligned tail
-    movers = [p for p in plans if p.placement == "move"]
+    movers = [p for p in plans if p.placement in ("move", "insert")]
     if movers:
         n += transfer.move_peak(max(p.step for p in movers)) + 2 * block * len(movers)
     return n
@@ -185,10 +191,19 @@ def preflight(outputs: Sequence[tuple[Path, Layout]], plans: Sequence[Planned], 
               consume: bool) -> None:
     """Fail before anything is created if the placements cannot fit.
 
-    Every byte the write needs on each destination filesystem is counted:
+    Every byte the write may need on each destination filesystem is counted:
     the inline bytes (an insert's header among them), each payload by its
-    placement (:func:`payload_need`), and :data:`SLACK_BYTES`. The old
-    destination stays until the rename, so it is not counted as free.
+    placement (:func:`payload_need`, which budgets an insert as the move it
+    may fall back to), and :data:`SLACK_BYTES`. The old destination stays
+    until the rename, so it is not counted as free.
+
+    A clone that falls back to a copy at placement (FICLONERANGE refused
+    after all: EOPNOTSUPP, EXDEV, ...) is not budgeted as a copy: that would
+    refuse, on a disk with room for the clone, the placement whose point is
+    that it needs no room. Instead the fallback checks the room it needs
+    before copying a byte, and raises the same :class:`InsufficientSpaceError`;
+    the transaction then rolls back, leaving sources and destinations as
+    they were (see :func:`trtet_store.io.place.place_payload`).
 
     Raises
     ------
@@ -207,6 +222,23 @@ def preflight(outputs: Sequence[tuple[Path, Layout]], plans: Sequence[Planned], 
         available = fs.free_bytes(dest.parent)
         if needed > available:
             raise InsufficientSpaceError(needed, available, dest, space_hint(plans, consume))
+
+
+def still_needed(dest_dir: Path, pending: Iterable[tuple[Path, Iterable[PayloadPlan]]]) -> int:
+    """Room the payloads not placed yet still need on ``dest_dir``'s filesystem, with slack.
+
+    What a placement's fallback must leave free for the rest of the write.
+    ``pending`` gives, per output (its destination), the plans still to place;
+    an insert among them is already in place (hosting happens first) and
+    needs nothing more.
+    """
+    dev = os.stat(dest_dir).st_dev
+    n = SLACK_BYTES
+    for dest, plans in pending:
+        if os.stat(dest.parent).st_dev == dev:
+            n += payload_need((p for p in plans if p.placement != "insert"),
+                              fs.block_size(dest.parent))
+    return n
 
 
 def space_hint(plans: Sequence[Planned], consume: bool) -> str | None:

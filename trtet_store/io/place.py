@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trtet_store.io import fs, transfer
-from trtet_store.io.errors import PlacementUnavailable
+from trtet_store.io.errors import InsufficientSpaceError, PlacementUnavailable
 from trtet_store.io.journal import PayloadPlan
+from trtet_store.io.units import round_up
 
 log = logging.getLogger("trtet_store.writer")
 
@@ -26,7 +27,7 @@ SourceCheck = Callable[[os.stat_result], None]
 
 
 def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path,
-                  copy_chunk: int, clone: bool = True,
+                  copy_chunk: int, reserve: int = 0,
                   check_source: SourceCheck | None = None,
                   progress: transfer.Progress | None = None) -> int:
     """Place one payload into the temp file ``temp_fd`` as ``plan`` says.
@@ -37,6 +38,12 @@ def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path
     never moved, since the plan promised its source stays intact; ``plan``
     then says ``copy`` and why, and the capability cache learns it. A move
     resumes from the source's length, whoever started it.
+
+    A copy that replaces a clone was not budgeted by the preflight (see
+    :func:`trtet_store.io.ladder.preflight`), so it first checks that its
+    payload plus ``reserve`` fits on the destination's filesystem, and
+    raises :class:`InsufficientSpaceError` before writing a byte when it
+    does not; the caller rolls back.
 
     Parameters
     ----------
@@ -50,8 +57,9 @@ def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path
         The output's destination: its directory's filesystem is where room is needed.
     copy_chunk : int
         Bytes per copy step.
-    clone : bool
-        Whether a ``clone`` is tried; False copies it (recovery's choice).
+    reserve : int
+        Room the rest of the write still needs on that filesystem
+        (:func:`trtet_store.io.ladder.still_needed`), kept free by a fallback copy.
     check_source : callable, optional
         Checks the source's identity before and after a clone.
     progress : callable, optional
@@ -61,6 +69,11 @@ def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path
     -------
     int
         Bytes written (a clone writes only an unaligned tail).
+
+    Raises
+    ------
+    InsufficientSpaceError
+        A copy replacing a clone would not fit; nothing of it was written.
     """
     if plan.placement == "insert":
         return 0
@@ -68,18 +81,19 @@ def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path
     src_fd = fs.calls.open(plan.source, flags | os.O_CLOEXEC)
     try:
         if plan.placement == "clone":
-            if clone:
-                try:
-                    return _clone(plan, src_fd, temp_fd, dest, check_source, progress)
-                except PlacementUnavailable as exc:
-                    why = f"clone failed ({exc.reason})"
-                    fs.capabilities.put(("clone", fs.fs_identity(plan.source),
-                                         fs.fs_identity(dest.parent)), False, exc.reason)
-            else:
-                why = "a cloned payload is copied again by recovery"
-            # A surprise in the writer (the probe said clone works); recovery's routine.
-            log.log(logging.WARNING if clone else logging.INFO, "%s: %s; copying %s instead",
-                    dest, why, plan.source)
+            try:
+                return _clone(plan, src_fd, temp_fd, dest, check_source, progress)
+            except PlacementUnavailable as exc:
+                why = f"clone failed ({exc.reason})"
+                fs.capabilities.put(("clone", fs.fs_identity(plan.source),
+                                     fs.fs_identity(dest.parent)), False, exc.reason)
+            # Counted as a whole copy: copy_file_range may yet share the blocks (XFS or
+            # btrfs between two mounts of one filesystem), but nothing says so before
+            # it runs, and where FICLONERANGE is refused it mostly writes every byte.
+            ensure_room(dest, round_up(plan.size, fs.block_size(dest.parent)) + reserve,
+                        f"{why}, so {plan.source} has to be copied, which needs its whole size")
+            log.warning("%s: %s before changing anything; copying %s instead", dest, why,
+                        plan.source)
             plan.placement, plan.reason = "copy", f"{why}; copied"
         if plan.placement == "move":
             return transfer.move(src_fd, temp_fd, plan.offset, plan.size, step=plan.step,
@@ -104,3 +118,15 @@ def _clone(plan: PayloadPlan, src_fd: int, temp_fd: int, dest: Path,
     if check_source is not None:
         check_source(os.fstat(src_fd))
     return written
+
+
+def ensure_room(dest: Path, needed: int, hint: str) -> None:
+    """Raise :class:`InsufficientSpaceError` unless ``needed`` bytes are free for ``dest`` now.
+
+    What the preflight raises, for room it could not budget (a fallback, or
+    recovery's copy of a clone); checked before the first byte it is for, so
+    the error leaves nothing to undo but what the caller's rollback undoes anyway.
+    """
+    available = fs.free_bytes(dest.parent)
+    if needed > available:
+        raise InsufficientSpaceError(needed, available, dest, hint)

@@ -272,7 +272,10 @@ def _finish_placement(plan: Plan) -> str | None:
     source is verified only as it moves. A source changed after staging (or
     an I/O error) is found there, and then the write is rolled back like the
     writer itself would have done: the sources' lengths still say where
-    every byte is, so the rollback can start from any step.
+    every byte is, so the rollback can start from any step. So is a clone
+    that cannot be cloned again and whose copy would not fit: that is found
+    before the copy writes a byte (:class:`InsufficientSpaceError`, said in
+    the outcome's detail), not by running out of space in the middle of it.
     """
     why = _cannot_roll_forward(plan)
     if why is not None:

@@ -12,7 +12,7 @@ import errno
 import os
 from pathlib import Path
 
-from trtet_store.io import fs, names, transfer
+from trtet_store.io import fs, ladder, names, transfer
 from trtet_store.io.journal import PayloadPlan, Plan
 from trtet_store.io.place import place_payload
 from trtet_store.io.units import MiB
@@ -120,17 +120,28 @@ def complete_placement(plan: Plan) -> None:
     """Place every payload of every output into its temp file, last first, and sync it.
 
     Through the writer's own dispatch, :func:`trtet_store.io.place.place_payload`:
-    a move resumes from its source's length, a copy is done again, and so is
-    a clone, as a copy (that reads, and where there are digests verifies,
-    what it places; nothing says a source the writer did not sync survived a
-    crash intact).
+    a move resumes from its source's length, a copy is done again, a clone
+    is cloned again, and a clone the filesystem refuses is copied only after
+    checking that the copy fits beside what the rest still needs: short of
+    room it raises :class:`InsufficientSpaceError` before writing a byte of
+    it, and recovery rolls the write back instead of filling the disk.
     """
-    for out in plan.outputs:
+    for i, out in enumerate(plan.outputs):
+        dest = Path(out.dest)
+        order = sorted(out.payloads, key=lambda p: -p.offset)
         fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
         try:
-            for p in sorted(out.payloads, key=lambda p: -p.offset):
-                place_payload(p, fd, temp_path=out.temp, dest=Path(out.dest),
-                              copy_chunk=p.step or 8 * MiB, clone=False)
+            for k, p in enumerate(order):
+                rest = [(dest, order[k + 1:])]
+                rest += [(Path(o.dest), o.payloads) for o in plan.outputs[i + 1:]]
+                place_payload(p, fd, temp_path=out.temp, dest=dest, copy_chunk=p.step or 8 * MiB,
+                              reserve=ladder.still_needed(dest.parent, rest))
+                if p.placement == "clone":
+                    # The writer trusts a blob's sealed identity, which died with its
+                    # store; nothing says a source it never synced survived a crash
+                    # intact. Read what the clone shares, as a copy would have.
+                    transfer.verify_range(fd, p.offset, 0, p.size, p.chunk_size,
+                                          p.chunk_digests, "cloned bytes in temp", out.temp)
             fs.calls.fsync(fd)
         finally:
             fs.calls.close(fd)

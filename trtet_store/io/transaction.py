@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trtet_store.io import fs, ladder, names, replay
 from trtet_store.io.blobstore import Blob, chunk_digest
+from trtet_store.io.errors import InsufficientSpaceError
 from trtet_store.io.journal import (
     PUBLISHING,
     ROLLING_BACK,
@@ -312,18 +313,26 @@ class Transaction:
     def place(self) -> None:
         """Place every payload, from the end of each file toward the front.
 
-        One dispatch, :func:`trtet_store.io.place.place_payload`, as recovery uses.
+        One dispatch, :func:`trtet_store.io.place.place_payload`, as recovery
+        uses. A clone that falls back to a copy there first checks that the
+        copy fits beside what the payloads after it still need, and raises
+        :class:`InsufficientSpaceError` before copying a byte when it does
+        not (the preflight budgeted the clone); :meth:`run` then rolls back.
         """
         for i, out in enumerate(self.outputs):
             order = sorted(self.plans[i], key=lambda ep: -ep[1].offset)
-            for ext, plan in order:
+            for k, (ext, plan) in enumerate(order):
                 record = PlacementRecord(ext.index, plan.source, plan.offset, plan.size,
                                          plan.placement, plan.reason)
                 blob = ext.piece if isinstance(ext.piece, Blob) else None
+                pending = [(out.dest, [p for _, p in order[k + 1:]])]
+                pending += [(o.dest, [p for _, p in self.plans[j]])
+                            for j, o in enumerate(self.outputs) if j > i]
                 t0 = time.monotonic()
                 record.bytes_written = place_payload(
                     plan, out.temp_fd, temp_path=os.fspath(out.temp), dest=out.dest,
                     copy_chunk=self.chunk_size, progress=self._advance,
+                    reserve=ladder.still_needed(out.dest.parent, pending),
                     check_source=blob.check_identity if blob is not None else None)
                 record.seconds = time.monotonic() - t0
                 record.placement, record.reason = plan.placement, plan.reason
@@ -416,7 +425,11 @@ class Transaction:
                              f"`trtet-store recover {directory}`. Until then every byte is in "
                              "its source or in the temp file, as the journal there records.")
             return
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        if isinstance(exc, InsufficientSpaceError):
+            # A placement's fallback found no room for itself before writing a byte.
+            exc.add_note("the write was rolled back: the sources and the destinations are as "
+                         "they were")
+        elif isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             exc.add_note(f"the filesystem of {', '.join(os.fspath(o.dest) for o in self.outputs)} "
                          "filled up during the write, after the preflight had found enough "
                          "space (something else took it meanwhile); the write was rolled back: "
