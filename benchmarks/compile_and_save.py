@@ -27,8 +27,7 @@ import trtet_store
 from trtet_store.bench import measure
 from trtet_store.bench.loopfs import FilesystemFactory
 from trtet_store.bench.stub_tensorrt import FakeBuilder, installed
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB, format_mib
 
 
 def one_run(mnt, engine_bytes: int, engines: int) -> dict:
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "placements"}
             placements = sorted({"+".join(r["placements"]) for r in runs})
             print(f"| {fstype} | {', '.join(placements)} "
-                  f"| {med['peak_extra_beyond_engines'] / MiB:.1f} MiB "
+                  f"| {format_mib(med['peak_extra_beyond_engines'])} "
                   f"| {med['save_bytes_written'] / MiB:.2f} MiB | {med['seconds']:.2f} "
                   f"| {med['staging_seconds']:.2f} | {med['rest_seconds']:.2f} |", flush=True)
     return 0

@@ -35,9 +35,9 @@ from trtet_store import bench
 from trtet_store.bench import measure
 from trtet_store.bench.loopfs import FilesystemFactory
 from trtet_store.io.blobstore import BlobStore
+from trtet_store.io.units import MiB
 from trtet_store.io.writer import write_file
 
-MiB = 1 << 20
 WRITE = 16 * MiB
 
 

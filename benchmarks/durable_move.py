@@ -41,9 +41,7 @@ from trtet_store.bench.measure import (
     syncfs,
 )
 from trtet_store.io import BlobStore, fs, write_file
-
-MiB = 1 << 20
-GiB = 1 << 30
+from trtet_store.io.units import GiB, MiB
 
 
 def _list(text: str) -> list[str]:

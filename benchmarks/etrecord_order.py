@@ -24,8 +24,7 @@ from trtet_store.bench.loopfs import FilesystemFactory
 from trtet_store.bench.measure import PeakDiskMonitor
 from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
 from trtet_store.export import tensorrt as trt
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 def etrecord_first(directory: Path, builder: FakeBuilder) -> dict:

@@ -24,8 +24,7 @@ from trtet_store import bench
 from trtet_store.bench import loopfs
 from trtet_store.bench.measure import PeakDiskMonitor, syncfs
 from trtet_store.io import fs
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 def clone(src: int, dst: int, size: int, step: int) -> None:

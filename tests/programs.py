@@ -37,8 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, final
 
-MiB = 1 << 20
-
+from trtet_store.io.units import MiB
 
 # --- XNNPACK / portable ------------------------------------------------------------
 

@@ -28,8 +28,7 @@ from trtet_store import (
     write_files,
 )
 from trtet_store.io import fs
-
-KiB, MiB = 1 << 10, 1 << 20
+from trtet_store.io.units import KiB, MiB
 
 
 def snapshot(*dirs: Path) -> dict[str, str]:

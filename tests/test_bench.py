@@ -24,8 +24,7 @@ pytest.importorskip("executorch.exir")
 pytest.importorskip("matplotlib")
 
 from trtet_store import bench, cli  # noqa: E402
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 def need_root() -> None:

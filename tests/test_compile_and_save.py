@@ -17,8 +17,8 @@ import trtet_store
 from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
 from trtet_store.export import tensorrt as trt
 from trtet_store.export import trt_blob
+from trtet_store.io.units import MiB
 
-MiB = 1 << 20
 # The staging store sits beside the output on the root ext4, and engines are
 # page aligned: the larger engine hosts the file (insert), the other is moved.
 ZERO_COPY_THEN_MOVE = ["insert", "move"]

@@ -34,8 +34,7 @@ from digests import digest
 from filesystems import syncfs
 
 from trtet_store import recover
-
-KiB = 1 << 10
+from trtet_store.io.units import KiB
 
 CONFIGS = {
     "ext4": ("ext4", []),

@@ -22,8 +22,7 @@ from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
 from trtet_store.export import engine_reuse
 from trtet_store.export import tensorrt as trt
 from trtet_store.io.blobstore import list_orphans
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 CRASHING_EXPORT = """
 import os, sys

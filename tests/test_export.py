@@ -21,8 +21,7 @@ from versions import needs_ptd_runtime
 import trtet_store
 from trtet_store.bench.stub_tensorrt import FakeBuilder, installed
 from trtet_store.export import tensorrt as trt
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 def mlp(seed: int, width: int = 16) -> torch.nn.Module:

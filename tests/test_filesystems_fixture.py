@@ -21,7 +21,8 @@ from filesystems import (
     mounts_under,
 )
 
-MiB = 1024 * 1024
+from trtet_store.io.units import MiB, format_mib
+
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 
@@ -44,7 +45,7 @@ def test_make_fs_mounts_requested_type_with_space(make_fs, fs_factory, fstype):
     assert mounted_fstype(mnt) == fstype
     assert _block_statfs_type(mnt) in {fstype, "ext2/ext3"}  # stat -f names ext4 "ext2/ext3"
     free = free_bytes(mnt)
-    assert 0.6 * size * MiB <= free <= size * MiB, f"{fstype}: {free / MiB:.1f} MiB free"
+    assert 0.6 * size * MiB <= free <= size * MiB, f"{fstype}: {format_mib(free)} free"
 
     # Writable, and the data lands on this filesystem, not beside it.
     f = mnt / "probe.bin"

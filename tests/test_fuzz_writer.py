@@ -44,8 +44,7 @@ from hypothesis.stateful import (
 )
 
 from trtet_store import BlobStore, ExternalFile, recover, write_files
-
-KiB = 1 << 10
+from trtet_store.io.units import KiB
 
 # (fstype of the output, fstype of the staging directory or None for the same)
 CONFIGS = {

@@ -19,9 +19,8 @@ from digests import digest, file_digest
 from faults import FaultInjector, count_calls
 
 from trtet_store import BlobStore, recover
+from trtet_store.io.units import KiB, MiB
 
-KiB = 1 << 10
-MiB = 1 << 20
 COUNTS: dict[str, int] = {}
 
 

@@ -32,10 +32,8 @@ from trtet_store.bench.stub_tensorrt import (
 )
 from trtet_store.export import tensorrt as trt
 from trtet_store.export import trt_blob
+from trtet_store.io.units import PAGE, MiB
 from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
-
-MiB = 1 << 20
-PAGE = 4096
 
 
 @pytest.fixture

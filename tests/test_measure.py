@@ -19,8 +19,8 @@ from trtet_store.bench.measure import (
     reset_peak_rss,
     syncfs,
 )
+from trtet_store.io.units import MiB
 
-MiB = 1024 * 1024
 CHUNK = b"\xa5" * MiB
 
 

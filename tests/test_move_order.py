@@ -20,8 +20,7 @@ from faults import WrappedCalls
 
 from trtet_store import BlobStore, write_file
 from trtet_store.io import fs, transfer
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 class Recorder(WrappedCalls):

@@ -19,8 +19,7 @@ from filesystems import unavailable
 from trtet_store import BlobStore
 from trtet_store.bench import measure
 from trtet_store.io import fs, pagecache
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 def resident(path: os.PathLike | str) -> int:

@@ -24,8 +24,8 @@ from digests import file_digest
 from trtet_store import BlobStore
 from trtet_store.bench.measure import PeakDiskMonitor
 from trtet_store.io import fs, write_files
+from trtet_store.io.units import MiB, format_mib
 
-MiB = 1 << 20
 PAYLOAD = 256 * MiB
 HEADER = 4096
 BUDGET = 64 * MiB
@@ -70,8 +70,8 @@ def test_peak_over_final_state(make_fs, fstype, placement):
     # Peak over the final state: what was in use at the worst moment beyond
     # what the finished output keeps.
     over_final = mon.peak_extra_bytes - max(mon.extra_after_bytes, 0)
-    note = (f"{fstype} {placement}: peak {mon.peak_extra_bytes / MiB:.1f} MiB, "
-            f"after {mon.extra_after_bytes / MiB:.1f} MiB, over final {over_final / MiB:.1f} MiB")
+    note = (f"{fstype} {placement}: peak {format_mib(mon.peak_extra_bytes)}, "
+            f"after {format_mib(mon.extra_after_bytes)}, over final {format_mib(over_final)}")
     print(note)
     if placement in ("insert", "clone"):
         assert over_final <= SLACK + HEADER, note

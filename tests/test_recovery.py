@@ -26,8 +26,7 @@ from trtet_store.io import journal as journal_mod
 from trtet_store.io.lock import ConcurrentWriteError
 from trtet_store.io.lock import lock_file as _lock_file
 from trtet_store.io.names import DEST_LOCK_SUFFIX as LOCK_SUFFIX
-
-KiB = 1 << 10
+from trtet_store.io.units import KiB
 
 
 def small_scenario(**changes) -> Scenario:

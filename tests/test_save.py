@@ -21,8 +21,7 @@ from programs import (
 from versions import needs_file_backed_data, needs_ptd_runtime
 
 import trtet_store
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 def ptd_entries(ptd: Path) -> dict[str, str]:

@@ -14,8 +14,7 @@ from faults import FaultInjector, count_calls
 from trtet_store import BlobStore, ExternalFile, InsufficientSpaceError, write_file, write_files
 from trtet_store.bench.measure import PeakDiskMonitor
 from trtet_store.io import fs
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 def snapshot(directory: Path) -> dict[str, str]:

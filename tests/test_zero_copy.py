@@ -13,8 +13,8 @@ from faults import FaultInjector, count_calls
 from trtet_store import BlobStore, write_file
 from trtet_store.bench.measure import bytes_written
 from trtet_store.io import fs
+from trtet_store.io.units import MiB
 
-MiB = 1 << 20
 FS_SIZE = {"xfs": 400, "btrfs": 400, "ext4": 400, "tmpfs": 400}
 
 

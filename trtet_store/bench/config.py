@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-MiB = 1 << 20
-GiB = 1 << 30
+from trtet_store.io.units import PAGE, GiB, KiB, MiB
 
 #: The methods compared, in table order; ``executorch`` is the baseline of every ratio.
 METHODS: tuple[str, ...] = ("executorch", "copy", "clone", "move", "insert")
@@ -49,9 +48,9 @@ class BenchError(RuntimeError):
 _UNITS = {
     "": 1,
     "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "kib": 1 << 10,
+    "k": KiB,
+    "kb": KiB,
+    "kib": KiB,
     "m": MiB,
     "mb": MiB,
     "mib": MiB,
@@ -113,7 +112,7 @@ def format_size(n: float | None, *, signed: bool = False) -> str:
         return "-"
     sign = "-" if n < 0 else ("+" if signed and n > 0 else "")
     a = abs(n)
-    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if a >= div:
             return f"{sign}{a / div:.1f} {unit}"
     return f"{sign}{int(a)} B"
@@ -165,7 +164,7 @@ class BenchConfig:
     repeat: int = 3
     methods: tuple[str, ...] = METHODS
     layout: str = "split"
-    segment_alignment: int = 4096
+    segment_alignment: int = PAGE
     workdir: Path | None = None
     image_dir: Path | None = None
     verify_outputs: bool = True
@@ -260,99 +259,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
 
     d = BenchConfig()
-    parser.add_argument(
-        "--payload-size",
-        type=size_arg,
-        default=d.payload_size,
-        metavar="SIZE",
-        help=f"bytes per payload, e.g. 512M (default {format_size(d.payload_size)})",
-    )
-    parser.add_argument(
-        "--payloads",
-        type=_positive_int,
-        default=d.payloads,
-        metavar="N",
-        help=f"number of payloads, one per delegate (default {d.payloads})",
-    )
-    parser.add_argument(
-        "--chunk-size",
-        type=size_arg,
-        default=d.chunk_size,
-        metavar="SIZE",
-        help=f"trtet_store's move/copy step (default {format_size(DEFAULT_CHUNK_SIZE)})",
-    )
-    parser.add_argument(
-        "--filesystem",
-        choices=("auto", *FILESYSTEMS),
-        default=d.filesystem,
+    # One call per option, defaults read from BenchConfig so they live there only.
+    add = parser.add_argument
+    add("--payload-size", type=size_arg, default=d.payload_size, metavar="SIZE",
+        help=f"bytes per payload, e.g. 512M (default {format_size(d.payload_size)})")
+    add("--payloads", type=_positive_int, default=d.payloads, metavar="N",
+        help=f"number of payloads, one per delegate (default {d.payloads})")
+    add("--chunk-size", type=size_arg, default=d.chunk_size, metavar="SIZE",
+        help=f"trtet_store's move/copy step (default {format_size(DEFAULT_CHUNK_SIZE)})")
+    add("--filesystem", choices=("auto", *FILESYSTEMS), default=d.filesystem,
         help="dedicated filesystem type (root only), or 'here' for a temp dir on "
-        "the current filesystem; auto: ext4 as root, else here",
-    )
-    parser.add_argument(
-        "--fs-size",
-        type=_fs_size_arg,
-        default=d.fs_size,
-        metavar="fit|tight|SIZE",
+        "the current filesystem; auto: ext4 as root, else here")
+    add("--fs-size", type=_fs_size_arg, default=d.fs_size, metavar="fit|tight|SIZE",
         help="size of the dedicated filesystem: fit (every method fits), tight "
-        "(the payloads fit once, not twice), or a size",
-    )
-    parser.add_argument(
-        "--repeat",
-        type=_positive_int,
-        default=d.repeat,
-        metavar="N",
-        help=f"repetitions per method; median and max are reported (default {d.repeat})",
-    )
-    parser.add_argument(
-        "--methods",
-        default=",".join(d.methods),
-        metavar="LIST",
-        help=f"comma-separated subset of {','.join(METHODS)}",
-    )
-    parser.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default=d.layout,
-        help=f"payloads in the .pte, in engines.ptd, or split (default {d.layout})",
-    )
-    parser.add_argument(
-        "--segment-alignment",
-        type=size_arg,
-        default=d.segment_alignment,
-        metavar="N",
-        help=f"ExecuTorch segment_alignment (default {d.segment_alignment})",
-    )
-    parser.add_argument(
-        "--out-dir",
-        type=Path,
-        default=DEFAULT_OUT_DIR,
-        metavar="DIR",
-        help=f"where --json and --plot default to (default ./{DEFAULT_OUT_DIR})",
-    )
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="write the results as JSON (default OUT_DIR/bench.json)",
-    )
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="write a PNG of disk use over time (default OUT_DIR/bench.png)",
-    )
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="for --filesystem here: where the temp dir goes (default OUT_DIR)",
-    )
-    parser.add_argument(
-        "--no-verify",
-        action="store_true",
-        help="do not hash and compare the outputs of the methods",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+        "(the payloads fit once, not twice), or a size")
+    add("--repeat", type=_positive_int, default=d.repeat, metavar="N",
+        help=f"repetitions per method; median and max are reported (default {d.repeat})")
+    add("--methods", default=",".join(d.methods), metavar="LIST",
+        help=f"comma-separated subset of {','.join(METHODS)}")
+    add("--layout", choices=LAYOUTS, default=d.layout,
+        help=f"payloads in the .pte, in engines.ptd, or split (default {d.layout})")
+    add("--segment-alignment", type=size_arg, default=d.segment_alignment, metavar="N",
+        help=f"ExecuTorch segment_alignment (default {d.segment_alignment})")
+    # Where the report goes: the caller's, not the configuration's.
+    add("--out-dir", type=Path, default=DEFAULT_OUT_DIR, metavar="DIR",
+        help=f"where --json and --plot default to (default ./{DEFAULT_OUT_DIR})")
+    add("--json", type=Path, default=None, metavar="FILE",
+        help="write the results as JSON (default OUT_DIR/bench.json)")
+    add("--plot", type=Path, default=None, metavar="FILE",
+        help="write a PNG of disk use over time (default OUT_DIR/bench.png)")
+    add("--workdir", type=Path, default=None, metavar="DIR",
+        help="for --filesystem here: where the temp dir goes (default OUT_DIR)")
+    add("--no-verify", action="store_true",
+        help="do not hash and compare the outputs of the methods")
+    add("--no-progress", action="store_true", help="no progress bars")

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from trtet_store.io.units import MiB
+
 __all__ = [
     "FSTYPES",
     "MIN_SIZE_MIB",
@@ -539,7 +541,7 @@ class FilesystemFactory:
                 f"{mkfs[0]} is missing (Debian package: {_PACKAGES[fstype]})"
             )
         with open(image, "wb") as f:
-            f.truncate(size_mib * 1024 * 1024)  # sparse: costs no disk until written
+            f.truncate(size_mib * MiB)  # sparse: costs no disk until written
         proc = _run([tool, *mkfs[1:], *(mkfs_options or []), str(image)])
         if proc.returncode != 0:
             image.unlink()

@@ -19,7 +19,6 @@ from trtet_store.bench.config import (
     METHOD_LABELS,
     PTE_NAME,
     BenchConfig,
-    MiB,
     ProgressFn,
     format_size,
 )
@@ -33,6 +32,7 @@ from trtet_store.bench.measure import (
     syncfs,
 )
 from trtet_store.bench.results import BenchFilesystem, RunResult
+from trtet_store.io.units import MiB
 
 
 class _LogCapture(logging.Handler):

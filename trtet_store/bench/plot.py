@@ -7,8 +7,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from trtet_store.bench.config import BenchConfig, MiB, format_size
+from trtet_store.bench.config import BenchConfig, format_size
 from trtet_store.bench.results import BenchResult, RunResult
+from trtet_store.io.units import MiB
 
 
 def _zoom_inset(ax: Any, shown: dict[str, RunResult], cfg: BenchConfig) -> None:

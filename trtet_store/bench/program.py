@@ -9,7 +9,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trtet_store.bench.config import BACKEND_ID, LAYOUTS, PTD_TAG, BenchConfig, MiB
+from trtet_store.bench.config import BACKEND_ID, LAYOUTS, PTD_TAG, BenchConfig
+from trtet_store.io.units import PAGE, MiB
 
 _PENDING: list[tuple[str, Any, str | None]] = []
 _BUILD_LOCK = threading.Lock()
@@ -61,7 +62,7 @@ def _backend() -> type:
 
 
 def build_program(
-    blobs: Sequence[Any], *, layout: str = "split", segment_alignment: int = 4096
+    blobs: Sequence[Any], *, layout: str = "split", segment_alignment: int = PAGE
 ) -> Any:
     """A real ExecuTorch program with one delegate per blob, each blob file-backed named data.
 

@@ -26,6 +26,7 @@ from trtet_store.export.tensorrt import (
     trt_engine_op,
 )
 from trtet_store.io import Blob, BlobStore
+from trtet_store.io.units import MiB
 
 #: Fields of torch-tensorrt 2.14.0's serialized engine record (SERIALIZATION_LEN).
 RECORD_LEN = 13
@@ -68,7 +69,7 @@ def stage_fake_engine(store: BlobStore, size: int, seed: int) -> tuple[Blob, str
         left = size
         while left:
             rnd.update(b"more")
-            n = min(left, 1 << 20)
+            n = min(left, MiB)
             part = (rnd.digest() * (n // 16 + 1))[:n]
             w.write(part)
             h.update(part)

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trtet_store.bench import loopfs
-from trtet_store.bench.config import BenchConfig, BenchError, MiB, format_size
+from trtet_store.bench.config import BenchConfig, BenchError, format_size
 from trtet_store.bench.measure import free_bytes, syncfs
 from trtet_store.bench.results import BenchFilesystem
+from trtet_store.io.units import MiB
 
 log = logging.getLogger("trtet_store.bench")
 
