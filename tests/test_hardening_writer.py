@@ -6,6 +6,7 @@ byte-identical (by digest), the destination untouched, no temp file left.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -16,18 +17,18 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from digests import digest, file_digest
 from faults import FaultInjector, WrappedCalls
 
-from trtet_store import BlobStore, ConcurrentWriteError, recover, write_file
+from trtet_store import Blob, BlobStore, ConcurrentWriteError, recover, write_file
 from trtet_store.io import fs, lock
 from trtet_store.io.errors import BlobChangedError, InsufficientSpaceError
 from trtet_store.io.names import lock_path_of
-
-MiB = 1 << 20
+from trtet_store.io.units import MiB
 
 
 def names(directory: Path) -> list[str]:
@@ -173,35 +174,54 @@ class Unsupported(WrappedCalls):
         return call
 
 
-@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL])
-def test_a_clone_that_fails_at_placement_falls_back_to_copy(make_fs, code):
-    mnt = make_fs("xfs", 400)
+@contextlib.contextmanager
+def placed_despite(mnt: Path, failure: Unsupported, *, consume: bool = False,
+                   clone_cached: bool = False) -> Iterator[tuple[str, Blob, bytes]]:
+    """Write a 4 KiB header and a 4 MiB blob to ``mnt/m.pte`` while ``failure`` fails the
+    placement; yield (the placement the report names, the blob, its bytes) with the store
+    still open, then check the output is complete and no temp file is left.
+
+    Parameters
+    ----------
+    mnt : Path
+        A fresh filesystem; its capability cache is cleared first.
+    failure : Unsupported
+        The call that fails; it must have fired.
+    consume : bool
+        Whether the write consumes the blob.
+    clone_cached : bool
+        Probe clone first, so that the cache says clone works here.
+    """
     fs.capabilities.clear()
     with BlobStore(mnt / "s") as store:
         data = os.urandom(4 * MiB)
         blob = store.put(data)
-        fs.probe_clone(blob.path, mnt)  # the cache says: clone works here
-        with Unsupported("clone_range", code) as u:
-            report = write_file(mnt / "m.pte", [b"H" * 4096, blob])
-        assert u.fired and report.placements[0].placement == "copy"
-        assert file_digest(blob.path) == digest(data)
+        if clone_cached:
+            fs.probe_clone(blob.path, mnt)
+        with failure:
+            report = write_file(mnt / "m.pte", [b"H" * 4096, blob], consume=consume)
+        assert failure.fired
+        yield report.placements[0].placement, blob, data
     assert (mnt / "m.pte").read_bytes() == b"H" * 4096 + data
     no_temps(mnt)
+
+
+@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL])
+def test_a_clone_that_fails_at_placement_falls_back_to_copy(make_fs, code):
+    mnt = make_fs("xfs", 400)
+    with placed_despite(mnt, Unsupported("clone_range", code),
+                        clone_cached=True) as (placement, blob, data):
+        assert placement == "copy"
+        assert file_digest(blob.path) == digest(data)
 
 
 @pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.EINVAL])
 def test_an_insert_that_fails_at_placement_falls_back_to_a_move(make_fs, code):
     mnt = make_fs("ext4", 200)
-    fs.capabilities.clear()
-    with BlobStore(mnt / "s") as store:
-        data = os.urandom(4 * MiB)
-        blob = store.put(data)
-        with Unsupported("fallocate", code, fs.FALLOC_FL_INSERT_RANGE) as u:
-            report = write_file(mnt / "m.pte", [b"H" * 4096, blob], consume=True)
-        assert u.fired and report.placements[0].placement == "move"
+    with placed_despite(mnt, Unsupported("fallocate", code, fs.FALLOC_FL_INSERT_RANGE),
+                        consume=True) as (placement, blob, _):
+        assert placement == "move"
         assert blob.consumed
-    assert (mnt / "m.pte").read_bytes() == b"H" * 4096 + data
-    no_temps(mnt)
     acts = recover(mnt)  # only orphans may be left to report
     assert all(o.action == "orphan" for o in acts), (acts)
 

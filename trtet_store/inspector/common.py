@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trtet_store.io.units import PAGE, MiB
@@ -25,8 +26,6 @@ TRT_READ_LIMIT = MiB
 RUNTIME_TIMEOUT = 600
 
 DATA_LOCATION = {0: "INLINE", 1: "SEGMENT"}
-
-
 
 
 def show_bytes(b: bytes) -> str:
@@ -51,7 +50,6 @@ def read_at(f: Any, offset: int, size: int) -> bytes:
     return os.pread(f.fileno(), size, offset)
 
 
-
 def check_head(head: bytes, ins: Inspection, identifier: bytes, refusal: str) -> int:
     """Record the root offset and file identifier, checked as the runtime checks them.
 
@@ -69,11 +67,44 @@ def check_head(head: bytes, ins: Inspection, identifier: bytes, refusal: str) ->
     return root
 
 
-
-
 def alignment_of(offset: int) -> int:
     """The largest power of two (up to 1 MiB) that divides ``offset``."""
-    return min(offset & -offset, 1 << 20) if offset else 1 << 20
+    return min(offset & -offset, MiB) if offset else MiB
+
+
+def named_data_entry(ins: Inspection, nd: Any, segments: Sequence[Any], base: int,
+                     used: dict[int, list[str]], **extra: Any) -> dict[str, Any]:
+    """One named-data entry of either format, checked against the segment table.
+
+    Parameters
+    ----------
+    ins : Inspection
+        Collects the error of an index out of range.
+    nd : NamedData
+        The flatbuffer's entry (``key``, ``segment_index``).
+    segments : sequence
+        The segment table the index points into.
+    base : int
+        The file offset of segment data.
+    used : dict
+        Per segment index, what uses it; the entry adds ``named:<key>``.
+    **extra
+        More fields, placed after ``segment_index`` (a ``.ptd``'s tensor layout).
+
+    Returns
+    -------
+    dict
+        ``key``, ``segment_index``, the ``extra`` fields, and, for an index in
+        range, the bytes' ``absolute_offset`` and ``size``.
+    """
+    entry: dict[str, Any] = {"key": nd.key, "segment_index": nd.segment_index, **extra}
+    if nd.segment_index >= len(segments):
+        ins.error(f"named data {nd.key!r}: segment index {nd.segment_index} out of range")
+    else:
+        s = segments[nd.segment_index]
+        entry.update({"absolute_offset": base + s.offset, "size": s.size})
+        used[nd.segment_index].append(f"named:{nd.key}")
+    return entry
 
 
 def check_segments(ins: Inspection, segments: Any, base: int, data_size: int,

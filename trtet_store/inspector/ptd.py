@@ -11,6 +11,7 @@ from trtet_store.inspector.common import (
     SUPPORTED_VERSION,
     check_head,
     check_segments,
+    named_data_entry,
     read_at,
     show_bytes,
     u32,
@@ -76,18 +77,12 @@ def inspect_ptd(f: Any, head: bytes, ins: Inspection) -> None:
     used: dict[int, list[str]] = {i: [] for i in range(len(ft.segments))}
     check_segments(ins, ft.segments, base, data_size, used)
     for nd in ft.named_data:
-        entry: dict[str, Any] = {"key": nd.key, "segment_index": nd.segment_index}
+        extra: dict[str, Any] = {}
         if nd.tensor_layout is not None:
             tl = nd.tensor_layout
-            entry["tensor_layout"] = {
+            extra["tensor_layout"] = {
                 "scalar_type": str(getattr(tl.scalar_type, "name", tl.scalar_type)),
                 "sizes": list(tl.sizes),
                 "dim_order": list(tl.dim_order),
             }
-        if nd.segment_index >= len(ft.segments):
-            ins.error(f"named data {nd.key!r}: segment index {nd.segment_index} out of range")
-        else:
-            s = ft.segments[nd.segment_index]
-            entry.update({"absolute_offset": base + s.offset, "size": s.size})
-            used[nd.segment_index].append(f"named:{nd.key}")
-        ins.named_data.append(entry)
+        ins.named_data.append(named_data_entry(ins, nd, ft.segments, base, used, **extra))

@@ -15,6 +15,7 @@ from trtet_store.inspector.common import (
     alignment_of,
     check_head,
     check_segments,
+    named_data_entry,
     read_at,
     show_bytes,
     u32,
@@ -136,14 +137,7 @@ def _describe_program(f: Any, program: Any, ins: Inspection, base: int, data_siz
             used[m.segment_index].append("mutable data")
 
     for nd in program.named_data or []:
-        entry: dict[str, Any] = {"key": nd.key, "segment_index": nd.segment_index}
-        if nd.segment_index >= len(segs):
-            ins.error(f"named data {nd.key!r}: segment index {nd.segment_index} out of range")
-        else:
-            s = segs[nd.segment_index]
-            entry.update({"absolute_offset": base + s.offset, "size": s.size})
-            used[nd.segment_index].append(f"named:{nd.key}")
-        ins.named_data.append(entry)
+        ins.named_data.append(named_data_entry(ins, nd, segs, base, used))
     if program.named_data and not segs:
         ins.error("named data without segments (PteDataMap needs them)")
 
@@ -227,8 +221,6 @@ def _describe_delegate(
         entry["tensorrt"] = _describe_trt_blob(ins, where, blob_head, entry.get("size", 0),
                                                entry.get("absolute_offset"))
     return entry
-
-
 
 
 def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int,

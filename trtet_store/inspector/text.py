@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from trtet_store.inspector.common import show_bytes
 from trtet_store.inspector.model import Inspection, VerifyResult
+from trtet_store.io.units import GiB, KiB, MiB
 
 
 def _size(n: int | None) -> str:
     if n is None:
         return "-"
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= div:
             return f"{n} ({n / div:.1f} {unit})"
     return str(n)
