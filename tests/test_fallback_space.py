@@ -228,3 +228,27 @@ def test_recovery_of_a_dead_writers_clone_checks_for_room_before_copying(make_fs
     assert file_digest(blob_path) == digest(data)
     assert dest.read_bytes() == b"the old model"
     assert temps(mnt) == []
+
+
+def test_recovery_of_a_dead_writers_clone_checks_the_bytes_it_cloned_again(make_fs):
+    """A writer died after cloning; its source changed before recovery. Recovery clones it
+    again and must find, by the one digest of chunk digests the journal keeps for a clone,
+    that the bytes are not the staged ones, and roll back rather than publish them."""
+    mnt = make_fs("xfs", 400)
+    data = os.urandom(PAYLOAD)
+    (mnt / "payload").write_bytes(data)
+    dest = mnt / "m.pte"
+    dest.write_bytes(b"the old model")
+    child = subprocess.run([sys.executable, "-c", CHILD, os.fspath(mnt)],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 3, child.stderr
+    (blob_path,) = (mnt / "s").glob("*.blob")
+    with open(blob_path, "r+b") as f:  # one byte in the middle of one chunk
+        f.seek(PAYLOAD // 2 + 12345)
+        f.write(bytes([data[PAYLOAD // 2 + 12345] ^ 0xFF]))
+    outcomes = recover(mnt)
+    mine = [o for o in outcomes if o.outputs == [os.fspath(dest)]]
+    assert [o.action for o in mine] == ["rolled back"], outcomes
+    assert "cloned bytes in temp" in mine[0].detail, mine[0].detail
+    assert dest.read_bytes() == b"the old model"
+    assert temps(mnt) == []

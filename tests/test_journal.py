@@ -10,7 +10,14 @@ import json
 
 import pytest
 
-from trtet_store.io.journal import VERSION, InlinePlan, OutputPlan, PayloadPlan, Plan
+from trtet_store.io.journal import (
+    VERSION,
+    InlinePlan,
+    OutputPlan,
+    PayloadPlan,
+    Plan,
+    digest_of_chunks,
+)
 
 
 def _plan() -> Plan:
@@ -55,3 +62,30 @@ def test_another_version_or_shape_is_refused() -> None:
         Plan.from_json(json.dumps(raw))
     with pytest.raises(ValueError, match="not a JSON object"):
         Plan.from_json("[]")
+
+
+def test_a_zero_copy_plan_records_one_digest_of_its_chunk_digests() -> None:
+    """A clone or an insert never reads its payload: the journal keeps one digest of the
+    chunk digests, so its plan line does not grow with the payload (16 GiB: 16,384 digests)."""
+    lines = {}
+    for n in (256, 16384):
+        digests = [(i * 0x9E3779B97F4A7C15) % 2**64 for i in range(n)]
+        for placement in ("clone", "insert", "move"):
+            plan = Plan(token="f" * 16, outputs=[OutputPlan(
+                dest="/d/m.ptd", temp="/d/t", backup=None, size=n << 20,
+                payloads=[PayloadPlan("/s/a.blob", 4096, n << 20, placement, "r", 1 << 20,
+                                      digests)])])
+            text = plan.to_json()
+            back = Plan.from_json(text).outputs[0].payloads[0]
+            if placement == "move":  # read as it goes: every chunk's digest is kept
+                assert back.chunk_digests == digests and back.chunks_digest is None
+            else:
+                assert back.chunk_digests is None
+                assert back.chunks_digest == digest_of_chunks(digests)
+                assert Plan.from_json(text).to_json() == text
+            lines[n, placement] = len(text)
+    for placement in ("clone", "insert"):
+        assert lines[16384, placement] - lines[256, placement] < 16  # a longer size field
+        assert lines[16384, placement] < 1024
+    assert lines[16384, "move"] > 300_000
+    assert digest_of_chunks([1, 2]) != digest_of_chunks([2, 1])

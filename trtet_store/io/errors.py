@@ -64,11 +64,14 @@ class InsufficientSpaceError(StorageError):
 class VerificationError(StorageError):
     """Bytes did not match the digests recorded when the blob was staged."""
 
-    def __init__(self, what: str, chunk: int, path: str) -> None:
+    def __init__(self, what: str, chunk: int | None, path: str) -> None:
+        # None: checked against one digest of all the chunk digests (a clone's
+        # journal entry), which cannot say which chunk differs.
+        which = f"chunk {chunk} does not" if chunk is not None else "the bytes do not"
         super().__init__(
             errno.EIO,
-            f"{what}: chunk {chunk} does not match the digest recorded when the blob was "
-            "staged (the file changed after staging, or the disk returned other bytes)",
+            f"{what}: {which} match the digest recorded when the blob was staged (the file "
+            "changed after staging, or the disk returned other bytes)",
             path,
         )
         self.chunk = chunk

@@ -15,15 +15,19 @@ lifetime, so a recovery can tell a live transaction from a dead one.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import xxhash
+
 from trtet_store.io import fs, names
 from trtet_store.io.errors import IncompleteJournal, JournalError
+from trtet_store.io.lock import try_lock
 from trtet_store.io.units import MiB
 
 VERSION = 1
@@ -53,6 +57,9 @@ class PayloadPlan:
     consumed: bool = False
     # (st_dev, st_ino, size, mtime_ns, ctime_ns) of a blob as sealed; None for user files
     identity: list[int] | None = None
+    # What the journal records instead of chunk_digests for a placement that
+    # never reads the bytes (see digest_of_chunks).
+    chunks_digest: int | None = None
 
 
 @dataclass
@@ -111,8 +118,30 @@ class Plan:
         return [p.source for o in self.outputs for p in o.payloads]
 
 
+#: Placements that never read the payload: the journal keeps one digest of their
+#: chunk digests instead of the list.
+UNREAD = ("clone", "insert")
+
+
+def digest_of_chunks(digests: Sequence[int]) -> int:
+    """One xxh3-64 over a payload's chunk digests (little-endian u64s, in order).
+
+    A clone or an insert never reads its payload, and a recovery that
+    re-clones reads the whole range once, so one digest of the list checks
+    it as well as the list does, and keeps the journal's size, written and
+    synced before any placement, independent of the payload's: the list of a
+    16 GiB blob is 16,384 digests, 350 KB of JSON, which made such a save
+    take 7-10 ms longer than one of 256 MiB.
+    """
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(digests)}Q", *digests))
+
+
 def _fields(obj: object) -> dict:
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+    out = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    if isinstance(obj, PayloadPlan) and obj.placement in UNREAD and obj.chunk_digests is not None:
+        out["chunks_digest"] = digest_of_chunks(obj.chunk_digests)
+        out["chunk_digests"] = None
+    return out
 
 
 class Journal:
@@ -151,17 +180,12 @@ class Journal:
             The journal is gone: another recovery finished it meanwhile
             (possibly just before we got its lock).
         """
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        # A recovery that held the lock before us removes the journal before
+        # unlocking it: try_lock refuses the lock of a deleted file.
+        fd = try_lock(path, create=False)
+        if fd is None:
             return None
         try:
-            # A recovery that held the lock before us removes the journal
-            # before unlocking it: the lock we got may be on a deleted file.
-            if not fs.same_file(os.fstat(fd), os.stat(path)):
-                raise FileNotFoundError(errno.ENOENT, "journal was replaced", os.fspath(path))
             plan, state = read(path)
         except BaseException:
             os.close(fd)

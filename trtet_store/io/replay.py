@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from trtet_store.io import fs, ladder, names, transfer
-from trtet_store.io.journal import PayloadPlan, Plan
+from trtet_store.io.errors import VerificationError
+from trtet_store.io.journal import PayloadPlan, Plan, digest_of_chunks
 from trtet_store.io.place import place_payload
 from trtet_store.io.units import MiB
 
@@ -140,11 +141,22 @@ def complete_placement(plan: Plan) -> None:
                     # The writer trusts a blob's sealed identity, which died with its
                     # store; nothing says a source it never synced survived a crash
                     # intact. Read what the clone shares, as a copy would have.
-                    transfer.verify_range(fd, p.offset, 0, p.size, p.chunk_size,
-                                          p.chunk_digests, "cloned bytes in temp", out.temp)
+                    _verify_cloned(fd, p, out.temp)
             fs.calls.fsync(fd)
         finally:
             fs.calls.close(fd)
+
+
+def _verify_cloned(fd: int, p: PayloadPlan, temp: str) -> None:
+    """Check the bytes a recovery cloned (or copied) into ``temp`` against the staged ones."""
+    what = "cloned bytes in temp"
+    if p.chunk_digests is not None:  # a journal that lists them
+        transfer.verify_range(fd, p.offset, 0, p.size, p.chunk_size, p.chunk_digests, what,
+                              temp)
+    elif p.chunks_digest is not None:
+        found = transfer.range_chunk_digests(fd, p.offset, p.size, p.chunk_size, temp)
+        if digest_of_chunks(found) != p.chunks_digest:
+            raise VerificationError(what, None, temp)
 
 
 def publish(plan: Plan) -> None:

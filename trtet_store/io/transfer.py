@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from trtet_store.io import fs, pagecache
-from trtet_store.io.blobstore import chunk_digest
+from trtet_store.io.digests import chunk_digest
 from trtet_store.io.errors import PlacementUnavailable, VerificationError
 from trtet_store.io.units import MiB
 
@@ -54,6 +54,17 @@ def verify_range(fd: int, base: int, start: int, end: int, chunk_size: int,
         n = min(step, end - pos)
         verify_chunks(fs.pread_exact(fd, n, base + pos, path), pos, chunk_size, digests,
                       what, path)
+
+
+def range_chunk_digests(fd: int, base: int, size: int, chunk_size: int, path: str,
+                        read_size: int = 8 * MiB) -> list[int]:
+    """The chunk digests of payload bytes ``[0, size)``, stored in ``fd`` at ``base``."""
+    found: list[int] = []
+    step = max(chunk_size, read_size // chunk_size * chunk_size)
+    for pos in range(0, size, step):
+        data = memoryview(fs.pread_exact(fd, min(step, size - pos), base + pos, path))
+        found += (chunk_digest(data[k:k + chunk_size]) for k in range(0, len(data), chunk_size))
+    return found
 
 
 def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
