@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 from trtet_store import BlobStore
-from trtet_store.io.blobstore import chunk_digest
+from trtet_store.io.digests import chunk_digest
 
 
 def files(directory: Path) -> list[str]:

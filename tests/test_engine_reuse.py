@@ -21,7 +21,7 @@ import trtet_store
 from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
 from trtet_store.export import engine_reuse
 from trtet_store.export import tensorrt as trt
-from trtet_store.io.blobstore import list_orphans
+from trtet_store.io.orphans import list_orphans
 from trtet_store.io.units import MiB
 
 CRASHING_EXPORT = """

@@ -3,7 +3,7 @@
 Standard library and xxhash only; nothing here knows about programs or engines.
 """
 
-from trtet_store.io.blobstore import Blob, BlobStore, Orphan
+from trtet_store.io.blobstore import Blob, BlobStore
 from trtet_store.io.errors import (
     BlobChangedError,
     ConcurrentWriteError,
@@ -15,6 +15,7 @@ from trtet_store.io.errors import (
     VerificationError,
 )
 from trtet_store.io.layout import ExternalFile, Layout
+from trtet_store.io.orphans import Orphan
 from trtet_store.io.writer import (
     PlacementRecord,
     WriteReport,

@@ -1,4 +1,11 @@
-"""The per-destination lock: two writers (or a writer and a recovery) never race for one file."""
+"""Locks tied to a file's name: the per-destination lock, and the one way to take any of them.
+
+Every lock of the engine (a destination's, a store's, a journal's) is an
+exclusive ``flock`` on a file that someone may unlink: the holder before us,
+a recovery, a collector of dead stores. A lock on an unlinked inode protects
+nothing, so :func:`try_lock` returns a lock only on the file that is at the
+path *now*.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,64 @@ from trtet_store.io import fs
 from trtet_store.io.errors import ConcurrentWriteError
 
 
+def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
+             wait: bool = False) -> int | None:
+    """Open ``path`` and take an exclusive ``flock`` on the very file found there.
+
+    Parameters
+    ----------
+    path : path-like
+        The lock file.
+    create : bool
+        Create the file if it is missing. The file is then *ours to hold*:
+        when the one we locked was unlinked or replaced meanwhile (by the
+        holder before us, or a collector), it is taken again, at the path,
+        until we hold the file that is there. Without ``create`` the file is
+        *someone else's*: if it is gone, or no longer the one we locked, that
+        is reported, never retaken (a new file there belongs to a new owner).
+    readonly : bool
+        Open it read-only (``flock`` needs no write access; a lock file of
+        another user's may be readable only).
+    wait : bool
+        Block until the lock is free instead of returning None.
+
+    Returns
+    -------
+    int or None
+        The open, locked descriptor (the caller closes it to unlock), or None
+        when another open file holds the lock (never with ``wait``).
+
+    Raises
+    ------
+    FileNotFoundError
+        Without ``create``: the file is missing, or was unlinked or replaced
+        before we held its lock.
+    """
+    flags = (os.O_RDONLY if readonly else os.O_RDWR) | os.O_CLOEXEC
+    if create:
+        flags |= os.O_CREAT
+    while True:
+        fd = os.open(path, flags, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                same = fs.same_file(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            return fd
+        os.close(fd)
+        if not create:
+            raise FileNotFoundError(errno.ENOENT, "unlinked or replaced while being locked",
+                                    os.fspath(path))
+
+
 def lock_file(lock_path: Path, dest: Path, timeout: float | None = None) -> int:
     """An exclusive lock tied to ``lock_path``'s current inode, waiting up to ``timeout`` s.
 
@@ -20,23 +85,13 @@ def lock_file(lock_path: Path, dest: Path, timeout: float | None = None) -> int:
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            if deadline is not None and time.monotonic() < deadline:
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-                continue
-            waited = f" (waited {timeout:g} s)" if timeout else ""
-            raise ConcurrentWriteError(
-                errno.EAGAIN, f"another write to {dest} is in progress{waited}; wait for it to "
-                "finish, or pass timeout= to wait", os.fspath(dest)) from None
-        # The holder before us may have unlinked the file after we opened it:
-        # a lock on a deleted inode protects nothing, so take it again.
-        try:
-            if fs.same_file(os.fstat(fd), os.stat(lock_path)):
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+        fd = try_lock(lock_path, create=True)
+        if fd is not None:
+            return fd
+        if deadline is not None and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            continue
+        waited = f" (waited {timeout:g} s)" if timeout else ""
+        raise ConcurrentWriteError(
+            errno.EAGAIN, f"another write to {dest} is in progress{waited}; wait for it to "
+            "finish, or pass timeout= to wait", os.fspath(dest))

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from trtet_store.io import fs, transfer
-from trtet_store.io.blobstore import describe_orphan, list_orphans
 from trtet_store.io.journal import (
     DONE,
     PLACING,
@@ -23,7 +21,7 @@ from trtet_store.io.journal import (
     Plan,
     journals_in,
 )
-from trtet_store.io.lock import ConcurrentWriteError, lock_file
+from trtet_store.io.lock import ConcurrentWriteError, lock_file, try_lock
 from trtet_store.io.names import (
     STAGING_DIR,
     internal_stem,
@@ -34,6 +32,7 @@ from trtet_store.io.names import (
     probe_pid,
     temp_token,
 )
+from trtet_store.io.orphans import describe_orphan, list_orphans
 from trtet_store.io.replay import complete_placement, finish, publish, undo, unpublish
 
 log = logging.getLogger("trtet_store.recovery")
@@ -373,15 +372,14 @@ def _remove_unheld_lock(lock_path: Path) -> bool:
     the unlink, sees the file was replaced and takes a fresh one.
     """
     try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = try_lock(lock_path, create=False, readonly=True)
     except FileNotFoundError:
-        return False
+        return False  # gone, or already replaced by a writer's own lock file
+    if fd is None:
+        return False  # a live writer holds it
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if not fs.same_file(os.fstat(fd), os.stat(lock_path)):
-            return False  # already replaced by a writer's own lock file
         os.unlink(lock_path)
-    except (BlockingIOError, FileNotFoundError):
+    except FileNotFoundError:
         return False
     finally:
         os.close(fd)

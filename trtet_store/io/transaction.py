@@ -21,7 +21,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 from trtet_store.io import fs, ladder, names, replay
-from trtet_store.io.blobstore import Blob, chunk_digest
+from trtet_store.io.blobstore import Blob
+from trtet_store.io.digests import chunk_digest
 from trtet_store.io.errors import InsufficientSpaceError
 from trtet_store.io.journal import (
     PUBLISHING,

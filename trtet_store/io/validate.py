@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trtet_store.io import fs
-from trtet_store.io.blobstore import Blob, live_blob
+from trtet_store.io.blob import Blob, live_blob
 from trtet_store.io.errors import SourceChangedError
 from trtet_store.io.ladder import source_path
 from trtet_store.io.layout import ExternalFile, Layout
