@@ -160,7 +160,7 @@ class _SyncCounter:
             setattr(self.calls, name, real)
 
 
-def _set_cached(paths: Sequence[Path], cached: bool) -> None:
+def set_cached(paths: Sequence[Path], cached: bool) -> None:
     """Read ``paths`` into the page cache, or write them back and drop them from it."""
     for path in paths:
         try:
@@ -212,7 +212,7 @@ def run_method(
     if method == "executorch":
         result.reasons = ["ExecuTorch copies every payload (Cord.write_to_file, 8 MiB reads)"]
     gc.collect()
-    _set_cached(sources, config.cached_sources)
+    set_cached(sources, config.cached_sources)
     use_syncfs = fs.fstype == "btrfs"
     capture = _LogCapture()
     reports: list[Any] = []
