@@ -33,7 +33,9 @@ class PlacementUnavailable(Exception):  # noqa: N818 - a signal, caught inside i
 
 
 class InsufficientSpaceError(StorageError):
-    """Raised before anything is created when a write cannot fit.
+    """A write cannot fit: raised before anything is created (the preflight), or
+    before a fallback placement writes its first byte (a clone refused at
+    placement and copied instead), after which the write rolls back.
 
     Attributes
     ----------
