@@ -15,8 +15,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-import crashkit
 import pytest
+from crash_dying import in_child
+from crash_scenario import content
+from digests import file_digest
 
 from trtet_store import (
     BlobStore,
@@ -39,7 +41,7 @@ def snapshot(*dirs: Path) -> dict[str, str]:
             if p.is_symlink():
                 found[os.fspath(p)] = "-> " + os.readlink(p)
             elif p.is_file():
-                found[os.fspath(p)] = crashkit.file_digest(p)
+                found[os.fspath(p)] = file_digest(p)
     return found
 
 
@@ -49,11 +51,11 @@ class Scene:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.store = BlobStore(root / "staging", chunk_size=16 * KiB)
-        self.a = self.store.put(crashkit.content(1, 300_001))
-        self.b = self.store.put(crashkit.content(2, 100_000))
+        self.a = self.store.put(content(1, 300_001))
+        self.b = self.store.put(content(2, 100_000))
         (root / "user").mkdir()
         self.user_file = root / "user" / "u.bin"
-        self.user_file.write_bytes(crashkit.content(3, 40_000))
+        self.user_file.write_bytes(content(3, 40_000))
         self.out = root / "out"
         self.out.mkdir()
         self.dest = self.out / "m.pte"
@@ -69,7 +71,7 @@ class Scene:
     def assert_nothing_lost(self) -> None:
         assert self.snapshot() == self.before
         for blob in (self.a, self.b):
-            assert crashkit.file_digest(blob.path) == blob.digest
+            assert file_digest(blob.path) == blob.digest
 
 
 @pytest.fixture
@@ -133,11 +135,11 @@ def test_destination_in_a_directory_the_user_cannot_write_is_refused():
                 outcome = "written"
             except PermissionError as exc:
                 outcome = str(exc)
-            ok = crashkit.file_digest(blob.path) == blob.digest
+            ok = file_digest(blob.path) == blob.digest
             Path(staging / "result.txt").write_text(f"{ok}\n{outcome}")
             store.close()
 
-        assert crashkit.in_child(child) == 0
+        assert in_child(child) == 0
         ok, outcome = (staging / "result.txt").read_text().split("\n", 1)
         assert ok == "True"
         assert "its directory is not writable" in outcome, outcome
@@ -173,7 +175,7 @@ def test_destination_that_is_a_source_is_refused(scene, alias, consume):
         write_file(dest, scene.pieces(), consume=consume)
     assert scene.snapshot() == before
     for blob in (scene.a, scene.b):
-        assert crashkit.file_digest(blob.path) == blob.digest
+        assert file_digest(blob.path) == blob.digest
 
 
 def test_destination_that_is_a_source_of_another_output_is_refused(scene):
@@ -214,7 +216,7 @@ def test_source_whose_bytes_changed_after_staging_rolls_back(scene, where, consu
         write_file(scene.dest, scene.pieces(), consume=consume, chunk_size=32 * KiB)
     assert info.value.errno == errno.EIO
     assert scene.snapshot() == scene.before  # the changed source is back as it was found
-    assert crashkit.file_digest(scene.b.path) == scene.b.digest
+    assert file_digest(scene.b.path) == scene.b.digest
 
 
 def test_user_file_that_vanished_is_refused(scene):
@@ -261,9 +263,9 @@ def test_a_blob_used_twice_is_copied_not_consumed(scene):
     report = write_file(scene.dest, [scene.a, b"|", scene.a], consume=True)
     assert [p.placement for p in report.placements] == ["copy", "copy"]
     assert "used more than once" in report.placements[0].reason
-    data = crashkit.content(1, 300_001)
+    data = content(1, 300_001)
     assert scene.dest.read_bytes() == data + b"|" + data
-    assert crashkit.file_digest(scene.a.path) == scene.a.digest
+    assert file_digest(scene.a.path) == scene.a.digest
 
 
 # -- two writers racing for one destination ----------------------------------------------
@@ -293,17 +295,17 @@ def test_second_writer_of_a_destination_is_refused(scene, second):
         if second == "through a symlink":
             other.symlink_to(scene.dest)
         target = other if second == "through a symlink" else scene.dest
-        b_digest = crashkit.file_digest(scene.b.path)
+        b_digest = file_digest(scene.b.path)
         with pytest.raises(ConcurrentWriteError, match="another write to .* is in progress") \
                 as info:
             write_file(target, [b"second", scene.b], consume=True)
         assert info.value.errno == errno.EAGAIN
-        assert crashkit.file_digest(scene.b.path) == b_digest
+        assert file_digest(scene.b.path) == b_digest
     finally:
         go.set()
         thread.join(30)
     assert first.get("ok"), first.get("error")
-    assert scene.dest.read_bytes() == b"first" + crashkit.content(1, 300_001)
+    assert scene.dest.read_bytes() == b"first" + content(1, 300_001)
 
 
 def test_writers_in_two_processes_racing_for_one_destination(scene):
@@ -337,14 +339,14 @@ def test_writers_in_two_processes_racing_for_one_destination(scene):
         assert os.read(r, 16) == b"locked"
         with pytest.raises(ConcurrentWriteError):
             write_file(scene.dest, [b"parent", scene.b], consume=True)
-        assert crashkit.file_digest(scene.b.path) == scene.b.digest
+        assert file_digest(scene.b.path) == scene.b.digest
     finally:
         os.write(w2, b"g")
         _, status = os.waitpid(pid, 0)
         os.close(r)
         os.close(w2)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert scene.dest.read_bytes() == b"child!" + crashkit.content(1, 300_001)
+    assert scene.dest.read_bytes() == b"child!" + content(1, 300_001)
     assert sorted(p.name for p in scene.out.iterdir()) == ["m.pte"]
 
 
@@ -376,7 +378,7 @@ def fill(directory: Path) -> Path:
 def test_disk_filled_after_the_preflight_rolls_back(make_fs, fstype, consume):
     mnt = make_fs(fstype, 300 if fstype == "xfs" else 128)
     store = BlobStore(mnt / "staging", chunk_size=64 * KiB)
-    blob = store.put(crashkit.content(7, 24 * MiB))
+    blob = store.put(content(7, 24 * MiB))
     dest = mnt / "out" / "m.pte"
     dest.parent.mkdir()
     dest.write_bytes(b"old")
@@ -393,7 +395,7 @@ def test_disk_filled_after_the_preflight_rolls_back(make_fs, fstype, consume):
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "filled up during the write" in notes and "rolled back" in notes, notes
     assert snapshot(mnt / "staging", mnt / "out") == before
-    assert crashkit.file_digest(blob.path) == blob.digest
+    assert file_digest(blob.path) == blob.digest
     fillers[0].unlink()
     assert recover(dest.parent) == []
     store.close()
@@ -407,7 +409,7 @@ def test_disk_filled_in_the_middle_of_a_move_loses_nothing(make_fs, fstype):
     # track of every byte, and recover() finishes once space is freed.
     mnt = make_fs(fstype, 300 if fstype == "xfs" else 128)
     store = BlobStore(mnt / "staging", chunk_size=64 * KiB)
-    blob = store.put(crashkit.content(8, 24 * MiB))
+    blob = store.put(content(8, 24 * MiB))
     digest = blob.digest
     dest = mnt / "out" / "m.pte"
     dest.parent.mkdir()
@@ -433,5 +435,5 @@ def test_disk_filled_in_the_middle_of_a_move_loses_nothing(make_fs, fstype):
         fillers[0].unlink()
     assert dest.read_bytes() == b"old"
     assert sorted(p.name for p in dest.parent.iterdir()) == ["m.pte"]
-    assert crashkit.file_digest(blob.path) == digest
+    assert file_digest(blob.path) == digest
     store.close()

@@ -194,11 +194,9 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("shares", [True, False])
-def test_recovery_of_a_dead_writers_clone_checks_for_room_before_copying(make_fs, shares):
-    """A writer died after cloning; the disk filled since. Recovery clones it again (no
-    room needed); where the clone is refused now, it must find that the copy cannot fit
-    before copying, and roll back, rather than run into ENOSPC."""
+def dead_writers_clone(make_fs) -> tuple[Path, bytes, Path]:
+    """XFS where a writer died after cloning a 64 MiB blob over ``m.pte``'s old bytes:
+    the mount, the payload's bytes and the destination."""
     mnt = make_fs("xfs", 400)
     data = os.urandom(PAYLOAD)
     (mnt / "payload").write_bytes(data)
@@ -207,6 +205,15 @@ def test_recovery_of_a_dead_writers_clone_checks_for_room_before_copying(make_fs
     child = subprocess.run([sys.executable, "-c", CHILD, os.fspath(mnt)],
                            capture_output=True, text=True, timeout=120)
     assert child.returncode == 3, child.stderr
+    return mnt, data, dest
+
+
+@pytest.mark.parametrize("shares", [True, False])
+def test_recovery_of_a_dead_writers_clone_checks_for_room_before_copying(make_fs, shares):
+    """A writer died after cloning; the disk filled since. Recovery clones it again (no
+    room needed); where the clone is refused now, it must find that the copy cannot fit
+    before copying, and roll back, rather than run into ENOSPC."""
+    mnt, data, dest = dead_writers_clone(make_fs)
     os.unlink(mnt / "payload")
     assert temps(mnt), "the dead writer left its temp file and journal"
     (blob_path,) = (mnt / "s").glob("*.blob")
@@ -234,14 +241,7 @@ def test_recovery_of_a_dead_writers_clone_checks_the_bytes_it_cloned_again(make_
     """A writer died after cloning; its source changed before recovery. Recovery clones it
     again and must find, by the one digest of chunk digests the journal keeps for a clone,
     that the bytes are not the staged ones, and roll back rather than publish them."""
-    mnt = make_fs("xfs", 400)
-    data = os.urandom(PAYLOAD)
-    (mnt / "payload").write_bytes(data)
-    dest = mnt / "m.pte"
-    dest.write_bytes(b"the old model")
-    child = subprocess.run([sys.executable, "-c", CHILD, os.fspath(mnt)],
-                           capture_output=True, text=True, timeout=120)
-    assert child.returncode == 3, child.stderr
+    mnt, data, dest = dead_writers_clone(make_fs)
     (blob_path,) = (mnt / "s").glob("*.blob")
     with open(blob_path, "r+b") as f:  # one byte in the middle of one chunk
         f.seek(PAYLOAD // 2 + 12345)

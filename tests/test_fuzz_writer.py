@@ -28,9 +28,9 @@ import os
 import shutil
 from pathlib import Path
 
-import crashkit
+import crash_scenario
 import pytest
-from crashkit import CallHook, die, in_child
+from crash_dying import CallHook, die, in_child
 from faults import FaultInjector
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -108,14 +108,14 @@ class WriterMachine(RuleBasedStateMachine):
             self.stores.append(BlobStore(self.staging, chunk_size=16 * KiB))
             store = len(self.stores) - 1
         self.seed += 1
-        data = crashkit.content(self.seed, size)
+        data = crash_scenario.content(self.seed, size)
         self.blobs.append((self.stores[store].put(data), data))
 
     @rule(size=st.integers(1, 100_000))
     def create_user_file(self, size):
         self.seed += 1
         name = f"u{len(self.externals)}.bin"
-        data = crashkit.content(10_000 + self.seed, size)
+        data = crash_scenario.content(10_000 + self.seed, size)
         (self.user / name).write_bytes(data)
         self.externals[name] = data
 

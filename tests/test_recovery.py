@@ -1,7 +1,7 @@
 """recover(): finishes or undoes interrupted writes, idempotent, safe beside live writers.
 
 Crashes here are real deaths: the write runs in a forked child that calls
-``os._exit`` just before a chosen system call (crashkit.CallHook), so no
+``os._exit`` just before a chosen system call (CallHook), so no
 ``finally`` and no rollback runs, and the kernel drops the child's locks.
 """
 
@@ -16,9 +16,12 @@ import sys
 import threading
 from pathlib import Path
 
-import crashkit
+import crash_child
 import pytest
-from crashkit import CallHook, Scenario, check_recovered, collect_dead_store, die, in_child
+from crash_dying import CallHook, die, in_child
+from crash_scenario import Scenario, content, kill_scenario
+from crash_verdict import blob_files, check_recovered, collect_dead_store, journal_state
+from digests import digest, file_digest
 
 from trtet_store import BlobStore, recover, write_file
 from trtet_store.io import fs, recovery
@@ -110,12 +113,12 @@ def test_recover_rolls_back_when_finishing_a_move_finds_a_changed_source(here_fs
     names = trace(scn, here_fs)
     at = move_truncation(names) + 1  # after the first step of the first move
     staging, out, user = die_at(scn, here_fs, at)
-    assert crashkit.journal_state(out) == "placing"
+    assert journal_state(out) == "placing"
     outcomes = recover(out)
     assert actions(outcomes) == ["rolled back"], outcomes
     assert "does not match the digest" in outcomes[0].detail
     # It says where the blobs are: their store died with the writer.
-    for path in crashkit.blob_files(staging).values():
+    for path in blob_files(staging).values():
         assert str(path) in outcomes[0].detail
     assert "BlobStore.adopt" in outcomes[0].detail
     assert check_recovered(scn, staging, out, user) == "old"
@@ -234,7 +237,7 @@ def test_recover_finishes_a_rollback_that_was_taking_back_a_published_file(here_
         if code != 86:
             assert code == 1  # the rollback finished before call k: nothing left to do
             break
-        state = crashkit.journal_state(out)
+        state = journal_state(out)
         where = f"died at call {k} of the rollback (journal {state})"
         recover(out)
         verdict = check_recovered(scn, staging, out, user, where=where)
@@ -278,7 +281,7 @@ def test_recover_never_removes_the_temp_file_of_a_live_writer(here_fs, monkeypat
     # A writer may create its journal and temp file while recover() is
     # looking for strays: the temp must not be taken for one.
     store = BlobStore(here_fs / "s", chunk_size=16 * KiB)
-    blob = store.put(crashkit.content(1, 500_000))
+    blob = store.put(content(1, 500_000))
     out = here_fs / "out"
     out.mkdir()
     blocked, go = threading.Event(), threading.Event()
@@ -316,7 +319,7 @@ def test_recover_never_removes_the_temp_file_of_a_live_writer(here_fs, monkeypat
         if thread.is_alive() or len(calls) >= 2:
             thread.join(30)
     assert result.get("ok"), result.get("error")
-    assert (out / "live.pte").read_bytes() == b"head" + crashkit.content(1, 500_000)
+    assert (out / "live.pte").read_bytes() == b"head" + content(1, 500_000)
     store.close()
 def test_recover_never_unlinks_a_lock_a_writer_just_took(here_fs, monkeypatch):
     # recover() removes lock files nobody holds. If a writer takes the lock
@@ -379,10 +382,10 @@ def test_recover_is_idempotent(here_fs, where):
     staging, out, user = die_at(scn, here_fs, at)
     first = recover(out)
     assert actions(first) == ["rolled forward"], first
-    snapshot = {p.name: crashkit.file_digest(p) for p in out.iterdir()}
+    snapshot = {p.name: file_digest(p) for p in out.iterdir()}
     for _ in range(3):
         assert recover(out) == []
-    assert {p.name: crashkit.file_digest(p) for p in out.iterdir()} == snapshot
+    assert {p.name: file_digest(p) for p in out.iterdir()} == snapshot
     assert check_recovered(scn, staging, out, user) == "new"
     collect_dead_store(staging)
 
@@ -394,12 +397,12 @@ def test_a_store_starting_beside_an_interrupted_write_keeps_its_files(here_fs, c
     scn = small_scenario()
     names = trace(scn, here_fs)
     staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
-    blobs_before = crashkit.blob_files(staging)
+    blobs_before = blob_files(staging)
     assert len(blobs_before) == 3
     with caplog.at_level(logging.WARNING, logger="trtet_store.blobstore"), \
             BlobStore(staging) as store:
         assert store.collected == []  # the dead store's blobs are pinned by the journal
-        assert crashkit.blob_files(staging) == blobs_before
+        assert blob_files(staging) == blobs_before
     assert "3 staged blob(s) of dead stores" in caplog.text  # kept: orphans, and pinned
     assert "recover" in caplog.text
     assert actions(recover(out)) in (["rolled forward"], ["rolled back"])
@@ -412,15 +415,15 @@ def test_a_write_beside_an_interrupted_write_reports_it_and_leaves_it_alone(here
     names = trace(scn, here_fs)
     staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
     (journal,) = journal_mod.journals_in(out)
-    before = {p.name: crashkit.file_digest(p) for p in [*out.iterdir(), *staging.iterdir()]}
+    before = {p.name: file_digest(p) for p in [*out.iterdir(), *staging.iterdir()]}
     with BlobStore(here_fs / "other") as store:
         blob = store.put(b"z" * 50_000)
         with caplog.at_level(logging.WARNING, logger="trtet_store.recovery"):
             write_file(out / "other.pte", [b"o", blob], consume=True)
     assert "found an interrupted write of" in caplog.text and "m.pte" in caplog.text
     assert f"trtet-store recover {out}" in caplog.text
-    after = {p.name: crashkit.file_digest(p) for p in [*out.iterdir(), *staging.iterdir()]}
-    assert after == {**before, "other.pte": crashkit.digest(b"o" + b"z" * 50_000)}
+    after = {p.name: file_digest(p) for p in [*out.iterdir(), *staging.iterdir()]}
+    assert after == {**before, "other.pte": digest(b"o" + b"z" * 50_000)}
     assert journal.exists()
     recover(out)
     (out / "other.pte").unlink()
@@ -446,11 +449,11 @@ def test_a_write_of_the_same_destination_finishes_the_interrupted_one_first(here
     if finished:
         assert ptd.read_bytes() == scn.new_content()["m.ptd"]
     staged = scn.staged_digests()
-    files = crashkit.blob_files(staging)
+    files = blob_files(staging)
     for i in range(3):
         assert (i in files) != finished
         if not finished:
-            assert crashkit.file_digest(files[i]) == staged[i]
+            assert file_digest(files[i]) == staged[i]
 
 
 # -- recover beside a live writer in another process --------------------------------------------
@@ -464,15 +467,14 @@ def test_recover_in_a_loop_while_another_process_writes_in_the_directory(here_fs
     dead = small_scenario()
     names = trace(dead, here_fs / "live")
     staging, out, user = die_at(dead, here_fs / "live", move_truncation(names, 3) + 1)
-    live = crashkit.kill_scenario(scale=256 * KiB)
+    live = kill_scenario(scale=256 * KiB)
     for name, (seed, size) in live.old.items():
-        (out / name).write_bytes(crashkit.content(seed, size))
+        (out / name).write_bytes(content(seed, size))
     for name, (seed, size) in live.externals.items():
-        (user / name).write_bytes(crashkit.content(seed, size))
+        (user / name).write_bytes(content(seed, size))
     scn_file = here_fs / "live.json"
     scn_file.write_text(live.to_json())
-    child = subprocess.Popen([sys.executable, crashkit.__file__, scn_file, here_fs / "live"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = crash_child.spawn(scn_file, here_fs / "live")
     assert child.stdout.readline().strip() == "ready"
     seen = []
     while child.poll() is None:
