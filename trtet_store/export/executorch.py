@@ -60,10 +60,9 @@ from trtet_store.export.named_data import (  # noqa: F401 - add_blob_as_named_da
 from trtet_store.export.trt_blob import STAGED_ENGINE_MARKER
 
 if TYPE_CHECKING:  # pragma: no cover
-    from executorch.exir._serialize._cord import Cord, FileBackedData
     from executorch.exir.program import ExecutorchProgramManager
 
-    from trtet_store.export._executorch_private import EngineView
+    from trtet_store.export._executorch_private import Cord, EngineView, FileBackedData
     from trtet_store.io.blobstore import Blob, BlobStore
     from trtet_store.io.layout import Piece
 

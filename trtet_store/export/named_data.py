@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from executorch.exir._serialize._cord import FileBackedData
     from executorch.exir.program import ExecutorchProgramManager
 
+    from trtet_store.export._executorch_private import FileBackedData
     from trtet_store.io.blobstore import Blob
 
 PTD_SUFFIX = ".ptd"
@@ -114,7 +114,7 @@ def add_blob_as_named_data(
 
     Parameters
     ----------
-    named_data_store : executorch.exir._serialize._named_data_store.NamedDataStore
+    named_data_store : ExecuTorch's NamedDataStore
         The store a backend's ``preprocess`` returns as ``data_store_output``.
     key : str
         Name the runtime looks the data up by.

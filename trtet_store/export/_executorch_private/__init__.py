@@ -46,6 +46,8 @@ Modules: ``core`` (versions, errors, programs and Cords, the deserializers,
 wrapped delegate-segment extraction), ``check`` (:func:`check_private_api`).
 """
 
+from typing import TYPE_CHECKING
+
 from trtet_store.export._executorch_private.check import check_private_api
 from trtet_store.export._executorch_private.core import (
     TESTED_EXECUTORCH,
@@ -80,6 +82,10 @@ from trtet_store.export._executorch_private.segments import (
     engine_views,
     expand_delegate_segments,
 )
+
+if TYPE_CHECKING:  # pragma: no cover - for annotations elsewhere in export/
+    from executorch.exir._serialize._cord import Cord as Cord
+    from executorch.exir._serialize._cord import FileBackedData as FileBackedData
 
 __all__ = [
     "TESTED_EXECUTORCH",
