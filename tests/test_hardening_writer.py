@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from crash_dying import DIED, die, in_child
 from digests import digest, file_digest
 from faults import FaultInjector, WrappedCalls
 
@@ -264,6 +265,66 @@ def test_replacing_a_destination_keeps_its_mode_and_owner(make_fs, consume):
         assert report.placements[0].placement == "insert"
     st = os.stat(dest)
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o600, 12345, 12345)
+
+
+class _AfterChmod(WrappedCalls):
+    """Run ``action`` before the call that follows the write's first ``fchmod``: the
+    insert's host is in place and has just taken the destination's mode and owner."""
+
+    def __init__(self, action) -> None:
+        self.action, self.armed, self.fired = action, False, False
+
+    def _wrap(self, name, real):
+        def call(*args, **kwargs):
+            if self.armed and not self.fired:
+                self.fired = True
+                self.action()
+            self.armed = self.armed or name == "fchmod"
+            return real(*args, **kwargs)
+        return call
+
+
+def _fail() -> None:
+    raise OSError(errno.EIO, "injected EIO")
+
+
+@pytest.mark.parametrize("recovered", [False, True], ids=["rollback", "recover"])
+def test_an_insert_host_rolled_back_gets_its_own_mode_and_owner_back(make_fs, recovered):
+    """A write that fails (or dies, and is recovered) after the insert's host took the
+    destination's mode and owner gives the adopted file back with its bytes, mode and
+    owner as they were."""
+    mnt = make_fs("ext4", 200)
+    dest = mnt / "m.pte"
+    dest.write_bytes(b"old")
+    os.chmod(dest, 0o600)
+    user = mnt / "engine.bin"
+    data = os.urandom(2 * MiB)
+    user.write_bytes(data)
+    os.chown(user, 12345, 12345)
+    os.chmod(user, 0o640)
+
+    def write() -> None:
+        store = BlobStore(mnt / "s")
+        blob = store.adopt(user)
+        with _AfterChmod(die if recovered else _fail) as hook, contextlib.suppress(OSError):
+            write_file(dest, [b"H" * 4096, blob], consume=True)
+        assert hook.fired
+        store.close()  # gives the unconsumed adopted file back to its path
+
+    if recovered:
+        assert in_child(write) == DIED
+        outcomes = recover(mnt)
+        assert [o.action for o in outcomes if o.outputs == [os.fspath(dest)]] == [
+            "rolled back"], outcomes
+        (back,) = (mnt / "s").glob("*.blob")  # its store died: an orphan, for adopt_orphan
+    else:
+        write()
+        back = user
+    st = os.stat(back)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 12345, 12345)
+    assert file_digest(back) == digest(data)
+    assert dest.read_bytes() == b"old"
+    assert sorted(p.name for p in mnt.iterdir() if ".trtet-" in p.name) == []
 
 
 def test_a_hard_link_keeps_the_old_bytes_and_a_symlink_is_written_through(here_fs):

@@ -60,6 +60,9 @@ class PayloadPlan:
     # What the journal records instead of chunk_digests for a placement that
     # never reads the bytes (see digest_of_chunks).
     chunks_digest: int | None = None
+    # An insert's host as it was before it became the output: [permission
+    # bits, uid, gid], what a rollback gives back with the file.
+    host_mode: list[int] | None = None
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
@@ -115,6 +116,9 @@ def _choose_host(dest: Path, plans: Planned, allowed: Collection[str]) -> None:
         return
     host.placement = "insert"
     host.reason = f"the largest payload hosts the file: {why}; {host.reason}"
+    # The file takes the destination's mode and owner; a rollback gives these back.
+    st = os.stat(host.source)
+    host.host_mode = [stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid]
     log.info("%s: %s becomes the output file (insert)", dest, host.source)
 
 

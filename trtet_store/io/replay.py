@@ -84,7 +84,8 @@ def _unhost(temp: str, host: PayloadPlan) -> None:
 
     Its size tells how far the write got: the payload's own size (renamed,
     nothing inserted yet), or more (room inserted before it and the rest of
-    the output after it), which is cut away again.
+    the output after it), which is cut away again. Its mode and owner, which
+    became the destination's, are given back.
     """
     try:
         fd = fs.calls.open(temp, os.O_RDWR | os.O_CLOEXEC)
@@ -95,6 +96,11 @@ def _unhost(temp: str, host: PayloadPlan) -> None:
             fs.calls.ftruncate(fd, host.offset + host.size)
             if host.offset:
                 fs.calls.fallocate(fd, fs.FALLOC_FL_COLLAPSE_RANGE, 0, host.offset)
+        if host.host_mode is not None:  # it took the destination's on the way
+            mode, uid, gid = host.host_mode
+            with contextlib.suppress(PermissionError):  # only root gives files away
+                fs.calls.fchown(fd, uid, gid)
+            fs.calls.fchmod(fd, mode)  # after the chown, which clears set-id bits
         fs.calls.fsync(fd)
     finally:
         fs.calls.close(fd)
