@@ -65,7 +65,7 @@ def stream_floor(sources: list[Path], out: Path) -> float:
         try:
             pos = 0
             while data := os.pread(sfd, WINDOW, pos):
-                os.pwrite(dfd, data, pos)
+                fs.pwrite_all(dfd, data, pos)  # a short write would flatter the floor
                 pagecache.supported(fs.sync_file_range, dfd, pos, len(data),
                                     fs.SYNC_FILE_RANGE_WRITE)
                 pos += len(data)
