@@ -63,7 +63,9 @@ def small_rows(args: argparse.Namespace) -> list[dict]:
             for s in result.summary():
                 med, r = s["median"], s["ratio_to_executorch"]
                 rows.append({
-                    "filesystem": fstype, "sources": cached, "method": s["method"],
+                    # What it ran on: "here:ext4" when no dedicated filesystem
+                    # of the type asked for could be made.
+                    "filesystem": result.filesystem.label, "sources": cached, "method": s["method"],
                     "placement": s["placement"], "ok": f"{s['ok_runs']}/{s['runs']}",
                     "durable_s": med["seconds_durable"], "durable_ratio": r["seconds_durable"],
                     "durable_all": [round(x.seconds_durable, 2)
