@@ -138,10 +138,14 @@ def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chu
             progress(n)
 
 
-CLONE_RANGE = 64 * MiB
+CLONE_RANGE = 256 * MiB
 """Bytes per FICLONERANGE call. One call for 2 GiB on XFS made free space dip
-by 1.1 GiB in one run of five (XFS reserves for the whole remap); calls of
-64 MiB never dipped, in the same time (benchmarks/xfs_clone_dip.py)."""
+by 1.1 GiB in one run of 14 (XFS reserves for the whole remap); calls of 64
+MiB, 256 MiB and 1 GiB never dipped (benchmarks/xfs_clone_dip.py). The
+calls are what a clone's time grows with: from a 256 MiB to a 16 GiB engine,
+compile_and_save grew 1.53x in 64 MiB calls (5.7 to 8.7 ms) and 1.27x in
+256 MiB calls (4.5 to 5.7 ms), medians of 5 (zero_copy_entry_points.py).
+256 MiB keeps a 16 GiB clone at 64 calls and any dip within a quarter GiB."""
 
 
 def clone(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, block: int,
