@@ -12,7 +12,7 @@ from faults import FaultInjector, count_calls
 
 from trtet_store import BlobStore, write_file
 from trtet_store.bench.measure import bytes_written
-from trtet_store.io import fs
+from trtet_store.io import fs, transfer
 from trtet_store.io.units import MiB
 
 FS_SIZE = {"xfs": 400, "btrfs": 400, "ext4": 400, "tmpfs": 400}
@@ -80,9 +80,13 @@ def test_clone_with_consume_releases_the_blob(make_fs):
     store.close()
 
 
-def test_fault_at_every_call_of_a_clone_loses_nothing(make_fs):
+@pytest.mark.parametrize("clone_range", [None, 256 << 10])
+def test_fault_at_every_call_of_a_clone_loses_nothing(make_fs, monkeypatch, clone_range):
     mnt = make_fs("xfs", 400)
     fs.capabilities.clear()
+    if clone_range:
+        # A payload cloned in several calls, as 16 GiB engines are (transfer.CLONE_RANGE).
+        monkeypatch.setattr(transfer, "CLONE_RANGE", clone_range)
     store = BlobStore(mnt / "s", chunk_size=64 << 10)
     blobs = [blob_of(store, n, seed=n) for n in (1 * MiB + 5, 2 * MiB)]
     digests = [b.digest for b in blobs]
@@ -99,6 +103,10 @@ def test_fault_at_every_call_of_a_clone_loses_nothing(make_fs):
 
     report = run()
     assert [p.placement for p in report.placements] == ["clone", "clone"]
+    assert dest.read_bytes() == new
+    with FaultInjector(only=frozenset({"clone_range"})) as clones:
+        run()
+    assert clones.count == (4 + 8 if clone_range else 2), clones.count  # 1 MiB, 2 MiB whole
     total = count_calls(run)
     for n in range(1, total + 1):
         with FaultInjector(fail_at=n, mode="eio") as inj, contextlib.suppress(OSError):
