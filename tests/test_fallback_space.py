@@ -138,6 +138,35 @@ def test_a_clone_falling_back_to_a_copy_that_fits_is_copied(make_fs):
     assert temps(mnt) == []
 
 
+def test_a_clone_falling_back_keeps_the_room_the_rest_of_the_write_needs(make_fs):
+    """Room for the clone's copy alone, not for it and the copy still to come: refused
+    before the fallback's first byte, not by ENOSPC in the middle of the next payload."""
+    mnt = make_fs("xfs", 400)
+    fs.capabilities.clear()
+    dest = mnt / "m.pte"
+    dest.write_bytes(b"the old model")
+    with BlobStore(mnt / "s") as store:
+        cloned, copied = os.urandom(PAYLOAD), os.urandom(PAYLOAD // 2)
+        a, b = store.put(cloned), store.put(copied)
+        fs.probe_clone(Path(a.path), mnt)
+        # b at an unaligned offset is planned as a copy (the preflight budgets it);
+        # a, last in the file, is placed first, and its clone is refused.
+        head = HEADER + b"y" * 100
+        pad = b"\0" * (-(len(head) + len(copied)) % 4096)
+        fill(mnt, PAYLOAD + PAYLOAD // 4)  # a's copy fits; a's and b's do not
+        before = listing(mnt, mnt / "s")
+        with no_sharing(errno.EOPNOTSUPP) as refused, \
+                pytest.raises(InsufficientSpaceError) as info:
+            write_file(dest, [head, b, pad, a])
+        assert info.value.needed >= PAYLOAD + PAYLOAD // 2, info.value
+        assert refused.refused == ["clone_range"], refused.refused
+        assert refused.temp_writes() == [], refused.writes
+        assert [file_digest(x.path) for x in (a, b)] == [digest(cloned), digest(copied)]
+        assert listing(mnt, mnt / "s") == before
+        assert temps(mnt, mnt / "s") == []
+        assert dest.read_bytes() == b"the old model"
+
+
 @pytest.mark.parametrize("insert_fails", [False, True])
 def test_an_insert_is_budgeted_as_the_move_it_may_fall_back_to(make_fs, insert_fails):
     """Room for the insert (a header), not for a move's step: refused before anything exists.

@@ -27,7 +27,7 @@ SourceCheck = Callable[[os.stat_result], None]
 
 
 def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path,
-                  copy_chunk: int, reserve: int = 0,
+                  copy_chunk: int, reserve: Callable[[], int] | None = None,
                   check_source: SourceCheck | None = None,
                   progress: transfer.Progress | None = None) -> int:
     """Place one payload into the temp file ``temp_fd`` as ``plan`` says.
@@ -57,9 +57,10 @@ def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path
         The output's destination: its directory's filesystem is where room is needed.
     copy_chunk : int
         Bytes per copy step.
-    reserve : int
-        Room the rest of the write still needs on that filesystem
-        (:func:`trtet_store.io.ladder.still_needed`), kept free by a fallback copy.
+    reserve : callable, optional
+        Returns the room the rest of the write still needs on that filesystem
+        (:func:`trtet_store.io.ladder.still_needed`), kept free by a fallback
+        copy; called only when a clone falls back, since nothing else needs it.
     check_source : callable, optional
         Checks the source's identity before and after a clone.
     progress : callable, optional
@@ -90,7 +91,8 @@ def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path
             # Counted as a whole copy: copy_file_range may yet share the blocks (XFS or
             # btrfs between two mounts of one filesystem), but nothing says so before
             # it runs, and where FICLONERANGE is refused it mostly writes every byte.
-            ensure_room(dest, round_up(plan.size, fs.block_size(dest.parent)) + reserve,
+            ensure_room(dest, round_up(plan.size, fs.block_size(dest.parent))
+                        + (reserve() if reserve else 0),
                         f"{why}, so {plan.source} has to be copied, which needs its whole size")
             log.warning("%s: %s before changing anything; copying %s instead", dest, why,
                         plan.source)

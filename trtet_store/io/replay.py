@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def complete_placement(plan: Plan) -> None:
                 rest = [(dest, order[k + 1:])]
                 rest += [(Path(o.dest), o.payloads) for o in plan.outputs[i + 1:]]
                 place_payload(p, fd, temp_path=out.temp, dest=dest, copy_chunk=p.step or 8 * MiB,
-                              reserve=ladder.still_needed(dest.parent, rest))
+                              reserve=functools.partial(ladder.still_needed, dest.parent, rest))
                 if p.placement == "clone":
                     # The writer trusts a blob's sealed identity, which died with its
                     # store; nothing says a source it never synced survived a crash

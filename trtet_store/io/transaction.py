@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import stat
@@ -333,7 +334,7 @@ class Transaction:
                 record.bytes_written = place_payload(
                     plan, out.temp_fd, temp_path=os.fspath(out.temp), dest=out.dest,
                     copy_chunk=self.chunk_size, progress=self._advance,
-                    reserve=ladder.still_needed(out.dest.parent, pending),
+                    reserve=functools.partial(ladder.still_needed, out.dest.parent, pending),
                     check_source=blob.check_identity if blob is not None else None)
                 record.seconds = time.monotonic() - t0
                 record.placement, record.reason = plan.placement, plan.reason
