@@ -41,9 +41,6 @@ from trtet_store.io.writer import write_file
 WRITE = 16 * MiB
 
 
-def _list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
 
 def one_run(root: Path, size: int, drop_behind: bool, block: bytes) -> dict:
     """Stage one blob of ``size`` bytes and insert it into an output on ``root``."""
@@ -74,8 +71,8 @@ def one_run(root: Path, size: int, drop_behind: bool, block: bytes) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--filesystems", type=_list, default=["ext4", "xfs"])
-    p.add_argument("--sizes", type=_list, default=["256M", "1G", "4G"])
+    p.add_argument("--filesystems", type=bench.comma_list, default=["ext4", "xfs"])
+    p.add_argument("--sizes", type=bench.comma_list, default=["256M", "1G", "4G"])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("bench-out/drop_behind"))
     args = p.parse_args(argv)

@@ -44,10 +44,6 @@ from trtet_store.io import BlobStore, fs, write_file
 from trtet_store.io.units import GiB, MiB
 
 
-def _list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
 def small_rows(args: argparse.Namespace) -> list[dict]:
     rows = []
     for fstype in args.filesystems:
@@ -165,8 +161,8 @@ def print_big(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--filesystems", type=_list, default=["ext4", "xfs"])
-    p.add_argument("--cache", type=_list, default=["uncached", "cached"])
+    p.add_argument("--filesystems", type=bench.comma_list, default=["ext4", "xfs"])
+    p.add_argument("--cache", type=bench.comma_list, default=["uncached", "cached"])
     p.add_argument("--payload-size", default="1G")
     p.add_argument("--payloads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5)
@@ -177,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-small", action="store_true", help="skip the 2 x 1 GiB runs")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        print("needs root (dedicated loop filesystems)", file=sys.stderr)
+    if not bench.require_root():
         return 2
     small = [] if args.no_small else small_rows(args)
     big = []

@@ -26,22 +26,18 @@ from pathlib import Path
 from trtet_store import bench
 
 
-def _list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the matrix; return 0 when every case ran (a method may still have failed)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--filesystems",
-        type=_list,
+        type=bench.comma_list,
         default=["ext4", "xfs", "btrfs", "tmpfs"],
         help="comma-separated, from: " + ",".join(bench.FILESYSTEMS),
     )
     p.add_argument(
         "--fs-sizes",
-        type=_list,
+        type=bench.comma_list,
         default=["fit", "tight"],
         help="comma-separated: fit, tight, or sizes such as 1500M",
     )
@@ -49,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--payloads", type=int, default=2)
     p.add_argument("--chunk-size", type=bench.parse_size, default=None)
     p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--methods", type=_list, default=list(bench.METHODS))
+    p.add_argument("--methods", type=bench.comma_list, default=list(bench.METHODS))
     p.add_argument("--out", type=Path, default=Path("bench-out/matrix"))
     args = p.parse_args(argv)
 

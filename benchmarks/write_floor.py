@@ -41,9 +41,6 @@ from trtet_store.io.units import MiB
 WINDOW = 8 * MiB
 
 
-def _list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
 
 def executorch_save(program, out: Path) -> float:
     """ExecuTorch's save and its ``.ptd`` files, then ``syncfs``: seconds."""
@@ -109,15 +106,14 @@ def run(factory: loopfs.FilesystemFactory, fstype: str, cached: bool, size: int,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--filesystems", type=_list, default=["ext4", "xfs"])
-    p.add_argument("--cache", type=_list, default=["uncached", "cached"])
+    p.add_argument("--filesystems", type=bench.comma_list, default=["ext4", "xfs"])
+    p.add_argument("--cache", type=bench.comma_list, default=["uncached", "cached"])
     p.add_argument("--payload-size", default="1G")
     p.add_argument("--payloads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        print("needs root (dedicated loop filesystems)", file=sys.stderr)
+    if not bench.require_root():
         return 2
     size = bench.parse_size(args.payload_size)
     rows = []

@@ -27,16 +27,14 @@ from trtet_store import bench
 ZERO_COPY = ("clone", "insert")
 
 
-def _list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--filesystems", type=_list, default=["xfs", "btrfs", "ext4", "tmpfs"])
-    p.add_argument("--sizes", type=_list, default=["256M", "1G", "4G"])
+    p.add_argument("--filesystems", type=bench.comma_list,
+                   default=["xfs", "btrfs", "ext4", "tmpfs"])
+    p.add_argument("--sizes", type=bench.comma_list, default=["256M", "1G", "4G"])
     p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--methods", type=_list, default=list(bench.METHODS),
+    p.add_argument("--methods", type=bench.comma_list, default=list(bench.METHODS),
                    help="methods to run (executorch, the baseline, always runs)")
     p.add_argument("--out", type=Path, default=Path("bench-out/zero_copy"))
     args = p.parse_args(argv)

@@ -60,9 +60,6 @@ ENTRY_POINTS = ("write_file", "save", "save_program", "compile_and_save")
 PLACEMENT = {"xfs": "clone", "ext4": "insert"}
 
 
-def _list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
 
 def fallocated(path: Path, size: int) -> Path:
     """A file of ``size`` bytes in unwritten extents (reads as zeros, nothing written)."""
@@ -241,14 +238,13 @@ def render(summary: list[dict], sizes: list[int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--filesystems", type=_list, default=["xfs", "ext4"])
-    p.add_argument("--sizes", type=_list, default=["256M", "4G", "16G"])
-    p.add_argument("--entries", type=_list, default=list(ENTRY_POINTS))
+    p.add_argument("--filesystems", type=bench.comma_list, default=["xfs", "ext4"])
+    p.add_argument("--sizes", type=bench.comma_list, default=["256M", "4G", "16G"])
+    p.add_argument("--entries", type=bench.comma_list, default=list(ENTRY_POINTS))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        print("needs root (dedicated loop filesystems)", file=sys.stderr)
+    if not bench.require_root():
         return 2
     unknown = set(args.filesystems) - set(PLACEMENT) | set(args.entries) - set(ENTRY_POINTS)
     if unknown:

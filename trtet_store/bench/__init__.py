@@ -55,8 +55,10 @@ from trtet_store.bench.config import (
     BenchError,
     ProgressFn,
     add_arguments,
+    comma_list,
     format_size,
     parse_size,
+    require_root,
 )
 from trtet_store.bench.plot import plot
 from trtet_store.bench.program import build_program
@@ -85,11 +87,13 @@ __all__ = [
     "add_arguments",
     "bench_filesystem",
     "build_program",
+    "comma_list",
     "format_failures",
     "format_size",
     "format_table",
     "parse_size",
     "plot",
+    "require_root",
     "run_bench",
     "write_json",
 ]

@@ -8,6 +8,8 @@ live here only.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +63,19 @@ _UNITS = {
     "tb": 1 << 40,
     "tib": 1 << 40,
 }
+
+
+def comma_list(text: str) -> list[str]:
+    """Split a comma-separated command-line value (``ext4,xfs``), dropping blanks."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def require_root() -> bool:
+    """True when running as root; otherwise say on stderr that loop filesystems need it."""
+    if os.geteuid() == 0:
+        return True
+    print("needs root (dedicated loop filesystems)", file=sys.stderr)
+    return False
 
 
 def parse_size(text: str | int) -> int:
