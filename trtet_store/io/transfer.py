@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from trtet_store.io import fs, pagecache
 from trtet_store.io.digests import chunk_digest
@@ -40,6 +40,15 @@ def verify_chunks(data: bytes | memoryview, start: int, chunk_size: int,
             raise VerificationError(what, j, path)
 
 
+def _windows(fd: int, base: int, start: int, end: int, chunk_size: int, path: str,
+             read_size: int) -> Iterator[tuple[int, memoryview]]:
+    """Payload bytes ``[start, end)`` stored in ``fd`` at ``base + start``, read in
+    whole chunks of about ``read_size`` bytes: ``(payload offset, bytes)`` each."""
+    step = max(chunk_size, read_size // chunk_size * chunk_size)
+    for pos in range(start, end, step):
+        yield pos, memoryview(fs.pread_exact(fd, min(step, end - pos), base + pos, path))
+
+
 def verify_range(fd: int, base: int, start: int, end: int, chunk_size: int,
                  digests: Sequence[int] | None, what: str, path: str,
                  read_size: int = 8 * MiB) -> None:
@@ -49,22 +58,16 @@ def verify_range(fd: int, base: int, start: int, end: int, chunk_size: int,
     """
     if digests is None:
         return
-    step = max(chunk_size, read_size // chunk_size * chunk_size)
-    for pos in range(start, end, step):
-        n = min(step, end - pos)
-        verify_chunks(fs.pread_exact(fd, n, base + pos, path), pos, chunk_size, digests,
-                      what, path)
+    for pos, data in _windows(fd, base, start, end, chunk_size, path, read_size):
+        verify_chunks(data, pos, chunk_size, digests, what, path)
 
 
 def range_chunk_digests(fd: int, base: int, size: int, chunk_size: int, path: str,
                         read_size: int = 8 * MiB) -> list[int]:
     """The chunk digests of payload bytes ``[0, size)``, stored in ``fd`` at ``base``."""
-    found: list[int] = []
-    step = max(chunk_size, read_size // chunk_size * chunk_size)
-    for pos in range(0, size, step):
-        data = memoryview(fs.pread_exact(fd, min(step, size - pos), base + pos, path))
-        found += (chunk_digest(data[k:k + chunk_size]) for k in range(0, len(data), chunk_size))
-    return found
+    return [chunk_digest(data[k:k + chunk_size])
+            for _, data in _windows(fd, base, 0, size, chunk_size, path, read_size)
+            for k in range(0, len(data), chunk_size)]
 
 
 def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
