@@ -189,6 +189,35 @@ def fstype_of(path: str | os.PathLike[str]) -> str:
     return best_type
 
 
+def backing_image(path: str | os.PathLike[str]) -> str | None:
+    """Return the image file behind the loop device holding ``path``, or None.
+
+    A loop device reads and writes its image through the page cache of the
+    filesystem the image is on, so a file dropped from the loop filesystem's
+    cache can still be read from memory there: what is uncached must be
+    dropped from both.
+
+    Args:
+        path: Any file or directory.
+
+    Returns:
+        The backing file's path (``/sys/block/loopN/loop/backing_file``), or
+        None when ``path`` is not on a loop device.
+    """
+    real = os.path.realpath(path)
+    best, source = "", None
+    for m in read_mounts():
+        mp = m.mountpoint
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
+            best, source = mp, m.source
+    if not source or not os.path.basename(source).startswith("loop"):
+        return None
+    try:
+        return Path(f"/sys/block/{os.path.basename(source)}/loop/backing_file").read_text().strip()
+    except OSError:
+        return None
+
+
 def mounts_under(base: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """Return ``(mountpoint, fstype)`` of every mount at or below ``base``.
 

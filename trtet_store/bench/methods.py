@@ -161,7 +161,16 @@ class _SyncCounter:
 
 
 def set_cached(paths: Sequence[Path], cached: bool) -> None:
-    """Read ``paths`` into the page cache, or write them back and drop them from it."""
+    """Read ``paths`` into the page cache, or write them back and drop them from it.
+
+    Dropping also drops the loop image each path is on (see
+    :func:`trtet_store.bench.loopfs.backing_image`): otherwise an "uncached"
+    source is read from the image's pages in memory, about 5x as fast as
+    from the disk (1 GiB: 0.2 s against 0.6 s).
+    """
+    from trtet_store.bench import loopfs
+
+    images = set()
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -174,6 +183,14 @@ def set_cached(paths: Sequence[Path], cached: bool) -> None:
             else:
                 os.fdatasync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                images.add(loopfs.backing_image(path))
+        finally:
+            os.close(fd)
+    for image in images - {None}:
+        fd = os.open(image, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)  # the loop device's writes, so that every page can go
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
 
