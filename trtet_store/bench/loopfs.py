@@ -180,13 +180,20 @@ def fstype_of(path: str | os.PathLike[str]) -> str:
     Returns:
         The type, or ``"unknown"`` if no mount covers it.
     """
+    m = _mount_holding(path)
+    return m.fstype if m else "unknown"
+
+
+def _mount_holding(path: str | os.PathLike[str]) -> Mount | None:
+    """The mount whose point is the longest prefix of ``path`` (the topmost of equals)."""
     real = os.path.realpath(path)
-    best, best_type = "", "unknown"
+    best: Mount | None = None
     for m in read_mounts():
         mp = m.mountpoint
-        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
-            best, best_type = mp, m.fstype
-    return best_type
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and (
+                best is None or len(mp) >= len(best.mountpoint)):
+            best = m
+    return best
 
 
 def backing_image(path: str | os.PathLike[str]) -> str | None:
@@ -204,12 +211,8 @@ def backing_image(path: str | os.PathLike[str]) -> str | None:
         The backing file's path (``/sys/block/loopN/loop/backing_file``), or
         None when ``path`` is not on a loop device.
     """
-    real = os.path.realpath(path)
-    best, source = "", None
-    for m in read_mounts():
-        mp = m.mountpoint
-        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
-            best, source = mp, m.source
+    m = _mount_holding(path)
+    source = m.source if m else None
     if not source or not os.path.basename(source).startswith("loop"):
         return None
     try:
