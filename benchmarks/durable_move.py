@@ -129,9 +129,9 @@ def print_small(rows: list[dict]) -> None:
     fastest_et = {(r["filesystem"], r["sources"]): min(r["durable_all"])
                   for r in rows if r["method"] == "executorch" and r["durable_all"]}
     print("\n| filesystem | sources | method | placement | durable s (median) | x ExecuTorch "
-          "| fastest s | x ExecuTorch's fastest "
+          "| fastest s | x ExecuTorch's fastest | every run, s "
           "| syncs | bytes written (/proc) | device written | peak extra | peak over final |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["durable_s"] is None:
             continue
@@ -140,6 +140,7 @@ def print_small(rows: list[dict]) -> None:
         print(f"| {r['filesystem']} | {r['sources']} | {r['method']} | {r['placement']} "
               f"| {r['durable_s']:.2f} | {_fmt_ratio(r['durable_ratio'])} "
               f"| {fastest:.2f} | {_fmt_ratio(fastest / base if base else None)} "
+              f"| {' '.join(f'{t:.2f}' for t in r['durable_all'])} "
               f"| {r['syncs']:.0f} "
               f"| {bench.format_size(r['bytes_written'])} "
               f"| {bench.format_size(r['device_bytes_written'])} "
