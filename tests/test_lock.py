@@ -8,13 +8,19 @@ file, releases, and looks at what try_lock got.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 
 import pytest
+from digests import file_digest
 
+from trtet_store import BlobStore, write_file
+from trtet_store.io import fs, names
+from trtet_store.io.errors import ConcurrentWriteError
 from trtet_store.io.lock import try_lock
+from trtet_store.io.units import MiB
 
 
 def _blocked_try_lock(path, **kwargs):
@@ -75,3 +81,38 @@ def test_a_held_lock_is_not_taken(here_fs):
         os.close(held)
     with pytest.raises(FileNotFoundError):
         try_lock(here_fs / "missing.lock", create=False)
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EIO, errno.EMFILE], ids=errno.errorcode.get)
+def test_a_lock_that_cannot_be_opened_fails_the_write_as_itself_and_loses_nothing(
+        here_fs, monkeypatch, code):
+    """The destination's lock is opened through fs.calls, so its failure is seen.
+
+    It must surface as the real error (not as "another write is in progress",
+    which would send the user to wait for nobody) before any byte moves.
+    """
+    out = here_fs / "out"
+    out.mkdir()
+    dest = out / "model.pte"
+    dest.write_bytes(b"old content")
+    lock_name = names.lock_path_of(dest).name
+    real_open = fs.calls.open
+
+    def refuse_the_lock(path, *args):
+        if os.path.basename(path) == lock_name:
+            raise OSError(code, os.strerror(code), path)
+        return real_open(path, *args)
+
+    with BlobStore(here_fs / "s") as store:
+        blob = store.put(os.urandom(MiB + 5))
+        before = blob.digest
+        monkeypatch.setattr(fs.calls, "open", refuse_the_lock)
+        with pytest.raises(OSError) as raised:
+            write_file(dest, [b"h" * 100, blob], consume=True)
+        monkeypatch.undo()
+        assert raised.value.errno == code
+        assert not isinstance(raised.value, ConcurrentWriteError)
+        assert not blob.consumed
+        assert file_digest(blob.path) == before
+    assert dest.read_bytes() == b"old content"
+    assert sorted(p.name for p in out.iterdir()) == ["model.pte"]

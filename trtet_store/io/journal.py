@@ -27,7 +27,7 @@ import xxhash
 
 from trtet_store.io import fs, names
 from trtet_store.io.errors import IncompleteJournal, JournalError
-from trtet_store.io.lock import try_lock
+from trtet_store.io.lock import release, try_lock
 from trtet_store.io.units import MiB
 
 VERSION = 1
@@ -191,7 +191,7 @@ class Journal:
         try:
             plan, state = read(path)
         except BaseException:
-            os.close(fd)
+            release(fd)
             raise
         return cls(path, fd, plan, state)
 
@@ -226,8 +226,7 @@ class Journal:
 
     def close(self) -> None:
         if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
+            release(self.fd)
             self.fd = -1
 
 

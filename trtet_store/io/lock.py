@@ -9,6 +9,7 @@ path *now*.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -56,7 +57,7 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
     if create:
         flags |= os.O_CREAT
     while True:
-        fd = os.open(path, flags, 0o644)
+        fd = fs.calls.open(os.fspath(path), flags, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
@@ -64,17 +65,28 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
             except FileNotFoundError:
                 same = False
         except BlockingIOError:
-            os.close(fd)
+            release(fd)
             return None
         except BaseException:
-            os.close(fd)
+            release(fd)
             raise
         if same:
             return fd
-        os.close(fd)
+        release(fd)
         if not create:
             raise FileNotFoundError(errno.ENOENT, "unlinked or replaced while being locked",
                                     os.fspath(path))
+
+
+def release(fd: int) -> None:
+    """Close a lock's descriptor, which releases its ``flock``.
+
+    An error from ``close`` is dropped: Linux frees the descriptor (and with it
+    the lock) even when ``close`` fails, and no lock file (a journal included)
+    is closed with data not yet synced.
+    """
+    with contextlib.suppress(OSError):
+        fs.calls.close(fd)
 
 
 def lock_file(lock_path: Path, dest: Path, timeout: float | None = None) -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtet_store.io import journal, names
-from trtet_store.io.lock import try_lock
+from trtet_store.io.lock import release, try_lock
 from trtet_store.io.names import BLOB_PART_SUFFIX, BLOB_SUFFIX, META_SUFFIX, PART_SUFFIX
 from trtet_store.io.sidecar import read_meta
 
@@ -118,7 +118,7 @@ def _token_alive(directory: Path, token: str) -> bool:
         return False  # no lock file: its store is gone
     if fd is None:
         return True  # its store holds it
-    os.close(fd)
+    release(fd)
     return False
 
 
@@ -234,7 +234,7 @@ def collect_stale(directory: Path) -> list[Path]:
         except FileNotFoundError:
             pass
         finally:
-            os.close(fd)
+            release(fd)
     if removed:
         log.info("removed %d unfinished file(s) of dead stores in %s", len(removed), directory)
     return removed

@@ -21,7 +21,7 @@ from trtet_store.io.journal import (
     Plan,
     journals_in,
 )
-from trtet_store.io.lock import ConcurrentWriteError, lock_file, try_lock
+from trtet_store.io.lock import ConcurrentWriteError, lock_file, release, try_lock
 from trtet_store.io.names import (
     STAGING_DIR,
     internal_stem,
@@ -226,7 +226,7 @@ def _remove_incomplete(path: Path, exc: IncompleteJournal, *,
         if lock_fd >= 0:
             with contextlib.suppress(OSError):
                 os.unlink(lock_path)
-            os.close(lock_fd)
+            release(lock_fd)
     return Outcome(path, "busy", [os.fspath(dest)], "a live process holds its lock")
 
 
@@ -382,5 +382,5 @@ def _remove_unheld_lock(lock_path: Path) -> bool:
     except FileNotFoundError:
         return False
     finally:
-        os.close(fd)
+        release(fd)
     return True
