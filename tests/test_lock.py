@@ -16,7 +16,7 @@ import time
 import pytest
 from digests import file_digest
 
-from trtet_store import BlobStore, write_file
+from trtet_store import BlobStore, write_file, write_files
 from trtet_store.io import fs, names
 from trtet_store.io.errors import ConcurrentWriteError
 from trtet_store.io.lock import try_lock
@@ -116,3 +116,24 @@ def test_a_lock_that_cannot_be_opened_fails_the_write_as_itself_and_loses_nothin
         assert file_digest(blob.path) == before
     assert dest.read_bytes() == b"old content"
     assert sorted(p.name for p in out.iterdir()) == ["model.pte"]
+
+
+def test_a_busy_second_destination_releases_the_first_ones_lock(here_fs):
+    """Locks are taken one destination at a time; when a later one is busy (or fails),
+    those already taken are released and their lock files removed, so the
+    next write of the first destination is not refused for a lock nobody holds."""
+    out = here_fs / "out"
+    out.mkdir()
+    first, second = out / "a.pte", out / "b.ptd"
+    first.write_bytes(b"old a")
+    held = try_lock(names.lock_path_of(second), create=True)
+    try:
+        with pytest.raises(ConcurrentWriteError):
+            write_files([(first, [b"new a"]), (second, [b"new b"])])
+    finally:
+        os.close(held)
+        os.unlink(names.lock_path_of(second))
+    assert first.read_bytes() == b"old a"
+    assert sorted(p.name for p in out.iterdir()) == ["a.pte"]
+    write_file(first, [b"new a"])  # not refused: nobody holds its lock
+    assert first.read_bytes() == b"new a"

@@ -113,8 +113,10 @@ class Transaction:
         start = time.monotonic()
         try:
             self.validate()
-            self.lock_destinations()
             try:
+                # Inside: when a later destination's lock is refused, the ones
+                # already taken are released too.
+                self.lock_destinations()
                 self.choose_placements()
                 self.preflight()
                 self.digest_sources()
