@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import threading
 import time
 
@@ -137,3 +138,19 @@ def test_a_busy_second_destination_releases_the_first_ones_lock(here_fs):
     assert sorted(p.name for p in out.iterdir()) == ["a.pte"]
     write_file(first, [b"new a"])  # not refused: nobody holds its lock
     assert first.read_bytes() == b"new a"
+
+
+def test_a_store_whose_lock_file_cannot_be_removed_still_releases_its_lock(here_fs):
+    """Closing a store unlinks its lock file, then releases the lock; a failed
+    unlink (here EPERM: the directory is immutable) must not keep the lock held."""
+    directory = here_fs / "s"
+    store = BlobStore(directory)
+    (lock,) = directory.glob(names.store_lock_glob())
+    subprocess.run(["chattr", "+i", os.fspath(directory)], check=True)
+    try:
+        store.close()
+        fd = try_lock(lock, create=False)
+        assert fd is not None, "the closed store still holds its lock"
+        os.close(fd)
+    finally:
+        subprocess.run(["chattr", "-i", os.fspath(directory)], check=True)

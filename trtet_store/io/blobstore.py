@@ -39,7 +39,7 @@ from typing import Any
 from trtet_store.io import fs, names, pagecache
 from trtet_store.io.blob import Blob, live_blob, register_live
 from trtet_store.io.digests import DEFAULT_CHUNK_SIZE, Digester, file_identity
-from trtet_store.io.lock import release, try_lock
+from trtet_store.io.lock import try_lock, unlock_file
 from trtet_store.io.orphans import Orphan, collect_stale, list_orphans
 from trtet_store.io.sidecar import read_meta, write_meta
 from trtet_store.io.units import format_mib
@@ -454,5 +454,4 @@ def _lock_own_file(lock_path: Path) -> int:
 def _release_store(owner_pid: int, lock_fd: int, lock_path: str) -> None:
     if os.getpid() != owner_pid:
         return  # a forked child: the lock (shared with the parent) stays the parent's
-    _unlink_quietly(lock_path)
-    release(lock_fd)
+    unlock_file(lock_fd, lock_path)

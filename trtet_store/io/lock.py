@@ -89,6 +89,20 @@ def release(fd: int) -> None:
         fs.calls.close(fd)
 
 
+def unlock_file(fd: int, lock_path: os.PathLike | str) -> None:
+    """Remove a lock file we hold, then release its lock: the end of :func:`lock_file`.
+
+    Unlinked while still held, so a waiter that gets the lock next finds that
+    the file it locked is no longer at the path and takes a fresh one (see
+    :func:`try_lock`). An unlink that fails leaves a stray lock file, which
+    holds nothing and which recovery (for a store's lock, the next store's
+    collector) removes; the lock is released either way.
+    """
+    with contextlib.suppress(OSError):
+        os.unlink(lock_path)
+    release(fd)
+
+
 def lock_file(lock_path: Path, dest: Path, timeout: float | None = None) -> int:
     """An exclusive lock tied to ``lock_path``'s current inode, waiting up to ``timeout`` s.
 

@@ -21,7 +21,7 @@ from trtet_store.io.journal import (
     Plan,
     journals_in,
 )
-from trtet_store.io.lock import ConcurrentWriteError, lock_file, release, try_lock
+from trtet_store.io.lock import ConcurrentWriteError, lock_file, release, try_lock, unlock_file
 from trtet_store.io.names import (
     STAGING_DIR,
     internal_stem,
@@ -224,9 +224,7 @@ def _remove_incomplete(path: Path, exc: IncompleteJournal, *,
                        f"{exc}; its writer died before it did anything")
     finally:
         if lock_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.unlink(lock_path)
-            release(lock_fd)
+            unlock_file(lock_fd, lock_path)
     return Outcome(path, "busy", [os.fspath(dest)], "a live process holds its lock")
 
 

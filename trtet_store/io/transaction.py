@@ -37,7 +37,7 @@ from trtet_store.io.journal import (
 )
 from trtet_store.io.ladder import PLACEMENTS
 from trtet_store.io.layout import Layout, Piece
-from trtet_store.io.lock import lock_file, release
+from trtet_store.io.lock import lock_file, unlock_file
 from trtet_store.io.place import place_payload
 from trtet_store.io.recovery import recover_destination
 from trtet_store.io.report import PlacementRecord, WriteReport
@@ -468,9 +468,7 @@ class Transaction:
     def unlock_destinations(self) -> None:
         for out in self.outputs:
             if out.lock_fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.unlink(out.lock_path)
-                release(out.lock_fd)
+                unlock_file(out.lock_fd, out.lock_path)
                 out.lock_fd = -1
 
 
