@@ -253,7 +253,8 @@ class WriterMachine(RuleBasedStateMachine):
         assert {p.name for p in self.staging.iterdir()} == expected
 
 
-def _run(make_fs, config: str, examples: int):
+def _run(make_fs, config: str, examples: int, *, derandomize: bool,
+         check_coverage: bool = True):
     out_type, staging_type = CONFIGS[config]
     out_root = make_fs(out_type, SIZES[out_type])
     staging_root = make_fs(staging_type, SIZES[staging_type]) if staging_type else out_root
@@ -262,23 +263,35 @@ def _run(make_fs, config: str, examples: int):
         "outcomes": {},
     })
     run_state_machine_as_test(machine, settings=settings(
-        max_examples=examples, stateful_step_count=20, deadline=None,
+        max_examples=examples, stateful_step_count=20, deadline=None, derandomize=derandomize,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         print_blob=True))
     print(f"\nfuzz {config}: {machine.examples} examples; "
           + ", ".join(f"{k}: {v}" for k, v in sorted(machine.outcomes.items())))
+    if not check_coverage:
+        return
     assert machine.outcomes.get("crash fired", 0) > 0
     assert any(machine.outcomes.get(f"{m} fired", 0) for m in ("eio", "short", "enospc"))
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_fuzz_writer(make_fs, config):
-    _run(make_fs, config, DEFAULT_EXAMPLES[config])
+    # The same examples every run, so that the faults and crashes _run checks
+    # for are sure to fire: random runs of 60 once drew only two crash
+    # writes, neither firing.
+    _run(make_fs, config, DEFAULT_EXAMPLES[config], derandomize=True)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_fuzz_writer_random(make_fs, config):
+    # New examples every run (this one found a lock leak the fixed ones miss);
+    # which faults they fire is luck, so only the invariants are checked.
+    _run(make_fs, config, DEFAULT_EXAMPLES[config], derandomize=False, check_coverage=False)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(8 * 3600)
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_fuzz_writer_long(make_fs, config):
-    _run(make_fs, config, LONG_EXAMPLES)
+    _run(make_fs, config, LONG_EXAMPLES, derandomize=False)
 
