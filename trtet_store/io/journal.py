@@ -63,6 +63,9 @@ class PayloadPlan:
     # An insert's host as it was before it became the output: [permission
     # bits, uid, gid], what a rollback gives back with the file.
     host_mode: list[int] | None = None
+    # Where the payload starts in its source: non-zero only for a range of a
+    # user's file (ExternalFile.range); a blob is always placed whole.
+    source_offset: int = 0
 
 
 @dataclass

@@ -73,6 +73,7 @@ def choose_placements(outputs: Sequence[tuple[Path, Layout]], *, allowed: Collec
             digest_chunk, digests = _digests(piece)
             plan = PayloadPlan(
                 source=os.fspath(source_path(piece)), offset=ext.offset, size=ext.size,
+                source_offset=piece.offset if isinstance(piece, ExternalFile) else 0,
                 placement=placement, reason=reason, chunk_size=digest_chunk,
                 chunk_digests=list(digests) if digests is not None else None,
                 step=transfer.move_step(chunk_size, digest_chunk),
@@ -138,6 +139,9 @@ def _choose(dest: Path, ext: Extent, uses: int, allowed: Collection[str],
     elif ext.offset % bs:
         no_clone = (f"no clone: offset {ext.offset} is not a multiple of the {bs}-byte "
                     "block (export with segment_alignment=4096)")
+    elif isinstance(piece, ExternalFile) and piece.offset % bs:
+        no_clone = (f"no clone: the range starts at {piece.offset} in {source}, not a "
+                    f"multiple of the {bs}-byte block")
     else:
         try:
             return "clone", fs.probe_clone(source, dest.parent)
@@ -165,7 +169,7 @@ def _digests(piece: Blob | ExternalFile) -> tuple[int, Sequence[int] | None]:
     if isinstance(piece, Blob):
         # An adopted blob has none until a placement that reads it asks (digest_sources).
         return piece.chunk_size, piece.chunk_digests if piece.has_digests else None
-    return MiB, None
+    return piece.chunk_size, piece.chunk_digests
 
 
 def payload_need(plans: Iterable[PayloadPlan], block: int) -> int:

@@ -7,24 +7,96 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtet_store.io.blobstore import Blob
+from trtet_store.io.digests import chunk_digest
+from trtet_store.io.units import MiB
 
 
 @dataclass(frozen=True)
 class ExternalFile:
-    """A file the writer may read but does not own: always copied, never truncated.
+    """A file, or a byte range of one, that the writer may read but does not own.
 
-    ``size`` is the length the layout was planned with; the write fails if the
-    file no longer has it.
+    Always copied (or cloned, where both offsets are block aligned), never
+    truncated. ``size`` is the length placed; ``offset`` where it starts in
+    the file; ``file_size`` the whole file's length when the layout was
+    planned (by default ``offset + size``): the write fails if the file no
+    longer has it. ``chunk_digests`` (xxh3 of each ``chunk_size`` bytes of the
+    range, as :func:`chunk_digests` computes them), when given, are checked
+    against what is placed.
+
+    A range may come from a file the same write replaces: the old file
+    stays whole under its name until every output is placed and verified, so
+    a file can be rewritten from its own bytes (a re-save of tensors mapped
+    from it, a download that keeps the unchanged ranges of the old version).
     """
 
     path: Path
     size: int
+    offset: int = 0
+    file_size: int | None = None
+    chunk_size: int = MiB
+    chunk_digests: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.size < 0 or self.offset < 0:
+            raise ValueError(f"{self.path}: offset {self.offset} and size {self.size} must "
+                             "not be negative")
+        if self.file_size is None:
+            object.__setattr__(self, "file_size", self.offset + self.size)
+        elif self.offset + self.size > self.file_size:
+            raise ValueError(f"{self.path}: range [{self.offset}, {self.offset + self.size}) "
+                             f"ends past the file's {self.file_size} bytes")
+        if self.chunk_size <= 0:
+            raise ValueError(f"{self.path}: chunk_size must be positive")
+        if self.chunk_digests is not None:
+            digests = tuple(self.chunk_digests)
+            object.__setattr__(self, "chunk_digests", digests)
+            expected = -(-self.size // self.chunk_size)
+            if len(digests) != expected:
+                raise ValueError(f"{self.path}: {len(digests)} chunk digests for {self.size} "
+                                 f"bytes in chunks of {self.chunk_size}; expected {expected}")
 
     @classmethod
     def of(cls, path: os.PathLike | str) -> ExternalFile:
         """An :class:`ExternalFile` with the current size of ``path``."""
         p = Path(path).absolute()
         return cls(p, os.stat(p).st_size)
+
+    @classmethod
+    def range(cls, path: os.PathLike | str, offset: int, size: int, *,
+              digests: bool = False) -> ExternalFile:
+        """Bytes ``[offset, offset + size)`` of ``path``, planned with its current length.
+
+        Parameters
+        ----------
+        path : path-like
+            The file.
+        offset, size : int
+            Where the range starts in it, and its length.
+        digests : bool
+            Read the range now and record its chunk digests, so that a copy is
+            checked against the bytes as they are now.
+        """
+        p = Path(path).absolute()
+        file_size = os.stat(p).st_size
+        chunks = None
+        if digests:
+            chunks = tuple(_range_digests(p, offset, size, MiB))
+        return cls(p, size, offset, file_size, MiB, chunks)
+
+
+def _range_digests(path: Path, offset: int, size: int, chunk: int) -> list[int]:
+    out = []
+    with open(path, "rb", buffering=0) as f:
+        pos = 0
+        while pos < size:
+            n = min(chunk, size - pos)
+            data = os.pread(f.fileno(), n, offset + pos)
+            if len(data) != n:
+                raise OSError(f"{path} ended at {offset + pos + len(data)}, inside the range "
+                              f"[{offset}, {offset + size})")
+            out.append(chunk_digest(data))
+            pos += n
+    return out
 
 
 Payload = Blob | ExternalFile

@@ -103,7 +103,8 @@ def place_payload(plan: PayloadPlan, temp_fd: int, *, temp_path: str, dest: Path
                                  src_path=plan.source, progress=progress)
         return transfer.copy(src_fd, temp_fd, plan.offset, plan.size, chunk=copy_chunk,
                              digests=plan.chunk_digests, digest_chunk=plan.chunk_size,
-                             src_path=plan.source, dst_path=temp_path, progress=progress)
+                             src_path=plan.source, dst_path=temp_path, progress=progress,
+                             src_offset=plan.source_offset)
     finally:
         fs.calls.close(src_fd)
 
@@ -116,7 +117,7 @@ def _clone(plan: PayloadPlan, src_fd: int, temp_fd: int, dest: Path,
         check_source(os.fstat(src_fd))
     written = transfer.clone(src_fd, temp_fd, plan.offset, plan.size,
                              block=fs.block_size(dest.parent), src_path=plan.source,
-                             progress=progress)
+                             progress=progress, src_offset=plan.source_offset)
     if check_source is not None:
         check_source(os.fstat(src_fd))
     return written

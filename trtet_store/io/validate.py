@@ -70,7 +70,13 @@ def validate(outputs: Sequence[tuple[Path, Layout]]) -> list[os.stat_result | No
     _check_inodes([dest for dest, _ in outputs])
     for dest, layout in outputs:
         for ext in layout.payloads:
-            _check_source(dest, ext.index, source_path(ext.piece), ext.size, dest_stats)
+            piece = ext.piece
+            external = isinstance(piece, ExternalFile)
+            # A user's file is only read, before any rename: it may be an old
+            # destination itself (a file rewritten from its own bytes).
+            _check_source(dest, ext.index, source_path(piece),
+                          piece.file_size if external else ext.size,
+                          [] if external else dest_stats)
     for dest, dst_st in dest_stats:
         owner = live_blob(dst_st)
         if owner is not None:
