@@ -4,6 +4,7 @@ Standard library and xxhash only; nothing here knows about programs or engines.
 """
 
 from trtet_store.io.blobstore import Blob, BlobStore
+from trtet_store.io.digests import chunk_digest
 from trtet_store.io.errors import (
     BlobChangedError,
     ConcurrentWriteError,
@@ -14,6 +15,7 @@ from trtet_store.io.errors import (
     StorageError,
     VerificationError,
 )
+from trtet_store.io.fs import block_size, free_bytes
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.writer import (
@@ -29,6 +31,9 @@ __all__ = [
     "BlobStore",
     "ConcurrentWriteError",
     "ExternalFile",
+    "block_size",
+    "chunk_digest",
+    "free_bytes",
     "IncompleteJournal",
     "InsufficientSpaceError",
     "JournalError",
