@@ -1,0 +1,98 @@
+"""The manifest format (trtet_store/remote/manifest.py): round trip and every refusal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtet_store.remote.errors import ManifestError
+from trtet_store.remote.manifest import (
+    Manifest,
+    ObjectEntry,
+    PartEntry,
+    PieceEntry,
+    crc64nvme_b64,
+    crc64nvme_int,
+    manifest_key,
+)
+
+MiB = 1 << 20
+
+
+def _manifest() -> Manifest:
+    size = 100 + 12 * MiB
+    pieces = (PieceEntry(0, 100, "inline", "0" * 32, (7,)),
+              PieceEntry(100, 12 * MiB, "file", "a" * 32, tuple(range(12))))
+    parts = (PartEntry(1, 0, 8 * MiB, "etag1", crc64nvme_b64(1), "1" * 32),
+             PartEntry(2, 8 * MiB, size - 8 * MiB, "etag2", crc64nvme_b64(2), "2" * 32))
+    pte = ObjectEntry("m.pte", "models/m.pte", size, "e-2", crc64nvme_b64(3), 8 * MiB, parts,
+                      pieces)
+    ptd = ObjectEntry("m.ptd", "models/m.ptd", 0, "e", crc64nvme_b64(0), 8 * MiB,
+                      (PartEntry(1, 0, 0, "x", crc64nvme_b64(0), "3" * 32),), ())
+    return Manifest("m.pte", MiB, (pte, ptd))
+
+
+def test_round_trip_is_canonical():
+    m = _manifest()
+    data = m.to_json()
+    again = Manifest.from_json(data)
+    assert again == m and again.to_json() == data
+    assert again.object("m.ptd").key == "models/m.ptd"
+    assert again.object("m.pte").piece_at(100 + 5 * MiB).kind == "file"
+    assert manifest_key("models/m.pte") == "models/m.pte.trtet.json"
+    assert crc64nvme_int(crc64nvme_b64(2**64 - 1)) == 2**64 - 1
+
+
+def _mutate(path, value):
+    def change(doc):
+        target = doc
+        for step in path[:-1]:
+            target = target[step]
+        if value is _DELETE:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+    return change
+
+
+_DELETE = object()
+
+BAD = {
+    "version": _mutate(["version"], 2),
+    "format": _mutate(["format"], "other"),
+    "missing objects": _mutate(["objects"], _DELETE),
+    "program not first": _mutate(["program"], "m.ptd"),
+    "name is a path": _mutate(["objects", 1, "name"], "../m.ptd"),
+    "key without name": _mutate(["objects", 1, "key"], "models/other"),
+    "duplicate names": _mutate(["objects", 1, "name"], "m.pte"),
+    "piece gap": _mutate(["objects", 0, "pieces", 1, "offset"], 101),
+    "pieces short": _mutate(["objects", 0, "size"], 100 + 12 * MiB + 1),
+    "piece kind": _mutate(["objects", 0, "pieces", 0, "kind"], "blob"),
+    "piece digest": _mutate(["objects", 0, "pieces", 0, "xxh3"], "xyz"),
+    "chunk count": _mutate(["objects", 0, "pieces", 1, "chunks"], [1, 2]),
+    "chunk type": _mutate(["objects", 0, "pieces", 0, "chunks"], [-1]),
+    "part unequal": _mutate(["objects", 0, "parts", 0, "size"], 7 * MiB),
+    "part number": _mutate(["objects", 0, "parts", 1, "number"], 3),
+    "part size small": _mutate(["objects", 0, "part_size"], 4 * MiB),
+    "part crc": _mutate(["objects", 0, "parts", 0, "crc64nvme"], "AAAA"),
+    "object crc": _mutate(["objects", 0, "crc64nvme"], "not base64!"),
+    "part md5": _mutate(["objects", 0, "parts", 0, "md5"], "zz"),
+    "bool size": _mutate(["objects", 1, "size"], False),
+    "empty etag": _mutate(["objects", 0, "etag"], ""),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_refusals(case):
+    doc = json.loads(_manifest().to_json())
+    BAD[case](doc)
+    with pytest.raises(ManifestError):
+        Manifest.from_json(json.dumps(doc))
+
+
+def test_not_json():
+    with pytest.raises(ManifestError, match="not JSON"):
+        Manifest.from_json(b"{")
+    with pytest.raises(ManifestError):
+        Manifest.from_json(b"[]")

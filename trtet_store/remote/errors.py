@@ -1,0 +1,78 @@
+"""The errors a publish (and a fetch) raises on purpose: one base, :class:`RemoteError`.
+
+Each message says what happened and what to do. Every refusal listed here is
+raised with nothing visible under the key and no multipart upload left open,
+except :class:`UploadKeptError`, which keeps the upload (and its journal) so
+that the next publish resumes it.
+"""
+
+from __future__ import annotations
+
+
+class RemoteError(Exception):
+    """Base of every error :mod:`trtet_store.remote` raises on purpose."""
+
+
+class ManifestError(RemoteError, ValueError):
+    """A manifest that cannot be read: bad JSON, another format version, or inconsistent."""
+
+
+class RemoteURLError(RemoteError, ValueError):
+    """A destination that is not ``s3://bucket/key``."""
+
+
+class BucketNotFoundError(RemoteError):
+    """The bucket does not exist (or the endpoint is not the one that holds it)."""
+
+
+class AccessDeniedError(RemoteError, PermissionError):
+    """The server refused the credentials or the signature, or denied the call."""
+
+
+class ConflictError(RemoteError):
+    """Another writer changed the key since we looked: nothing of ours was made visible.
+
+    Attributes
+    ----------
+    key : str
+        The object (or manifest) whose conditional write was refused.
+    """
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class KeyExistsError(ConflictError):
+    """The key already holds an object and ``replace=True`` was not asked for."""
+
+
+class PartSizeError(RemoteError, ValueError):
+    """A part size outside S3's limits, or one that cannot cover the object in 10,000 parts."""
+
+
+class UploadKeptError(RemoteError):
+    """The publish stopped after parts were sent; the upload and its journal are kept.
+
+    Run the same publish again (or ``trtet-store publish --resume``) to send
+    only what is missing, or abort it (``trtet-store publish --abort``).
+
+    Attributes
+    ----------
+    key : str
+        The object being uploaded.
+    upload_id : str
+        The multipart upload kept open.
+    journal : str or None
+        The local journal that records it.
+    """
+
+    def __init__(self, message: str, key: str, upload_id: str, journal: str | None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.upload_id = upload_id
+        self.journal = journal
+
+
+class ChecksumMismatchError(UploadKeptError):
+    """The server kept refusing a part's checksum (BadDigest), or its object's checksum differs."""

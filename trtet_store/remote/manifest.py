@@ -1,0 +1,348 @@
+"""The manifest: the small JSON object that commits a published program.
+
+A publish writes every data object first (the ``.pte`` and each ``.ptd``),
+then this manifest, last, beside the program: the program's key plus
+``.trtet.json`` (``models/m.pte`` -> ``models/m.pte.trtet.json``, see
+:func:`manifest_key`). The manifest is the commit point: a reader that starts
+from it and reads each object with ``If-Match: <etag>`` never mixes versions,
+and a data object that no manifest names is not a published program.
+
+What it records, per object (:class:`ObjectEntry`):
+
+- ``name``: the file name (``model.pte``, ``model.ptd``, as ``save_program``
+  names them; never a path), and ``key``: the object's full key in the bucket.
+- ``size``, ``etag`` (as the server returned it, quotes stripped) and
+  ``crc64nvme``: the full-object CRC64NVME, base64 of the 8 big-endian bytes,
+  exactly the ``ChecksumCRC64NVME`` that HeadObject (``ChecksumMode=ENABLED``)
+  returns for a ``FULL_OBJECT`` checksum.
+- ``part_size`` and ``parts`` (:class:`PartEntry`): every multipart part's
+  number, offset, size, ETag, CRC64NVME and MD5. All parts but the last have
+  ``part_size`` bytes. An uploaded part's ETag is its MD5; a part copied
+  server-side (UploadPartCopy) has an ETag that is not. A re-publish reads
+  them; a reader can fetch part by part and check each CRC.
+- ``pieces`` (:class:`PieceEntry`): the file as the storage engine laid it
+  out, in order and tiling ``[0, size)`` without gaps: each piece's
+  ``offset``, ``size``, ``kind`` (``"inline"``: header/flatbuffer bytes held
+  in memory; ``"file"``: a staged blob or a file's range, e.g. a TensorRT
+  engine), ``xxh3`` (xxh3-128 of its bytes, hex: what ``Blob.digest`` is) and
+  ``chunks`` (xxh3-64 of each ``chunk_size`` bytes of the piece, the last
+  chunk short: what ``Blob.chunk_digests`` and ``ExternalFile.chunk_digests``
+  are, so a fetched piece can become a verified io piece chunk by chunk).
+
+At the top: ``format`` (:data:`FORMAT`), ``version`` (:data:`VERSION`; a
+reader refuses another), ``program`` (the name of the first object, the
+``.pte``), ``chunk_size`` (the span of each piece's ``chunks``) and
+``objects``.
+
+Example (one object, abridged)::
+
+    {"format": "trtet-store-manifest", "version": 1, "program": "m.pte",
+     "chunk_size": 1048576,
+     "objects": [{"name": "m.pte", "key": "models/m.pte", "size": 12582912,
+                  "etag": "5d41...-2", "crc64nvme": "AAAAAAAAAAA=",
+                  "part_size": 8388608,
+                  "parts": [{"number": 1, "offset": 0, "size": 8388608,
+                             "etag": "...", "crc64nvme": "...", "md5": "..."}, ...],
+                  "pieces": [{"offset": 0, "size": 4096, "kind": "inline",
+                              "xxh3": "...", "chunks": [123...]}, ...]}]}
+
+:meth:`Manifest.from_json` checks all of it (types, the tilings, the part
+rule, the names) and raises :class:`~trtet_store.remote.errors.ManifestError`;
+:meth:`Manifest.to_json` writes it in one canonical form (sorted keys, no
+spaces), so equal manifests are equal bytes. Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from trtet_store.remote.errors import ManifestError
+
+FORMAT = "trtet-store-manifest"
+VERSION = 1
+#: Appended to the program's key to name its manifest.
+MANIFEST_SUFFIX = ".trtet.json"
+#: S3's limits, which every manifest's parts satisfy.
+MAX_PARTS = 10_000
+MIN_PART_SIZE = 5 * 1024 * 1024
+MAX_PART_SIZE = 5 * 1024 * 1024 * 1024
+
+_HEX128 = re.compile(r"[0-9a-f]{32}")
+_MD5 = re.compile(r"[0-9a-f]{32}")
+
+
+def manifest_key(program_key: str) -> str:
+    """The manifest's key for the program published at ``program_key``."""
+    return program_key + MANIFEST_SUFFIX
+
+
+def crc64nvme_b64(value: int) -> str:
+    """A CRC64NVME as S3 writes it: base64 of its 8 big-endian bytes."""
+    return base64.b64encode(value.to_bytes(8, "big")).decode("ascii")
+
+
+def crc64nvme_int(text: str) -> int:
+    """The inverse of :func:`crc64nvme_b64`; raises ValueError on anything else."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, TypeError) as exc:
+        raise ValueError(f"not base64: {text!r}") from exc
+    if len(raw) != 8:
+        raise ValueError(f"a CRC64NVME is 8 bytes, {text!r} is {len(raw)}")
+    return int.from_bytes(raw, "big")
+
+
+def strip_etag(etag: str) -> str:
+    """An ETag without its quotes (ListParts quotes them, UploadPartCopy does not)."""
+    return etag.strip().strip('"')
+
+
+@dataclass(frozen=True)
+class PieceEntry:
+    """One piece of an object, at its place (see the module docstring)."""
+
+    offset: int
+    size: int
+    kind: str  # "inline" or "file"
+    xxh3: str  # xxh3-128 of the piece, hex
+    chunks: tuple[int, ...]  # xxh3-64 of each chunk_size bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"offset": self.offset, "size": self.size, "kind": self.kind,
+                "xxh3": self.xxh3, "chunks": list(self.chunks)}
+
+
+@dataclass(frozen=True)
+class PartEntry:
+    """One multipart part of an object."""
+
+    number: int  # 1-based
+    offset: int
+    size: int
+    etag: str  # quotes stripped
+    crc64nvme: str  # base64, 8 bytes
+    md5: str  # hex of the part's bytes (equal to etag for an uploaded part)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "offset": self.offset, "size": self.size,
+                "etag": self.etag, "crc64nvme": self.crc64nvme, "md5": self.md5}
+
+
+@dataclass(frozen=True)
+class ObjectEntry:
+    """One published object (the ``.pte`` or a ``.ptd``)."""
+
+    name: str
+    key: str
+    size: int
+    etag: str
+    crc64nvme: str
+    part_size: int
+    parts: tuple[PartEntry, ...]
+    pieces: tuple[PieceEntry, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "size": self.size, "etag": self.etag,
+                "crc64nvme": self.crc64nvme, "part_size": self.part_size,
+                "parts": [p.to_dict() for p in self.parts],
+                "pieces": [p.to_dict() for p in self.pieces]}
+
+    def piece_at(self, offset: int) -> PieceEntry:
+        """The piece holding byte ``offset``."""
+        lo, hi = 0, len(self.pieces)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            p = self.pieces[mid]
+            if offset < p.offset:
+                hi = mid
+            elif offset >= p.offset + p.size:
+                lo = mid + 1
+            else:
+                return p
+        raise IndexError(f"{self.name}: no piece holds byte {offset}")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A published program: its objects, in order (the ``.pte`` first).
+
+    Build it with the constructor (the publisher does) or
+    :meth:`from_json`; both validate.
+    """
+
+    program: str
+    chunk_size: int
+    objects: tuple[ObjectEntry, ...]
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def object(self, name: str) -> ObjectEntry:
+        """The entry of the object named ``name`` (KeyError if none)."""
+        for o in self.objects:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": self.version, "program": self.program,
+                "chunk_size": self.chunk_size, "objects": [o.to_dict() for o in self.objects]}
+
+    def to_json(self) -> bytes:
+        """The canonical JSON bytes (UTF-8, sorted keys, no spaces, one trailing newline)."""
+        return (json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+                + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Manifest:
+        """Parse and validate a manifest.
+
+        Raises
+        ------
+        ManifestError
+            Not JSON, another format or version, a missing or mistyped field,
+            pieces or parts that do not tile the object, parts that break
+            S3's rules, a name that is a path, or two objects of one name.
+        """
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"manifest is not JSON: {exc}") from None
+        return cls.from_dict(doc)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Manifest:
+        """Validate a parsed manifest (see :meth:`from_json`)."""
+        if not isinstance(doc, dict):
+            raise ManifestError("manifest is not a JSON object")
+        if doc.get("format") != FORMAT:
+            raise ManifestError(f"not a trtet-store manifest (format {doc.get('format')!r})")
+        version = doc.get("version")
+        if version != VERSION:
+            raise ManifestError(f"manifest version {version!r}; this trtet_store reads "
+                                f"version {VERSION}: upgrade trtet_store")
+        try:
+            objects = tuple(_object(o) for o in _field(doc, "objects", list))
+            return cls(program=_field(doc, "program", str),
+                       chunk_size=_field(doc, "chunk_size", int), objects=objects,
+                       version=version)
+        except ManifestError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"manifest is malformed: {exc}") from None
+
+
+def _field(d: dict, name: str, typ: type) -> Any:
+    if name not in d:
+        raise ManifestError(f"manifest field {name!r} is missing")
+    value = d[name]
+    # bool is an int in Python; JSON's true is not a size
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ManifestError(f"manifest field {name!r} is {type(value).__name__}, "
+                            f"expected {typ.__name__}")
+    return value
+
+
+def _piece(d: Any) -> PieceEntry:
+    chunks = _field(d, "chunks", list)
+    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**64
+               for c in chunks):
+        raise ManifestError("a piece's chunk digests must be 64-bit unsigned integers")
+    return PieceEntry(_field(d, "offset", int), _field(d, "size", int), _field(d, "kind", str),
+                      _field(d, "xxh3", str), tuple(chunks))
+
+
+def _part(d: Any) -> PartEntry:
+    return PartEntry(_field(d, "number", int), _field(d, "offset", int), _field(d, "size", int),
+                     strip_etag(_field(d, "etag", str)), _field(d, "crc64nvme", str),
+                     _field(d, "md5", str))
+
+
+def _object(d: Any) -> ObjectEntry:
+    if not isinstance(d, dict):
+        raise ManifestError("an object entry is not a JSON object")
+    return ObjectEntry(
+        name=_field(d, "name", str), key=_field(d, "key", str), size=_field(d, "size", int),
+        etag=strip_etag(_field(d, "etag", str)), crc64nvme=_field(d, "crc64nvme", str),
+        part_size=_field(d, "part_size", int),
+        parts=tuple(_part(p) for p in _field(d, "parts", list)),
+        pieces=tuple(_piece(p) for p in _field(d, "pieces", list)))
+
+
+def _validate(m: Manifest) -> None:
+    if m.version != VERSION:
+        raise ManifestError(f"manifest version {m.version!r}, expected {VERSION}")
+    if m.chunk_size <= 0:
+        raise ManifestError(f"chunk_size {m.chunk_size} must be positive")
+    if not m.objects:
+        raise ManifestError("a manifest names at least one object")
+    if m.program != m.objects[0].name:
+        raise ManifestError(f"program {m.program!r} is not the first object "
+                            f"({m.objects[0].name!r})")
+    names = [o.name for o in m.objects]
+    if len(set(names)) != len(names):
+        raise ManifestError(f"two objects share a name: {names}")
+    for o in m.objects:
+        _validate_object(o, m.chunk_size)
+
+
+def _validate_object(o: ObjectEntry, chunk_size: int) -> None:
+    what = f"object {o.name!r}"
+    if not o.name or "/" in o.name or "\\" in o.name or o.name in (".", "..") or "\0" in o.name:
+        raise ManifestError(f"{what}: a name must be a plain file name, not a path")
+    if not (o.key == o.name or o.key.endswith("/" + o.name)):
+        raise ManifestError(f"{what}: key {o.key!r} does not end with its name")
+    if o.size < 0:
+        raise ManifestError(f"{what}: negative size {o.size}")
+    if not o.etag:
+        raise ManifestError(f"{what}: empty ETag")
+    try:
+        crc64nvme_int(o.crc64nvme)
+    except ValueError as exc:
+        raise ManifestError(f"{what}: crc64nvme {exc}") from None
+    if not (MIN_PART_SIZE <= o.part_size <= MAX_PART_SIZE):
+        raise ManifestError(f"{what}: part size {o.part_size} outside S3's "
+                            f"[{MIN_PART_SIZE}, {MAX_PART_SIZE}]")
+    if len(o.parts) > MAX_PARTS:
+        raise ManifestError(f"{what}: {len(o.parts)} parts, S3 allows {MAX_PARTS}")
+    expected_parts = max(1, -(-o.size // o.part_size))
+    if len(o.parts) != expected_parts:
+        raise ManifestError(f"{what}: {len(o.parts)} parts for {o.size} bytes in parts of "
+                            f"{o.part_size}; expected {expected_parts}")
+    pos = 0
+    for i, p in enumerate(o.parts):
+        last = i == len(o.parts) - 1
+        want = o.size - pos if last else o.part_size
+        if p.number != i + 1 or p.offset != pos or p.size != want:
+            raise ManifestError(f"{what}: part {i + 1} is (number {p.number}, offset "
+                                f"{p.offset}, size {p.size}); expected ({i + 1}, {pos}, {want})")
+        if not p.etag:
+            raise ManifestError(f"{what}: part {p.number} has an empty ETag")
+        if not _MD5.fullmatch(p.md5):
+            raise ManifestError(f"{what}: part {p.number} md5 {p.md5!r} is not 32 hex digits")
+        try:
+            crc64nvme_int(p.crc64nvme)
+        except ValueError as exc:
+            raise ManifestError(f"{what}: part {p.number} crc64nvme {exc}") from None
+        pos += p.size
+    pos = 0
+    for i, piece in enumerate(o.pieces):
+        if piece.offset != pos or piece.size < 0:
+            raise ManifestError(f"{what}: piece {i} at {piece.offset} (size {piece.size}); "
+                                f"expected it at {pos}: pieces must tile the object")
+        if piece.kind not in ("inline", "file"):
+            raise ManifestError(f"{what}: piece {i} kind {piece.kind!r}")
+        if not _HEX128.fullmatch(piece.xxh3):
+            raise ManifestError(f"{what}: piece {i} xxh3 {piece.xxh3!r} is not 32 hex digits")
+        if len(piece.chunks) != -(-piece.size // chunk_size):
+            raise ManifestError(f"{what}: piece {i} has {len(piece.chunks)} chunk digests for "
+                                f"{piece.size} bytes in chunks of {chunk_size}")
+        pos += piece.size
+    if pos != o.size:
+        raise ManifestError(f"{what}: pieces cover {pos} bytes of {o.size}")
