@@ -395,6 +395,7 @@ def save_program(
     progress: Any = None,
     store: BlobStore | None = None,
     placements: Any = None,
+    timeout: float | None = None,
 ) -> list[Any]:
     """Write the ``.pte`` and every ``.ptd`` of ``program`` as one transaction.
 
@@ -418,6 +419,9 @@ def save_program(
         As for :func:`trtet_store.io.writer.write_files`.
     store : BlobStore, optional
         See :func:`program_layouts`.
+    timeout : float, optional
+        Seconds to wait for another write of the same files to finish;
+        default: refuse at once with ``ConcurrentWriteError``.
 
     Returns
     -------
@@ -425,19 +429,20 @@ def save_program(
         The ``.pte`` first, then the ``.ptd`` files.
     """
     planned = _plan(program, path, outdir, consume=consume, store=store, include_ptd=True)
-    return _write(program, planned, consume, chunk_size, progress, placements)
+    return _write(program, planned, consume, chunk_size, progress, placements, timeout)
 
 
 def _write(program: ExecutorchProgramManager,
            planned: tuple[list[tuple[Path, list[Piece]]], _Converter], consume: bool,
-           chunk_size: int | None, progress: Any, placements: Any) -> list[Any]:
+           chunk_size: int | None, progress: Any, placements: Any,
+           timeout: float | None = None) -> list[Any]:
     from trtet_store.export import _executorch_private as priv
     from trtet_store.io.writer import write_files
 
     layouts, conv = planned
     try:
         reports = write_files(layouts, consume=consume, chunk_size=chunk_size,
-                              progress=progress, placements=placements)
+                              progress=progress, placements=placements, timeout=timeout)
         conv.close_own_stores()
         return reports
     except BaseException:
@@ -461,13 +466,14 @@ def save(
     progress: Any = None,
     store: BlobStore | None = None,
     placements: Any = None,
+    timeout: float | None = None,
 ) -> Any:
     """Write the ``.pte`` of ``program`` (what ``program.save(path)`` writes), atomically.
 
     Returns the WriteReport. See :func:`save_program` for the parameters.
     """
     planned = _plan(program, path, None, consume=consume, store=store, include_ptd=False)
-    return _write(program, planned, consume, chunk_size, progress, placements)[0]
+    return _write(program, planned, consume, chunk_size, progress, placements, timeout)[0]
 
 
 def write_tensor_data(
@@ -479,6 +485,7 @@ def write_tensor_data(
     progress: Any = None,
     store: BlobStore | None = None,
     placements: Any = None,
+    timeout: float | None = None,
 ) -> list[Any]:
     """Write every ``.ptd`` of ``program`` into ``outdir`` as one transaction.
 
@@ -488,6 +495,6 @@ def write_tensor_data(
     planned = _plan(program, None, outdir, consume=consume, store=store, include_ptd=True)
     if not planned[0]:
         return []
-    return _write(program, planned, consume, chunk_size, progress, placements)
+    return _write(program, planned, consume, chunk_size, progress, placements, timeout)
 
 
