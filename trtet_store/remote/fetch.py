@@ -1,0 +1,672 @@
+"""``fetch(url, path)``: a published program (or any object) onto a local disk.
+
+The steps, in order (each a function below):
+
+1. **Describe.** Read the manifest beside the program (``<key>.trtet.json``);
+   without one, HeadObject describes a plain object. HeadObject of every
+   object, pinned by the manifest's ETag, checks that it is still the
+   version the manifest names, and that its full-object CRC64NVME is the
+   manifest's.
+2. **Delta.** Pieces already in local files (the destination's previous
+   version, ``reuse=``) are found by their chunk digests
+   (:mod:`.fetch_local`); the rest is planned as runs and ranges
+   (:mod:`.fetch_plan`).
+3. **Preflight.** The free space the whole fetch needs on the destination's
+   filesystem (downloaded bytes, plus what the final write's placements
+   need) is checked before anything is created.
+4. **Download.** Ranged GETs in parallel, each with ``If-Match``, each range
+   checked against its chunk digests (a bad one is fetched again), written
+   into its run's staged blob and journaled (:mod:`.fetch_stage`). Memory:
+   ``concurrency x range_size``.
+5. **Verify.** The full-object checksum, combined from the ranges' (and the
+   reused pieces') CRCs as they streamed, must equal the manifest's and
+   HeadObject's.
+6. **Write.** Every file of the program in one ``write_files`` transaction
+   (``consume=True``: staged runs are inserted, cloned or moved, reused ranges
+   cloned or copied from the old file, which stays intact until the rename).
+
+A program replaced mid-fetch fails a GET's ``If-Match`` (412): the fetch
+starts again against the new manifest (``if_replaced="restart"``, the
+default) or raises :class:`ObjectChangedError`; it never mixes versions.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtet_store.io import (
+    ExternalFile,
+    InsufficientSpaceError,
+    WriteReport,
+    block_size,
+    chunk_digest,
+    free_bytes,
+    write_files,
+)
+from trtet_store.remote.errors import ManifestError, RemoteURLError
+from trtet_store.remote.fetch_errors import (
+    FetchInterruptedError,
+    FetchVerificationError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+)
+from trtet_store.remote.fetch_get import Reader, make_client, transient
+from trtet_store.remote.fetch_local import candidate_files, find_reusable
+from trtet_store.remote.fetch_plan import (
+    ObjectPlan,
+    ObjectSpec,
+    Range,
+    Reuse,
+    Run,
+    expected_chunks,
+    plan_object,
+)
+from trtet_store.remote.fetch_stage import STAGING_DIR, Staging, fetch_id
+from trtet_store.remote.manifest import Manifest, manifest_key
+
+log = logging.getLogger("trtet_store.remote.fetch")
+
+MiB = 1 << 20
+DEFAULT_RANGE_SIZE = 16 * MiB
+DEFAULT_CONCURRENCY = 4
+#: The final write's move budget (``write_files(chunk_size=...)``), also what the
+#: preflight reserves for it.
+WRITE_CHUNK = 64 * MiB
+#: Room for the journal, the staged files' sidecars and directory entries.
+SLACK = MiB
+
+#: progress(downloaded, reused, total): bytes received so far (retries included),
+#: bytes taken from local files, bytes of the whole program.
+FetchProgress = Callable[[int, int, int], None]
+
+
+def _checksum_functions(algorithm: str) -> tuple[Callable, Callable]:
+    from awscrt import checksums
+
+    return {"crc64nvme": (checksums.crc64nvme, checksums.combine_crc64nvme),
+            "crc32c": (checksums.crc32c, checksums.combine_crc32c),
+            "crc32": (checksums.crc32, checksums.combine_crc32)}[algorithm]
+
+
+def _b64_int(text: str) -> int:
+    return int.from_bytes(base64.b64decode(text), "big")
+
+
+# --- the report ------------------------------------------------------------------------
+
+
+@dataclass
+class FetchedObject:
+    """What a fetch did for one object."""
+
+    name: str
+    key: str
+    path: str
+    size: int
+    etag: str
+    checksum: str | None  # "crc64nvme:<base64>" when verified against one
+    bytes_downloaded: int = 0
+    bytes_reused: int = 0
+    reused_from: list[str] = field(default_factory=list)
+    placements: dict[str, int] = field(default_factory=dict)  # placement -> bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class FetchReport:
+    """What :func:`fetch` did.
+
+    Attributes
+    ----------
+    url : str
+    version : str
+        The manifest's ETag (or the plain object's): what was fetched.
+    objects : list of FetchedObject
+        The ``.pte`` first, then each ``.ptd``.
+    bytes_downloaded : int
+        Bytes received from the server, retried ranges included.
+    bytes_reused : int
+        Bytes taken from local files instead (see ``reused_by``).
+    bytes_resumed : int
+        Bytes an earlier, interrupted fetch had staged and this one kept.
+    reused_by : dict
+        Placement (``clone``, ``copy``) -> bytes of reused ranges placed so.
+    verified : bool
+        Every byte checked: per range against the manifest's chunk digests
+        and per object against the full-object checksum. False only for a
+        plain object without a full-object checksum (``unverified_reason``).
+    up_to_date : bool
+        The destination already held this version: nothing was written.
+    restarts, retries : int
+        Restarts against a new version; ranges or calls retried.
+    seconds : float
+    """
+
+    url: str
+    version: str
+    objects: list[FetchedObject]
+    bytes_downloaded: int = 0
+    bytes_reused: int = 0
+    bytes_resumed: int = 0
+    reused_by: dict[str, int] = field(default_factory=dict)
+    verified: bool = True
+    unverified_reason: str | None = None
+    up_to_date: bool = False
+    restarts: int = 0
+    retries: int = 0
+    seconds: float = 0.0
+    writes: list[WriteReport] = field(default_factory=list, repr=False)
+
+    @property
+    def size(self) -> int:
+        return sum(o.size for o in self.objects)
+
+    @property
+    def paths(self) -> list[Path]:
+        return [Path(o.path) for o in self.objects]
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("objects", "writes")}
+        d["objects"] = [o.to_json() for o in self.objects]
+        d["size"] = self.size
+        return d
+
+
+# --- the entry point ---------------------------------------------------------------------
+
+
+def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | str] = (),
+          client: Any = None, endpoint_url: str | None = None,
+          concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
+          progress: FetchProgress | None = None, if_replaced: str = "restart",
+          max_restarts: int = 3, wait_replaced: float = 30.0, attempts: int = 5,
+          placements: Sequence[str] | None = None) -> FetchReport:
+    """Fetch the program published at ``url`` (or a plain object) into ``path``.
+
+    Parameters
+    ----------
+    url : str
+        ``s3://bucket/key``. With a manifest beside it (``key.trtet.json``,
+        as ``publish`` writes), the ``.pte`` goes to ``path`` and each
+        ``.ptd`` beside it under its published name; without one, the object
+        alone goes to ``path``.
+    path : path-like
+        The local ``.pte`` (or file). Its directory must exist. A previous
+        version there is reused where its pieces match, and stays readable,
+        unchanged, until the new files are complete and verified.
+    reuse : sequence of path-like
+        More local files that may hold pieces of this version (an older
+        ``.pte``; the ``.ptd`` files of the same names beside it are looked at
+        too).
+    client : boto3 S3 client, optional
+        Default: one made the way boto3 finds credentials, at ``endpoint_url``.
+    concurrency : int
+        Ranged GETs in flight. Memory is bounded by ``concurrency x range_size``.
+    range_size : int
+        Bytes per GET (ranges end on the manifest's 1 MiB chunk boundaries).
+    progress : callable, optional
+        ``progress(downloaded, reused, total)`` as bytes arrive or are found.
+    if_replaced : {"restart", "error"}
+        What to do when the program is replaced while it is fetched.
+    max_restarts : int
+        How many times to start again against a new version.
+    wait_replaced : float
+        Seconds to wait for a publish in progress to write its manifest.
+    attempts : int
+        Tries per range (network errors, bytes that fail their digests).
+    placements : sequence of str, optional
+        Limit the final write's placements (as ``write_files``), for benchmarks.
+
+    Returns
+    -------
+    FetchReport
+
+    Raises
+    ------
+    ObjectNotFoundError, AccessDeniedError, BucketNotFoundError
+        Before anything local changes.
+    InsufficientSpaceError
+        Before the first byte is downloaded or anything is created.
+    ObjectChangedError
+        The program was replaced (``if_replaced="error"``), or kept changing.
+    FetchVerificationError
+        Bytes that kept failing their digests, or a full-object checksum
+        that differs; local files untouched.
+    FetchInterruptedError
+        The network kept failing; fetching again continues where it stopped.
+    """
+    if if_replaced not in ("restart", "error"):
+        raise ValueError(f"if_replaced must be 'restart' or 'error', not {if_replaced!r}")
+    if concurrency < 1 or range_size < MiB or attempts < 1:
+        raise ValueError("concurrency and attempts must be at least 1, range_size at least "
+                         "1 MiB")
+    bucket, key = parse_url(url)
+    dest = Path(path).absolute()
+    if not dest.parent.is_dir():
+        raise FileNotFoundError(f"{dest.parent} is not a directory (the destination's "
+                                "directory must exist)")
+    if client is None:
+        client = make_client(endpoint_url, max_connections=concurrency + 2)
+    reader = Reader(client, bucket, attempts=attempts)
+    job = _Fetch(url, bucket, key, dest, [Path(p).absolute() for p in reuse], reader,
+                 concurrency, range_size, progress, attempts, placements)
+    start = time.monotonic()
+    restarts = 0
+    seen_version = None
+    while True:
+        try:
+            report = job.run()
+            break
+        except ObjectChangedError as exc:
+            if if_replaced == "error" or restarts >= max_restarts:
+                raise
+            restarts += 1
+            seen_version = job.version
+            log.warning("%s was replaced during the fetch (%s); starting again against the "
+                        "new version (restart %d of %d)", url, exc, restarts, max_restarts)
+            job.wait_for_new_version(seen_version, wait_replaced)
+    report.restarts = restarts
+    report.retries = reader.retries + job.range_retries
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/key`` -> ``(bucket, key)``; anything else is a :class:`RemoteURLError`."""
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise RemoteURLError(f"{url!r} is not an s3://bucket/key URL")
+    bucket, _, key = url[len("s3://"):].partition("/")
+    if not bucket or not key or key.endswith("/"):
+        raise RemoteURLError(f"{url!r} names no object: expected s3://bucket/key")
+    return bucket, key
+
+
+# --- one attempt at one version ------------------------------------------------------------
+
+
+class _Fetch:
+    def __init__(self, url: str, bucket: str, key: str, dest: Path, reuse: list[Path],
+                 reader: Reader, concurrency: int, range_size: int,
+                 progress: FetchProgress | None, attempts: int,
+                 placements: Sequence[str] | None) -> None:
+        self.url, self.bucket, self.key, self.dest = url, bucket, key, dest
+        self.reuse = reuse
+        self.reader = reader
+        self.concurrency = concurrency
+        self.range_size = range_size
+        self.progress = progress
+        self.attempts = attempts
+        self.placements = placements
+        self.version = ""
+        self.range_retries = 0
+        self._mutex = threading.Lock()
+        self.downloaded = 0
+        self.reused = 0
+        self.total = 0
+        self.per_object: dict[int, int] = {}
+
+    # 1. describe ----------------------------------------------------------------------
+
+    def describe(self) -> tuple[str, list[ObjectSpec], str | None]:
+        """``(version, specs, why unverified)``: from the manifest, or a plain object's HEAD."""
+        mkey = manifest_key(self.key)
+        try:
+            raw, etag = self.reader.get_small(mkey)
+        except ObjectNotFoundError:
+            return self._plain()
+        try:
+            manifest = Manifest.from_json(raw)
+        except ManifestError as exc:
+            raise ManifestError(f"s3://{self.bucket}/{mkey}: {exc}") from None
+        specs = [ObjectSpec.from_entry(e, manifest.chunk_size) for e in manifest.objects]
+        prefix = self.key.rpartition("/")[0]
+        for s in specs:
+            if s.key.rpartition("/")[0] != prefix:
+                raise ManifestError(f"s3://{self.bucket}/{mkey}: object {s.key!r} is not beside "
+                                    f"the program {self.key!r}")
+        if specs[0].key != self.key:
+            raise ManifestError(f"s3://{self.bucket}/{mkey} is the manifest of {specs[0].key!r}, "
+                                f"not of {self.key!r}")
+        for s in specs:
+            head = self.reader.head(s.key, s.etag)
+            theirs = head.get("ChecksumCRC64NVME")
+            if head.get("ContentLength") != s.size or (theirs and theirs != s.checksum[1]):
+                raise FetchVerificationError(
+                    f"s3://{self.bucket}/{s.key}: HeadObject says {head.get('ContentLength')} "
+                    f"bytes, CRC64NVME {theirs}; the manifest says {s.size} bytes, "
+                    f"{s.checksum[1]}")
+        return etag, specs, None
+
+    def _plain(self) -> tuple[str, list[ObjectSpec], str | None]:
+        head = self.reader.head(self.key)
+        etag = head["ETag"].strip('"')
+        checksum, why = None, None
+        kind = head.get("ChecksumType", "FULL_OBJECT")
+        for algorithm in ("crc64nvme", "crc32c", "crc32"):
+            value = head.get(f"Checksum{algorithm.upper()}")
+            if value and kind == "FULL_OBJECT":
+                checksum = (algorithm, value)
+                break
+        if checksum is None:
+            why = ("the object has no full-object checksum (uploaded without one, or with a "
+                   "composite multipart checksum): its bytes could not be verified")
+            log.warning("s3://%s/%s: %s", self.bucket, self.key, why)
+        spec = ObjectSpec(self.dest.name, self.key, head["ContentLength"], etag, checksum)
+        return etag, [spec], why
+
+    def wait_for_new_version(self, old: str, timeout: float) -> None:
+        """Wait (bounded) until the manifest names another version than ``old``.
+
+        A publish replaces the data objects first and the manifest last: in
+        between, the old manifest names objects that are gone.
+        """
+        deadline = time.monotonic() + timeout
+        delay = 0.1
+        while time.monotonic() < deadline:
+            try:
+                _, etag = self.reader.get_small(manifest_key(self.key))
+            except ObjectNotFoundError:
+                etag = None
+            if etag != old:
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        raise ObjectChangedError(f"{self.url}: its objects changed, but its manifest did not "
+                                 f"within {timeout:.0f} s (a publish in progress, or one that "
+                                 "died before writing its manifest); try again later", self.key)
+
+    def local_path(self, i: int, spec: ObjectSpec) -> Path:
+        return self.dest if i == 0 else self.dest.parent / spec.name
+
+    # the attempt --------------------------------------------------------------------
+
+    def run(self) -> FetchReport:
+        self.downloaded = self.reused = 0
+        self.per_object = {}
+        version, specs, unverified = self.describe()
+        self.version = version
+        paths = [self.local_path(i, s) for i, s in enumerate(specs)]
+        plans = []
+        for i, spec in enumerate(specs):
+            names = [paths[i], *self.reuse, *(r.parent / spec.name for r in self.reuse)]
+            reused = find_reusable(spec, candidate_files(names)) if spec.pieces else []
+            plans.append(plan_object(i, spec, reused, self.range_size))
+        self.total = sum(s.size for s in specs)
+        self.reused = sum(p.reused_bytes for p in plans)
+        self._tick(0)
+        report = FetchReport(self.url, version, [
+            FetchedObject(s.name, s.key, os.fspath(paths[i]), s.size, s.etag,
+                          f"{s.checksum[0]}:{s.checksum[1]}" if s.checksum else None)
+            for i, s in enumerate(specs)])
+        report.verified = unverified is None
+        report.unverified_reason = unverified
+        if self._up_to_date(plans, paths):
+            log.info("%s: %s already holds version %s", self.url, self.dest, version)
+            report.up_to_date = True
+            self._fill(report, plans, {})
+            return report
+        self.preflight(plans, paths, resuming=self._journal_exists())
+        stage = Staging.open(self.dest, self.url, version, plans)
+        try:
+            report.bytes_resumed = self.download(plans, stage)
+            self.verify(plans, stage)
+            blobs = stage.blobs()
+            outputs = []
+            for i, plan in enumerate(plans):
+                pieces: list[Any] = []
+                for seg in plan.segments():
+                    if isinstance(seg, Run):
+                        pieces.append(blobs[(seg.obj, seg.offset, seg.size)])
+                    else:
+                        pieces.append(ExternalFile(Path(seg.path), seg.size, seg.source_offset,
+                                                   seg.file_size, plan.spec.chunk_size,
+                                                   seg.chunk_digests))
+                outputs.append((paths[i], pieces))
+            report.writes = write_files(outputs, consume=True, chunk_size=WRITE_CHUNK,
+                                        placements=self.placements)
+            stage.remove()
+        finally:
+            stage.close()
+        self._fill(report, plans, stage.done)
+        report.bytes_downloaded = self.downloaded
+        return report
+
+    def _tick(self, n: int, obj: int = 0) -> None:
+        with self._mutex:
+            self.downloaded += n
+            self.per_object[obj] = self.per_object.get(obj, 0) + n
+            done = self.downloaded
+        if self.progress is not None:
+            self.progress(done, self.reused, self.total)
+
+    def _journal_exists(self) -> bool:
+        return (self.dest.parent / STAGING_DIR / f"fetch-{fetch_id(self.dest)}.journal").exists()
+
+    def _up_to_date(self, plans: list[ObjectPlan], paths: list[Path]) -> bool:
+        """Every piece of every object found at its own offset in its own destination file."""
+        for plan, p in zip(plans, paths, strict=True):
+            if plan.runs or not plan.spec.pieces and plan.spec.size:
+                return False
+            try:
+                if os.stat(p).st_size != plan.spec.size:
+                    return False
+            except FileNotFoundError:
+                return False
+            if any(r.path != os.fspath(p) or r.source_offset != r.offset for r in plan.reused):
+                return False
+            try:
+                self._check_crc(plan, {})
+            except FetchVerificationError:
+                return False
+        return True
+
+    def _fill(self, report: FetchReport, plans: list[ObjectPlan], done: dict) -> None:
+        for i, (obj, plan) in enumerate(zip(report.objects, plans, strict=True)):
+            obj.bytes_downloaded = self.per_object.get(i, 0)
+            obj.bytes_reused = plan.reused_bytes
+            obj.reused_from = sorted({r.path for r in plan.reused})
+        report.bytes_reused = sum(p.reused_bytes for p in plans)
+        for w, obj in zip(report.writes, report.objects, strict=False):
+            for rec in w.placements:
+                obj.placements[rec.placement] = obj.placements.get(rec.placement, 0) + rec.size
+        for w, plan in zip(report.writes, plans, strict=False):
+            reused_at = {r.offset for r in plan.reused}
+            for rec in w.placements:
+                if rec.offset in reused_at:
+                    report.reused_by[rec.placement] = report.reused_by.get(rec.placement,
+                                                                           0) + rec.size
+
+    # 3. preflight -------------------------------------------------------------------
+
+    def preflight(self, plans: list[ObjectPlan], paths: list[Path], *, resuming: bool) -> None:
+        """Refuse, before anything is created, a fetch whose disk cannot hold it.
+
+        Counted on the destination's filesystem: every byte still to download
+        (each range rounded up to whole blocks), the final write's placements
+        (one move budget for the staged runs, two blocks each; every reused
+        range as a copy, since whether the filesystem clones is only known
+        by trying), and slack for journals and sidecars. The old files stay
+        until the rename, so they are not counted as free. A resumed fetch
+        counts only what is missing (its staged bytes are on disk already).
+        """
+        directory = self.dest.parent
+        bs = block_size(directory)
+        done: set[tuple[int, int, int]] = set()
+        if resuming:
+            done = _journaled_ranges(self.dest, self.version)
+        download = sum(-(-r.size // bs) * bs + bs for p in plans for run in p.runs
+                       for r in run.ranges if (r.obj, r.offset, r.size) not in done)
+        n_runs = sum(len(p.runs) for p in plans)
+        placements = (WRITE_CHUNK + 2 * bs * n_runs if n_runs else 0)
+        placements += sum(-(-r.size // bs) * bs for p in plans for r in p.reused)
+        needed = download + placements + SLACK + 2 * bs * n_runs
+        available = free_bytes(directory)
+        log.info("%s: preflight: %d bytes to download, %d for the placements, %d free",
+                 self.dest, download, placements, available)
+        if needed > available:
+            raise InsufficientSpaceError(
+                needed, available, self.dest,
+                f"{self.url}: {download} bytes to download and {placements} for placing them; "
+                "nothing was downloaded or created")
+
+    # 4. download ---------------------------------------------------------------------
+
+    def download(self, plans: list[ObjectPlan], stage: Staging) -> int:
+        """Every range not staged yet, in parallel; returns the bytes kept from a resumed fetch."""
+        todo: list[tuple[ObjectSpec, Run, Range]] = []
+        resumed = 0
+        for plan in plans:
+            for run in plan.runs:
+                for rng in run.ranges:
+                    crc = stage.done.get((rng.obj, rng.offset, rng.size))
+                    if crc is not None and self._staged_ok(plan.spec, stage, run, rng, crc):
+                        resumed += rng.size
+                    else:
+                        stage.forget(rng)
+                        todo.append((plan.spec, run, rng))
+        if not todo:
+            return resumed
+        stop = threading.Event()
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="trtet-fetch") as pool:
+            futures = [pool.submit(self._one_range, spec, run, rng, stage, stop)
+                       for spec, run, rng in todo]
+            try:
+                wait(futures, return_when=FIRST_EXCEPTION)
+            except BaseException:
+                # Interrupted (Ctrl-C): the ranges in flight finish or stop at their next step.
+                stop.set()
+                for f in futures:
+                    f.cancel()
+                raise
+            failed = [f for f in futures if f.done() and not f.cancelled()
+                      and f.exception() is not None]
+            if failed:
+                stop.set()
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                raise failed[0].exception()
+        return resumed
+
+    def resume_command(self) -> str:
+        extra = "".join(f" --reuse {r}" for r in self.reuse)
+        return f"trtet-store fetch {self.url} {self.dest}{extra}"
+
+    def _staged_ok(self, spec: ObjectSpec, stage: Staging, run: Run, rng: Range,
+                   crc: int) -> bool:
+        """A range an earlier fetch journaled: trusted only if its bytes still check."""
+        data = stage.read(run, rng)
+        if len(data) != rng.size:
+            return False
+        compute, _ = _checksum_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
+        return compute(data) == crc and _chunks_ok(spec, rng, memoryview(data))
+
+    def _one_range(self, spec: ObjectSpec, run: Run, rng: Range, stage: Staging,
+                   stop: threading.Event) -> None:
+        compute, _ = _checksum_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
+        buf = bytearray(rng.size)
+        view = memoryview(buf)
+        for attempt in range(1, self.attempts + 1):
+            if stop.is_set():
+                return
+            try:
+                self.reader.get_range(spec.key, spec.etag, rng.offset, rng.size, view,
+                                      lambda n: self._tick(n, rng.obj))
+            except Exception as exc:
+                if attempt < self.attempts and transient(exc):
+                    self._retry(spec, rng, repr(exc), attempt)
+                    continue
+                if transient(exc):
+                    raise FetchInterruptedError(
+                        f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-{rng.end - 1}: "
+                        f"{self.attempts} attempts failed, the last with {exc!r}",
+                        self.resume_command()) from exc
+                raise
+            if not _chunks_ok(spec, rng, view):
+                if attempt < self.attempts:
+                    self._retry(spec, rng, "its bytes do not match the manifest's digests",
+                                attempt)
+                    continue
+                raise FetchVerificationError(
+                    f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-{rng.end - 1} did not "
+                    f"match the manifest's chunk digests in {self.attempts} attempts; nothing "
+                    "local was changed")
+            stage.write(run, rng, view)
+            stage.record(rng, compute(view))
+            return
+
+    def _retry(self, spec: ObjectSpec, rng: Range, why: str, attempt: int) -> None:
+        with self._mutex:
+            self.range_retries += 1
+        log.info("s3://%s/%s bytes %d-%d: %s; retry %d of %d", self.bucket, spec.key,
+                 rng.offset, rng.end - 1, why, attempt, self.attempts - 1)
+        time.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
+
+    # 5. verify -------------------------------------------------------------------------
+
+    def verify(self, plans: list[ObjectPlan], stage: Staging) -> None:
+        for plan in plans:
+            try:
+                self._check_crc(plan, stage.done)
+            except FetchVerificationError:
+                if not plan.spec.pieces:
+                    # No digests say which range is wrong: none of them is kept.
+                    stage.discard()
+                raise
+
+    def _check_crc(self, plan: ObjectPlan, done: dict) -> None:
+        """The full-object checksum, combined in order from every segment's, equals the expected."""
+        spec = plan.spec
+        if spec.checksum is None:
+            return
+        _, combine = _checksum_functions(spec.checksum[0])
+        crc = None
+        for seg in plan.segments():
+            parts = ([(seg.crc, seg.size)] if isinstance(seg, Reuse) else
+                     [(done[(r.obj, r.offset, r.size)], r.size) for r in seg.ranges])
+            for value, size in parts:
+                crc = value if crc is None else combine(crc, value, size)
+        if crc is None:
+            compute, _ = _checksum_functions(spec.checksum[0])
+            crc = compute(b"")
+        if crc != _b64_int(spec.checksum[1]):
+            width = 8 if spec.checksum[0] == "crc64nvme" else 4
+            ours = base64.b64encode(crc.to_bytes(width, "big")).decode()
+            raise FetchVerificationError(
+                f"s3://{self.bucket}/{spec.key}: the {spec.checksum[0]} of the bytes fetched is "
+                f"{ours}, the object's is {spec.checksum[1]}; nothing local was changed")
+
+
+def _chunks_ok(spec: ObjectSpec, rng: Range, view: memoryview) -> bool:
+    for off, size, digest in expected_chunks(spec, rng.offset, rng.end):
+        if chunk_digest(view[off - rng.offset: off - rng.offset + size]) != digest:
+            return False
+    return True
+
+
+def _journaled_ranges(dest: Path, version: str) -> set[tuple[int, int, int]]:
+    import json
+
+    path = dest.parent / STAGING_DIR / f"fetch-{fetch_id(dest)}.journal"
+    out: set[tuple[int, int, int]] = set()
+    with contextlib.suppress(OSError, ValueError):
+        lines = path.read_bytes().split(b"\n")
+        if json.loads(lines[0]).get("version") != version:
+            return out
+        for line in lines[1:]:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                d = json.loads(line)
+                out.add((d["obj"], d["offset"], d["size"]))
+    return out

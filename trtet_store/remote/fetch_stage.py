@@ -1,0 +1,308 @@
+"""Where a fetch's downloaded bytes wait, and the journal that lets a fetch resume.
+
+Beside the destination, in ``.trtet-staging/`` (the staging directory that
+``trtet_store.recover`` looks in), a fetch keeps:
+
+- one staged file per run (a contiguous interval it downloads), created
+  sparse at the run's size and adopted into a :class:`~trtet_store.io.BlobStore`
+  at once, with metadata naming the fetch. The blob is what the final
+  ``write_files(..., consume=True)`` places (insert, clone or move: its bytes
+  are never copied a second time). A fetch that fails gives the file back to
+  its own name (``fetch-<id>-<object>-<offset>.run``); one that is killed
+  leaves it as an orphan blob, which ``trtet-store recover`` lists with that
+  metadata, and the next fetch takes it over;
+- ``fetch-<id>.journal``: JSON lines. The first names the version (the
+  manifest's or the object's ETag) and the runs; each further line one range
+  written, with its CRC64NVME. A resumed fetch re-reads and re-checks every
+  recorded range before trusting it, so the journal needs no fsync per line:
+  a range a crash lost is fetched again;
+- ``fetch-<id>.lock``: held (``flock``) while a fetch of this destination runs.
+
+``<id>`` is a digest of the destination's absolute path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtet_store.io import Blob, BlobStore, ConcurrentWriteError
+from trtet_store.remote.fetch_plan import ObjectPlan, Range, Run
+
+log = logging.getLogger("trtet_store.remote.fetch")
+
+#: The staging directory beside an output, where ``trtet_store.recover`` reports orphans.
+STAGING_DIR = ".trtet-staging"
+METADATA_KEY = "trtet_fetch"
+
+
+def fetch_id(dest: Path) -> str:
+    """The id of a fetch into ``dest``: names its journal, lock and staged files."""
+    return hashlib.sha256(os.fsencode(dest.absolute())).hexdigest()[:16]
+
+
+def run_key(run: Run) -> tuple[int, int, int]:
+    return (run.obj, run.offset, run.size)
+
+
+@dataclass
+class StagedRun:
+    run: Run
+    blob: Blob
+    fd: int = -1
+
+
+class Staging:
+    """The staged runs and the journal of one fetch; see the module docstring.
+
+    Open it with :meth:`open`; it holds the fetch's lock until :meth:`close`.
+    """
+
+    def __init__(self, dest: Path, directory: Path, fid: str, lock_fd: int) -> None:
+        self.dest = dest
+        self.directory = directory
+        self.id = fid
+        self.lock_fd = lock_fd
+        self.journal_path = directory / f"fetch-{fid}.journal"
+        self.store: BlobStore | None = None
+        self.runs: dict[tuple[int, int, int], StagedRun] = {}
+        self.done: dict[tuple[int, int, int], int] = {}  # (obj, offset, size) -> crc
+        self.resumed_bytes = 0
+        self._journal_fd = -1
+        self._mutex = threading.Lock()
+
+    # -- opening --------------------------------------------------------------
+
+    @classmethod
+    def open(cls, dest: Path, url: str, version: str, plans: list[ObjectPlan]) -> Staging:
+        """Take the fetch's lock, resume what a fetch of ``version`` staged, stage the rest.
+
+        Raises
+        ------
+        ConcurrentWriteError
+            Another fetch into ``dest`` is running.
+        """
+        directory = dest.parent / STAGING_DIR
+        directory.mkdir(exist_ok=True)
+        fid = fetch_id(dest)
+        lock_path = directory / f"fetch-{fid}.lock"
+        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(lock_fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ConcurrentWriteError(errno.EBUSY, f"another fetch into {dest} is running",
+                                           os.fspath(dest)) from None
+            raise
+        self = cls(dest, directory, fid, lock_fd)
+        try:
+            self.store = BlobStore(directory)
+            self._resume_or_start(url, version, plans)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _origin(self, run: Run) -> Path:
+        return self.directory / f"fetch-{self.id}-{run.obj}-{run.offset}-{run.size}.run"
+
+    def _read_journal(self) -> tuple[dict | None, dict[tuple[int, int, int], int]]:
+        try:
+            lines = self.journal_path.read_bytes().split(b"\n")
+        except FileNotFoundError:
+            return None, {}
+        try:
+            head = json.loads(lines[0])
+        except ValueError:
+            return None, {}
+        done = {}
+        for line in lines[1:]:
+            try:
+                d = json.loads(line)
+                done[(d["obj"], d["offset"], d["size"])] = int(d["crc"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by a kill: that range is fetched again
+        return head, done
+
+    def _resume_or_start(self, url: str, version: str, plans: list[ObjectPlan]) -> None:
+        assert self.store is not None
+        head, done = self._read_journal()
+        wanted = {run_key(r): r for p in plans for r in p.runs}
+        same_version = head is not None and head.get("version") == version
+        orphans = [o for o in self.store.orphans()
+                   if o.metadata.get(METADATA_KEY, {}).get("id") == self.id]
+        if any(o.pinned for o in orphans):
+            # A write of ours died holding them: finish or undo it first.
+            import trtet_store
+
+            trtet_store.recover(self.dest.parent)
+            orphans = [o for o in self.store.orphans()
+                       if o.metadata.get(METADATA_KEY, {}).get("id") == self.id]
+        by_key = {tuple(o.metadata[METADATA_KEY]["run"]): o for o in orphans}
+        stale: list[Blob] = []
+        for key, o in by_key.items():
+            keep = same_version and key in wanted and o.metadata[METADATA_KEY].get(
+                "version") == version
+            blob = self.store.adopt_orphan(o)
+            if keep:
+                self.runs[key] = StagedRun(wanted[key], blob)
+            else:
+                stale.append(blob)
+        for path in self.directory.glob(f"fetch-{self.id}-*.run"):
+            parts = path.name[:-len(".run")].split("-")[2:]
+            key = tuple(int(x) for x in parts) if len(parts) == 3 else None
+            if same_version and key in wanted and key not in self.runs:
+                self.runs[key] = StagedRun(wanted[key], self._adopt(path, wanted[key], url,
+                                                                    version))
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        for blob in stale:
+            origin = blob.origin
+            blob.close()  # gives it back to its origin name: remove that too
+            if origin:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(origin)
+        if same_version:
+            self.done = {k: crc for k, crc in done.items()
+                         if any(k[0] == r.obj and r.offset <= k[1] and k[1] + k[2]
+                                <= r.offset + r.size for r in
+                                (s.run for s in self.runs.values()))}
+        self._write_head(url, version, plans)
+        for key, run in wanted.items():
+            if key not in self.runs:
+                path = self._origin(run)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    os.ftruncate(fd, run.size)
+                finally:
+                    os.close(fd)
+                self.runs[key] = StagedRun(run, self._adopt(path, run, url, version))
+        for staged in self.runs.values():
+            staged.run = wanted[run_key(staged.run)]
+            staged.fd = os.open(staged.blob.path, os.O_WRONLY | os.O_CLOEXEC)
+        for (obj, offset, size), crc in self.done.items():
+            self._append({"obj": obj, "offset": offset, "size": size, "crc": crc})
+        if self.done:
+            log.info("%s: resuming: %d ranges (%d bytes) staged by an earlier fetch", self.dest,
+                     len(self.done), sum(k[2] for k in self.done))
+
+    def _adopt(self, path: Path, run: Run, url: str, version: str) -> Blob:
+        assert self.store is not None
+        return self.store.adopt(path, metadata={METADATA_KEY: {
+            "id": self.id, "url": url, "dest": os.fspath(self.dest), "version": version,
+            "run": list(run_key(run))}})
+
+    def _write_head(self, url: str, version: str, plans: list[ObjectPlan]) -> None:
+        head = {"fetch": 1, "url": url, "dest": os.fspath(self.dest), "version": version,
+                "objects": [{"name": p.spec.name, "size": p.spec.size, "etag": p.spec.etag}
+                            for p in plans],
+                "runs": [list(run_key(r)) for p in plans for r in p.runs]}
+        tmp = self.journal_path.with_suffix(".journal.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, json.dumps(head).encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.journal_path)
+        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+
+    # -- while fetching ---------------------------------------------------------
+
+    def staged(self, rng: Range, run: Run) -> StagedRun:
+        return self.runs[run_key(run)]
+
+    def write(self, run: Run, rng: Range, data: memoryview) -> None:
+        """Write a downloaded range into its run's staged file (every byte, or raise)."""
+        fd = self.runs[run_key(run)].fd
+        pos = 0
+        base = rng.offset - run.offset
+        while pos < len(data):
+            pos += os.pwrite(fd, data[pos:], base + pos)
+
+    def read(self, run: Run, rng: Range) -> bytes:
+        path = self.runs[run_key(run)].blob.path
+        with open(path, "rb", buffering=0) as f:
+            return os.pread(f.fileno(), rng.size, rng.offset - run.offset)
+
+    def record(self, rng: Range, crc: int) -> None:
+        """Journal a range as written (one ``O_APPEND`` write: a kill cuts at most this line)."""
+        line = {"obj": rng.obj, "offset": rng.offset, "size": rng.size, "crc": crc}
+        with self._mutex:
+            self.done[(rng.obj, rng.offset, rng.size)] = crc
+        self._append(line)
+
+    def forget(self, rng: Range) -> None:
+        """A recorded range turned out wrong on re-reading: it is fetched again."""
+        with self._mutex:
+            self.done.pop((rng.obj, rng.offset, rng.size), None)
+
+    def _append(self, line: dict) -> None:
+        os.write(self._journal_fd, json.dumps(line).encode() + b"\n")
+
+    # -- the end ------------------------------------------------------------------
+
+    def blobs(self) -> dict[tuple[int, int, int], Blob]:
+        """The staged runs as blobs, sealed anew after our own writes, for ``write_files``."""
+        out = {}
+        for key, staged in self.runs.items():
+            if staged.fd >= 0:
+                os.close(staged.fd)
+                staged.fd = -1
+            staged.blob.reseal()
+            out[key] = staged.blob
+        return out
+
+    def remove(self) -> None:
+        """After the write published: the journal goes (the blobs were consumed)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.journal_path.unlink()
+
+    def discard(self) -> None:
+        """Drop every staged byte and the journal (a version that is no longer wanted)."""
+        for staged in self.runs.values():
+            if staged.fd >= 0:
+                os.close(staged.fd)
+                staged.fd = -1
+            origin = staged.blob.origin
+            staged.blob.close()
+            if origin:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(origin)
+        self.runs.clear()
+        self.done.clear()
+        self.remove()
+
+    def close(self) -> None:
+        """Release the store (unconsumed staged files go back to ``.run`` names) and the lock."""
+        for staged in self.runs.values():
+            if staged.fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(staged.fd)
+                staged.fd = -1
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+            self._journal_fd = -1
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.lock_fd >= 0:
+            if not self.journal_path.exists():
+                # Nothing to resume: leave no trace. The lock file is unlinked while
+                # held, so no other fetch can be holding a lock on a deleted file.
+                with contextlib.suppress(OSError):
+                    (self.directory / f"fetch-{self.id}.lock").unlink()
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()  # only when empty
