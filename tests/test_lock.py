@@ -9,6 +9,7 @@ file, releases, and looks at what try_lock got.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import subprocess
 import threading
@@ -154,3 +155,36 @@ def test_a_store_whose_lock_file_cannot_be_removed_still_releases_its_lock(here_
         os.close(fd)
     finally:
         subprocess.run(["chattr", "-i", os.fspath(directory)], check=True)
+
+
+def test_a_lock_file_is_unlinked_while_its_lock_is_still_held(here_fs, monkeypatch):
+    """unlock_file unlinks, then releases. The other order leaves an instant when
+    the file is still at its path and unlocked: a second writer that locks it
+    then holds a lock on a file about to be deleted, and a third writer
+    creates a new one, so two write the destination at once. At the moment
+    of the unlink a second descriptor's try of the lock must be refused."""
+    out = here_fs / "out"
+    out.mkdir()
+    dest = out / "model.pte"
+    lock_path = os.fspath(names.lock_path_of(dest))
+    tries: list[str] = []
+    real_unlink = fs.calls.unlink
+
+    def try_then_unlink(path, *args):
+        if os.fspath(path) == lock_path:
+            other = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                tries.append("taken")
+            except BlockingIOError:
+                tries.append("refused")
+            finally:
+                os.close(other)
+        return real_unlink(path, *args)
+
+    monkeypatch.setattr(fs.calls, "unlink", try_then_unlink)
+    write_file(dest, [b"new content"])
+    monkeypatch.undo()
+    assert tries == ["refused"]
+    assert dest.read_bytes() == b"new content"
+    assert sorted(p.name for p in out.iterdir()) == ["model.pte"]

@@ -106,3 +106,52 @@ def test_a_write_keeps_the_order_and_the_budget(make_fs):
     # The temp file's pre-sizing, then six steps of 8 MiB.
     assert len(truncations) == 1 + 6
     store.close()
+
+
+def _check_unmove_order(calls: list[tuple[str, int | None]], src_fd: int, dst_fd: int) -> int:
+    """Assert the rollback's order on a call trace; return the number of punches.
+
+    Every punch of the destination (fallocate) must follow an fdatasync of
+    the source that came after the last write to it: the bytes given back
+    are durable in the source before their only other copy is freed.
+    """
+    dirty = False
+    punches = 0
+    for name, fd in calls:
+        if fd == src_fd and name in ("pwrite", "fallocate", "copy_file_range"):
+            dirty = True
+        elif fd == src_fd and name in ("fdatasync", "fsync"):
+            dirty = False
+        elif name == "fallocate" and fd == dst_fd:
+            assert not dirty, "a moved copy was freed while the source held its bytes only cached"
+            punches += 1
+    return punches
+
+
+@pytest.mark.parametrize("fstype", ["ext4", "xfs"])
+def test_every_punch_of_a_rollback_follows_a_sync_of_the_source(make_fs, fstype):
+    mnt = make_fs(fstype, 400)
+    fs.capabilities.clear()
+    store = BlobStore(mnt / "staging")
+    size = 20 * MiB + 12345
+    blob = _blob(store, size)
+    want = file_digest(blob.path)
+    step = transfer.move_step(8 * MiB, blob.chunk_size)
+    src = os.open(blob.path, os.O_RDWR)
+    dst = os.open(mnt / "out.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(dst, 100 + size)
+        transfer.move(src, dst, 100, size, step=step, digests=blob.chunk_digests,
+                      digest_chunk=blob.chunk_size, src_path=blob.path)
+        assert os.fstat(src).st_size == 0
+        with Recorder() as rec:
+            restored = transfer.unmove(src, dst, 100, size, step=step,
+                                       digests=blob.chunk_digests, digest_chunk=blob.chunk_size,
+                                       dst_path=os.fspath(mnt / "out.bin"), src_path=blob.path)
+        assert restored == size
+        assert _check_unmove_order(rec.calls, src, dst) == -(-size // step)
+    finally:
+        os.close(dst)
+        os.close(src)
+    assert file_digest(blob.path) == want
+    store.close()

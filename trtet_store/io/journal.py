@@ -15,6 +15,7 @@ lifetime, so a recovery can tell a live transaction from a dead one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -31,6 +32,10 @@ from trtet_store.io.lock import release, try_lock
 from trtet_store.io.units import MiB
 
 VERSION = 1
+
+# Journal.create tries again when its new, empty journal was removed before
+# it was locked; a file removed this often is a bug elsewhere.
+_CREATE_ATTEMPTS = 3
 
 # States, in the order a transaction reaches them.
 PLACING = "placing"  # sources may be partly moved; roll back, or forward if all agrees
@@ -161,11 +166,35 @@ class Journal:
 
     @classmethod
     def create(cls, path: Path, plan: Plan) -> Journal:
-        """Write the plan durably (file and directory entry) and lock it."""
-        fd = fs.calls.open(os.fspath(path), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                           0o644)
+        """Write the plan durably (file and directory entry) and lock it.
+
+        Until it is locked the new journal is empty, and a recovery that holds
+        its destination's lock takes an empty journal for a dead writer's and
+        removes it. A lock on that unlinked file would guard a plan no one can
+        find after a crash, so the journal is locked, checked to be the file at
+        its path, and created again if it is not (as :func:`try_lock` does).
+        """
+        for _ in range(_CREATE_ATTEMPTS):
+            fd = fs.calls.open(os.fspath(path),
+                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    same = fs.same_file(os.fstat(fd), os.stat(path))
+                except FileNotFoundError:
+                    same = False
+            except BaseException:
+                release(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise
+            if same:
+                break
+            release(fd)
+        else:
+            raise OSError(errno.ESTALE, f"the write journal was removed while it was created, "
+                          f"{_CREATE_ATTEMPTS} times; nothing was written", os.fspath(path))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             fs.pwrite_all(fd, (plan.to_json() + "\n").encode(), 0)
             fs.calls.fsync(fd)
             fs.fsync_dir(path.parent)
