@@ -42,6 +42,7 @@ _LAZY = {
     "compile_and_save": "trtet_store.export.compile",
     "export_program": "trtet_store.export.lowering",
     "recover": "trtet_store.io.recovery",
+    "publish": "trtet_store.remote.program",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export.executorch import save, save_program, write_tensor_data
     from trtet_store.export.lowering import export as export_program
     from trtet_store.io.recovery import recover
+    from trtet_store.remote.program import publish
 
 
 def __getattr__(name: str) -> Any:
@@ -79,6 +81,7 @@ __all__ = [
     "WriteReport",
     "compile_and_save",
     "export_program",
+    "publish",
     "recover",
     "save",
     "save_program",

@@ -1,0 +1,129 @@
+"""``publish(source, url)``: a program or files made into objects (the one export/ import).
+
+A source is an ExecuTorch program (``ExecutorchProgramManager``: its
+``.pte`` and every ``.ptd``, the pieces ``save_program`` would write, from
+:func:`trtet_store.export.executorch.program_layouts`, loaded lazily) or
+local files (the first is the program, the rest go beside it under their
+own names).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trtet_store.remote.publish import DEFAULT_CONCURRENCY, PublishProgress, publish_sources
+from trtet_store.remote.report import PublishReport
+from trtet_store.remote.source import ObjectSource
+from trtet_store.remote.url import RemoteURL
+
+
+def sources_of(source: Any, url: RemoteURL) -> list[ObjectSource]:
+    """The objects ``source`` stands for, the program first, named as they will be published."""
+    if isinstance(source, (str, os.PathLike)):
+        source = [source]
+    if isinstance(source, (list, tuple)) and source and all(
+            isinstance(s, (str, os.PathLike)) for s in source):
+        files = [Path(s) for s in source]
+        objs = [ObjectSource.of_file(files[0], url.name)]
+        objs += [ObjectSource.of_file(f) for f in files[1:]]
+        return objs
+    if isinstance(source, (list, tuple)):
+        raise TypeError("a list source must name local files (str or path-like)")
+    from trtet_store.export.executorch import program_layouts  # heavy: ExecuTorch
+
+    layouts = program_layouts(source, url.name, consume=False)
+    return [ObjectSource(url.name if i == 0 else Path(path).name, list(pieces))
+            for i, (path, pieces) in enumerate(layouts)]
+
+
+def publish(
+    source: Any,
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    part_size: int | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    replace: bool = False,
+    resume: bool = True,
+    journal_dir: os.PathLike | str | None = None,
+    progress: Callable[[PublishProgress], Any] | None = None,
+    index: bool = True,
+) -> PublishReport:
+    """Publish a program (or local files) to S3-compatible storage, from its pieces.
+
+    The objects are streamed from the pieces (staged engines read in place,
+    no local output file), in multipart uploads of equal-size parts sent in
+    parallel, each part with its CRC64NVME; each object is completed with its
+    full-object CRC64NVME and a conditional write, and checked with
+    HeadObject; a manifest (``<key>.trtet.json``) is written last and commits
+    the set. An interrupted publish is resumed from its journal; a
+    re-publish copies unchanged ranges server-side.
+
+    Parameters
+    ----------
+    source : ExecutorchProgramManager, path-like, or sequence of path-like
+        The program (its ``.pte`` and every ``.ptd``, the bytes
+        ``save_program`` writes), or local files (the first is the program;
+        the others are published beside it under their own names).
+    url : str
+        ``s3://bucket/prefix/model.pte``. The ``.ptd`` files go beside it.
+    endpoint_url : str, optional
+        The S3-compatible server; default what boto3 finds
+        (``AWS_ENDPOINT_URL``, the profile). Credentials are found the way
+        boto3 finds them.
+    part_size : int, optional
+        Bytes per part (5 MiB to 5 GiB, all parts but the last equal).
+        Default 16 MiB, grown to fit 10,000 parts.
+    concurrency : int
+        Parts in flight; memory is about ``(concurrency + 1) * part_size``.
+    replace : bool
+        Replace an existing program (Complete with ``If-Match`` of the
+        version found); without it an existing key is an error.
+    resume : bool
+        Resume an interrupted publish of the same pieces to the same place
+        (default); False aborts its uploads and starts over.
+    journal_dir : path-like, optional
+        Where the resume journal lives (default
+        ``$XDG_STATE_HOME/trtet_store/publish``).
+    progress : callable, optional
+        Called with a :class:`PublishProgress` (``done``, ``total``,
+        ``sent``, ``copied``, ``resumed`` bytes) as parts finish, from worker
+        threads.
+    index : bool
+        Use and update the bucket's engine-digest index
+        (``.trtet-store/pieces/``), so an engine already published in
+        another program is copied server-side.
+
+    Returns
+    -------
+    PublishReport
+
+    Raises
+    ------
+    RemoteURLError, PartSizeError, TypeError, ValueError
+        Bad arguments; nothing was sent.
+    BucketNotFoundError, AccessDeniedError
+        Before anything was created.
+    KeyExistsError
+        The key (or its manifest) exists and ``replace`` is False.
+    SourceChangedError
+        A staged piece is not as sealed (before anything is sent), or changed
+        while it was read (the uploads are aborted).
+    ConflictError
+        Another writer created or changed the key meanwhile; our uploads are
+        aborted and nothing of ours is visible.
+    UploadKeptError, ChecksumMismatchError
+        The network or the server's checksum checks failed past the retries;
+        the upload and its journal are kept: publish again to resume.
+    """
+    dest = RemoteURL.parse(url)
+    return publish_sources(sources_of(source, dest), dest, endpoint_url=endpoint_url,
+                           part_size=part_size, concurrency=concurrency, replace=replace,
+                           resume=resume, journal_dir=journal_dir, progress=progress,
+                           index=index)
+
+
+__all__ = ["PublishProgress", "PublishReport", "publish", "sources_of"]

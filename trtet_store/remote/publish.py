@@ -1,0 +1,700 @@
+"""The publish: objects streamed from their pieces into conditional multipart uploads.
+
+One publish, in order:
+
+1. **Refuse early** (nothing is created): a piece not as sealed, a missing
+   bucket, refused credentials, a key that exists without ``replace=True``,
+   a part size that cannot fit.
+2. **Plan**: equal-size parts per object; with an earlier version (its
+   manifest) or the engine-digest index, the parts lying inside unchanged
+   ranges are copied server-side (:mod:`.delta`). The plan, and the ETags
+   the conditional writes are planned against, go to the journal first.
+3. **Send**: the reader (this thread) reads each part's bytes in order
+   straight from the pieces (a part buffer, never a local file) and digests
+   every piece as it passes; at most ``concurrency`` parts are in flight on
+   worker threads, which hash (MD5 for the ETag, CRC64NVME sent with the
+   part), journal, and send or copy. Memory is ``(concurrency + 1) x
+   part_size``. A refused checksum (BadDigest) is sent again; a network
+   failure is retried; when retries run out the upload is kept for resume.
+4. **Complete** each object with its full-object CRC64NVME (the parts'
+   CRCs combined), ``If-None-Match: *`` for a new key or ``If-Match`` of
+   the version it replaces; check HeadObject's checksum against ours.
+5. **Commit**: the manifest, last, with the same conditions. The journal is
+   removed.
+
+A resumed publish (a journal for the same destination and the same pieces)
+re-reads the bytes (to digest them), asks ListParts what the server holds,
+and sends only the parts whose MD5 it does not find there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from trtet_store.io import SourceChangedError
+from trtet_store.remote import checksum, delta
+from trtet_store.remote.errors import (
+    ChecksumMismatchError,
+    ConflictError,
+    KeyExistsError,
+    ManifestError,
+    RemoteError,
+    UploadKeptError,
+)
+from trtet_store.remote.journal import Journal, default_dir, journal_path
+from trtet_store.remote.manifest import (
+    Manifest,
+    ObjectEntry,
+    PartEntry,
+    PieceEntry,
+    crc64nvme_b64,
+    manifest_key,
+)
+from trtet_store.remote.parts import Part, choose_part_size, plan_parts
+from trtet_store.remote.report import ObjectReport, PublishReport
+from trtet_store.remote.s3 import (
+    S3,
+    BadDigest,
+    NoSuchUpload,
+    OpenUpload,
+    PreconditionFailed,
+    Transient,
+)
+from trtet_store.remote.source import Extent, ObjectSource, Reader, piece_digests
+from trtet_store.remote.url import RemoteURL
+
+log = logging.getLogger("trtet_store.remote")
+
+DEFAULT_CONCURRENCY = 4
+#: Sends of one part after the server refused its checksum, before giving up.
+BAD_DIGEST_ATTEMPTS = 3
+#: Our own attempts at a part after botocore's retries gave up on the network.
+PART_ATTEMPTS = 3
+_WINDOW = 8 << 20
+
+
+class PublishProgress(NamedTuple):
+    """Passed to ``progress``: bytes handled so far of ``total``, and how."""
+
+    done: int
+    total: int
+    sent: int
+    copied: int
+    resumed: int
+
+
+@dataclass
+class _Counters:
+    sent: int = 0
+    copied: int = 0
+    resumed: int = 0
+    retries: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Object:
+    """One object's plan and state during a publish."""
+
+    source: ObjectSource
+    key: str
+    part_size: int
+    parts: list[Part]
+    copies: dict[int, delta.CopyFrom]
+    base_etag: str | None  # the version replaced (If-Match), None: a new key (If-None-Match)
+    upload_id: str | None = None
+    listed: dict[int, tuple[str, int]] = field(default_factory=dict)
+    journaled_sent: dict[int, str] = field(default_factory=dict)
+    done: dict[int, tuple[str, int, str]] = field(default_factory=dict)  # etag, crc, md5
+    completed: dict[str, Any] | None = None  # the manifest entry, once completed
+    report: ObjectReport | None = None
+    digests: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # per piece
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+
+def _fingerprint(objs: list[_Object]) -> list[Any]:
+    return [[o.name, o.key, o.source.size, o.part_size,
+             [[e.kind, e.size] for e in o.source.extents]] for o in objs]
+
+
+def publish_sources(
+    sources: list[ObjectSource],
+    url: str | RemoteURL,
+    *,
+    endpoint_url: str | None = None,
+    part_size: int | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    replace: bool = False,
+    resume: bool = True,
+    journal_dir: os.PathLike | str | None = None,
+    progress: Callable[[PublishProgress], Any] | None = None,
+    index: bool = True,
+) -> PublishReport:
+    """Publish ``sources`` (the program first) to ``url``; see :func:`trtet_store.publish`."""
+    start = time.monotonic()
+    dest = url if isinstance(url, RemoteURL) else RemoteURL.parse(url)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be a positive int, not {concurrency!r}")
+    if not sources:
+        raise ValueError("nothing to publish")
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two objects would have one name: {names}")
+    keys = [dest.key] + [dest.sibling(s.name) for s in sources[1:]]
+    mkey = manifest_key(dest.key)
+    if mkey in keys:
+        raise ValueError(f"an object would be written over the manifest {mkey}")
+    for s in sources:
+        s.check()  # a staged piece not as sealed: refused before any request
+    sizes = [choose_part_size(s.size, part_size) for s in sources]
+
+    s3 = S3(endpoint_url, max_connections=concurrency + 2)
+    bucket = dest.bucket
+    s3.check_bucket(bucket)
+    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
+    journal = Journal(journal_path(jdir, s3.endpoint_url, bucket, dest.key))
+
+    objs = [_Object(s, k, ps, plan_parts(s.size, ps), {}, None)
+            for s, k, ps in zip(sources, keys, sizes, strict=True)]
+    records = Journal.read(journal.path)
+    state = _resume_state(records, objs) if records and resume else None
+    if records and state is None:
+        why = "resume=False" if not resume else "the pieces differ from the journal's plan"
+        log.info("publish %s: an earlier journal's uploads are aborted (%s)", dest, why)
+        _abort_journaled(s3, bucket, records)
+        journal.remove()
+
+    heads = {k: s3.head(bucket, k) for k in [*keys, mkey]}
+    completed_etags = {}
+    if state is not None:
+        completed_etags = {o.key: o.completed["etag"] for o in objs if o.completed}
+    existing = [k for k in keys if heads[k] is not None
+                and heads[k].etag != completed_etags.get(k)]
+    if heads[mkey] is not None:
+        existing.append(mkey)
+    if existing and not replace and state is None:
+        raise KeyExistsError(f"{', '.join(f's3://{bucket}/{k}' for k in existing)} already "
+                             "exist; pass replace=True (--replace) to publish a new version",
+                             existing[0])
+
+    if state is None:
+        manifest_base = heads[mkey].etag if heads[mkey] is not None else None
+        for o in objs:
+            o.base_etag = heads[o.key].etag if heads[o.key] is not None else None
+        _plan_copies(s3, bucket, objs, heads, mkey, index)
+        plan = {"endpoint": s3.endpoint_url, "bucket": bucket, "key": dest.key,
+                "fingerprint": _fingerprint(objs), "manifest_base": manifest_base,
+                "objects": [{"name": o.name, "key": o.key, "base": o.base_etag,
+                             "copies": {str(n): [c.key, c.offset, c.etag]
+                                        for n, c in o.copies.items()}} for o in objs]}
+        journal.start(plan)
+    else:
+        manifest_base = state
+        journal.reopen()
+        log.info("publish %s: resuming an interrupted publish (journal %s)", dest, journal.path)
+
+    others = [u for u in _open_uploads(s3, bucket, keys)
+              if u.upload_id not in {o.upload_id for o in objs}]
+    if others:
+        log.warning("publish %s: %d other unfinished upload(s) under these keys (another "
+                    "publisher, or abandoned: trtet-store publish --abort lists and aborts "
+                    "them): %s", dest, len(others),
+                    ", ".join(f"{u.key} {u.upload_id}" for u in others))
+
+    counters = _Counters()
+    total = sum(o.source.size for o in objs)
+
+    def report_progress() -> None:
+        if progress is not None:
+            with counters.lock:
+                p = PublishProgress(counters.sent + counters.copied + counters.resumed, total,
+                                    counters.sent, counters.copied, counters.resumed)
+            progress(p)
+
+    try:
+        for o in objs:
+            if o.completed is None:
+                _send_object(s3, bucket, o, journal, counters, concurrency, report_progress)
+        for o in objs:
+            if o.completed is None:
+                _complete_object(s3, bucket, o, journal)
+            else:
+                with counters.lock:
+                    counters.resumed += o.source.size
+                report_progress()
+        entries = tuple(_entry(o.completed) for o in objs)
+        manifest = Manifest(program=objs[0].name, chunk_size=checksum.CHUNK_SIZE,
+                            objects=entries)
+        body = manifest.to_json()
+        metag = _put_manifest(s3, bucket, mkey, body, manifest_base)
+        journal.append({"t": "committed", "etag": metag})
+    except (SourceChangedError, ConflictError) as exc:
+        log.error("publish %s failed (%s); its uploads are aborted, nothing was published",
+                  dest, exc)
+        _abort_all(s3, bucket, objs)
+        journal.remove()
+        raise
+    except (Transient, BadDigest) as exc:
+        journal.close()
+        uid = next((o.upload_id for o in objs if o.upload_id and o.completed is None), "")
+        key = next((o.key for o in objs if o.upload_id and o.completed is None), dest.key)
+        cls = ChecksumMismatchError if isinstance(exc, BadDigest) else UploadKeptError
+        raise cls(f"publishing {dest} stopped: {exc}. The upload is kept: run the same "
+                  "publish again (trtet-store publish --resume) to send only what is missing, "
+                  "or abort it (--abort)", key, uid, os.fspath(journal.path)) from exc
+    except BaseException:
+        journal.close()
+        raise
+    journal.remove()
+    if index:
+        _update_index(s3, bucket, manifest)
+
+    reports = [o.report for o in objs]
+    rep = PublishReport(url=str(dest), manifest_key=mkey, manifest_etag=metag,
+                        objects=reports, bytes_total=total, bytes_sent=counters.sent,
+                        bytes_copied=counters.copied, bytes_resumed=counters.resumed,
+                        parts=sum(len(o.parts) for o in objs),
+                        checksum=objs[0].completed["crc64nvme"],
+                        seconds=time.monotonic() - start, retries=counters.retries)
+    log.info("published %s: %d object(s), %d bytes: %d sent, %d copied server-side, %d "
+             "resumed, in %.1f s", dest, len(objs), total, rep.bytes_sent, rep.bytes_copied,
+             rep.bytes_resumed, rep.seconds)
+    return rep
+
+
+# --- planning -----------------------------------------------------------------------
+
+
+def _resume_state(records: list[dict], objs: list[_Object]) -> str | None | bool:
+    """Load a matching journal into ``objs``; returns the manifest's base ETag, or None.
+
+    Returns ``None`` (start over) when the journal's plan is for other pieces.
+    A matching journal with no manifest base returns ``False`` (falsy but
+    not None) so callers can tell it from "no journal".
+    """
+    plan = records[0]
+    if plan.get("fingerprint") != _fingerprint(objs):
+        return None
+    by_name = {o.name: o for o in objs}
+    for entry in plan["objects"]:
+        o = by_name[entry["name"]]
+        o.base_etag = entry["base"]
+        o.copies = {int(n): delta.CopyFrom(*c) for n, c in entry["copies"].items()}
+    for r in records[1:]:
+        o = by_name.get(r.get("name", ""))
+        t = r.get("t")
+        if t == "upload" and o is not None:
+            o.upload_id = r["upload_id"]
+            o.journaled_sent.clear()
+        elif t == "sent" and o is not None:
+            o.journaled_sent[int(r["number"])] = r["etag"]
+        elif t == "completed" and o is not None:
+            o.completed = r["entry"]
+            o.report = ObjectReport(**r["report"])
+    return plan.get("manifest_base") or False
+
+
+def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: str,
+                 index: bool) -> None:
+    """Fill each object's ``copies`` from the previous manifest and the index."""
+    cands: delta.Candidates = {}
+    if heads.get(mkey) is not None:
+        got = s3.get(bucket, mkey)
+        if got is not None:
+            try:
+                delta.candidates_from_manifest(Manifest.from_json(got[0]), cands)
+            except ManifestError as exc:
+                log.warning("the previous manifest s3://%s/%s cannot be read (%s): every "
+                            "byte is sent", bucket, mkey, exc)
+    if index:
+        for o in objs:
+            for e in o.source.extents:
+                if e.kind == "file" and e.size >= 5 << 20:
+                    for where, size, digest in _index_lookup(s3, bucket, e):
+                        cands.setdefault((size, digest), []).append(where)
+    if not cands:
+        return
+    sizes = {size for size, _ in cands}
+    for o in objs:
+        known: list[tuple[int, int, str | None]] = []
+        for e in o.source.extents:
+            digest = e.known_digest()
+            if digest is None and e.size in sizes:
+                digest = piece_digests(e)[0]  # read once, to find it among the candidates
+            known.append((e.offset, e.size, digest))
+        o.copies = delta.copy_actions(o.parts, delta.segments(known, cands))
+        if o.copies:
+            log.info("%s: %d of %d parts copied server-side from bytes already in the bucket",
+                     o.key, len(o.copies), len(o.parts))
+
+
+# --- the engine-digest index ----------------------------------------------------------
+
+INDEX_PREFIX = ".trtet-store/pieces/"
+
+
+def _index_key_for(size: int, digest: str) -> str:
+    return f"{INDEX_PREFIX}{digest}-{size}.json"
+
+
+def _index_lookup(s3: S3, bucket: str, e: Extent) -> list[tuple[delta.Where, int, str]]:
+    """Index entries for a piece whose digest is known without reading it."""
+    import json
+
+    digest = e.known_digest()
+    if digest is None:
+        return []
+    got = s3.get(bucket, _index_key_for(e.size, digest), limit=1 << 20)
+    if got is None:
+        return []
+    try:
+        d = json.loads(got[0])
+        return [(delta.Where(str(d["key"]), int(d["offset"]), str(d["etag"])), e.size, digest)]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def _update_index(s3: S3, bucket: str, manifest: Manifest) -> None:
+    """Record every large file piece of ``manifest`` (best effort: a failure is logged)."""
+    import json
+
+    for o in manifest.objects:
+        for p in o.pieces:
+            if p.kind != "file" or p.size < 5 << 20:
+                continue
+            body = json.dumps({"key": o.key, "offset": p.offset, "etag": o.etag,
+                               "size": p.size}).encode()
+            try:
+                s3.put(bucket, _index_key_for(p.size, p.xxh3), body,
+                       crc64nvme_b64(checksum.crc64nvme(body)))
+            except (RemoteError, OSError) as exc:
+                log.warning("the engine-digest index entry for %s could not be written: %s",
+                            o.key, exc)
+                return
+
+
+# --- sending --------------------------------------------------------------------------
+
+
+def _send_object(s3: S3, bucket: str, o: _Object, journal: Journal, counters: _Counters,
+                 concurrency: int, report_progress: Callable[[], None]) -> None:
+    """Every part of ``o`` sent, copied or found on the server; fills ``o.done``."""
+    if o.upload_id is not None:
+        try:
+            o.listed = s3.list_parts(bucket, o.key, o.upload_id)
+        except NoSuchUpload:
+            log.info("%s: the journaled upload %s is gone; starting a new one", o.key,
+                     o.upload_id)
+            o.upload_id, o.listed = None, {}
+            o.journaled_sent.clear()
+    if o.upload_id is None:
+        o.upload_id = s3.create(bucket, o.key)
+        journal.append({"t": "upload", "name": o.name, "upload_id": o.upload_id})
+    o.report = ObjectReport(o.name, o.key, o.source.size, "", "", o.part_size, len(o.parts),
+                            resumed_upload=bool(o.listed))
+    reader = Reader(o.source)
+    slots = threading.Semaphore(concurrency)
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+    window = memoryview(bytearray(min(_WINDOW, max(o.part_size, 1))))
+
+    def run(task: Callable[[], None]) -> None:
+        try:
+            task()
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader thread
+            with lock:
+                failures.append(exc)
+        finally:
+            slots.release()
+
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="trtet-publish")
+    try:
+        for part in o.parts:
+            if failures:
+                break
+            copy = o.copies.get(part.number)
+            if copy is not None:
+                # The bytes pass through anyway (piece digests, the part's CRC and MD5
+                # for the manifest), a window at a time; only the copy goes to the server.
+                crc, md5 = 0, checksum.md5()
+                while reader.pos < part.end:
+                    n = min(len(window), part.end - reader.pos)
+                    reader.read_into(window[:n])
+                    crc = checksum.crc64nvme(window[:n], crc)
+                    md5.update(window[:n])
+                digest = md5.hexdigest()
+                slots.acquire()
+                pool.submit(run, lambda p=part, c=copy, k=crc, m=digest: _copy_part(
+                    s3, bucket, o, p, c, k, m, journal, counters, report_progress))
+            else:
+                buf = bytearray(part.size)
+                reader.read_into(memoryview(buf))
+                slots.acquire()
+                pool.submit(run, lambda p=part, b=buf: _upload_part(
+                    s3, bucket, o, p, b, journal, counters, report_progress))
+                del buf
+    finally:
+        pool.shutdown(wait=True)
+        reader.close()
+    if failures:
+        raise failures[0]
+    o.digests = reader.digests
+    for i, e in enumerate(o.source.extents):
+        if not e.size:
+            continue
+        planned = e.known_digest()
+        if planned is not None and e.kind == "file" and planned != reader.digests[i][0]:
+            raise SourceChangedError(getattr(e.piece, "path", o.name),
+                                     "its bytes differ from the digests it was sealed with")
+
+
+def _upload_part(s3: S3, bucket: str, o: _Object, part: Part, buf: bytearray,
+                 journal: Journal, counters: _Counters, report_progress: Callable[[], None]
+                 ) -> None:
+    md5 = checksum.md5_hex(buf)
+    crc = checksum.crc64nvme(buf)
+    listed = o.listed.get(part.number)
+    if listed is not None and listed == (md5, part.size):
+        o.done[part.number] = (listed[0], crc, md5)
+        with counters.lock:
+            counters.resumed += part.size
+            o.report.parts_resumed += 1
+        report_progress()
+        return
+    journal.append({"t": "part", "name": o.name, "number": part.number, "md5": md5,
+                    "crc": crc})
+    crc_b64 = crc64nvme_b64(crc)
+    bad, net = 0, 0
+    while True:
+        try:
+            etag = s3.upload_part(bucket, o.key, o.upload_id, part.number, buf, crc_b64)
+            break
+        except BadDigest:
+            bad += 1
+            with counters.lock:
+                counters.retries += 1
+            log.warning("%s part %d: the server refused its checksum (attempt %d of %d)",
+                        o.key, part.number, bad, BAD_DIGEST_ATTEMPTS)
+            if bad >= BAD_DIGEST_ATTEMPTS:
+                raise
+        except Transient as exc:
+            net += 1
+            with counters.lock:
+                counters.retries += 1
+            log.warning("%s part %d: %s (attempt %d of %d)", o.key, part.number, exc, net,
+                        PART_ATTEMPTS)
+            if net >= PART_ATTEMPTS:
+                raise
+            time.sleep(min(2.0 ** net, 10.0))
+    journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag})
+    o.done[part.number] = (etag, crc, md5)
+    with counters.lock:
+        counters.sent += part.size
+        o.report.parts_sent += 1
+    report_progress()
+
+
+def _copy_part(s3: S3, bucket: str, o: _Object, part: Part, copy: delta.CopyFrom, crc: int,
+               md5: str, journal: Journal, counters: _Counters,
+               report_progress: Callable[[], None]) -> None:
+    sent = o.journaled_sent.get(part.number)
+    listed = o.listed.get(part.number)
+    if sent is not None and listed is not None and listed == (sent, part.size):
+        o.done[part.number] = (sent, crc, md5)
+        with counters.lock:
+            counters.resumed += part.size
+            o.report.parts_resumed += 1
+        report_progress()
+        return
+    net = 0
+    while True:
+        try:
+            etag = s3.copy_part(bucket, o.key, o.upload_id, part.number, copy.key, copy.offset,
+                                part.size, copy.etag)
+            break
+        except PreconditionFailed:
+            # The source changed since it was planned: send the bytes instead.
+            log.info("%s part %d: %s changed since it was planned; sending the bytes",
+                     o.key, part.number, copy.key)
+            buf = bytearray(part.size)
+            _read_at(o.source, part.offset, memoryview(buf))
+            if checksum.crc64nvme(buf) != crc:
+                raise SourceChangedError(o.name, f"part {part.number} read differently "
+                                                 "twice") from None
+            o.copies.pop(part.number, None)
+            _upload_part(s3, bucket, o, part, buf, journal, counters, report_progress)
+            return
+        except Transient as exc:
+            net += 1
+            if net >= PART_ATTEMPTS:
+                raise
+            log.warning("%s part %d copy: %s", o.key, part.number, exc)
+            time.sleep(min(2.0 ** net, 10.0))
+    journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag})
+    o.done[part.number] = (etag, crc, md5)
+    with counters.lock:
+        counters.copied += part.size
+        o.report.parts_copied += 1
+    report_progress()
+
+
+def _read_at(source: ObjectSource, offset: int, buf: memoryview) -> None:
+    """Random-access read of ``source`` (for a copy that fell back to an upload)."""
+    sub = ObjectSource(source.name, source.pieces)
+    reader = Reader(sub)
+    try:
+        window = memoryview(bytearray(min(_WINDOW, max(offset, 1))))
+        reader.skip_to(window, offset)
+        reader.read_into(buf)
+    finally:
+        reader.close()
+
+
+# --- completing and committing ------------------------------------------------------------
+
+
+def _complete_object(s3: S3, bucket: str, o: _Object, journal: Journal) -> None:
+    numbers = [p.number for p in o.parts]
+    missing = [n for n in numbers if n not in o.done]
+    if missing:
+        raise RemoteError(f"{o.key}: parts {missing[:5]} were never sent")
+    full = o.done[numbers[0]][1]
+    for p in o.parts[1:]:
+        full = checksum.combine(full, o.done[p.number][1], p.size)
+    full_b64 = crc64nvme_b64(full)
+    parts = [(n, o.done[n][0], crc64nvme_b64(o.done[n][1])) for n in numbers]
+    target = f"s3://{bucket}/{o.key}"
+    try:
+        etag = s3.complete(bucket, o.key, o.upload_id, parts, full_b64,
+                           if_none_match=o.base_etag is None, if_match=o.base_etag)
+    except (PreconditionFailed, NoSuchUpload) as exc:
+        head = s3.head(bucket, o.key)
+        if head is not None and head.crc64nvme == full_b64 and head.size == o.source.size \
+                and head.etag != o.base_etag:
+            # Our own Complete went through and its answer was lost: a retry saw our object.
+            etag = head.etag
+        elif isinstance(exc, NoSuchUpload):
+            raise RemoteError(f"{target}: the upload {o.upload_id} vanished before it was "
+                              "completed (aborted by someone else?)") from None
+        else:
+            what = ("was created" if o.base_etag is None else "changed")
+            raise ConflictError(f"{target} {what} by another writer while we published; "
+                                "nothing of ours was made visible (publish again, with "
+                                "replace=True to replace it)", o.key) from None
+    head = s3.head(bucket, o.key)
+    if head is None or head.crc64nvme != full_b64 or head.size != o.source.size:
+        got = None if head is None else (head.size, head.crc64nvme)
+        raise ChecksumMismatchError(
+            f"{target}: HeadObject says {got}, we sent {o.source.size} bytes with CRC64NVME "
+            f"{full_b64}; the manifest was not written, so the program is not published",
+            o.key, o.upload_id or "", os.fspath(journal.path))
+    pieces = tuple(PieceEntry(e.offset, e.size, e.kind, d, c)
+                   for e, (d, c) in zip(o.source.extents, o.digests, strict=True))
+    part_entries = tuple(PartEntry(p.number, p.offset, p.size, o.done[p.number][0],
+                                   crc64nvme_b64(o.done[p.number][1]), o.done[p.number][2])
+                         for p in o.parts)
+    entry = ObjectEntry(o.name, o.key, o.source.size, etag, full_b64, o.part_size,
+                        part_entries, pieces)
+    o.completed = entry.to_dict()
+    o.report.etag, o.report.crc64nvme = etag, full_b64
+    journal.append({"t": "completed", "name": o.name, "entry": o.completed,
+                    "report": o.report.__dict__})
+
+
+def _entry(d: dict[str, Any]) -> ObjectEntry:
+    m = Manifest.from_dict({"format": "trtet-store-manifest", "version": 1,
+                            "program": d["name"], "chunk_size": checksum.CHUNK_SIZE,
+                            "objects": [d]})
+    return m.objects[0]
+
+
+def _put_manifest(s3: S3, bucket: str, key: str, body: bytes, base: str | None | bool) -> str:
+    crc = crc64nvme_b64(checksum.crc64nvme(body))
+    base_etag = base or None
+    try:
+        return s3.put(bucket, key, body, crc, if_none_match=base_etag is None,
+                      if_match=base_etag)
+    except PreconditionFailed:
+        got = s3.get(bucket, key)
+        if got is not None and got[0] == body:  # ours, its answer lost and retried
+            return got[1]
+        raise ConflictError(f"the manifest s3://{bucket}/{key} was changed by another writer "
+                            "while we published; it was not overwritten", key) from None
+
+
+# --- aborting and listing ---------------------------------------------------------------------
+
+
+def _open_uploads(s3: S3, bucket: str, keys: list[str]) -> list[OpenUpload]:
+    out = []
+    for k in keys:
+        out += [u for u in s3.list_uploads(bucket, k) if u.key == k]
+    return out
+
+
+def _abort_all(s3: S3, bucket: str, objs: list[_Object]) -> None:
+    for o in objs:
+        if o.upload_id and o.completed is None:
+            try:
+                s3.abort(bucket, o.key, o.upload_id)
+            except (RemoteError, OSError) as exc:
+                log.error("could not abort the upload %s of %s: %s", o.upload_id, o.key, exc)
+
+
+def _abort_journaled(s3: S3, bucket: str, records: list[dict]) -> None:
+    keys = {o["name"]: o["key"] for o in records[0].get("objects", [])}
+    for r in records:
+        if r.get("t") == "upload":
+            s3.abort(bucket, keys.get(r["name"], ""), r["upload_id"])
+
+
+def list_uploads(url: str, *, endpoint_url: str | None = None) -> list[OpenUpload]:
+    """Unfinished multipart uploads under ``url`` (``s3://bucket/prefix``; a bucket alone: all).
+
+    They hold parts the bucket's owner pays for until they are completed or
+    aborted (:func:`abort`).
+    """
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise ValueError(f"expected s3://bucket[/prefix], got {url!r}")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    s3 = S3(endpoint_url)
+    s3.check_bucket(bucket)
+    return s3.list_uploads(bucket, prefix)
+
+
+def abort(url: str, *, endpoint_url: str | None = None,
+          journal_dir: os.PathLike | str | None = None) -> list[OpenUpload]:
+    """Abort the interrupted publish of ``url`` and every unfinished upload of its objects.
+
+    Aborts the uploads its journal names and any other unfinished upload of
+    the program's key or of the objects the journal names, then removes the
+    journal. Returns what was aborted.
+    """
+    dest = RemoteURL.parse(url)
+    s3 = S3(endpoint_url)
+    s3.check_bucket(dest.bucket)
+    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
+    journal = Journal(journal_path(jdir, s3.endpoint_url, dest.bucket, dest.key))
+    records = Journal.read(journal.path)
+    keys = {dest.key}
+    if records:
+        keys |= {o["key"] for o in records[0].get("objects", [])}
+    aborted = []
+    for u in _open_uploads(s3, dest.bucket, sorted(keys)):
+        s3.abort(dest.bucket, u.key, u.upload_id)
+        aborted.append(u)
+        log.info("aborted the unfinished upload %s of s3://%s/%s", u.upload_id, dest.bucket,
+                 u.key)
+    journal.remove()
+    return aborted

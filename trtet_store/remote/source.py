@@ -1,0 +1,221 @@
+"""What a publish reads: objects as ordered pieces (bytes, staged blobs, file ranges).
+
+An :class:`ObjectSource` is one object to publish, named like the file
+``save_program`` would write, made of the storage engine's pieces: inline
+``bytes``, :class:`~trtet_store.io.Blob` (a staged file, read in place) and
+:class:`~trtet_store.io.ExternalFile` (a file, or a range of one). Bytes are
+read with ``preadv`` straight into the part buffer, never assembled into a
+local file.
+
+Each file piece is checked as it is read: a blob against its sealed identity
+(before anything is sent, and again after its last byte passes) and, where
+its digests are known, against them; a file against the size it was planned
+with. A change raises :class:`~trtet_store.io.SourceChangedError`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtet_store.io import Blob, ExternalFile, SourceChangedError
+from trtet_store.remote.checksum import CHUNK_SIZE, PieceDigester
+
+
+@dataclass
+class Extent:
+    """One piece at its place in the object."""
+
+    offset: int
+    size: int
+    piece: object  # bytes-like, Blob or ExternalFile
+
+    @property
+    def kind(self) -> str:
+        return "file" if isinstance(self.piece, (Blob, ExternalFile)) else "inline"
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+    def known_digest(self) -> str | None:
+        """The piece's xxh3-128 if known without reading a file (inline: hashed now)."""
+        if self.kind == "inline":
+            return _inline_digest(self.piece)
+        if isinstance(self.piece, Blob) and self.piece.has_digests:
+            return self.piece.digest
+        return None
+
+
+def _inline_digest(piece: object) -> str:
+    d = PieceDigester()
+    d.update(piece)  # type: ignore[arg-type]
+    return d.finish()[0]
+
+
+def _piece_size(i: int, piece: object) -> int:
+    if isinstance(piece, (bytes, bytearray, memoryview)):
+        return memoryview(piece).nbytes
+    if isinstance(piece, Blob):
+        if piece.closed:
+            raise ValueError(f"piece {i}: {piece!r} was released")
+        return piece.size
+    if isinstance(piece, ExternalFile):
+        return piece.size
+    raise TypeError(f"piece {i}: expected bytes, Blob or ExternalFile, got {type(piece).__name__}")
+
+
+@dataclass
+class ObjectSource:
+    """One object to publish: its ``name`` (a plain file name) and its pieces in order."""
+
+    name: str
+    pieces: list
+    extents: list[Extent] = field(init=False)
+    size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ValueError(f"{self.name!r} is not a plain file name")
+        offset = 0
+        self.extents = []
+        for i, piece in enumerate(self.pieces):
+            size = _piece_size(i, piece)
+            self.extents.append(Extent(offset, size, piece))
+            offset += size
+        self.size = offset
+
+    @classmethod
+    def of_file(cls, path: os.PathLike | str, name: str | None = None) -> ObjectSource:
+        """A local file as one object (one file piece)."""
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} is not a file")
+        return cls(name or p.name, [ExternalFile.of(p)])
+
+    def check(self) -> None:
+        """Refuse before anything is sent: a blob not as sealed, a file not as planned."""
+        for e in self.extents:
+            _check_piece(e.piece)
+
+
+def _check_piece(piece: object) -> None:
+    if isinstance(piece, Blob):
+        if piece.closed:
+            raise SourceChangedError(piece.path, "the blob was released")
+        piece.check_identity()
+    elif isinstance(piece, ExternalFile):
+        try:
+            size = os.stat(piece.path).st_size
+        except FileNotFoundError:
+            raise SourceChangedError(piece.path, "the file is gone") from None
+        planned = getattr(piece, "file_size", None) or piece.size + getattr(piece, "offset", 0)
+        if size != planned:
+            raise SourceChangedError(piece.path, f"size {planned} -> {size}")
+
+
+class Reader:
+    """Reads an object's bytes in order, digesting every piece as it passes.
+
+    Reading is strictly sequential (the publish reads each part after the
+    one before), so each piece's xxh3 digests come out of one pass; a file
+    piece is checked (:func:`_check_piece`, and its sealed digests) when its
+    last byte has passed.
+    """
+
+    def __init__(self, source: ObjectSource) -> None:
+        self.source = source
+        self.pos = 0
+        self._index = 0
+        self._fds: dict[int, int] = {}
+        self._digester = PieceDigester(CHUNK_SIZE)
+        #: (xxh3-128 hex, chunk digests) of every piece, in order, as read
+        self.digests: list[tuple[str, tuple[int, ...]]] = []
+        self._skip_empty()
+
+    def _skip_empty(self) -> None:
+        ext = self.source.extents
+        while self._index < len(ext) and self.pos >= ext[self._index].end:
+            self._finish_piece(ext[self._index])
+            self._index += 1
+
+    def _fd(self, e: Extent) -> int:
+        key = id(e)
+        fd = self._fds.get(key)
+        if fd is None:
+            path = e.piece.path  # type: ignore[attr-defined]
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise SourceChangedError(path, "the file is gone") from None
+            self._fds[key] = fd
+        return fd
+
+    def read_into(self, buf: memoryview) -> None:
+        """Fill ``buf`` with the next ``len(buf)`` bytes of the object."""
+        buf = buf.cast("B") if buf.format != "B" else buf
+        done = 0
+        while done < len(buf):
+            e = self.source.extents[self._index]
+            start = self.pos - e.offset
+            n = min(len(buf) - done, e.end - self.pos)
+            dst = buf[done:done + n]
+            if e.kind == "inline":
+                dst[:] = memoryview(e.piece).cast("B")[start:start + n]  # type: ignore[arg-type]
+            else:
+                base = getattr(e.piece, "offset", 0) if isinstance(e.piece, ExternalFile) else 0
+                fd = self._fd(e)
+                got = 0
+                while got < n:
+                    r = os.preadv(fd, [dst[got:]], base + start + got)
+                    if r == 0:
+                        raise SourceChangedError(e.piece.path,  # type: ignore[attr-defined]
+                                                 f"it ended at {base + start + got} bytes")
+                    got += r
+            self._digester.update(dst)
+            done += n
+            self.pos += n
+            self._skip_empty()
+
+    def skip_to(self, window: memoryview, end: int) -> None:
+        """Read (and digest) up to offset ``end`` through ``window``, keeping nothing."""
+        while self.pos < end:
+            n = min(len(window), end - self.pos)
+            self.read_into(window[:n])
+
+    def _finish_piece(self, e: Extent) -> None:
+        digest, chunks = self._digester.finish()
+        self._digester = PieceDigester(CHUNK_SIZE)
+        piece = e.piece
+        if isinstance(piece, Blob):
+            piece.check_identity()
+            if piece.has_digests and (piece.digest != digest or (
+                    piece.chunk_size == CHUNK_SIZE and tuple(piece.chunk_digests) != chunks)):
+                raise SourceChangedError(piece.path, "its bytes differ from the digests it was "
+                                                     "sealed with")
+        elif isinstance(piece, ExternalFile):
+            _check_piece(piece)
+            sealed = getattr(piece, "chunk_digests", None)
+            if sealed is not None and getattr(piece, "chunk_size", CHUNK_SIZE) == CHUNK_SIZE \
+                    and tuple(sealed) != chunks:
+                raise SourceChangedError(piece.path, "its bytes differ from the digests it was "
+                                                     "planned with")
+        self.digests.append((digest, chunks))
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def piece_digests(e: Extent) -> tuple[str, tuple[int, ...]]:
+    """Read one file piece whole to digest it (a prepass, for pieces with no digest yet)."""
+    src = ObjectSource("prepass", [e.piece])
+    reader = Reader(src)
+    try:
+        window = memoryview(bytearray(8 << 20))
+        reader.skip_to(window, src.size)
+    finally:
+        reader.close()
+    return reader.digests[-1]

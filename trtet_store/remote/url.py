@@ -1,0 +1,62 @@
+"""``s3://bucket/key`` destinations, parsed and refused early (before any request)."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+
+from trtet_store.remote.errors import RemoteURLError
+
+# S3's bucket naming rules (3-63 of lowercase letters, digits, dots, hyphens),
+# loosened to underscores and capitals, which some S3-compatible servers allow.
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,62}")
+
+
+@dataclass(frozen=True)
+class RemoteURL:
+    """An object's place: ``bucket`` and ``key`` (the program's key, e.g. ``models/m.pte``)."""
+
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, url: str) -> RemoteURL:
+        """Parse ``s3://bucket/key``.
+
+        Raises
+        ------
+        RemoteURLError
+            Not ``s3://``, no bucket, a bad bucket name, no key, a key that
+            ends in ``/`` (a folder, not a file), or a key with ``.``/``..``
+            segments or a NUL.
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str like 's3://bucket/model.pte', "
+                            f"not {type(url).__name__}")
+        if not url.startswith("s3://"):
+            raise RemoteURLError(f"{url!r}: expected s3://bucket/key")
+        bucket, _, key = url[len("s3://"):].partition("/")
+        if not _BUCKET.fullmatch(bucket):
+            raise RemoteURLError(f"{url!r}: {bucket!r} is not a bucket name")
+        if not key or key.endswith("/"):
+            raise RemoteURLError(f"{url!r}: name the program's object, e.g. "
+                                 f"s3://{bucket}/{key or ''}model.pte")
+        if "\0" in key or any(part in (".", "..", "") for part in key.split("/")):
+            raise RemoteURLError(f"{url!r}: the key has an empty, '.' or '..' segment")
+        return cls(bucket, key)
+
+    @property
+    def name(self) -> str:
+        """The object's file name (the key's last segment)."""
+        return posixpath.basename(self.key)
+
+    def sibling(self, name: str) -> str:
+        """The key of ``name`` beside this object (``models/m.pte`` -> ``models/<name>``)."""
+        if not name or "/" in name or name in (".", ".."):
+            raise RemoteURLError(f"{name!r} is not a plain file name")
+        head = posixpath.dirname(self.key)
+        return f"{head}/{name}" if head else name
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
