@@ -81,7 +81,7 @@ DEFAULT_RANGE_SIZE = 16 * MiB
 DEFAULT_CONCURRENCY = 4
 #: The final write's move budget (``write_files(chunk_size=...)``), also what the
 #: preflight reserves for it.
-WRITE_CHUNK = 64 * MiB
+WRITE_CHUNK = 32 * MiB
 #: Room for the journal, the staged files' sidecars and directory entries.
 SLACK = MiB
 
@@ -495,7 +495,7 @@ class _Fetch:
 
         Counted on the destination's filesystem: every byte still to download
         (each range rounded up to whole blocks), the final write's placements
-        (one move budget for the staged runs, two blocks each; every reused
+        (per output, one move budget for its staged runs, two blocks each; every reused
         range as a copy, since whether the filesystem clones is only known
         by trying), and slack for journals and sidecars. The old files stay
         until the rename, so they are not counted as free. A resumed fetch
@@ -509,7 +509,9 @@ class _Fetch:
         download = sum(-(-r.size // bs) * bs + bs for p in plans for run in p.runs
                        for r in run.ranges if (r.obj, r.offset, r.size) not in done)
         n_runs = sum(len(p.runs) for p in plans)
-        placements = (WRITE_CHUNK + 2 * bs * n_runs if n_runs else 0)
+        # write_files budgets each output's staged runs as one move (an insert
+        # may fall back to one), plus two blocks per run.
+        placements = sum(WRITE_CHUNK + 2 * bs * len(p.runs) for p in plans if p.runs)
         placements += sum(-(-r.size // bs) * bs for p in plans for r in p.reused)
         needed = download + placements + SLACK + 2 * bs * n_runs
         available = free_bytes(directory)
