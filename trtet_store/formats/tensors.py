@@ -289,9 +289,9 @@ RANGES = "offset" in getattr(ExternalFile, "__dataclass_fields__", {})
 
 def file_range(path: os.PathLike | str, offset: int, size: int) -> ExternalFile:
     """``size`` bytes of ``path`` from ``offset``, as a piece (io without ranges: whole files)."""
-    path = Path(path).absolute()
     if RANGES:
-        return ExternalFile(path, size, offset=offset)
+        return ExternalFile.range(path, offset, size)
+    path = Path(path).absolute()
     if offset != 0 or os.stat(path).st_size != size:
         raise ValueError(f"{path}: bytes {offset}..{offset + size} are a part of the file, and "
                          "this trtet_store's ExternalFile takes whole files only")
