@@ -41,6 +41,16 @@ def _size_arg(text: str) -> int:
     return size_arg(text)
 
 
+def _engine_digest_arg(text: str) -> str:
+    """``--engine-digest``: 32 hex digits (or ``<digest>_trt_engine``), refused otherwise."""
+    from trtet_store.inspector.verify import parse_engine_digest
+
+    try:
+        return parse_engine_digest(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``trtet-store`` (exposed for docs and tests)."""
     from trtet_store.bench.config import add_arguments
@@ -100,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-digest",
         action="append",
         default=None,
+        type=_engine_digest_arg,
         metavar="XXH3_128",
         help="an engine's expected xxh3-128 digest (repeat for each engine); any TensorRT "
         "engine with another digest is an error",

@@ -77,6 +77,9 @@ class Inspection:
     program: dict[str, Any] = field(default_factory=dict)
     external_tensors: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    #: Per external tensor, the ``scalar_type`` and ``sizes`` the program
+    #: expects of it (a ``.ptd``'s ``tensor_layout`` must match).
+    external_layouts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def errors(self) -> list[Problem]:
@@ -135,11 +138,24 @@ class VerifyResult:
         problems: Cross-file and runtime problems (each file's own are in its inspection).
         runtime: What the runtime load did (``--run``): ``loaded``, ``methods``
             (name -> ``loaded``, ``skipped: ...`` or the error), or None.
+        engines: Every TensorRT engine whose bytes were read, one dict each:
+            ``delegate``, ``file``, ``layout``, ``key`` (named), ``offset``,
+            ``size``, ``xxh3_128`` (and ``sha256`` where its key is one),
+            ``expected`` (True/False against ``engine_digests``, None when not
+            given). No digest of an inline engine is stored in the file, so
+            this list is what a user compares with the digests of the build.
+        external_data: What a ``.pte`` needs from ``.ptd`` files, or None
+            when it needs nothing: ``needed`` (one dict per key: ``what``,
+            ``key``, ``found_in``), ``files`` (one dict per ``.ptd`` looked
+            at: ``path``, ``how`` (``given`` or ``next to it``),
+            ``holds`` (how many needed keys), ``matches``), ``complete``.
     """
 
     files: list[Inspection]
     problems: list[Problem] = field(default_factory=list)
     runtime: dict[str, Any] | None = None
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    external_data: dict[str, Any] | None = None
 
     @property
     def all_problems(self) -> list[Problem]:
@@ -165,4 +181,6 @@ class VerifyResult:
             ],
             "problems": [p.to_json() for p in self.problems],
             "runtime": self.runtime,
+            "engines": jsonable(self.engines),
+            "external_data": jsonable(self.external_data),
         }

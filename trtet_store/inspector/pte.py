@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from trtet_store.inspector.common import (
@@ -22,6 +21,7 @@ from trtet_store.inspector.common import (
     u64,
 )
 from trtet_store.inspector.model import Inspection
+from trtet_store.inspector.trt_metadata import check_metadata
 
 
 def inspect_pte(f: Any, head: bytes, ins: Inspection) -> None:
@@ -149,6 +149,11 @@ def _describe_program(f: Any, program: Any, ins: Inspection, base: int, data_siz
             info = getattr(val, "extra_tensor_info", None)
             if info is not None and int(getattr(info, "location", 0)) == 1:  # EXTERNAL
                 externals.append(info.fully_qualified_name)
+                st = getattr(val, "scalar_type", None)
+                ins.external_layouts[info.fully_qualified_name] = {
+                    "scalar_type": str(getattr(st, "name", st)),
+                    "sizes": list(getattr(val, "sizes", None) or []),
+                }
         ins.external_tensors.extend(n for n in externals if n)
         ins.plans.append(
             {
@@ -164,10 +169,23 @@ def _describe_program(f: Any, program: Any, ins: Inspection, base: int, data_siz
                 "external_tensors": len(externals),
             }
         )
+        calls = _delegate_arguments(plan)
         for di, d in enumerate(plan.delegates or []):
             ins.delegates.append(
-                _describe_delegate(f, ins, pi, plan.name, di, d, segs, inline, base, used)
+                _describe_delegate(f, ins, pi, plan.name, di, d, segs, inline, base, used,
+                                   calls.get(di))
             )
+
+
+def _delegate_arguments(plan: Any) -> dict[int, int]:
+    """Per delegate index of ``plan``, how many values its call passes (inputs, then outputs)."""
+    calls: dict[int, int] = {}
+    for chain in plan.chains or []:
+        for instruction in chain.instructions or []:
+            call = instruction.instr_args
+            if type(call).__name__ == "DelegateCall":
+                calls[call.delegate_index] = len(call.args or [])
+    return calls
 
 
 def _describe_delegate(
@@ -181,6 +199,7 @@ def _describe_delegate(
     inline: list[Any],
     base: int,
     used: dict[int, list[str]],
+    arguments: int | None = None,
 ) -> dict[str, Any]:
     loc = int(d.processed.location)
     entry: dict[str, Any] = {
@@ -218,13 +237,17 @@ def _describe_delegate(
         return entry
     if blob_head is not None and (blob_head[:4] in (b"TR01", b"TR02")
                                   or d.id == "TensorRTBackend"):
-        entry["tensorrt"] = _describe_trt_blob(ins, where, blob_head, entry.get("size", 0),
-                                               entry.get("absolute_offset"))
+        # Upstream's preprocess binds exactly the delegate's arguments (inputs, then
+        # outputs); another backend with TensorRT-format blobs may pass more.
+        entry["tensorrt"] = _describe_trt_blob(
+            ins, where, blob_head, entry.get("size", 0), entry.get("absolute_offset"),
+            arguments if d.id == "TensorRTBackend" else None)
     return entry
 
 
 def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int,
-                       segment_offset: int | None = None) -> dict[str, Any]:
+                       segment_offset: int | None = None,
+                       arguments: int | None = None) -> dict[str, Any]:
     from trtet_store.export import trt_blob
 
     out: dict[str, Any] = {}
@@ -249,27 +272,33 @@ def _describe_trt_blob(ins: Inspection, where: str, head: bytes, size: int,
             f"runs past the blob ({size} bytes)"
         )
     raw = head[h.metadata_offset : h.metadata_offset + h.metadata_size]
-    try:
-        out["metadata"] = json.loads(raw)
-        trt_blob.BlobMetadata.from_json(raw)
-    except Exception as exc:
-        ins.error(f"{where}: TensorRT metadata is not valid JSON metadata: {exc}")
+    meta, errors, warnings = check_metadata(raw, h.magic)
+    for message in errors:
+        ins.error(f"{where}: {message}")
+    for message in warnings:
+        ins.warn(f"{where}: {message}")
+    if meta is None:
         return out
-    meta = out["metadata"]
-    if isinstance(meta, dict):
-        key = meta.get("engine_key")
-        if key is not None and h.engine_size:
-            ins.warn(f"{where}: has engine bytes and an engine_key {key!r}")
-        if key is None and not h.engine_size:
-            ins.error(f"{where}: TensorRT blob has no engine bytes and no engine_key")
-        if key is not None:
-            out["engine"] = {"layout": "named", "key": key}
-        else:
-            # Inline: the layout torch-tensorrt-executorch-runtime 0.1.0 reads.
-            engine: dict[str, Any] = {"layout": "inline", "size": h.engine_size,
-                                      "blob_offset": h.engine_offset}
-            if segment_offset is not None:
-                engine["file_offset"] = segment_offset + h.engine_offset
-                engine["alignment"] = alignment_of(engine["file_offset"])
-            out["engine"] = engine
+    out["metadata"] = meta
+    bindings = meta.get("io_bindings")
+    if isinstance(bindings, list) and arguments is not None and len(bindings) != arguments:
+        ins.error(f"{where}: TensorRT metadata has {len(bindings)} io_bindings but the "
+                  f"delegate is called with {arguments} inputs and outputs")
+    key = meta.get("engine_key")
+    if not isinstance(key, str) or not key:
+        key = None  # a bad engine_key is an error already; the engine is looked up inline
+    if key is not None and h.engine_size:
+        ins.warn(f"{where}: has engine bytes and an engine_key {key!r}")
+    if key is None and not h.engine_size:
+        ins.error(f"{where}: TensorRT blob has no engine bytes and no engine_key")
+    if key is not None:
+        out["engine"] = {"layout": "named", "key": key}
+    else:
+        # Inline: the layout torch-tensorrt-executorch-runtime 0.1.0 reads.
+        engine: dict[str, Any] = {"layout": "inline", "size": h.engine_size,
+                                  "blob_offset": h.engine_offset}
+        if segment_offset is not None:
+            engine["file_offset"] = segment_offset + h.engine_offset
+            engine["alignment"] = alignment_of(engine["file_offset"])
+        out["engine"] = engine
     return out

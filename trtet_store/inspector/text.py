@@ -101,6 +101,8 @@ def format_verify(result: VerifyResult) -> str:
         status = "ok" if not ins.errors else f"{len(ins.errors)} error(s)"
         lines.append(f"{ins.path}: {ins.kind}, {ins.file_size} bytes: {status}")
         lines += [f"  {p.severity}: {p.message}" for p in ins.problems]
+    lines += _external_data_lines(result)
+    lines += _engine_lines(result)
     lines += [f"{p.severity}: {p.message}" for p in result.problems]
     if result.runtime is not None:
         rt = result.runtime
@@ -114,3 +116,41 @@ def format_verify(result: VerifyResult) -> str:
             lines.append(f"runtime: {rt['error']}")
     lines.append("OK" if result.ok else "FAILED")
     return "\n".join(lines)
+
+
+def _external_data_lines(result: VerifyResult) -> list[str]:
+    """What the ``.pte`` needs from ``.ptd`` files, and where each key was found."""
+    ext = result.external_data
+    if not ext:
+        return []
+    needed = ext["needed"]
+    lines = [f"external data: the program needs {len(needed)} key(s) from .ptd files"]
+    for e in needed:
+        where = (f"in {e['found_in'].name}" if e["found_in"] is not None
+                 else "NOT FOUND in the .ptd files looked at")
+        lines.append(f"  {e['key']} ({e['what']}): {where}")
+    files = ext["files"]
+    if files:
+        lines.append("  looked at: " + ", ".join(
+            f"{f['path'].name} ({f['how']}, holds {f['holds']})" for f in files))
+    else:
+        lines.append("  no .ptd next to it")
+    if not files or files[0]["how"] != "given":
+        lines.append("  (pass --data FILE.ptd to check another file, and to load it with --run)")
+    lines.append("  complete: the runtime finds every key in these files" if ext["complete"]
+                 else "  incomplete: the runtime cannot load the program with these files")
+    return lines
+
+
+def _engine_lines(result: VerifyResult) -> list[str]:
+    """Every engine digest computed, so that it can be compared with the build's."""
+    if not result.engines:
+        return []
+    lines = ["engines (xxh3-128 of the bytes read; compare with CompileReport.engines, or "
+             "pass --engine-digest):"]
+    for e in result.engines:
+        check = {None: "", True: ", expected", False: ", NOT an expected digest"}[e["expected"]]
+        sha = f", sha256 {e['sha256']}" if "sha256" in e else ""
+        lines.append(f"  {e['delegate']}: {e['layout']} in {e['file'].name} at {e['offset']}, "
+                     f"{_size(e['size'])} bytes, xxh3-128 {e['xxh3_128']}{sha}{check}")
+    return lines
