@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -72,6 +73,36 @@ from trtet_store.remote.source import Extent, ObjectSource, Reader, piece_digest
 from trtet_store.remote.url import RemoteURL
 
 log = logging.getLogger("trtet_store.remote")
+
+
+class PartBody:
+    """A part's bytes as a seekable file for botocore, read from the part buffer without a copy.
+
+    botocore would take ``bytes``, but a part buffer is a slice of a
+    recycled ``bytearray``; this hands out small blocks of it as http.client
+    asks, and seeks back to the start when botocore retries.
+    """
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._view) if n is None or n < 0 else min(len(self._view), self._pos + n)
+        out = bytes(self._view[self._pos:end])
+        self._pos = end
+        return out
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._pos, len(self._view))[whence]
+        self._pos = max(0, min(len(self._view), base + offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __len__(self) -> int:
+        return len(self._view)
 
 DEFAULT_CONCURRENCY = 4
 #: Sends of one part after the server refused its checksum, before giving up.
@@ -405,6 +436,13 @@ def _send_object(s3: S3, bucket: str, o: _Object, journal: Journal, counters: _C
                             resumed_upload=bool(o.listed))
     reader = Reader(o.source)
     slots = threading.Semaphore(concurrency)
+    # concurrency + 1 part buffers, allocated once and recycled: the reader fills
+    # one while the others are sent, so memory is bounded by construction (and
+    # the allocator never sees a stream of part-sized allocations to fragment).
+    upload_parts = sum(1 for p in o.parts if p.number not in o.copies)
+    buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+    for _ in range(min(concurrency + 1, upload_parts)):
+        buffers.put(bytearray(o.part_size))
     failures: list[BaseException] = []
     lock = threading.Lock()
     window = memoryview(bytearray(min(_WINDOW, max(o.part_size, 1))))
@@ -438,12 +476,20 @@ def _send_object(s3: S3, bucket: str, o: _Object, journal: Journal, counters: _C
                 pool.submit(run, lambda p=part, c=copy, k=crc, m=digest: _copy_part(
                     s3, bucket, o, p, c, k, m, journal, counters, report_progress))
             else:
-                buf = bytearray(part.size)
-                reader.read_into(memoryview(buf))
+                buf = buffers.get()
+                view = memoryview(buf)[:part.size]
+                reader.read_into(view)
                 slots.acquire()
-                pool.submit(run, lambda p=part, b=buf: _upload_part(
-                    s3, bucket, o, p, b, journal, counters, report_progress))
-                del buf
+
+                def upload(p: Part = part, b: bytearray = buf, v: memoryview = view) -> None:
+                    try:
+                        _upload_part(s3, bucket, o, p, v, journal, counters, report_progress)
+                    finally:
+                        v.release()
+                        buffers.put(b)
+
+                pool.submit(run, upload)
+                del buf, view
     finally:
         pool.shutdown(wait=True)
         reader.close()
@@ -459,7 +505,7 @@ def _send_object(s3: S3, bucket: str, o: _Object, journal: Journal, counters: _C
                                      "its bytes differ from the digests it was sealed with")
 
 
-def _upload_part(s3: S3, bucket: str, o: _Object, part: Part, buf: bytearray,
+def _upload_part(s3: S3, bucket: str, o: _Object, part: Part, buf: bytearray | memoryview,
                  journal: Journal, counters: _Counters, report_progress: Callable[[], None]
                  ) -> None:
     md5 = checksum.md5_hex(buf)
@@ -478,7 +524,8 @@ def _upload_part(s3: S3, bucket: str, o: _Object, part: Part, buf: bytearray,
     bad, net = 0, 0
     while True:
         try:
-            etag = s3.upload_part(bucket, o.key, o.upload_id, part.number, buf, crc_b64)
+            etag = s3.upload_part(bucket, o.key, o.upload_id, part.number, PartBody(buf),
+                                  crc_b64)
             break
         except BadDigest:
             bad += 1
@@ -623,8 +670,16 @@ def _put_manifest(s3: S3, bucket: str, key: str, body: bytes, base: str | None |
     crc = crc64nvme_b64(checksum.crc64nvme(body))
     base_etag = base or None
     try:
-        return s3.put(bucket, key, body, crc, if_none_match=base_etag is None,
-                      if_match=base_etag)
+        for attempt in range(BAD_DIGEST_ATTEMPTS):
+            try:
+                return s3.put(bucket, key, body, crc, if_none_match=base_etag is None,
+                              if_match=base_etag)
+            except BadDigest:
+                log.warning("%s: the server refused the manifest's checksum (attempt %d of "
+                            "%d)", key, attempt + 1, BAD_DIGEST_ATTEMPTS)
+                if attempt + 1 == BAD_DIGEST_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
     except PreconditionFailed:
         got = s3.get(bucket, key)
         if got is not None and got[0] == body:  # ours, its answer lost and retried

@@ -74,6 +74,8 @@ class ObjectSource:
     pieces: list
     extents: list[Extent] = field(init=False)
     size: int = field(init=False)
+    #: a file piece's (device, inode, size, mtime, ctime) when checked, by id(piece)
+    identities: dict[int, tuple[int, ...]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name in (".", ".."):
@@ -95,9 +97,20 @@ class ObjectSource:
         return cls(name or p.name, [ExternalFile.of(p)])
 
     def check(self) -> None:
-        """Refuse before anything is sent: a blob not as sealed, a file not as planned."""
+        """Refuse before anything is sent: a blob not as sealed, a file not as planned.
+
+        A file's identity is recorded here, and compared again when its last
+        byte has been read: a file written to meanwhile is refused.
+        """
         for e in self.extents:
             _check_piece(e.piece)
+            if isinstance(e.piece, ExternalFile):
+                self.identities[id(e.piece)] = _identity(e.piece.path)
+
+
+def _identity(path: os.PathLike | str) -> tuple[int, ...]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _check_piece(piece: object) -> None:
@@ -196,6 +209,9 @@ class Reader:
                                                      "sealed with")
         elif isinstance(piece, ExternalFile):
             _check_piece(piece)
+            before = self.source.identities.get(id(piece))
+            if before is not None and _identity(piece.path) != before:
+                raise SourceChangedError(piece.path, "it was modified while it was published")
             sealed = getattr(piece, "chunk_digests", None)
             if sealed is not None and getattr(piece, "chunk_size", CHUNK_SIZE) == CHUNK_SIZE \
                     and tuple(sealed) != chunks:
