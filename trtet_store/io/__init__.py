@@ -18,6 +18,13 @@ from trtet_store.io.errors import (
 from trtet_store.io.fs import block_size, free_bytes
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.orphans import Orphan
+from trtet_store.io.versioned import (
+    VersionedWrite,
+    current_version,
+    pinned_version,
+    recover_versions,
+    write_versioned,
+)
 from trtet_store.io.writer import (
     PlacementRecord,
     WriteReport,
@@ -33,17 +40,22 @@ __all__ = [
     "ExternalFile",
     "block_size",
     "chunk_digest",
+    "current_version",
     "free_bytes",
     "IncompleteJournal",
     "InsufficientSpaceError",
     "JournalError",
     "Layout",
     "Orphan",
+    "pinned_version",
+    "recover_versions",
     "PlacementRecord",
     "SourceChangedError",
     "StorageError",
     "VerificationError",
+    "VersionedWrite",
     "WriteReport",
     "write_file",
     "write_files",
+    "write_versioned",
 ]
