@@ -1,0 +1,226 @@
+"""trtet_store.formats.onnx against onnx and onnxruntime, with a real exported model.
+
+- a model from ``torch.onnx.export`` (about 4 MiB of weights) saved through
+  ours: ``onnx.load`` and ``check_model(path)`` pass, onnxruntime gives the
+  original's outputs, the caller's model is unchanged;
+- a re-save with one initializer changed replaces the data file (exactly the
+  new size; onnx's own writer appends), reading the old one as ranges;
+- a fault at any call leaves both old files byte-identical (or both new);
+- staged blobs and external tensors cloned on XFS at page offsets;
+- locations that would leave the directory are refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from digests import file_digest
+from faults import FaultInjector, count_calls
+from onnx import numpy_helper
+
+from trtet_store import BlobStore, recover
+from trtet_store.bench.measure import bytes_written
+from trtet_store.formats import onnx as fo
+from trtet_store.io import fs
+
+MiB = 1 << 20
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(512, 1024)
+        self.b = torch.nn.Linear(1024, 512)
+        self.c = torch.nn.Linear(512, 10)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The model as torch.onnx.export writes it (weights inline), and an input."""
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(3, 512)
+    path = tmp_path_factory.mktemp("export") / "net.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(net, (x,), path, dynamo=False, input_names=["x"])
+    return path, x.numpy()
+
+
+def run(path: Path, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(os.fspath(path)).run(None, {"x": x})[0]
+
+
+def weights(model: onnx.ModelProto, base: Path) -> dict[str, bytes]:
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    onnx.load_external_data_for_model(model, os.fspath(base))
+    return {t.name: numpy_helper.to_array(t).tobytes() for t in model.graph.initializer}
+
+
+def test_exported_model_loads_checks_and_runs_the_same(exported, tmp_path):
+    src, x = exported
+    model = onnx.load(src)
+    before = model.SerializeToString()
+    reports = fo.save_model(model, tmp_path / "net.onnx", location="net.onnx.data")
+    assert model.SerializeToString() == before  # the caller's model is untouched
+    assert [r.path.name for r in reports] == ["net.onnx", "net.onnx.data"]
+    assert (tmp_path / "net.onnx").stat().st_size < 4096  # weights are all external
+    onnx.checker.check_model(os.fspath(tmp_path / "net.onnx"))
+    loaded = onnx.load(tmp_path / "net.onnx")
+    assert weights(loaded, tmp_path) == weights(model, src.parent)
+    np.testing.assert_array_equal(run(tmp_path / "net.onnx", x), run(src, x))
+    # Same tensors external as onnx's own writer chooses, with the same threshold.
+    onnx.save_model(onnx.load(src), tmp_path / "ref.onnx", save_as_external_data=True,
+                    location="ref.data")
+    ref = onnx.load(tmp_path / "ref.onnx", load_external_data=False)
+    ours = onnx.load(tmp_path / "net.onnx", load_external_data=False)
+    external = [t.name for t in ours.graph.initializer if t.data_location == 1]
+    assert external == [t.name for t in ref.graph.initializer if t.data_location == 1]
+    for t in ours.graph.initializer:
+        info = {e.key: e.value for e in t.external_data}
+        if info:
+            assert int(info["offset"]) % 64 == 0
+
+
+def test_resave_with_one_initializer_changed_replaces_the_data_file(exported, tmp_path):
+    src, x = exported
+    path, data = tmp_path / "net.onnx", tmp_path / "net.data"
+    fo.save_model(onnx.load(src), path, location="net.data")
+    first = data.stat().st_size
+    # Load without the data (what a tool editing a large model does), change one initializer.
+    model = onnx.load(path, load_external_data=False)
+    i = next(k for k, t in enumerate(model.graph.initializer) if t.name == "c.weight")
+    smaller = np.zeros((10, 512), dtype=np.float32)
+    smaller[:, :8] = 1.0
+    model.graph.initializer[i].CopyFrom(numpy_helper.from_array(smaller, "c.weight"))
+    fo.save_model(model, path, location="net.data")
+    lengths = []
+    for t in onnx.load(path, load_external_data=False).graph.initializer:
+        info = {e.key: int(e.value) for e in t.external_data if e.key != "location"}
+        if info:
+            lengths.append((info["offset"], info["length"]))
+    end = max(o + n for o, n in lengths)
+    assert data.stat().st_size == end == first  # same tensor sizes: exactly the same size
+    onnx.checker.check_model(os.fspath(path))
+    got = weights(onnx.load(path, load_external_data=False), tmp_path)
+    assert got["c.weight"] == smaller.tobytes()
+    # b.weight as float16 (2 MiB -> 1 MiB): the data file shrinks to exactly the new layout.
+    model = onnx.load(path, load_external_data=False)
+    k = next(k for k, t in enumerate(model.graph.initializer) if t.name == "b.weight")
+    model.graph.initializer[k].CopyFrom(
+        numpy_helper.from_array(np.ones((1024, 512), np.float16), "b.weight"))
+    fo.save_model(model, path, location="net.data")
+    lengths = []
+    for t in onnx.load(path, load_external_data=False).graph.initializer:
+        info = {e.key: int(e.value) for e in t.external_data if e.key != "location"}
+        if info:
+            lengths.append((info["offset"], info["length"]))
+    assert data.stat().st_size == max(o + n for o, n in lengths) < first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.data", "net.onnx"]
+
+
+def test_onnx_own_resave_appends_where_ours_replaces(exported, tmp_path, monkeypatch):
+    """The bug the adapter exists for (sparsezoo#320): onnx appends to an existing data file."""
+    src, _ = exported
+    # onnx checks whether 'location' exists relative to the working directory, not the model's.
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    onnx.save_model(onnx.load(src), tmp_path / "a.onnx", save_as_external_data=True,
+                    location="elsewhere.data")
+    once = (tmp_path / "elsewhere.data").stat().st_size
+    m = onnx.load(tmp_path / "a.onnx")
+    os.rename(tmp_path / "a.onnx", tmp_path / "b.onnx")
+    onnx.save_model(m, tmp_path / "a.onnx", save_as_external_data=True, location="elsewhere.data")
+    assert (tmp_path / "elsewhere.data").stat().st_size == 2 * once
+    fo.save_model(onnx.load(tmp_path / "a.onnx"), tmp_path / "a.onnx", location="elsewhere.data")
+    assert (tmp_path / "elsewhere.data").stat().st_size <= once + 64 * 8
+
+
+def test_a_fault_at_any_call_keeps_both_old_files(exported, tmp_path):
+    src, _ = exported
+    path, data = tmp_path / "net.onnx", tmp_path / "net.data"
+    fo.save_model(onnx.load(src), path, location="net.data")
+    old = (file_digest(path), file_digest(data))
+    model = onnx.load(path, load_external_data=False)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        np.full((1024, 512), 0.5, np.float32), model.graph.initializer[0].name))
+
+    def resave():
+        fo.save_model(model, path, location="net.data")
+
+    total = count_calls(resave)
+    new = (file_digest(path), file_digest(data))
+    fo.save_model(onnx.load(src), path, location="net.data")
+    assert (file_digest(path), file_digest(data)) == old
+    for n in range(1, total + 1):
+        with FaultInjector(fail_at=n, mode="eio") as inj, contextlib.suppress(OSError):
+            resave()
+        assert inj.fired
+        if any(p.name.startswith(".") for p in tmp_path.iterdir()):
+            recover(tmp_path)
+        now = (file_digest(path), file_digest(data))
+        assert now in (old, new), f"call {n} ({inj.fired}): the .onnx and its data disagree"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["net.data", "net.onnx"]
+        if now == new:
+            fo.save_model(onnx.load(src), path, location="net.data")
+
+
+def test_staged_and_external_tensors_are_cloned_at_page_offsets(exported, make_fs):
+    src, x = exported
+    mnt = make_fs("xfs", 400)
+    fs.capabilities.clear()
+    first = mnt / "first"
+    first.mkdir()
+    fo.save_model(onnx.load(src), first / "net.onnx", location="net.data", alignment=4096)
+    model = onnx.load(first / "net.onnx", load_external_data=False)
+    store = BlobStore(mnt / "staging")
+    a = numpy_helper.to_array(onnx.load(src).graph.initializer[0])
+    blob = store.put((a * 2).tobytes())
+    out = mnt / "second"
+    out.mkdir()
+    before = bytes_written()
+    reports = fo.save_model(model, out / "net.onnx", location="net.data", alignment=4096,
+                            base_dir=first, tensors={model.graph.initializer[0].name: blob})
+    written = bytes_written() - before
+    placed = reports[1].placements
+    big = [p for p in placed if p.size >= 4096 * 4]
+    assert big and all(p.placement == "clone" for p in big), [p.reason for p in placed]
+    assert written < MiB
+    np.testing.assert_array_equal(
+        numpy_helper.to_array(onnx.load(out / "net.onnx").graph.initializer[0]), a * 2)
+    onnx.checker.check_model(os.fspath(out / "net.onnx"))
+    store.close()
+
+
+def test_bad_locations_and_arguments_write_nothing(exported, tmp_path):
+    src, _ = exported
+    model = onnx.load(src)
+    (tmp_path / "d").mkdir()
+    os.symlink("/tmp", tmp_path / "d" / "escape")
+    for location in ("/tmp/x.data", "../x.data", "a/../../x.data", "", "escape/x.data",
+                     "net.onnx"):
+        with pytest.raises(ValueError, match="location"):
+            fo.save_model(model, tmp_path / "d" / "net.onnx", location=location)
+    with pytest.raises(TypeError, match="location"):
+        fo.save_model(model, tmp_path / "d" / "net.onnx")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        fo.save_model(model, tmp_path / "d" / "net.onnx", location="x", save_as_external_data=True)
+    with pytest.raises(ValueError, match="no initializer"):
+        fo.save_model(model, tmp_path / "d" / "net.onnx", location="x",
+                      tensors={"nope": BlobStore(tmp_path / "s").put(b"1234")})
+    bad = onnx.load(src, load_external_data=False)
+    onnx.external_data_helper.set_external_data(bad.graph.initializer[0], "../../etc/passwd")
+    with pytest.raises(ValueError, match="inside"):
+        fo.save_model(bad, tmp_path / "d" / "net.onnx", location="x")
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["escape"]
