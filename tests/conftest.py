@@ -199,6 +199,21 @@ def s3(s3_server: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
+def s3env(s3: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """``s3``, with boto3's environment (``AWS_*``) set to the test server's credentials.
+
+    Adds ``journal_dir`` (a fresh directory path) for publish journals.
+    """
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.endpoint.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.endpoint.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3.endpoint.region)
+    for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    s3.journal_dir = tmp_path / "journal"
+    return s3
+
+
+@pytest.fixture
 def tcp_proxy() -> Iterator[Callable[..., Any]]:
     """Factory ``tcp_proxy(target, faults=None) -> TcpProxy``; closed at the end.
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 import xxhash
 
 import trtet_store
@@ -23,18 +22,6 @@ from trtet_store.io.units import MiB
 from trtet_store.remote import Manifest, manifest_key
 from trtet_store.remote.checksum import crc64nvme
 from trtet_store.remote.manifest import crc64nvme_b64
-
-
-@pytest.fixture
-def s3env(s3, monkeypatch, tmp_path):
-    """The bucket, with boto3's environment pointed at the test server's credentials."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.endpoint.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.endpoint.secret_key)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", s3.endpoint.region)
-    for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
-    s3.journal_dir = tmp_path / "journal"
-    return s3
 
 
 def build_program(store: trtet_store.BlobStore, sizes: tuple[int, ...],

@@ -1,0 +1,194 @@
+"""Every refusal of publish leaves nothing visible under the key and no upload open.
+
+Bad inputs (issue 23, item 7): a missing bucket, refused credentials, a key
+that exists without ``replace``, a staged piece changed since staging (before
+the publish, and while it runs), a part size that cannot fit; and two
+publishers of one key, where one wins and the other gets the conflict error.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from test_publish import assert_nothing_under, build_program
+
+import trtet_store
+from trtet_store.io import SourceChangedError
+from trtet_store.io.units import MiB
+from trtet_store.remote import (
+    AccessDeniedError,
+    BucketNotFoundError,
+    ConflictError,
+    KeyExistsError,
+    Manifest,
+    PartSizeError,
+    RemoteURLError,
+    manifest_key,
+)
+
+
+def _files(directory: Path, tag: bytes, sizes=(12 * MiB, 3 * MiB)) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, size in enumerate(sizes):
+        p = directory / ("model.pte" if i == 0 else f"w{i}.ptd")
+        block = (tag * (MiB // len(tag) + 1))[:MiB]
+        p.write_bytes(block * (size // MiB) + os.urandom(size % MiB + 17))
+        out.append(p)
+    return out
+
+
+def _digests(paths) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in paths}
+
+
+def _publish(s3env, source, key="p/model.pte", **kw):
+    kw.setdefault("endpoint_url", s3env.endpoint.url)
+    kw.setdefault("journal_dir", s3env.journal_dir)
+    return trtet_store.publish(source, f"s3://{s3env.bucket}/{key}", **kw)
+
+
+def test_a_missing_bucket(s3env, tmp_path):
+    files = _files(tmp_path, b"a")
+    before = _digests(files)
+    with pytest.raises(BucketNotFoundError, match="does not exist"):
+        trtet_store.publish(files, "s3://no-such-bucket-trtet/p/model.pte",
+                            endpoint_url=s3env.endpoint.url, journal_dir=s3env.journal_dir)
+    names = [b["Name"] for b in s3env.client.list_buckets()["Buckets"]]
+    assert "no-such-bucket-trtet" not in names
+    assert _digests(files) == before
+    assert not s3env.journal_dir.exists() or not any(s3env.journal_dir.iterdir())
+
+
+def test_refused_credentials(s3env, tmp_path, monkeypatch):
+    files = _files(tmp_path, b"a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(AccessDeniedError, match="refused"):
+        _publish(s3env, files)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody")
+    with pytest.raises(AccessDeniedError):
+        _publish(s3env, files)
+    assert_nothing_under(s3env, "p/")
+
+
+@pytest.mark.parametrize("existing", ["program", "ptd", "manifest"])
+def test_an_existing_key_without_replace(s3env, tmp_path, existing):
+    files = _files(tmp_path, b"a")
+    key = {"program": "p/model.pte", "ptd": "p/w1.ptd",
+           "manifest": manifest_key("p/model.pte")}[existing]
+    s3env.client.put_object(Bucket=s3env.bucket, Key=key, Body=b"theirs")
+    etag = s3env.client.head_object(Bucket=s3env.bucket, Key=key)["ETag"]
+    with pytest.raises(KeyExistsError, match="replace=True"):
+        _publish(s3env, files)
+    listed = s3env.client.list_objects_v2(Bucket=s3env.bucket, Prefix="p/")["Contents"]
+    assert [o["Key"] for o in listed] == [key]
+    assert s3env.client.head_object(Bucket=s3env.bucket, Key=key)["ETag"] == etag
+    assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
+
+
+def test_part_sizes_that_cannot_fit(s3env, tmp_path):
+    files = _files(tmp_path, b"a")
+    for size in (4 * MiB, 5 * 1024 * MiB + 1):
+        with pytest.raises(PartSizeError, match="outside S3's limits"):
+            _publish(s3env, files, part_size=size)
+    big = tmp_path / "big.pte"  # sparse: 60 GiB in 5 MiB parts would be 12,288 parts
+    with open(big, "wb") as f:
+        f.truncate(60 * 1024 * MiB)
+    with pytest.raises(PartSizeError, match="10000"):
+        _publish(s3env, [big], part_size=5 * MiB)
+    assert_nothing_under(s3env, "p/")
+
+
+def test_bad_arguments_are_refused_before_any_request(s3env, tmp_path):
+    files = _files(tmp_path, b"a")
+    for url in ("s3://", "s3://b", f"s3://{s3env.bucket}/", "http://x/y",
+                f"s3://{s3env.bucket}/a/../b"):
+        with pytest.raises(RemoteURLError):
+            trtet_store.publish(files, url, endpoint_url=s3env.endpoint.url)
+    with pytest.raises(TypeError):
+        _publish(s3env, files, no_such_option=1)
+    with pytest.raises(ValueError, match="concurrency"):
+        _publish(s3env, files, concurrency=0)
+    with pytest.raises(FileNotFoundError):
+        _publish(s3env, [tmp_path / "missing.pte"])
+    with pytest.raises(TypeError, match="ExecutorchProgramManager"):
+        _publish(s3env, object())
+    assert_nothing_under(s3env, "")
+
+
+@pytest.fixture(scope="module")
+def small_program_parts():
+    return (6 * MiB, 6 * MiB)
+
+
+def test_a_staged_engine_changed_since_staging(s3env, here_fs, small_program_parts):
+    """Its sealed identity differs: refused before anything is created."""
+    with trtet_store.BlobStore(here_fs / "staging") as store:
+        program = build_program(store, small_program_parts, (1, 2), ptd=False)
+        blob = next(iter(store.blobs()))
+        content = Path(blob.path).read_bytes()
+        os.utime(blob.path, ns=(1, 1))  # same bytes, another identity
+        with pytest.raises(SourceChangedError, match="changed after it was staged"):
+            _publish(s3env, program, part_size=5 * MiB)
+        assert Path(blob.path).read_bytes() == content
+    assert_nothing_under(s3env, "")
+
+
+def test_a_staged_engine_changed_while_it_is_published(s3env, here_fs, small_program_parts):
+    """Written to after its first part was read: the uploads are aborted, nothing is visible."""
+    with trtet_store.BlobStore(here_fs / "staging") as store:
+        program = build_program(store, small_program_parts, (1, 2), ptd=False)
+        last = sorted(store.blobs(), key=lambda b: str(b.path))[-1]
+        changed = threading.Event()
+
+        def tamper(p) -> None:
+            if p.done and not changed.is_set():
+                changed.set()
+                with open(last.path, "r+b") as f:
+                    os.pwrite(f.fileno(), b"\xff", last.size - 1)
+
+        with pytest.raises(SourceChangedError):
+            _publish(s3env, program, part_size=5 * MiB, concurrency=1, progress=tamper)
+        assert changed.is_set()
+    assert_nothing_under(s3env, "")
+    assert not s3env.journal_dir.exists() or not any(s3env.journal_dir.iterdir())
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_two_publishers_of_one_key(s3env, tmp_path, replace):
+    """One wins, the other gets the conflict error; the key holds one whole program."""
+    sets = [_files(tmp_path / "a", b"A"), _files(tmp_path / "b", b"B")]
+    if replace:
+        _publish(s3env, _files(tmp_path / "old", b"O"), part_size=5 * MiB)
+    barrier = threading.Barrier(2)
+    results: list = [None, None]
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = _publish(s3env, sets[i], part_size=5 * MiB, replace=replace,
+                                  journal_dir=tmp_path / f"journal-{i}")
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert len(errors) == 1 and isinstance(errors[0], ConflictError), results
+    winner = sets[0] if not isinstance(results[0], Exception) else sets[1]
+    for p in winner:
+        got = s3env.client.get_object(Bucket=s3env.bucket, Key=f"p/{p.name}")["Body"].read()
+        assert got == p.read_bytes(), p
+    body = s3env.client.get_object(Bucket=s3env.bucket,
+                                   Key=manifest_key("p/model.pte"))["Body"].read()
+    manifest = Manifest.from_json(body)
+    for o in manifest.objects:
+        head = s3env.client.head_object(Bucket=s3env.bucket, Key=o.key)
+        assert head["ETag"].strip('"') == o.etag
+    assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
