@@ -1,8 +1,19 @@
-"""compile_and_save: lower a model, stage payloads as owned blobs, move them into the program."""
+"""compile_and_save: lower a model, stage payloads as owned blobs, move them into the program.
+
+A TensorRT build is the expensive part, so the call checks what it cheaply
+can before building (the output path, a write of the same files in
+progress, keywords, ``constant_methods``, the segment alignment), and keeps
+what it built when anything fails after the build: the engines and their
+build records stay staged (orphans of its own store, or blobs kept alive in
+the caller's store) and the next call of the same build reuses them (see
+:mod:`trtet_store.export.engine_reuse`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import inspect
 import logging
 import os
 import time
@@ -36,6 +47,9 @@ class CompileReport:
         The ETRecord, when one was asked for.
     seconds : float
         Wall time, lowering included.
+
+    An engine shared by several methods (the same build, or identical bytes)
+    is listed once.
     """
 
     path: Path
@@ -82,9 +96,11 @@ def compile_and_save(
     external_weights: str | None = None,
     generate_etrecord: bool = False,
     weight_streaming_budget_per_engine: int | None = None,
-    store: BlobStore | None = None,
+    store: BlobStore | os.PathLike | str | None = None,
     progress: Any = None,
     segment_alignment: int | None = None,
+    timeout: float | None = None,
+    versioned: bool | int = False,
     **compile_settings: Any,
 ) -> CompileReport:
     """Compile ``source`` and write it as an ExecuTorch program, each engine on disk once.
@@ -130,15 +146,31 @@ def compile_and_save(
     generate_etrecord : bool
         Also write ``<path stem>_etrecord.bin``. It is written before any engine
         is moved; if it fails, the program is still written and the failure raised.
-    store : BlobStore, optional
+    store : BlobStore or path-like, optional
         Where engines are staged. Defaults to a store in ``.trtet-staging``
         beside ``path``, on the output's filesystem, so engines can be moved.
+        A directory: a store of the call's own there. If the call fails after
+        a build, the engines stay: in a store of its own as orphans (kept
+        until ``remove_orphans``, listed by ``recover``), in a caller's
+        ``BlobStore`` alive until the caller closes it; either way the next
+        call of the same build reuses them.
     progress : callable, optional
         ``progress(bytes_done, bytes_total)`` while the program is written.
     segment_alignment : int, optional
-        Segment alignment of the program (see ``backend_config``).
+        Segment alignment of the program (see ``backend_config``); a power of
+        two, as ExecuTorch needs.
+    timeout : float, optional
+        Seconds to wait for another write of the same output files, checked
+        before the build and again at the write; default: refuse at once.
+    versioned : bool or int
+        Write the ``.pte`` and ``.ptd`` files as a new version directory and
+        switch the symlink ``<dir>/<path stem>`` to it atomically, so that
+        concurrent readers get one consistent set (see
+        :func:`trtet_store.save_program`); ``True`` keeps 3 versions, a number
+        that many. The link is checked before the build.
     **compile_settings
-        Passed to Torch-TensorRT's compiler.
+        Passed to Torch-TensorRT's compiler; each must be a setting it knows
+        (see :mod:`trtet_store.export.trt_settings`).
 
     Returns
     -------
@@ -154,20 +186,40 @@ def compile_and_save(
         output allocator); raised before it is staged.
     ValueError, TypeError
         A bad argument (see :func:`trtet_store.export.export`), before any file
-        is created.
+        is created; ``TypeError`` names the closest known keyword.
+    IsADirectoryError, FileNotFoundError, PermissionError
+        ``path`` is a directory, or its directory is missing or not
+        writable; before the build.
+    ConcurrentWriteError
+        Another process is writing the same output (after ``timeout``);
+        checked before the build, and again when the program is written.
+    ExportError
+        A ``constant_methods`` value ExecuTorch cannot emit; before the build.
     """
     start = time.monotonic()
     path = Path(path).absolute()
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"cannot write {path}: its directory does not exist")
-    if segment_alignment is not None and segment_alignment <= 0:
-        raise ValueError(f"segment_alignment must be positive, got {segment_alignment}")
-    from trtet_store.export import executorch as et_adapter
-    from trtet_store.export.lowering import export
+    from trtet_store.export.trt_settings import check_compile_settings
 
-    own_store = store is None
+    check_compile_settings("compile_and_save", backend, compile_settings,
+                           inspect.signature(compile_and_save).parameters)
+    _check_output(path)
+    if segment_alignment is not None:
+        _check_alignment(segment_alignment)
+    # Before the build: a bad config must not cost one.
+    config = _backend_config(backend_config, backend, segment_alignment)
+    from trtet_store.export import engine_reuse
+    from trtet_store.export import executorch as et_adapter
+    from trtet_store.export.lowering import _check_constant_methods, export
+    from trtet_store.io.versioned import keep_of, version_link
+
+    _check_constant_methods(constant_methods, ())
+    if keep_of(versioned) is not None:
+        version_link(path)  # a name taken by something else: refused before the build
+    _wait_until_free(_destinations(path, external_engine_data, external_weights), timeout)
+
+    own_store = not isinstance(store, BlobStore)
     if own_store:
-        store = BlobStore(path.parent / STAGING_DIR)
+        store = BlobStore(path.parent / STAGING_DIR if store is None else store)
     edge = None
     try:
         edge = export(source, inputs=inputs, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs,
@@ -179,9 +231,8 @@ def compile_and_save(
                       backend=backend, store=store, external_engine_data=external_engine_data,
                       external_weights=external_weights, **compile_settings)
         engines = edge._trtet_staged[0]  # noqa: SLF001
-        program = edge.to_executorch(_backend_config(backend_config, backend,
-                                                     segment_alignment))
-        report = CompileReport(path, engines=[(e.key, e.blob.size) for e in engines])
+        program = edge.to_executorch(config)
+        report = CompileReport(path, engines=_listed_once(engines))
         etrecord_error = None
         if generate_etrecord:
             report.etrecord = path.with_name(path.stem + "_etrecord.bin")
@@ -193,7 +244,8 @@ def compile_and_save(
                           report.etrecord, exc)
                 etrecord_error = exc
         report.writes = et_adapter.save_program(program, path, consume=True,
-                                                progress=progress)
+                                                versioned=versioned,
+                                                progress=progress, timeout=timeout)
         report.data_paths = [w.path for w in report.writes[1:]]
         for w in report.writes:
             for p in w.placements:
@@ -202,6 +254,15 @@ def compile_and_save(
             raise etrecord_error
         report.seconds = time.monotonic() - start
         return report
+    except BaseException:
+        # The build is done and the write did not take it: keep it for the next
+        # call (export keeps what it built when it fails itself).
+        blobs = engine_reuse.kept(store)
+        if edge is not None:
+            staged, records = edge._trtet_staged  # noqa: SLF001
+            blobs += [*(e.blob for e in staged), *records]
+        engine_reuse.keep(store, blobs, own_store=own_store)
+        raise
     finally:
         if edge is not None:
             from trtet_store.export import tensorrt
@@ -211,6 +272,56 @@ def compile_and_save(
         if own_store:
             store.close()
             _remove_if_empty(store.directory)
+
+
+def _listed_once(engines: list[Any]) -> list[tuple[str, int]]:
+    """Key and size of each engine, one entry per engine file (shared engines once)."""
+    seen: dict[str, int] = {}
+    for e in engines:
+        seen.setdefault(e.key, e.blob.size)
+    return list(seen.items())
+
+
+def _check_output(path: Path) -> None:
+    """Refuse an output the write would refuse, before anything is built."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "cannot write the program over a directory",
+                                os.fspath(path))
+    if not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "cannot write the program: its directory does "
+                                "not exist", os.fspath(path.parent))
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "cannot write the program: its directory is "
+                              "read-only or not writable by this user", os.fspath(path.parent))
+
+
+def _check_alignment(alignment: int) -> None:
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(f"segment_alignment must be a power of two (ExecuTorch aligns "
+                         f"segments to it; 4096 puts every engine on a page), got {alignment}")
+
+
+def _destinations(path: Path, *tags: str | None) -> list[Path]:
+    """The files the write will lock: the ``.pte`` and the ``.ptd`` files named up front."""
+    from trtet_store.export.named_data import ptd_file_name
+
+    return [path, *(path.parent / ptd_file_name(t) for t in tags if t is not None)]
+
+
+def _wait_until_free(destinations: list[Path], timeout: float | None) -> None:
+    """Refuse (or wait up to ``timeout``) while another write holds one of ``destinations``.
+
+    A check, not a reservation: the lock is taken and given back at once (the
+    write takes it again), so a writer that starts after it is still found
+    at the write, and then the engines are kept.
+    """
+    from trtet_store.io.lock import lock_file, unlock_file
+    from trtet_store.io.names import destination, lock_path_of
+
+    for dest in map(destination, destinations):
+        lock = lock_path_of(dest)
+        fd = lock_file(lock, dest, timeout)
+        unlock_file(fd, lock)
 
 
 def _backend_config(config: Any, backend: str, segment_alignment: int | None) -> Any:
@@ -227,6 +338,7 @@ def _backend_config(config: Any, backend: str, segment_alignment: int | None) ->
         segment_alignment = PAGE
     if segment_alignment is not None:
         config = dataclasses.replace(config, segment_alignment=segment_alignment)
+    _check_alignment(config.segment_alignment)
     return config
 
 

@@ -1,50 +1,88 @@
-"""Reusing the engines of an export that died: a TensorRT build is hours, a save seconds.
+"""Reusing the engines of an export that died or failed: a TensorRT build is hours, a save seconds.
 
 Each engine staged by :func:`build_or_reuse` carries, in its blob's metadata,
-the fingerprint of the build that made it: the exported graph, its weights,
-the example inputs' shapes, the compile settings and the versions of torch,
-Torch-TensorRT and TensorRT and the GPU. Once every engine is staged, a build
-record joins them: a blob holding the program with its engine placeholders
-(``torch.export.save``), and in its metadata each engine's id, digest, state
-and output specs. If the process dies before the program is written, those
-blobs outlive it as orphans of the staging directory (``BlobStore.orphans``);
-the next export of the same build (same fingerprint) finds the record, takes
-the engines over without copying, checks each against its recorded digest and
-lowers from there instead of building again. Anything that does not match is
-built anew.
+the fingerprint of the build that made it: the exported graph, its range
+constraints, its weights, the example inputs' shapes, the compile settings,
+the versions of torch, Torch-TensorRT and every TensorRT wheel installed, and
+the GPU. As soon as one build's engines are staged (one build per method), a
+build record joins them: a blob holding the program with its engine
+placeholders (``torch.export.save``), and in its metadata each engine's id,
+digest, state and output specs. So a multi-method export killed after its
+first method left that method's build complete and reusable.
+
+Where staged engines outlive a failed export:
+
+- the process died: its store's lock went with it, and the blobs are orphans
+  of the staging directory (``BlobStore.orphans``);
+- the call raised: :func:`keep` turns the build's blobs into orphans of the
+  export's own store (released only by ``remove_orphans``), or, for a
+  caller's store, keeps them alive in that store until it closes.
+
+The next export of the same build (same fingerprint) finds the newest record
+whose every engine is there, unchanged since it was sealed (identity and
+recorded digest, one ``stat`` each), takes those over without copying and
+lowers from there instead of building. Nothing else is touched: engines of
+other or older builds, and changed ones, stay orphans, listed by
+:func:`abandoned` and ``trtet-store recover``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib.metadata
 import io
 import logging
+import os
+import re
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import xxhash
 
 from trtet_store.export import tensorrt
+from trtet_store.io import Blob, InsufficientSpaceError, Orphan
+from trtet_store.io.digests import file_identity
+from trtet_store.io.sidecar import read_meta
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from trtet_store.io import Blob, BlobStore
+    from trtet_store.io import BlobStore
 
 log = logging.getLogger("trtet_store.tensorrt")
 
 ENGINE_KIND = "trtet_store.tensorrt.engine"
 RECORD_KIND = "trtet_store.tensorrt.build"
 
+#: Distributions whose version changes what a build makes: torch, Torch-TensorRT,
+#: and every TensorRT wheel, whatever its CUDA flavour (``tensorrt``,
+#: ``tensorrt-cu12``, ``tensorrt-cu13``, ``tensorrt-cu12-libs``,
+#: ``tensorrt-cu13-bindings``, ...): names as PEP 503 normalizes them.
+VERSIONED_DISTRIBUTIONS = re.compile(r"^(torch|torch-tensorrt|tensorrt(-[a-z0-9-]+)?)$")
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def build_versions() -> list[tuple[str, str]]:
+    """``(name, version)`` of every installed distribution a build depends on, sorted.
+
+    Found by pattern (:data:`VERSIONED_DISTRIBUTIONS`) among everything
+    ``importlib.metadata`` sees, so an install with ``tensorrt-cu12`` or only
+    the ``*-libs`` wheels is fingerprinted by its real TensorRT version.
+    """
+    found = set()
+    for dist in importlib.metadata.distributions():
+        name = _normalized(dist.metadata.get("Name") or "")
+        if VERSIONED_DISTRIBUTIONS.match(name):
+            found.add((name, dist.version))
+    return sorted(found)
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -53,11 +91,13 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
 
 def build_fingerprint(exported_program: ExportedProgram, arg_inputs: tuple,
                       kwarg_inputs: dict | None, settings: dict[str, Any]) -> str:
-    """What makes two builds the same: graph, weights, input specs, settings, versions, GPU.
+    """What makes two builds the same: graph, ranges, weights, input specs, settings, versions, GPU.
 
     Weights are hashed, not compared by name (xxh3, a few GB/s). Settings are
     compared by ``repr``: one whose repr differs between runs (an object
-    without one) only costs a rebuild.
+    without one) only costs a rebuild. The range constraints are in: two
+    exports whose graphs print alike but whose dynamic dimensions are bounded
+    differently build different engines (their optimization profiles differ).
     """
     h = xxhash.xxh3_128()
 
@@ -67,7 +107,7 @@ def build_fingerprint(exported_program: ExportedProgram, arg_inputs: tuple,
 
     add(str(exported_program.graph_module.graph))
     add(exported_program.graph_signature)
-    add(exported_program.range_constraints)
+    add(sorted((str(k), str(v)) for k, v in exported_program.range_constraints.items()))
     for name, value in sorted({**exported_program.state_dict,
                                **exported_program.constants}.items()):
         add(name)
@@ -79,13 +119,18 @@ def build_fingerprint(exported_program: ExportedProgram, arg_inputs: tuple,
     for x in torch.utils._pytree.tree_leaves((arg_inputs, kwarg_inputs or {})):
         add((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else x)
     add(sorted((k, repr(v)) for k, v in settings.items()))
-    add([_version(d) for d in ("torch", "torch-tensorrt", "tensorrt", "tensorrt-cu13")])
+    add(build_versions())
     add(torch.cuda.get_device_name() if torch.cuda.is_available() else "no cuda")
     return h.hexdigest()
 
 
 class _TaggingStore:
-    """The store as the builder sees it: every blob it stages is tagged as this build's."""
+    """The store as the builder sees it: every blob it stages is tagged as this build's.
+
+    A full disk while an engine streams in becomes an
+    :class:`~trtet_store.io.InsufficientSpaceError` naming the staging file,
+    how much it had taken and how much was free, not a bare ``ENOSPC``.
+    """
 
     def __init__(self, store: BlobStore, fingerprint: str) -> None:
         self._store = store
@@ -93,14 +138,45 @@ class _TaggingStore:
 
     @contextmanager
     def writer(self, *, metadata: dict | None = None) -> Iterator[Any]:
-        with self._store.writer(metadata={**(metadata or {}), **self._tag}) as w:
-            yield w
+        written = _Counting()
+        try:
+            with self._store.writer(metadata={**(metadata or {}), **self._tag}) as w:
+                written.inner = w
+                yield written
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or isinstance(exc, InsufficientSpaceError):
+                raise
+            directory = self._store.directory
+            st = os.statvfs(directory)
+            raise InsufficientSpaceError(
+                written.size + 1, st.f_bavail * st.f_frsize, directory,
+                hint=f"the disk filled while staging a TensorRT engine after "
+                f"{written.size} bytes of it; engines staged before it are kept and reused "
+                "by the next run of the same export; stage on a larger filesystem "
+                "(store=, or --store DIR)") from exc
 
     def put(self, data: bytes, *, metadata: dict | None = None) -> Blob:
         return self._store.put(data, metadata={**(metadata or {}), **self._tag})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+
+class _Counting:
+    """A blob writer that counts what went in (for the full-disk message)."""
+
+    def __init__(self) -> None:
+        self.inner: Any = None
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        n = self.inner.write(data)
+        self.size += n
+        return n
+
+    @property
+    def blob(self) -> Blob | None:
+        return self.inner.blob
 
 
 def _engine_entry(engine: tensorrt.Engine) -> dict[str, Any]:
@@ -125,56 +201,173 @@ def _state(entry: dict[str, Any]) -> tensorrt.EngineState:
         "aliased_io": tuple(map(tuple, s["aliased_io"]))})
 
 
-def reuse(store: BlobStore, fingerprint: str) -> tensorrt.BuildResult | None:
-    """The build of ``fingerprint`` left in ``store``'s directory by a dead export, or None.
+# -- engines kept after a failed call ------------------------------------------------------
 
-    Takes over the newest complete record and its engines (renames, no
-    copies); each recorded engine is found by its digest among the build's
-    staged engines (one whose sidecar identity no longer matches is read once
-    to digest it). If one is missing, returns None: the blobs taken over stay
-    in ``store`` and go when it closes, and the caller builds again.
+# Blobs a failed call kept alive in its caller's store, until that store closes.
+_KEPT: weakref.WeakKeyDictionary[Any, list[Blob]] = weakref.WeakKeyDictionary()
+
+
+def keep(store: BlobStore, blobs: list[Blob], *, own_store: bool) -> None:
+    """Keep a failed call's staged engines and records for the next call of the same build.
+
+    ``own_store``: the store is the call's own and is about to close; its
+    blobs become orphans of its directory, kept until ``remove_orphans`` (as
+    if the process had died). Otherwise the store is the caller's: the blobs
+    stay alive in it, and go when the caller closes it.
     """
-    orphans = [o for o in store.orphans()
-               if o.metadata.get("fingerprint") == fingerprint and not o.pinned]
-    records = [o for o in orphans if o.metadata.get("kind") == RECORD_KIND]
-    if not records:
+    live = [b for b in blobs if b is not None and not b.closed and not b.consumed]
+    if not live:
+        return
+    if own_store:
+        _unkeep(store, live)
+        for blob in live:
+            # A blob's release deletes its file; detached, the file stays, and
+            # once the store's lock is gone it is a dead store's blob: an orphan.
+            blob._finalizer.detach()  # noqa: SLF001
+    else:
+        held = _KEPT.setdefault(store, [])
+        held.extend(b for b in live if all(b is not h for h in held))
+    log.warning("export failed after its build: %d staged file(s) (engines, build records; "
+                "%d bytes) kept in %s "
+                "for the next export of the same build", len(live),
+                sum(b.size for b in live), store.directory)
+
+
+def kept(store: BlobStore) -> list[Blob]:
+    """The blobs failed calls keep alive in ``store`` (see :func:`keep`)."""
+    return [b for b in _KEPT.get(store, []) if not b.closed and not b.consumed]
+
+
+# -- finding a reusable build --------------------------------------------------------------
+
+@dataclass
+class _Staged:
+    """An engine or record staged earlier: an orphan, or a blob kept in this store."""
+
+    metadata: dict
+    size: int
+    digest: str | None  # None: changed since sealed (or never digested), so not trusted
+    orphan: Orphan | None = None
+    blob: Blob | None = None
+
+    def take(self, store: BlobStore) -> Blob:
+        if self.blob is not None:
+            return self.blob
+        return store.adopt_orphan(self.orphan)
+
+
+def _trusted_digest(o: Orphan) -> str | None:
+    """The orphan's recorded digest, if the file is still exactly the one sealed."""
+    try:
+        now = file_identity(os.stat(o.path))
+    except FileNotFoundError:
         return None
-    record = records[-1]
-    wanted = record.metadata.get("engines", [])
-    sizes = {entry["size"] for entry in wanted}
-    candidates = [o for o in orphans
-                  if o.metadata.get("kind") == ENGINE_KIND and o.size in sizes]
-    record_blob = store.adopt_orphan(record)
-    # Matched by content, not by size or order: two engines of one size must not swap.
-    by_digest = {b.digest: b for b in map(store.adopt_orphan, candidates)}
-    blobs = [by_digest.get(entry["digest"]) for entry in wanted]
-    missing = [entry["engine_id"] for entry, blob in zip(wanted, blobs, strict=True)
-               if blob is None]
-    if missing:
-        log.warning("build %s: staged engines %s are missing or changed since they were "
-                    "built; building again", fingerprint, missing)
+    if o.sealed_identity is None or tuple(o.sealed_identity) != now:
         return None
-    with open(record_blob.path, "rb") as f:
-        exported = torch.export.load(f)
-    engines = [tensorrt.register_engine(
-        blob, _state(entry),
-        [(tuple(shape), getattr(torch, dtype)) for shape, dtype in entry["outputs"]],
-        engine_id=entry["engine_id"]) for entry, blob in zip(wanted, blobs, strict=True)]
-    log.info("build %s: reusing %d staged engines of a previous export (%d bytes) instead "
-             "of building them", fingerprint, len(engines), sum(b.size for b in blobs))
-    return tensorrt.BuildResult(exported, engines, record_blob)
+    return read_meta(o.path).get("digest")
+
+
+def _staged(store: BlobStore, fingerprint: str | None = None) -> list[_Staged]:
+    """Engines and records of builds in ``store``: its orphans, oldest first, then kept blobs."""
+    out = []
+    for o in store.orphans():
+        kind = o.metadata.get("kind")
+        if kind not in (ENGINE_KIND, RECORD_KIND) or o.pinned:
+            continue
+        if fingerprint is None or o.metadata.get("fingerprint") == fingerprint:
+            out.append(_Staged(o.metadata, o.size, _trusted_digest(o), orphan=o))
+    for b in _KEPT.get(store, []):
+        if b.closed or b.consumed:
+            continue
+        if fingerprint is None or b.metadata.get("fingerprint") == fingerprint:
+            out.append(_Staged(b.metadata, b.size,
+                               b.digest if b.identity_matches() else None, blob=b))
+    return out
+
+
+def reuse(store: BlobStore, fingerprint: str) -> tensorrt.BuildResult | None:
+    """The build of ``fingerprint`` an earlier export left in ``store``, or None.
+
+    Takes over the newest record whose every engine is staged and unchanged
+    (orphans by rename, no copy; blobs kept in this store as they are), each
+    engine matched by its recorded digest. Nothing else is taken or removed:
+    other records and engines, of older runs or changed since, stay where
+    they are. None when no record is complete; then nothing was touched.
+    """
+    staged = _staged(store, fingerprint)
+    records = [s for s in staged if s.metadata.get("kind") == RECORD_KIND]
+    engines = {s.digest: s for s in staged
+               if s.metadata.get("kind") == ENGINE_KIND and s.digest is not None}
+    for record in reversed(records):  # newest first
+        wanted = record.metadata.get("engines", [])
+        found = [engines.get(entry.get("digest")) for entry in wanted]
+        missing = [entry.get("engine_id") for entry, s in zip(wanted, found, strict=True)
+                   if s is None or s.size != entry.get("size")]
+        if missing:
+            log.warning("build %s: staged engines %s of a record are missing or changed since "
+                        "they were built; that record is not used (its files are kept)",
+                        fingerprint, missing)
+            continue
+        record_blob = record.take(store)
+        taken: dict[str, Blob] = {}
+        for entry, s in zip(wanted, found, strict=True):
+            if entry["digest"] not in taken:
+                taken[entry["digest"]] = s.take(store)
+        blobs = [taken[entry["digest"]] for entry in wanted]
+        _unkeep(store, [record_blob, *blobs])
+        with open(record_blob.path, "rb") as f:
+            exported = torch.export.load(f)
+        engines_out = [tensorrt.register_engine(
+            blob, _state(entry),
+            [(tuple(shape), getattr(torch, dtype)) for shape, dtype in entry["outputs"]],
+            engine_id=entry["engine_id"]) for entry, blob in zip(wanted, blobs, strict=True)]
+        log.info("build %s: reusing %d staged engines of a previous export (%d bytes) instead "
+                 "of building them", fingerprint, len(engines_out),
+                 sum(b.size for b in taken.values()))
+        return tensorrt.BuildResult(exported, engines_out, record_blob)
+    return None
+
+
+def _unkeep(store: BlobStore, blobs: list[Blob]) -> None:
+    held = _KEPT.get(store)
+    if held:
+        held[:] = [h for h in held if all(h is not b for b in blobs)]
+
+
+def abandoned(store: BlobStore, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """One line per build whose staged engines sit unused in ``store``'s directory.
+
+    Builds whose fingerprint is in ``exclude`` (this export's own) are left
+    out. Each line names the build, how many engines and records it left and
+    their size: engines of a crashed or failed export that no run has taken.
+    """
+    builds: dict[str, list[_Staged]] = {}
+    for s in _staged(store):
+        builds.setdefault(s.metadata.get("fingerprint", "?"), []).append(s)
+    lines = []
+    for fingerprint, items in sorted(builds.items()):
+        if fingerprint in exclude:
+            continue
+        n_engines = sum(s.metadata.get("kind") == ENGINE_KIND for s in items)
+        n_records = len(items) - n_engines
+        state = "complete" if n_records else "partial: no record, its engines cannot be reused"
+        lines.append(f"build {fingerprint}: {n_engines} staged engine(s), {n_records} "
+                     f"record(s), {sum(s.size for s in items)} bytes ({state})")
+    return lines
 
 
 def build_or_reuse(exported_program: ExportedProgram, arg_inputs: tuple,
                    kwarg_inputs: dict | None, store: BlobStore,
-                   settings: dict[str, Any]) -> tensorrt.BuildResult:
-    """Reuse a dead export's build of the same fingerprint, or build and record it.
+                   settings: dict[str, Any], *,
+                   fingerprint: str | None = None) -> tensorrt.BuildResult:
+    """Reuse an earlier export's build of the same fingerprint, or build and record it.
 
-    The record is staged once every engine is, and lives, like them, until
-    ``store`` releases it: a crash from here to the end of the write leaves
-    everything the next export needs.
+    The record is staged as soon as this build's engines are, and lives, like
+    them, until ``store`` releases it: a crash from here on leaves everything
+    the next export needs for this build.
     """
-    fingerprint = build_fingerprint(exported_program, arg_inputs, kwarg_inputs, settings)
+    if fingerprint is None:
+        fingerprint = build_fingerprint(exported_program, arg_inputs, kwarg_inputs, settings)
     reused = reuse(store, fingerprint)
     if reused is not None:
         return reused

@@ -9,13 +9,23 @@ it is built and the program holds only its length, so ``to_executorch()`` and
 :func:`trtet_store.save_program` (``consume=True``) place it without copying.
 
 Everything a caller can get wrong is checked before anything is built or
-written: method names, per-method option mappings, ``constant_methods`` keys,
-partitioners shared across methods while their specs name one.
+written: unknown keywords and compile settings (a ``TypeError`` naming the
+closest known one), method names, per-method option mappings,
+``constant_methods`` keys and values, partitioners shared across methods while
+their specs name one. The caller's programs are never changed:
+``external_weights`` tags a copy.
+
+Methods of one build (the same fingerprint, see
+:mod:`~trtet_store.export.engine_reuse`) are built once and share its
+engines; an engine found identical by digest to one already staged in this
+call is released at once and the first one shared.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -120,10 +130,24 @@ def export(
     Raises
     ------
     ValueError, TypeError
-        A bad argument, before anything is built or staged.
+        A bad argument, before anything is built or staged; ``TypeError`` for a
+        keyword neither this function nor the TensorRT compiler knows, and for
+        compile settings with ``backend="xnnpack"``.
+    ExportError
+        A ``constant_methods`` value ExecuTorch cannot emit, before anything is built.
     TensorRTUnavailableError
         ``backend="tensorrt"`` needs a build and Torch-TensorRT or CUDA is missing.
+
+    Warns
+    -----
+    UserWarning
+        The store's directory holds staged engines of other builds that no
+        export has taken (a crashed or failed one's): disk nobody uses.
     """
+    from trtet_store.export.trt_settings import check_compile_settings
+
+    check_compile_settings("export", backend, compile_settings,
+                           inspect.signature(export).parameters)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if inputs is not None and arg_inputs is not None:
@@ -158,19 +182,25 @@ def export(
     partitioner_for = {name: _first_partitioner(backend, specs[name], external_engine_data,
                                                 weight_streaming_budget_per_engine)
                        for name in names}
+    own_store = store is None
     if store is None:
         from trtet_store.io import BlobStore
 
         store = BlobStore()
+    fingerprints = _fingerprints(methods, backend, compile_settings)
+    _warn_abandoned(store, set(fingerprints.values()))
     keep: list[Any] = []
     engines: list[tensorrt.Engine] = []
     programs: dict[str, ExportedProgram] = {}
     try:
+        by_fingerprint: dict[str, Any] = {}
+        by_digest: dict[str, Any] = {}
         for name, method in methods.items():
             program = method.program
             if backend == "tensorrt":
-                built = _engines_of(method, store, compile_settings)
-                engines += built.engines
+                built = _engines_of(method, store, compile_settings, fingerprints.get(name),
+                                    by_fingerprint, by_digest)
+                engines += [e for e in built.engines if all(e is not x for x in engines)]
                 keep.append(built.record)
                 program = built.exported_program
             if external_weights is not None:
@@ -182,12 +212,46 @@ def export(
                       compile_config=compile_config, backend=backend,
                       generate_etrecord=generate_etrecord)
     except BaseException:
+        # What was built survives the failure: kept in the caller's store, or
+        # left as orphans of our own, for the next export of the same build.
+        from trtet_store.export import engine_reuse
+
+        engine_reuse.keep(store, [*(e.blob for e in engines), *keep], own_store=own_store)
         tensorrt.unregister_engines(engines)
+        if own_store:
+            store.close()
         raise
     # The engines (and build records) live as long as the program that names them.
     edge._trtet_staged = (engines, keep)  # noqa: SLF001
     weakref.finalize(edge, tensorrt.unregister_engines, list(engines))
     return edge
+
+
+def _fingerprints(methods: dict[str, _Method], backend: str,
+                  settings: dict[str, Any]) -> dict[str, str]:
+    """The build fingerprint of each method TensorRT has to build (before any build)."""
+    if backend != "tensorrt":
+        return {}
+    from trtet_store.export import engine_reuse
+
+    return {name: engine_reuse.build_fingerprint(m.program, m.args, m.kwargs, settings)
+            for name, m in methods.items() if m.compiled is None}
+
+
+def _warn_abandoned(store: BlobStore, mine: set[str]) -> None:
+    """Say (``warnings.warn``, seen without logging set up) what other builds left staged."""
+    if store.directory is None:
+        return
+    from trtet_store.export import engine_reuse
+
+    lines = engine_reuse.abandoned(store, exclude=mine)
+    if lines:
+        warnings.warn(
+            f"{store.directory} keeps staged engines of {len(lines)} other build(s) that no "
+            "export has taken (a crashed or failed export's): " + "; ".join(lines) + ". Run "
+            "that export again to reuse them, or remove them with "
+            f"BlobStore({str(store.directory)!r}).remove_orphans() (`trtet-store recover "
+            "DIR` lists them)", UserWarning, stacklevel=3)
 
 
 class _Method:
@@ -267,13 +331,37 @@ def _from_exported(program: ExportedProgram, name: str) -> _Method:
     return _Method(program, tuple(args), dict(kwargs or {}), needs_build=True)
 
 
-def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any]) -> Any:
+def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any],
+                fingerprint: str | None, by_fingerprint: dict[str, Any],
+                by_digest: dict[str, Any]) -> Any:
+    """The method's build: one already made in this call, an earlier export's, or a new one."""
     from trtet_store.export import engine_reuse, tensorrt
 
     if method.compiled is not None:
-        return tensorrt.stage_compiled(method.compiled, method.args, method.kwargs, store)
-    return engine_reuse.build_or_reuse(method.program, method.args, method.kwargs, store,
-                                       settings)
+        built = tensorrt.stage_compiled(method.compiled, method.args, method.kwargs, store)
+    elif fingerprint in by_fingerprint:
+        # The same build as an earlier method's: its engines, a fresh program naming them.
+        first = by_fingerprint[fingerprint]
+        import torch
+
+        with open(first.record.path, "rb") as f:
+            program = torch.export.load(f)
+        log.info("build %s: same as an earlier method's, its %d engine(s) shared",
+                 fingerprint, len(first.engines))
+        return tensorrt.BuildResult(program, first.engines, first.record)
+    else:
+        built = engine_reuse.build_or_reuse(method.program, method.args, method.kwargs, store,
+                                            settings, fingerprint=fingerprint)
+        by_fingerprint[fingerprint] = built
+    for engine in built.engines:
+        first_blob = by_digest.setdefault(engine.blob.digest, engine.blob)
+        if first_blob is not engine.blob:
+            # Identical bytes staged twice: keep the first, release this copy now.
+            log.info("engine %s: identical to %s (digest %s), its copy released",
+                     engine.engine_id, first_blob.path, engine.blob.digest)
+            duplicate, engine.blob = engine.blob, first_blob
+            duplicate.close()
+    return built
 
 
 def _per_method(value: Any, names: tuple[str, ...], option: str) -> dict[str, list[Any]]:
@@ -337,6 +425,26 @@ def _check_constant_methods(constant_methods: Mapping[str, Any] | None,
     clash = sorted(set(constant_methods) & set(names))
     if clash:
         raise ValueError(f"constant_methods {clash} would replace methods of the program")
+    import executorch.extension.pytree as ex_pytree
+    import torch
+    from executorch.exir.error import ExportError, ExportErrorType
+
+    # What ExecuTorch's emitter (_emit_prim_getters) emits; it refuses the rest
+    # only in to_executorch(), after every engine is built.
+    emittable = (float, bool, int, str, torch.dtype, torch.layout, torch.Tensor)
+    for method, value in constant_methods.items():
+        try:
+            leaves, _ = ex_pytree.tree_flatten(value)
+        except Exception as exc:  # a container the emitter's pytree does not know
+            raise ExportError(ExportErrorType.NOT_SUPPORTED,
+                              f"constant_methods[{method!r}]: {exc}") from exc
+        for leaf in leaves:
+            if not isinstance(leaf, emittable):
+                raise ExportError(
+                    ExportErrorType.NOT_SUPPORTED,
+                    f"constant_methods[{method!r}] holds a {type(leaf).__name__}, which "
+                    "ExecuTorch cannot emit (bool, int, float, str, torch.dtype, "
+                    "torch.layout, torch.Tensor, and lists, tuples and dicts of them)")
 
 
 def _first_partitioner(backend: str, specs: list[Any], external: str | None,
@@ -352,13 +460,24 @@ def _first_partitioner(backend: str, specs: list[Any], external: str | None,
 
 
 def _tag_external_weights(program: ExportedProgram, tag: str) -> ExportedProgram:
-    """Mark every parameter and constant of ``program`` for ``<tag>.ptd`` (delegates' weights)."""
+    """A copy of ``program`` with every parameter and constant marked for ``<tag>.ptd``.
+
+    The copy shares the weight tensors (no weight byte is copied) but not the
+    graph: the tags go into the copy's node metadata, never into the
+    caller's program, whose next save must not need a ``.ptd``.
+    """
+    import copy
+
+    import torch
     from executorch.exir.passes.external_constants_pass import is_param_node
 
-    for node in program.graph_module.graph.nodes:
-        if node.op == "placeholder" and is_param_node(program, node):
-            node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
-    return program
+    shared = [*program.state_dict.values(), *program.constants.values()]
+    memo = {id(t): t for t in shared if isinstance(t, torch.Tensor)}
+    tagged = copy.deepcopy(program, memo)
+    for node in tagged.graph_module.graph.nodes:
+        if node.op == "placeholder" and is_param_node(tagged, node):
+            node.meta["custom"] = {**node.meta.get("custom", {}), "delegate_constant_tag": tag}
+    return tagged
 
 
 def _lower(programs: dict[str, ExportedProgram], *, single: bool, passes: Any,
