@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from versions import needs_ptd_runtime
 
 from trtet_store.io import (
     ConcurrentWriteError,
@@ -348,3 +349,91 @@ def test_a_killed_writer_does_not_block_the_next(here_fs):
     holder.wait()
     time.sleep(0.01)
     assert write_versioned(_outputs(here_fs, _set(2))).number == 2
+
+
+# -- through the export layer ----------------------------------------------------------------
+
+
+@needs_ptd_runtime
+def test_save_program_versioned_writes_sets_readers_load(here_fs):
+    """An XNNPACK program with its weights in model.ptd, saved twice as versions."""
+    from executorch.runtime import Runtime
+    from programs import xnnpack_linear_program
+
+    import trtet_store
+
+    out = here_fs / "mlp.pte"
+    for seed, number in ((0, 1), (1, 2)):
+        built = xnnpack_linear_program(external_tag="model", seed=seed)
+        reports = trtet_store.save_program(built.manager, out, versioned=True)
+        version = here_fs / VERSIONS_DIR / f"mlp-{number}"
+        assert [r.path for r in reports] == [version / "mlp.pte", version / "model.ptd"]
+        assert current_version(here_fs / "mlp") == version
+    assert not out.exists() and sorted(os.listdir(here_fs)) == [VERSIONS_DIR, "mlp"]
+    with pinned_version(here_fs / "mlp") as v:
+        program = Runtime.get().load_program(os.fspath(v / "mlp.pte"),
+                                             data_path=os.fspath(v / "model.ptd"))
+        (result,) = program.load_method("forward").execute(list(built.inputs))
+    assert result.allclose(built.module(*built.inputs), atol=1e-5)
+    for bad in (0, -1, "yes"):
+        with pytest.raises(ValueError, match="versioned"):
+            trtet_store.save_program(built.manager, out, versioned=bad)
+    assert current_version(here_fs / "mlp").name == "mlp-2"
+
+
+@pytest.fixture
+def stub_tensorrt(monkeypatch):
+    from trtet_store.bench.stub_tensorrt import FakeBuilder
+    from trtet_store.export import tensorrt as trt
+
+    monkeypatch.setattr(trt, "check_available", lambda: None)
+
+    def install(**fields):
+        builder = FakeBuilder(**fields)
+        monkeypatch.setattr(trt, "build_engines", builder)
+        return builder
+
+    return install
+
+
+def test_compile_and_save_versioned_and_its_link_checked_before_the_build(here_fs,
+                                                                          stub_tensorrt):
+    pytest.importorskip("executorch.exir")
+    import trtet_store
+    from trtet_store.bench.stub_tensorrt import linear_relu
+    from trtet_store.inspector import verify
+
+    builder = stub_tensorrt(engine_sizes=(1 << 20,))
+    module, inputs = linear_relu()
+    (here_fs / "m").mkdir()  # the link's name, taken
+    with pytest.raises(FileExistsError, match="not a version link"):
+        trtet_store.compile_and_save(module, inputs, here_fs / "m.pte", versioned=True)
+    assert builder.built == []  # refused before the build
+    (here_fs / "m").rmdir()
+    for number in (1, 2, 3):
+        report = trtet_store.compile_and_save(module, inputs, here_fs / "m.pte", versioned=2)
+        assert report.writes[0].path == here_fs / VERSIONS_DIR / f"m-{number}" / "m.pte"
+    assert sorted(os.listdir(here_fs / VERSIONS_DIR)) == [".m.lock", "m-2", "m-3"]
+    result = verify(here_fs / "m" / "m.pte", engine_digests=[d for _, d in builder.built])
+    assert result.ok, result.all_problems
+
+
+def test_cli_compile_and_save_versioned(here_fs, stub_tensorrt, capsys):
+    pytest.importorskip("executorch.exir")
+    from trtet_store import cli
+
+    stub_tensorrt(engine_sizes=(1 << 20,))
+    factory = here_fs / "factory.py"
+    factory.write_text("from trtet_store.bench.stub_tensorrt import linear_relu\n"
+                       "def make():\n    return linear_relu()\n")
+    out = here_fs / "out"
+    out.mkdir()
+    for _ in range(3):
+        code = cli.main(["compile-and-save", f"{factory}:make", os.fspath(out / "m.pte"),
+                         "--keep-versions", "2", "--no-progress"])
+        assert code == 0, capsys.readouterr().err
+    assert sorted(os.listdir(out / VERSIONS_DIR)) == [".m.lock", "m-2", "m-3"]
+    assert current_version(out / "m").name == "m-3"
+    code = cli.main(["compile-and-save", f"{factory}:make", os.fspath(out / "m.pte"),
+                     "--versioned", "--no-progress"])
+    assert code == 0 and current_version(out / "m").name == "m-4"

@@ -177,6 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="staging directory for engines (default beside OUT)",
     )
+    c.add_argument(
+        "--versioned",
+        action="store_true",
+        help="write the .pte and .ptd files as a new version in OUT's .versions/ and switch "
+        "the symlink OUT without its suffix to it atomically (readers resolve it once and "
+        "get one consistent set); 3 versions are kept",
+    )
+    c.add_argument(
+        "--keep-versions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --versioned (implied), keep N versions instead of 3",
+    )
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_compile_and_save)
@@ -361,6 +375,8 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
 
         store = BlobStore(args.store)
         kwargs["store"] = store
+    if args.versioned or args.keep_versions is not None:
+        kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
     bars = _Bars(enabled=not args.no_progress)
     kwargs["progress"] = lambda done, total: bars("writing", done, total)
     try:

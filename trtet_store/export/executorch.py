@@ -396,6 +396,7 @@ def save_program(
     store: BlobStore | None = None,
     placements: Any = None,
     timeout: float | None = None,
+    versioned: bool | int = False,
 ) -> list[Any]:
     """Write the ``.pte`` and every ``.ptd`` of ``program`` as one transaction.
 
@@ -422,27 +423,45 @@ def save_program(
     timeout : float, optional
         Seconds to wait for another write of the same files to finish;
         default: refuse at once with ``ConcurrentWriteError``.
+    versioned : bool or int
+        Write the set as a new version, ``<dir>/.versions/<stem>-<n>/``, and
+        switch the symlink ``<dir>/<stem>`` to it atomically, so that readers
+        who resolve it once (``trtet_store.io.current_version`` or
+        ``pinned_version``) never get the ``.pte`` of one save with the
+        ``.ptd`` of another; ``True`` keeps 3 versions, a number that many
+        (see :func:`trtet_store.io.write_versioned`). ``outdir`` must then be
+        ``path``'s directory.
 
     Returns
     -------
     list of WriteReport
-        The ``.pte`` first, then the ``.ptd`` files.
+        The ``.pte`` first, then the ``.ptd`` files (in the new version's
+        directory when ``versioned``).
     """
+    from trtet_store.io.versioned import keep_of
+
+    keep = keep_of(versioned)
     planned = _plan(program, path, outdir, consume=consume, store=store, include_ptd=True)
-    return _write(program, planned, consume, chunk_size, progress, placements, timeout)
+    return _write(program, planned, consume, chunk_size, progress, placements, timeout, keep)
 
 
 def _write(program: ExecutorchProgramManager,
            planned: tuple[list[tuple[Path, list[Piece]]], _Converter], consume: bool,
            chunk_size: int | None, progress: Any, placements: Any,
-           timeout: float | None = None) -> list[Any]:
+           timeout: float | None = None, keep: int | None = None) -> list[Any]:
     from trtet_store.export import _executorch_private as priv
+    from trtet_store.io.versioned import write_versioned
     from trtet_store.io.writer import write_files
 
     layouts, conv = planned
     try:
-        reports = write_files(layouts, consume=consume, chunk_size=chunk_size,
-                              progress=progress, placements=placements, timeout=timeout)
+        if keep is None:
+            reports = write_files(layouts, consume=consume, chunk_size=chunk_size,
+                                  progress=progress, placements=placements, timeout=timeout)
+        else:
+            reports = write_versioned(layouts, keep=keep, consume=consume,
+                                      chunk_size=chunk_size, progress=progress,
+                                      placements=placements, timeout=timeout).reports
         conv.close_own_stores()
         return reports
     except BaseException:

@@ -132,6 +132,46 @@ def current_version(link: os.PathLike | str) -> Path:
     return link.parent / VERSIONS_DIR / f"{link.name}-{number}"
 
 
+def version_link(path: os.PathLike | str) -> Path:
+    """The link a versioned write of ``path`` switches (``out/model.pte`` -> ``out/model``).
+
+    Checks it before anything is written or built: refused if it exists and
+    is not a link :func:`write_versioned` wrote.
+
+    Raises
+    ------
+    FileExistsError
+        The link's name is taken by something else.
+    ValueError
+        The name would make a hidden or empty link.
+    """
+    path = Path(path)
+    link = path.parent / path.stem
+    _check_link_name(link)
+    _current_number(link)
+    return link
+
+
+def keep_of(versioned: bool | int) -> int | None:
+    """How many versions a ``versioned=`` argument keeps: None for False (a plain write).
+
+    ``True`` keeps :data:`DEFAULT_KEEP`; an integer >= 1 keeps that many.
+
+    Raises
+    ------
+    ValueError
+        Anything else (0, a negative number, another type).
+    """
+    if versioned is False:
+        return None
+    if versioned is True:
+        return DEFAULT_KEEP
+    if isinstance(versioned, int) and versioned >= 1:
+        return versioned
+    raise ValueError(f"versioned must be True, False or the number of versions to keep "
+                     f"(>= 1), got {versioned!r}")
+
+
 def _number_of(link: Path, target: str) -> int | None:
     m = re.fullmatch(re.escape(VERSIONS_DIR) + "/" + _pattern(link.name).pattern, target)
     return int(m.group(1)) if m else None
