@@ -59,14 +59,14 @@ def test_fetch_writes_every_object_byte_identical_and_leaves_nothing_else(s3, he
     url = publish_v(s3, data, sizes, ptd)
     seen = []
     report = fetch(url, here_fs / "model.pte", client=s3.client, range_size=MiB,
-                   progress=lambda d, r, t: seen.append((d, r, t)))
+                   progress=seen.append)
     assert (here_fs / "model.pte").read_bytes() == data
     assert (here_fs / "model.ptd").read_bytes() == ptd
     assert listing(here_fs) == ["model.ptd", "model.pte"]  # no staging, journal, lock
     assert report.verified and not report.up_to_date
     assert report.bytes_downloaded == len(data) + len(ptd) and report.bytes_reused == 0
     assert [o.name for o in report.objects] == ["model.pte", "model.ptd"]
-    assert seen[-1] == (len(data) + len(ptd), 0, len(data) + len(ptd))
+    assert seen[-1].done == seen[-1].total == seen[-1].downloaded == len(data) + len(ptd)
     # Again: the destination already holds this version, nothing is downloaded or written.
     before = os.stat(here_fs / "model.pte")
     again = fetch(url, here_fs / "model.pte", client=s3.client)
@@ -155,7 +155,7 @@ def test_a_disk_too_small_is_refused_before_any_byte_and_one_just_big_enough_wor
     data, sizes = engine_program(7, (40 * MiB,))
     url = publish_v(s3, data, sizes, b"d" * 4096)
     proxy = tcp_proxy(s3.endpoint.url)
-    client = S3Endpoint(proxy.url).client()
+    client = S3Endpoint(proxy.url).client(read_timeout=5)
     small = make_fs("ext4", 96)
     with pytest.raises(InsufficientSpaceError) as err:
         fetch(url, small / "model.pte", client=client)
@@ -183,7 +183,7 @@ def test_resets_are_retried_and_a_flipped_byte_is_fetched_again(s3, here_fs, tcp
     proxy = tcp_proxy(s3.endpoint.url, [
         Fault("response", "reset", at=300_000, match=ranged, times=2),
         Fault("response", "flip", at=123_457, match=ranged, skip=3, times=1)])
-    client = S3Endpoint(proxy.url).client()
+    client = S3Endpoint(proxy.url).client(read_timeout=5)
     report = fetch(url, here_fs / "model.pte", client=client, range_size=MiB)
     assert [f.action for f, _ in proxy.fired].count("reset") == 2
     assert [f.action for f, _ in proxy.fired].count("flip") == 1
@@ -201,7 +201,7 @@ def test_a_byte_flipped_every_time_fails_and_the_old_file_stays(s3, here_fs, tcp
     proxy = tcp_proxy(s3.endpoint.url, [Fault("response", "flip", at=1000, match=ranged,
                                               times=1000)])
     with pytest.raises(FetchVerificationError, match="did not match"):
-        fetch(url, here_fs / "model.pte", client=S3Endpoint(proxy.url).client(),
+        fetch(url, here_fs / "model.pte", client=S3Endpoint(proxy.url).client(read_timeout=5),
               range_size=MiB, attempts=3)
     assert (here_fs / "model.pte").read_bytes() == v1
     assert (here_fs / "model.ptd").read_bytes() == b"r" * 3000
@@ -218,8 +218,8 @@ def test_a_publish_during_a_fetch_gives_the_old_or_the_new_set_never_a_mix(s3, h
     started = threading.Event()
     go_on = threading.Event()
 
-    def slow(downloaded, reused, total):
-        if downloaded >= 2 * MiB and not started.is_set():
+    def slow(p):
+        if p.downloaded >= 2 * MiB and not started.is_set():
             started.set()
             go_on.wait(30)  # hold the fetch while the new version is published
 
@@ -246,8 +246,8 @@ def test_if_replaced_error_raises_and_changes_nothing(s3, here_fs):
     publish_v(s3, v2, sizes, b"b" * 10)
     gate = threading.Event()
 
-    def replace_once(downloaded, reused, total):
-        if downloaded and not gate.is_set():
+    def replace_once(p):
+        if p.downloaded and not gate.is_set():
             gate.set()
             publish_v(s3, v1, sizes, b"c" * 10)  # replaced again, mid-fetch
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trtet_store.io import (
     ExternalFile,
@@ -53,7 +53,7 @@ from trtet_store.io import (
     free_bytes,
     write_files,
 )
-from trtet_store.remote.errors import ManifestError, RemoteURLError
+from trtet_store.remote.errors import ManifestError
 from trtet_store.remote.fetch_errors import (
     FetchInterruptedError,
     FetchVerificationError,
@@ -73,6 +73,7 @@ from trtet_store.remote.fetch_plan import (
 )
 from trtet_store.remote.fetch_stage import STAGING_DIR, Staging, fetch_id
 from trtet_store.remote.manifest import Manifest, manifest_key
+from trtet_store.remote.url import RemoteURL
 
 log = logging.getLogger("trtet_store.remote.fetch")
 
@@ -85,9 +86,21 @@ WRITE_CHUNK = 32 * MiB
 #: Room for the journal, the staged files' sidecars and directory entries.
 SLACK = MiB
 
-#: progress(downloaded, reused, total): bytes received so far (retries included),
-#: bytes taken from local files, bytes of the whole program.
-FetchProgress = Callable[[int, int, int], None]
+
+
+class FetchProgress(NamedTuple):
+    """Passed to ``progress``: bytes of the program accounted for, of ``total``, and how.
+
+    ``downloaded`` counts bytes received (a retried range twice), ``reused``
+    bytes found in local files, ``resumed`` bytes an interrupted fetch had
+    staged; ``done`` is their sum, at most ``total``.
+    """
+
+    done: int
+    total: int
+    downloaded: int
+    reused: int
+    resumed: int
 
 
 def _checksum_functions(algorithm: str) -> tuple[Callable, Callable]:
@@ -190,7 +203,7 @@ class FetchReport:
 def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | str] = (),
           client: Any = None, endpoint_url: str | None = None,
           concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
-          progress: FetchProgress | None = None, if_replaced: str = "restart",
+          progress: Callable[[FetchProgress], Any] | None = None, if_replaced: str = "restart",
           max_restarts: int = 3, wait_replaced: float = 30.0, attempts: int = 5,
           placements: Sequence[str] | None = None) -> FetchReport:
     """Fetch the program published at ``url`` (or a plain object) into ``path``.
@@ -217,7 +230,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     range_size : int
         Bytes per GET (ranges end on the manifest's 1 MiB chunk boundaries).
     progress : callable, optional
-        ``progress(downloaded, reused, total)`` as bytes arrive or are found.
+        Called with a :class:`FetchProgress` as bytes arrive or are found.
     if_replaced : {"restart", "error"}
         What to do when the program is replaced while it is fetched.
     max_restarts : int
@@ -284,13 +297,9 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
 
 
 def parse_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/key`` -> ``(bucket, key)``; anything else is a :class:`RemoteURLError`."""
-    if not isinstance(url, str) or not url.startswith("s3://"):
-        raise RemoteURLError(f"{url!r} is not an s3://bucket/key URL")
-    bucket, _, key = url[len("s3://"):].partition("/")
-    if not bucket or not key or key.endswith("/"):
-        raise RemoteURLError(f"{url!r} names no object: expected s3://bucket/key")
-    return bucket, key
+    """``s3://bucket/key`` -> ``(bucket, key)``; anything else is a ``RemoteURLError``."""
+    parsed = RemoteURL.parse(url)
+    return parsed.bucket, parsed.key
 
 
 # --- one attempt at one version ------------------------------------------------------------
@@ -299,7 +308,7 @@ def parse_url(url: str) -> tuple[str, str]:
 class _Fetch:
     def __init__(self, url: str, bucket: str, key: str, dest: Path, reuse: list[Path],
                  reader: Reader, concurrency: int, range_size: int,
-                 progress: FetchProgress | None, attempts: int,
+                 progress: Callable[[FetchProgress], Any] | None, attempts: int,
                  placements: Sequence[str] | None) -> None:
         self.url, self.bucket, self.key, self.dest = url, bucket, key, dest
         self.reuse = reuse
@@ -314,6 +323,7 @@ class _Fetch:
         self._mutex = threading.Lock()
         self.downloaded = 0
         self.reused = 0
+        self.resumed = 0
         self.total = 0
         self.per_object: dict[int, int] = {}
 
@@ -393,8 +403,16 @@ class _Fetch:
     # the attempt --------------------------------------------------------------------
 
     def run(self) -> FetchReport:
-        self.downloaded = self.reused = 0
+        self.downloaded = self.reused = self.resumed = 0
         self.per_object = {}
+        interrupted = self._journal_exists()
+        if interrupted:
+            # An earlier fetch of this destination died or failed. If it died
+            # inside its write, finish or undo that write first (the
+            # destination's content, and the staged runs, depend on which).
+            import trtet_store
+
+            trtet_store.recover(self.dest.parent)
         version, specs, unverified = self.describe()
         self.version = version
         paths = [self.local_path(i, s) for i, s in enumerate(specs)]
@@ -416,11 +434,16 @@ class _Fetch:
             log.info("%s: %s already holds version %s", self.url, self.dest, version)
             report.up_to_date = True
             self._fill(report, plans, {})
+            if interrupted:  # its staged runs and journal are of no use now
+                stage = Staging.open(self.dest, self.url, version, plans)
+                stage.remove()
+                stage.close()
             return report
-        self.preflight(plans, paths, resuming=self._journal_exists())
+        self.preflight(plans, paths, resuming=interrupted)
         stage = Staging.open(self.dest, self.url, version, plans)
         try:
             report.bytes_resumed = self.download(plans, stage)
+            self.resumed = report.bytes_resumed
             self.verify(plans, stage)
             blobs = stage.blobs()
             outputs = []
@@ -449,7 +472,8 @@ class _Fetch:
             self.per_object[obj] = self.per_object.get(obj, 0) + n
             done = self.downloaded
         if self.progress is not None:
-            self.progress(done, self.reused, self.total)
+            self.progress(FetchProgress(min(self.total, done + self.reused + self.resumed),
+                                        self.total, done, self.reused, self.resumed))
 
     def _journal_exists(self) -> bool:
         return (self.dest.parent / STAGING_DIR / f"fetch-{fetch_id(self.dest)}.journal").exists()
@@ -538,6 +562,8 @@ class _Fetch:
                     else:
                         stage.forget(rng)
                         todo.append((plan.spec, run, rng))
+        self.resumed = resumed
+        self._tick(0)
         if not todo:
             return resumed
         stop = threading.Event()

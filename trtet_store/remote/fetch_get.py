@@ -37,20 +37,15 @@ _RETRY = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "Sl
 
 
 def make_client(endpoint_url: str | None = None, *, max_connections: int = 10) -> Any:
-    """A boto3 S3 client found the way boto3 finds one (``AWS_*`` variables, profiles).
+    """A boto3 S3 client from the publisher's factory (:class:`trtet_store.remote.s3.S3`).
 
-    With an ``endpoint_url`` (MinIO, Ceph, SeaweedFS, ...) addressing is path
-    style. botocore's own retries stay on for the request; what fails while
-    reading a body is retried here.
+    Found the way boto3 finds one (``AWS_*`` variables, profiles); path-style
+    addressing with an ``endpoint_url``. botocore's own retries stay on for
+    each request; what fails while a body is read is retried here.
     """
-    import boto3
-    from botocore.config import Config
+    from trtet_store.remote.s3 import S3
 
-    cfg: dict[str, Any] = {"max_pool_connections": max_connections,
-                           "retries": {"max_attempts": 3, "mode": "standard"}}
-    if endpoint_url:
-        cfg["s3"] = {"addressing_style": "path"}
-    return boto3.client("s3", endpoint_url=endpoint_url, config=Config(**cfg))
+    return S3(endpoint_url, max_connections=max_connections).client
 
 
 def _code(exc: Exception) -> str:
