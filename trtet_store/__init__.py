@@ -43,6 +43,7 @@ _LAZY = {
     "export_program": "trtet_store.export.lowering",
     "recover": "trtet_store.io.recovery",
     "publish": "trtet_store.remote.program",
+    "fetch": "trtet_store.remote.fetch",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export.executorch import save, save_program, write_tensor_data
     from trtet_store.export.lowering import export as export_program
     from trtet_store.io.recovery import recover
+    from trtet_store.remote.fetch import fetch
     from trtet_store.remote.program import publish
 
 
@@ -81,6 +83,7 @@ __all__ = [
     "WriteReport",
     "compile_and_save",
     "export_program",
+    "fetch",
     "publish",
     "recover",
     "save",
