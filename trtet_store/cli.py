@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dir", type=Path, metavar="DIR")
     r.add_argument("--json", action="store_true", help="print JSON instead of text")
     r.set_defaults(func=cmd_recover)
+
+    from trtet_store.cli_fetch import add_parser as add_fetch_parser
+
+    add_fetch_parser(sub)
     return parser
 
 
