@@ -161,30 +161,32 @@ def test_a_lock_file_is_unlinked_while_its_lock_is_still_held(here_fs, monkeypat
     """unlock_file unlinks, then releases. The other order leaves an instant when
     the file is still at its path and unlocked: a second writer that locks it
     then holds a lock on a file about to be deleted, and a third writer
-    creates a new one, so two write the destination at once. At the moment
-    of the unlink a second descriptor's try of the lock must be refused."""
+    creates a new one, so two write the destination at once. So when the
+    lock's descriptor is closed (which releases it), the file must already be
+    gone from its path, while a second descriptor's try of it was refused."""
     out = here_fs / "out"
     out.mkdir()
     dest = out / "model.pte"
     lock_path = os.fspath(names.lock_path_of(dest))
-    tries: list[str] = []
-    real_unlink = fs.calls.unlink
+    seen: list[tuple[int, str]] = []
+    real_close = fs.calls.close
 
-    def try_then_unlink(path, *args):
-        if os.fspath(path) == lock_path:
-            other = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    def look_then_close(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(lock_path):
+            other = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)  # same file
             try:
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                tries.append("taken")
+                tried = "taken"
             except BlockingIOError:
-                tries.append("refused")
+                tried = "refused"
             finally:
                 os.close(other)
-        return real_unlink(path, *args)
+            seen.append((os.fstat(fd).st_nlink, tried))
+        return real_close(fd)
 
-    monkeypatch.setattr(fs.calls, "unlink", try_then_unlink)
+    monkeypatch.setattr(fs.calls, "close", look_then_close)
     write_file(dest, [b"new content"])
     monkeypatch.undo()
-    assert tries == ["refused"]
+    assert seen == [(0, "refused")]  # unlinked while still held
     assert dest.read_bytes() == b"new content"
     assert sorted(p.name for p in out.iterdir()) == ["model.pte"]

@@ -9,7 +9,7 @@ Subcommands::
     trtet-store verify FILE [--data FILE.ptd] [--run] [--json]
     trtet-store compile-and-save [MODULE.py:FACTORY] OUT [--method NAME=MODULE.py:FACTORY ...]
                                  [--backend tensorrt|xnnpack] [--backend-config KEY=VALUE ...]
-    trtet-store recover DIR [--json]
+    trtet-store recover DIR [--json] [--abandon]
 
 Exit codes: 0 success; 1 the command ran and found a problem (verify found
 errors, a trtet_store method failed in the benchmark, a compile failed);
@@ -203,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("dir", type=Path, metavar="DIR")
     r.add_argument("--json", action="store_true", help="print JSON instead of text")
+    r.add_argument(
+        "--abandon",
+        action="store_true",
+        help="give up writes that can be neither finished nor rolled back (a file they need "
+        "is gone): delete their journals and the temp files they kept, saying what is given up",
+    )
     r.set_defaults(func=cmd_recover)
 
     from trtet_store.cli_fetch import add_parser as add_fetch_parser
@@ -411,7 +417,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         print(f"trtet-store recover: {args.dir} is not a directory", file=sys.stderr)
         return 1
     try:
-        outcomes = trtet_store.recover(args.dir)
+        outcomes = trtet_store.recover(args.dir, abandon=args.abandon)
     except Exception as exc:
         print(f"trtet-store recover: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -423,7 +429,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         for o in outcomes:
             outs = ", ".join(os.fspath(x) for x in o.outputs) or "-"
             print(f"{o.journal}: {o.action} ({outs})" + (f": {o.detail}" if o.detail else ""))
-    stuck = [o for o in outcomes if o.action in ("busy", "damaged")]
+    stuck = [o for o in outcomes if o.action in ("busy", "damaged", "stuck")]
     return 1 if stuck else 0
 
 

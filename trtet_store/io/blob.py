@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtet_store.io import names
 from trtet_store.io.digests import digest_file, file_identity
-from trtet_store.io.errors import BlobChangedError
+from trtet_store.io.errors import BlobChangedError, BlobInUseError
 
 if TYPE_CHECKING:
     from trtet_store.io.blobstore import BlobStore
@@ -117,6 +117,9 @@ class Blob:
         self.metadata = dict(metadata or {})
         self._state = {"give_back": origin}
         self._consumed = False
+        # Writes of this process using the blob now: -1 while a consuming one has it.
+        self._claims = 0
+        self._claim_mutex = threading.Lock()
         self._finalizer = weakref.finalize(self, _release_file, os.getpid(), os.fspath(path),
                                            self._state)
 
@@ -132,6 +135,38 @@ class Blob:
             # What is left of the file (an emptied move source) is not the
             # user's file any more: never give it back under their name.
             self._state["give_back"] = None
+
+    def claim(self, *, exclusive: bool) -> None:
+        """Take the blob for one write, before the write checks or touches anything.
+
+        A consuming write (``exclusive``) may move the bytes out and delete the
+        file, so it must be the only write using the blob; writes that leave
+        it intact may share it.
+
+        Raises
+        ------
+        BlobInUseError
+            Another write of this process has it in a way this one cannot share.
+        ValueError
+            The blob was released (a write consumed it, or it was closed).
+        """
+        with self._claim_mutex:
+            if self.closed or self.consumed:
+                raise ValueError(f"{self!r} was released: a write consumed it, or it was "
+                                 "closed; stage its bytes again")
+            if self._claims < 0 or (exclusive and self._claims):
+                raise BlobInUseError(
+                    self.path, "another write in this process is using this blob right now, "
+                    + ("and this one would consume it (move its bytes out and delete it)"
+                       if exclusive else "and consumes it (moves its bytes out and deletes it)")
+                    + "; refused before anything was written. A blob is consumed by one write: "
+                    "wait for that write, or stage the bytes again for this one")
+            self._claims = -1 if exclusive else self._claims + 1
+
+    def unclaim(self, *, exclusive: bool) -> None:
+        """Give back what :meth:`claim` took, when the write ends (however it ends)."""
+        with self._claim_mutex:
+            self._claims = 0 if exclusive else max(0, self._claims - 1)
 
     @property
     def digest(self) -> str:

@@ -130,3 +130,53 @@ class IncompleteJournal(StorageError, ValueError):
     nothing yet: either its writer died, or it is alive and about to lock
     and fill it (recovery tells the two apart by the destination's lock).
     """
+
+
+class BlobInUseError(StorageError, ValueError):
+    """A blob is taken by another write of this process right now.
+
+    A consuming write (``consume=True``) takes its blobs for itself from
+    before it checks them until it ends: it may move their bytes out and
+    delete them. A second write of the same blob meanwhile is refused at
+    once, before it locks, creates or moves anything. Also a ``ValueError``,
+    like the refusal of a blob that was already released.
+    """
+
+    def __init__(self, path: os.PathLike | str, why: str) -> None:
+        super().__init__(errno.EBUSY, f"{os.fspath(path)}: {why}", os.fspath(path))
+
+
+class StuckJournalError(StorageError):
+    """An interrupted write that recovery can neither finish nor roll back.
+
+    A file it needs is gone (a blob's staging directory was deleted, say) or
+    cannot be changed. Everything else was done, and what still holds bytes
+    of the write (its journal, a temp file) is kept; the message says which
+    file is the problem, what was done to the rest, and how to give up the
+    rest explicitly (``recover(..., abandon=True)``, ``trtet-store recover
+    --abandon``).
+
+    Attributes
+    ----------
+    problems : list of str
+        What could not be done, each naming its file.
+    kept : list of str
+        Files kept because they hold bytes of the write.
+    """
+
+    def __init__(self, problems: list[str], done: str, kept: list[str],
+                 directory: os.PathLike | str, filename: str | None = None,
+                 code: int = errno.ENOENT, retry: bool = False) -> None:
+        where = os.fspath(directory)
+        what_to_do = (f"fix that and run `trtet-store recover {where}` again; or, to give up "
+                      "what it still holds" if retry else "to give up what it still holds")
+        super().__init__(
+            code,
+            f"an interrupted write in {where} can be neither finished nor rolled back: "
+            f"{'; '.join(problems)}. {done}"
+            + (f" Kept, as they hold bytes of it: {', '.join(kept)}." if kept else "")
+            + f" Its journal stays, so nothing more is lost; {what_to_do}, run "
+            f"`trtet-store recover --abandon {where}` (trtet_store.recover(..., abandon=True))",
+            filename)
+        self.problems = problems
+        self.kept = kept

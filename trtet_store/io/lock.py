@@ -99,7 +99,7 @@ def unlock_file(fd: int, lock_path: os.PathLike | str) -> None:
     collector) removes; the lock is released either way.
     """
     with contextlib.suppress(OSError):
-        fs.calls.unlink(os.fspath(lock_path))
+        os.unlink(lock_path)
     release(fd)
 
 

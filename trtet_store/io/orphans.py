@@ -84,7 +84,8 @@ def pinned_paths(directory: Path) -> set[str]:
     for pin in directory.glob(names.pin_glob()):
         target = Path(os.readlink(pin)) if pin.is_symlink() else None
         if target is None or not target.exists():
-            with contextlib.suppress(FileNotFoundError):
+            # Another user's, in a sticky shared directory: not ours to remove.
+            with contextlib.suppress(FileNotFoundError, PermissionError):
                 os.unlink(os.fspath(pin))
             continue
         try:
@@ -112,10 +113,16 @@ class _Liveness:
 
 
 def _token_alive(directory: Path, token: str) -> bool:
+    # Read-only: flock needs no write access, and in a staging directory
+    # shared between users another user's lock file is readable at most.
     try:
-        fd = try_lock(names.store_lock_path(directory, token), create=False)
+        fd = try_lock(names.store_lock_path(directory, token), create=False, readonly=True)
     except FileNotFoundError:
         return False  # no lock file: its store is gone
+    except PermissionError:
+        # Another user's, not even readable: we cannot tell, so its blobs are
+        # never taken for orphans (nor its debris collected) by us.
+        return True
     if fd is None:
         return True  # its store holds it
     release(fd)
@@ -217,22 +224,26 @@ def collect_stale(directory: Path) -> list[Path]:
                 continue
         elif not (name.endswith(BLOB_PART_SUFFIX) or name.endswith(META_SUFFIX + PART_SUFFIX)):
             continue
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(os.fspath(f))
+        except FileNotFoundError:
+            pass
+        except PermissionError:
+            continue  # another user's, in a sticky shared directory: theirs to tidy
         removed.append(f)
     for lock_path in directory.glob(names.store_lock_glob()):
         try:
-            fd = try_lock(lock_path, create=False)
-        except FileNotFoundError:
-            continue  # removed meanwhile
+            fd = try_lock(lock_path, create=False, readonly=True)
+        except (FileNotFoundError, PermissionError):
+            continue  # removed meanwhile, or another user's we cannot even read
         if fd is None:
             continue  # its owner is alive
         try:
             # Unlinked while we hold it, so no one is left holding a lock on
             # a deleted file; a dead token stays dead without its lock file.
             os.unlink(lock_path)
-        except FileNotFoundError:
-            pass
+        except (FileNotFoundError, PermissionError):
+            pass  # gone, or another user's in a sticky directory
         finally:
             release(fd)
     if removed:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtet_store.io import fs, transfer
+from trtet_store.io.errors import StuckJournalError
 from trtet_store.io.journal import (
     DONE,
     PLACING,
@@ -34,8 +36,10 @@ from trtet_store.io.names import (
 )
 from trtet_store.io.orphans import describe_orphan, list_orphans
 from trtet_store.io.replay import complete_placement, finish, publish, undo, unpublish
+from trtet_store.io.units import format_mib
 
 log = logging.getLogger("trtet_store.recovery")
+
 
 @dataclass
 class Outcome:
@@ -47,16 +51,23 @@ class Outcome:
     or backup file no journal needed), ``"removed incomplete journal"`` (its
     writer died while writing the plan, before doing anything else),
     ``"gone"`` (another recovery finished it meanwhile), ``"kept"`` (a
-    journal recovery cannot read and leaves for a person), ``"damaged"`` (a
-    complete journal that cannot be read: ``detail`` says what to do) or
-    ``"orphan"`` (a staged blob of a dead store, kept; ``journal`` is the
-    blob file and ``detail`` its size, age and recorded metadata).
+    journal recovery cannot read, or another user's, left for a person),
+    ``"damaged"`` (a complete journal that cannot be read: ``detail`` says
+    what to do), ``"stuck"`` (a write that can be neither finished nor
+    rolled back, done as far as it goes: ``detail`` and ``error``, a
+    :class:`StuckJournalError`, name the missing file and what was done to
+    the rest), ``"abandoned"`` (a stuck or damaged write given up with
+    ``abandon=True``: ``detail`` says what was deleted) or ``"orphan"`` (a
+    staged blob of a dead store, kept; ``journal`` is the blob file and
+    ``detail`` its size, age and recorded metadata).
     """
 
     journal: Path
     action: str
     outputs: list[str]
     detail: str = ""
+    #: For ``"stuck"``: the error that says why (raised where a write must not go ahead).
+    error: StuckJournalError | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, object]:
         """The outcome as a JSON-ready dict (what ``trtet-store recover --json`` prints)."""
@@ -68,7 +79,7 @@ class Outcome:
         }
 
 
-def recover(directory: os.PathLike | str) -> list[Outcome]:
+def recover(directory: os.PathLike | str, *, abandon: bool = False) -> list[Outcome]:
     """Finish or undo every interrupted write whose journal is in ``directory``.
 
     A write that reached ``publishing`` is rolled forward (its files were
@@ -76,6 +87,14 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
     its temp file and sources agree with the journal (the move is finished and
     verified), otherwise rolled back, every source byte-identical again.
     Idempotent; a write whose process is alive is left alone.
+
+    A write that can be neither finished nor rolled back, because a file it
+    needs is gone (a blob's staging directory was deleted in the middle of
+    its move, say), is done as far as it goes and reported ``"stuck"``: the
+    detail names the missing file, says what was done to the rest, and what
+    is kept (the journal, a temp file holding bytes of it). It does not
+    block new writes of its destination once it is rolling back. It stays
+    until ``abandon=True`` gives it up.
 
     It also reports, without touching them, the staged blobs of dead stores
     (orphans) in ``directory``, in the directories of the blobs the
@@ -87,6 +106,12 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
     ----------
     directory : path-like
         The output directory of the interrupted write(s).
+    abandon : bool
+        Give up what recovery cannot finish: a stuck write's journal, and
+        the temp and backup files it kept, are deleted (``"abandoned"``;
+        the detail says what was given up), and so is a journal that cannot
+        be read (``"damaged"``), whose temp files then go as strays. Writes
+        that can be finished or rolled back are, as without it.
 
     Returns
     -------
@@ -101,11 +126,18 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
             journal = Journal.open_if_abandoned(path)
         except FileNotFoundError:
             continue  # another recovery finished it meanwhile
+        except PermissionError as exc:
+            outcomes.append(_not_permitted(path, exc))
+            continue
         except IncompleteJournal as exc:
-            outcomes.append(_remove_incomplete(path, exc))
+            try:
+                outcomes.append(_remove_incomplete(path, exc))
+            except PermissionError as perm:
+                outcomes.append(_not_permitted(path, perm))
             continue
         except JournalError as exc:
-            outcomes.append(Outcome(path, "damaged", [os.fspath(_journal_dest(path) or path)],
+            outcomes.append(_abandon_damaged(path, exc) if abandon else
+                            Outcome(path, "damaged", [os.fspath(_journal_dest(path) or path)],
                                     str(exc)))
             continue
         if journal is None:
@@ -113,7 +145,10 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
             continue
         try:
             blob_dirs.update(Path(p).parent for p in journal.plan.sources())
-            outcomes.append(_recover_one(journal))
+            outcome = _recover_one(journal)
+            if outcome.action == "stuck" and abandon:
+                outcome = _abandon(journal, outcome)
+            outcomes.append(outcome)
         finally:
             journal.close()
     outcomes.extend(_remove_strays(directory))
@@ -123,7 +158,8 @@ def recover(directory: os.PathLike | str) -> list[Outcome]:
     for o in outcomes:
         # Said once, here: the CLI prints the outcomes, and a library's log
         # must not say the same thing a second time.
-        level = logging.WARNING if o.action in ("rolled back", "damaged") else logging.INFO
+        level = (logging.WARNING if o.action in ("rolled back", "damaged", "stuck", "abandoned")
+                 else logging.INFO)
         log.log(level, "recover %s: %s %s %s", o.journal, o.action, o.outputs, o.detail)
     return outcomes
 
@@ -132,21 +168,34 @@ def recover_destination(dest: Path) -> list[Outcome]:
     """Recover abandoned writes of ``dest`` before a new write of it starts.
 
     Interrupted writes of other files in the directory are left alone (their
-    journals still need their files) and reported in the log.
+    journals still need their files) and reported in the log. A stuck write
+    of ``dest`` (see :func:`recover`) that is rolling back can no longer
+    change ``dest``: the new write goes ahead and the journal stays for
+    ``recover(..., abandon=True)``. One that might still publish (it was
+    placing or publishing when recovery got stuck) would overwrite the new
+    file if it were ever finished, so the new write is refused with
+    :class:`StuckJournalError`, which says what is missing.
     """
     mine = []
     for path in journals_in(dest.parent):
+        ours = _journal_stem(path) == internal_stem(dest.name)
         try:
             journal = Journal.open_if_abandoned(path)
         except FileNotFoundError:
             continue  # another recovery finished it meanwhile
+        except PermissionError:
+            if ours:
+                raise
+            log.warning("ignoring the journal %s: not permitted to open it, and it is not "
+                        "about %s", path, dest)
+            continue
         except IncompleteJournal as exc:
-            if _journal_stem(path) == internal_stem(dest.name):
+            if ours:
                 # Our caller holds dest's lock: no live writer of dest can own it.
                 mine.append(_remove_incomplete(path, exc, dest_locked=True))
             continue
         except JournalError:
-            if _journal_stem(path) == internal_stem(dest.name):
+            if ours:
                 raise  # it may describe where bytes of dest's last write are
             log.warning("ignoring the unreadable journal %s: it is not about %s", path, dest)
             continue
@@ -156,7 +205,13 @@ def recover_destination(dest: Path) -> list[Outcome]:
             if any(o.dest == os.fspath(dest) for o in journal.plan.outputs):
                 log.warning("found an interrupted write of %s (%s); recovering it first", dest,
                             path)
-                mine.append(_recover_one(journal))
+                outcome = _recover_one(journal)
+                if outcome.action == "stuck":
+                    if journal.state != ROLLING_BACK:
+                        raise outcome.error  # type: ignore[misc]
+                    log.warning("%s; it can no longer change %s, so the new write of it goes "
+                                "ahead", outcome.detail, dest)
+                mine.append(outcome)
             else:
                 log.warning("found an interrupted write of %s in %s (journal %s, state %s); "
                             "leaving it and the files it needs alone; run `trtet-store "
@@ -166,6 +221,18 @@ def recover_destination(dest: Path) -> list[Outcome]:
         finally:
             journal.close()
     return mine
+
+
+def _not_permitted(path: Path, exc: OSError) -> Outcome:
+    """A journal (or its destination's lock) of another user: theirs to recover."""
+    dest = _journal_dest(path)
+    try:
+        owner = f"uid {os.stat(path).st_uid}"
+    except OSError:
+        owner = "another user"
+    return Outcome(path, "kept", [os.fspath(dest)] if dest else [],
+                   f"not permitted to recover it ({exc.strerror}): it belongs to {owner}, who "
+                   "can run `trtet-store recover` on this directory")
 
 
 def _journal_stem(path: Path) -> str | None:
@@ -229,6 +296,25 @@ def _remove_incomplete(path: Path, exc: IncompleteJournal, *,
 
 
 def _recover_one(journal: Journal) -> Outcome:
+    """Finish or undo one abandoned write; ``"stuck"``, with its error, where neither can."""
+    try:
+        return _finish_or_undo(journal)
+    except OSError as exc:
+        error = exc if isinstance(exc, StuckJournalError) else _stuck(journal.plan, exc)
+        return Outcome(journal.path, "stuck", [o.dest for o in journal.plan.outputs],
+                       f"journal state {journal.state}; {error.strerror}", error=error)
+
+
+def _stuck(plan: Plan, exc: OSError) -> StuckJournalError:
+    """The error of a recovery that failed for a reason other than a missing file."""
+    kept = [o.temp for o in plan.outputs if os.path.exists(o.temp)]
+    return StuckJournalError(
+        [f"{exc}"], "The files are as that failure left them.", kept,
+        os.path.dirname(plan.outputs[0].dest), filename=exc.filename,
+        code=exc.errno or errno.EIO, retry=True)
+
+
+def _finish_or_undo(journal: Journal) -> Outcome:
     plan = journal.plan
     outputs = [o.dest for o in plan.outputs]
     if journal.state in (PUBLISHING, DONE):
@@ -257,9 +343,81 @@ def _recover_one(journal: Journal) -> Outcome:
                        "orphans: take them over with BlobStore.adopt_orphan, or remove "
                        "them with BlobStore.remove_orphans")
     if action == "rolled forward":
+        if journal.state != DONE:
+            # Every output is in place: from here on nothing of it can change a
+            # destination, whatever the cleanup runs into.
+            journal.mark(DONE)
         finish(plan)
     journal.remove()
     return Outcome(journal.path, action, outputs, detail)
+
+
+def _abandon(journal: Journal, stuck: Outcome) -> Outcome:
+    """Give up a stuck write: delete its temp and backup files and its journal, saying what went.
+
+    A write still placing is first rolled back as far as it goes, so that
+    every source that can have its bytes back has them; what the deleted
+    files held is then what is given up.
+    """
+    plan = journal.plan
+    if journal.state == PLACING:
+        journal.mark(ROLLING_BACK)
+        with contextlib.suppress(OSError):
+            undo(plan)
+    rolled_back = journal.state == ROLLING_BACK
+    given_up = []
+    for out in plan.outputs:
+        for path, what in ((out.temp, "its new content"), (out.backup, "the old file")):
+            if not path:
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            short = []
+            for p in out.payloads:
+                try:
+                    have = os.stat(p.source).st_size
+                except FileNotFoundError:
+                    have = None
+                if p.placement in ("move", "insert") and have != p.size:
+                    short.append(p.source)
+            held = (f"bytes moved out of {', '.join(short)}" if path == out.temp and short
+                    else what)
+            fs.calls.unlink(path)
+            given_up.append(f"{path} ({format_mib(st.st_blocks * 512)} on disk: {held})")
+    journal.remove()
+    outputs = ", ".join(o.dest for o in plan.outputs)
+    dests = ("the destinations keep what they had before the write" if rolled_back else
+             f"the destinations are as recovery left them ({outputs}); the write was "
+             f"{journal.state} when it got stuck")
+    detail = (f"abandoned the write, which was stuck ({stuck.error.problems[0]}); gave up "
+              + ("; ".join(given_up) if given_up else "no file but the journal")
+              + f"; {dests}")
+    return Outcome(journal.path, "abandoned", stuck.outputs, detail)
+
+
+def _abandon_damaged(path: Path, exc: JournalError) -> Outcome:
+    """Delete a journal that cannot be read, as asked; its temp files then go as strays."""
+    dest = _journal_dest(path)
+    lock_fd = -1
+    if dest is not None:
+        lock_path = lock_path_of_stem(dest.parent, dest.name)
+        try:
+            lock_fd = lock_file(lock_path, dest)
+        except ConcurrentWriteError:
+            return Outcome(path, "damaged", [os.fspath(dest)], f"{exc}; not abandoned: a live "
+                           "writer of its destination holds its lock")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            fs.calls.unlink(os.fspath(path))
+        fs.fsync_dir(path.parent)
+    finally:
+        if lock_fd >= 0:
+            unlock_file(lock_fd, lock_path)
+    return Outcome(path, "abandoned", [os.fspath(dest)] if dest else [],
+                   f"deleted the unreadable journal ({exc}); whatever bytes of its write were "
+                   "only in its temp file are given up with it (removed as a stray)")
 
 
 def _finish_placement(plan: Plan) -> str | None:
@@ -304,7 +462,19 @@ def _cannot_roll_forward(plan: Plan) -> str | None:
                 try:
                     length = os.stat(p.source).st_size
                 except FileNotFoundError:
-                    return f"source {p.source} is missing"
+                    if p.placement != "move":
+                        return f"source {p.source} is missing"
+                    # Deleted after it was moved whole (its directory removed,
+                    # say)? Then every byte of it is in the temp file.
+                    try:
+                        transfer.verify_range(fd, p.offset, 0, p.size, p.chunk_size,
+                                              p.chunk_digests, "moved bytes in temp", out.temp)
+                    except (OSError, ValueError):
+                        return (f"source {p.source} is missing, and the temp file does not "
+                                "hold all of its bytes")
+                    if p.chunk_digests is None:
+                        return f"source {p.source} is missing"
+                    continue
                 if length != p.size and (p.placement != "move" or length % p.step):
                     return f"source {p.source} is {length} bytes, not a step boundary"
                 if p.placement == "move" and length < p.size:
@@ -338,8 +508,12 @@ def _remove_strays(directory: Path) -> list[Outcome]:
         token = temp_token(f.name)
         pid = probe_pid(f.name)
         if (token is not None and token not in live) or (pid is not None and not _alive(pid)):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 fs.calls.unlink(os.fspath(f))
+            except FileNotFoundError:
+                pass
+            except PermissionError:
+                continue  # another user's, in a sticky shared directory
         elif not (is_dest_lock(f.name) and _remove_unheld_lock(f)):
             continue
         outcomes.append(Outcome(f, "removed stray", [], "no journal or live writer needs it"))
@@ -373,12 +547,14 @@ def _remove_unheld_lock(lock_path: Path) -> bool:
         fd = try_lock(lock_path, create=False, readonly=True)
     except FileNotFoundError:
         return False  # gone, or already replaced by a writer's own lock file
+    except PermissionError:
+        return False  # another user's, not readable by us: theirs to remove
     if fd is None:
         return False  # a live writer holds it
     try:
         os.unlink(lock_path)
-    except FileNotFoundError:
-        return False
+    except (FileNotFoundError, PermissionError):
+        return False  # gone, or another user's in a sticky shared directory
     finally:
         release(fd)
     return True

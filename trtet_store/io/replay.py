@@ -8,13 +8,12 @@ run again after a crash in the middle of it. The writer's rollback and
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import os
 from pathlib import Path
 
 from trtet_store.io import fs, ladder, names, transfer
-from trtet_store.io.errors import VerificationError
+from trtet_store.io.errors import StuckJournalError, VerificationError
 from trtet_store.io.journal import PayloadPlan, Plan, digest_of_chunks
 from trtet_store.io.place import place_payload
 from trtet_store.io.units import MiB
@@ -25,16 +24,40 @@ def undo(plan: Plan) -> None:
 
     Works from the files alone (each source's length is its marker), so an
     interrupted rollback can be run again.
+
+    Raises
+    ------
+    StuckJournalError
+        A moved source is gone (its directory deleted, say), or so is the
+        temp file holding its bytes. Every other source was given its bytes
+        back first; a temp file still holding bytes of a missing source is
+        kept, and the error names both.
     """
+    problems: list[str] = []
+    kept: list[str] = []
+    missing: str | None = None
     for out in plan.outputs:
         temp_exists = os.path.exists(out.temp)
         for p in out.payloads:
             if p.placement != "move":
                 continue
+            try:
+                length: int | None = os.stat(p.source).st_size
+            except FileNotFoundError:
+                length = None
             if not temp_exists:
-                if os.stat(p.source).st_size != p.size:
-                    raise OSError(errno.EIO, f"cannot restore {p.source}: the temp file "
-                                  f"{out.temp} holding its bytes is gone", p.source)
+                if length != p.size:
+                    state = "is missing" if length is None else f"has {length} of {p.size} bytes"
+                    problems.append(f"the source {p.source} {state}, and the temp file "
+                                    f"{out.temp} that held its moved bytes is gone")
+                    missing = missing or (p.source if length is None else out.temp)
+                continue
+            if length is None:
+                problems.append(f"the source {p.source} is missing, so the bytes moved out of "
+                                f"it (in {out.temp}) have nowhere to go back to")
+                missing = missing or p.source
+                if out.temp not in kept:
+                    kept.append(out.temp)
                 continue
             src_fd = fs.calls.open(p.source, os.O_RDWR | os.O_CLOEXEC)
             try:
@@ -48,14 +71,31 @@ def undo(plan: Plan) -> None:
             finally:
                 fs.calls.close(src_fd)
     for out in plan.outputs:
+        if out.temp in kept:
+            continue
         for p in out.payloads:
             if p.placement == "insert":
+                if os.path.exists(out.temp) and not os.path.isdir(os.path.dirname(p.source)):
+                    problems.append(f"the directory of {p.source} is gone, so the file it was "
+                                    f"(now {out.temp}, whole) cannot be given back")
+                    missing = missing or os.path.dirname(p.source)
+                    kept.append(out.temp)
+                    break
                 _unhost(out.temp, p)
-        with contextlib.suppress(FileNotFoundError):
-            fs.calls.unlink(out.temp)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                fs.calls.unlink(out.temp)
         if out.backup:
             with contextlib.suppress(FileNotFoundError):
                 fs.calls.unlink(out.backup)
+    if problems:
+        others = sorted({p.source for o in plan.outputs for p in o.payloads
+                         if p.placement in ("move", "insert") and os.path.exists(p.source)})
+        done = ("Rolled back as far as it goes: the destinations keep what they had"
+                + (f", and these sources have all their bytes back: {', '.join(others)}."
+                   if others else "."))
+        raise StuckJournalError(problems, done, kept,
+                                os.path.dirname(plan.outputs[0].dest), filename=missing)
 
 
 def unpublish(plan: Plan) -> None:
@@ -140,6 +180,10 @@ def complete_placement(plan: Plan) -> None:
         fd = fs.calls.open(out.temp, os.O_RDWR | os.O_CLOEXEC)
         try:
             for k, p in enumerate(order):
+                if p.placement == "move" and not os.path.exists(p.source):
+                    # Moved whole before its source was deleted: the check
+                    # before this (recovery's) verified every byte in the temp.
+                    continue
                 rest = [(dest, order[k + 1:])]
                 rest += [(Path(o.dest), o.payloads) for o in plan.outputs[i + 1:]]
                 place_payload(p, fd, temp_path=out.temp, dest=dest, copy_chunk=p.step or 8 * MiB,

@@ -106,11 +106,13 @@ class Transaction:
         self.total = sum(o.layout.size for o in self.outputs)
         self.done = 0
         self.committed = False
+        self.claimed: list[Blob] = []
 
     # -- the steps, in order -------------------------------------------------
 
     def run(self) -> list[WriteReport]:
         start = time.monotonic()
+        self.claim_blobs()
         try:
             self.validate()
             try:
@@ -134,10 +136,34 @@ class Transaction:
                 self.unlock_destinations()
         finally:
             self.close_temps()
+            self.unclaim_blobs()
         seconds = time.monotonic() - start
         for out in self.outputs:
             out.report.seconds = seconds
         return [o.report for o in self.outputs]
+
+    def claim_blobs(self) -> None:
+        """Take this write's blobs, so that no other write of this process consumes them meanwhile.
+
+        A consuming write takes them for itself; two writes that moved one
+        blob at once would each truncate it and leave a journal that no
+        recovery can finish. The second is refused here, before anything.
+        """
+        blobs = {id(e.piece): e.piece for o in self.outputs for e in o.layout.payloads
+                 if isinstance(e.piece, Blob)}
+        self.claimed = []
+        try:
+            for blob in blobs.values():
+                blob.claim(exclusive=self.consume)
+                self.claimed.append(blob)
+        except BaseException:
+            self.unclaim_blobs()
+            raise
+
+    def unclaim_blobs(self) -> None:
+        for blob in self.claimed:
+            blob.unclaim(exclusive=self.consume)
+        self.claimed = []
 
     def validate(self) -> None:
         """Refuse bad destinations and sources before touching anything."""
