@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from trtet_store.io import (
     Blob,
     BlobChangedError,
+    BlobInUseError,
     BlobStore,
     ConcurrentWriteError,
     ExternalFile,
@@ -21,6 +22,7 @@ from trtet_store.io import (
     Orphan,
     SourceChangedError,
     StorageError,
+    StuckJournalError,
     VerificationError,
     WriteReport,
     write_file,
@@ -70,6 +72,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Blob",
     "BlobChangedError",
+    "BlobInUseError",
     "BlobStore",
     "ConcurrentWriteError",
     "ExternalFile",
@@ -79,6 +82,7 @@ __all__ = [
     "Orphan",
     "SourceChangedError",
     "StorageError",
+    "StuckJournalError",
     "VerificationError",
     "WriteReport",
     "compile_and_save",

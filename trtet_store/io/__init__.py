@@ -7,12 +7,14 @@ from trtet_store.io.blobstore import Blob, BlobStore
 from trtet_store.io.digests import chunk_digest
 from trtet_store.io.errors import (
     BlobChangedError,
+    BlobInUseError,
     ConcurrentWriteError,
     IncompleteJournal,
     InsufficientSpaceError,
     JournalError,
     SourceChangedError,
     StorageError,
+    StuckJournalError,
     VerificationError,
 )
 from trtet_store.io.fs import block_size, free_bytes
@@ -35,6 +37,7 @@ from trtet_store.io.writer import (
 __all__ = [
     "Blob",
     "BlobChangedError",
+    "BlobInUseError",
     "BlobStore",
     "ConcurrentWriteError",
     "ExternalFile",
@@ -52,6 +55,7 @@ __all__ = [
     "PlacementRecord",
     "SourceChangedError",
     "StorageError",
+    "StuckJournalError",
     "VerificationError",
     "VersionedWrite",
     "WriteReport",
