@@ -13,8 +13,11 @@ gigabytes costs a few reads.
 
 :func:`verify` adds the structural checks the runtime makes (magic, versions,
 offsets in bounds, segments within the file, indices in range), the checks of
-torch-tensorrt's own blob parser, each engine's digest, a cross-check of a
-``.pte`` against its ``.ptd`` (engine keys and external tensors present), and
+torch-tensorrt's own blob parser and of the blob's metadata against what the
+runtime reads of it (``trt_metadata``), each engine's digest (all of them
+listed in the result), what a ``.pte`` needs from ``.ptd`` files (engine keys,
+external tensors, XNNPACK's weight keys) and which ``.ptd`` holds it (``--data``
+or those next to it, their layouts and XNNPACK weight digests checked), and
 optionally loads the program with the ExecuTorch runtime and runs each method.
 
 Every finding is a :class:`Problem` with a severity; an ``error`` means the
@@ -23,7 +26,8 @@ something unusual that still loads.
 
 Modules: ``model`` (the findings), ``common`` (constants, byte helpers),
 ``read`` (:func:`inspect_file`), ``pte`` and ``ptd`` (one reader per format),
-``verify``, ``runtime_probe`` (the child process of ``--run``), ``text``.
+``trt_metadata`` (the TensorRT metadata check), ``verify``, ``runtime_probe``
+(the child process of ``--run``), ``text``.
 """
 
 from trtet_store.inspector.model import Inspection, Problem, VerifyResult

@@ -304,7 +304,7 @@ def _settle(version: Path) -> str:
     return "complete" if names else "empty"
 
 
-def recover_versions(link: os.PathLike | str) -> list[str]:
+def recover_versions(link: os.PathLike | str, *, timeout: float | None = None) -> list[str]:
     """Finish what dead versioned writers of ``link`` left, as the next save does first.
 
     Removes stray switch symlinks and half-removed old versions; recovers
@@ -314,8 +314,15 @@ def recover_versions(link: os.PathLike | str) -> list[str]:
     and removes empty ones. A directory recovery cannot settle (a live
     writer, a damaged journal) is left as it is.
 
-    Call it while no versioned write of ``link`` runs (:func:`write_versioned`
-    calls it under its lock).
+    It takes the link's writer lock, as :func:`write_versioned` does.
+
+    Parameters
+    ----------
+    link : path-like
+        The link.
+    timeout : float, optional
+        Seconds to wait for a versioned write of ``link`` that is running;
+        default: refuse at once with :class:`ConcurrentWriteError`.
 
     Returns
     -------
@@ -324,6 +331,15 @@ def recover_versions(link: os.PathLike | str) -> list[str]:
     """
     link = Path(link)
     _check_link_name(link)
+    versions = link.parent / VERSIONS_DIR
+    if not versions.is_dir():
+        return []  # no versioned write ever started here
+    with _link_lock(versions, link.name, timeout):
+        return _recover_versions(link)
+
+
+def _recover_versions(link: Path) -> list[str]:
+    """:func:`recover_versions` under the writer lock."""
     versions = link.parent / VERSIONS_DIR
     done: list[str] = []
     for entry in list(os.scandir(link.parent)):
@@ -454,7 +470,7 @@ def write_versioned(outputs: Sequence[tuple[os.PathLike | str, Iterable[Any]]], 
         versions.mkdir(exist_ok=True)
         fs.fsync_dir(directory)
     with _link_lock(versions, link.name, timeout):
-        recovered = tuple(recover_versions(link))
+        recovered = tuple(_recover_versions(link))
         current = _current_number(link)
         number = max([current or 0, *_versions_of(versions, link.name)]) + 1
         version = versions / f"{link.name}-{number}"
