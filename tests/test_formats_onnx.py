@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -226,3 +228,53 @@ def test_bad_locations_and_arguments_write_nothing(exported, tmp_path):
     with pytest.raises(ValueError, match="inside"):
         fo.save_model(bad, tmp_path / "d" / "net.onnx", location="x")
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["escape"]
+
+
+ONNX_MEMORY_CHILD = """
+import os, sys, numpy as np, onnx
+from onnx import helper, numpy_helper
+from trtet_store import BlobStore
+from trtet_store.bench.measure import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+from trtet_store.formats import onnx as fo
+where, staged = sys.argv[1], sys.argv[2] == "store"
+n = 2048  # 8 initializers of 16 MiB
+inits = [numpy_helper.from_array(np.full((n, n), i + 0.5, np.float32), f"w{i}") for i in range(8)]
+nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i-1}", f"w{i}"], [f"h{i}"])
+         for i in range(8)]
+graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, n])],
+                          [helper.make_tensor_value_info("h7", 1, [1, n])], inits)
+model = helper.make_model(graph)
+del inits
+store = BlobStore(os.path.join(where, ".staging")) if staged else None
+base = current_rss_bytes()
+assert reset_peak_rss()
+fo.save_model(model, os.path.join(where, "m.onnx"), location="m.data", alignment=4096, store=store)
+print(peak_rss_bytes() - base, os.path.getsize(os.path.join(where, "m.data")))
+print(sorted(os.listdir(os.path.join(where, ".staging"))) if staged else [])
+"""
+
+
+def test_a_store_bounds_memory_to_one_tensor(make_fs):
+    mnt = make_fs("xfs", 600)
+    fs.capabilities.clear()
+    grown = {}
+    for mode in ("store", "memory"):
+        where = mnt / mode
+        where.mkdir()
+        # A fixed mmap threshold: glibc's moving one keeps freed 16 MiB blocks resident,
+        # and the next copies reuse them unseen by the RSS peak.
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20))
+        out = subprocess.run([sys.executable, "-c", ONNX_MEMORY_CHILD, os.fspath(where), mode],
+                             check=True, capture_output=True, text=True, env=env).stdout
+        out = out.split("\n")
+        growth, size = (int(v) for v in out[0].split())
+        assert size == 8 * 16 * MiB
+        grown[mode] = growth
+        if mode == "store":
+            assert "blob" not in out[1], out[1]  # the staged copies were released
+            onnx.checker.check_model(os.fspath(where / "m.onnx"))
+            back = onnx.load(where / "m.onnx")
+            assert numpy_helper.to_array(back.graph.initializer[7])[0, 0] == 7.5
+    # Without a store every copy stays until the write returns; with one, one at a time.
+    assert grown["memory"] >= 8 * 16 * MiB, grown
+    assert grown["store"] < 3 * 16 * MiB, grown

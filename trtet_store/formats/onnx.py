@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.formats.tensors import StagedTensor, file_range
-from trtet_store.io import Blob, WriteReport, write_files
+from trtet_store.io import Blob, BlobStore, WriteReport, write_files
 
 log = logging.getLogger("trtet_store.formats")
 
@@ -55,7 +55,7 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
                size_threshold: int = 1024, convert_attribute: bool = False,
                alignment: int = 64, base_dir: os.PathLike | str | None = None,
                tensors: Mapping[str, Blob | StagedTensor] | None = None,
-               consume: bool = False, progress: Any = None,
+               store: BlobStore | None = None, consume: bool = False, progress: Any = None,
                placements: Collection[str] | str | None = None,
                timeout: float | None = None) -> list[WriteReport]:
     """Save ``model`` to ``path`` with its large tensors in ``location``, as one transaction.
@@ -83,6 +83,16 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
     tensors : dict of str to Blob or StagedTensor, optional
         Initializer name to a staged blob holding its bytes: placed, never
         read. The initializer keeps its name, type and dims.
+    store : BlobStore, optional
+        Stage each in-memory tensor into this store as it is copied out of
+        the protobuf, and drop the copy: memory then holds one tensor at a
+        time, not all of them (the protobuf library gives no view of
+        ``raw_data``, only copies). Put the store on the output's filesystem
+        and use ``alignment=4096``: the staged bytes are then cloned (XFS,
+        btrfs) or inserted and moved (ext4; with ``consume=True``, or when no
+        blob of yours is in ``tensors``) instead of copied. Default: the
+        copies stay in memory until the write returns (fastest; peak memory
+        the size of the external data).
     consume : bool
         Let staged blobs be moved or inserted (they are used up).
     progress, placements, timeout
@@ -111,6 +121,26 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
 
     out = onnx.ModelProto()
     _copy(model, out, onnx)
+    ours: list[Blob] = []  # blobs staged here from raw_data, released after the write
+    try:
+        pieces, size = _plan(model, out, onnx, staged, base, location, size_threshold,
+                             convert_attribute, alignment, store, ours)
+        header = out.SerializeToString()
+        log.info("%s: %d bytes of model, %d bytes of external data in %s (%d tensors staged)",
+                 path, len(header), size, data_path, len(ours))
+        # Blobs staged here are ours to use up; the caller's only with consume=True.
+        use_up = consume or (bool(ours) and not staged)
+        return write_files([(path, [header]), (data_path, pieces)], consume=use_up,
+                           progress=progress, placements=placements, timeout=timeout)
+    finally:
+        for blob in ours:
+            blob.close()
+
+
+def _plan(model: Any, out: Any, onnx: Any, staged: dict, base: Path, location: str,
+          size_threshold: int, convert_attribute: bool, alignment: int,
+          store: BlobStore | None, ours: list[Blob]) -> tuple[list[Any], int]:
+    """The data file's pieces, with ``out``'s tensors pointed at them; its size."""
     pieces: list[Any] = []
     offset = 0
     used: set[str] = set()
@@ -126,6 +156,10 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
             wanted = kind == "initializer" or (kind == "attribute" and convert_attribute)
             if wanted and len(raw) + BYTES_OVERHEAD >= size_threshold:
                 piece = raw
+                if store is not None:
+                    piece = store.put(raw)
+                    ours.append(piece)
+                    del raw
             else:
                 d.raw_data = raw
         if piece is None:
@@ -141,11 +175,7 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
     missing = sorted(set(staged) - used)
     if missing:
         raise ValueError(f"tensors names no initializer of the model: {missing}")
-    header = out.SerializeToString()
-    log.info("%s: %d bytes of model, %d bytes of external data in %s", path, len(header),
-             offset, data_path)
-    return write_files([(path, [header]), (data_path, pieces)], consume=consume,
-                       progress=progress, placements=placements, timeout=timeout)
+    return pieces, offset
 
 
 def _data_path(path: Path, location: str) -> Path:
