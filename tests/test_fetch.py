@@ -256,3 +256,16 @@ def test_if_replaced_error_raises_and_changes_nothing(s3, here_fs):
               if_replaced="error", progress=replace_once)
     assert (here_fs / "model.pte").read_bytes() == v1
     assert (here_fs / "model.ptd").read_bytes() == b"a" * 10
+
+
+def test_an_object_published_as_one_piece_is_reused_chunk_by_chunk(s3, here_fs):
+    v1 = engine_bytes(40, 9 * MiB + 100)
+    v2 = bytearray(v1)
+    v2[4 * MiB + 10: 4 * MiB + 20] = b"0123456789"  # one chunk of nine changed
+    url = f"s3://{s3.bucket}/one/file.bin"
+    put_program(s3.client, s3.bucket, "one", {"file.bin": (v1, [len(v1)])})
+    fetch(url, here_fs / "file.bin", client=s3.client)
+    put_program(s3.client, s3.bucket, "one", {"file.bin": (bytes(v2), [len(v2)])})
+    report = fetch(url, here_fs / "file.bin", client=s3.client)
+    assert (here_fs / "file.bin").read_bytes() == bytes(v2)
+    assert report.bytes_downloaded == MiB and report.bytes_reused == len(v1) - MiB

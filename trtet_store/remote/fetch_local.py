@@ -1,12 +1,12 @@
 """Delta: which pieces of the new version are already in local files, found by their digests.
 
-Each manifest piece is looked for in every candidate file (the destination's
-previous version, files given with ``reuse=``): at its own offset, and at its
-offset shifted by the difference in file sizes (a piece after one whose size
-changed). A candidate matches when every one of the piece's xxh3-64 chunk
-digests matches; the first mismatching chunk ends the look, so a changed
-engine costs one chunk read, an unchanged one a read of its bytes (no
-download). Nothing here writes.
+Each chunk of each manifest piece (the xxh3-64 digests the manifest records
+per ``chunk_size`` bytes) is looked for in every candidate file (the
+destination's previous version, files given with ``reuse=``): at its piece's
+own offset, and shifted by the difference in file sizes (a piece after one
+whose size changed). A chunk found is not downloaded; runs of them become
+ranges of the old file in the new one. Costs a read of the candidates'
+bytes, never a download. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from awscrt.checksums import crc64nvme
+from awscrt.checksums import combine_crc64nvme, crc64nvme
 
 from trtet_store.io import chunk_digest
 from trtet_store.remote.fetch_plan import ObjectSpec, Reuse
@@ -45,7 +45,12 @@ def candidate_files(paths: Sequence[os.PathLike | str]) -> list[tuple[str, int]]
 
 
 def find_reusable(spec: ObjectSpec, candidates: Sequence[tuple[str, int]]) -> list[Reuse]:
-    """Every piece of ``spec`` whose bytes one of ``candidates`` holds, as :class:`Reuse`.
+    """Every chunk of ``spec`` that one of ``candidates`` holds, as runs of :class:`Reuse`.
+
+    Matching is per manifest chunk (``chunk_size`` bytes on each piece's own
+    grid), so an object published as one piece (a local file) is reused where
+    its bytes are unchanged too. Consecutive chunks found in the same file at
+    the same shift make one :class:`Reuse`.
 
     Parameters
     ----------
@@ -54,51 +59,57 @@ def find_reusable(spec: ObjectSpec, candidates: Sequence[tuple[str, int]]) -> li
     candidates : sequence of (path, size)
         Local files that may hold an earlier version.
     """
-    found = []
+    found: list[Reuse] = []
     fds: dict[str, int] = {}
     try:
         for piece in spec.pieces:
-            if piece.size == 0:
-                continue
-            for path, size in candidates:
-                hit = None
-                for src_off in dict.fromkeys((piece.offset, piece.offset + size - spec.size)):
-                    if src_off < 0 or src_off + piece.size > size:
-                        continue
-                    if path not in fds:
-                        fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    crc = _match(fds[path], src_off, piece.size, spec.chunk_size, piece.chunks)
-                    if crc is not None:
-                        hit = Reuse(piece.offset, piece.size, path, src_off, size, crc,
-                                    piece.chunks)
-                        break
-                if hit is not None:
-                    found.append(hit)
-                    break
+            if piece.size:
+                found += _reuse_in_piece(spec, piece, candidates, fds)
     finally:
         for fd in fds.values():
             os.close(fd)
-    log.info("%s: %d of %d pieces (%d of %d bytes) found locally", spec.name, len(found),
-             sum(1 for p in spec.pieces if p.size), sum(r.size for r in found), spec.size)
+    log.info("%s: %d of %d bytes found locally, in %d range(s)", spec.name,
+             sum(r.size for r in found), spec.size, len(found))
     return found
 
 
-def _match(fd: int, offset: int, size: int, chunk_size: int,
-           chunks: Sequence[int]) -> int | None:
-    """The CRC64NVME of ``[offset, offset + size)`` if its chunks match ``chunks``, else None."""
-    crc = 0
-    step = max(chunk_size, READ_STEP // chunk_size * chunk_size)
+def _reuse_in_piece(spec: ObjectSpec, piece, candidates: Sequence[tuple[str, int]],
+                    fds: dict[str, int]) -> list[Reuse]:
+    chunk = spec.chunk_size
+    n = len(piece.chunks)
+    owner: list[tuple[str, int, int, int] | None] = [None] * n  # (path, size, shift, crc)
+    for path, size in candidates:
+        for src_start in dict.fromkeys((piece.offset, piece.offset + size - spec.size)):
+            todo = [k for k in range(n) if owner[k] is None]
+            if not todo:
+                break
+            if src_start < 0:
+                continue
+            if path not in fds:
+                fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            for k in todo:
+                off = k * chunk
+                length = min(chunk, piece.size - off)
+                if src_start + off + length > size:
+                    break
+                data = os.pread(fds[path], length, src_start + off)
+                if len(data) == length and chunk_digest(data) == piece.chunks[k]:
+                    owner[k] = (path, size, src_start, crc64nvme(data))
+    out: list[Reuse] = []
     k = 0
-    pos = 0
-    while pos < size:
-        data = os.pread(fd, min(step, size - pos), offset + pos)
-        if not data:
-            return None
-        view = memoryview(data)
-        for c in range(0, len(view), chunk_size):
-            if k >= len(chunks) or chunk_digest(view[c:c + chunk_size]) != chunks[k]:
-                return None
+    while k < n:
+        if owner[k] is None:
             k += 1
-        crc = crc64nvme(data, crc)
-        pos += len(data)
-    return crc if k == len(chunks) else None
+            continue
+        path, size, src_start, crc = owner[k]
+        first, total = k, 0
+        k += 1
+        while k < n and owner[k] is not None and owner[k][:3] == (path, size, src_start):
+            k += 1
+        for j in range(first, k):
+            length = min(chunk, piece.size - j * chunk)
+            crc = owner[j][3] if j == first else combine_crc64nvme(crc, owner[j][3], length)
+            total += length
+        out.append(Reuse(piece.offset + first * chunk, total, path, src_start + first * chunk,
+                         size, crc, tuple(piece.chunks[first:k])))
+    return out
