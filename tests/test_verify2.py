@@ -275,6 +275,10 @@ def test_a_changed_weight_in_the_ptd_fails(xnnpack_sets, tmp_path):
     result = verify(pte)
     assert not result.ok
     assert any("SHA-256" in p.message and "not the ones" in p.message for p in result.problems)
+    # Every digest computed is shown: the changed weight's is not its key.
+    shown = {e["key"]: e["sha256"] for e in result.external_data["needed"]}
+    assert len(shown) == 4 and shown[entry["key"]] != entry["key"]
+    assert all(k == v for k, v in shown.items() if k != entry["key"])
 
 
 @needs_ptd_runtime

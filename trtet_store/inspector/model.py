@@ -146,7 +146,8 @@ class VerifyResult:
             this list is what a user compares with the digests of the build.
         external_data: What a ``.pte`` needs from ``.ptd`` files, or None
             when it needs nothing: ``needed`` (one dict per key: ``what``,
-            ``key``, ``found_in``), ``files`` (one dict per ``.ptd`` looked
+            ``key``, ``found_in``, and ``sha256`` for an XNNPACK weight, whose
+            key it must equal), ``files`` (one dict per ``.ptd`` looked
             at: ``path``, ``how`` (``given`` or ``next to it``),
             ``holds`` (how many needed keys), ``matches``), ``complete``.
     """

@@ -128,6 +128,9 @@ def _external_data_lines(result: VerifyResult) -> list[str]:
     for e in needed:
         where = (f"in {e['found_in'].name}" if e["found_in"] is not None
                  else "NOT FOUND in the .ptd files looked at")
+        if "sha256" in e:
+            where += f", sha256 {e['sha256']}" + (" (its key)" if e["sha256"] == e["key"]
+                                                   else " (NOT its key)")
         lines.append(f"  {e['key']} ({e['what']}): {where}")
     files = ext["files"]
     if files:

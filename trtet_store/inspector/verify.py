@@ -219,17 +219,21 @@ def _delegate_refs(pte: Inspection, candidates: set[str]) -> dict[str, str]:
     return refs
 
 
-def _check_xnnpack_weight(key: str, holder: Inspection, result: VerifyResult) -> None:
-    """An XNNPACK weight's bytes against its key, their SHA-256: the .ptd is this program's."""
+def _check_xnnpack_weight(key: str, holder: Inspection, result: VerifyResult) -> str | None:
+    """An XNNPACK weight's bytes against its key, their SHA-256: the .ptd is this program's.
+
+    Returns the SHA-256 computed (None when the entry is out of its file).
+    """
     entry = next(d for d in holder.named_data if d["key"] == key)
     if "absolute_offset" not in entry or entry["absolute_offset"] + entry["size"] > \
             holder.file_size:
-        return  # an error of the .ptd's own already
+        return None  # an error of the .ptd's own already
     _, sha = _digest_range(holder.path, entry["absolute_offset"], entry["size"], sha256=True)
     if sha != key:
         result.problems.append(Problem(
             "error", f"XNNPACK weight {key[:16]}... in {holder.path.name} has SHA-256 "
             f"{sha[:16]}...: its bytes are not the ones the program was built with"))
+    return sha
 
 
 def _beside(pte: Inspection) -> list[Inspection]:
@@ -277,7 +281,9 @@ def _external_data(pte: Inspection, given: Inspection | None,
         elif key in pte.external_layouts:
             _check_layout(key, pte.external_layouts[key], holder, result)
         elif what.endswith(f"({XNNPACK_ID})"):
-            _check_xnnpack_weight(key, holder, result)
+            sha = _check_xnnpack_weight(key, holder, result)
+            if sha is not None:
+                entries[-1]["sha256"] = sha  # every digest computed is shown
     for c in used:
         if all(f is not c for f in result.files):
             result.files.append(c)  # its own structure is checked too
