@@ -80,7 +80,8 @@ def check_metadata(raw: bytes, magic: bytes) -> tuple[dict[str, Any] | None, lis
         errors.append(f"TensorRT metadata fields in the order {known}; the C++ parser finds "
                       f"them only in the order {expected} (a scalar before the arrays is "
                       "silently left at its default)")
-    bindings = _check_bindings(meta.get("io_bindings"), errors) if "io_bindings" in meta else None
+    bindings = (_check_bindings(meta["io_bindings"], errors, warnings) if "io_bindings" in meta
+                else None)
     if "aliased_io" in meta:
         _check_aliases(meta["aliased_io"], bindings, magic, errors)
     for name, ok, what in (("hardware_compatible", lambda v: isinstance(v, bool), "a boolean"),
@@ -97,7 +98,8 @@ def check_metadata(raw: bytes, magic: bytes) -> tuple[dict[str, Any] | None, lis
     return meta, errors, warnings
 
 
-def _check_bindings(bindings: Any, errors: list[str]) -> dict[str, bool] | None:
+def _check_bindings(bindings: Any, errors: list[str],
+                    warnings: list[str]) -> dict[str, bool] | None:
     """Check ``io_bindings``; return ``{name: is_input}`` when it is a list."""
     if not isinstance(bindings, list):
         errors.append(f"TensorRT metadata 'io_bindings' is {type(bindings).__name__}, not a list")
@@ -115,8 +117,8 @@ def _check_bindings(bindings: Any, errors: list[str]) -> dict[str, bool] | None:
                                                      and not b[field]):
                 errors.append(f"io_bindings[{i}] {field!r} is {b[field]!r}")
         extra = sorted(set(b) - set(_BINDING_FIELDS))
-        if extra:
-            errors.append(f"io_bindings[{i}] has unknown fields {extra}")
+        if extra:  # upstream's parser drops them; a newer writer may add some
+            warnings.append(f"io_bindings[{i}] has fields the runtime does not read: {extra}")
         shape = b.get("shape")
         if isinstance(shape, list) and not all(_is_int(d) for d in shape):
             errors.append(f"io_bindings[{i}] shape {shape!r} is not a list of integers")
