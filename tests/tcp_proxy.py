@@ -382,8 +382,16 @@ class TcpProxy:
 
 
 def _reset(sock: socket.socket) -> None:
-    """Close ``sock`` with an RST rather than a FIN."""
+    """Close ``sock`` with an RST rather than a FIN.
+
+    ``shutdown(SHUT_RD)`` first wakes the other pump thread's ``recv`` on
+    it (sending nothing to the peer): a close while another thread is in a
+    call on the socket would release it, and send the RST, only when that
+    call returns, which for an idle peer is never.
+    """
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         sock.close()
