@@ -71,7 +71,7 @@ def known_settings() -> frozenset[str]:
 
 
 def refuse_unknown(function: str, given: Iterable[str], known: Iterable[str],
-                   what: str = "keyword argument") -> None:
+                   why: str = "") -> None:
     """Raise ``TypeError`` for the first of ``given`` not in ``known``, naming the closest known."""
     known = sorted(set(known))
     for name in given:
@@ -79,7 +79,7 @@ def refuse_unknown(function: str, given: Iterable[str], known: Iterable[str],
             continue
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise TypeError(f"{function}() got an unexpected {what} {name!r}{hint}")
+        raise TypeError(f"{function}() got an unexpected keyword argument {name!r}{why}{hint}")
 
 
 def check_compile_settings(function: str, backend: str, settings: Iterable[str],
@@ -106,4 +106,4 @@ def check_compile_settings(function: str, backend: str, settings: Iterable[str],
                         f"backend={backend!r}: they are for the TensorRT compiler "
                         "(backend='tensorrt') and would be ignored")
     refuse_unknown(function, settings, known_settings() | parameters,
-                   what="keyword argument (neither its own nor a TensorRT compile setting)")
+                   why=" (neither its own nor a TensorRT compile setting)")
