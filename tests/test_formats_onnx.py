@@ -278,3 +278,15 @@ def test_a_store_bounds_memory_to_one_tensor(make_fs):
     # Without a store every copy stays until the write returns; with one, one at a time.
     assert grown["memory"] >= 8 * 16 * MiB, grown
     assert grown["store"] < 3 * 16 * MiB, grown
+
+
+def test_an_onnx_ir_model_is_saved_the_same(exported, tmp_path):
+    import onnx_ir as ir
+
+    src, x = exported
+    model = ir.from_proto(onnx.load(src))
+    fo.save_model(model, tmp_path / "net.onnx", location="net.data")
+    onnx.checker.check_model(os.fspath(tmp_path / "net.onnx"))
+    np.testing.assert_array_equal(run(tmp_path / "net.onnx", x), run(src, x))
+    with pytest.raises(TypeError, match="ModelProto or an onnx_ir.Model"):
+        fo.save_model(object(), tmp_path / "x.onnx", location="x.data")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
 
     Parameters
     ----------
-    model : onnx.ModelProto
+    model : onnx.ModelProto or onnx_ir.Model
         Never changed.
     path : path-like
         The ``.onnx`` file.
@@ -105,9 +106,14 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
     """
     import onnx
 
+    ir = sys.modules.get("onnx_ir")
+    if ir is not None and isinstance(model, ir.Model):
+        # Its in-memory tensors become raw_data (a copy each, as onnx_ir's own save
+        # makes); its external tensors stay references, resolved against base_dir.
+        model = ir.to_proto(model)
     if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"expected an onnx.ModelProto, got {type(model).__name__} (an onnx_ir "
-                        "model: onnx_ir.to_proto(model) first)")
+        raise TypeError(f"expected an onnx.ModelProto or an onnx_ir.Model, got "
+                        f"{type(model).__name__}")
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two, got {alignment}")
     path = Path(path).absolute()
