@@ -392,3 +392,13 @@ def test_peak_rss_of_a_2_gib_save(here_fs, what):
     assert size > 2 << 30
     bound = 64 * MiB if what == "blobs" else 256 * MiB  # one tensor
     assert growth < bound, f"peak RSS grew {growth / MiB:.0f} MiB saving {what}"
+
+
+def test_formats_load_nothing_heavy_and_no_export():
+    code = ("import sys, trtet_store.formats.safetensors, trtet_store.formats.onnx\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'numpy', 'onnx', 'safetensors', 'executorch') "
+            "or m.startswith('trtet_store.export')))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    assert out == "[]", out
