@@ -175,7 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="staging directory for engines (default beside OUT)",
+        help="staging directory for engines (default beside OUT); engines of a failed run "
+        "stay there and the next run of the same export reuses them",
+    )
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="wait this long for another write of OUT to finish (default: refuse at once)",
     )
     c.add_argument(
         "--versioned",
@@ -379,12 +387,12 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         kwargs["segment_alignment"] = args.segment_alignment
     if args.etrecord:
         kwargs["generate_etrecord"] = True
-    store = None
     if args.store is not None:
-        from trtet_store.io import BlobStore
-
-        store = BlobStore(args.store)
-        kwargs["store"] = store
+        # A directory, not a BlobStore: the call's own store there keeps a
+        # failed run's engines as orphans, where the next run finds them.
+        kwargs["store"] = args.store
+    if args.timeout is not None:
+        kwargs["timeout"] = args.timeout
     if args.versioned or args.keep_versions is not None:
         kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
     bars = _Bars(enabled=not args.no_progress)
@@ -392,12 +400,10 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     try:
         report = compile_and_save(source, inputs, out, **kwargs)
     except Exception as exc:
-        print(f"trtet-store compile-and-save: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"trtet-store compile-and-save: {_explained(exc, out)}", file=sys.stderr)
         return 1
     finally:
         bars.close()
-        if store is not None:
-            store.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
@@ -407,6 +413,29 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             for p in w.placements:
                 print(f"    payload at {p.offset}, {p.size} bytes: {p.placement} ({p.reason})")
     return 0
+
+
+def _explained(exc: Exception, out: Path) -> str:
+    """The error as one line; a full disk names the file, the free space and what to do."""
+    import errno
+
+    from trtet_store import InsufficientSpaceError
+
+    if isinstance(exc, InsufficientSpaceError):
+        return f"{type(exc).__name__}: {exc.strerror}"  # it names file, sizes and a hint
+    text = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, OSError) or exc.errno != errno.ENOSPC:
+        return text
+    where = Path(exc.filename) if exc.filename else out
+    probe = where if where.is_dir() else where.parent
+    try:
+        st = os.statvfs(probe if probe.exists() else out.parent)
+        free = f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB available"
+    except OSError:
+        free = "free space unknown"
+    return (f"no space left on device writing {where} ({free}; the size it needed is "
+            f"unknown: {exc.strerror}); free some space or write OUT (and --store) to a larger "
+            f"filesystem: staged engines are kept and the next run reuses them")
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
@@ -429,6 +458,12 @@ def cmd_recover(args: argparse.Namespace) -> int:
         for o in outcomes:
             outs = ", ".join(os.fspath(x) for x in o.outputs) or "-"
             print(f"{o.journal}: {o.action} ({outs})" + (f": {o.detail}" if o.detail else ""))
+        orphans = [o for o in outcomes if o.action == "orphan"]
+        if orphans:
+            engines = sum('"trtet_store.tensorrt.' in o.detail for o in orphans)
+            print(f"{len(orphans)} staged file(s) of dead or failed runs kept, {engines} of them "
+                  "TensorRT engines or build records: run the same export again to reuse "
+                  "them, or remove them with trtet_store.BlobStore(DIR).remove_orphans()")
     stuck = [o for o in outcomes if o.action in ("busy", "damaged", "stuck")]
     return 1 if stuck else 0
 
@@ -443,7 +478,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "command", None) == "compile-and-save" and \
+            not any(e.startswith("-") for e in extra):
+        # OUT after an option (`m.py:f --method a=m.py:g OUT`): argparse ends the
+        # positionals at the first option; compile_source judges them all.
+        args.paths += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.verbose:
         logging.basicConfig(
             level=logging.DEBUG if args.verbose > 1 else logging.INFO,

@@ -148,18 +148,36 @@ class _TaggingStore:
                 raise
             directory = self._store.directory
             st = os.statvfs(directory)
-            raise InsufficientSpaceError(
-                written.size + 1, st.f_bavail * st.f_frsize, directory,
-                hint=f"the disk filled while staging a TensorRT engine after "
-                f"{written.size} bytes of it; engines staged before it are kept and reused "
-                "by the next run of the same export; stage on a larger filesystem "
-                "(store=, or --store DIR)") from exc
+            raise StagingSpaceError(written.size, st.f_bavail * st.f_frsize,
+                                    directory) from exc
 
     def put(self, data: bytes, *, metadata: dict | None = None) -> Blob:
         return self._store.put(data, metadata={**(metadata or {}), **self._tag})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+
+class StagingSpaceError(InsufficientSpaceError):
+    """The disk filled while a TensorRT engine was staged (its size was not known before).
+
+    ``needed`` is a lower bound: the bytes staged when the disk filled, plus one.
+    """
+
+    def __init__(self, written: int, available: int, directory: os.PathLike | str) -> None:
+        from trtet_store.io.units import format_mib
+
+        OSError.__init__(
+            self, errno.ENOSPC,
+            f"not enough free space to stage a TensorRT engine in {os.fspath(directory)}: the "
+            f"disk filled after {format_mib(written)} of it, so it needs more than that, and "
+            f"{format_mib(available)} is available there (its partial file removed). Free "
+            "space, or stage on a larger filesystem (store=, or trtet-store --store DIR); "
+            "engines staged before it are kept, and the next run of the same export reuses "
+            "them", os.fspath(directory))
+        self.needed = written + 1
+        self.available = available
+        self.path = os.fspath(directory)
 
 
 class _Counting:
