@@ -28,7 +28,7 @@ from digests import file_digest
 from faults import FaultInjector, count_calls
 from onnx import numpy_helper
 
-from trtet_store import BlobStore, recover
+from trtet_store import BlobStore, InsufficientSpaceError, recover
 from trtet_store.bench.measure import bytes_written
 from trtet_store.formats import onnx as fo
 from trtet_store.io import fs
@@ -290,3 +290,19 @@ def test_an_onnx_ir_model_is_saved_the_same(exported, tmp_path):
     np.testing.assert_array_equal(run(tmp_path / "net.onnx", x), run(src, x))
     with pytest.raises(TypeError, match="ModelProto or an onnx_ir.Model"):
         fo.save_model(object(), tmp_path / "x.onnx", location="x.data")
+
+
+def test_full_disk_keeps_both_old_files(exported, make_fs):
+    src, x = exported
+    mnt = make_fs("ext4", 64)
+    fo.save_model(onnx.load(src), mnt / "net.onnx", location="net.data")
+    old = (file_digest(mnt / "net.onnx"), file_digest(mnt / "net.data"))
+    big = onnx.load(src)
+    for k in range(12):  # 12 x 4 MiB more than the disk has left
+        big.graph.initializer.append(numpy_helper.from_array(
+            np.full((1 << 20,), k, np.float32), f"extra{k}"))
+    with pytest.raises(InsufficientSpaceError):
+        fo.save_model(big, mnt / "net.onnx", location="net.data")
+    assert (file_digest(mnt / "net.onnx"), file_digest(mnt / "net.data")) == old
+    assert sorted(p.name for p in mnt.iterdir()) == ["lost+found", "net.data", "net.onnx"]
+    np.testing.assert_array_equal(run(mnt / "net.onnx", x), run(src, x))
