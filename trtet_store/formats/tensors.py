@@ -147,8 +147,10 @@ class TensorBytes:
         return any(isinstance(p, (Blob, ExternalFile)) for p in self.pieces)
 
 
-def tensor_bytes(name: str, value: Any) -> TensorBytes:
+def tensor_bytes(name: str, value: Any, maps: list[str] | None = None) -> TensorBytes:
     """Describe one value of a tensors dict; see the module docstring for what it may be.
+
+    ``maps`` is :func:`read_maps`'s snapshot, read once for many tensors.
 
     Raises
     ------
@@ -165,10 +167,10 @@ def tensor_bytes(name: str, value: Any) -> TensorBytes:
         return _staged(name, value)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        return _torch(name, value, torch)
+        return _torch(name, value, torch, maps)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(value, np.ndarray):
-        return _numpy(name, value)
+        return _numpy(name, value, maps)
     raise TypeError(f"tensor {name!r}: expected a torch.Tensor, a numpy.ndarray, a "
                     f"StagedTensor or a Blob with dtype and shape metadata, got "
                     f"{type(value).__name__}")
@@ -216,7 +218,7 @@ def _staged(name: str, value: StagedTensor) -> TensorBytes:
     return TensorBytes(name, code, shape, n, [blob] if n else [], owner=blob)
 
 
-def _torch(name: str, t: Any, torch: Any) -> TensorBytes:
+def _torch(name: str, t: Any, torch: Any, maps: list[str] | None) -> TensorBytes:
     if t.layout != torch.strided:
         raise ValueError(f"tensor {name!r} is sparse ({t.layout}); save t.to_dense() instead "
                          "(it may be much larger on disk)")
@@ -236,10 +238,10 @@ def _torch(name: str, t: Any, torch: Any) -> TensorBytes:
                              "safetensors shape; reshape it to (1,)")
         shape = (*shape[:-1], shape[-1] * 2)
     n = t.numel() * t.element_size()
-    return _memory(name, code, shape, n, t.data_ptr(), t)
+    return _memory(name, code, shape, n, t.data_ptr(), t, maps)
 
 
-def _numpy(name: str, a: Any) -> TensorBytes:
+def _numpy(name: str, a: Any, maps: list[str] | None) -> TensorBytes:
     if a.dtype.hasobject:
         raise ValueError(f"array {name!r} holds Python objects ({a.dtype}): no bytes to save")
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
@@ -249,11 +251,11 @@ def _numpy(name: str, a: Any) -> TensorBytes:
         raise ValueError(f"array {name!r} is not C-contiguous; save numpy.ascontiguousarray(a)")
     code = dtype_code(a.dtype)
     return _memory(name, code, tuple(int(d) for d in a.shape), int(a.nbytes),
-                   int(a.__array_interface__["data"][0]), a)
+                   int(a.__array_interface__["data"][0]), a, maps)
 
 
 def _memory(name: str, code: str, shape: tuple[int, ...], n: int, address: int,
-            owner: Any) -> TensorBytes:
+            owner: Any, maps: list[str] | None) -> TensorBytes:
     expected = nbytes_of(code, shape)
     if n != expected:  # pragma: no cover - a dtype table error, not a user's
         raise AssertionError(f"{name}: {n} bytes in memory, {expected} by dtype and shape")
@@ -261,18 +263,18 @@ def _memory(name: str, code: str, shape: tuple[int, ...], n: int, address: int,
         raise ValueError("safetensors is little-endian; this machine is big-endian")
     item = TensorBytes(name, code, shape, n, owner=owner, address=(address, address + n))
     if n:
-        item.pieces = memory_pieces(address, n)
+        item.pieces = memory_pieces(address, n, maps)
     return item
 
 
-def memory_pieces(address: int, n: int) -> list[Any]:
+def memory_pieces(address: int, n: int, maps: list[str] | None = None) -> list[Any]:
     """``n`` bytes of this process's memory at ``address``: file ranges or memory slices.
 
     Where the bytes are an unmodified private mapping of a file, and the io
     layer places file ranges, the piece is that range; otherwise slices of
     :data:`SLICE` bytes over the memory itself (no copy).
     """
-    ranged = mapped_range(address, n) if RANGES else None
+    ranged = mapped_range(address, n, maps) if RANGES else None
     if ranged is not None:
         path, offset = ranged
         return [file_range(path, offset, n)]
@@ -302,7 +304,17 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _PM_PRESENT, _PM_SWAPPED, _PM_FILE = 1 << 63, 1 << 62, 1 << 61
 
 
-def mapped_range(address: int, n: int) -> tuple[Path, int] | None:
+def read_maps() -> list[str]:
+    """This process's memory mappings (``/proc/self/maps``), one line each; [] if unreadable."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().decode("utf-8", "surrogateescape").splitlines()
+    except OSError:
+        return []
+
+
+def mapped_range(address: int, n: int,
+                 maps: list[str] | None = None) -> tuple[Path, int] | None:
     """``(file, offset)`` when memory ``[address, address+n)`` is a file's unmodified mapping.
 
     ``/proc/self/maps`` names the file and the offset; the file's name must
@@ -313,11 +325,8 @@ def mapped_range(address: int, n: int) -> tuple[Path, int] | None:
     file's page cache. Anything else, or anything unreadable, is None: the
     bytes are then read from memory, which is always right.
     """
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            maps = f.read().decode("utf-8", "surrogateescape").splitlines()
-    except OSError:
-        return None
+    if maps is None:
+        maps = read_maps()
     end = address + n
     for line in maps:
         fields = line.split(maxsplit=5)
@@ -372,6 +381,7 @@ def describe_all(tensors: Mapping[str, Any]) -> list[TensorBytes]:
     """Every value of ``tensors`` described, and the sharing check done."""
     if not isinstance(tensors, Mapping):
         raise TypeError(f"expected a dict of name -> tensor, got {type(tensors).__name__}")
-    items = [tensor_bytes(name, value) for name, value in tensors.items()]
+    maps = read_maps() if RANGES else None  # one snapshot for every tensor
+    items = [tensor_bytes(name, value, maps) for name, value in tensors.items()]
     check_disjoint(items)
     return items
