@@ -215,7 +215,7 @@ def s3env(s3: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 
 @pytest.fixture
 def tcp_proxy() -> Iterator[Callable[..., Any]]:
-    """Factory ``tcp_proxy(target, faults=None) -> TcpProxy``; closed at the end.
+    """Factory ``tcp_proxy(target, faults=None, request_rate=None) -> TcpProxy``; closed at the end.
 
     ``target`` is a URL (``s3.endpoint.url``) or ``(host, port)``.
     """
@@ -225,11 +225,11 @@ def tcp_proxy() -> Iterator[Callable[..., Any]]:
 
     made: list[Any] = []
 
-    def _make(target: Any, faults: Any = None) -> Any:
+    def _make(target: Any, faults: Any = None, request_rate: float | None = None) -> Any:
         if isinstance(target, str):
             parts = urlsplit(target)
             target = (parts.hostname, parts.port)
-        proxy = TcpProxy(target, faults).start()
+        proxy = TcpProxy(target, faults, request_rate).start()
         made.append(proxy)
         return proxy
 

@@ -28,6 +28,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -256,10 +257,15 @@ class TcpProxy:
         Body bytes passed, keyed by ``(direction, method)``.
     connections : int
         Connections accepted.
+    request_rate : float or None
+        Bytes per second each connection may send toward the server (a slow
+        uplink, so a test can stop a client mid-upload); None: no limit.
     """
 
-    def __init__(self, target: tuple[str, int], faults: list[Fault] | None = None) -> None:
+    def __init__(self, target: tuple[str, int], faults: list[Fault] | None = None,
+                 request_rate: float | None = None) -> None:
         self.target = target
+        self.request_rate = request_rate
         self.faults: list[Fault] = list(faults or [])
         self.fired: list[tuple[Fault, Message]] = []
         self.body_bytes: Counter = Counter()
@@ -357,6 +363,8 @@ class TcpProxy:
                     _reset(upstream)
                     return
                 dst.sendall(out)
+                if self.request_rate and stream.direction == "request":
+                    time.sleep(len(data) / self.request_rate)
         except OSError:
             _reset(client)
             _reset(upstream)
