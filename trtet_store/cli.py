@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trtet_store.cli_fetch import add_parser as add_fetch_parser
 
     add_fetch_parser(sub)
+    from trtet_store.cli_remote import add_parser as add_publish_parser
+
+    add_publish_parser(sub)
     return parser
 
 

@@ -33,6 +33,7 @@ _LAZY = {
     "PublishReport": "trtet_store.remote.report",
     "abort": "trtet_store.remote.publish",
     "list_uploads": "trtet_store.remote.publish",
+    "pending": "trtet_store.remote.publish",
 }
 
 
@@ -63,5 +64,6 @@ __all__ = [
     "abort",
     "list_uploads",
     "manifest_key",
+    "pending",
     "publish",
 ]

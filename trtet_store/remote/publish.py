@@ -728,6 +728,16 @@ def list_uploads(url: str, *, endpoint_url: str | None = None) -> list[OpenUploa
     return s3.list_uploads(bucket, prefix)
 
 
+def pending(url: str, *, endpoint_url: str | None = None,
+            journal_dir: os.PathLike | str | None = None) -> Path | None:
+    """The journal of an interrupted publish of ``url`` (None if there is none)."""
+    dest = RemoteURL.parse(url)
+    s3 = S3(endpoint_url)
+    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
+    path = journal_path(jdir, s3.endpoint_url, dest.bucket, dest.key)
+    return path if Journal.read(path) else None
+
+
 def abort(url: str, *, endpoint_url: str | None = None,
           journal_dir: os.PathLike | str | None = None) -> list[OpenUpload]:
     """Abort the interrupted publish of ``url`` and every unfinished upload of its objects.

@@ -1,0 +1,56 @@
+"""``trtet-store publish``: publish, --replace, --resume, --list and --abort, errors in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from trtet_store.cli import main
+from trtet_store.io.units import MiB
+
+
+def test_publish_replace_resume_list_and_abort(s3env, tmp_path, capsys):
+    pte, ptd = tmp_path / "model.pte", tmp_path / "w.ptd"
+    pte.write_bytes(os.urandom(6 * MiB + 1))
+    ptd.write_bytes(os.urandom(1000))
+    url = f"s3://{s3env.bucket}/cli/model.pte"
+    common = ["--endpoint-url", s3env.endpoint.url, "--journal-dir", str(s3env.journal_dir),
+              "--no-progress"]
+    assert main(["publish", str(pte), str(ptd), url, "--part-size", "5M", *common]) == 0
+    out = capsys.readouterr().out
+    assert "cli/model.pte" in out and "manifest cli/model.pte.trtet.json" in out
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="cli/w.ptd")["Body"].read()
+    assert got == ptd.read_bytes()
+
+    # Exists: refused without --replace, in one line that says what to do.
+    assert main(["publish", str(pte), str(ptd), url, *common]) == 1
+    err = capsys.readouterr().err
+    assert "KeyExistsError" in err and "--replace" in err
+    assert main(["publish", str(pte), str(ptd), url, "--replace", "--json", "--part-size",
+                 "5M", *common]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["bytes_sent"] == 0 and report["bytes_copied"] == report["bytes_total"]
+
+    # --resume with nothing to resume fails and sends nothing.
+    assert main(["publish", str(pte), url, "--resume", *common]) == 1
+    assert "no interrupted publish" in capsys.readouterr().err
+
+    # An abandoned upload is listed, then aborted.
+    upload = s3env.client.create_multipart_upload(Bucket=s3env.bucket, Key="cli/model.pte")
+    assert main(["publish", "--list", f"s3://{s3env.bucket}/cli/", *common[:2]]) == 0
+    assert upload["UploadId"] in capsys.readouterr().out
+    assert main(["publish", "--abort", url, *common]) == 0
+    assert upload["UploadId"] in capsys.readouterr().out
+    assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
+
+
+def test_errors_are_one_line(s3env, tmp_path, capsys):
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"x")
+    assert main(["publish", str(pte), "s3://no-such-bucket-trtet/m.pte", "--endpoint-url",
+                 s3env.endpoint.url, "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("trtet-store publish: BucketNotFoundError") and "\n" not in err
+    assert main(["publish", str(pte), f"s3://{s3env.bucket}/m.pte", "--part-size", "1M",
+                 "--endpoint-url", s3env.endpoint.url, "--no-progress"]) == 1
+    assert "PartSizeError" in capsys.readouterr().err
