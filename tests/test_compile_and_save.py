@@ -172,6 +172,8 @@ def test_etrecord_failure_keeps_the_program_and_is_raised(here_fs, fake_builder,
         trtet_store.compile_and_save(module, inputs, here_fs / "m.pte",
                                      external_engine_data="eng", generate_etrecord=True)
     assert (here_fs / "m.pte").stat().st_size > 0 and (here_fs / "eng.ptd").exists()
+    # The engines are in the program: nothing is kept for a next call (no orphaned record).
+    assert sorted(p.name for p in here_fs.iterdir()) == ["eng.ptd", "m.pte"]
 
 
 def test_etrecord_is_written_before_the_engines_move(here_fs, fake_builder):

@@ -228,6 +228,25 @@ def test_timeout_also_waits_for_a_write_that_starts_during_the_build(here_fs):
     assert engines_in(report.path) == sorted(d for _, d in builder.built)
 
 
+@pytest.mark.parametrize("writer", ["save", "save_program"])
+def test_save_and_save_program_wait_with_timeout(here_fs, writer):
+    from programs import xnnpack_linear_program
+
+    program = xnnpack_linear_program(external_tag=None).manager
+    out = here_fs / "m.pte"
+    write = getattr(trtet_store, writer)
+    fd = _hold(out)
+    with pytest.raises(trtet_store.ConcurrentWriteError, match="pass timeout= to wait"):
+        write(program, out)
+    timer = threading.Timer(0.3, unlock_file, (fd, lock_path_of(out)))
+    timer.start()
+    try:
+        write(program, out, timeout=60)
+    finally:
+        timer.join()
+    assert out.read_bytes() == bytes(program.buffer)
+
+
 def test_a_busy_ptd_is_refused_before_the_build(here_fs):
     fd = _hold(here_fs / "eng.ptd")
     try:

@@ -221,6 +221,7 @@ def compile_and_save(
     if own_store:
         store = BlobStore(path.parent / STAGING_DIR if store is None else store)
     edge = None
+    written = False
     try:
         edge = export(source, inputs=inputs, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs,
                       dynamic_shapes=dynamic_shapes, retrace=retrace,
@@ -246,6 +247,7 @@ def compile_and_save(
         report.writes = et_adapter.save_program(program, path, consume=True,
                                                 versioned=versioned,
                                                 progress=progress, timeout=timeout)
+        written = True  # the engines are in the program now; nothing left to keep
         report.data_paths = [w.path for w in report.writes[1:]]
         for w in report.writes:
             for p in w.placements:
@@ -258,7 +260,7 @@ def compile_and_save(
         # The build is done and the write did not take it: keep it for the next
         # call (export keeps what it built when it fails itself).
         blobs = engine_reuse.kept(store)
-        if edge is not None:
+        if edge is not None and not written:
             staged, records = edge._trtet_staged  # noqa: SLF001
             blobs += [*(e.blob for e in staged), *records]
         engine_reuse.keep(store, blobs, own_store=own_store)
