@@ -355,21 +355,29 @@ def _unkeep(store: BlobStore, blobs: list[Blob]) -> None:
 def abandoned(store: BlobStore, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """One line per build whose staged engines sit unused in ``store``'s directory.
 
-    Builds whose fingerprint is in ``exclude`` (this export's own) are left
-    out. Each line names the build, how many engines and records it left and
-    their size: engines of a crashed or failed export that no run has taken.
+    For builds whose fingerprint is in ``exclude`` (this export's own, about
+    to be reused) only the engines no record lists are named: a kill during
+    the build left them, or they changed since, and nothing can reuse them.
+    Each line names the build, how many engines and records and their size.
     """
     builds: dict[str, list[_Staged]] = {}
     for s in _staged(store):
         builds.setdefault(s.metadata.get("fingerprint", "?"), []).append(s)
     lines = []
     for fingerprint, items in sorted(builds.items()):
+        records = [s for s in items if s.metadata.get("kind") == RECORD_KIND]
+        engines = [s for s in items if s.metadata.get("kind") == ENGINE_KIND]
+        listed = {e.get("digest") for r in records for e in r.metadata.get("engines", [])}
+        loose = [s for s in engines if s.digest is None or s.digest not in listed]
         if fingerprint in exclude:
+            if loose:
+                lines.append(f"build {fingerprint}: {len(loose)} staged engine(s) no record "
+                             f"lists, {sum(s.size for s in loose)} bytes (partial: killed "
+                             "before its record, or changed since; nothing can reuse them)")
             continue
-        n_engines = sum(s.metadata.get("kind") == ENGINE_KIND for s in items)
-        n_records = len(items) - n_engines
-        state = "complete" if n_records else "partial: no record, its engines cannot be reused"
-        lines.append(f"build {fingerprint}: {n_engines} staged engine(s), {n_records} "
+        state = "complete" if records and not loose else \
+            "partial: engines no record lists cannot be reused"
+        lines.append(f"build {fingerprint}: {len(engines)} staged engine(s), {len(records)} "
                      f"record(s), {sum(s.size for s in items)} bytes ({state})")
     return lines
 

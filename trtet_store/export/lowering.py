@@ -247,8 +247,8 @@ def _warn_abandoned(store: BlobStore, mine: set[str]) -> None:
     lines = engine_reuse.abandoned(store, exclude=mine)
     if lines:
         warnings.warn(
-            f"{store.directory} keeps staged engines of {len(lines)} other build(s) that no "
-            "export has taken (a crashed or failed export's): " + "; ".join(lines) + ". Run "
+            f"{store.directory} keeps staged engines that no export has taken, of "
+            f"{len(lines)} build(s) (a crashed or failed export's): " + "; ".join(lines) + ". Run "
             "that export again to reuse them, or remove them with "
             f"BlobStore({str(store.directory)!r}).remove_orphans() (`trtet-store recover "
             "DIR` lists them)", UserWarning, stacklevel=3)
