@@ -121,6 +121,30 @@ def test_a_failure_after_the_build_keeps_the_engines_in_the_callers_store(here_f
     store.close()
 
 
+@pytest.mark.parametrize("store_kind", ["directory", "BlobStore"])
+def test_an_output_disk_too_small_keeps_the_engines_for_a_run_elsewhere(here_fs, make_fs,
+                                                                         store_kind):
+    """The write's preflight refuses (engines copied across filesystems); nothing is lost."""
+    small = make_fs("tmpfs", 2)
+    staging = here_fs / "staging"
+    store = staging if store_kind == "directory" else trtet_store.BlobStore(staging)
+    module, inputs = linear_relu()
+    builder = FakeBuilder(engine_sizes=SIZES)
+    with installed(builder), pytest.raises(trtet_store.InsufficientSpaceError):
+        trtet_store.compile_and_save(module, inputs, small / "m.pte", store=store)
+    digests = sorted(d for _, d in builder.built)
+    assert list(small.iterdir()) == []
+    if store_kind == "directory":
+        assert sorted(staged_engines(staging).values()) == digests
+    else:
+        assert sorted(xxhash.xxh3_128_hexdigest(Path(b.path).read_bytes())
+                      for b in store.blobs()
+                      if b.metadata.get("kind") == engine_reuse.ENGINE_KIND) == digests
+    _rerun_builds_nothing(here_fs / "m.pte", digests, store=store)
+    if store_kind == "BlobStore":
+        store.close()
+
+
 def test_a_failure_in_lowering_after_the_build_keeps_the_engines(here_fs, monkeypatch):
     """ExecuTorch raises after the build (here: in to_edge_transform_and_lower)."""
     from trtet_store.export import lowering
