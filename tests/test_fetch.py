@@ -269,3 +269,21 @@ def test_an_object_published_as_one_piece_is_reused_chunk_by_chunk(s3, here_fs):
     report = fetch(url, here_fs / "file.bin", client=s3.client)
     assert (here_fs / "file.bin").read_bytes() == bytes(v2)
     assert report.bytes_downloaded == MiB and report.bytes_reused == len(v1) - MiB
+
+
+def test_a_plain_object_with_a_flipped_byte_fails_its_checksum_and_keeps_nothing(
+        s3, here_fs, tcp_proxy):
+    old, new = engine_bytes(50, 2 * MiB), engine_bytes(51, 3 * MiB + 5)
+    (here_fs / "x.bin").write_bytes(old)
+    s3.client.put_object(Bucket=s3.bucket, Key="p.bin", Body=new, ChecksumAlgorithm="CRC64NVME")
+    ranged = lambda m: "range" in (m.request.headers if m.request else {})  # noqa: E731
+    proxy = tcp_proxy(s3.endpoint.url, [Fault("response", "flip", at=777, match=ranged)])
+    url = f"s3://{s3.bucket}/p.bin"
+    with pytest.raises(FetchVerificationError, match="crc64nvme of the bytes fetched"):
+        fetch(url, here_fs / "x.bin", client=S3Endpoint(proxy.url).client(read_timeout=5),
+              range_size=MiB)
+    assert (here_fs / "x.bin").read_bytes() == old
+    # No digest says which range was wrong: nothing staged is kept for a resume.
+    assert listing(here_fs) == ["x.bin"]
+    report = fetch(url, here_fs / "x.bin", client=s3.client, range_size=MiB)
+    assert (here_fs / "x.bin").read_bytes() == new and report.bytes_resumed == 0

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from s3_server import S3Endpoint
 from tcp_proxy import Fault
 from test_fetch_support import MiB, engine_bytes, engine_program, put_program
@@ -126,7 +127,9 @@ def test_sigkill_at_random_moments_then_resume_downloads_the_program_about_once(
     assert proc.returncode == 0, err
     assert (here_fs / "model.pte").read_bytes() == data
     assert (here_fs / "model.ptd").read_bytes() == ptd
-    assert sorted(os.listdir(here_fs)) == ["model.ptd", "model.pte"]
+    staging = here_fs / ".trtet-staging"
+    assert sorted(os.listdir(here_fs)) == ["model.ptd", "model.pte"], (
+        sorted(os.listdir(staging)) if staging.exists() else None)
     assert orphans_seen, "recover never listed a killed fetch's staged runs"
     got = proxy.body_bytes[("response", "GET")]
     kills = KILLS + write_kills
@@ -165,4 +168,26 @@ def test_a_network_failure_says_how_to_resume_and_the_resume_downloads_only_the_
     assert report.bytes_downloaded == len(data) - report.bytes_resumed
     assert (proxy.body_bytes[("response", "GET")] - before
             <= len(data) - report.bytes_resumed + 64 * 1024)
+    assert sorted(os.listdir(here_fs)) == ["model.pte"]
+
+
+def test_a_fetch_killed_inside_adopt_finds_its_run_by_inode(s3, here_fs, tcp_proxy):
+    """The state a kill between adopt's rename and its sidecar leaves: a blob without metadata."""
+    data, sizes = engine_program(32, (6 * MiB,))
+    url = f"s3://{s3.bucket}/a/model.pte"
+    put_program(s3.client, s3.bucket, "a", {"model.pte": (data, sizes)})
+    ranged = lambda m: "range" in (m.request.headers if m.request else {})  # noqa: E731
+    proxy = tcp_proxy(s3.endpoint.url, [Fault("response", "reset", at=1000, match=ranged,
+                                              skip=3, times=10_000)])
+    client = S3Endpoint(proxy.url).client(retries={"max_attempts": 1}, read_timeout=5)
+    with pytest.raises(FetchInterruptedError):
+        fetch(url, here_fs / "model.pte", client=client, range_size=MiB, concurrency=1,
+              attempts=1)
+    staging = here_fs / ".trtet-staging"
+    (run,) = staging.glob("fetch-*.run")  # given back to its own name by the failed fetch
+    # What adopt's rename into a store of a process killed right then leaves.
+    run.rename(staging / "0123456789abcdef-1.blob")
+    report = fetch(url, here_fs / "model.pte", client=s3.client, range_size=MiB, concurrency=1)
+    assert (here_fs / "model.pte").read_bytes() == data
+    assert report.bytes_resumed == sizes[0] + 2 * MiB
     assert sorted(os.listdir(here_fs)) == ["model.pte"]

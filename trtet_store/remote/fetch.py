@@ -326,6 +326,7 @@ class _Fetch:
         self.resumed = 0
         self.total = 0
         self.per_object: dict[int, int] = {}
+        self._buffers = threading.local()
 
     # 1. describe ----------------------------------------------------------------------
 
@@ -604,8 +605,12 @@ class _Fetch:
     def _one_range(self, spec: ObjectSpec, run: Run, rng: Range, stage: Staging,
                    stop: threading.Event) -> None:
         compute, _ = _checksum_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
-        buf = bytearray(rng.size)
-        view = memoryview(buf)
+        # One buffer per thread, reused: a fresh one per range cost its page
+        # faults and zeroing again (a sixth of a 2-core machine's time at 1 GiB).
+        buf = getattr(self._buffers, "buf", None)
+        if buf is None or len(buf) < rng.size:
+            buf = self._buffers.buf = bytearray(max(rng.size, self.range_size))
+        view = memoryview(buf)[:rng.size]
         for attempt in range(1, self.attempts + 1):
             if stop.is_set():
                 return

@@ -12,10 +12,13 @@ Beside the destination, in ``.trtet-staging/`` (the staging directory that
   leaves it as an orphan blob, which ``trtet-store recover`` lists with that
   metadata, and the next fetch takes it over;
 - ``fetch-<id>.journal``: JSON lines. The first names the version (the
-  manifest's or the object's ETag) and the runs; each further line one range
-  written, with its CRC64NVME. A resumed fetch re-reads and re-checks every
-  recorded range before trusting it, so the journal needs no fsync per line:
-  a range a crash lost is fetched again;
+  manifest's or the object's ETag) and the runs; then each run file's inode,
+  recorded before it is adopted (a kill inside ``adopt``, between its rename
+  and its sidecar, leaves a blob without metadata: its inode says it is
+  ours); then each range written, with its checksum. A resumed fetch
+  re-reads and re-checks every recorded range before trusting it, so a
+  range line needs no fsync of the journal (the range itself is
+  ``fdatasync``-ed before its line): a range a crash lost is fetched again;
 - ``fetch-<id>.lock``: held (``flock``) while a fetch of this destination runs.
 
 ``<id>`` is a digest of the destination's absolute path.
@@ -115,45 +118,68 @@ class Staging:
     def _origin(self, run: Run) -> Path:
         return self.directory / f"fetch-{self.id}-{run.obj}-{run.offset}-{run.size}.run"
 
-    def _read_journal(self) -> tuple[dict | None, dict[tuple[int, int, int], int]]:
+    def _read_journal(self) -> tuple[dict | None, dict[tuple[int, int, int], int],
+                                     dict[tuple[int, int], tuple[int, int, int]]]:
+        """``(head, done ranges -> crc, (st_dev, st_ino) -> run key)`` of the journal there."""
         try:
             lines = self.journal_path.read_bytes().split(b"\n")
         except FileNotFoundError:
-            return None, {}
+            return None, {}, {}
         try:
             head = json.loads(lines[0])
         except ValueError:
-            return None, {}
-        done = {}
+            return None, {}, {}
+        done, inodes = {}, {}
         for line in lines[1:]:
             try:
                 d = json.loads(line)
-                done[(d["obj"], d["offset"], d["size"])] = int(d["crc"])
+                if "inode" in d:
+                    inodes[tuple(d["inode"])] = tuple(d["run"])
+                else:
+                    done[(d["obj"], d["offset"], d["size"])] = int(d["crc"])
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut by a kill: that range is fetched again
-        return head, done
+        return head, done, inodes
+
+    def _ours(self, inodes: dict) -> list[tuple[tuple[int, int, int], object]]:
+        """This fetch's orphans, with their run keys: by their metadata, or by their inode.
+
+        A kill inside ``adopt`` (after its rename, before its sidecar) leaves a
+        blob without metadata; the journal recorded each run file's inode
+        before adopting it, and a rename keeps the inode.
+        """
+        assert self.store is not None
+        out = []
+        for o in self.store.orphans():
+            meta = o.metadata.get(METADATA_KEY, {})
+            if meta.get("id") == self.id:
+                out.append((tuple(meta["run"]), o))
+                continue
+            try:
+                st = os.stat(o.path)
+            except FileNotFoundError:
+                continue
+            key = inodes.get((st.st_dev, st.st_ino))
+            if key is not None and not o.metadata and st.st_size == key[2]:
+                out.append((key, o))
+        return out
 
     def _resume_or_start(self, url: str, version: str, plans: list[ObjectPlan]) -> None:
         assert self.store is not None
-        head, done = self._read_journal()
+        head, done, inodes = self._read_journal()
         wanted = {run_key(r): r for p in plans for r in p.runs}
         same_version = head is not None and head.get("version") == version
-        orphans = [o for o in self.store.orphans()
-                   if o.metadata.get(METADATA_KEY, {}).get("id") == self.id]
-        if any(o.pinned for o in orphans):
+        orphans = self._ours(inodes)
+        if any(o.pinned for _, o in orphans):
             # A write of ours died holding them: finish or undo it first.
             import trtet_store
 
             trtet_store.recover(self.dest.parent)
-            orphans = [o for o in self.store.orphans()
-                       if o.metadata.get(METADATA_KEY, {}).get("id") == self.id]
-        by_key = {tuple(o.metadata[METADATA_KEY]["run"]): o for o in orphans}
+            orphans = self._ours(inodes)
         stale: list[Blob] = []
-        for key, o in by_key.items():
-            keep = same_version and key in wanted and o.metadata[METADATA_KEY].get(
-                "version") == version
+        for key, o in orphans:
             blob = self.store.adopt_orphan(o)
-            if keep:
+            if same_version and key in wanted and key not in self.runs:
                 self.runs[key] = StagedRun(wanted[key], blob)
             else:
                 stale.append(blob)
@@ -177,21 +203,24 @@ class Staging:
                          if any(k[0] == r.obj and r.offset <= k[1] and k[1] + k[2]
                                 <= r.offset + r.size for r in
                                 (s.run for s in self.runs.values()))}
-        self._write_head(url, version, plans)
+        kept = [{"run": list(key), "inode": _inode(s.blob.path)} for key, s in self.runs.items()]
+        kept += [{"obj": obj, "offset": offset, "size": size, "crc": crc}
+                 for (obj, offset, size), crc in self.done.items()]
+        self._write_head(url, version, plans, kept)
         for key, run in wanted.items():
             if key not in self.runs:
                 path = self._origin(run)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
                 try:
                     os.ftruncate(fd, run.size)
+                    st = os.fstat(fd)
                 finally:
                     os.close(fd)
+                self._append({"run": list(key), "inode": [st.st_dev, st.st_ino]})
                 self.runs[key] = StagedRun(run, self._adopt(path, run, url, version))
         for staged in self.runs.values():
             staged.run = wanted[run_key(staged.run)]
             staged.fd = os.open(staged.blob.path, os.O_WRONLY | os.O_CLOEXEC)
-        for (obj, offset, size), crc in self.done.items():
-            self._append({"obj": obj, "offset": offset, "size": size, "crc": crc})
         if self.done:
             log.info("%s: resuming: %d ranges (%d bytes) staged by an earlier fetch", self.dest,
                      len(self.done), sum(k[2] for k in self.done))
@@ -202,7 +231,8 @@ class Staging:
             "id": self.id, "url": url, "dest": os.fspath(self.dest), "version": version,
             "run": list(run_key(run))}})
 
-    def _write_head(self, url: str, version: str, plans: list[ObjectPlan]) -> None:
+    def _write_head(self, url: str, version: str, plans: list[ObjectPlan],
+                    lines: list[dict]) -> None:
         head = {"fetch": 1, "url": url, "dest": os.fspath(self.dest), "version": version,
                 "objects": [{"name": p.spec.name, "size": p.spec.size, "etag": p.spec.etag}
                             for p in plans],
@@ -210,7 +240,7 @@ class Staging:
         tmp = self.journal_path.with_suffix(".journal.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, json.dumps(head).encode() + b"\n")
+            os.write(fd, b"".join(json.dumps(d).encode() + b"\n" for d in [head, *lines]))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -219,9 +249,6 @@ class Staging:
 
     # -- while fetching ---------------------------------------------------------
 
-    def staged(self, rng: Range, run: Run) -> StagedRun:
-        return self.runs[run_key(run)]
-
     def write(self, run: Run, rng: Range, data: memoryview) -> None:
         """Write a downloaded range into its run's staged file (every byte, or raise)."""
         fd = self.runs[run_key(run)].fd
@@ -229,6 +256,9 @@ class Staging:
         base = rng.offset - run.offset
         while pos < len(data):
             pos += os.pwrite(fd, data[pos:], base + pos)
+        # Durable before it is journaled, and written back while the next ranges
+        # download (the final write's sync of the run then has little left to do).
+        os.fdatasync(fd)
 
     def read(self, run: Run, rng: Range) -> bytes:
         path = self.runs[run_key(run)].blob.path
@@ -306,3 +336,8 @@ class Staging:
             self.lock_fd = -1
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # only when empty
+
+
+def _inode(path: os.PathLike | str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino]
