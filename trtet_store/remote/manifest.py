@@ -16,9 +16,11 @@ What it records, per object (:class:`ObjectEntry`):
   exactly the ``ChecksumCRC64NVME`` that HeadObject (``ChecksumMode=ENABLED``)
   returns for a ``FULL_OBJECT`` checksum.
 - ``part_size`` and ``parts`` (:class:`PartEntry`): every multipart part's
-  number, offset, size, ETag, CRC64NVME and MD5. All parts but the last have
-  ``part_size`` bytes. An uploaded part's ETag is its MD5; a part copied
-  server-side (UploadPartCopy) has an ETag that is not. A re-publish reads
+  number, offset, size, ETag, CRC64NVME and ``md5`` (hex, or ``""`` where
+  the publisher did not compute it: it does only to recognise a resumed
+  part). All parts but the last have ``part_size`` bytes. On real servers an
+  uploaded part's ETag is its MD5; a part copied server-side (UploadPartCopy)
+  has an ETag that is not. A re-publish reads
   them; a reader can fetch part by part and check each CRC.
 - ``pieces`` (:class:`PieceEntry`): the file as the storage engine laid it
   out, in order and tiling ``[0, size)`` without gaps: each piece's
@@ -126,7 +128,7 @@ class PartEntry:
     size: int
     etag: str  # quotes stripped
     crc64nvme: str  # base64, 8 bytes
-    md5: str  # hex of the part's bytes (equal to etag for an uploaded part)
+    md5: str  # hex of the part's bytes, or "" when not computed
 
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "offset": self.offset, "size": self.size,
@@ -324,7 +326,7 @@ def _validate_object(o: ObjectEntry, chunk_size: int) -> None:
                                 f"{p.offset}, size {p.size}); expected ({i + 1}, {pos}, {want})")
         if not p.etag:
             raise ManifestError(f"{what}: part {p.number} has an empty ETag")
-        if not _MD5.fullmatch(p.md5):
+        if p.md5 and not _MD5.fullmatch(p.md5):
             raise ManifestError(f"{what}: part {p.number} md5 {p.md5!r} is not 32 hex digits")
         try:
             crc64nvme_int(p.crc64nvme)

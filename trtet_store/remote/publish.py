@@ -12,8 +12,8 @@ One publish, in order:
 3. **Send**: the reader (this thread) reads each part's bytes in order
    straight from the pieces (a part buffer, never a local file) and digests
    every piece as it passes; at most ``concurrency`` parts are in flight on
-   worker threads, which hash (MD5 for the ETag, CRC64NVME sent with the
-   part), journal, and send or copy. Memory is ``(concurrency + 1) x
+   worker threads, which hash (CRC64NVME, sent with the part), journal,
+   and send or copy. Memory is ``(concurrency + 1) x
    part_size``. A refused checksum (BadDigest) is sent again; a network
    failure is retried; when retries run out the upload is kept for resume.
 4. **Complete** each object with its full-object CRC64NVME (the parts'
@@ -23,8 +23,11 @@ One publish, in order:
    removed.
 
 A resumed publish (a journal for the same destination and the same pieces)
-re-reads the bytes (to digest them), asks ListParts what the server holds,
-and sends only the parts whose MD5 it does not find there.
+re-reads the bytes (to digest them) and asks ListParts what the server
+holds: a part whose ETag the journal recorded, with the same CRC64NVME as
+the bytes now, is kept; a part stored but not journaled (a kill between the
+server's answer and the journal) is kept when its ETag is the MD5 of the
+bytes; every other part is sent.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ class _Object:
     base_etag: str | None  # the version replaced (If-Match), None: a new key (If-None-Match)
     upload_id: str | None = None
     listed: dict[int, tuple[str, int]] = field(default_factory=dict)
-    journaled_sent: dict[int, str] = field(default_factory=dict)
+    journaled_sent: dict[int, tuple[str, int]] = field(default_factory=dict)  # etag, crc
     done: dict[int, tuple[str, int, str]] = field(default_factory=dict)  # etag, crc, md5
     completed: dict[str, Any] | None = None  # the manifest entry, once completed
     report: ObjectReport | None = None
@@ -329,7 +332,7 @@ def _resume_state(records: list[dict], objs: list[_Object]) -> str | None | bool
             o.upload_id = r["upload_id"]
             o.journaled_sent.clear()
         elif t == "sent" and o is not None:
-            o.journaled_sent[int(r["number"])] = r["etag"]
+            o.journaled_sent[int(r["number"])] = (r["etag"], int(r["crc"]))
         elif t == "completed" and o is not None:
             o.completed = r["entry"]
             o.report = ObjectReport(**r["report"])
@@ -463,15 +466,14 @@ def _send_object(s3: S3, bucket: str, o: _Object, journal: Journal, counters: _C
                 break
             copy = o.copies.get(part.number)
             if copy is not None:
-                # The bytes pass through anyway (piece digests, the part's CRC and MD5
-                # for the manifest), a window at a time; only the copy goes to the server.
-                crc, md5 = 0, checksum.md5()
+                # The bytes pass through anyway (piece digests, the part's CRC for the
+                # full-object checksum), a window at a time; only the copy goes out.
+                crc = 0
                 while reader.pos < part.end:
                     n = min(len(window), part.end - reader.pos)
                     reader.read_into(window[:n])
                     crc = checksum.crc64nvme(window[:n], crc)
-                    md5.update(window[:n])
-                digest = md5.hexdigest()
+                digest = ""
                 slots.acquire()
                 pool.submit(run, lambda p=part, c=copy, k=crc, m=digest: _copy_part(
                     s3, bucket, o, p, c, k, m, journal, counters, report_progress))
@@ -508,18 +510,24 @@ def _send_object(s3: S3, bucket: str, o: _Object, journal: Journal, counters: _C
 def _upload_part(s3: S3, bucket: str, o: _Object, part: Part, buf: bytearray | memoryview,
                  journal: Journal, counters: _Counters, report_progress: Callable[[], None]
                  ) -> None:
-    md5 = checksum.md5_hex(buf)
     crc = checksum.crc64nvme(buf)
+    md5 = ""  # computed only where a resume needs it to recognise a part
     listed = o.listed.get(part.number)
-    if listed is not None and listed == (md5, part.size):
-        o.done[part.number] = (listed[0], crc, md5)
-        with counters.lock:
-            counters.resumed += part.size
-            o.report.parts_resumed += 1
-        report_progress()
-        return
-    journal.append({"t": "part", "name": o.name, "number": part.number, "md5": md5,
-                    "crc": crc})
+    if listed is not None and listed[1] == part.size:
+        sent = o.journaled_sent.get(part.number)
+        ours = sent is not None and listed[0] == sent[0] and sent[1] == crc
+        if not ours:  # stored, but killed before its answer was journaled: its MD5 tells
+            md5 = checksum.md5_hex(buf)
+            ours = listed[0] == md5
+        if ours:
+            o.done[part.number] = (listed[0], crc, md5)
+            with counters.lock:
+                counters.resumed += part.size
+                o.report.parts_resumed += 1
+            report_progress()
+            return
+    journal.append({"t": "part", "name": o.name, "number": part.number, "crc": crc},
+                   durable=False)
     crc_b64 = crc64nvme_b64(crc)
     bad, net = 0, 0
     while True:
@@ -544,7 +552,8 @@ def _upload_part(s3: S3, bucket: str, o: _Object, part: Part, buf: bytearray | m
             if net >= PART_ATTEMPTS:
                 raise
             time.sleep(min(2.0 ** net, 10.0))
-    journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag})
+    journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag,
+                    "crc": crc}, durable=False)
     o.done[part.number] = (etag, crc, md5)
     with counters.lock:
         counters.sent += part.size
@@ -557,7 +566,8 @@ def _copy_part(s3: S3, bucket: str, o: _Object, part: Part, copy: delta.CopyFrom
                report_progress: Callable[[], None]) -> None:
     sent = o.journaled_sent.get(part.number)
     listed = o.listed.get(part.number)
-    if sent is not None and listed is not None and listed == (sent, part.size):
+    if sent is not None and listed is not None and listed == (sent[0], part.size) \
+            and sent[1] == crc:
         o.done[part.number] = (sent, crc, md5)
         with counters.lock:
             counters.resumed += part.size
@@ -588,7 +598,8 @@ def _copy_part(s3: S3, bucket: str, o: _Object, part: Part, copy: delta.CopyFrom
                 raise
             log.warning("%s part %d copy: %s", o.key, part.number, exc)
             time.sleep(min(2.0 ** net, 10.0))
-    journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag})
+    journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag,
+                    "crc": crc}, durable=False)
     o.done[part.number] = (etag, crc, md5)
     with counters.lock:
         counters.copied += part.size
