@@ -7,7 +7,9 @@ entry with a timer, and the write transaction's steps (``validate`` ...
 ``place``, ``publish``, ``release``) with a phase label, so each call's time
 is booked to the step it ran in. Digesting is timed by wrapping the
 ``chunk_digest`` that :mod:`trtet_store.io.transfer` verifies with. Nothing
-in ``trtet_store.io`` is changed to measure it.
+in ``trtet_store.io`` is changed to measure it. Where the transfer runs
+work in a background thread, the time the caller waits for it is booked as
+``wait for the background``.
 
 Methods, alternating in each repeat (the order reversed every other one):
 
@@ -126,7 +128,13 @@ class Profile:
         saved_calls = {name: getattr(fs.calls, name) for name in fs.NAMES}
         saved_steps = {name: getattr(Transaction, name) for name in STEPS}
         saved_digest = transfer.chunk_digest
+        # Where the transfer runs steps in a background thread, the time the
+        # caller waits for one (its own calls are booked "[thread]").
+        behind = getattr(transfer, "_Behind", None)
+        saved_wait = behind.wait if behind is not None else None
         try:
+            if behind is not None:
+                behind.wait = self._timed("wait for the background", saved_wait)
             for name, real in saved_calls.items():
                 setattr(fs.calls, name, self._timed(name, real))
             for name, real in saved_steps.items():
@@ -139,6 +147,8 @@ class Profile:
             for name, real in saved_steps.items():
                 setattr(Transaction, name, real)
             transfer.chunk_digest = saved_digest
+            if behind is not None:
+                behind.wait = saved_wait
 
     def table(self) -> dict[str, dict[str, float]]:
         """``{"phase / call": {"s": seconds, "n": count}}``, with each phase's ``rest``."""

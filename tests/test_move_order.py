@@ -2,7 +2,11 @@
 
 Invariant 1 (fdatasync(destination) before ftruncate(source)) checked on the
 calls themselves, on the real filesystems: every truncation of a source must
-follow an fdatasync of the destination that came after the last write to it.
+follow an fdatasync of the destination that started after every write of the
+bytes it cuts had returned. The move copies the next step while a second
+thread syncs and truncates the last one, so calls are recorded with the
+instant each started and returned, and the check is per byte range: writes of
+the next step may come between a step's sync and its truncation.
 A power cut can only catch a wrong order when the journal happens to commit
 the truncation before the destination's writeback ends (write-behind makes
 that window short), so the order is checked here directly, as well as by
@@ -12,27 +16,45 @@ count and peak the budget promises.
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
+import threading
 
 import pytest
 from digests import digest, file_digest
-from faults import WrappedCalls
+from faults import FaultInjector, WrappedCalls
 
 from trtet_store import BlobStore, write_file
 from trtet_store.io import fs, transfer
+from trtet_store.io.errors import VerificationError
 from trtet_store.io.units import MiB
 
 
 class Recorder(WrappedCalls):
-    """Records ``(name, fd)`` of every engine call (fd: the first argument, if an int)."""
+    """Records ``(name, fd)`` of every engine call (fd: the first argument, if an int).
+
+    ``events`` also has, per call, the instants it started and returned (one
+    counter for all threads), its arguments and its result.
+    """
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int | None]] = []
+        self.events: list[dict] = []
+        self._clock = itertools.count()
+        self._lock = threading.Lock()
 
     def _wrap(self, name, real):
         def call(*args, **kwargs):
-            self.calls.append((name, args[0] if args and isinstance(args[0], int) else None))
-            return real(*args, **kwargs)
+            with self._lock:
+                self.calls.append((name, args[0] if args and isinstance(args[0], int) else None))
+                event = {"name": name, "args": args, "start": next(self._clock),
+                         "thread": threading.current_thread().name}
+                self.events.append(event)
+            result = real(*args, **kwargs)
+            with self._lock:
+                event["end"], event["result"] = next(self._clock), result
+            return result
 
         return call
 
@@ -43,18 +65,42 @@ def _blob(store: BlobStore, size: int):
     return w.blob
 
 
-def _check_order(calls: list[tuple[str, int | None]], src_fd: int, dst_fd: int) -> int:
-    """Assert invariant 1 on a call trace; return the number of source truncations."""
-    dirty = False
+def _check_order(events: list[dict], src_fd: int, dst_fd: int, dst_offset: int,
+                 length: int) -> int:
+    """Assert invariant 1 on a timed call trace; return the number of source truncations.
+
+    A truncation of the source from ``length`` to ``L`` needs an fdatasync of
+    the destination that returned before the truncation started and started
+    after every write of destination bytes ``[dst_offset+L, dst_offset+length)``
+    had returned (and no later write of them). Only finished calls count.
+    """
     truncations = 0
-    for name, fd in calls:
-        if fd == dst_fd and name in ("pwrite", "fallocate", "copy_file_range"):
-            dirty = True
-        elif fd == dst_fd and name in ("fdatasync", "fsync"):
-            dirty = False
-        elif name == "ftruncate" and fd == src_fd:
-            assert not dirty, "a source was truncated while its copy was only in the page cache"
-            truncations += 1
+    for cut in (e for e in events if e["name"] == "ftruncate" and e["args"][0] == src_fd):
+        new = cut["args"][1]
+        lo, hi = dst_offset + new, dst_offset + length
+        syncs = [e for e in events if e["name"] in ("fdatasync", "fsync")
+                 and e["args"][0] == dst_fd and e.get("end", cut["start"]) < cut["start"]]
+        assert syncs, f"the source was cut to {new} before any sync of the destination"
+        synced_from = max(e["start"] for e in syncs)
+        covered = []
+        for w in events:
+            if w["name"] != "pwrite" or w["args"][0] != dst_fd or w["start"] > cut["start"]:
+                continue
+            w_lo = w["args"][2]
+            w_hi = w_lo + (w.get("result") or len(w["args"][1]))
+            if w_hi <= lo or w_lo >= hi:
+                continue
+            assert w.get("end", synced_from) < synced_from, (
+                f"the source was cut to {new} while destination bytes [{w_lo}, {w_hi}) "
+                "of what it cut were written after the last sync began: only in the page cache")
+            covered.append((max(lo, w_lo), min(hi, w_hi)))
+        pos = lo
+        for a, b in sorted(covered):
+            assert a <= pos, f"destination bytes [{pos}, {a}) were never written before the cut"
+            pos = max(pos, b)
+        assert pos >= hi, f"destination bytes [{pos}, {hi}) were never written before the cut"
+        length = new
+        truncations += 1
     return truncations
 
 
@@ -66,9 +112,10 @@ def test_every_truncation_follows_a_sync_of_what_was_written(make_fs, fstype):
     size = 20 * MiB + 12345  # five whole steps of 4 MiB, then a partial one
     blob = _blob(store, size)
     want = file_digest(blob.path)
-    budget = 8 * MiB
+    budget = 12 * MiB  # three steps: the one copied, the one synced, the one freed
     step = transfer.move_step(budget, blob.chunk_size)
     assert step == 4 * MiB
+    assert transfer.move_peak(step) <= budget
     src = os.open(blob.path, os.O_RDWR)
     dst = os.open(mnt / "out.bin", os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -78,7 +125,7 @@ def test_every_truncation_follows_a_sync_of_what_was_written(make_fs, fstype):
                                   digest_chunk=blob.chunk_size, src_path=blob.path)
         assert moved == size
         steps = -(-size // step)
-        assert _check_order(rec.calls, src, dst) == steps
+        assert _check_order(rec.events, src, dst, 100, size) == steps
         # One sync per step, and only of the destination.
         syncs = [fd for name, fd in rec.calls if name in ("fdatasync", "fsync")]
         assert syncs == [dst] * steps
@@ -93,7 +140,7 @@ def test_every_truncation_follows_a_sync_of_what_was_written(make_fs, fstype):
 
 
 def test_a_write_keeps_the_order_and_the_budget(make_fs):
-    # Through the writer: its step comes from chunk_size (two steps of half).
+    # Through the writer: its step comes from chunk_size (three steps of a third).
     mnt = make_fs("ext4", 400)
     fs.capabilities.clear()
     store = BlobStore(mnt / "staging")
@@ -103,8 +150,60 @@ def test_a_write_keeps_the_order_and_the_budget(make_fs):
                             placements={"move"}, chunk_size=16 * MiB)
     assert [p.placement for p in report.placements] == ["move"]
     truncations = [c for c in rec.calls if c[0] == "ftruncate"]
-    # The temp file's pre-sizing, then six steps of 8 MiB.
-    assert len(truncations) == 1 + 6
+    # The temp file's pre-sizing, then steps of a third of the budget (5 MiB).
+    step = transfer.move_step(16 * MiB, blob.chunk_size)
+    assert step == 5 * MiB
+    assert len(truncations) == 1 + -(-48 * MiB // step)
+    store.close()
+
+
+@pytest.mark.parametrize("fstype", ["ext4", "xfs"])
+@pytest.mark.parametrize("fail", ["sync", "digest", "write"])
+def test_a_step_that_fails_in_the_background_stops_the_move_with_its_source_whole(
+        make_fs, fstype, fail):
+    # The second step's sync fails (EIO), or its bytes do not match their
+    # digests (both in the background thread), or its first write fails
+    # (in the caller's thread, while the first step is synced and cut in
+    # the background): the move raises that error; the first step was cut
+    # from the source, the failed one and those before it were not, and
+    # nothing is truncated after move() returned (the background job was
+    # waited for).
+    mnt = make_fs(fstype, 400)
+    fs.capabilities.clear()
+    store = BlobStore(mnt / "staging")
+    size = 20 * MiB + 12345
+    blob = _blob(store, size)
+    with open(blob.path, "rb") as f:
+        pristine = f.read()
+    step = transfer.move_step(12 * MiB, blob.chunk_size)
+    digests = list(blob.chunk_digests)
+    if fail == "digest":
+        # The chunk just below the first step (the second step's last one).
+        first = (size - 1) // step * step
+        digests[first // blob.chunk_size - 1] ^= 1
+    src = os.open(blob.path, os.O_RDWR)
+    dst = os.open(mnt / "out.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(dst, 100 + size)
+        call = {"sync": "fdatasync", "write": "pwrite"}.get(fail, "none")
+        # The first step is one write (12345 bytes), so the second write is the second step's.
+        inj = FaultInjector(fail_at=2 if call != "none" else None, only=frozenset({call}))
+        with inj, pytest.raises(OSError if call != "none" else VerificationError) as err:
+            transfer.move(src, dst, 100, size, step=step, digests=digests,
+                          digest_chunk=blob.chunk_size, src_path=blob.path)
+        if call != "none":
+            assert err.value.errno == errno.EIO and inj.fired == call
+        left = os.fstat(src).st_size
+        assert left == (size - 1) // step * step  # only the first step was cut
+        os.fsync(dst)
+        with open(mnt / "out.bin", "rb") as f:
+            f.seek(100 + left)
+            assert f.read() == pristine[left:]  # what was cut is in the destination
+        with open(blob.path, "rb") as f:
+            assert f.read() == pristine[:left]
+    finally:
+        os.close(dst)
+        os.close(src)
     store.close()
 
 

@@ -9,7 +9,7 @@ a sync), so what the output keeps is not counted; what the placement needs
 on the way is:
 
 - insert and clone: at most 1 MiB plus the header (no payload byte written);
-- move: at most its budget (``chunk_size``, two steps of half of it), on
+- move: at most its budget (``chunk_size``, three steps of a third of it), on
   btrfs too, where the move commits the transaction per step so that
   truncated extents are freed;
 - copy: at most the payload plus one chunk over the start.

@@ -51,7 +51,7 @@ def choose_placements(outputs: Sequence[tuple[Path, Layout]], *, allowed: Collec
     consume : bool
         Whether blobs may be moved or inserted (and so used up).
     chunk_size : int
-        The move's peak-disk budget (two steps of half of it).
+        The move's peak-disk budget (three steps of a third of it).
 
     Returns
     -------

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from trtet_store.io import fs, pagecache
 from trtet_store.io.digests import chunk_digest
@@ -77,55 +79,75 @@ def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
 
     Tries ``copy_file_range`` (the kernel copies, or reflinks where it can),
     falling back to pread/pwrite only if the first call fails before copying a
-    byte for a reason that means "not here". The copy is then checked against
-    the recorded digests.
+    byte for a reason that means "not here". Either way the bytes go in
+    windows of at most 8 MiB (``chunk`` if smaller), writeback of each started
+    as soon as it is written, so the disk writes while the source is read and
+    the publish's ``fsync`` finds little left. The kernel's copy is checked
+    against the recorded digests window by window, reading each window back
+    in a second thread while the next one is copied; the fallback checks the
+    bytes it read before writing them.
 
     Returns
     -------
     int
         Bytes copied.
     """
+    window = max(digest_chunk, min(chunk, WINDOW) // digest_chunk * digest_chunk)
     try:
-        _copy_file_range(src_fd, dst_fd, dst_offset, size, chunk, src_path, dst_path, progress,
-                         src_offset)
+        _copy_file_range(src_fd, dst_fd, dst_offset, size, window, src_path, dst_path, progress,
+                         src_offset, digests=digests, digest_chunk=digest_chunk)
     except PlacementUnavailable:
-        _copy_pread_pwrite(src_fd, dst_fd, dst_offset, size, chunk, digests, digest_chunk,
+        _copy_pread_pwrite(src_fd, dst_fd, dst_offset, size, window, digests, digest_chunk,
                            src_path, progress, src_offset)
-    else:
-        verify_range(dst_fd, dst_offset, 0, size, digest_chunk, digests,
-                     f"copy of {src_path} into {dst_path}", dst_path)
     return size
 
 
 def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk: int,
                      src_path: str, dst_path: str, progress: Progress | None,
-                     src_offset: int = 0) -> int:
+                     src_offset: int = 0, *, digests: Sequence[int] | None = None,
+                     digest_chunk: int = 0) -> int:
     """The kernel's copy; :class:`PlacementUnavailable` if it cannot start here.
 
-    A verdict is kept in :data:`fs.capabilities`, keyed by both filesystems'
-    identity (not ``st_dev``, which a loop device hands on to the next
-    filesystem made on it).
+    Copies windows of ``chunk`` bytes, starts each one's writeback, and
+    verifies it against ``digests`` (read back in the background, one window
+    behind the copy). A verdict is kept in :data:`fs.capabilities`, keyed by
+    both filesystems' identity (not ``st_dev``, which a loop device hands on
+    to the next filesystem made on it).
     """
     key = ("copy_file_range", fs.fs_identity(src_path), fs.fs_identity(dst_path))
     known = fs.capabilities.get(key)
     if known is not None and not known[0]:
         raise PlacementUnavailable(known[1])
+    what = f"copy of {src_path} into {dst_path}"
+    write_behind = True
     done = 0
-    while done < size:
-        try:
-            n = fs.calls.copy_file_range(src_fd, dst_fd, min(chunk, size - done),
-                                         src_offset + done, dst_offset + done)
-        except OSError as exc:
-            if done == 0 and exc.errno in fs.UNSUPPORTED_ERRNOS:
-                why = f"copy_file_range: {os.strerror(exc.errno)}"
-                fs.capabilities.put(key, False, why)
-                raise PlacementUnavailable(why, exc.errno) from None
-            raise
-        if n == 0:
-            raise OSError(errno.EIO, f"source ended at {done} of {size} bytes", src_path)
-        done += n
-        if progress:
-            progress(n)
+    with _Behind() as behind:
+        while done < size:
+            end = min(size, done + chunk)
+            pos = done
+            while done < end:
+                try:
+                    n = fs.calls.copy_file_range(src_fd, dst_fd, end - done, src_offset + done,
+                                                 dst_offset + done)
+                except OSError as exc:
+                    if done == 0 and exc.errno in fs.UNSUPPORTED_ERRNOS:
+                        why = f"copy_file_range: {os.strerror(exc.errno)}"
+                        fs.capabilities.put(key, False, why)
+                        raise PlacementUnavailable(why, exc.errno) from None
+                    raise
+                if n == 0:
+                    raise OSError(errno.EIO, f"source ended at {done} of {size} bytes", src_path)
+                done += n
+                if progress:
+                    progress(n)
+            if write_behind:
+                write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
+                                                   dst_offset + pos, end - pos,
+                                                   fs.SYNC_FILE_RANGE_WRITE)
+            if digests is not None:
+                behind.submit(functools.partial(verify_range, dst_fd, dst_offset, pos, end,
+                                                digest_chunk, digests, what, dst_path))
+        behind.wait()
     fs.capabilities.put(key, True, "copy_file_range works")
     return done
 
@@ -134,13 +156,54 @@ def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chu
                        digests: Sequence[int] | None, digest_chunk: int, src_path: str,
                        progress: Progress | None, src_offset: int = 0) -> None:
     step = max(digest_chunk, chunk // digest_chunk * digest_chunk)
+    write_behind = True
     for pos in range(0, size, step):
         n = min(step, size - pos)
         data = fs.pread_exact(src_fd, n, src_offset + pos, src_path)
         verify_chunks(data, pos, digest_chunk, digests, f"source {src_path}", src_path)
         fs.pwrite_all(dst_fd, data, dst_offset + pos)
+        if write_behind:
+            write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
+                                               dst_offset + pos, n, fs.SYNC_FILE_RANGE_WRITE)
         if progress:
             progress(n)
+
+
+class _Behind:
+    """One background thread that runs jobs in order, at most one at a time.
+
+    :meth:`submit` first waits for the job before (raising its error), so the
+    caller can work on step k+1 while step k's job runs, and never further
+    ahead. Leaving the ``with`` block waits for the job still running, also
+    when the caller failed: nothing of a step happens after its caller returned.
+    Jobs that make system calls only release the GIL while in them, which is
+    where they spend their time (a sync, a truncation, a read or a digest of
+    a window: xxhash releases it too).
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._job: Future | None = None
+
+    def __enter__(self) -> _Behind:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # an error it raised is the caller's to collect
+
+    def submit(self, job: Callable[[], object]) -> object:
+        """Wait for the job before (its result, or its error raised), then start ``job``."""
+        result = self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtet-io")
+        self._job = self._pool.submit(job)
+        return result
+
+    def wait(self) -> object:
+        """The running job's result (None if there is none); its error raised."""
+        job, self._job = self._job, None
+        return None if job is None else job.result()
 
 
 CLONE_RANGE = 256 * MiB
@@ -204,16 +267,17 @@ def move_step(chunk: int, digest_chunk: int) -> int:
 
     A move syncs once per step, and a step's truncation of the source is
     committed by the next step's sync (ext4 and XFS reuse freed blocks only
-    once the journal commits them), so two steps are in use at the peak: a
-    step is half the budget, rounded down to whole digest chunks (at least
-    one), which lets a move verify every chunk as it passes.
+    once the journal commits them); the next step is copied while a step is
+    synced and truncated, so three steps are in use at the peak: a step is a
+    third of the budget, rounded down to whole digest chunks (at least one),
+    which lets a move verify every chunk as it passes.
     """
-    return max(digest_chunk, chunk // 2 // digest_chunk * digest_chunk)
+    return max(digest_chunk, chunk // 3 // digest_chunk * digest_chunk)
 
 
 def move_peak(step: int) -> int:
-    """Extra disk a move with steps of ``step`` bytes may use at its peak: two steps."""
-    return 2 * step
+    """Extra disk a move with steps of ``step`` bytes may use at its peak: three steps."""
+    return 3 * step
 
 
 #: Bytes per read/write call inside a move step; writeback is started after each,
@@ -260,22 +324,30 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
          progress: Progress | None = None) -> int:
     """Move the source into ``[dst_offset, dst_offset+size)``, back to front.
 
-    Each step copies the source's last ``step`` bytes to their place, makes the
-    destination durable (one ``fdatasync``), and only then truncates the
-    source. The source's length is the progress marker: bytes ``[len, size)``
-    are in the destination. The truncation itself is not synced: it becomes
-    durable with the next step's ``fdatasync`` (ext4 and XFS commit their
-    journals in order), and a power cut that loses it only leaves the source
-    longer, with its bytes intact (freed blocks are reused only after the
-    commit), so the move copies those bytes again.
+    Each step copies the source's last ``step`` bytes to their place; then,
+    in a second thread while the next step is copied, the step's bytes are
+    checked against their digests, the destination is made durable (one
+    ``fdatasync``), and only then is the source truncated. The source's
+    length is the progress marker: bytes ``[len, size)`` are in the
+    destination. The truncation itself is not synced: it becomes durable with
+    the next step's ``fdatasync`` (ext4 and XFS commit their journals in
+    order), and a power cut that loses it only leaves the source longer, with
+    its bytes intact (freed blocks are reused only after the commit), so the
+    move copies those bytes again.
+
+    The next step touches other bytes of both files than the step being
+    synced and truncated (the source below its new length, the destination
+    below the step), and a step's job waits for the job before, so the
+    truncations stay in order, each after its own step's sync. The sync and
+    the truncation cost as much as the copy does (benchmarks/README.md,
+    issue 26); done beside it, the disk is never idle while they run.
 
     Inside a step the bytes go in windows of 8 MiB, front to back; writeback
     of each window starts as soon as it is written (``sync_file_range``), and
-    the next step of the source is read ahead while this one is synced, so
-    the disk works while we copy, and the step's ``fdatasync`` finds little
-    left to write.
+    the next step of the source is read ahead (``POSIX_FADV_WILLNEED``), so
+    the step's ``fdatasync`` finds little left to write.
 
-    Extra disk at any instant: two steps (see :func:`move_step`). Where the
+    Extra disk at any instant: three steps (see :func:`move_step`). Where the
     filesystem frees truncated blocks only at a transaction commit (btrfs),
     each step commits it.
 
@@ -295,35 +367,51 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
         first = (length - 1) // step * step
         read_ahead = pagecache.supported(fs.calls.fadvise, src_fd, first, length - first,
                                          os.POSIX_FADV_WILLNEED)
-    while length > 0:
-        start = (length - 1) // step * step
-        fs.allocate(dst_fd, dst_offset + start, length - start)
-        # Front to back inside the step, so that the kernel's readahead of an
-        # uncached source works with us; only the steps go back to front.
-        for pos in range(start, length, window):
-            end = min(length, pos + window)
-            data = fs.pread_exact(src_fd, end - pos, pos, src_path)
-            verify_chunks(data, pos, digest_chunk, digests, f"source {src_path}", src_path)
-            fs.pwrite_all(dst_fd, data, dst_offset + pos)
-            if write_behind:
-                write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
-                                                   dst_offset + pos, end - pos,
-                                                   fs.SYNC_FILE_RANGE_WRITE)
-        if read_ahead and start:
-            # Read the next step while this one is synced.
-            before = max(0, start - step)
-            read_ahead = pagecache.supported(fs.calls.fadvise, src_fd, before,
-                                             start - before, os.POSIX_FADV_WILLNEED)
+
+    def finish(start: int, end: int, data: list[tuple[int, bytes]]) -> int:
+        """Step ``[start, end)``: checked, durable in the destination, then cut from the source."""
+        for pos, chunk in data:
+            verify_chunks(chunk, pos, digest_chunk, digests, f"source {src_path}", src_path)
         # Invariant 1: the step is durable in the destination before the
         # source loses it.
         fs.calls.fdatasync(dst_fd)
         fs.calls.ftruncate(src_fd, start)
         if start:
             committer.commit()
-        moved += length - start
-        if progress:
-            progress(length - start)
-        length = start
+        return end - start
+
+    def report(n: object) -> None:
+        nonlocal moved
+        if n:
+            moved += n
+            if progress:
+                progress(n)
+
+    with _Behind() as behind:
+        while length > 0:
+            start = (length - 1) // step * step
+            if read_ahead and start:
+                # Ask for the next step now: it is read while this one is
+                # copied and synced.
+                before = max(0, start - step)
+                read_ahead = pagecache.supported(fs.calls.fadvise, src_fd, before,
+                                                 start - before, os.POSIX_FADV_WILLNEED)
+            fs.allocate(dst_fd, dst_offset + start, length - start)
+            # Front to back inside the step, so that the kernel's readahead of an
+            # uncached source works with us; only the steps go back to front.
+            data = []
+            for pos in range(start, length, window):
+                end = min(length, pos + window)
+                chunk = fs.pread_exact(src_fd, end - pos, pos, src_path)
+                fs.pwrite_all(dst_fd, chunk, dst_offset + pos)
+                if write_behind:
+                    write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
+                                                       dst_offset + pos, end - pos,
+                                                       fs.SYNC_FILE_RANGE_WRITE)
+                data.append((pos, chunk))
+            report(behind.submit(functools.partial(finish, start, length, data)))
+            length = start
+        report(behind.wait())
     return moved
 
 

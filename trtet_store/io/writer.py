@@ -49,8 +49,9 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
         afterwards) when they share the output's filesystem. Without it every
         source is left as it was.
     chunk_size : int, optional
-        The most extra disk a move may use (default 64 MiB: two steps of half
-        that, rounded to whole digest chunks of its blob), and a copy's step.
+        The most extra disk a move may use (default 64 MiB: three steps of a
+        third of that, rounded to whole digest chunks of its blob), and a
+        copy's largest window.
     progress : callable, optional
         Called as ``progress(bytes_done, bytes_total)`` as payload bytes land.
     placements : collection of str, optional
