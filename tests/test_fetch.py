@@ -288,3 +288,19 @@ def test_a_plain_object_with_a_flipped_byte_fails_its_checksum_and_keeps_nothing
     assert listing(here_fs) == ["x.bin"]
     report = fetch(url, here_fs / "x.bin", client=s3.client, range_size=MiB)
     assert (here_fs / "x.bin").read_bytes() == new and report.bytes_resumed == 0
+
+
+def test_bad_calls_are_refused_before_any_request(here_fs):
+    from trtet_store.remote import RemoteURLError
+
+    with pytest.raises(RemoteURLError):
+        fetch("http://bucket/key", here_fs / "m.pte", client=object())
+    with pytest.raises(TypeError, match="list of paths"):
+        fetch("s3://bucket/m.pte", here_fs / "m.pte", reuse=here_fs / "old.pte", client=object())
+    with pytest.raises(TypeError):
+        fetch("s3://bucket/m.pte", here_fs / "m.pte", client=object(), overwrite=True)
+    with pytest.raises(FileNotFoundError, match="must exist"):
+        fetch("s3://bucket/m.pte", here_fs / "missing" / "m.pte", client=object())
+    with pytest.raises(ValueError, match="if_replaced"):
+        fetch("s3://bucket/m.pte", here_fs / "m.pte", client=object(), if_replaced="ignore")
+    assert listing(here_fs) == []

@@ -260,6 +260,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     FetchInterruptedError
         The network kept failing; fetching again continues where it stopped.
     """
+    if isinstance(reuse, (str, bytes, os.PathLike)):
+        raise TypeError("reuse takes a list of paths, e.g. reuse=[old_pte], not one path")
     if if_replaced not in ("restart", "error"):
         raise ValueError(f"if_replaced must be 'restart' or 'error', not {if_replaced!r}")
     if concurrency < 1 or range_size < MiB or attempts < 1:
