@@ -19,6 +19,15 @@ extents, read as zeros): a clone or an insert reads and writes none of them,
 so only the header, the journal and the metadata are real writes; the move
 really writes every byte of its payload (zeros), so its time is real.
 
+The move and the copy are also given as ratios to the disk's floor
+(``--floor``, on by default): before each filesystem and source state's
+``run_bench``, ``benchmarks/write_floor.py`` streams the same payload sizes
+behind a 128-byte header into one file on a fresh filesystem of the same
+type, with and without write-behind, alternating, ``--repeat`` times; the
+floor is the faster of the two medians (issue 26). It is measured in the
+same invocation, not alternated run by run with the placements (that is
+``write_floor.py``'s own table).
+
     .venv/bin/python benchmarks/durable_move.py --big     # 2 x 1 GiB x 5 on ext4+xfs, 16 GiB rows
     .venv/bin/python benchmarks/durable_move.py --big --no-small      # only the 16 GiB rows
 """
@@ -44,10 +53,25 @@ from trtet_store.io import BlobStore, fs, write_file
 from trtet_store.io.units import GiB, MiB
 
 
+def measure_floor(fstype: str, cached: bool, args: argparse.Namespace) -> dict:
+    """write_floor.py's two streams on a fresh ``fstype``: medians, fastest runs and the floor."""
+    import write_floor  # beside this file
+
+    with loopfs.FilesystemFactory() as factory:
+        r = write_floor.run(factory, fstype, cached, bench.parse_size(args.payload_size),
+                            args.payloads, args.repeat, header=128, methods=("floor", "plain"))
+    fastest = min(min(r["runs"]["floor"]), min(r["runs"]["plain"]))
+    print(f"   floor {r['floor_s']:.2f} s (written behind {r['median_s']['floor']:.2f}, "
+          f"plain {r['median_s']['plain']:.2f}), fastest {fastest:.2f} s", flush=True)
+    return {"floor_s": r["floor_s"], "floor_fastest_s": fastest, "floor_runs": r["runs"]}
+
+
 def small_rows(args: argparse.Namespace) -> list[dict]:
     rows = []
     for fstype in args.filesystems:
         for cached in args.cache:
+            floor = (measure_floor(fstype, cached == "cached", args) if args.floor
+                     else {"floor_s": None, "floor_fastest_s": None, "floor_runs": None})
             cfg = bench.BenchConfig(
                 payload_size=bench.parse_size(args.payload_size), payloads=args.payloads,
                 filesystem=fstype, repeat=args.repeat, methods=tuple(bench.METHODS),
@@ -70,6 +94,7 @@ def small_rows(args: argparse.Namespace) -> list[dict]:
                     "device_bytes_written": med["device_bytes_written"],
                     "peak_extra_bytes": med["peak_extra_bytes"],
                     "peak_over_final_bytes": med["peak_over_final_bytes"],
+                    **floor,
                 })
     return rows
 
@@ -129,17 +154,20 @@ def print_small(rows: list[dict]) -> None:
     fastest_et = {(r["filesystem"], r["sources"]): min(r["durable_all"])
                   for r in rows if r["method"] == "executorch" and r["durable_all"]}
     print("\n| filesystem | sources | method | placement | durable s (median) | x ExecuTorch "
-          "| fastest s | x ExecuTorch's fastest | every run, s "
+          "| x floor | fastest s | x ExecuTorch's fastest | x fastest floor | every run, s "
           "| syncs | bytes written (/proc) | device written | peak extra | peak over final |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["durable_s"] is None:
             continue
         fastest = min(r["durable_all"])
         base = fastest_et.get((r["filesystem"], r["sources"]))
+        fl, fl_fast = r.get("floor_s"), r.get("floor_fastest_s")
         print(f"| {r['filesystem']} | {r['sources']} | {r['method']} | {r['placement']} "
               f"| {r['durable_s']:.2f} | {_fmt_ratio(r['durable_ratio'])} "
+              f"| {_fmt_ratio(r['durable_s'] / fl if fl else None)} "
               f"| {fastest:.2f} | {_fmt_ratio(fastest / base if base else None)} "
+              f"| {_fmt_ratio(fastest / fl_fast if fl_fast else None)} "
               f"| {' '.join(f'{t:.2f}' for t in r['durable_all'])} "
               f"| {r['syncs']:.0f} "
               f"| {bench.format_size(r['bytes_written'])} "
@@ -172,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-size", default="16G")
     p.add_argument("--big-move", default="8G")
     p.add_argument("--no-small", action="store_true", help="skip the 2 x 1 GiB runs")
+    p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the disk's floor per filesystem and source state (issue 26)")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     args = p.parse_args(argv)
     if not bench.require_root():
@@ -192,11 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "durable_move.json").write_text(json.dumps({"small": small, "big": big},
                                                            indent=1))
-    durable = [r for r in small if r["method"] == "move" and r["durable_ratio"] is not None]
-    if durable:
-        print("\nmove durable ratio to ExecuTorch's save (target <= 0.6x): "
-              + ", ".join(f"{r['filesystem']} {r['sources']} {r['durable_ratio']:.2f}x"
-                          for r in durable))
+    floored = [r for r in small if r["method"] in ("move", "copy") and r.get("floor_s")]
+    if floored:
+        print("\nratio to the floor (issue 26: move <= 1.15x, copy <= 1.05x): "
+              + ", ".join(f"{r['filesystem']} {r['sources']} {r['method']} "
+                          f"{r['durable_s'] / r['floor_s']:.2f}x" for r in floored))
     return 0
 
 
