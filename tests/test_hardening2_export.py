@@ -449,6 +449,28 @@ def test_an_engine_identical_to_one_staged_is_released_at_once_and_listed_once(h
     assert set(engines_in(report.path)) == {builder.built[0][1]}
 
 
+def test_identical_engines_of_two_live_exports_are_each_placed_from_their_own_store(here_fs):
+    """Found when a test's engine (same seed, same bytes) was taken from another test's store."""
+    from trtet_store.export.lowering import export
+
+    module, inputs = linear_relu()
+    stores = [trtet_store.BlobStore(here_fs / name) for name in ("a", "b")]
+    builders = [FakeBuilder(engine_sizes=(1 * MiB,)) for _ in stores]
+    edges = []
+    for store, builder in zip(stores, builders, strict=True):
+        with installed(builder):
+            edges.append(export(module, inputs=inputs, store=store))
+    assert builders[0].built[0][1] == builders[1].built[0][1]  # identical bytes
+    for i in (1, 0):  # the later export first: it must not take the earlier one's engine
+        program = edges[i].to_executorch()
+        trtet_store.save_program(program, here_fs / f"{i}.pte", consume=True)
+        assert builders[i].built[0][0].blob.consumed
+        assert not builders[1 - i].built[0][0].blob.consumed or i == 0
+        assert engines_in(here_fs / f"{i}.pte") == [builders[i].built[0][1]]
+    for store in stores:
+        store.close()
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_engines():
     yield

@@ -199,6 +199,7 @@ def test_dynamic_shapes_reach_torch_export(here_fs):
     (program, _), = builder.calls
     (bounds,) = program.range_constraints.values()
     assert bounds.upper == 8
+    store.close()
 
 
 def _compile_specs(edge) -> list[dict]:
@@ -223,6 +224,7 @@ def test_weight_streaming_budget_goes_to_every_engine_and_bad_ones_are_refused(h
     with pytest.raises(ValueError, match="applies to backend='tensorrt'"):
         export(module, inputs=inputs, backend="xnnpack", weight_streaming_budget_per_engine=1)
     assert len(builder.calls) == 1  # the refusals built nothing
+    store.close()
 
 
 @pytest.fixture(autouse=True)

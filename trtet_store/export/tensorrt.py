@@ -20,7 +20,8 @@ Inline (the default, what the released runtime reads): the delegate's segment
 is the whole upstream blob, header, metadata, padding, engine. ExecuTorch wants
 ``processed_bytes`` as ``bytes``, so preprocess returns the blob's head and a
 token naming the staged engine (:data:`~trtet_store.export.trt_blob.STAGED_ENGINE_MARKER`
-and the engine's digest); when the program is serialized, the token is replaced
+and a ticket for that very blob: two live exports with identical engines each
+place their own); when the program is serialized, the token is replaced
 by the engine file itself (``_executorch_private.expand_delegate_segments``), so
 the engine is placed by clone, insert, move or copy like any payload and never
 read into memory. The head pads the engine to a page (``io.units.PAGE``) within
@@ -39,6 +40,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import operator
+import os
 import threading
 import uuid
 from collections.abc import Sequence
@@ -156,25 +158,37 @@ def lookup_engine(engine_id: str) -> Engine:
                            "process, by trtet_store.export.tensorrt.build_engines?") from None
 
 
-# Staged engines by digest, from preprocess until the program is serialized; the
+# Staged engines by ticket, from preprocess until the program is serialized; the
 # serialized program then holds each blob through its segment.
 _inline: dict[str, Blob] = {}
-_TOKEN_SIZE = len(trt_blob.STAGED_ENGINE_MARKER) + 32  # xxh3-128 hex digest
+_TOKEN_SIZE = len(trt_blob.STAGED_ENGINE_MARKER) + 32  # an xxh3-128 hex ticket
+
+
+def _ticket(blob: Blob) -> str:
+    """Names ``blob`` itself, not only its bytes.
+
+    A digest alone would let a program expand with another live export's
+    identical engine (another store's blob) and consume it: that export
+    could then not be written. The same blob always gets the same ticket, so
+    ExecuTorch still merges identical delegate segments into one.
+    """
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(
+        f"{blob.digest}\0{os.fspath(blob.path)}\0{id(blob)}".encode())
 
 
 def _inline_processed_bytes(metadata: trt_blob.BlobMetadata, blob: Blob) -> bytes:
     from trtet_store.export import _executorch_private as priv
 
-    digest = blob.digest
-    if len(digest) != 32:
-        raise RuntimeError(f"{blob!r}: unexpected digest {digest!r}")
+    ticket = _ticket(blob)
     with _engines_lock:
-        for stale in [d for d, b in _inline.items() if b.closed]:
+        for stale in [t for t, b in _inline.items() if b.closed]:
             del _inline[stale]
-        _inline.setdefault(digest, blob)
+        _inline[ticket] = blob
     priv.expand_delegate_segments(_expand_inline_engine)
     head = trt_blob.prefix(metadata, blob.size, alignment=PAGE)
-    return head + trt_blob.STAGED_ENGINE_MARKER + digest.encode()
+    return head + trt_blob.STAGED_ENGINE_MARKER + ticket.encode()
 
 
 def _expand_inline_engine(raw: bytes) -> tuple[bytes, Blob] | None:
@@ -183,16 +197,16 @@ def _expand_inline_engine(raw: bytes) -> tuple[bytes, Blob] | None:
     if raw[:4] not in (trt_blob.MAGIC, trt_blob.MAGIC_ALIASED_IO) or not token.startswith(
             trt_blob.STAGED_ENGINE_MARKER):
         return None
-    digest = token[len(trt_blob.STAGED_ENGINE_MARKER):].decode()
+    ticket = token[len(trt_blob.STAGED_ENGINE_MARKER):].decode()
     head = raw[:-_TOKEN_SIZE]
     with _engines_lock:
-        blob = _inline.get(digest)
+        blob = _inline.get(ticket)
     if blob is None or blob.closed:
-        raise RuntimeError(f"staged TensorRT engine {digest} was released before the program "
+        raise RuntimeError(f"staged TensorRT engine {ticket} was released before the program "
                            "was serialized: keep its BlobStore open until to_executorch()")
     header = trt_blob.BlobHeader.from_bytes(head)
     if header.engine_offset != len(head) or header.engine_size != blob.size:
-        raise RuntimeError(f"delegate blob head of engine {digest} does not describe "
+        raise RuntimeError(f"delegate blob head of engine {blob.path} does not describe "
                            f"{blob.size} engine bytes at offset {len(head)}")
     return head, blob
 
