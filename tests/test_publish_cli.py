@@ -29,7 +29,7 @@ def test_publish_replace_resume_list_and_abort(s3env, tmp_path, capsys):
     assert main(["publish", str(pte), str(ptd), url, "--replace", "--json", "--part-size",
                  "5M", *common]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["bytes_sent"] == 0 and report["bytes_copied"] == report["bytes_total"]
+    assert report["bytes_sent"] == 0 and report["bytes_unchanged"] == report["bytes_total"]
 
     # --resume with nothing to resume fails and sends nothing.
     assert main(["publish", str(pte), url, "--resume", *common]) == 1

@@ -51,11 +51,15 @@ def test_republish_sends_only_the_changed_engine(s3env, here_fs, tcp_proxy):
         total = first.bytes_total
         inline = _inline_bytes(s3env, key)
 
-        # Nothing changed: under the headers sent, everything else copied.
+        # Nothing changed: every object is the version already there, byte for byte
+        # (pieces, digests and ETag as the manifest says): nothing sent, nothing copied.
+        etags = {o.key: o.etag for o in first.objects}
         before = _put_bytes(proxy)
         same = _publish(s3env, proxy, a, key, replace=True)
         assert same.bytes_sent <= inline and same.bytes_sent < total // 100
-        assert same.bytes_copied + same.bytes_sent == total
+        assert same.bytes_unchanged == total and same.bytes_copied == 0
+        assert {o.key: o.etag for o in same.objects} == etags
+        assert all(o.unchanged for o in same.objects)
         assert _put_bytes(proxy) - before <= inline + 64 * 1024  # + manifest and index
         _check_equal(s3env, a, here_fs / "a", "m/")
 
@@ -97,3 +101,20 @@ def test_an_engine_published_in_another_program_is_copied_from_there(s3env, here
         third = _publish(s3env, proxy, d, "three/model.pte")
         assert third.bytes_sent == third.bytes_total
         _check_equal(s3env, d, here_fs / "d", "three/")
+
+
+def test_an_object_overwritten_behind_the_manifest_is_not_taken_as_unchanged(s3env, tmp_path,
+                                                                          tcp_proxy):
+    """Same size, other bytes, put by someone else: the re-publish writes ours again."""
+    import os
+
+    proxy = tcp_proxy(s3env.endpoint.url)
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(os.urandom(12 * MiB + 5))
+    _publish(s3env, proxy, pte, "x/model.pte")
+    s3env.client.put_object(Bucket=s3env.bucket, Key="x/model.pte",
+                            Body=os.urandom(12 * MiB + 5))
+    again = _publish(s3env, proxy, pte, "x/model.pte", replace=True)
+    assert not again.objects[0].unchanged and again.bytes_sent == pte.stat().st_size
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="x/model.pte")["Body"].read()
+    assert got == pte.read_bytes()

@@ -123,6 +123,7 @@ class PublishProgress(NamedTuple):
     sent: int
     copied: int
     resumed: int
+    unchanged: int = 0
 
 
 @dataclass
@@ -130,6 +131,7 @@ class _Counters:
     sent: int = 0
     copied: int = 0
     resumed: int = 0
+    unchanged: int = 0
     retries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -151,6 +153,7 @@ class _Object:
     completed: dict[str, Any] | None = None  # the manifest entry, once completed
     report: ObjectReport | None = None
     digests: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # per piece
+    unchanged: dict[str, Any] | None = None  # the previous manifest's entry, when identical
 
     @property
     def name(self) -> str:
@@ -252,18 +255,31 @@ def publish_sources(
     def report_progress() -> None:
         if progress is not None:
             with counters.lock:
-                p = PublishProgress(counters.sent + counters.copied + counters.resumed, total,
-                                    counters.sent, counters.copied, counters.resumed)
+                p = PublishProgress(counters.sent + counters.copied + counters.resumed
+                                    + counters.unchanged, total, counters.sent, counters.copied,
+                                    counters.resumed, counters.unchanged)
             progress(p)
 
     try:
         for o in objs:
+            if o.completed is None and o.unchanged is not None:
+                # Byte for byte the object already there: no new version, no copy.
+                o.completed = o.unchanged
+                o.report = ObjectReport(o.name, o.key, o.source.size, o.unchanged["etag"],
+                                        o.unchanged["crc64nvme"], o.part_size, len(o.parts),
+                                        unchanged=True)
+                journal.append({"t": "completed", "name": o.name, "entry": o.completed,
+                                "report": o.report.__dict__})
+                with counters.lock:
+                    counters.unchanged += o.source.size
+                report_progress()
+                continue
             if o.completed is None:
                 _send_object(s3, bucket, o, journal, counters, concurrency, report_progress)
         for o in objs:
             if o.completed is None:
                 _complete_object(s3, bucket, o, journal)
-            else:
+            elif not o.report.unchanged:
                 with counters.lock:
                     counters.resumed += o.source.size
                 report_progress()
@@ -298,12 +314,13 @@ def publish_sources(
     rep = PublishReport(url=str(dest), manifest_key=mkey, manifest_etag=metag,
                         objects=reports, bytes_total=total, bytes_sent=counters.sent,
                         bytes_copied=counters.copied, bytes_resumed=counters.resumed,
+                        bytes_unchanged=counters.unchanged,
                         parts=sum(len(o.parts) for o in objs),
                         checksum=objs[0].completed["crc64nvme"],
                         seconds=time.monotonic() - start, retries=counters.retries)
     log.info("published %s: %d object(s), %d bytes: %d sent, %d copied server-side, %d "
-             "resumed, in %.1f s", dest, len(objs), total, rep.bytes_sent, rep.bytes_copied,
-             rep.bytes_resumed, rep.seconds)
+             "resumed, %d unchanged, in %.1f s", dest, len(objs), total, rep.bytes_sent,
+             rep.bytes_copied, rep.bytes_resumed, rep.bytes_unchanged, rep.seconds)
     return rep
 
 
@@ -343,11 +360,14 @@ def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: st
                  index: bool) -> None:
     """Fill each object's ``copies`` from the previous manifest and the index."""
     cands: delta.Candidates = {}
+    previous: dict[str, dict[str, Any]] = {}
     if heads.get(mkey) is not None:
         got = s3.get(bucket, mkey)
         if got is not None:
             try:
-                delta.candidates_from_manifest(Manifest.from_json(got[0]), cands)
+                old = Manifest.from_json(got[0])
+                delta.candidates_from_manifest(old, cands)
+                previous = {e.key: e.to_dict() for e in old.objects}
             except ManifestError as exc:
                 log.warning("the previous manifest s3://%s/%s cannot be read (%s): every "
                             "byte is sent", bucket, mkey, exc)
@@ -368,7 +388,16 @@ def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: st
                 digest = piece_digests(e)[0]  # read once, to find it among the candidates
             known.append((e.offset, e.size, digest))
         o.copies = delta.copy_actions(o.parts, delta.segments(known, cands))
-        if o.copies:
+        prev = previous.get(o.key)
+        if (prev is not None and prev["etag"] == o.base_etag and prev["size"] == o.source.size
+                and len(o.copies) == len(o.parts)
+                and all(o.copies[p.number] == delta.CopyFrom(o.key, p.offset, o.base_etag)
+                        for p in o.parts)
+                and [(p["offset"], p["size"], p["xxh3"]) for p in prev["pieces"]] == known):
+            o.unchanged = prev
+            log.info("%s: identical to the version there (%s); it is kept as it is", o.key,
+                     o.base_etag)
+        elif o.copies:
             log.info("%s: %d of %d parts copied server-side from bytes already in the bucket",
                      o.key, len(o.copies), len(o.parts))
 

@@ -22,6 +22,7 @@ class ObjectReport:
     parts_copied: int = 0
     parts_resumed: int = 0  # already on the server from an interrupted run
     resumed_upload: bool = False
+    unchanged: bool = False  # byte for byte the version already there: kept, nothing written
 
 
 @dataclass
@@ -44,6 +45,9 @@ class PublishReport:
         Bytes copied server-side (UploadPartCopy) from an earlier version or another program.
     bytes_resumed : int
         Bytes an interrupted publish had already sent, found with ListParts.
+    bytes_unchanged : int
+        Bytes of objects identical to the version already there (same pieces,
+        digests and ETag as the previous manifest says): kept, not rewritten.
     parts : int
         Parts of all objects.
     checksum : str
@@ -62,6 +66,7 @@ class PublishReport:
     bytes_sent: int = 0
     bytes_copied: int = 0
     bytes_resumed: int = 0
+    bytes_unchanged: int = 0
     parts: int = 0
     checksum: str = ""
     seconds: float = 0.0
