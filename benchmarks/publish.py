@@ -165,7 +165,8 @@ def publish(program: Any, url: str, endpoint: str, mnt: Path, **kw: Any) -> dict
                                      journal_dir=mnt / "journal",
                                      progress=lambda p: disk.sample(), **kw)
     return {"seconds": time.monotonic() - start, "peak_disk": disk.peak_extra_bytes,
-            "sent": report.bytes_sent, "copied": report.bytes_copied}
+            "sent": report.bytes_sent, "copied": report.bytes_copied,
+            "unchanged": report.bytes_unchanged}
 
 
 def _clean(client: Any, bucket: str, prefix: str) -> None:
@@ -179,7 +180,8 @@ def _row(name: str, runs: list[dict[str, Any]], base: float | None) -> str:
     return (f"| {name} | {len(runs)} | {med:.1f} ({min(r['seconds'] for r in runs):.1f}-"
             f"{max(r['seconds'] for r in runs):.1f}) | {ratio} | "
             f"{bench.format_size(max(r['peak_disk'] for r in runs))} | "
-            f"{bench.format_size(runs[0]['sent'])} | {bench.format_size(runs[0]['copied'])} |")
+            f"{bench.format_size(runs[0]['sent'])} | {bench.format_size(runs[0]['copied'])} | "
+            f"{bench.format_size(runs[0].get('unchanged', 0))} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.repeat}x",
              "",
              "| method | runs | wall s, median (min-max) | ratio | peak local disk | sent "
-             "| copied server-side |",
-             "|---|---|---|---|---|---|---|",
+             "| copied server-side | kept unchanged |",
+             "|---|---|---|---|---|---|---|---|",
              _row("(a) save_program + upload_file", results["a"], base),
              _row("(b) trtet_store.publish", results["b"], base),
              _row("re-publish, nothing changed", results["none"], base),

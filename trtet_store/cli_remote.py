@@ -45,8 +45,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--list", action="store_true",
                    help="list the unfinished multipart uploads under s3://BUCKET[/PREFIX]")
     p.add_argument("--part-size", type=_size, default=None, metavar="SIZE",
-                   help="bytes per part, 5M to 5G (default 16M, grown to fit 10,000 parts)")
-    p.add_argument("--concurrency", type=int, default=None, help="parts in flight (default 4)")
+                   help="bytes per part, 5M to 5G (default 8M, grown to fit 10,000 parts)")
+    p.add_argument("--concurrency", type=int, default=None, help="parts in flight (default 8)")
     p.add_argument("--endpoint-url", default=None,
                    help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
     p.add_argument("--journal-dir", type=Path, default=None,

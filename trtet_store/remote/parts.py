@@ -16,7 +16,7 @@ MiB = 1 << 20
 #: The part size when none is asked for, while the object fits 10,000 of them:
 #: memory is parts in flight x this, and a re-publish re-sends up to one part
 #: at each boundary between changed and unchanged bytes.
-DEFAULT_PART_SIZE = 16 * MiB
+DEFAULT_PART_SIZE = 8 * MiB
 
 
 @dataclass(frozen=True)

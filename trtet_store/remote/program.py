@@ -76,7 +76,7 @@ def publish(
         boto3 finds them.
     part_size : int, optional
         Bytes per part (5 MiB to 5 GiB, all parts but the last equal).
-        Default 16 MiB, grown to fit 10,000 parts.
+        Default 8 MiB, grown to fit 10,000 parts.
     concurrency : int
         Parts in flight; memory is about ``(concurrency + 1) * part_size``.
     replace : bool

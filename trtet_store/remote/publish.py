@@ -107,7 +107,8 @@ class PartBody:
     def __len__(self) -> int:
         return len(self._view)
 
-DEFAULT_CONCURRENCY = 4
+#: Parts in flight by default (s3transfer sends 10 at once); memory is (8 + 1) x part size.
+DEFAULT_CONCURRENCY = 8
 #: Sends of one part after the server refused its checksum, before giving up.
 BAD_DIGEST_ATTEMPTS = 3
 #: Our own attempts at a part after botocore's retries gave up on the network.
