@@ -173,3 +173,20 @@ def test_files_pinned_by_a_journal_survive_collection(here_fs):
     assert xxhash.xxh3_128_hexdigest(content[1:]) == digest
     assert not Path(path).exists()
     assert files(out) == ["m.pte"]
+
+
+def test_a_kept_blob_outlives_its_store_as_an_orphan(here_fs):
+    """Blob.keep: what a failed export does with engines it built (issue 22)."""
+    with BlobStore(here_fs) as store:
+        kept = store.put(b"engine" * 1000)
+        dropped = store.put(b"scratch" * 1000)
+        kept.keep()
+        assert kept.closed and not dropped.closed
+        kept_path = Path(kept.path)
+    assert kept_path.read_bytes() == b"engine" * 1000
+    assert not Path(dropped.path).exists()
+    with BlobStore(here_fs) as store:
+        (orphan,) = store.orphans()
+        assert orphan.path.name == kept_path.name
+        blob = store.adopt_orphan(orphan)
+        assert Path(blob.path).read_bytes() == b"engine" * 1000

@@ -241,7 +241,7 @@ def keep(store: BlobStore, blobs: list[Blob], *, own_store: bool) -> None:
         for blob in live:
             # A blob's release deletes its file; detached, the file stays, and
             # once the store's lock is gone it is a dead store's blob: an orphan.
-            blob._finalizer.detach()  # noqa: SLF001
+            blob.keep()
     else:
         held = _KEPT.setdefault(store, [])
         held.extend(b for b in live if all(b is not h for h in held))

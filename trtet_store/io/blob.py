@@ -241,6 +241,17 @@ class Blob:
         """Release the blob: delete its file (give an adopted one back). Idempotent."""
         self._finalizer()
 
+    def keep(self) -> None:
+        """Let the file outlive this Blob: closed without deleting it.
+
+        What a caller does with engines it cannot place now but must not lose
+        (an export that failed after hours of build): the file stays in the
+        store's directory and, once the store is closed, is an orphan there,
+        listed by :meth:`BlobStore.orphans`, reusable by a later build, removed
+        only by :meth:`BlobStore.remove_orphans` or its age limit.
+        """
+        self._finalizer.detach()
+
     def mark_consumed(self) -> None:
         """Record that a write moved this blob's bytes into an output, and release it."""
         self.consumed = True
