@@ -54,3 +54,32 @@ def test_errors_are_one_line(s3env, tmp_path, capsys):
     assert main(["publish", str(pte), f"s3://{s3env.bucket}/m.pte", "--part-size", "1M",
                  "--endpoint-url", s3env.endpoint.url, "--no-progress"]) == 1
     assert "PartSizeError" in capsys.readouterr().err
+
+
+def test_recover_names_an_interrupted_publish(s3env, tmp_path, capsys, monkeypatch, tcp_proxy):
+    """``trtet-store recover`` names the uploads a stopped publish left open, and the way out."""
+    import pytest
+    from tcp_proxy import Fault
+
+    import trtet_store
+    from trtet_store.remote import UploadKeptError
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(os.urandom(6 * MiB))
+    proxy = tcp_proxy(s3env.endpoint.url)
+    proxy.add(Fault("request", "flip", at=1, times=100,
+                    match=lambda m: m.method == "PUT" and "partNumber=" in m.target))
+    url = f"s3://{s3env.bucket}/r/model.pte"
+    with pytest.raises(UploadKeptError):
+        trtet_store.publish(pte, url, endpoint_url=proxy.url, part_size=5 * MiB)
+    work = tmp_path / "out"
+    work.mkdir()
+    assert main(["recover", str(work)]) == 0
+    err = capsys.readouterr().err
+    assert f"interrupted publish {url}" in err and "--abort" in err
+    assert main(["publish", "--abort", url, "--endpoint-url", proxy.url]) == 0
+    assert "aborted" in capsys.readouterr().out
+    assert main(["recover", str(work)]) == 0
+    assert "interrupted publish" not in capsys.readouterr().err
+    assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []

@@ -467,6 +467,9 @@ def cmd_recover(args: argparse.Namespace) -> int:
             print(f"{len(orphans)} staged file(s) of dead or failed runs kept, {engines} of them "
                   "TensorRT engines or build records: run the same export again to reuse "
                   "them, or remove them with trtet_store.BlobStore(DIR).remove_orphans()")
+    from trtet_store.cli_remote import print_interrupted
+
+    print_interrupted()  # uploads a crashed publish left open (stderr; no request made)
     stuck = [o for o in outcomes if o.action in ("busy", "damaged", "stuck")]
     return 1 if stuck else 0
 

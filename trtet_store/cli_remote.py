@@ -170,3 +170,21 @@ def cmd_publish(args: argparse.Namespace) -> int:
               f"{_mib(report.bytes_copied)} copied server-side, {_mib(report.bytes_resumed)} "
               f"resumed, in {report.seconds:.1f} s")
     return 0
+
+
+def print_interrupted(out: Any = None) -> int:
+    """Say which publishes were interrupted (their journals; no request is made).
+
+    ``trtet-store recover`` calls it, so an abandoned upload is never left
+    billing silently. Returns how many there are.
+    """
+    from trtet_store.remote import interrupted
+
+    out = out if out is not None else sys.stderr
+    found = interrupted()
+    for i in found:
+        print(f"interrupted publish {i.url} ({i.endpoint}, {len(i.uploads)} upload(s) open, "
+              f"journal {i.journal}): resume it with `trtet-store publish --resume FILE... "
+              f"{i.url}`, or give it up with `trtet-store publish --abort {i.url}"
+              f"{' --endpoint-url ' + i.endpoint if i.endpoint else ''}`", file=out)
+    return len(found)

@@ -34,6 +34,7 @@ _LAZY = {
     "abort": "trtet_store.remote.publish",
     "list_uploads": "trtet_store.remote.publish",
     "pending": "trtet_store.remote.publish",
+    "interrupted": "trtet_store.remote.publish",
 }
 
 
@@ -62,6 +63,7 @@ __all__ = [
     "RemoteURLError",
     "UploadKeptError",
     "abort",
+    "interrupted",
     "list_uploads",
     "manifest_key",
     "pending",

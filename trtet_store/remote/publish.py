@@ -769,6 +769,39 @@ def list_uploads(url: str, *, endpoint_url: str | None = None) -> list[OpenUploa
     return s3.list_uploads(bucket, prefix)
 
 
+@dataclass(frozen=True)
+class Interrupted:
+    """An interrupted publish, as its journal names it (no request made)."""
+
+    url: str
+    endpoint: str
+    journal: Path
+    uploads: tuple[str, ...]  # the upload ids it opened
+
+
+def interrupted(journal_dir: os.PathLike | str | None = None) -> list[Interrupted]:
+    """Every interrupted publish whose journal is in ``journal_dir`` (default: the usual one).
+
+    Each is resumed by publishing the same source to the same URL again, or
+    given up with :func:`abort`; until then its uploads hold parts the
+    bucket's owner pays for.
+    """
+    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
+    out = []
+    for path in sorted(jdir.glob("*.publish.jsonl")) if jdir.is_dir() else []:
+        try:
+            records = Journal.read(path)
+        except RemoteError as exc:
+            log.warning("%s", exc)
+            continue
+        if not records:
+            continue
+        plan = records[0]
+        out.append(Interrupted(f"s3://{plan['bucket']}/{plan['key']}", plan["endpoint"], path,
+                               tuple(r["upload_id"] for r in records if r.get("t") == "upload")))
+    return out
+
+
 def pending(url: str, *, endpoint_url: str | None = None,
             journal_dir: os.PathLike | str | None = None) -> Path | None:
     """The journal of an interrupted publish of ``url`` (None if there is none)."""
