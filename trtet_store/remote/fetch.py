@@ -78,7 +78,7 @@ from trtet_store.remote.url import RemoteURL
 log = logging.getLogger("trtet_store.remote.fetch")
 
 MiB = 1 << 20
-DEFAULT_RANGE_SIZE = 16 * MiB
+DEFAULT_RANGE_SIZE = 32 * MiB
 DEFAULT_CONCURRENCY = 4
 #: The final write's move budget (``write_files(chunk_size=...)``), also what the
 #: preflight reserves for it.
