@@ -96,3 +96,36 @@ def test_not_json():
         Manifest.from_json(b"{")
     with pytest.raises(ManifestError):
         Manifest.from_json(b"[]")
+
+
+def test_the_remote_layer_imports_nothing_heavy_and_only_io_s_public_face():
+    """boto3 in s3.py alone and lazily; export/ only from program.py, lazily; io's face only."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, trtet_store.remote, trtet_store.remote.publish, trtet_store.cli_remote;"
+            "heavy = [m for m in ('boto3', 'botocore', 'torch', 'executorch') "
+            "if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+    root = Path(__file__).resolve().parent.parent / "trtet_store" / "remote"
+    owned = ["url", "s3", "parts", "checksum", "manifest", "source", "delta", "journal",
+             "publish", "program", "report", "errors", "__init__"]
+    for name in owned:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+            elif isinstance(node, ast.Import):
+                mod = node.names[0].name
+            else:
+                continue
+            if mod.startswith(("boto3", "botocore")):
+                assert name == "s3", (name, mod)
+            if mod.startswith("trtet_store.export"):
+                assert name == "program", (name, mod)
+            if mod.startswith("trtet_store.io"):
+                assert mod == "trtet_store.io", (name, mod)  # the public face only
