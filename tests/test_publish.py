@@ -154,3 +154,37 @@ def test_local_files_round_trip_and_an_empty_object(s3env, tmp_path):
                                    Key="files/empty.ptd")["Body"].read() == b""
     assert [o.parts for o in report.objects] == [3, 1]
     assert report.bytes_sent == 11 * MiB + 7
+
+
+def test_pieces_from_bytes_a_blob_and_a_file_range(s3env, here_fs):
+    """An object made of io pieces: inline bytes, a staged blob read in place, a file's range."""
+    from trtet_store.io import ExternalFile
+    from trtet_store.remote.publish import publish_sources
+    from trtet_store.remote.source import ObjectSource
+
+    big = here_fs / "weights.bin"
+    data = os.urandom(9 * MiB + 3)
+    big.write_bytes(data)
+    with trtet_store.BlobStore(here_fs / "staging") as store:
+        with store.writer() as w:
+            w.write(os.urandom(7 * MiB + 1))
+        blob = w.blob
+        head = b"header" * 1000
+        pieces = [head, blob, ExternalFile.range(big, 1234, 6 * MiB), b"", b"tail"]
+        report = publish_sources([ObjectSource("m.pte", pieces)],
+                                 f"s3://{s3env.bucket}/pieces/m.pte",
+                                 endpoint_url=s3env.endpoint.url, part_size=5 * MiB,
+                                 journal_dir=s3env.journal_dir)
+        expected = head + Path(blob.path).read_bytes() + data[1234:1234 + 6 * MiB] + b"tail"
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="pieces/m.pte")["Body"].read()
+    assert got == expected and report.bytes_sent == len(expected)
+    body = s3env.client.get_object(Bucket=s3env.bucket,
+                                   Key=manifest_key("pieces/m.pte"))["Body"].read()
+    pieces_meta = Manifest.from_json(body).objects[0].pieces
+    assert [(p.kind, p.size) for p in pieces_meta] == [
+        ("inline", len(head)), ("file", 7 * MiB + 1), ("file", 6 * MiB), ("inline", 0),
+        ("inline", 4)]
+    assert pieces_meta[2].xxh3 == xxhash.xxh3_128_hexdigest(data[1234:1234 + 6 * MiB])
+    assert list(pieces_meta[2].chunks) == [
+        xxhash.xxh3_64_intdigest(data[1234 + i:1234 + min(i + MiB, 6 * MiB)])
+        for i in range(0, 6 * MiB, MiB)]
