@@ -200,7 +200,7 @@ class S3Server:
                                                                                     "replace")
         return ""
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
         """Stop the server by its pid (SIGTERM, then SIGKILL) and remove its sockets. Idempotent."""
         proc = self.process
         if proc is None:
