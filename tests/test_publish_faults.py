@@ -165,3 +165,29 @@ def test_nothing_is_left_when_a_publish_is_aborted(s3env, tmp_path, tcp_proxy):
     assert [u.upload_id for u in aborted] == [info.value.upload_id]
     assert not Path(info.value.journal).exists()
     assert_nothing_under(s3env, "f/")
+
+
+def test_stopped_between_the_objects_and_the_manifest(s3env, tmp_path, monkeypatch):
+    """The objects completed, the manifest not written: not published; the next run commits it."""
+    from botocore.exceptions import ClientError
+
+    import trtet_store.remote.publish as pub
+
+    files = _files(tmp_path)
+    commit = pub._put_manifest
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # the process dies right before its commit point
+
+    monkeypatch.setattr(pub, "_put_manifest", crash)
+    with pytest.raises(KeyboardInterrupt):
+        _publish(s3env, s3env.endpoint.url, files)
+    with pytest.raises(ClientError):
+        s3env.client.head_object(Bucket=s3env.bucket, Key=manifest_key("f/model.pte"))
+    monkeypatch.setattr(pub, "_put_manifest", commit)
+    report = _publish(s3env, s3env.endpoint.url, files)
+    total = sum(p.stat().st_size for p in files)
+    assert report.bytes_sent == 0 and report.bytes_resumed == total
+    _check(s3env, files)
+    s3env.client.head_object(Bucket=s3env.bucket, Key=manifest_key("f/model.pte"))
+    assert not any(s3env.journal_dir.iterdir())
