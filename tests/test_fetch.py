@@ -235,6 +235,8 @@ def test_a_publish_during_a_fetch_gives_the_old_or_the_new_set_never_a_mix(s3, h
     t.join(60)
     report = result["r"]
     assert report.restarts == 1
+    # What the first attempt received counts too.
+    assert report.bytes_downloaded > len(v2) + 2 * MiB
     assert (here_fs / "model.pte").read_bytes() == v2
     assert (here_fs / "model.ptd").read_bytes() == ptd2
     assert listing(here_fs) == ["model.ptd", "model.pte"]

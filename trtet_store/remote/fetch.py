@@ -406,7 +406,8 @@ class _Fetch:
     # the attempt --------------------------------------------------------------------
 
     def run(self) -> FetchReport:
-        self.downloaded = self.reused = self.resumed = 0
+        # self.downloaded counts on across restarts: every byte received is reported.
+        self.reused = self.resumed = 0
         self.per_object = {}
         interrupted = self._journal_exists()
         if interrupted:
