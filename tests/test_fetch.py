@@ -306,3 +306,27 @@ def test_bad_calls_are_refused_before_any_request(here_fs):
     with pytest.raises(ValueError, match="if_replaced"):
         fetch("s3://bucket/m.pte", here_fs / "m.pte", client=object(), if_replaced="ignore")
     assert listing(here_fs) == []
+
+
+def test_the_cli_says_disk_too_small_and_interrupted_with_the_resume_command(
+        s3env, make_fs, here_fs, tcp_proxy, capsys):
+    from trtet_store import cli
+
+    data, sizes = engine_program(60, (40 * MiB,))
+    url = publish_v(s3env, data, sizes, b"z" * 100)
+    small = make_fs("ext4", 96)
+    assert cli.main(["fetch", url, os.fspath(small / "model.pte"), "--endpoint-url",
+                     s3env.endpoint.url, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "disk too small" in err and "MiB available" in err
+    assert listing(small) == []
+    ranged = lambda m: "range" in (m.request.headers if m.request else {})  # noqa: E731
+    proxy = tcp_proxy(s3env.endpoint.url, [Fault("response", "reset", at=1000, match=ranged,
+                                                 times=10_000)])
+    out = here_fs
+    assert cli.main(["fetch", url, os.fspath(out / "model.pte"), "--endpoint-url", proxy.url,
+                     "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "interrupted" in err
+    assert f"trtet-store fetch {url} {out / 'model.pte'}" in err
+    assert not (out / "model.pte").exists()
