@@ -4,7 +4,7 @@ Standard library and xxhash only; nothing here knows about programs or engines.
 """
 
 from trtet_store.io.blobstore import Blob, BlobStore
-from trtet_store.io.digests import chunk_digest
+from trtet_store.io.digests import Digester, chunk_digest
 from trtet_store.io.errors import (
     BlobChangedError,
     BlobInUseError,
@@ -40,6 +40,7 @@ __all__ = [
     "BlobInUseError",
     "BlobStore",
     "ConcurrentWriteError",
+    "Digester",
     "ExternalFile",
     "block_size",
     "chunk_digest",

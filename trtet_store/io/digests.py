@@ -40,8 +40,9 @@ class Digester:
         self._fill = 0
         self.size = 0
 
-    def update(self, data: bytes | memoryview) -> None:
-        view = memoryview(data)
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        """Digest ``data``, the next bytes of the stream (any buffer, read as bytes)."""
+        view = memoryview(data).cast("B")
         self.total.update(view)
         self.size += len(view)
         while len(view):
@@ -55,6 +56,7 @@ class Digester:
                 self._fill = 0
 
     def finish(self) -> tuple[str, tuple[int, ...]]:
+        """``(xxh3-128 hex of the stream, xxh3-64 of each chunk)``; call once."""
         if self._fill:
             self.chunks.append(self._chunk.intdigest())
             self._fill = 0

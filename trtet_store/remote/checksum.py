@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import xxhash
+from trtet_store.io import Digester
 
 #: The span of each xxh3-64 chunk digest (the storage engine's default).
 CHUNK_SIZE = 1 << 20
@@ -46,37 +46,12 @@ def md5_hex(data: bytes | bytearray | memoryview) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
-class PieceDigester:
-    """xxh3-128 of a stream and xxh3-64 of each :data:`CHUNK_SIZE` chunk of it."""
+class PieceDigester(Digester):
+    """xxh3-128 of a stream and xxh3-64 of each :data:`CHUNK_SIZE` chunk of it:
+    the storage engine's own digester, with its default chunk."""
 
     def __init__(self, chunk_size: int = CHUNK_SIZE) -> None:
-        self.chunk_size = chunk_size
-        self.total = xxhash.xxh3_128()
-        self.chunks: list[int] = []
-        self._chunk = xxhash.xxh3_64()
-        self._fill = 0
-        self.size = 0
-
-    def update(self, data: bytes | bytearray | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        self.total.update(view)
-        self.size += len(view)
-        while len(view):
-            take = min(len(view), self.chunk_size - self._fill)
-            self._chunk.update(view[:take])
-            self._fill += take
-            view = view[take:]
-            if self._fill == self.chunk_size:
-                self.chunks.append(self._chunk.intdigest())
-                self._chunk = xxhash.xxh3_64()
-                self._fill = 0
-
-    def finish(self) -> tuple[str, tuple[int, ...]]:
-        """``(xxh3-128 hex, chunk digests)``; call once."""
-        if self._fill:
-            self.chunks.append(self._chunk.intdigest())
-            self._fill = 0
-        return self.total.hexdigest(), tuple(self.chunks)
+        super().__init__(chunk_size)
 
 
 def digest_bytes(data: bytes | bytearray | memoryview) -> tuple[str, tuple[int, ...]]:
