@@ -20,6 +20,7 @@ from trtet_store.io.errors import (
 from trtet_store.io.fs import block_size, free_bytes
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.orphans import Orphan
+from trtet_store.io.recovery import recover
 from trtet_store.io.versioned import (
     VersionedWrite,
     current_version,
@@ -60,6 +61,7 @@ __all__ = [
     "VerificationError",
     "VersionedWrite",
     "WriteReport",
+    "recover",
     "write_file",
     "write_files",
     "write_versioned",

@@ -51,6 +51,7 @@ from trtet_store.io import (
     block_size,
     chunk_digest,
     free_bytes,
+    recover,
     write_files,
 )
 from trtet_store.remote.errors import ManifestError
@@ -414,9 +415,7 @@ class _Fetch:
             # An earlier fetch of this destination died or failed. If it died
             # inside its write, finish or undo that write first (the
             # destination's content, and the staged runs, depend on which).
-            import trtet_store
-
-            trtet_store.recover(self.dest.parent)
+            recover(self.dest.parent)
         version, specs, unverified = self.describe()
         self.version = version
         paths = [self.local_path(i, s) for i, s in enumerate(specs)]

@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtet_store.io import Blob, BlobStore, ConcurrentWriteError
+from trtet_store.io import Blob, BlobStore, ConcurrentWriteError, recover
 from trtet_store.remote.fetch_plan import ObjectPlan, Range, Run
 
 log = logging.getLogger("trtet_store.remote.fetch")
@@ -172,9 +172,7 @@ class Staging:
         orphans = self._ours(inodes)
         if any(o.pinned for _, o in orphans):
             # A write of ours died holding them: finish or undo it first.
-            import trtet_store
-
-            trtet_store.recover(self.dest.parent)
+            recover(self.dest.parent)
             orphans = self._ours(inodes)
         stale: list[Blob] = []
         for key, o in orphans:
