@@ -17,13 +17,14 @@ The downloads land on a dedicated loop filesystem (``--filesystem ext4`` or
     sudo .venv/bin/python benchmarks/fetch.py [--engine-size 1G] [--repeat 5] \
         [--filesystem ext4|xfs|here]
 
-The S3 server is started with ``tests/s3_server.py`` (the one helper that
-starts and stops ``weed mini`` on free ports; it lives with the tests).
+The S3 server is started with :mod:`trtet_store.bench.s3server` (the one
+launcher of ``weed mini`` on free ports, which the tests' fixtures use too).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -32,13 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent / "tests"))
-
-from s3_server import S3Server  # noqa: E402
-
-import trtet_store  # noqa: E402
-from trtet_store.bench.config import size_arg  # noqa: E402
-from trtet_store.bench.measure import PeakDiskMonitor  # noqa: E402
+import trtet_store
+from trtet_store.bench.config import size_arg
+from trtet_store.bench.measure import PeakDiskMonitor
+from trtet_store.bench.s3server import running_server
 
 MiB = 1 << 20
 
@@ -80,8 +78,8 @@ def main() -> int:
                    default="ext4" if os.geteuid() == 0 else "here")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="trtet-fetch-bench-", dir="/var/tmp"))
-    server = S3Server(Path(tempfile.mkdtemp(prefix="trtet-s3-", dir="/tmp")))
     factory = None
+    stack = contextlib.ExitStack()
     try:
         if args.filesystem == "here":
             target = work
@@ -91,10 +89,9 @@ def main() -> int:
             factory = FilesystemFactory()
             # The old and the new program side by side, plus room for the moves.
             target = factory.make(args.filesystem, 4 * args.engine_size // MiB + 1024)
-        server.start()
+        server = stack.enter_context(running_server())
         ep = server.endpoint
-        os.environ.update(AWS_ACCESS_KEY_ID=ep.access_key, AWS_SECRET_ACCESS_KEY=ep.secret_key,
-                          AWS_DEFAULT_REGION=ep.region)
+        os.environ.update(ep.environ())
         client = ep.client(read_timeout=300)
         bucket = server.new_bucket("bench")
         url = f"s3://{bucket}/model.pte"
@@ -161,10 +158,9 @@ def main() -> int:
               f"{', '.join(f'{k} {v / MiB:.1f} MiB' for k, v in deltas[0][3].items())}; "
               f"peak extra disk {max(d[4] for d in deltas) / MiB:.1f} MiB")
     finally:
+        stack.close()
         if factory is not None:
             factory.close()
-        server.stop()
-        shutil.rmtree(server.directory, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

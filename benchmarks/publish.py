@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Publish benchmark: save_program + boto3 upload_file against trtet_store.publish.
 
-On one SeaweedFS server (``weed mini`` from this environment, started here on
-free loopback ports, or ``--endpoint-url``), in the same run, alternating
-``--repeat`` times (default 5), for a program with two stubbed TensorRT
-engines of ``--engine-size`` (default 1 GiB) and XNNPACK weights in a
-``.ptd``:
+On one SeaweedFS server (``weed mini`` from this environment, started on free
+loopback ports by :mod:`trtet_store.bench.s3server`, or ``--endpoint-url``),
+in the same run, alternating ``--repeat`` times (default 5), for a program
+with two stubbed TensorRT engines of ``--engine-size`` (default 1 GiB) and
+XNNPACK weights in a ``.ptd``:
 
 - (a) ``save_program`` to a local file, then boto3's ``upload_file`` of each
   file (s3transfer's defaults);
@@ -28,11 +28,8 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -42,84 +39,10 @@ import trtet_store
 from trtet_store import bench
 from trtet_store.bench.loopfs import FilesystemFactory
 from trtet_store.bench.measure import PeakDiskMonitor
+from trtet_store.bench.s3server import running_server
 from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 MiB = 1 << 20
-KEY, SECRET = "bench-key", "bench-secret-0123456789"
-
-
-# --- the server ------------------------------------------------------------------------
-
-
-def _free_ports(n: int) -> list[int]:
-    held = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            held.append(s)
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
-
-
-@contextlib.contextmanager
-def weed_mini(directory: Path):
-    """``weed mini`` on free loopback ports with signature-checked credentials; its URL."""
-    weed = Path(sys.executable).parent / "weed"
-    version = subprocess.run([str(weed), "version"], capture_output=True, text=True).stdout
-    if "4.48" not in version:
-        raise SystemExit(f"{weed} says {version!r}; install requirements-dev.txt")
-    (directory / "data").mkdir(parents=True)
-    (directory / "log").mkdir()
-    (directory / "s3.json").write_text(json.dumps({"identities": [{
-        "name": "bench", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    flags = ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-             "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port",
-             "admin.port.grpc", "debug.port", "s3.debug.port"]
-    ports = dict(zip(flags, _free_ports(len(flags)), strict=True))
-    argv = [str(weed), f"-logdir={directory / 'log'}", "mini", f"-dir={directory / 'data'}",
-            "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-webdav=false", "-admin.ui=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={directory / 's3.json'}",
-            "-master.telemetry=false", f"-filer.localSocket={directory / 'filer.sock'}",
-            f"-s3.localSocket={directory / 's3.sock'}"]
-    argv += [f"-{k}={v}" for k, v in ports.items()]
-    log = open(directory / "log" / "stdout.txt", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(argv, cwd=directory, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{ports['s3.port']}"
-    try:
-        client = _client(url)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.list_buckets()
-                break
-            except Exception as exc:  # noqa: BLE001 - not up yet
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"weed mini did not start ({exc}); see "
-                                     f"{directory / 'log'}") from None
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _client(url: str) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", endpoint_url=url, aws_access_key_id=KEY,
-                        aws_secret_access_key=SECRET, region_name="us-east-1",
-                        config=Config(s3={"addressing_style": "path"}))
 
 
 # --- the program -------------------------------------------------------------------------
@@ -197,21 +120,20 @@ def main(argv: list[str] | None = None) -> int:
 
     size = args.engine_size
     factory = FilesystemFactory()
-    server_dir = Path(tempfile.mkdtemp(prefix="trtet-s3b-", dir="/tmp"))
     results: dict[str, list[dict[str, Any]]] = {"a": [], "b": [], "none": [], "one": []}
     try:
         # staged engines (2 + 1 changed) and (a)'s output (2 x size), with room to spare
         mnt = factory.make("ext4", int(5 * size / MiB) + 512)
         with contextlib.ExitStack() as stack:
             if args.endpoint_url is None:
-                endpoint = stack.enter_context(weed_mini(server_dir))
-                os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET,
-                                  AWS_DEFAULT_REGION="us-east-1")
+                server = stack.enter_context(running_server("trtet-s3b-"))
+                endpoint = server.endpoint.url
+                os.environ.update(server.endpoint.environ())
+                client = server.endpoint.client()
             else:
-                endpoint = args.endpoint_url
-            client = _client(endpoint) if args.endpoint_url is None else None
-            if client is None:
                 import boto3
+
+                endpoint = args.endpoint_url
                 client = boto3.client("s3", endpoint_url=endpoint)
             bucket = f"bench-{uuid.uuid4().hex[:12]}"
             client.create_bucket(Bucket=bucket)
@@ -243,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
                                           index=False))
     finally:
         problems = factory.close()
-        shutil.rmtree(server_dir, ignore_errors=True)
         if problems:
             print("teardown: " + "; ".join(problems), file=sys.stderr)
 
