@@ -15,6 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cli_s3_common import (
+    ProgressBar,
+    add_endpoint_url,
+    add_report_flags,
+    mib,
+    one_line,
+    size_arg,
+)
+
 __all__ = ["add_parser", "cmd_fetch"]
 
 
@@ -32,65 +41,51 @@ def add_parser(sub: Any) -> None:
     f.add_argument("out", type=Path, metavar="OUT", help="the local .pte (or file)")
     f.add_argument("--reuse", type=Path, action="append", default=[], metavar="OLD",
                    help="a local file holding an earlier version (repeatable)")
-    f.add_argument("--endpoint-url", default=None,
-                   help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
+    add_endpoint_url(f)
     f.add_argument("--concurrency", type=int, default=None, help="ranged GETs in flight")
-    f.add_argument("--range-size", type=_size, default=None, metavar="SIZE",
+    f.add_argument("--range-size", type=size_arg, default=None, metavar="SIZE",
                    help="bytes per GET (e.g. 16M)")
     f.add_argument("--if-replaced", choices=("restart", "error"), default="restart",
                    help="when the program is replaced mid-fetch: start again (default) or fail")
-    f.add_argument("--json", action="store_true", help="print the report as JSON")
-    f.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_report_flags(f)
     f.set_defaults(func=cmd_fetch)
 
 
-def _size(text: str) -> int:
-    from trtet_store.bench.config import size_arg
-
-    return size_arg(text)
-
-
-class _Bar:
-    """A tqdm bar over :class:`~trtet_store.remote.fetch.FetchProgress` updates."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bar: Any = None
-
-    def __call__(self, p: Any) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=p.total, unit="B", unit_scale=True, unit_divisor=1024,
-                            desc="fetch", file=sys.stderr)
-        self.bar.n = p.done
-        self.bar.set_postfix_str(f"downloaded {_mib(p.downloaded)}, reused {_mib(p.reused)}"
-                                 + (f", resumed {_mib(p.resumed)}" if p.resumed else ""),
-                                 refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def _postfix(p: Any) -> str:
+    """What a :class:`~trtet_store.remote.fetch.FetchProgress` update adds to the bar."""
+    return (f"downloaded {mib(p.downloaded)}, reused {mib(p.reused)}"
+            + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+def _explain(exc: BaseException, args: argparse.Namespace, resume: str) -> list[str]:
+    """The lines that say what failed and what to do (printed after ``trtet-store fetch: ``)."""
+    from trtet_store import InsufficientSpaceError
+    from trtet_store.remote import AccessDeniedError, BucketNotFoundError
+    from trtet_store.remote.fetch_errors import (
+        FetchInterruptedError,
+        FetchVerificationError,
+        ObjectNotFoundError,
+    )
+
+    if isinstance(exc, KeyboardInterrupt):
+        return [f"interrupted; what was downloaded is kept: run `{resume}` to continue"]
+    if isinstance(exc, ObjectNotFoundError | BucketNotFoundError):
+        return [f"not found: {exc}"]
+    if isinstance(exc, AccessDeniedError):
+        return [f"access denied: {exc}"]
+    if isinstance(exc, InsufficientSpaceError):
+        return [f"disk too small: {exc.strerror}"]
+    if isinstance(exc, FetchInterruptedError):
+        return [f"interrupted: {exc}"]
+    if isinstance(exc, FetchVerificationError):
+        return [one_line(exc), f"{args.out} and its .ptd files are unchanged"]
+    return [one_line(exc)]
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Run ``trtet-store fetch``; returns the exit code (0 done, 1 failed, 130 interrupted)."""
-    from trtet_store import InsufficientSpaceError
-    from trtet_store.remote import AccessDeniedError, BucketNotFoundError, RemoteError
+    from trtet_store.remote import RemoteError
     from trtet_store.remote.fetch import fetch
-    from trtet_store.remote.fetch_errors import (
-        FetchInterruptedError,
-        FetchVerificationError,
-        ObjectChangedError,
-        ObjectNotFoundError,
-    )
 
     resume = (f"trtet-store fetch {args.url} {args.out}"
               + "".join(f" --reuse {r}" for r in args.reuse)
@@ -101,48 +96,25 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         kwargs["concurrency"] = args.concurrency
     if args.range_size is not None:
         kwargs["range_size"] = args.range_size
-    bar = _Bar(enabled=not args.no_progress and not args.json)
+    bar = ProgressBar("fetch", _postfix, enabled=not args.no_progress and not args.json)
     kwargs["progress"] = bar
     prefix = "trtet-store fetch"
     try:
-        report = fetch(args.url, args.out, **kwargs)
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"{prefix}: interrupted; what was downloaded is kept: run `{resume}` to "
-              "continue", file=sys.stderr)
-        return 130
-    except (ObjectNotFoundError, BucketNotFoundError) as exc:
-        bar.close()
-        print(f"{prefix}: not found: {exc}", file=sys.stderr)
-        return 1
-    except AccessDeniedError as exc:
-        bar.close()
-        print(f"{prefix}: access denied: {exc}", file=sys.stderr)
-        return 1
-    except InsufficientSpaceError as exc:
-        bar.close()
-        print(f"{prefix}: disk too small: {exc.strerror}", file=sys.stderr)
-        return 1
-    except FetchInterruptedError as exc:
-        bar.close()
-        print(f"{prefix}: interrupted: {exc}", file=sys.stderr)
-        return 1
-    except (ObjectChangedError, FetchVerificationError, RemoteError, OSError) as exc:
-        bar.close()
-        print(f"{prefix}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if isinstance(exc, FetchVerificationError):
-            print(f"{prefix}: {args.out} and its .ptd files are unchanged", file=sys.stderr)
-        return 1
-    bar.close()
+        with bar:
+            report = fetch(args.url, args.out, **kwargs)
+    except (KeyboardInterrupt, RemoteError, OSError) as exc:
+        for line in _explain(exc, args, resume):
+            print(f"{prefix}: {line}", file=sys.stderr)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
         return 0
-    how = ", ".join(f"{_mib(n)} by {k}" for k, n in sorted(report.reused_by.items()))
+    how = ", ".join(f"{mib(n)} by {k}" for k, n in sorted(report.reused_by.items()))
     state = "already up to date" if report.up_to_date else "fetched"
     print(f"{args.url} -> {args.out}: {state}, {len(report.objects)} object(s), "
-          f"{_mib(report.size)}: downloaded {_mib(report.bytes_downloaded)}, reused "
-          f"{_mib(report.bytes_reused)}" + (f" ({how})" if how else "")
-          + (f", resumed {_mib(report.bytes_resumed)}" if report.bytes_resumed else "")
+          f"{mib(report.size)}: downloaded {mib(report.bytes_downloaded)}, reused "
+          f"{mib(report.bytes_reused)}" + (f" ({how})" if how else "")
+          + (f", resumed {mib(report.bytes_resumed)}" if report.bytes_resumed else "")
           + f", {report.seconds:.1f} s")
     for o in report.objects:
         print(f"  {o.path}: {o.size} bytes, {o.checksum or 'no checksum'}")
