@@ -83,3 +83,65 @@ def test_recover_names_an_interrupted_publish(s3env, tmp_path, capsys, monkeypat
     assert main(["recover", str(work)]) == 0
     assert "interrupted publish" not in capsys.readouterr().err
     assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
+
+
+FACTORY = """
+import torch
+
+def make():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\
+        (torch.randn(2, 16),)
+"""
+
+
+def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_nothing(
+        s3env, tmp_path, capsys, monkeypatch):
+    """``compile-and-save --publish`` without OUT: the objects equal compile-and-save OUT's files.
+
+    The TensorRT build is stubbed at its seam (the same engine bytes both
+    times); OUT is written by ``compile_and_save`` (``save_program``). No
+    ``.pte``/``.ptd`` (nor the staging store) is left locally by the publish.
+    """
+    from digests import digest, file_digest
+
+    from trtet_store.bench.stub_tensorrt import FakeBuilder, installed
+    from trtet_store.export import tensorrt as trt
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "model.py").write_text(FACTORY)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # the default staging place
+    url = f"s3://{s3env.bucket}/c/m.pte"
+    target = f"{tmp_path / 'model.py'}:make"
+    common = ["--no-progress", "--external-engine-data", "engines"]
+    try:
+        with installed(FakeBuilder(engine_sizes=(3 * MiB,), seeds=(7,))):
+            assert main(["compile-and-save", target, "--publish", url, "--endpoint-url",
+                         s3env.endpoint.url, *common]) == 0
+        assert "manifest c/m.pte.trtet.json" in capsys.readouterr().out
+        assert list(work.iterdir()) == []  # no output, no staging left behind
+
+        out = tmp_path / "local" / "m.pte"
+        out.parent.mkdir()
+        with installed(FakeBuilder(engine_sizes=(3 * MiB,), seeds=(7,))):
+            assert main(["compile-and-save", target, str(out), *common]) == 0
+    finally:
+        trt.unregister_engines(list(trt._engines.values()))
+    written = sorted(p for p in out.parent.iterdir() if p.suffix in (".pte", ".ptd"))
+    assert [p.name for p in written] == ["engines.ptd", "m.pte"]
+    for path in written:
+        body = s3env.client.get_object(Bucket=s3env.bucket, Key=f"c/{path.name}")["Body"]
+        assert digest(body.read()) == file_digest(path), path.name
+
+    # Again without --replace: refused in one line, the published objects kept.
+    with installed(FakeBuilder(engine_sizes=(3 * MiB,), seeds=(8,))):
+        assert main(["compile-and-save", target, "--publish", url, "--endpoint-url",
+                     s3env.endpoint.url, *common]) == 1
+    trt.unregister_engines(list(trt._engines.values()))
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("trtet-store compile-and-save: KeyExistsError") and "\n" not in err
+    body = s3env.client.get_object(Bucket=s3env.bucket, Key="c/m.pte")["Body"].read()
+    assert digest(body) == file_digest(out)
+    assert list(work.iterdir()) == []

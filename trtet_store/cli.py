@@ -127,11 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "paths",
-        nargs="+",
+        nargs="*",
         metavar="[MODULE.py:FACTORY] OUT",
         help="FACTORY() returns (module, example_inputs), a dict with 'module' and "
         "'inputs', or a module with an 'example_inputs' attribute; OUT is the .pte to "
-        "write. Without FACTORY, give --method",
+        "write (with --publish, optional). Without FACTORY, give --method",
     )
     c.add_argument(
         "--method",
@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from trtet_store.cli_remote import add_compile_publish_arguments
+
+    add_compile_publish_arguments(c)
     c.set_defaults(func=cmd_compile_and_save)
 
     r = sub.add_parser(
@@ -371,14 +374,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_compile_and_save(args: argparse.Namespace) -> int:
     """``trtet-store compile-and-save``: lower and save through ``trtet_store.compile_and_save``."""
-    from trtet_store import cli_sources, compile_and_save
+    from trtet_store import cli_remote, cli_sources, compile_and_save
 
     try:
-        source, inputs, out = cli_sources.compile_source(args.paths, args.method)
+        source, inputs, out = cli_sources.compile_source(
+            args.paths, args.method, out_optional=args.publish is not None)
         backend_config = cli_sources.backend_config(args.backend_config)
     except Exception as exc:
         print(f"trtet-store compile-and-save: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    if out is None:  # --publish without OUT: from the program's pieces, nothing written here
+        return cli_remote.compile_and_publish(args, source, inputs, backend_config)
     kwargs: dict[str, Any] = {"backend": args.backend}
     if backend_config is not None:
         kwargs["backend_config"] = backend_config
@@ -415,6 +421,8 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             print(f"  {w.path}: {w.size} bytes in {w.seconds:.2f} s")
             for p in w.placements:
                 print(f"    payload at {p.offset}, {p.size} bytes: {p.placement} ({p.reason})")
+    if args.publish is not None:
+        return cli_remote.publish_written(args, [w.path for w in report.writes])
     return 0
 
 

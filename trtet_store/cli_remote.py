@@ -17,6 +17,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cli_s3_common import (
+    ProgressBar,
+    add_endpoint_url,
+    add_report_flags,
+    fail,
+    mib,
+    one_line,
+    size_arg,
+)
+
 __all__ = ["add_parser", "cmd_publish"]
 
 
@@ -44,61 +54,27 @@ def add_parser(sub: Any) -> None:
                         "uploads and any other unfinished upload of its objects")
     p.add_argument("--list", action="store_true",
                    help="list the unfinished multipart uploads under s3://BUCKET[/PREFIX]")
-    p.add_argument("--part-size", type=_size, default=None, metavar="SIZE",
+    p.add_argument("--part-size", type=size_arg, default=None, metavar="SIZE",
                    help="bytes per part, 5M to 5G (default 8M, grown to fit 10,000 parts)")
     p.add_argument("--concurrency", type=int, default=None, help="parts in flight (default 8)")
-    p.add_argument("--endpoint-url", default=None,
-                   help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
+    add_endpoint_url(p)
     p.add_argument("--journal-dir", type=Path, default=None,
                    help="where resume journals live (default $XDG_STATE_HOME/trtet_store/"
                         "publish)")
     p.add_argument("--no-index", action="store_true",
                    help="neither use nor update the bucket's engine-digest index")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_report_flags(p)
     p.set_defaults(func=cmd_publish)
 
 
-def _size(text: str) -> int:
-    from trtet_store.bench.config import size_arg
-
-    return size_arg(text)
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
-
-
-class _Bar:
-    """A tqdm bar over :class:`~trtet_store.remote.publish.PublishProgress` updates."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bar: Any = None
-
-    def __call__(self, p: Any) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=p.total, unit="B", unit_scale=True, unit_divisor=1024,
-                            desc="publish", file=sys.stderr, dynamic_ncols=True)
-        self.bar.n = p.done
-        self.bar.set_postfix_str(f"sent {_mib(p.sent)}, copied {_mib(p.copied)}"
-                                 + (f", resumed {_mib(p.resumed)}" if p.resumed else ""),
-                                 refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
 def _fail(text: str) -> int:
-    print(f"trtet-store publish: {text}", file=sys.stderr)
-    return 1
+    return fail("publish", text)
+
+
+def _postfix(p: Any) -> str:
+    """What a :class:`~trtet_store.remote.publish.PublishProgress` update adds to the bar."""
+    return (f"sent {mib(p.sent)}, copied {mib(p.copied)}"
+            + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -106,69 +82,160 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from trtet_store import remote
 
     *files, url = args.paths
-    if args.list:
-        if files:
-            return _fail("--list takes only s3://BUCKET[/PREFIX]")
-        try:
-            uploads = remote.list_uploads(url, endpoint_url=args.endpoint_url)
-        except (remote.RemoteError, ValueError) as exc:
-            return _fail(f"{type(exc).__name__}: {exc}")
-        for u in uploads:
-            print(f"{u.initiated}  {u.upload_id}  {u.key}")
-        if not uploads:
-            print(f"{url}: no unfinished uploads")
-        return 0
-    if args.abort:
-        if files:
-            return _fail("--abort takes only s3://BUCKET/KEY")
-        try:
-            aborted = remote.abort(url, endpoint_url=args.endpoint_url,
-                                   journal_dir=args.journal_dir)
-        except (remote.RemoteError, ValueError) as exc:
-            return _fail(f"{type(exc).__name__}: {exc}")
-        for u in aborted:
-            print(f"aborted {u.upload_id} of s3://{url[5:].partition('/')[0]}/{u.key}")
-        if not aborted:
-            print(f"{url}: nothing to abort")
-        return 0
-    if not files:
-        return _fail("give the files to publish, then s3://BUCKET/KEY")
-    if args.resume:
-        try:
-            journal = remote.pending(url, endpoint_url=args.endpoint_url,
-                                     journal_dir=args.journal_dir)
-        except (remote.RemoteError, ValueError) as exc:
-            return _fail(f"{type(exc).__name__}: {exc}")
-        if journal is None:
+    try:
+        if args.list:
+            return _list(files, url, args)
+        if args.abort:
+            return _abort(files, url, args)
+        if not files:
+            return _fail("give the files to publish, then s3://BUCKET/KEY")
+        if args.resume and remote.pending(url, endpoint_url=args.endpoint_url,
+                                          journal_dir=args.journal_dir) is None:
             return _fail(f"--resume: no interrupted publish of {url} to resume")
+    except (remote.RemoteError, ValueError) as exc:
+        return _fail(one_line(exc))
     import trtet_store
 
-    bar = _Bar(not args.no_progress and not args.json)
+    bar = ProgressBar("publish", _postfix, not args.no_progress and not args.json)
     kwargs: dict[str, Any] = {"endpoint_url": args.endpoint_url, "part_size": args.part_size,
                               "replace": args.replace, "journal_dir": args.journal_dir,
                               "progress": bar, "index": not args.no_index}
     if args.concurrency is not None:
         kwargs["concurrency"] = args.concurrency
     try:
-        report = trtet_store.publish(files, url, **kwargs)
+        with bar:
+            report = trtet_store.publish(files, url, **kwargs)
     except remote.UploadKeptError as exc:
-        bar.close()
-        return _fail(f"{type(exc).__name__}: {exc}\n  resume: trtet-store publish --resume "
+        return _fail(f"{one_line(exc)}\n  resume: trtet-store publish --resume "
                      f"{' '.join(files)} {url}\n  give up: trtet-store publish --abort {url}")
     except (remote.RemoteError, OSError, ValueError, TypeError) as exc:
-        bar.close()
-        return _fail(f"{type(exc).__name__}: {exc}")
-    bar.close()
-    if args.json:
+        return _fail(one_line(exc))
+    _print_report(report, url, args.json)
+    return 0
+
+
+def _print_report(report: Any, url: str, as_json: bool) -> None:
+    if as_json:
         print(report.to_json())
-    else:
-        for o in report.objects:
-            print(f"s3://{url[5:].partition('/')[0]}/{o.key}: {_mib(o.size)}, {o.parts} parts "
-                  f"({o.parts_sent} sent, {o.parts_copied} copied, {o.parts_resumed} resumed), "
-                  f"CRC64NVME {o.crc64nvme}")
-        print(f"manifest {report.manifest_key}; {_mib(report.bytes_sent)} sent, "
-              f"{_mib(report.bytes_copied)} copied server-side, {_mib(report.bytes_resumed)} "
-              f"resumed, in {report.seconds:.1f} s")
+        return
+    for o in report.objects:
+        print(f"s3://{url[5:].partition('/')[0]}/{o.key}: {mib(o.size)}, {o.parts} parts "
+              f"({o.parts_sent} sent, {o.parts_copied} copied, {o.parts_resumed} resumed), "
+              f"CRC64NVME {o.crc64nvme}")
+    print(f"manifest {report.manifest_key}; {mib(report.bytes_sent)} sent, "
+          f"{mib(report.bytes_copied)} copied server-side, {mib(report.bytes_resumed)} "
+          f"resumed, in {report.seconds:.1f} s")
+
+
+def _list(files: list[str], url: str, args: argparse.Namespace) -> int:
+    """``--list``: the unfinished multipart uploads under ``url``."""
+    from trtet_store import remote
+
+    if files:
+        return _fail("--list takes only s3://BUCKET[/PREFIX]")
+    uploads = remote.list_uploads(url, endpoint_url=args.endpoint_url)
+    for u in uploads:
+        print(f"{u.initiated}  {u.upload_id}  {u.key}")
+    if not uploads:
+        print(f"{url}: no unfinished uploads")
+    return 0
+
+
+def _abort(files: list[str], url: str, args: argparse.Namespace) -> int:
+    """``--abort``: give up the interrupted publish of ``url``."""
+    from trtet_store import remote
+
+    if files:
+        return _fail("--abort takes only s3://BUCKET/KEY")
+    aborted = remote.abort(url, endpoint_url=args.endpoint_url, journal_dir=args.journal_dir)
+    for u in aborted:
+        print(f"aborted {u.upload_id} of s3://{url[5:].partition('/')[0]}/{u.key}")
+    if not aborted:
+        print(f"{url}: nothing to abort")
+    return 0
+
+
+# --- compile-and-save --publish ----------------------------------------------------------
+
+
+def add_compile_publish_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--publish``, ``--replace`` and ``--endpoint-url`` of ``trtet-store compile-and-save``."""
+    parser.add_argument(
+        "--publish", default=None, metavar="s3://BUCKET/KEY.pte",
+        help="publish the program there (as `trtet-store publish` does). Without OUT, "
+             "nothing local is written: the program is exported, its engines staged in a "
+             "temporary store under --store (default: the current directory), and published "
+             "straight from its pieces; with OUT, the files written are published")
+    parser.add_argument("--replace", action="store_true",
+                        help="with --publish: replace an existing program there")
+    add_endpoint_url(parser)
+
+
+#: compile-and-save's options that write local files, which --publish without OUT cannot.
+_LOCAL_ONLY = {"etrecord": "--etrecord", "versioned": "--versioned",
+               "keep_versions": "--keep-versions", "timeout": "--timeout"}
+
+
+def compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | None,
+                        backend_config: Any) -> int:
+    """``compile-and-save --publish URL`` without OUT: export, ``to_executorch``, publish.
+
+    The program manager goes to :func:`trtet_store.publish` as it is (the
+    objects are streamed from its pieces, the bytes ``save_program`` would
+    write); no ``.pte`` or ``.ptd`` file is written locally. The engines are
+    staged in a temporary store, removed afterwards.
+    """
+    import tempfile
+
+    import trtet_store
+
+    # The same to_executorch config compile_and_save uses (page-aligned segments for
+    # TensorRT unless set), so the object equals what compile-and-save OUT writes.
+    from trtet_store.export.compile import _backend_config
+
+    given = [flag for attr, flag in _LOCAL_ONLY.items() if getattr(args, attr, None)]
+    if given:
+        return fail("compile-and-save", f"{', '.join(given)} need OUT (they write local "
+                    "files); --publish without OUT writes none")
+    export_kwargs: dict[str, Any] = {"backend": args.backend}
+    if args.external_engine_data is not None:
+        export_kwargs["external_engine_data"] = args.external_engine_data
+    if args.external_weights is not None:
+        export_kwargs["external_weights"] = args.external_weights
+    staging = Path(args.store) if args.store is not None else Path.cwd()
+    bar = ProgressBar("publish", _postfix, not args.no_progress and not args.json)
+    try:
+        config = _backend_config(backend_config, args.backend, args.segment_alignment)
+        staging.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".trtet-publish-", dir=staging) as directory, \
+                trtet_store.BlobStore(directory) as store:
+            edge = trtet_store.export_program(source, inputs=inputs, store=store,
+                                              **export_kwargs)
+            program = edge.to_executorch(config)
+            with bar:
+                report = trtet_store.publish(program, args.publish,
+                                             endpoint_url=args.endpoint_url,
+                                             replace=args.replace, progress=bar)
+    except Exception as exc:  # noqa: BLE001 - every failure is one line, as compile-and-save's
+        return fail("compile-and-save", one_line(exc))
+    _print_report(report, args.publish, args.json)
+    return 0
+
+
+def publish_written(args: argparse.Namespace, files: list[Path]) -> int:
+    """``compile-and-save OUT --publish URL``: publish the files compile_and_save wrote."""
+    import trtet_store
+
+    bar = ProgressBar("publish", _postfix, not args.no_progress and not args.json)
+    try:
+        with bar:
+            report = trtet_store.publish(files, args.publish, endpoint_url=args.endpoint_url,
+                                         replace=args.replace, progress=bar)
+    except Exception as exc:  # noqa: BLE001 - every failure is one line
+        return fail("compile-and-save", f"{one_line(exc)} (the files are written: publish "
+                    f"them with `trtet-store publish {' '.join(map(str, files))} "
+                    f"{args.publish}`)")
+    _print_report(report, args.publish, args.json)
     return 0
 
 

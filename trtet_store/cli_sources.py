@@ -64,17 +64,23 @@ def module_and_inputs(made: Any) -> tuple[Any, tuple]:
     return made, tuple(inputs)
 
 
-def compile_source(paths: Sequence[str],
-                   methods_given: Sequence[str] | None) -> tuple[Any, tuple | None, Path]:
+def compile_source(paths: Sequence[str], methods_given: Sequence[str] | None, *,
+                   out_optional: bool = False) -> tuple[Any, tuple | None, Path | None]:
     """``(source, inputs, OUT)`` for compile_and_save: one module, or a method mapping.
 
     ``paths`` are the command's ``[MODULE.py:FACTORY] OUT``; ``methods_given`` its
-    ``--method NAME=MODULE.py:FACTORY`` values.
+    ``--method NAME=MODULE.py:FACTORY`` values. With ``out_optional``
+    (``--publish``), OUT may be left out; then it is None.
     """
     if len(paths) > 2:
         raise ValueError(f"expected [MODULE.py:FACTORY] OUT, got {len(paths)} paths")
-    out = Path(paths[-1])
-    target = paths[0] if len(paths) == 2 else None
+    if out_optional and len(paths) == (0 if methods_given else 1):
+        out, target = None, (paths[0] if paths else None)  # no OUT: a path is the factory
+    elif not paths:
+        raise ValueError("expected [MODULE.py:FACTORY] OUT, got no OUT")
+    else:
+        out = Path(paths[-1])
+        target = paths[0] if len(paths) == 2 else None
     if (target is None) == (not methods_given):
         raise ValueError("give either MODULE.py:FACTORY or --method NAME=MODULE.py:FACTORY")
     if target is not None:
