@@ -100,8 +100,9 @@ def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_noth
     """``compile-and-save --publish`` without OUT: the objects equal compile-and-save OUT's files.
 
     The TensorRT build is stubbed at its seam (the same engine bytes both
-    times); OUT is written by ``compile_and_save`` (``save_program``). No
-    ``.pte``/``.ptd`` (nor the staging store) is left locally by the publish.
+    times); OUT is written by ``compile_and_save`` (``save_program``) and, with
+    ``--publish`` too, published as files. No ``.pte``/``.ptd`` (nor the
+    staging store) is left locally by the publish without OUT.
     """
     from digests import digest, file_digest
 
@@ -123,17 +124,23 @@ def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_noth
         assert "manifest c/m.pte.trtet.json" in capsys.readouterr().out
         assert list(work.iterdir()) == []  # no output, no staging left behind
 
+        # With OUT as well: written there (save_program), and those files published.
         out = tmp_path / "local" / "m.pte"
         out.parent.mkdir()
         with installed(FakeBuilder(engine_sizes=(3 * MiB,), seeds=(7,))):
-            assert main(["compile-and-save", target, str(out), *common]) == 0
+            assert main(["compile-and-save", target, str(out), "--publish",
+                         f"s3://{s3env.bucket}/w/m.pte", "--endpoint-url", s3env.endpoint.url,
+                         *common]) == 0
+        assert "manifest w/m.pte.trtet.json" in capsys.readouterr().out
     finally:
         trt.unregister_engines(list(trt._engines.values()))
     written = sorted(p for p in out.parent.iterdir() if p.suffix in (".pte", ".ptd"))
     assert [p.name for p in written] == ["engines.ptd", "m.pte"]
     for path in written:
-        body = s3env.client.get_object(Bucket=s3env.bucket, Key=f"c/{path.name}")["Body"]
-        assert digest(body.read()) == file_digest(path), path.name
+        for prefix in ("c", "w"):
+            body = s3env.client.get_object(Bucket=s3env.bucket,
+                                           Key=f"{prefix}/{path.name}")["Body"]
+            assert digest(body.read()) == file_digest(path), (prefix, path.name)
 
     # Again without --replace: refused in one line, the published objects kept.
     with installed(FakeBuilder(engine_sizes=(3 * MiB,), seeds=(8,))):
