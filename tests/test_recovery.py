@@ -73,10 +73,16 @@ def nth(names: list[str], name: str, k: int) -> int:
 
 
 def move_truncation(names: list[str], k: int = 1) -> int:
-    """The call number of the ``k``-th truncation of a move source (fdatasync, then ftruncate)."""
+    """The call number of the ``k``-th truncation of a move source.
+
+    The temp files are sized (``ftruncate``) before the first move step
+    allocates (``fallocate``); every ``ftruncate`` after that cuts a move's
+    source. A move truncates in a second thread, after its step's sync, while
+    the next step is copied, so it need not follow an ``fdatasync`` directly.
+    """
     seen = 0
-    for i in range(1, len(names)):
-        if names[i] == "ftruncate" and names[i - 1] == "fdatasync":
+    for i in range(nth(names, "fallocate", 1), len(names)):
+        if names[i] == "ftruncate":
             seen += 1
             if seen == k:
                 return i + 1
