@@ -276,7 +276,9 @@ def test_a_store_bounds_memory_to_one_tensor(make_fs):
             back = onnx.load(where / "m.onnx")
             assert numpy_helper.to_array(back.graph.initializer[7])[0, 0] == 7.5
     # Without a store every copy stays until the write returns; with one, one at a time.
-    assert grown["memory"] >= 8 * 16 * MiB, grown
+    # (RSS counts pages, and the interpreter's own may shrink by a few KiB meanwhile:
+    # 134,172,672 bytes were seen against 128 MiB of copies.)
+    assert grown["memory"] >= 7 * 16 * MiB, grown
     assert grown["store"] < 3 * 16 * MiB, grown
 
 
