@@ -142,13 +142,29 @@ def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_noth
                                            Key=f"{prefix}/{path.name}")["Body"]
             assert digest(body.read()) == file_digest(path), (prefix, path.name)
 
-    # Again without --replace: refused in one line, the published objects kept.
-    with installed(FakeBuilder(engine_sizes=(3 * MiB,), seeds=(8,))):
+    # Again without --replace: refused in one line, the published objects kept, and
+    # the engine just built kept too (a failed publish never costs the build) ...
+    first = FakeBuilder(engine_sizes=(3 * MiB,), seeds=(8,))
+    with installed(first):
         assert main(["compile-and-save", target, "--publish", url, "--endpoint-url",
                      s3env.endpoint.url, *common]) == 1
     trt.unregister_engines(list(trt._engines.values()))
     err = capsys.readouterr().err.strip()
     assert err.startswith("trtet-store compile-and-save: KeyExistsError") and "\n" not in err
+    assert "engines are kept in" in err, err
     body = s3env.client.get_object(Bucket=s3env.bucket, Key="c/m.pte")["Body"].read()
     assert digest(body) == file_digest(out)
+    assert len(first.built) == 1
+    assert [p.name for p in work.iterdir()] == [".trtet-publish-staging"]
+
+    # ... so the run with --replace builds nothing, publishes that engine, and leaves
+    # nothing behind.
+    again = FakeBuilder(engine_sizes=(3 * MiB,), seeds=(9,))
+    try:
+        with installed(again):
+            assert main(["compile-and-save", target, "--publish", url, "--endpoint-url",
+                         s3env.endpoint.url, "--replace", *common]) == 0
+    finally:
+        trt.unregister_engines(list(trt._engines.values()))
+    assert again.built == []
     assert list(work.iterdir()) == []

@@ -176,6 +176,10 @@ _LOCAL_ONLY = {"etrecord": "--etrecord", "versioned": "--versioned",
                "keep_versions": "--keep-versions", "timeout": "--timeout"}
 
 
+#: Where ``compile-and-save --publish`` without OUT stages its engines, under ``--store``.
+PUBLISH_STAGING = ".trtet-publish-staging"
+
+
 def compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | None,
                         backend_config: Any) -> int:
     """``compile-and-save --publish URL`` without OUT: export, ``to_executorch``, publish.
@@ -183,9 +187,11 @@ def compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | N
     The program manager goes to :func:`trtet_store.publish` as it is (the
     objects are streamed from its pieces, the bytes ``save_program`` would
     write); no ``.pte`` or ``.ptd`` file is written locally. The engines are
-    staged in a temporary store, removed afterwards.
+    staged in ``.trtet-publish-staging`` under ``--store``: released once
+    published, kept there when the publish fails (a dropped link must not
+    cost the build), and reused by the next run of the same build.
     """
-    import tempfile
+    import contextlib
 
     import trtet_store
 
@@ -206,18 +212,31 @@ def compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | N
     bar = ProgressBar("publish", _postfix, not args.no_progress and not args.json)
     try:
         config = _backend_config(backend_config, args.backend, args.segment_alignment)
-        staging.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".trtet-publish-", dir=staging) as directory, \
-                trtet_store.BlobStore(directory) as store:
+        directory = staging / PUBLISH_STAGING
+        directory.mkdir(parents=True, exist_ok=True)
+        with trtet_store.BlobStore(directory) as store:
             edge = trtet_store.export_program(source, inputs=inputs, store=store,
                                               **export_kwargs)
             program = edge.to_executorch(config)
-            with bar:
-                report = trtet_store.publish(program, args.publish,
-                                             endpoint_url=args.endpoint_url,
-                                             replace=args.replace, progress=bar)
+            try:
+                with bar:
+                    report = trtet_store.publish(program, args.publish,
+                                                 endpoint_url=args.endpoint_url,
+                                                 replace=args.replace, progress=bar)
+            except BaseException:
+                # The engines (and their build records) stay as orphans of the
+                # directory: the next run of the same build takes them instead
+                # of building again.
+                for blob in store.blobs():
+                    blob.keep()
+                raise
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # empty once every engine is released
     except Exception as exc:  # noqa: BLE001 - every failure is one line, as compile-and-save's
-        return fail("compile-and-save", one_line(exc))
+        kept = staging / PUBLISH_STAGING
+        hint = (f" (the built engines are kept in {kept}; run the same command again to "
+                "reuse them)") if kept.is_dir() and any(kept.iterdir()) else ""
+        return fail("compile-and-save", one_line(exc) + hint)
     _print_report(report, args.publish, args.json)
     return 0
 
