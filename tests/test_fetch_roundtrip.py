@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import xxhash
 from programs import xnnpack_linear_program
+from versions import needs_ptd_runtime
 
 import trtet_store
 from trtet_store import cli
@@ -69,6 +70,7 @@ def trt_engines(pte: Path, upstream_trt) -> list[bytes]:
     return engines
 
 
+@needs_ptd_runtime
 def test_publish_then_fetch_gives_save_programs_bytes_and_the_runtimes_load_them(
         s3env, here_fs, upstream_trt):
     url = f"s3://{s3env.bucket}/models/model.pte"
@@ -93,6 +95,7 @@ def test_publish_then_fetch_gives_save_programs_bytes_and_the_runtimes_load_them
     assert "forward" in loaded.method_names
 
 
+@needs_ptd_runtime
 def test_an_xnnpack_program_fetched_runs_with_the_eager_outputs(s3env, here_fs):
     built = xnnpack_linear_program(in_features=256, hidden=512, external_tag="model")
     url = f"s3://{s3env.bucket}/x/model.pte"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from versions import needs_file_backed_data
+
 from trtet_store.cli import main
 from trtet_store.io.units import MiB
 
@@ -95,6 +97,7 @@ def make():
 """
 
 
+@needs_file_backed_data  # the engines go to engines.ptd (external_engine_data)
 def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_nothing(
         s3env, tmp_path, capsys, monkeypatch):
     """``compile-and-save --publish`` without OUT: the objects equal compile-and-save OUT's files.
