@@ -118,3 +118,32 @@ def test_an_object_overwritten_behind_the_manifest_is_not_taken_as_unchanged(s3e
     assert not again.objects[0].unchanged and again.bytes_sent == pte.stat().st_size
     got = s3env.client.get_object(Bucket=s3env.bucket, Key="x/model.pte")["Body"].read()
     assert got == pte.read_bytes()
+
+
+def test_a_republish_interrupted_after_its_copies_resumes_them(s3env, here_fs, tcp_proxy):
+    """Copied parts already on the server are kept by the resume, with their own ETags."""
+    import re
+
+    import pytest
+    from tcp_proxy import Fault
+
+    from trtet_store.remote import ChecksumMismatchError
+
+    def late_upload(m) -> bool:  # an uploaded (not copied) part of the changed engine
+        number = re.search(r"partNumber=(\d+)", m.target)
+        return (m.method == "PUT" and "model.pte" in m.target and number is not None
+                and int(number.group(1)) >= 7 and "x-amz-copy-source" not in m.headers)
+
+    proxy = tcp_proxy(s3env.endpoint.url)
+    key = "r/model.pte"
+    with trtet_store.BlobStore(here_fs / "staging") as store:
+        _publish(s3env, proxy, build_program(store, (ENGINE, ENGINE), (1, 2)), key)
+        b = build_program(store, (ENGINE, ENGINE), (1, 3))
+        proxy.add(Fault("request", "flip", at=7, match=late_upload, times=1000))
+        with pytest.raises(ChecksumMismatchError):
+            _publish(s3env, proxy, b, key, replace=True, concurrency=1)
+        proxy.clear()
+        resumed = _publish(s3env, proxy, b, key, replace=True)
+        pte = next(o for o in resumed.objects if o.name == "model.pte")
+        assert pte.parts_resumed >= 3, pte
+        _check_equal(s3env, b, here_fs / "b", "r/")

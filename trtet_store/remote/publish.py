@@ -550,11 +550,8 @@ def _upload_part(s3: S3, bucket: str, o: _Object, part: Part, buf: bytearray | m
             md5 = checksum.md5_hex(buf)
             ours = listed[0] == md5
         if ours:
-            o.done[part.number] = (listed[0], crc, md5)
-            with counters.lock:
-                counters.resumed += part.size
-                o.report.parts_resumed += 1
-            report_progress()
+            _part_done(o, part, listed[0], crc, md5, "resumed", journal, counters,
+                       report_progress)
             return
     journal.append({"t": "part", "name": o.name, "number": part.number, "crc": crc},
                    durable=False)
@@ -582,13 +579,7 @@ def _upload_part(s3: S3, bucket: str, o: _Object, part: Part, buf: bytearray | m
             if net >= PART_ATTEMPTS:
                 raise
             time.sleep(min(2.0 ** net, 10.0))
-    journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag,
-                    "crc": crc}, durable=False)
-    o.done[part.number] = (etag, crc, md5)
-    with counters.lock:
-        counters.sent += part.size
-        o.report.parts_sent += 1
-    report_progress()
+    _part_done(o, part, etag, crc, md5, "sent", journal, counters, report_progress)
 
 
 def _copy_part(s3: S3, bucket: str, o: _Object, part: Part, copy: delta.CopyFrom, crc: int,
@@ -598,11 +589,7 @@ def _copy_part(s3: S3, bucket: str, o: _Object, part: Part, copy: delta.CopyFrom
     listed = o.listed.get(part.number)
     if sent is not None and listed is not None and listed == (sent[0], part.size) \
             and sent[1] == crc:
-        o.done[part.number] = (sent, crc, md5)
-        with counters.lock:
-            counters.resumed += part.size
-            o.report.parts_resumed += 1
-        report_progress()
+        _part_done(o, part, sent[0], crc, md5, "resumed", journal, counters, report_progress)
         return
     net = 0
     while True:
@@ -628,12 +615,25 @@ def _copy_part(s3: S3, bucket: str, o: _Object, part: Part, copy: delta.CopyFrom
                 raise
             log.warning("%s part %d copy: %s", o.key, part.number, exc)
             time.sleep(min(2.0 ** net, 10.0))
-    journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag,
-                    "crc": crc}, durable=False)
+    _part_done(o, part, etag, crc, md5, "copied", journal, counters, report_progress)
+
+
+def _part_done(o: _Object, part: Part, etag: str, crc: int, md5: str, how: str,
+               journal: Journal, counters: _Counters,
+               report_progress: Callable[[], None]) -> None:
+    """Record that ``part`` is in the upload, ``how`` (``sent``, ``copied`` or ``resumed``).
+
+    A part sent or copied now is journaled (a resumed one already is); every
+    one joins the list Complete names, by its ETag, and is counted.
+    """
+    if how != "resumed":
+        journal.append({"t": "sent", "name": o.name, "number": part.number, "etag": etag,
+                        "crc": crc}, durable=False)
     o.done[part.number] = (etag, crc, md5)
     with counters.lock:
-        counters.copied += part.size
-        o.report.parts_copied += 1
+        setattr(counters, how, getattr(counters, how) + part.size)
+        parts = f"parts_{how}"
+        setattr(o.report, parts, getattr(o.report, parts) + 1)
     report_progress()
 
 
