@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtet_store.io import transfer
 from trtet_store.io.blobstore import Blob
-from trtet_store.io.digests import chunk_digest
 from trtet_store.io.units import MiB
 
 
@@ -80,23 +80,12 @@ class ExternalFile:
         file_size = os.stat(p).st_size
         chunks = None
         if digests:
-            chunks = tuple(_range_digests(p, offset, size, MiB))
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                chunks = tuple(transfer.range_chunk_digests(fd, offset, size, MiB, os.fspath(p)))
+            finally:
+                os.close(fd)
         return cls(p, size, offset, file_size, MiB, chunks)
-
-
-def _range_digests(path: Path, offset: int, size: int, chunk: int) -> list[int]:
-    out = []
-    with open(path, "rb", buffering=0) as f:
-        pos = 0
-        while pos < size:
-            n = min(chunk, size - pos)
-            data = os.pread(f.fileno(), n, offset + pos)
-            if len(data) != n:
-                raise OSError(f"{path} ended at {offset + pos + len(data)}, inside the range "
-                              f"[{offset}, {offset + size})")
-            out.append(chunk_digest(data))
-            pos += n
-    return out
 
 
 Payload = Blob | ExternalFile
