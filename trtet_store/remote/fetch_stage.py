@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtet_store.io import Blob, BlobStore, ConcurrentWriteError, recover
+from trtet_store.io import Blob, BlobStore, ConcurrentWriteError, pwrite_all, recover
 from trtet_store.remote.fetch_plan import ObjectPlan, Range, Run
 
 log = logging.getLogger("trtet_store.remote.fetch")
@@ -242,7 +242,7 @@ class Staging:
         tmp = self.journal_path.with_suffix(".journal.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, b"".join(json.dumps(d).encode() + b"\n" for d in [head, *lines]))
+            pwrite_all(fd, b"".join(json.dumps(d).encode() + b"\n" for d in [head, *lines]), 0)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -254,10 +254,8 @@ class Staging:
     def write(self, run: Run, rng: Range, data: memoryview) -> None:
         """Write a downloaded range into its run's staged file (every byte, or raise)."""
         fd = self.runs[run_key(run)].fd
-        pos = 0
         base = rng.offset - run.offset
-        while pos < len(data):
-            pos += os.pwrite(fd, data[pos:], base + pos)
+        pwrite_all(fd, data, base)  # a short count is retried; no progress is ENOSPC
         # Start writing it back now, while the next ranges download, and drop
         # it from the page cache once written (nothing reads it again but a
         # resume). No fdatasync per range: each would commit the filesystem's
@@ -283,7 +281,11 @@ class Staging:
             self.done.pop((rng.obj, rng.offset, rng.size), None)
 
     def _append(self, line: dict) -> None:
-        os.write(self._journal_fd, json.dumps(line).encode() + b"\n")
+        data = json.dumps(line).encode() + b"\n"
+        n = os.write(self._journal_fd, data)
+        if n != len(data):  # a torn line is skipped on resume; a silent one would hide it
+            raise OSError(errno.ENOSPC, f"short write to {self.journal_path}: {n} of "
+                          f"{len(data)} bytes")
 
     # -- the end ------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from trtet_store.io import pwrite_all
 from trtet_store.remote.errors import RemoteError
 
 VERSION = 1
@@ -89,7 +90,7 @@ class Journal:
                           separators=(",", ":")).encode() + b"\n"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, line)
+            pwrite_all(fd, line, 0)
             os.fsync(fd)
         finally:
             os.close(fd)
