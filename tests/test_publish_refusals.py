@@ -192,3 +192,38 @@ def test_two_publishers_of_one_key(s3env, tmp_path, replace):
         head = s3env.client.head_object(Bucket=s3env.bucket, Key=o.key)
         assert head["ETag"].strip('"') == o.etag
     assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
+
+
+def test_a_writer_the_server_let_through_beside_us_is_a_conflict(s3env, tmp_path, monkeypatch):
+    """Our Complete succeeds, then another writer's object lands under the key.
+
+    SeaweedFS checks Complete's ``If-Match`` apart from the write, so two replacing
+    publishers can both pass it (CI saw it). The loser must get a ConflictError, not
+    a checksum error, and write no manifest; the other writer's object stays.
+    """
+    from trtet_store.remote import s3 as s3_module
+
+    old = _files(tmp_path / "old", b"O")
+    _publish(s3env, old, part_size=5 * MiB)
+    manifest_before = s3env.client.get_object(
+        Bucket=s3env.bucket, Key=manifest_key("p/model.pte"))["Body"].read()
+    other = os.urandom(MiB + 3)
+    real_complete = s3_module.S3.complete
+
+    def complete_then_lose_the_race(self, bucket, key, *args, **kwargs):
+        etag = real_complete(self, bucket, key, *args, **kwargs)
+        s3env.client.put_object(Bucket=bucket, Key=key, Body=other)
+        return etag
+
+    monkeypatch.setattr(s3_module.S3, "complete", complete_then_lose_the_race)
+    new = _files(tmp_path / "new", b"N")
+    with pytest.raises(ConflictError, match="replaced by another writer"):
+        _publish(s3env, new, part_size=5 * MiB, replace=True,
+                 journal_dir=tmp_path / "journal-new")
+    monkeypatch.undo()
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="p/model.pte")["Body"].read()
+    assert got == other
+    assert s3env.client.get_object(Bucket=s3env.bucket, Key=manifest_key("p/model.pte"))[
+        "Body"].read() == manifest_before
+    assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
+    assert not any((tmp_path / "journal-new").glob("*"))

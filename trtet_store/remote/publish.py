@@ -681,6 +681,15 @@ def _complete_object(s3: S3, bucket: str, o: _Object, journal: Journal) -> None:
                                 "nothing of ours was made visible (publish again, with "
                                 "replace=True to replace it)", o.key) from None
     head = s3.head(bucket, o.key)
+    if head is not None and head.etag != etag and (head.crc64nvme, head.size) != (
+            full_b64, o.source.size):
+        # Another object is under the key already: a writer whose conditional Complete the
+        # server let through beside ours (SeaweedFS checks If-Match apart from the write),
+        # or one that replaced ours since. That is a lost race, not a corrupt upload.
+        raise ConflictError(f"{target} was replaced by another writer right after our "
+                            "Complete; the manifest was not written, so this publish made "
+                            "nothing visible that a reader follows (publish again with "
+                            "replace=True to replace it)", o.key)
     if head is None or head.crc64nvme != full_b64 or head.size != o.source.size:
         got = None if head is None else (head.size, head.crc64nvme)
         raise ChecksumMismatchError(
