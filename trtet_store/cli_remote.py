@@ -197,7 +197,7 @@ def compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | N
 
     # The same to_executorch config compile_and_save uses (page-aligned segments for
     # TensorRT unless set), so the object equals what compile-and-save OUT writes.
-    from trtet_store.export.compile import _backend_config
+    from trtet_store.export.compile import executorch_config
 
     given = [flag for attr, flag in _LOCAL_ONLY.items() if getattr(args, attr, None)]
     if given:
@@ -211,7 +211,7 @@ def compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | N
     staging = Path(args.store) if args.store is not None else Path.cwd()
     bar = ProgressBar("publish", _postfix, not args.no_progress and not args.json)
     try:
-        config = _backend_config(backend_config, args.backend, args.segment_alignment)
+        config = executorch_config(backend_config, args.backend, args.segment_alignment)
         directory = staging / PUBLISH_STAGING
         directory.mkdir(parents=True, exist_ok=True)
         with trtet_store.BlobStore(directory) as store:

@@ -206,7 +206,7 @@ def compile_and_save(
     if segment_alignment is not None:
         _check_alignment(segment_alignment)
     # Before the build: a bad config must not cost one.
-    config = _backend_config(backend_config, backend, segment_alignment)
+    config = executorch_config(backend_config, backend, segment_alignment)
     from trtet_store.export import engine_reuse
     from trtet_store.export import executorch as et_adapter
     from trtet_store.export.lowering import _check_constant_methods, export
@@ -326,8 +326,24 @@ def _wait_until_free(destinations: list[Path], timeout: float | None) -> None:
         unlock_file(fd, lock)
 
 
-def _backend_config(config: Any, backend: str, segment_alignment: int | None) -> Any:
-    """``to_executorch``'s config: the caller's, page-aligned for TensorRT unless set."""
+def executorch_config(config: Any, backend: str, segment_alignment: int | None) -> Any:
+    """The ``to_executorch`` config ``compile_and_save`` uses.
+
+    Parameters
+    ----------
+    config : ExecutorchBackendConfig or None
+        The caller's config, or None for ExecuTorch's default. It is not changed.
+    backend : str
+        ``"tensorrt"`` aligns segments to the page (so engines can be cloned
+        and mapped) unless the config or ``segment_alignment`` sets another.
+    segment_alignment : int or None
+        An explicit alignment, a power of two.
+
+    Returns
+    -------
+    ExecutorchBackendConfig
+        A copy with the alignment settled.
+    """
     import dataclasses
 
     from executorch.exir import ExecutorchBackendConfig
