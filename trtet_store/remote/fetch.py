@@ -16,8 +16,9 @@ The steps, in order (each a function below):
    need) is checked before anything is created.
 4. **Download.** Ranged GETs in parallel, each with ``If-Match``, each range
    checked against its chunk digests (a bad one is fetched again), written
-   into its run's staged blob and journaled (:mod:`.fetch_stage`). Memory:
-   ``concurrency x range_size``.
+   into its run's staged blob and journaled (:mod:`.fetch_stage`) by one
+   writer thread (:mod:`.fetch_writer`). Memory: ``(concurrency + 2) x
+   range_size``.
 5. **Verify.** The full-object checksum, combined from the ranges' (and the
    reused pieces') CRCs as they streamed, must equal the manifest's and
    HeadObject's.
@@ -73,6 +74,7 @@ from trtet_store.remote.fetch_plan import (
     plan_object,
 )
 from trtet_store.remote.fetch_stage import STAGING_DIR, Staging, fetch_id
+from trtet_store.remote.fetch_writer import RangeWriter
 from trtet_store.remote.manifest import Manifest, manifest_key
 from trtet_store.remote.url import RemoteURL
 
@@ -227,7 +229,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     client : boto3 S3 client, optional
         Default: one made the way boto3 finds credentials, at ``endpoint_url``.
     concurrency : int
-        Ranged GETs in flight. Memory is bounded by ``concurrency x range_size``.
+        Ranged GETs in flight. Memory is bounded by ``(concurrency + 2) x range_size``.
     range_size : int
         Bytes per GET (ranges end on the manifest's 1 MiB chunk boundaries).
     progress : callable, optional
@@ -329,7 +331,6 @@ class _Fetch:
         self.resumed = 0
         self.total = 0
         self.per_object: dict[int, int] = {}
-        self._buffers = threading.local()
 
     # 1. describe ----------------------------------------------------------------------
 
@@ -570,25 +571,32 @@ class _Fetch:
         if not todo:
             return resumed
         stop = threading.Event()
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="trtet-fetch") as pool:
-            futures = [pool.submit(self._one_range, spec, run, rng, stage, stop)
-                       for spec, run, rng in todo]
-            try:
-                wait(futures, return_when=FIRST_EXCEPTION)
-            except BaseException:
-                # Interrupted (Ctrl-C): the ranges in flight finish or stop at their next step.
-                stop.set()
-                for f in futures:
-                    f.cancel()
-                raise
-            failed = [f for f in futures if f.done() and not f.cancelled()
-                      and f.exception() is not None]
-            if failed:
-                stop.set()
-                for f in futures:
-                    f.cancel()
-                wait(futures)
-                raise failed[0].exception()
+        # GETs in flight, plus two filled buffers waiting for the writer.
+        buffers = min(self.concurrency + 2, len(todo))
+        writer = RangeWriter(stage, buffers, self.range_size, stop)
+        try:
+            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="trtet-fetch") as pool:
+                futures = [pool.submit(self._one_range, spec, run, rng, writer, stop)
+                           for spec, run, rng in todo]
+                try:
+                    wait(futures, return_when=FIRST_EXCEPTION)
+                except BaseException:
+                    # Interrupted (Ctrl-C): the ranges in flight finish or stop at their
+                    # next step.
+                    stop.set()
+                    for f in futures:
+                        f.cancel()
+                    raise
+                failed = [f for f in futures if f.done() and not f.cancelled()
+                          and f.exception() is not None]
+                if failed:
+                    stop.set()
+                    for f in futures:
+                        f.cancel()
+                    wait(futures)
+                    raise failed[0].exception()
+        finally:
+            writer.close()  # writes what was queued; raises a write's failure
         return resumed
 
     def resume_command(self) -> str:
@@ -604,43 +612,51 @@ class _Fetch:
         compute, _ = _checksum_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
         return compute(data) == crc and _chunks_ok(spec, rng, memoryview(data))
 
-    def _one_range(self, spec: ObjectSpec, run: Run, rng: Range, stage: Staging,
+    def _one_range(self, spec: ObjectSpec, run: Run, rng: Range, writer: RangeWriter,
                    stop: threading.Event) -> None:
         compute, _ = _checksum_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
-        # One buffer per thread, reused: a fresh one per range cost its page
-        # faults and zeroing again (a sixth of a 2-core machine's time at 1 GiB).
-        buf = getattr(self._buffers, "buf", None)
-        if buf is None or len(buf) < rng.size:
-            buf = self._buffers.buf = bytearray(max(rng.size, self.range_size))
-        view = memoryview(buf)[:rng.size]
-        for attempt in range(1, self.attempts + 1):
-            if stop.is_set():
-                return
-            try:
-                self.reader.get_range(spec.key, spec.etag, rng.offset, rng.size, view,
-                                      lambda n: self._tick(n, rng.obj))
-            except Exception as exc:
-                if attempt < self.attempts and transient(exc):
-                    self._retry(spec, rng, repr(exc), attempt)
-                    continue
-                if transient(exc):
-                    raise FetchInterruptedError(
-                        f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-{rng.end - 1}: "
-                        f"{self.attempts} attempts failed, the last with {exc!r}",
-                        self.resume_command()) from exc
-                raise
-            if not _chunks_ok(spec, rng, view):
-                if attempt < self.attempts:
-                    self._retry(spec, rng, "its bytes do not match the manifest's digests",
-                                attempt)
-                    continue
-                raise FetchVerificationError(
-                    f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-{rng.end - 1} did not "
-                    f"match the manifest's chunk digests in {self.attempts} attempts; nothing "
-                    "local was changed")
-            stage.write(run, rng, view)
-            stage.record(rng, compute(view))
-            return
+        buf = writer.buffer(rng.size)
+        if buf is None:
+            return  # the fetch stopped
+        handed = False
+        try:
+            with memoryview(buf) as whole:
+                view = whole[:rng.size]
+                for attempt in range(1, self.attempts + 1):
+                    if stop.is_set():
+                        return
+                    try:
+                        self.reader.get_range(spec.key, spec.etag, rng.offset, rng.size, view,
+                                              lambda n: self._tick(n, rng.obj))
+                    except Exception as exc:
+                        if attempt < self.attempts and transient(exc):
+                            self._retry(spec, rng, repr(exc), attempt)
+                            continue
+                        if transient(exc):
+                            raise FetchInterruptedError(
+                                f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
+                                f"{rng.end - 1}: {self.attempts} attempts failed, the last "
+                                f"with {exc!r}", self.resume_command()) from exc
+                        raise
+                    if not _chunks_ok(spec, rng, view):
+                        if attempt < self.attempts:
+                            self._retry(spec, rng, "its bytes do not match the manifest's "
+                                        "digests", attempt)
+                            continue
+                        raise FetchVerificationError(
+                            f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-{rng.end - 1} "
+                            f"did not match the manifest's chunk digests in {self.attempts} "
+                            "attempts; nothing local was changed")
+                    crc = compute(view)
+                    view.release()
+                    break
+                else:
+                    return
+            writer.submit(run, rng, buf, crc)
+            handed = True
+        finally:
+            if not handed:
+                writer.give_back(buf)
 
     def _retry(self, spec: ObjectSpec, rng: Range, why: str, attempt: int) -> None:
         with self._mutex:
