@@ -20,6 +20,9 @@ file is no longer byte-identical to ``save_file``'s.
 
 :func:`save_sharded` writes ``model-0000k-of-0000N.safetensors`` and
 ``model.safetensors.index.json`` (Hugging Face's layout) as one transaction.
+Once that has committed, it removes the previous checkpoint's shards that the
+new index does not name, as ``huggingface_hub.save_torch_state_dict`` does,
+but only after the new index is durable (see :func:`remove_stale_shards`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import stat
 import struct
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +42,8 @@ from trtet_store.io import WriteReport, write_files
 
 log = logging.getLogger("trtet_store.formats")
 
-__all__ = ["build_layout", "header_bytes", "save_file", "save_sharded", "shard_plan"]
+__all__ = ["ShardedReports", "build_layout", "header_bytes", "remove_stale_shards", "save_file",
+           "save_sharded", "shard_plan"]
 
 
 def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str] | None:
@@ -197,8 +203,9 @@ def save_sharded(tensors: Mapping[str, Any], directory: os.PathLike | str, *,
     ``{prefix}.safetensors`` when everything fits in one), the index
     ``{prefix}.safetensors.index.json`` with ``metadata.total_size`` and the
     ``weight_map`` (tensor name to shard file), as Hugging Face writes them.
-    Either every file is replaced, or none is. Shards of an older, longer
-    checkpoint of the same prefix are left alone (the new index does not name them).
+    Either every file is replaced, or none is. After that has committed, the
+    files of the previous checkpoint that the new index does not name are
+    removed (:func:`remove_stale_shards`); a save that fails removes nothing.
 
     Parameters
     ----------
@@ -211,8 +218,9 @@ def save_sharded(tensors: Mapping[str, Any], directory: os.PathLike | str, *,
 
     Returns
     -------
-    list of WriteReport
-        One per shard, then the index's.
+    ShardedReports
+        A list of WriteReport, one per shard, then the index's; its
+        ``removed`` attribute lists the stale files it removed.
     """
     if not prefix or os.sep in prefix or prefix in (".", "..") or "\0" in prefix:
         raise ValueError(f"prefix must be a plain file name, got {prefix!r}")
@@ -238,12 +246,143 @@ def save_sharded(tensors: Mapping[str, Any], directory: os.PathLike | str, *,
         outputs.append((directory / name, pieces))
     index = {"metadata": {"total_size": sum(t.nbytes for t in items)},
              "weight_map": dict(sorted(weight_map.items()))}
-    outputs.append((directory / f"{prefix}.safetensors.index.json",
-                    [json.dumps(index, indent=2).encode() + b"\n"]))
+    index_path = directory / f"{prefix}.safetensors.index.json"
+    index_bytes = json.dumps(index, indent=2).encode() + b"\n"
+    outputs.append((index_path, [index_bytes]))
+    # Read before the write replaces it: the old index is what names the old set.
+    previous = _indexed_names(index_path)
     owners = [t.owner for t in items]
     log.info("%s: %d tensors in %d shard(s) of at most %d bytes", directory, len(items), n,
              max_shard_size)
-    reports = write_files(outputs, consume=consume, progress=progress, placements=placements,
-                          timeout=timeout)
+    reports = ShardedReports(write_files(outputs, consume=consume, progress=progress,
+                                         placements=placements, timeout=timeout))
     del owners
+    # Only here, after write_files returned: the new index is durable, so no
+    # reader can still be led to an old shard. An error above removed nothing.
+    reports.removed = remove_stale_shards(directory, prefix, previous or (), index_bytes)
     return reports
+
+
+class ShardedReports(list[WriteReport]):
+    """What :func:`save_sharded` returns: its reports (a list), and the stale files it removed.
+
+    Attributes
+    ----------
+    removed : list of Path
+        The previous checkpoint's files that the new index does not name,
+        removed after the new one had committed.
+    """
+
+    removed: list[Path]
+
+    def __init__(self, reports: Sequence[WriteReport] = ()) -> None:
+        super().__init__(reports)
+        self.removed = []
+
+
+def _indexed_names(index_path: Path) -> set[str] | None:
+    """The file names an index's ``weight_map`` points to; None if there is no readable index."""
+    try:
+        weight_map = json.loads(index_path.read_bytes())["weight_map"]
+        return {f for f in weight_map.values() if isinstance(f, str)}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("%s is not a readable index (%s); of the old shards only those named "
+                    "like this prefix's numbered shards will be removed", index_path, exc)
+        return None
+
+
+def remove_stale_shards(directory: os.PathLike | str, prefix: str,
+                        previous: Collection[str], index_bytes: bytes) -> list[Path]:
+    """Remove the files of an older checkpoint that the current index does not name.
+
+    Call it only once the new index is durable: readers follow the index, so
+    from then on the old files are unreferenced. Stale are the files that the
+    previous index named (plain ``*.safetensors`` names in ``directory``) and
+    the files named exactly ``{prefix}-NNNNN-of-NNNNN.safetensors`` (an
+    earlier save may have committed and died before its own cleanup), minus
+    everything the current index names. Nothing else is touched.
+
+    Parameters
+    ----------
+    directory : path-like
+        The checkpoint's directory.
+    prefix : str
+        The checkpoint's base name.
+    previous : collection of str
+        The file names the index named before the save (read before it).
+    index_bytes : bytes
+        The index this save wrote. If ``{prefix}.safetensors.index.json`` no
+        longer holds exactly these bytes, another save has replaced it since,
+        and nothing is removed (that save cleans up after itself).
+
+    Returns
+    -------
+    list of Path
+        The files removed. One that cannot be removed is logged and kept:
+        the checkpoint is already published, and the next save tries again.
+    """
+    directory = Path(directory)
+    index_path = directory / f"{prefix}.safetensors.index.json"
+    try:
+        current_bytes = index_path.read_bytes()
+    except OSError as exc:
+        log.warning("%s: cannot read back the new index (%s); no stale shard removed",
+                    directory, exc)
+        return []
+    if current_bytes != index_bytes:
+        log.warning("%s: another save replaced the index meanwhile; no stale shard removed",
+                    directory)
+        return []
+    current = {f for f in json.loads(index_bytes)["weight_map"].values()}
+    numbered = re.compile(re.escape(prefix) + r"-[0-9]{5}-of-[0-9]{5}\.safetensors")
+    why: dict[str, str] = {}
+    for name in previous:
+        if (name not in current and name.endswith(".safetensors")
+                and name == os.path.basename(name) and name not in (".", "..")
+                and "\0" not in name):
+            why[name] = "named by the previous index, not by the new one"
+    try:
+        listing = os.listdir(directory)
+    except OSError as exc:
+        log.warning("%s: cannot list the directory (%s); only the previous index's files "
+                    "are checked", directory, exc)
+        listing = []
+    for name in listing:
+        if numbered.fullmatch(name) and name not in current:
+            why.setdefault(name, f"a numbered shard of {prefix!r} that the new index does "
+                                 "not name (left by an earlier save)")
+    removed: list[Path] = []
+    for name in sorted(why):
+        path = directory / name
+        try:
+            mode = path.lstat().st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                log.warning("%s: not a file; kept", path)
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("%s: stale shard not removed (%s); the next save tries again",
+                        path, exc)
+            continue
+        log.info("%s: removed: %s", path, why[name])
+        removed.append(path)
+    if removed:
+        _fsync_directory(directory)
+    return removed
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the unlinks durable (a power cut must not bring the stale shards back)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.warning("%s: directory fsync after removing stale shards failed (%s)",
+                    directory, exc)
