@@ -75,11 +75,17 @@ class PayloadPlan:
 
 @dataclass
 class InlinePlan:
-    """One in-memory piece, by digest (its bytes live only in the temp file)."""
+    """One in-memory piece, by digest (its bytes live only in the temp file).
+
+    ``digest`` is None until :meth:`Journal.record_inline` records it: large
+    inline pieces are digested while they are written, and a journal cut
+    before their digests were recorded cannot vouch for the temp file (it is
+    rolled back; nothing destructive happens before the record).
+    """
 
     offset: int
     size: int
-    digest: int
+    digest: int | None
 
 
 @dataclass
@@ -240,6 +246,22 @@ class Journal:
         fs.pwrite_all(self.fd, (json.dumps(line, separators=(",", ":")) + "\n").encode(), end)
         fs.calls.fsync(self.fd)
 
+    def record_inline(self, output: int, digests: Sequence[int]) -> None:
+        """Record, durably, the digests of output ``output``'s inline pieces.
+
+        Written after they are in the temp file and before any placement
+        changes a source: until then the write can always be rolled back.
+        """
+        inline = self.plan.outputs[output].inline
+        if len(digests) != len(inline):
+            raise ValueError(f"{len(digests)} digests for {len(inline)} inline pieces")
+        line = {"inline": {"output": output, "digests": list(digests)}}
+        end = os.fstat(self.fd).st_size
+        fs.pwrite_all(self.fd, (json.dumps(line, separators=(",", ":")) + "\n").encode(), end)
+        fs.calls.fsync(self.fd)
+        for plan, digest in zip(inline, digests, strict=True):
+            plan.digest = digest
+
     def mark(self, state: str) -> None:
         """Record that the transaction reached ``state``, durably."""
         end = os.fstat(self.fd).st_size
@@ -297,6 +319,13 @@ def read(path: Path) -> tuple[Plan, str]:
             if "amend" in record:
                 a = record["amend"]
                 plan.outputs[a["output"]].payloads[a["payload"]] = PayloadPlan(**a["plan"])
+            elif "inline" in record:
+                r = record["inline"]
+                inline = plan.outputs[r["output"]].inline
+                if len(r["digests"]) != len(inline):
+                    raise ValueError("inline digests do not match the plan")
+                for i, digest in zip(inline, r["digests"], strict=True):
+                    i.digest = int(digest)
             else:
                 state = record["state"]
         except (ValueError, KeyError, TypeError, IndexError):

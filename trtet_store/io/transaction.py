@@ -69,6 +69,7 @@ class _Output:
         self.old_stat: os.stat_result | None = None
         self.report = WriteReport(dest, layout.size)
         self.renamed = False
+        self.defer_digests = False
 
 
 class Transaction:
@@ -235,7 +236,9 @@ class Transaction:
         for i, out in enumerate(self.outputs):
             if len(self.outputs) > 1:
                 out.backup = names.backup_path(out.dest, self.token)
-            inline = [InlinePlan(e.offset, e.size, chunk_digest(_view(e.piece)))
+            out.defer_digests = out.layout.inline_bytes() >= DEFER_INLINE_DIGESTS_MIN
+            inline = [InlinePlan(e.offset, e.size,
+                                 None if out.defer_digests else chunk_digest(_view(e.piece)))
                       for e in out.layout.inline]
             outputs.append(OutputPlan(
                 dest=os.fspath(out.dest), temp=os.fspath(out.temp),
@@ -271,12 +274,38 @@ class Transaction:
             # Pre-sizing keeps XFS from speculative preallocation past EOF,
             # which would cost a move a second chunk of disk.
             fs.calls.ftruncate(out.temp_fd, out.layout.size)
+            if out.defer_digests:
+                self._write_inline_digesting(i, out)
+                continue
             for ext in out.layout.inline:
                 data = _view(ext.piece)
                 if not _is_padding(data):  # zero padding stays a hole
                     fs.pwrite_all(out.temp_fd, data, ext.offset)
                 out.report.inline_bytes += ext.size
                 self._advance(ext.size)
+
+    def _write_inline_digesting(self, i: int, out: _Output) -> None:
+        """Write output ``i``'s inline pieces while other threads digest them, then record those.
+
+        Gigabytes of tensors saved from memory are inline: digested first and
+        written after, the save waited for both in turn (0.18 s of digests
+        before 0.4 s of pwrite for 2 GiB). xxhash releases the GIL, so here
+        the digests run beside the writes, and the journal records them once
+        both are done, before :meth:`place` touches any source.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        assert self.journal is not None
+        views = [_view(e.piece) for e in out.layout.inline]
+        workers = max(1, min(4, (os.cpu_count() or 2) - 1))
+        with ThreadPoolExecutor(workers, thread_name_prefix="trtet-digest") as pool:
+            digests = pool.map(chunk_digest, views)
+            for ext, data in zip(out.layout.inline, views, strict=True):
+                if not _is_padding(data):  # zero padding stays a hole
+                    fs.pwrite_all(out.temp_fd, data, ext.offset)
+                out.report.inline_bytes += ext.size
+                self._advance(ext.size)
+            self.journal.record_inline(i, list(digests))
 
     def _keep_mode_and_owner(self, out: _Output) -> None:
         """Give the new file the old one's mode and owner, as an in-place save keeps them."""
@@ -503,6 +532,12 @@ def _view(piece: Piece) -> memoryview:
     tensor of gigabytes written from its own memory (a copy cost a 2 GiB
     safetensors save 0.7 s of 2.4 s)."""
     return memoryview(piece).cast("B")
+
+
+#: Inline bytes of one output from which their digests are computed while they
+#: are written and recorded in the journal after (see
+#: :meth:`Transaction._write_inline_digesting`); smaller ones go in the plan.
+DEFER_INLINE_DIGESTS_MIN = 64 * 1024 * 1024
 
 
 #: Inline pieces up to this size are tested for all zeros (padding, left a
