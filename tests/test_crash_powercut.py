@@ -189,14 +189,14 @@ def test_power_cut_at_every_step_loses_nothing(make_fs, fs_factory, config, layo
 
 
 @pytest.mark.parametrize("config", ["ext4", "xfs"])
-def test_power_cut_at_every_step_with_inline_digests_recorded_late(make_fs, fs_factory,
-                                                                   monkeypatch, config):
-    """Large inline pieces are digested while written, their digests journaled after.
+def test_power_cut_with_large_inline_bytes_synced_and_journaled(make_fs, fs_factory,
+                                                                monkeypatch, config):
+    """An output's large inline bytes carry no digests: synced, then journaled as on disk.
 
     Forced here for the scenario's few bytes (the children inherit the
     setting). Another process's journal commit, then a power cut, before
     every call: the temp file's size can then be durable while its inline
-    bytes are not, and a plan cut before the record has nothing to check
+    bytes are not, and a plan cut before its record has nothing to check
     them against: it must be rolled back, never finished with whatever the
     temp file holds.
     """
@@ -204,8 +204,8 @@ def test_power_cut_at_every_step_with_inline_digests_recorded_late(make_fs, fs_f
 
     fstype, options = CONFIGS[config]
     mnt = make_fs(fstype, 300, mount_options=options)
-    # One output: with two, the other's recorded inline bytes fail their check
-    # at the same cuts and hide whether this one's are checked at all.
+    # One output: with two, the other's inline bytes fail their digests at the
+    # same cuts and hide whether this one's are checked at all.
     one = Scenario(blobs=[(21, 150_001), (22, 100_000)],
                    outputs={"m.pte": [["bytes", 1, 100], ["blob", 0], ["bytes", 2, 33],
                                       ["ext", "u.bin"], ["blob", 1]]},
@@ -213,14 +213,14 @@ def test_power_cut_at_every_step_with_inline_digests_recorded_late(make_fs, fs_f
                    store_chunk=16 * KiB, write_chunk=32 * KiB)
     cuts = PowerCuts(fs_factory, mnt, one, sync_blobs=True, foreign_commit=True)
     plain = cuts.trace()
-    monkeypatch.setattr(transaction, "DEFER_INLINE_DIGESTS_MIN", 1)
+    monkeypatch.setattr(transaction, "SYNC_INLINE_MIN", 1)
     names = cuts.trace()
-    # The output records its digests: one pwrite and one fsync more.
-    assert len(names) == len(plain) + 2, (plain, names)
+    # The temp's fdatasync, then the journal line: one pwrite and one fsync.
+    assert len(names) == len(plain) + 3, (plain, names)
     for n in range(1, len(names) + 1):
         cuts.cut_at(n, f"{config}: commit, then cut before call {n} ({names[n - 1]})")
-    _report(f"journal commit, then power cut, at every step on {config}, inline digests "
-            f"recorded late ({cuts.placements})", len(names), cuts.stats)
+    _report(f"journal commit, then power cut, at every step on {config}, large inline "
+            f"bytes synced and journaled ({cuts.placements})", len(names), cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
 
 

@@ -77,10 +77,11 @@ class PayloadPlan:
 class InlinePlan:
     """One in-memory piece, by digest (its bytes live only in the temp file).
 
-    ``digest`` is None until :meth:`Journal.record_inline` records it: large
-    inline pieces are digested while they are written, and a journal cut
-    before their digests were recorded cannot vouch for the temp file (it is
-    rolled back; nothing destructive happens before the record).
+    ``digest`` is None for the pieces of an output with many inline bytes
+    (tensors saved from memory): digesting gigabytes cost more than syncing
+    them before the placements, so :meth:`Journal.record_inline_synced` says
+    they are durable instead. Without that record nothing vouches for them,
+    and recovery rolls the write back (nothing destructive happened yet).
     """
 
     offset: int
@@ -98,6 +99,7 @@ class OutputPlan:
     size: int
     inline: list[InlinePlan] = field(default_factory=list)
     payloads: list[PayloadPlan] = field(default_factory=list)
+    inline_synced: bool = False  # set by a journal line, never in the plan line
 
 
 @dataclass
@@ -246,21 +248,18 @@ class Journal:
         fs.pwrite_all(self.fd, (json.dumps(line, separators=(",", ":")) + "\n").encode(), end)
         fs.calls.fsync(self.fd)
 
-    def record_inline(self, output: int, digests: Sequence[int]) -> None:
-        """Record, durably, the digests of output ``output``'s inline pieces.
+    def record_inline_synced(self, output: int) -> None:
+        """Record, durably, that output ``output``'s inline bytes are on disk in its temp file.
 
-        Written after they are in the temp file and before any placement
-        changes a source: until then the write can always be rolled back.
+        Called after an fdatasync of the temp file and before any placement
+        changes a source, for an output whose plan names its inline pieces
+        without digests: the record, not a digest, then vouches for them.
         """
-        inline = self.plan.outputs[output].inline
-        if len(digests) != len(inline):
-            raise ValueError(f"{len(digests)} digests for {len(inline)} inline pieces")
-        line = {"inline": {"output": output, "digests": list(digests)}}
+        line = {"inline_synced": output}
         end = os.fstat(self.fd).st_size
         fs.pwrite_all(self.fd, (json.dumps(line, separators=(",", ":")) + "\n").encode(), end)
         fs.calls.fsync(self.fd)
-        for plan, digest in zip(inline, digests, strict=True):
-            plan.digest = digest
+        self.plan.outputs[output].inline_synced = True
 
     def mark(self, state: str) -> None:
         """Record that the transaction reached ``state``, durably."""
@@ -319,13 +318,8 @@ def read(path: Path) -> tuple[Plan, str]:
             if "amend" in record:
                 a = record["amend"]
                 plan.outputs[a["output"]].payloads[a["payload"]] = PayloadPlan(**a["plan"])
-            elif "inline" in record:
-                r = record["inline"]
-                inline = plan.outputs[r["output"]].inline
-                if len(r["digests"]) != len(inline):
-                    raise ValueError("inline digests do not match the plan")
-                for i, digest in zip(inline, r["digests"], strict=True):
-                    i.digest = int(digest)
+            elif "inline_synced" in record:
+                plan.outputs[record["inline_synced"]].inline_synced = True
             else:
                 state = record["state"]
         except (ValueError, KeyError, TypeError, IndexError):

@@ -457,8 +457,10 @@ def _cannot_roll_forward(plan: Plan) -> str | None:
         try:
             for i in out.inline:
                 if i.digest is None:
-                    return (f"the digests of the inline bytes of {out.temp} were never "
-                            "recorded (cut while they were written)")
+                    if out.inline_synced:
+                        continue  # synced before the journal said so
+                    return (f"the inline bytes of {out.temp} were never recorded as on "
+                            "disk (cut while they were written)")
                 if transfer.chunk_digest(fs.pread_exact(fd, i.size, i.offset)) != i.digest:
                     return f"inline bytes at {i.offset} of {out.temp} did not reach the disk"
             for p in out.payloads:
