@@ -44,9 +44,10 @@ from trtet_store.bench import loopfs
 from trtet_store.bench.measure import (
     PeakDiskMonitor,
     current_rss_bytes,
+    drop_caches,
     peak_rss_bytes,
+    quiesce,
     reset_peak_rss,
-    syncfs,
 )
 from trtet_store.io import BlobStore, fs
 from trtet_store.io.units import MiB
@@ -86,8 +87,16 @@ def durable(paths: list[Path]) -> None:
 
 
 def measure(mnt: Path, action: Callable[[], list[Path]]) -> dict:
-    """Run ``action`` (it returns its outputs) durably: seconds, peak extra disk, RSS growth."""
-    syncfs(mnt)
+    """Run ``action`` (it returns its outputs) durably: seconds, peak extra disk, RSS growth.
+
+    Each run starts from the same state: the filesystem flushed and settled
+    (the previous output's removal freed its blocks), and the page cache
+    dropped, so no run pays for the previous one's pages (timed by hand on
+    the 2-core VM: either method's write into the page cache took 0.5-2.0 s
+    without this).
+    """
+    quiesce(mnt)
+    drop_caches(mnt)
     base = current_rss_bytes()
     reset_peak_rss()
     with PeakDiskMonitor(mnt) as mon:
