@@ -274,34 +274,21 @@ class Transaction:
             # Pre-sizing keeps XFS from speculative preallocation past EOF,
             # which would cost a move a second chunk of disk.
             fs.calls.ftruncate(out.temp_fd, out.layout.size)
-            if out.sync_inline:
-                self._write_inline_synced(i, out)
-                continue
             for ext in out.layout.inline:
                 data = _view(ext.piece)
                 if not _is_padding(data):  # zero padding stays a hole
                     fs.pwrite_all(out.temp_fd, data, ext.offset)
                 out.report.inline_bytes += ext.size
                 self._advance(ext.size)
-
-    def _write_inline_synced(self, i: int, out: _Output) -> None:
-        """Write output ``i``'s inline pieces, sync them, and journal that they are on disk.
-
-        Gigabytes of tensors saved from memory are inline. Digesting them for
-        the plan cost a 2 GiB safetensors save 0.18 s of CPU before its first
-        pwrite (on two cores, beside the loop device's own copying); their
-        bytes must reach the disk anyway, so they are synced here, before
-        :meth:`place` touches any source, and a journal line vouches for them.
-        """
-        assert self.journal is not None
-        for ext in out.layout.inline:
-            data = _view(ext.piece)
-            if not _is_padding(data):  # zero padding stays a hole
-                fs.pwrite_all(out.temp_fd, data, ext.offset)
-            out.report.inline_bytes += ext.size
-            self._advance(ext.size)
-        fs.calls.fdatasync(out.temp_fd)
-        self.journal.record_inline_synced(i)
+            if out.sync_inline:
+                # Gigabytes of tensors saved from memory are inline. Digesting
+                # them for the plan cost a 2 GiB safetensors save 0.18 s of CPU
+                # before its first pwrite; their bytes must reach the disk anyway,
+                # so they are synced now, before place() touches any source, and
+                # a journal line vouches for them instead of digests.
+                assert self.journal is not None
+                fs.calls.fdatasync(out.temp_fd)
+                self.journal.record_inline_synced(i)
 
     def _keep_mode_and_owner(self, out: _Output) -> None:
         """Give the new file the old one's mode and owner, as an in-place save keeps them."""
@@ -531,7 +518,7 @@ def _view(piece: Piece) -> memoryview:
 
 
 #: Inline bytes of one output from which they are synced and journaled as on
-#: disk instead of digested (see :meth:`Transaction._write_inline_synced`).
+#: disk instead of digested (see :meth:`Transaction.create_temps`).
 SYNC_INLINE_MIN = 64 * 1024 * 1024
 
 
