@@ -29,6 +29,7 @@ from trtet_store.io.versioned import (
     write_versioned,
 )
 from trtet_store.io.writer import (
+    AutoChunk,
     PlacementRecord,
     WriteReport,
     write_file,
@@ -36,6 +37,7 @@ from trtet_store.io.writer import (
 )
 
 __all__ = [
+    "AutoChunk",
     "Blob",
     "BlobChangedError",
     "BlobInUseError",

@@ -16,10 +16,16 @@ from collections.abc import Collection, Iterable, Sequence
 from trtet_store.io.ladder import PLACEMENTS, SLACK_BYTES
 from trtet_store.io.layout import Piece
 from trtet_store.io.report import PlacementRecord, WriteReport
-from trtet_store.io.transaction import DEFAULT_CHUNK_SIZE, ProgressCallback, Transaction
+from trtet_store.io.transaction import (
+    DEFAULT_CHUNK_SIZE,
+    AutoChunk,
+    ProgressCallback,
+    Transaction,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "AutoChunk",
     "PLACEMENTS",
     "SLACK_BYTES",
     "PlacementRecord",
@@ -32,7 +38,8 @@ __all__ = [
 
 
 def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: bool = False,
-               chunk_size: int | None = None, progress: ProgressCallback | None = None,
+               chunk_size: int | str | AutoChunk | None = None,
+               progress: ProgressCallback | None = None,
                placements: Collection[str] | str | None = None,
                timeout: float | None = None) -> WriteReport:
     """Write the concatenation of ``pieces`` to ``path`` as one transaction.
@@ -48,10 +55,12 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
         Allow moving :class:`Blob` pieces into the output (they are released
         afterwards) when they share the output's filesystem. Without it every
         source is left as it was.
-    chunk_size : int, optional
+    chunk_size : int, "auto" or AutoChunk, optional
         The most extra disk a move may use (default 64 MiB: three steps of a
         third of that, rounded to whole digest chunks of its blob), and a
-        copy's largest window.
+        copy's largest window. ``"auto"`` (or ``AutoChunk(limit=...)``) takes
+        at most the limit and halves it, down to 3 MiB, until the write fits
+        the free space: a nearly full disk still takes a move, in smaller steps.
     progress : callable, optional
         Called as ``progress(bytes_done, bytes_total)`` as payload bytes land.
     placements : collection of str, optional
@@ -79,7 +88,7 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
 
 
 def write_files(outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
-                consume: bool = False, chunk_size: int | None = None,
+                consume: bool = False, chunk_size: int | str | AutoChunk | None = None,
                 progress: ProgressCallback | None = None,
                 placements: Collection[str] | str | None = None,
                 timeout: float | None = None) -> list[WriteReport]:
