@@ -99,7 +99,7 @@ class OutputPlan:
     size: int
     inline: list[InlinePlan] = field(default_factory=list)
     payloads: list[PayloadPlan] = field(default_factory=list)
-    inline_synced: bool = False  # set by a journal line, never in the plan line
+    inline_synced: bool = False  # False in the plan line; a later journal line sets it
 
 
 @dataclass
