@@ -116,7 +116,9 @@ def test_a_range_whose_bytes_changed_fails_verification_and_publishes_nothing(ma
     piece = ExternalFile.range(src, MiB, 2 * MiB, digests=True)
     with open(src, "r+b") as f:  # same size, one byte different inside the range
         f.seek(MiB + 5)
-        f.write(b"\0" if f.read(1) != b"\0" else b"\1")
+        byte = f.read(1)[0]
+        f.seek(MiB + 5)  # the read moved past it: flip that byte, not the next one
+        f.write(bytes([byte ^ 0xFF]))
     with pytest.raises(VerificationError):
         # the pread path reads and checks each chunk before writing it
         write_file(mnt / "new.bin", [piece], placements=["copy"])
