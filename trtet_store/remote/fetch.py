@@ -650,8 +650,6 @@ class _Fetch:
                     crc = compute(view)
                     view.release()
                     break
-                else:
-                    return
             writer.submit(run, rng, buf, crc)
             handed = True
         finally:

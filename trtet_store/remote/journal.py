@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import pwrite_all
+from trtet_store.io import fsync_dir, pwrite_all
 from trtet_store.remote.errors import RemoteError
 
 VERSION = 1
@@ -95,7 +95,7 @@ class Journal:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         self._open()
 
     def reopen(self) -> None:
@@ -135,12 +135,5 @@ class Journal:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         with contextlib.suppress(OSError):
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
