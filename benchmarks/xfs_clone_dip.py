@@ -3,7 +3,10 @@
 
 A bare ``FICLONERANGE`` of a gigabyte on XFS was seen to make free space
 dip by up to the whole length while it runs (XFS reserves blocks for the
-remap transactions), although it leaves nothing allocated afterwards. This
+remap transactions, one extent of at most one call at a time: see
+``transfer.CLONE_RANGE``), although it leaves nothing allocated afterwards.
+A 2 ms poll catches it rarely; tests/test_zero_copy.py polls without pause.
+This
 clones one source of ``--size`` real bytes into a fresh file at offset 4096
 (as the writer does), alternating a single call with calls of ``--ranges``
 bytes each, ``--repeat`` times, with ``statvfs`` polled every 2 ms, and

@@ -9,6 +9,9 @@ a sync), so what the output keeps is not counted; what the placement needs
 on the way is:
 
 - insert and clone: at most 1 MiB plus the header (no payload byte written);
+  an XFS clone also holds, for a moment, a reservation of up to one clone
+  call (``transfer.CLONE_RANGE``), given back unused, so the calls are cut
+  to 16 MiB here to keep that below what a written payload would show;
 - move: at most its budget (``chunk_size``, three steps of a third of it), on
   btrfs too, where the move commits the transaction per step so that
   truncated extents are freed;
@@ -23,12 +26,14 @@ from digests import file_digest
 
 from trtet_store import BlobStore
 from trtet_store.bench.measure import PeakDiskMonitor
-from trtet_store.io import fs, write_files
+from trtet_store.io import fs, transfer, write_files
 from trtet_store.io.units import MiB, format_mib
 
 PAYLOAD = 256 * MiB
 HEADER = 4096
 BUDGET = 64 * MiB
+# Clone calls, far below the payload (transfer.CLONE_RANGE: 256 MiB).
+CLONE_CALL = 16 * MiB
 # The journal, the directory entries and the output's metadata blocks.
 SLACK = 1 * MiB
 
@@ -50,7 +55,8 @@ def _blob(store: BlobStore, seed: int):
 
 
 @pytest.mark.parametrize("fstype,placement", CASES, ids=[f"{a}-{b}" for a, b in CASES])
-def test_peak_over_final_state(make_fs, fstype, placement):
+def test_peak_over_final_state(make_fs, monkeypatch, fstype, placement):
+    monkeypatch.setattr(transfer, "CLONE_RANGE", CLONE_CALL)
     mnt = make_fs(fstype, 1400)
     fs.capabilities.clear()
     store = BlobStore(mnt / "staging")
@@ -74,7 +80,10 @@ def test_peak_over_final_state(make_fs, fstype, placement):
             f"after {format_mib(mon.extra_after_bytes)}, over final {format_mib(over_final)}")
     print(note)
     if placement in ("insert", "clone"):
-        assert over_final <= SLACK + HEADER, note
+        # XFS reserves free blocks for each remapped extent while it remaps it
+        # (see transfer.CLONE_RANGE); no block is written or kept.
+        remap = CLONE_CALL if (fstype, placement) == ("xfs", "clone") else 0
+        assert over_final <= SLACK + HEADER + remap, note
     elif placement == "move":
         assert over_final <= BUDGET + SLACK, note
     else:

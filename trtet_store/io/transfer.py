@@ -207,13 +207,21 @@ class _Behind:
 
 
 CLONE_RANGE = 256 * MiB
-"""Bytes per FICLONERANGE call. One call for 2 GiB on XFS made free space dip
-by 1.1 GiB in one run of 14 (XFS reserves for the whole remap); calls of 64
-MiB, 256 MiB and 1 GiB never dipped (benchmarks/xfs_clone_dip.py). The
-calls are what a clone's time grows with: from a 256 MiB to a 16 GiB engine,
-compile_and_save grew 1.53x in 64 MiB calls (5.7 to 8.7 ms) and 1.27x in
-256 MiB calls (4.5 to 5.7 ms), medians of 5 (zero_copy_entry_points.py).
-256 MiB keeps a 16 GiB clone at 64 calls and any dip within a quarter GiB."""
+"""Bytes per FICLONERANGE call.
+
+The calls are what a large clone's time grows with, and the size of a call
+bounds how much free space an XFS clone takes for a moment. Each remap
+transaction there first reserves as many free blocks as the extent it remaps
+(``xfs_reflink_remap_extent``; where that much is not free it reserves a
+bmbt split only, so a clone never fails for it) and gives them back when it
+commits, microseconds later; an extent remapped is never longer than the
+call. ``statvfs`` shows the reservation: a process polling it beside clones
+of a 256 MiB extent saw free space dip by 256 MiB in calls of 256 MiB and by
+16 MiB in calls of 16 MiB, and a full test run once caught a 168 MiB dip.
+Smaller calls cost more than the dip is worth: from a 256 MiB to a 16 GiB
+engine, ``compile_and_save`` on XFS grew 1.27x in calls of 256 MiB (4.8 to
+6.1 ms), 1.88x in 64 MiB and 3.78x in 16 MiB (5.2 to 19.7 ms), medians of 5
+(benchmarks/zero_copy_entry_points.py, benchmarks/README.md)."""
 
 
 def clone(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, block: int,
