@@ -145,6 +145,26 @@ def test_numbered_shards_no_index_names_are_removed(here_fs, index):
     assert load_checkpoint(here_fs) == as_bytes(tensors)
 
 
+@pytest.mark.parametrize("how", ["save_file", "died before its cleanup"])
+def test_a_single_file_is_removed_once_shards_replace_it(here_fs, monkeypatch, how):
+    """A ``model.safetensors`` the new index does not name: transformers would load it
+    before it looks for the index, so it goes (huggingface_hub's pattern does the same)."""
+    old, new = state_dict(4, 64 * KiB, seed=1), state_dict(4, 64 * KiB, seed=2)
+    if how == "save_file":  # one file, no index at all
+        sf.save_file(old, here_fs / "model.safetensors")
+    else:  # the index named it, and the sharded save that replaced it died after its commit
+        sf.save_sharded(old, here_fs)
+        with monkeypatch.context() as m:
+            m.setattr(sf, "remove_stale_shards", lambda *a: [])
+            sf.save_sharded(new, here_fs, max_shard_size=128 * KiB)
+        assert listing(here_fs) == sorted(["model.safetensors", INDEX] + shard_names(2))
+    bystanders = plant_bystanders(here_fs)
+    reports = sf.save_sharded(new, here_fs, max_shard_size=128 * KiB)
+    assert reports.removed == [here_fs / "model.safetensors"]
+    assert listing(here_fs) == sorted(shard_names(2) + [INDEX] + bystanders)
+    assert load_checkpoint(here_fs) == as_bytes(new)
+
+
 def test_an_old_index_names_only_files_in_its_directory(here_fs):
     """Names from the old index are data: a path, a directory, a non-shard file are kept."""
     ckpt = here_fs / "ckpt"

@@ -20,9 +20,10 @@ file is no longer byte-identical to ``save_file``'s.
 
 :func:`save_sharded` writes ``model-0000k-of-0000N.safetensors`` and
 ``model.safetensors.index.json`` (Hugging Face's layout) as one transaction.
-Once that has committed, it removes the previous checkpoint's shards that the
-new index does not name, as ``huggingface_hub.save_torch_state_dict`` does,
-but only after the new index is durable (see :func:`remove_stale_shards`).
+Once that has committed, it removes the previous checkpoint's files (its
+shards, or its single ``model.safetensors``) that the new index does not name,
+as ``huggingface_hub.save_torch_state_dict`` does, but only after the new
+index is durable (see :func:`remove_stale_shards`).
 """
 
 from __future__ import annotations
@@ -288,8 +289,8 @@ def _indexed_names(index_path: Path) -> set[str] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("%s is not a readable index (%s); of the old shards only those named "
-                    "like this prefix's numbered shards will be removed", index_path, exc)
+        log.warning("%s is not a readable index (%s); of the old files only those named "
+                    "as this prefix's checkpoint files will be removed", index_path, exc)
         return None
 
 
@@ -300,9 +301,13 @@ def remove_stale_shards(directory: os.PathLike | str, prefix: str,
     Call it only once the new index is durable: readers follow the index, so
     from then on the old files are unreferenced. Stale are the files that the
     previous index named (plain ``*.safetensors`` names in ``directory``) and
-    the files named exactly ``{prefix}-NNNNN-of-NNNNN.safetensors`` (an
-    earlier save may have committed and died before its own cleanup), minus
-    everything the current index names. Nothing else is touched.
+    the files named exactly ``{prefix}.safetensors`` or
+    ``{prefix}-NNNNN-of-NNNNN.safetensors`` (huggingface_hub's pattern: an
+    earlier save may have committed and died before its own cleanup, or the
+    old checkpoint was one file with no index), minus everything the current
+    index names. A ``{prefix}.safetensors`` left beside a sharded index
+    would be worse than unreferenced: transformers loads it before it looks
+    for the index. Nothing else is touched.
 
     Parameters
     ----------
@@ -336,7 +341,7 @@ def remove_stale_shards(directory: os.PathLike | str, prefix: str,
                     directory)
         return []
     current = {f for f in json.loads(index_bytes)["weight_map"].values()}
-    numbered = re.compile(re.escape(prefix) + r"-[0-9]{5}-of-[0-9]{5}\.safetensors")
+    ours = re.compile(re.escape(prefix) + r"(-[0-9]{5}-of-[0-9]{5})?\.safetensors")
     why: dict[str, str] = {}
     for name in previous:
         if (name not in current and name.endswith(".safetensors")
@@ -350,9 +355,9 @@ def remove_stale_shards(directory: os.PathLike | str, prefix: str,
                     "are checked", directory, exc)
         listing = []
     for name in listing:
-        if numbered.fullmatch(name) and name not in current:
-            why.setdefault(name, f"a numbered shard of {prefix!r} that the new index does "
-                                 "not name (left by an earlier save)")
+        if ours.fullmatch(name) and name not in current:
+            why.setdefault(name, f"a file of {prefix!r}'s checkpoint that the new index does "
+                                 "not name (left by an earlier save or a single-file one)")
     removed: list[Path] = []
     for name in sorted(why):
         path = directory / name
