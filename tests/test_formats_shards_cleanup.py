@@ -295,8 +295,10 @@ def test_fault_at_any_call_then_the_next_save_cleans_up(here_fs, mode):
             except OSError:
                 assert inj.fired
                 where = f"call {n} ({inj.fired})"
-            else:  # an error the engine may ignore (closing a temp file after the write)
-                assert inj.fired == "close", f"call {n} ({inj.fired}) failed and was ignored"
+            else:  # an error the engine may ignore: closing a temp file after the write, or
+                # the cleanup's directory fsync (its last three calls), logged
+                assert inj.fired == "close" or n > total - 3, \
+                    f"call {n} ({inj.fired}) failed and was ignored"
                 assert reports.removed == [here_fs / k for k in shard_names(3)], f"call {n}"
                 assert digests(here_fs) == new
                 continue
@@ -311,6 +313,9 @@ def test_fault_at_any_call_then_the_next_save_cleans_up(here_fs, mode):
         assert file_digest(here_fs / INDEX) == new[INDEX], where
         assert load_checkpoint(here_fs) == as_bytes(new_tensors)
         now = digests(here_fs)
+        if n > total - 3:  # killed in the cleanup's directory fsync: the unlinks were done
+            assert mode == "kill" and now == new, where
+            continue
         assert {k: now.get(k) for k in shard_names(3)} == {k: old[k] for k in shard_names(3)}, \
             f"{where}: stale shards removed by a save that did not finish"
         reports = resave()

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.formats.tensors import RANK, TensorBytes, describe_all
-from trtet_store.io import WriteReport, write_files
+from trtet_store.io import WriteReport, fsync_dir, write_files
 
 log = logging.getLogger("trtet_store.formats")
 
@@ -383,11 +383,7 @@ def remove_stale_shards(directory: os.PathLike | str, prefix: str,
 def _fsync_directory(directory: Path) -> None:
     """Make the unlinks durable (a power cut must not bring the stale shards back)."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(directory)
     except OSError as exc:
         log.warning("%s: directory fsync after removing stale shards failed (%s)",
                     directory, exc)
