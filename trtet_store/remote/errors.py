@@ -30,7 +30,9 @@ class AccessDeniedError(RemoteError, PermissionError):
 
 
 class ConflictError(RemoteError):
-    """Another writer changed the key since we looked: nothing of ours was made visible.
+    """Another writer changed the key since we looked: nothing of ours was made visible
+    that a reader would take (a manifest written before the other writer's object
+    landed names versions that are gone, and readers refuse it).
 
     Attributes
     ----------

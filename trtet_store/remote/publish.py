@@ -290,6 +290,7 @@ def publish_sources(
         body = manifest.to_json()
         metag = _put_manifest(s3, bucket, mkey, body, manifest_base)
         journal.append({"t": "committed", "etag": metag})
+        _check_still_there(s3, bucket, objs, mkey)
     except (SourceChangedError, ConflictError) as exc:
         log.error("publish %s failed (%s); its uploads are aborted, nothing was published",
                   dest, exc)
@@ -736,6 +737,25 @@ def _put_manifest(s3: S3, bucket: str, key: str, body: bytes, base: str | None |
             return got[1]
         raise ConflictError(f"the manifest s3://{bucket}/{key} was changed by another writer "
                             "while we published; it was not overwritten", key) from None
+
+
+def _check_still_there(s3: S3, bucket: str, objs: list[_Object], mkey: str) -> None:
+    """Every object still holds the version our manifest names, or a ConflictError.
+
+    Each Complete was conditional and checked right after, but a server that
+    checks the condition apart from the write (SeaweedFS) can let another
+    publisher's Complete, checked before ours, land after our check. The
+    manifest then names versions that are gone: readers refuse it (every
+    GET carries its ETag), and this publish must not report success.
+    """
+    for o in objs:
+        head = s3.head(bucket, o.key)
+        if head is None or head.etag != o.completed["etag"]:
+            raise ConflictError(
+                f"s3://{bucket}/{o.key} was replaced by another writer after our Complete; "
+                f"the manifest s3://{bucket}/{mkey} we wrote names the version that was "
+                "there, so readers refuse it rather than mix versions. Publish again (with "
+                "replace=True)", o.key)
 
 
 # --- aborting and listing ---------------------------------------------------------------------
