@@ -30,14 +30,16 @@ class AccessDeniedError(RemoteError, PermissionError):
 
 
 class ConflictError(RemoteError):
-    """Another writer changed the key since we looked: nothing of ours was made visible
-    that a reader would take (a manifest written before the other writer's object
-    landed names versions that are gone, and readers refuse it).
+    """Another writer changed the key since we looked: no reader takes what we wrote.
+
+    Nothing of ours was made visible, or only a manifest that names versions the
+    other writer has replaced since, which readers refuse.
 
     Attributes
     ----------
     key : str
-        The object (or manifest) whose conditional write was refused.
+        The object (or manifest) whose conditional write was refused, or that
+        another writer replaced.
     """
 
     def __init__(self, message: str, key: str) -> None:

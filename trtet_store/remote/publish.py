@@ -292,8 +292,8 @@ def publish_sources(
         journal.append({"t": "committed", "etag": metag})
         _check_still_there(s3, bucket, objs, mkey)
     except (SourceChangedError, ConflictError) as exc:
-        log.error("publish %s failed (%s); its uploads are aborted, nothing was published",
-                  dest, exc)
+        log.error("publish %s failed (%s); its uploads are aborted, nothing a reader takes "
+                  "was published", dest, exc)
         _abort_all(s3, bucket, objs)
         journal.remove()
         raise
