@@ -25,7 +25,6 @@ printed with the number of clones:
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ import time
 
 from trtet_store import bench
 from trtet_store.bench import loopfs
-from trtet_store.bench.measure import PeakDiskMonitor, syncfs
+from trtet_store.bench.measure import FreeSpaceDipPoller, PeakDiskMonitor, syncfs
 from trtet_store.io import fs
 from trtet_store.io.units import MiB
 
@@ -44,34 +43,20 @@ def clone(src: int, dst: int, size: int, step: int) -> None:
         fs.clone_range(src, pos, min(step, size - pos), dst, 4096 + pos)
 
 
-def _poll(path: str, stop, out) -> None:
-    """Read free space without pause until ``stop``; put the largest drop below the first."""
-    base = fs.free_bytes(path)
-    worst = 0
-    while not stop.is_set():
-        worst = max(worst, base - fs.free_bytes(path))
-    out.put(worst)
-
-
 def busy_poll(mnt, src: int, size: int, step: int, seconds: float) -> tuple[int, int]:
     """Clone ``src`` again and again for ``seconds`` beside a poller; (worst dip, clones)."""
-    stop, out = multiprocessing.Event(), multiprocessing.Queue()
-    poller = multiprocessing.Process(target=_poll, args=(os.fspath(mnt), stop, out))
-    poller.start()
-    time.sleep(0.2)
     clones = 0
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        dst = os.open(mnt / "out.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            clone(src, dst, size, step)
-        finally:
-            os.close(dst)
-        os.unlink(mnt / "out.bin")
-        clones += 1
-    stop.set()
-    worst = out.get()
-    poller.join()
+    with FreeSpaceDipPoller(mnt) as dip:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            dst = os.open(mnt / "out.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                clone(src, dst, size, step)
+            finally:
+                os.close(dst)
+            os.unlink(mnt / "out.bin")
+            clones += 1
+    worst = dip.worst_bytes
     return worst, clones
 
 

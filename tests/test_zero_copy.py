@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from digests import file_digest
 from faults import FaultInjector, count_calls
 
 from trtet_store import BlobStore, write_file
-from trtet_store.bench.measure import bytes_written
+from trtet_store.bench.measure import FreeSpaceDipPoller, bytes_written
 from trtet_store.io import fs, transfer
 from trtet_store.io.units import MiB
 
@@ -84,24 +82,6 @@ def test_clone_with_consume_releases_the_blob(make_fs):
     store.close()
 
 
-# Polls free space as fast as it can in its own process (no GIL shared with the
-# clones) until SIGTERM, then prints the largest drop below its first reading.
-DIP_POLLER = """
-import os, signal, sys
-def free():
-    st = os.statvfs(sys.argv[1])
-    return st.f_bfree * st.f_frsize
-base, worst = free(), 0
-def done(*_):
-    print(worst, flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, done)
-print("ready", flush=True)
-while True:
-    worst = max(worst, base - free())
-"""
-
-
 def test_an_xfs_clone_takes_free_space_for_a_moment_by_one_call_at_most(make_fs, monkeypatch):
     # XFS reserves free blocks for each extent it remaps, for the length of the
     # remap's transaction (see transfer.CLONE_RANGE): a source of ~100 MiB
@@ -112,21 +92,18 @@ def test_an_xfs_clone_takes_free_space_for_a_moment_by_one_call_at_most(make_fs,
     src = os.open(mnt / "engine", os.O_RDWR | os.O_CREAT, 0o644)
     os.posix_fallocate(src, 0, size)
     os.fsync(src)
-    poller = subprocess.Popen([sys.executable, "-c", DIP_POLLER, os.fspath(mnt)],
-                              stdout=subprocess.PIPE, text=True)
     try:
-        assert poller.stdout.readline() == "ready\n"
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            dst = os.open(mnt / "out", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                transfer.clone(src, dst, 4096, size, block=4096, src_path="engine")
-            finally:
-                os.close(dst)
+        with FreeSpaceDipPoller(mnt) as dip:
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                dst = os.open(mnt / "out", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    transfer.clone(src, dst, 4096, size, block=4096, src_path="engine")
+                finally:
+                    os.close(dst)
     finally:
-        poller.terminate()
-        worst = int(poller.communicate(timeout=10)[0])
         os.close(src)
+    worst = dip.worst_bytes
     # One call, and beyond it the destination's block map: a few blocks.
     assert worst <= 16 * MiB + MiB, f"free space dipped by {worst / MiB:.1f} MiB"
 
