@@ -13,6 +13,7 @@ import logging
 import os
 import struct
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 
@@ -76,13 +77,16 @@ class CallHook(WrappedCalls):
         self.action = action
         self.count = 0
         self.names: list[str] = []
+        self._lock = threading.Lock()  # a move calls from three threads
 
     def _wrap(self, name: str, real: Callable) -> Callable:
         def call(*args, **kwargs):
-            self.count += 1
-            self.names.append(name)
-            if self.count in self.at:
-                self.action(self.count, name)
+            with self._lock:
+                self.count += 1
+                n = self.count
+                self.names.append(name)
+            if n in self.at:
+                self.action(n, name)
             return real(*args, **kwargs)
 
         return call

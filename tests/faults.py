@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,24 +54,29 @@ class FaultInjector(WrappedCalls):
     count: int = 0
     fired: str | None = None
     log: list[str] = field(default_factory=list)
+    # A move calls from three threads: each call gets its own number.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def _wrap(self, name: str, real: Callable) -> Callable:
         def call(*args, **kwargs):
             if self.only is not None and name not in self.only:
                 return real(*args, **kwargs)
-            self.count += 1
-            self.log.append(name)
-            if self.count != self.fail_at:
+            with self._lock:
+                self.count += 1
+                n = self.count
+                self.log.append(name)
+                if n == self.fail_at:
+                    self.fired = name
+            if n != self.fail_at:
                 return real(*args, **kwargs)
-            self.fired = name
             if self.mode == "crash":
-                raise SimulatedCrash(f"crash at call {self.count} ({name})")
+                raise SimulatedCrash(f"crash at call {n} ({name})")
             if self.mode == "short" and name in SHORTABLE:
                 return _short(name, real, args)
             code = errno.ENOSPC if self.mode == "enospc" else errno.EIO
             if name == "close":
                 real(*args, **kwargs)  # Linux releases the descriptor even when close fails
-            raise OSError(code, f"injected {os.strerror(code)} at call {self.count} ({name})")
+            raise OSError(code, f"injected {os.strerror(code)} at call {n} ({name})")
 
         return call
 

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -273,12 +274,12 @@ def clone(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, block: int,
 def move_step(chunk: int, digest_chunk: int) -> int:
     """The move granularity for a peak-disk budget of ``chunk`` bytes.
 
-    A move syncs once per step, and a step's truncation of the source is
-    committed by the next step's sync (ext4 and XFS reuse freed blocks only
-    once the journal commits them); the next step is copied while a step is
-    synced and truncated, so three steps are in use at the peak: a step is a
-    third of the budget, rounded down to whole digest chunks (at least one),
-    which lets a move verify every chunk as it passes.
+    The caller copies a step while the steps before it are synced and cut
+    from the source behind it (:class:`_MoveStages`), and copies no further
+    ahead than three steps from the source's length: the step it copies and
+    two whose source is not yet cut. A step is a third of the budget,
+    rounded down to whole digest chunks (at least one), which lets a move
+    verify every chunk as it passes. A move syncs at most once per step.
     """
     return max(digest_chunk, chunk // 3 // digest_chunk * digest_chunk)
 
@@ -327,37 +328,167 @@ class _Committer:
         fcntl.ioctl(self.fd, BTRFS_IOC_WAIT_SYNC, bytes(buf))
 
 
+class _MoveStages:
+    """A move's three stages, each in its own thread: copy (the caller), sync and cut.
+
+    Progress is three payload offsets, each only going down: ``copied``
+    (bytes ``[copied, size)`` are written to the destination: the writes
+    returned), ``durable`` (``[durable, size)`` checked against their digests
+    and synced: an ``fdatasync`` of the destination that began after they
+    were copied returned) and ``cut`` (the source's length). So
+    ``cut >= durable >= copied``, and the source is cut only to an offset
+    that is durable (invariant 1).
+
+    The sync thread takes every step copied since its last sync, checks
+    each against its digests and syncs them with one ``fdatasync``: where a
+    sync takes longer than a step's copy (a loop device's flush goes down to
+    the host's disk), one sync covers several steps. The cut thread
+    truncates the source to ``durable`` each time it moves, while the next
+    sync runs: on ext4 freeing blocks takes as long as copying them, and in
+    the sync's thread it kept the next sync waiting (benchmarks/README.md,
+    issue 26).
+
+    The caller copies a step only once ``cut - start <= room``: the bytes in
+    both files, the step about to be copied included, never exceed ``room``
+    (three steps, :func:`move_peak`). Blocks cut from the source count as
+    free at once: ext4 and XFS show them free in ``statvfs`` at once, and
+    where an allocation needs them before the journal has committed the
+    truncation they commit it and allocate (``ext4_should_retry_alloc``,
+    XFS's busy-extent flush); btrfs frees them at its transaction commit,
+    which the cut thread asks for after each truncation (:class:`_Committer`).
+
+    Leaving the ``with`` block stops both threads after the call each is in,
+    also when the caller failed: nothing of the move happens after it returned.
+    """
+
+    def __init__(self, src_fd: int, dst_fd: int, length: int, room: int,
+                 verify: Callable[[int, list[tuple[int, bytes]]], None]) -> None:
+        self.src_fd, self.dst_fd, self.room, self.verify = src_fd, dst_fd, room, verify
+        self.copied = self.durable = self.cut = length
+        self._cut_reported = length
+        self._steps: list[tuple[int, list[tuple[int, bytes]]]] = []
+        self._error: BaseException | None = None
+        self._stop = False
+        self._cond = threading.Condition()
+        self._committer = _Committer(src_fd)
+        self._threads = [threading.Thread(target=self._run, args=(job,), name=f"trtet-{name}")
+                         for name, job in (("sync", self._sync), ("cut", self._cut))]
+
+    def __enter__(self) -> _MoveStages:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join()
+
+    def _run(self, job: Callable[[], bool]) -> None:
+        try:
+            while job():
+                pass
+        except BaseException as exc:  # the caller raises it
+            with self._cond:
+                if self._error is None:
+                    self._error = exc
+                self._cond.notify_all()
+
+    def _wait(self, ready: Callable[[], bool]) -> bool:
+        """Wait (holding the lock) until ``ready()``; False once the move stops or failed."""
+        while True:
+            if self._error is not None or self._stop:
+                return False
+            if ready():
+                return True
+            self._cond.wait()
+
+    def _sync(self) -> bool:
+        with self._cond:
+            if not self._wait(lambda: bool(self._steps)):
+                return False
+            steps, self._steps = self._steps, []
+        for start, data in steps:
+            self.verify(start, data)
+        fs.calls.fdatasync(self.dst_fd)
+        with self._cond:
+            self.durable = min(start for start, _ in steps)
+            self._cond.notify_all()
+        return True
+
+    def _cut(self) -> bool:
+        with self._cond:
+            if not self._wait(lambda: self.durable < self.cut):
+                return False
+            target = self.durable
+        # Invariant 1: the bytes cut are durable in the destination.
+        fs.calls.ftruncate(self.src_fd, target)
+        if target:
+            self._committer.commit()
+        with self._cond:
+            self.cut = target
+            self._cond.notify_all()
+        return True
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def wait_for_room(self, start: int) -> None:
+        """Wait until the step from ``start`` fits beside what the source still holds."""
+        with self._cond:
+            self._raise()
+            self._cond.wait_for(lambda: self._error is not None or self.cut - start <= self.room)
+            self._raise()
+
+    def copied_to(self, start: int, data: list[tuple[int, bytes]]) -> None:
+        """The step from ``start`` is in the destination (its writes returned): sync it."""
+        with self._cond:
+            self._raise()
+            self.copied = start
+            self._steps.append((start, data))
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        """Wait until the whole source is cut."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or self.cut == self.copied)
+            self._raise()
+
+    def newly_cut(self) -> int:
+        """Bytes cut from the source since the last call."""
+        with self._cond:
+            n, self._cut_reported = self._cut_reported - self.cut, self.cut
+        return n
+
+
 def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
          digests: Sequence[int] | None, digest_chunk: int, src_path: str,
          progress: Progress | None = None) -> int:
     """Move the source into ``[dst_offset, dst_offset+size)``, back to front.
 
-    Each step copies the source's last ``step`` bytes to their place; then,
-    in a second thread while the next step is copied, the step's bytes are
-    checked against their digests, the destination is made durable (one
-    ``fdatasync``), and only then is the source truncated. The source's
-    length is the progress marker: bytes ``[len, size)`` are in the
-    destination. The truncation itself is not synced: it becomes durable with
-    the next step's ``fdatasync`` (ext4 and XFS commit their journals in
-    order), and a power cut that loses it only leaves the source longer, with
-    its bytes intact (freed blocks are reused only after the commit), so the
-    move copies those bytes again.
-
-    The next step touches other bytes of both files than the step being
-    synced and truncated (the source below its new length, the destination
-    below the step), and a step's job waits for the job before, so the
-    truncations stay in order, each after its own step's sync. The sync and
-    the truncation cost as much as the copy does (benchmarks/README.md,
-    issue 26); done beside it, the disk is never idle while they run.
+    The caller copies the source's last ``step`` bytes to their place, then
+    the ``step`` before them, and so on; behind it, a second thread checks
+    each copied step against its digests and makes it durable (one
+    ``fdatasync`` for every step copied since its last one), and a third
+    truncates the source to what is durable (:class:`_MoveStages`). The
+    source's length is the progress marker: bytes ``[len, size)`` are in the
+    destination. A truncation is not synced: it becomes durable with the
+    next ``fdatasync`` (ext4 and XFS commit their journals in order), and a
+    power cut that loses it only leaves the source longer, with its bytes
+    intact (freed blocks are reused only after the commit), so the move
+    copies those bytes again.
 
     Inside a step the bytes go in windows of 8 MiB, front to back; writeback
     of each window starts as soon as it is written (``sync_file_range``), and
     the next step of the source is read ahead (``POSIX_FADV_WILLNEED``), so
-    the step's ``fdatasync`` finds little left to write.
+    a sync finds little left to write.
 
     Extra disk at any instant: three steps (see :func:`move_step`). Where the
     filesystem frees truncated blocks only at a transaction commit (btrfs),
-    each step commits it.
+    each truncation commits it.
 
     Returns
     -------
@@ -367,40 +498,33 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
     length = os.fstat(src_fd).st_size
     if length > size:
         raise OSError(errno.EINVAL, f"source is {length} bytes, planned {size}", src_path)
+    if length == 0:
+        return 0
     window = max(digest_chunk, WINDOW // digest_chunk * digest_chunk)
-    committer = _Committer(src_fd)
-    write_behind = read_ahead = True
+    write_behind = True
+    first = (length - 1) // step * step
+    read_ahead = pagecache.supported(fs.calls.fadvise, src_fd, first, length - first,
+                                     os.POSIX_FADV_WILLNEED)
     moved = 0
-    if length:
-        first = (length - 1) // step * step
-        read_ahead = pagecache.supported(fs.calls.fadvise, src_fd, first, length - first,
-                                         os.POSIX_FADV_WILLNEED)
 
-    def finish(start: int, end: int, data: list[tuple[int, bytes]]) -> int:
-        """Step ``[start, end)``: checked, durable in the destination, then cut from the source."""
+    def verify(start: int, data: list[tuple[int, bytes]]) -> None:
         for pos, chunk in data:
             verify_chunks(chunk, pos, digest_chunk, digests, f"source {src_path}", src_path)
-        # Invariant 1: the step is durable in the destination before the
-        # source loses it.
-        fs.calls.fdatasync(dst_fd)
-        fs.calls.ftruncate(src_fd, start)
-        if start:
-            committer.commit()
-        return end - start
 
-    def report(n: object) -> None:
+    def report(n: int) -> None:
         nonlocal moved
         if n:
             moved += n
             if progress:
                 progress(n)
 
-    with _Behind() as behind:
+    with _MoveStages(src_fd, dst_fd, length, move_peak(step), verify) as stages:
         while length > 0:
             start = (length - 1) // step * step
+            stages.wait_for_room(start)
+            report(stages.newly_cut())
             if read_ahead and start:
-                # Ask for the next step now: it is read while this one is
-                # copied and synced.
+                # Ask for the next step now: it is read while this one is copied.
                 before = max(0, start - step)
                 read_ahead = pagecache.supported(fs.calls.fadvise, src_fd, before,
                                                  start - before, os.POSIX_FADV_WILLNEED)
@@ -417,9 +541,10 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
                                                        dst_offset + pos, end - pos,
                                                        fs.SYNC_FILE_RANGE_WRITE)
                 data.append((pos, chunk))
-            report(behind.submit(functools.partial(finish, start, length, data)))
+            stages.copied_to(start, data)
             length = start
-        report(behind.wait())
+        stages.finish()
+    report(stages.newly_cut())
     return moved
 
 
