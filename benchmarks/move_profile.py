@@ -128,13 +128,18 @@ class Profile:
         saved_calls = {name: getattr(fs.calls, name) for name in fs.NAMES}
         saved_steps = {name: getattr(Transaction, name) for name in STEPS}
         saved_digest = transfer.chunk_digest
-        # Where the transfer runs steps in a background thread, the time the
-        # caller waits for one (its own calls are booked "[thread]").
-        behind = getattr(transfer, "_Behind", None)
-        saved_wait = behind.wait if behind is not None else None
+        # Where the transfer runs work in background threads, the time the
+        # caller waits for it (their own calls are booked "[thread]"): the
+        # copy's _Behind.wait, the move's _MoveStages.wait_for_room and finish.
+        waits = [(cls, name) for cls, name in ((getattr(transfer, "_Behind", None), "wait"),
+                                              (getattr(transfer, "_MoveStages", None),
+                                               "wait_for_room"),
+                                              (getattr(transfer, "_MoveStages", None), "finish"))
+                 if cls is not None and hasattr(cls, name)]
+        saved_waits = [getattr(cls, name) for cls, name in waits]
         try:
-            if behind is not None:
-                behind.wait = self._timed("wait for the background", saved_wait)
+            for (cls, name), real in zip(waits, saved_waits, strict=True):
+                setattr(cls, name, self._timed("wait for the background", real))
             for name, real in saved_calls.items():
                 setattr(fs.calls, name, self._timed(name, real))
             for name, real in saved_steps.items():
@@ -147,8 +152,8 @@ class Profile:
             for name, real in saved_steps.items():
                 setattr(Transaction, name, real)
             transfer.chunk_digest = saved_digest
-            if behind is not None:
-                behind.wait = saved_wait
+            for (cls, name), real in zip(waits, saved_waits, strict=True):
+                setattr(cls, name, real)
 
     def table(self) -> dict[str, dict[str, float]]:
         """``{"phase / call": {"s": seconds, "n": count}}``, with each phase's ``rest``."""

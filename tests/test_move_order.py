@@ -18,48 +18,18 @@ several), and the peak the budget promises.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
-import threading
 import time
-from collections.abc import Iterator
 
 import pytest
+from calltrace import Recorder, copied_ahead
 from digests import digest, file_digest
-from faults import FaultInjector, WrappedCalls
+from faults import FaultInjector
 
 from trtet_store import BlobStore, write_file
 from trtet_store.io import fs, transfer
 from trtet_store.io.errors import VerificationError
 from trtet_store.io.units import MiB
-
-
-class Recorder(WrappedCalls):
-    """Records ``(name, fd)`` of every engine call (fd: the first argument, if an int).
-
-    ``events`` also has, per call, the instants it started and returned (one
-    counter for all threads), its arguments and its result.
-    """
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int | None]] = []
-        self.events: list[dict] = []
-        self._clock = itertools.count()
-        self._lock = threading.Lock()
-
-    def _wrap(self, name, real):
-        def call(*args, **kwargs):
-            with self._lock:
-                self.calls.append((name, args[0] if args and isinstance(args[0], int) else None))
-                event = {"name": name, "args": args, "start": next(self._clock),
-                         "thread": threading.current_thread().name}
-                self.events.append(event)
-            result = real(*args, **kwargs)
-            with self._lock:
-                event["end"], event["result"] = next(self._clock), result
-            return result
-
-        return call
 
 
 def _blob(store: BlobStore, size: int):
@@ -206,7 +176,7 @@ def test_a_slow_sync_covers_every_step_copied_before_it(make_fs, fstype):
         assert len(syncs) < steps, (len(syncs), steps)
         assert 1 <= cuts <= len(syncs)
         # The copy ran ahead of the syncs, never more than three steps ahead of the cuts.
-        assert max(_copied_ahead(rec.events, src, dst, 100, size)) <= transfer.move_peak(step)
+        assert max(copied_ahead(rec.events, src, dst, 100, size)) <= transfer.move_peak(step)
     finally:
         os.close(dst)
         os.close(src)
@@ -214,21 +184,6 @@ def test_a_slow_sync_covers_every_step_copied_before_it(make_fs, fstype):
         f.seek(100)
         assert digest(f.read()) == want
     store.close()
-
-
-def _copied_ahead(events: list[dict], src_fd: int, dst_fd: int, dst_offset: int,
-                  length: int) -> Iterator[int]:
-    """Per destination write: bytes from its start up to the source's length when it began.
-
-    The source's length then is the last truncation that returned before
-    the write started: what the move had in both files, this write included.
-    """
-    cuts = sorted((e["end"], e["args"][1]) for e in events
-                  if e["name"] == "ftruncate" and e["args"][0] == src_fd and "end" in e)
-    for w in events:
-        if w["name"] == "pwrite" and w["args"][0] == dst_fd:
-            left = min([new for end, new in cuts if end < w["start"]], default=length)
-            yield left - (w["args"][2] - dst_offset)
 
 
 @pytest.mark.parametrize("fstype", ["ext4", "xfs"])
