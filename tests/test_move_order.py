@@ -245,6 +245,47 @@ def test_a_step_that_fails_in_the_background_stops_the_move_with_its_source_whol
     store.close()
 
 
+@pytest.mark.parametrize("fstype", ["ext4", "xfs"])
+def test_a_cut_waits_for_the_check_of_what_it_cuts(make_fs, monkeypatch, fstype):
+    # The digests are checked in their own thread, beside the syncs; made
+    # slow here (50 ms a chunk), the syncs finish first. The second step's
+    # last chunk does not match its digest: the move raises, and the source
+    # is never cut below the first step, however far the syncs got.
+    mnt = make_fs(fstype, 400)
+    fs.capabilities.clear()
+    store = BlobStore(mnt / "staging")
+    size = 20 * MiB + 12345
+    blob = _blob(store, size)
+    with open(blob.path, "rb") as f:
+        pristine = f.read()
+    step = transfer.move_step(12 * MiB, blob.chunk_size)
+    first = (size - 1) // step * step
+    digests = list(blob.chunk_digests)
+    digests[first // blob.chunk_size - 1] ^= 1
+    real = transfer.chunk_digest
+
+    def slow_digest(data):
+        time.sleep(0.05)
+        return real(data)
+
+    monkeypatch.setattr(transfer, "chunk_digest", slow_digest)
+    src = os.open(blob.path, os.O_RDWR)
+    dst = os.open(mnt / "out.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(dst, 100 + size)
+        with Recorder() as rec, pytest.raises(VerificationError):
+            transfer.move(src, dst, 100, size, step=step, digests=digests,
+                          digest_chunk=blob.chunk_size, src_path=blob.path)
+        assert any(e["name"] == "fdatasync" for e in rec.events)
+        assert os.fstat(src).st_size in (size, first)
+        with open(blob.path, "rb") as f:
+            assert f.read() == pristine[:os.fstat(src).st_size]
+    finally:
+        os.close(dst)
+        os.close(src)
+    store.close()
+
+
 def _check_unmove_order(calls: list[tuple[str, int | None]], src_fd: int, dst_fd: int) -> int:
     """Assert the rollback's order on a call trace; return the number of punches.
 

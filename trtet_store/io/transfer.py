@@ -329,24 +329,24 @@ class _Committer:
 
 
 class _MoveStages:
-    """A move's three stages, each in its own thread: copy (the caller), sync and cut.
+    """A move's four stages, each in its own thread: copy (the caller), check, sync and cut.
 
-    Progress is three payload offsets, each only going down: ``copied``
+    Progress is four payload offsets, each only going down: ``copied``
     (bytes ``[copied, size)`` are written to the destination: the writes
-    returned), ``durable`` (``[durable, size)`` checked against their digests
-    and synced: an ``fdatasync`` of the destination that began after they
-    were copied returned) and ``cut`` (the source's length). So
-    ``cut >= durable >= copied``, and the source is cut only to an offset
-    that is durable (invariant 1).
+    returned), ``checked`` (``[checked, size)`` match their digests, as read
+    from the source), ``durable`` (``[durable, size)`` synced: an
+    ``fdatasync`` of the destination that began after they were copied
+    returned) and ``cut`` (the source's length). The source is cut only to
+    an offset that is both checked and durable (invariant 1).
 
-    The sync thread takes every step copied since its last sync, checks
-    each against its digests and syncs them with one ``fdatasync``: where a
-    sync takes longer than a step's copy (a loop device's flush goes down to
-    the host's disk), one sync covers several steps. The cut thread
-    truncates the source to ``durable`` each time it moves, while the next
-    sync runs: on ext4 freeing blocks takes as long as copying them, and in
-    the sync's thread it kept the next sync waiting (benchmarks/README.md,
-    issue 26).
+    The sync thread syncs every step copied since its last sync with one
+    ``fdatasync``: where a sync takes longer than a step's copy (a loop
+    device's flush goes down to the host's disk), one sync covers several
+    steps. The check thread digests the bytes the caller read, beside the
+    sync. The cut thread truncates the source each time both move, while
+    the next sync runs: on ext4 freeing blocks takes about as long as
+    copying them, and in the sync's thread it held the next sync back
+    (benchmarks/README.md, issue 26).
 
     The caller copies a step only once ``cut - start <= room``: the bytes in
     both files, the step about to be copied included, never exceed ``room``
@@ -357,22 +357,24 @@ class _MoveStages:
     XFS's busy-extent flush); btrfs frees them at its transaction commit,
     which the cut thread asks for after each truncation (:class:`_Committer`).
 
-    Leaving the ``with`` block stops both threads after the call each is in,
+    Leaving the ``with`` block stops the threads after the call each is in,
     also when the caller failed: nothing of the move happens after it returned.
     """
 
     def __init__(self, src_fd: int, dst_fd: int, length: int, room: int,
-                 verify: Callable[[int, list[tuple[int, bytes]]], None]) -> None:
-        self.src_fd, self.dst_fd, self.room, self.verify = src_fd, dst_fd, room, verify
-        self.copied = self.durable = self.cut = length
+                 check: Callable[[list[tuple[int, bytes]]], None]) -> None:
+        self.src_fd, self.dst_fd, self.room, self.check = src_fd, dst_fd, room, check
+        self.copied = self.checked = self.durable = self.cut = length
         self._cut_reported = length
-        self._steps: list[tuple[int, list[tuple[int, bytes]]]] = []
+        self._to_check: list[tuple[int, list[tuple[int, bytes]]]] = []
+        self._to_sync: list[int] = []
         self._error: BaseException | None = None
         self._stop = False
         self._cond = threading.Condition()
         self._committer = _Committer(src_fd)
         self._threads = [threading.Thread(target=self._run, args=(job,), name=f"trtet-{name}")
-                         for name, job in (("sync", self._sync), ("cut", self._cut))]
+                         for name, job in (("check", self._check), ("sync", self._sync),
+                                           ("cut", self._cut))]
 
     def __enter__(self) -> _MoveStages:
         for t in self._threads:
@@ -405,25 +407,36 @@ class _MoveStages:
                 return True
             self._cond.wait()
 
+    def _check(self) -> bool:
+        with self._cond:
+            if not self._wait(lambda: bool(self._to_check)):
+                return False
+            steps, self._to_check = self._to_check, []
+        for _, data in steps:
+            self.check(data)
+        with self._cond:
+            self.checked = steps[-1][0]
+            self._cond.notify_all()
+        return True
+
     def _sync(self) -> bool:
         with self._cond:
-            if not self._wait(lambda: bool(self._steps)):
+            if not self._wait(lambda: bool(self._to_sync)):
                 return False
-            steps, self._steps = self._steps, []
-        for start, data in steps:
-            self.verify(start, data)
+            starts, self._to_sync = self._to_sync, []
         fs.calls.fdatasync(self.dst_fd)
         with self._cond:
-            self.durable = min(start for start, _ in steps)
+            self.durable = starts[-1]
             self._cond.notify_all()
         return True
 
     def _cut(self) -> bool:
         with self._cond:
-            if not self._wait(lambda: self.durable < self.cut):
+            if not self._wait(lambda: max(self.checked, self.durable) < self.cut):
                 return False
-            target = self.durable
-        # Invariant 1: the bytes cut are durable in the destination.
+            target = max(self.checked, self.durable)
+        # Invariant 1: the bytes cut are durable in the destination (and were
+        # what the source was meant to hold).
         fs.calls.ftruncate(self.src_fd, target)
         if target:
             self._committer.commit()
@@ -444,11 +457,12 @@ class _MoveStages:
             self._raise()
 
     def copied_to(self, start: int, data: list[tuple[int, bytes]]) -> None:
-        """The step from ``start`` is in the destination (its writes returned): sync it."""
+        """The step from ``start`` is in the destination (its writes returned): check, sync it."""
         with self._cond:
             self._raise()
             self.copied = start
-            self._steps.append((start, data))
+            self._to_check.append((start, data))
+            self._to_sync.append(start)
             self._cond.notify_all()
 
     def finish(self) -> None:
@@ -470,10 +484,10 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
     """Move the source into ``[dst_offset, dst_offset+size)``, back to front.
 
     The caller copies the source's last ``step`` bytes to their place, then
-    the ``step`` before them, and so on; behind it, a second thread checks
-    each copied step against its digests and makes it durable (one
+    the ``step`` before them, and so on; behind it, one thread checks each
+    copied step against its digests, a second makes the steps durable (one
     ``fdatasync`` for every step copied since its last one), and a third
-    truncates the source to what is durable (:class:`_MoveStages`). The
+    truncates the source to what is both (:class:`_MoveStages`). The
     source's length is the progress marker: bytes ``[len, size)`` are in the
     destination. A truncation is not synced: it becomes durable with the
     next ``fdatasync`` (ext4 and XFS commit their journals in order), and a
@@ -507,7 +521,7 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
                                      os.POSIX_FADV_WILLNEED)
     moved = 0
 
-    def verify(start: int, data: list[tuple[int, bytes]]) -> None:
+    def check(data: list[tuple[int, bytes]]) -> None:
         for pos, chunk in data:
             verify_chunks(chunk, pos, digest_chunk, digests, f"source {src_path}", src_path)
 
@@ -518,7 +532,7 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
             if progress:
                 progress(n)
 
-    with _MoveStages(src_fd, dst_fd, length, move_peak(step), verify) as stages:
+    with _MoveStages(src_fd, dst_fd, length, move_peak(step), check) as stages:
         while length > 0:
             start = (length - 1) // step * step
             stages.wait_for_room(start)
