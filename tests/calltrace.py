@@ -1,6 +1,6 @@
 """Engine system calls recorded with the instants they started and returned, for order checks.
 
-A move calls from three threads (copy, sync, cut): a trace keeps, per call,
+A move calls from three threads (copy, check, sync-and-cut): a trace keeps, per call,
 one counter's instant at its start and at its return, so a test can ask what
 had returned before a call began.
 """

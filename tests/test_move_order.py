@@ -191,12 +191,12 @@ def test_a_slow_sync_covers_every_step_copied_before_it(make_fs, fstype):
 def test_a_step_that_fails_in_the_background_stops_the_move_with_its_source_whole(
         make_fs, fstype, fail):
     # The second sync fails (EIO), or the second step's bytes do not match
-    # their digests (both in the sync thread), or the second step's first
+    # their digests (the sync and the check threads), or the second step's first
     # write fails (in the caller's thread, while the first step may be
     # synced and cut behind it): the move raises that error. What the
     # source lost is durable in the destination (every cut followed a sync
     # of what it cut), the step that failed was never cut, and nothing is
-    # cut after move() returned (both threads were waited for).
+    # cut after move() returned (the threads were waited for).
     mnt = make_fs(fstype, 400)
     fs.capabilities.clear()
     store = BlobStore(mnt / "staging")

@@ -274,10 +274,10 @@ def clone(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, block: int,
 def move_step(chunk: int, digest_chunk: int) -> int:
     """The move granularity for a peak-disk budget of ``chunk`` bytes.
 
-    The caller copies a step while the steps before it are synced and cut
-    from the source behind it (:class:`_MoveStages`), and copies no further
-    ahead than three steps from the source's length: the step it copies and
-    two whose source is not yet cut. A step is a third of the budget,
+    The caller copies a step while the steps before it are checked, synced
+    and cut from the source behind it (:class:`_MoveStages`), and copies no
+    further ahead than three steps from the source's length: the step it
+    copies and two whose source is not yet cut. A step is a third of the budget,
     rounded down to whole digest chunks (at least one), which lets a move
     verify every chunk as it passes. A move syncs at most once per step.
     """
@@ -329,7 +329,7 @@ class _Committer:
 
 
 class _MoveStages:
-    """A move's four stages, each in its own thread: copy (the caller), check, sync and cut.
+    """A move's stages, in three threads: copy (the caller), check, and sync-then-cut.
 
     Progress is four payload offsets, each only going down: ``copied``
     (bytes ``[copied, size)`` are written to the destination: the writes
@@ -340,12 +340,14 @@ class _MoveStages:
     an offset that is both checked and durable (invariant 1).
 
     The sync thread syncs every step copied since its last sync with one
-    ``fdatasync``: where a sync takes longer than a step's copy (a loop
-    device's flush goes down to the host's disk), one sync covers several
-    steps. The check thread digests the bytes the caller read, beside the
-    sync. The cut thread truncates the source each time both move, while
-    the next sync runs: on ext4 freeing blocks takes about as long as
-    copying them, and in the sync's thread it held the next sync back
+    ``fdatasync`` (where a sync takes longer than a step's copy, as through
+    a loop device to the host's disk, one sync covers several steps), then
+    cuts the source to what it made durable once the check thread has
+    checked it. The check thread digests the bytes the caller read, beside
+    the sync. A cut in a thread of its own, beside the next sync, was
+    measured and not kept: on ext4 a truncation and a journal commit wait
+    for each other (a commit waits for the truncation's open handle), and
+    on a plain ext4 disk the move took 1.66 s that way against 1.57 s
     (benchmarks/README.md, issue 26).
 
     The caller copies a step only once ``cut - start <= room``: the bytes in
@@ -355,7 +357,7 @@ class _MoveStages:
     where an allocation needs them before the journal has committed the
     truncation they commit it and allocate (``ext4_should_retry_alloc``,
     XFS's busy-extent flush); btrfs frees them at its transaction commit,
-    which the cut thread asks for after each truncation (:class:`_Committer`).
+    which the sync thread asks for after each truncation (:class:`_Committer`).
 
     Leaving the ``with`` block stops the threads after the call each is in,
     also when the caller failed: nothing of the move happens after it returned.
@@ -373,8 +375,7 @@ class _MoveStages:
         self._cond = threading.Condition()
         self._committer = _Committer(src_fd)
         self._threads = [threading.Thread(target=self._run, args=(job,), name=f"trtet-{name}")
-                         for name, job in (("check", self._check), ("sync", self._sync),
-                                           ("cut", self._cut))]
+                         for name, job in (("check", self._check), ("sync", self._sync))]
 
     def __enter__(self) -> _MoveStages:
         for t in self._threads:
@@ -428,20 +429,15 @@ class _MoveStages:
         with self._cond:
             self.durable = starts[-1]
             self._cond.notify_all()
-        return True
-
-    def _cut(self) -> bool:
-        with self._cond:
-            if not self._wait(lambda: max(self.checked, self.durable) < self.cut):
+            if not self._wait(lambda: self.checked <= self.durable):
                 return False
-            target = max(self.checked, self.durable)
         # Invariant 1: the bytes cut are durable in the destination (and were
         # what the source was meant to hold).
-        fs.calls.ftruncate(self.src_fd, target)
-        if target:
+        fs.calls.ftruncate(self.src_fd, self.durable)
+        if self.durable:
             self._committer.commit()
         with self._cond:
-            self.cut = target
+            self.cut = self.durable
             self._cond.notify_all()
         return True
 
@@ -485,8 +481,8 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
 
     The caller copies the source's last ``step`` bytes to their place, then
     the ``step`` before them, and so on; behind it, one thread checks each
-    copied step against its digests, a second makes the steps durable (one
-    ``fdatasync`` for every step copied since its last one), and a third
+    copied step against its digests, and a second makes the steps durable
+    (one ``fdatasync`` for every step copied since its last one) and then
     truncates the source to what is both (:class:`_MoveStages`). The
     source's length is the progress marker: bytes ``[len, size)`` are in the
     destination. A truncation is not synced: it becomes durable with the
