@@ -186,6 +186,19 @@ def test_a_slow_sync_covers_every_step_copied_before_it(make_fs, fstype):
     store.close()
 
 
+def _four_steps(make_fs, fstype: str):
+    """A new filesystem with a staged blob of 20 MiB + 12345 bytes: the mount, the
+    store, the blob, its bytes, and the step of a 12 MiB budget (4 MiB: a short
+    first step, then five whole ones)."""
+    mnt = make_fs(fstype, 400)
+    fs.capabilities.clear()
+    store = BlobStore(mnt / "staging")
+    blob = _blob(store, 20 * MiB + 12345)
+    with open(blob.path, "rb") as f:
+        pristine = f.read()
+    return mnt, store, blob, pristine, transfer.move_step(12 * MiB, blob.chunk_size)
+
+
 @pytest.mark.parametrize("fstype", ["ext4", "xfs"])
 @pytest.mark.parametrize("fail", ["sync", "digest", "write"])
 def test_a_step_that_fails_in_the_background_stops_the_move_with_its_source_whole(
@@ -197,14 +210,8 @@ def test_a_step_that_fails_in_the_background_stops_the_move_with_its_source_whol
     # source lost is durable in the destination (every cut followed a sync
     # of what it cut), the step that failed was never cut, and nothing is
     # cut after move() returned (the threads were waited for).
-    mnt = make_fs(fstype, 400)
-    fs.capabilities.clear()
-    store = BlobStore(mnt / "staging")
-    size = 20 * MiB + 12345
-    blob = _blob(store, size)
-    with open(blob.path, "rb") as f:
-        pristine = f.read()
-    step = transfer.move_step(12 * MiB, blob.chunk_size)
+    mnt, store, blob, pristine, step = _four_steps(make_fs, fstype)
+    size = len(pristine)
     first = (size - 1) // step * step
     digests = list(blob.chunk_digests)
     if fail == "digest":
@@ -251,14 +258,8 @@ def test_a_cut_waits_for_the_check_of_what_it_cuts(make_fs, monkeypatch, fstype)
     # slow here (50 ms a chunk), the syncs finish first. The second step's
     # last chunk does not match its digest: the move raises, and the source
     # is never cut below the first step, however far the syncs got.
-    mnt = make_fs(fstype, 400)
-    fs.capabilities.clear()
-    store = BlobStore(mnt / "staging")
-    size = 20 * MiB + 12345
-    blob = _blob(store, size)
-    with open(blob.path, "rb") as f:
-        pristine = f.read()
-    step = transfer.move_step(12 * MiB, blob.chunk_size)
+    mnt, store, blob, pristine, step = _four_steps(make_fs, fstype)
+    size = len(pristine)
     first = (size - 1) // step * step
     digests = list(blob.chunk_digests)
     digests[first // blob.chunk_size - 1] ^= 1
