@@ -311,10 +311,10 @@ def test_power_cut_after_a_foreign_commit_with_writeback_held_loses_nothing(make
 def _move_steps(names: list[str]) -> list[int]:
     """Call numbers of the moves' source truncations.
 
-    A move cuts its source in one thread after syncs made in another, while
-    the caller copies the next steps in a third: a cut is an ``ftruncate``
-    with an ``fdatasync`` since the last ``ftruncate`` or ``open`` (a temp
-    file is sized right after it is opened).
+    A move's sync thread syncs and then cuts its source while the caller
+    copies the next steps, so the caller's calls can come between the two:
+    a cut is an ``ftruncate`` with an ``fdatasync`` since the last
+    ``ftruncate`` or ``open`` (a temp file is sized right after it is opened).
     """
     steps, synced = [], False
     for i, name in enumerate(names, 1):
