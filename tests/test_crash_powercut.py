@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ from digests import digest
 from filesystems import syncfs
 
 from trtet_store import recover
-from trtet_store.io import fs
+from trtet_store.io import fs, transfer
 from trtet_store.io.units import KiB
 
 CONFIGS = {
@@ -71,10 +72,12 @@ class PowerCuts:
     """Runs the scenario on one mounted filesystem, cutting the power at chosen calls."""
 
     def __init__(self, fs_factory, mnt: Path, scn: Scenario, *, sync_blobs: bool,
-                 foreign_commit: bool = False, hold_writeback: bool = False) -> None:
+                 foreign_commit: bool = False, hold_writeback: bool = False,
+                 sync_delay: float = 0.0) -> None:
         self.factory = fs_factory
         self.foreign_commit = foreign_commit
         self.hold_writeback = hold_writeback
+        self.sync_delay = sync_delay
         self.mnt = mnt
         self.root = mnt / "w"
         self.scn = scn
@@ -84,6 +87,13 @@ class PowerCuts:
         self.stats: collections.Counter = collections.Counter()
         self.placements = ""
 
+    def disk(self) -> contextlib.ExitStack:
+        """How the disk behaves while the child writes: writeback held, syncs late."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(held_writeback(self.hold_writeback))
+        stack.enter_context(slow_syncs(self.sync_delay))
+        return stack
+
     def trace(self) -> list[str]:
         """The calls of an uninterrupted write (in a child, as the cuts will run it)."""
         staging, out, user = self.scn.install(self.root)
@@ -91,7 +101,7 @@ class PowerCuts:
 
         def child():
             _store, blobs = self.scn.stage(staging)
-            with held_writeback(self.hold_writeback), CallHook(None, die) as hook:
+            with self.disk(), CallHook(None, die) as hook:
                 reports = self.scn.write(out, user, blobs)
             used = sorted({p.placement for r in reports for p in r.placements})
             names_file.write_text("+".join(used) + "\n" + "\n".join(hook.names))
@@ -124,7 +134,7 @@ class PowerCuts:
             _store, blobs = self.scn.stage(staging)
             if self.sync_blobs:
                 syncfs(self.mnt)
-            with held_writeback(self.hold_writeback), CallHook(at, cut):
+            with self.disk(), CallHook(at, cut):
                 self.scn.write(out, user, blobs)
             cut()
 
@@ -282,6 +292,54 @@ def held_writeback(hold: bool):
         yield
     finally:
         fs.calls.sync_file_range = real
+
+
+@contextlib.contextmanager
+def slow_syncs(delay: float):
+    """Each ``fdatasync`` returns ``delay`` seconds after it has synced, as on a
+    disk whose flush is slow.
+
+    The move's caller copies the next steps meanwhile (after the bytes the
+    sync covers), so the next sync covers several steps; a cut past what a
+    sync covered would reach bytes only in the page cache.
+    """
+    real = fs.calls.fdatasync
+
+    def late(fd):
+        result = real(fd)
+        time.sleep(delay)
+        return result
+
+    if delay:
+        fs.calls.fdatasync = late
+    try:
+        yield
+    finally:
+        fs.calls.fdatasync = real
+
+
+@pytest.mark.parametrize("config", ["ext4", "xfs"])
+def test_power_cut_when_one_sync_covers_several_steps_loses_nothing(make_fs, fs_factory, config):
+    # Syncs 5 ms late, writeback held, and another process's journal commit
+    # before a power cut at every call: one sync covers the steps copied
+    # while the one before it ran, and the source is cut past all of them.
+    # A cut past a step copied after its sync began (still only in the page
+    # cache) would be committed and the power cut would lose the step.
+    fstype, options = CONFIGS[config]
+    mnt = make_fs(fstype, 300, mount_options=options)
+    scn = scenario(False)
+    cuts = PowerCuts(fs_factory, mnt, scn, sync_blobs=True, foreign_commit=True,
+                     hold_writeback=True, sync_delay=0.005)
+    names = cuts.trace()
+    step = transfer.move_step(scn.write_chunk, scn.store_chunk)
+    steps = sum(-(-size // step) for _, size in scn.blobs)
+    assert 3 <= len(_move_steps(names)) < steps, (len(_move_steps(names)), steps)
+    for n in range(1, len(names) + 1):
+        cuts.cut_at(n, f"{config}: slow syncs, writeback held, commit, then cut before call {n} "
+                       f"({names[n - 1]})")
+    _report(f"slow syncs (several steps each), writeback held, journal commit, then power cut, "
+            f"at every step on {config}", len(names), cuts.stats)
+    assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
 
 
 @pytest.mark.parametrize("config", ["ext4", "xfs"])
