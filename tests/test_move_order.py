@@ -106,9 +106,7 @@ def test_every_truncation_follows_a_sync_of_what_was_written(make_fs, fstype):
     finally:
         os.close(dst)
         os.close(src)
-    with open(mnt / "out.bin", "rb") as f:
-        f.seek(100)
-        assert digest(f.read()) == want
+    _assert_output(mnt, want)
     store.close()
 
 
@@ -180,10 +178,15 @@ def test_a_slow_sync_covers_every_step_copied_before_it(make_fs, fstype):
     finally:
         os.close(dst)
         os.close(src)
+    _assert_output(mnt, want)
+    store.close()
+
+
+def _assert_output(mnt, want: str) -> None:
+    """``out.bin`` holds, after its 100-byte header, the bytes whose digest is ``want``."""
     with open(mnt / "out.bin", "rb") as f:
         f.seek(100)
         assert digest(f.read()) == want
-    store.close()
 
 
 def _four_steps(make_fs, fstype: str):
