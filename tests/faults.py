@@ -8,9 +8,11 @@ faked: every call that is not the faulted one runs for real.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -100,3 +102,27 @@ def count_calls(action: Callable[[], object]) -> int:
     with FaultInjector() as inj:
         action()
     return inj.count
+
+
+@contextlib.contextmanager
+def slow_syncs(delay: float):
+    """Each ``fdatasync`` returns ``delay`` seconds after it has synced, as on a
+    disk whose flush is slow.
+
+    The move's caller copies the next steps meanwhile (after the bytes the
+    sync covers), so the next sync covers several steps; a cut past what a
+    sync covered would reach bytes only in the page cache.
+    """
+    real = fs.calls.fdatasync
+
+    def late(fd):
+        result = real(fd)
+        time.sleep(delay)
+        return result
+
+    if delay:
+        fs.calls.fdatasync = late
+    try:
+        yield
+    finally:
+        fs.calls.fdatasync = real

@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ from crash_dying import CallHook, die, in_child, power_cut
 from crash_scenario import Scenario
 from crash_verdict import check_recovered, collect_dead_store, journal_state
 from digests import digest
+from faults import slow_syncs
 from filesystems import syncfs
 
 from trtet_store import recover
@@ -292,30 +292,6 @@ def held_writeback(hold: bool):
         yield
     finally:
         fs.calls.sync_file_range = real
-
-
-@contextlib.contextmanager
-def slow_syncs(delay: float):
-    """Each ``fdatasync`` returns ``delay`` seconds after it has synced, as on a
-    disk whose flush is slow.
-
-    The move's caller copies the next steps meanwhile (after the bytes the
-    sync covers), so the next sync covers several steps; a cut past what a
-    sync covered would reach bytes only in the page cache.
-    """
-    real = fs.calls.fdatasync
-
-    def late(fd):
-        result = real(fd)
-        time.sleep(delay)
-        return result
-
-    if delay:
-        fs.calls.fdatasync = late
-    try:
-        yield
-    finally:
-        fs.calls.fdatasync = real
 
 
 @pytest.mark.parametrize("config", ["ext4", "xfs"])

@@ -24,7 +24,7 @@ import time
 import pytest
 from calltrace import Recorder, copied_ahead
 from digests import digest, file_digest
-from faults import FaultInjector
+from faults import FaultInjector, slow_syncs
 
 from trtet_store import BlobStore, write_file
 from trtet_store.io import fs, transfer
@@ -129,23 +129,6 @@ def test_a_write_keeps_the_order_and_the_budget(make_fs):
     store.close()
 
 
-class SlowSyncs(Recorder):
-    """A :class:`Recorder` whose fdatasync takes ``delay`` seconds more: a slow disk's flush."""
-
-    def __init__(self, delay: float) -> None:
-        super().__init__()
-        self.delay = delay
-
-    def _wrap(self, name, real):
-        if name == "fdatasync":
-            def slow(*args, **kwargs):
-                time.sleep(self.delay)
-                return real(*args, **kwargs)
-
-            return super()._wrap(name, slow)
-        return super()._wrap(name, real)
-
-
 @pytest.mark.parametrize("fstype", ["ext4", "xfs"])
 def test_a_slow_sync_covers_every_step_copied_before_it(make_fs, fstype):
     # Each sync takes 0.2 s more (a loop device's flush to the host's disk
@@ -163,7 +146,7 @@ def test_a_slow_sync_covers_every_step_copied_before_it(make_fs, fstype):
     dst = os.open(mnt / "out.bin", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         os.ftruncate(dst, 100 + size)
-        with SlowSyncs(0.2) as rec:
+        with slow_syncs(0.2), Recorder() as rec:
             assert transfer.move(src, dst, 100, size, step=step, digests=blob.chunk_digests,
                                  digest_chunk=blob.chunk_size, src_path=blob.path) == size
         steps = size // step

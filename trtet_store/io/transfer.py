@@ -178,8 +178,9 @@ class _Behind:
     ahead. Leaving the ``with`` block waits for the job still running, also
     when the caller failed: nothing of a step happens after its caller returned.
     Jobs that make system calls only release the GIL while in them, which is
-    where they spend their time (a sync, a truncation, a read or a digest of
-    a window: xxhash releases it too).
+    where they spend their time (the copy's read-back and digest of a window:
+    xxhash releases the GIL too). The move has stages of its own
+    (:class:`_MoveStages`).
     """
 
     def __init__(self) -> None:
