@@ -8,7 +8,7 @@
 #   [PYTHON=python3] bash benchmarks/discard_ab.sh DIR [REPEAT=5] [STATES="uncached cached"] [SETTINGS="discard nodiscard"]
 #
 # Each setting runs free_cost.py once, then floor_vs_move.py (floor, plain,
-# floor-free, move, copy; 2 x 1 GiB, 128-byte header) once per source state.
+# floor-free, move, copy, or $METHODS; 2 x 1 GiB, 128-byte header) once per source state.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 dir=$1
@@ -35,7 +35,7 @@ for setting in $settings; do
   for state in $states; do
     cached=0; [ "$state" = cached ] && cached=1
     echo "-- $setting, $state"
-    CACHED=$cached METHODS=floor,plain,floor-free,move,copy \
+    CACHED=$cached METHODS=${METHODS:-floor,plain,floor-free,move,copy} \
       "$py" "$here/floor_vs_move.py" "$dir/fvm" 1024 2 "$repeat"
   done
 done

@@ -17,7 +17,7 @@ from trtet_store.io.errors import (
     StuckJournalError,
     VerificationError,
 )
-from trtet_store.io.fs import block_size, free_bytes, fsync_dir, pwrite_all
+from trtet_store.io.fs import block_size, free_bytes, fsync_dir, online_discard, pwrite_all
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.recovery import recover
@@ -50,6 +50,7 @@ __all__ = [
     "current_version",
     "free_bytes",
     "fsync_dir",
+    "online_discard",
     "pwrite_all",
     "IncompleteJournal",
     "InsufficientSpaceError",

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import struct
 import uuid
@@ -205,6 +206,42 @@ def _mount_key(path: os.PathLike | str, st: os.stat_result) -> tuple:
         with contextlib.suppress(OSError):
             root_id = os.stat(root).st_ino
     return tuple(sorted(ids)), root_id
+
+
+#: Superblock options that discard freed blocks as they are freed (btrfs's
+#: ``discard=async``, its default on SSDs, batches them in the background).
+_ONLINE_DISCARD = frozenset({"discard", "discard=sync"})
+
+
+def online_discard(path: os.PathLike | str) -> bool:
+    """Whether the filesystem holding ``path`` is mounted with online discard.
+
+    There every block freed is also discarded (ext4 and XFS ``-o discard``,
+    btrfs ``discard=sync``), which costs the disk time in proportion to the
+    bytes freed: on a plain virtio ext4 disk, cutting a 2 GiB file in 98
+    steps took 0.55 s mounted with ``discard`` and 0.001 s without
+    (benchmarks/discard_ab.sh). A move frees every byte it copies, so it
+    pays this where a copy does not. Read from ``/proc/self/mountinfo``: the
+    mount on top at the longest mount point above ``path``; False where that
+    cannot be read.
+    """
+    real = os.path.realpath(path)
+    best, options = -1, ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, super_fields = left.split(), right.split()
+                if len(fields) < 5 or len(super_fields) < 3:
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                # Later lines are mounted on top: at an equal length, the later wins.
+                if inside and len(point) >= best:
+                    best, options = len(point), super_fields[2]
+    except OSError:
+        return False
+    return not _ONLINE_DISCARD.isdisjoint(options.split(","))
 
 
 def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,

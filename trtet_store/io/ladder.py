@@ -85,6 +85,15 @@ def choose_placements(outputs: Sequence[tuple[Path, Layout]], *, allowed: Collec
             log.info("%s: piece %d (%d bytes from %s) by %s: %s", dest, ext.index,
                      ext.size, plan.source, placement, reason)
         _choose_host(dest, plans, allowed)
+        moves = [p for _, p in plans if p.placement == "move"]
+        if moves and fs.online_discard(dest.parent):
+            for plan in moves:
+                plan.reason += ("; the filesystem is mounted with online discard, so every "
+                                "byte the move frees is also discarded, which takes the disk "
+                                "time a copy does not spend (nodiscard and a periodic fstrim "
+                                "avoid it)")
+            log.info("%s: %d move(s) on a filesystem mounted with online discard: freeing "
+                     "the sources will cost the disk time", dest, len(moves))
         for ext, plan in plans:
             if plan.placement in ("clone", "insert") and isinstance(ext.piece, Blob):
                 # A zero-copy placement never reads the payload: the file
