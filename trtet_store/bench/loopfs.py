@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -41,8 +40,8 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
+from trtet_store.io.fs import Mount, mount_holding, read_mounts
 from trtet_store.io.units import MiB
 
 __all__ = [
@@ -112,38 +111,6 @@ def _run(argv: list[str], *, timeout: float = 120) -> subprocess.CompletedProces
 # --- /proc/mounts and /sys/block -------------------------------------------------------
 
 
-class Mount(NamedTuple):
-    """One line of ``/proc/mounts``, its escapes undone."""
-
-    source: str
-    mountpoint: str
-    fstype: str
-    options: str
-
-
-def _unescape_mount_field(field: str) -> str:
-    # /proc/mounts escapes space, tab, newline and backslash as octal.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def read_mounts() -> list[Mount]:
-    """Return every mount in ``/proc/mounts``, in its order (later ones on top)."""
-    rows = []
-    with open("/proc/mounts", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 4:
-                rows.append(
-                    Mount(
-                        _unescape_mount_field(parts[0]),
-                        _unescape_mount_field(parts[1]),
-                        parts[2],
-                        parts[3],
-                    )
-                )
-    return rows
-
-
 def mounted_fstype(path: str | os.PathLike[str]) -> str | None:
     """Return the filesystem type mounted exactly at ``path``, per ``/proc/mounts``.
 
@@ -180,20 +147,8 @@ def fstype_of(path: str | os.PathLike[str]) -> str:
     Returns:
         The type, or ``"unknown"`` if no mount covers it.
     """
-    m = _mount_holding(path)
+    m = mount_holding(path)
     return m.fstype if m else "unknown"
-
-
-def _mount_holding(path: str | os.PathLike[str]) -> Mount | None:
-    """The mount whose point is the longest prefix of ``path`` (the topmost of equals)."""
-    real = os.path.realpath(path)
-    best: Mount | None = None
-    for m in read_mounts():
-        mp = m.mountpoint
-        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and (
-                best is None or len(mp) >= len(best.mountpoint)):
-            best = m
-    return best
 
 
 def backing_image(path: str | os.PathLike[str]) -> str | None:
@@ -211,7 +166,7 @@ def backing_image(path: str | os.PathLike[str]) -> str | None:
         The backing file's path (``/sys/block/loopN/loop/backing_file``), or
         None when ``path`` is not on a loop device.
     """
-    m = _mount_holding(path)
+    m = mount_holding(path)
     source = m.source if m else None
     if not source or not os.path.basename(source).startswith("loop"):
         return None

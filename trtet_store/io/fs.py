@@ -17,6 +17,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from trtet_store.io import names
 from trtet_store.io.errors import PlacementUnavailable
@@ -208,7 +209,45 @@ def _mount_key(path: os.PathLike | str, st: os.stat_result) -> tuple:
     return tuple(sorted(ids)), root_id
 
 
-#: Superblock options that discard freed blocks as they are freed (btrfs's
+class Mount(NamedTuple):
+    """One line of ``/proc/mounts``, its escapes undone."""
+
+    source: str
+    mountpoint: str
+    fstype: str
+    options: str
+
+
+def _unescape_mount_field(field: str) -> str:
+    # /proc/mounts escapes space, tab, newline and backslash as octal.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def read_mounts() -> list[Mount]:
+    """Return every mount in ``/proc/mounts``, in its order (later ones on top)."""
+    rows = []
+    with open("/proc/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 4:
+                rows.append(Mount(_unescape_mount_field(parts[0]),
+                                  _unescape_mount_field(parts[1]), parts[2], parts[3]))
+    return rows
+
+
+def mount_holding(path: os.PathLike | str) -> Mount | None:
+    """The mount whose point is the longest prefix of ``path`` (the topmost of equals)."""
+    real = os.path.realpath(path)
+    best: Mount | None = None
+    for m in read_mounts():
+        mp = m.mountpoint
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and (
+                best is None or len(mp) >= len(best.mountpoint)):
+            best = m
+    return best
+
+
+#: Mount options that discard freed blocks as they are freed (btrfs's
 #: ``discard=async``, its default on SSDs, batches them in the background).
 _ONLINE_DISCARD = frozenset({"discard", "discard=sync"})
 
@@ -221,27 +260,14 @@ def online_discard(path: os.PathLike | str) -> bool:
     bytes freed: on a plain virtio ext4 disk, cutting a 2 GiB file in 98
     steps took 0.55 s mounted with ``discard`` and 0.001 s without
     (benchmarks/discard_ab.sh). A move frees every byte it copies, so it
-    pays this where a copy does not. Read from ``/proc/self/mountinfo``: the
-    mount on top at the longest mount point above ``path``; False where that
-    cannot be read.
+    pays this where a copy does not. Read from ``/proc/mounts`` (the mount
+    holding ``path``, :func:`mount_holding`); False where that cannot be read.
     """
-    real = os.path.realpath(path)
-    best, options = -1, ""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields, super_fields = left.split(), right.split()
-                if len(fields) < 5 or len(super_fields) < 3:
-                    continue
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-                inside = real == point or real.startswith(point.rstrip("/") + "/")
-                # Later lines are mounted on top: at an equal length, the later wins.
-                if inside and len(point) >= best:
-                    best, options = len(point), super_fields[2]
+        m = mount_holding(path)
     except OSError:
         return False
-    return not _ONLINE_DISCARD.isdisjoint(options.split(","))
+    return m is not None and not _ONLINE_DISCARD.isdisjoint(m.options.split(","))
 
 
 def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,
