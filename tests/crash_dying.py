@@ -16,6 +16,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from faults import WrappedCalls
 
@@ -59,24 +60,48 @@ def power_cut(mountpoint: os.PathLike | str) -> None:
 # -- dying at a chosen system call ---------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Nth:
+    """The ``k``-th call of ``name`` in the run itself, or the call ``plus`` calls after it.
+
+    With ``after``, calls of ``name`` are counted from the first call of
+    ``after`` on (``Nth("ftruncate", 2, after="fallocate")``: a move's
+    second cut, since the temp files are sized before the first step
+    allocates). A number read from another run's trace can fall elsewhere:
+    a move's syncs each cover as many steps as were copied meanwhile, so the
+    calls before any point in or after a move vary from run to run.
+    """
+
+    name: str
+    k: int = 1
+    plus: int = 0
+    after: str | None = None
+
+
 class CallHook(WrappedCalls):
     """Wrap every call in ``fs.calls``; run ``action(n, name)`` before call number ``at``.
 
     Parameters
     ----------
-    at : int, set of int, or None
-        The call number(s) to act before; None only counts (``count``, ``names``).
+    at : int, Nth, set of them, or None
+        The call(s) to act before: call numbers, or :class:`Nth` marks found
+        in this run as its calls are made; None only counts (``count``,
+        ``names``).
     action : callable
         Called as ``action(n, name)``. It may end the process (``os._exit``),
         cut the power, or raise (which the call then does).
     """
 
-    def __init__(self, at: int | set[int] | None,
+    def __init__(self, at: int | Nth | set[int | Nth] | None,
                  action: Callable[[int, str], None]) -> None:
-        self.at = {at} if isinstance(at, int) else set(at or ())
+        marks = {at} if isinstance(at, (int, Nth)) else set(at or ())
+        self.at = {m for m in marks if isinstance(m, int)}
         self.action = action
         self.count = 0
         self.names: list[str] = []
+        #: Each mark's call number, once this run has made that call.
+        self.found: dict[Nth, int] = {}
+        self._marks = {m: [m.after is None, 0] for m in marks if isinstance(m, Nth)}
         self._lock = threading.Lock()  # a move calls from three threads
 
     def _wrap(self, name: str, real: Callable) -> Callable:
@@ -85,11 +110,25 @@ class CallHook(WrappedCalls):
                 self.count += 1
                 n = self.count
                 self.names.append(name)
+                self._find(n, name)
             if n in self.at:
                 self.action(n, name)
             return real(*args, **kwargs)
 
         return call
+
+    def _find(self, n: int, name: str) -> None:
+        for mark, state in self._marks.items():
+            counting, seen = state
+            if mark in self.found:
+                continue
+            if counting and name == mark.name:
+                state[1] = seen = seen + 1
+                if seen == mark.k:
+                    self.found[mark] = n
+                    self.at.add(n + mark.plus)
+            if name == mark.after:
+                state[0] = True
 
 
 def die(*_: object) -> None:

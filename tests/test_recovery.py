@@ -18,7 +18,7 @@ from pathlib import Path
 
 import crash_child
 import pytest
-from crash_dying import CallHook, die, in_child
+from crash_dying import CallHook, Nth, die, in_child
 from crash_scenario import Scenario, content, kill_scenario
 from crash_verdict import blob_files, check_recovered, collect_dead_store, journal_state
 from digests import digest, file_digest
@@ -72,25 +72,20 @@ def nth(names: list[str], name: str, k: int) -> int:
     raise AssertionError(f"fewer than {k} calls of {name}: {names}")
 
 
-def move_truncation(names: list[str], k: int = 1) -> int:
-    """The call number of the ``k``-th truncation of a move source.
+def move_cut(k: int = 1) -> Nth:
+    """The call just after the ``k``-th truncation of a move source, as this run makes it.
 
     The temp files are sized (``ftruncate``) before the first move step
     allocates (``fallocate``); every ``ftruncate`` after that cuts a move's
     source. A move truncates in a second thread, after its step's sync, while
     the next step is copied, so it need not follow an ``fdatasync`` directly.
     """
-    seen = 0
-    for i in range(nth(names, "fallocate", 1), len(names)):
-        if names[i] == "ftruncate":
-            seen += 1
-            if seen == k:
-                return i + 1
-    raise AssertionError(f"fewer than {k} move steps: {names}")
+    return Nth("ftruncate", k, plus=1, after="fallocate")
 
 
-def die_at(scn: Scenario, root: Path, at: int, *, action=die) -> tuple[Path, Path, Path]:
-    """Stage and write ``scn`` in a child that dies before call number ``at``."""
+def die_at(scn: Scenario, root: Path, at: int | Nth, *,
+           action=die) -> tuple[Path, Path, Path]:
+    """Stage and write ``scn`` in a child that dies before call ``at`` (a number or a mark)."""
     staging, out, user = scn.install(root)
 
     def child():
@@ -116,9 +111,7 @@ def test_recover_rolls_back_when_finishing_a_move_finds_a_changed_source(here_fs
     # its first steps. Finishing the move hits the changed chunk: recovery
     # must undo the write instead of failing (and failing again next time).
     scn = small_scenario(tamper=0)
-    names = trace(scn, here_fs)
-    at = move_truncation(names) + 1  # after the first step of the first move
-    staging, out, user = die_at(scn, here_fs, at)
+    staging, out, user = die_at(scn, here_fs, move_cut(1))  # after the first move's first step
     assert journal_state(out) == "placing"
     outcomes = recover(out)
     assert actions(outcomes) == ["rolled back"], outcomes
@@ -207,20 +200,19 @@ def _fail_second_rename_then_die(scn: Scenario, root: Path, k: int):
 
     ``k`` counts the rollback's calls from the failed rename (1 = the next call).
     """
-    names = trace(scn, root)
-    assert names.count("rename") == 2
-    eio_at = nth(names, "rename", 2)
-
-    def eio_then_die(n, name):
-        if n == eio_at:
-            raise OSError(errno.EIO, f"injected EIO at call {n} ({name})")
-        die()
-
+    assert trace(scn, root).count("rename") == 2
+    second_rename = Nth("rename", 2)
     staging, out, user = scn.install(root)
 
     def child():
         _store, blobs = scn.stage(staging)
-        with CallHook({eio_at, eio_at + k}, eio_then_die):
+
+        def eio_then_die(n, name):
+            if hook.found[second_rename] == n:
+                raise OSError(errno.EIO, f"injected EIO at call {n} ({name})")
+            die()
+
+        with CallHook({second_rename, Nth("rename", 2, plus=k)}, eio_then_die) as hook:
             scn.write(out, user, blobs)
 
     code = in_child(child)
@@ -263,8 +255,7 @@ def test_concurrent_recovers_do_not_trip_over_each_other(here_fs, monkeypatch):
     # writer's): a journal the other one just finished must be skipped, not
     # raise FileNotFoundError.
     scn = small_scenario()
-    names = trace(scn, here_fs)
-    staging, out, user = die_at(scn, here_fs, move_truncation(names, 2) + 1)
+    staging, out, user = die_at(scn, here_fs, move_cut(2))
     assert journal_mod.journals_in(out)
     real = recovery.journals_in
     others = []
@@ -381,10 +372,9 @@ def test_recover_of_a_missing_directory_says_so(here_fs):
 @pytest.mark.parametrize("where", ["placing", "publishing", "cleanup"])
 def test_recover_is_idempotent(here_fs, where):
     scn = small_scenario()
-    names = trace(scn, here_fs)
-    at = {"placing": move_truncation(names, 4) + 1,
-          "publishing": nth(names, "rename", 1) + 1,  # first output published, second not
-          "cleanup": nth(names, "unlink", 1)}[where]  # every rename done, sources not released
+    at = {"placing": move_cut(4),
+          "publishing": Nth("rename", 1, plus=1),  # first output published, second not
+          "cleanup": Nth("unlink", 1)}[where]  # every rename done, sources not released
     staging, out, user = die_at(scn, here_fs, at)
     first = recover(out)
     assert actions(first) == ["rolled forward"], first
@@ -401,8 +391,7 @@ def test_recover_is_idempotent(here_fs, where):
 
 def test_a_store_starting_beside_an_interrupted_write_keeps_its_files(here_fs, caplog):
     scn = small_scenario()
-    names = trace(scn, here_fs)
-    staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
+    staging, out, user = die_at(scn, here_fs, move_cut(3))
     blobs_before = blob_files(staging)
     assert len(blobs_before) == 3
     with caplog.at_level(logging.WARNING, logger="trtet_store.blobstore"), \
@@ -418,8 +407,7 @@ def test_a_store_starting_beside_an_interrupted_write_keeps_its_files(here_fs, c
 
 def test_a_write_beside_an_interrupted_write_reports_it_and_leaves_it_alone(here_fs, caplog):
     scn = small_scenario()
-    names = trace(scn, here_fs)
-    staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
+    staging, out, user = die_at(scn, here_fs, move_cut(3))
     (journal,) = journal_mod.journals_in(out)
     before = {p.name: file_digest(p) for p in [*out.iterdir(), *staging.iterdir()]}
     with BlobStore(here_fs / "other") as store:
@@ -439,8 +427,7 @@ def test_a_write_beside_an_interrupted_write_reports_it_and_leaves_it_alone(here
 
 def test_a_write_of_the_same_destination_finishes_the_interrupted_one_first(here_fs, caplog):
     scn = small_scenario()
-    names = trace(scn, here_fs)
-    staging, out, user = die_at(scn, here_fs, move_truncation(names, 3) + 1)
+    staging, out, user = die_at(scn, here_fs, move_cut(3))
     with BlobStore(here_fs / "other") as store:
         blob = store.put(b"n" * 50_000)
         with caplog.at_level(logging.WARNING, logger="trtet_store.recovery"):
@@ -471,8 +458,7 @@ def test_recover_in_a_loop_while_another_process_writes_in_the_directory(here_fs
     # over and over meanwhile. The dead write is finished or undone, the live
     # one completes untouched, recover() never raises.
     dead = small_scenario()
-    names = trace(dead, here_fs / "live")
-    staging, out, user = die_at(dead, here_fs / "live", move_truncation(names, 3) + 1)
+    staging, out, user = die_at(dead, here_fs / "live", move_cut(3))
     live = kill_scenario(scale=256 * KiB)
     for name, (seed, size) in live.old.items():
         (out / name).write_bytes(content(seed, size))
@@ -530,11 +516,10 @@ def test_a_store_started_before_recovery_keeps_what_the_journal_needs(here_fs, c
                              blobs=small_scenario().blobs[:1])
         names = trace(scn, here_fs)
         assert "fallocate" in names, "no insert here"
-        at = nth(names, "fallocate", 1) + 1  # renamed into place, room inserted
+        at = Nth("fallocate", 1, plus=1)  # renamed into place, room inserted
     else:  # consume=False: the blobs are copied and must survive
         scn = small_scenario(consume=False)
-        names = trace(scn, here_fs)
-        at = nth(names, "copy_file_range", 3)
+        at = Nth("copy_file_range", 3)
     staging, out, user = die_at(scn, here_fs, at)
     with BlobStore(staging) as early:
         assert early.collected == [], early.collected
@@ -545,8 +530,7 @@ def test_a_store_started_before_recovery_keeps_what_the_journal_needs(here_fs, c
 
 def test_trtet_store_recover_command_finishes_an_interrupted_write(here_fs):
     scn = small_scenario()
-    names = trace(scn, here_fs)
-    staging, out, user = die_at(scn, here_fs, move_truncation(names, 4) + 1)
+    staging, out, user = die_at(scn, here_fs, move_cut(4))
     cli = [sys.executable, "-m", "trtet_store.cli", "recover", os.fspath(out)]
     first = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
