@@ -237,6 +237,38 @@ def test_killed_session_is_cleaned_by_the_next(here_fs):
     _assert_all_gone(record)
 
 
+SIGTERMED = """
+import json, sys, time
+from trtet_store.bench.loopfs import FilesystemFactory, loop_devices_under
+with FilesystemFactory(root=sys.argv[1]) as factory:
+    mnt = factory.make("ext4", 64)
+    image = str(factory.mounted_at(mnt).image)
+    print(json.dumps({"base": str(factory.base), "mounts": {"ext4": str(mnt)},
+                      "images": [image]}), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_sigterm_inside_a_factory_tears_down_before_dying(here_fs):
+    # A benchmark stopped with kill/timeout (SIGTERM) skipped its teardown and
+    # left a loop filesystem mounted; now the factory releases it, and the
+    # process still dies of SIGTERM.
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERMED, str(here_fs / "fsroot")],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        record = json.loads(proc.stdout.readline())
+        assert mounted_fstype(record["mounts"]["ext4"]) == "ext4"
+        assert loop_devices_under(record["base"])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+        _assert_all_gone(record)
+    finally:
+        proc.kill()
+        proc.wait()
+        FilesystemFactory(root=here_fs / "fsroot").close()  # collects what a failure left
+
+
 def test_live_sessions_are_not_collected(here_fs, fs_factory):
     with FilesystemFactory(root=fs_factory.root) as other:
         assert fs_factory.base not in other.stale_cleaned
