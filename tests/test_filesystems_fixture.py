@@ -238,28 +238,56 @@ def test_killed_session_is_cleaned_by_the_next(here_fs):
 
 
 SIGTERMED = """
-import json, sys, time
-from trtet_store.bench.loopfs import FilesystemFactory, loop_devices_under
-with FilesystemFactory(root=sys.argv[1]) as factory:
+import contextlib, json, os, sys, time
+from trtet_store.bench.loopfs import FilesystemFactory
+root, mode = sys.argv[1:3]
+factory = FilesystemFactory(root=root)  # as trtet-store bench and conftest hold theirs
+with factory if mode == "with" else contextlib.nullcontext():
     mnt = factory.make("ext4", 64)
-    image = str(factory.mounted_at(mnt).image)
-    print(json.dumps({"base": str(factory.base), "mounts": {"ext4": str(mnt)},
-                      "images": [image]}), flush=True)
+    record = {"base": str(factory.base), "mounts": {"ext4": str(mnt)},
+              "images": [str(factory.mounted_at(mnt).image)]}
+    if mode == "forked child":  # the child inherits the handler, not the filesystems
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(120)
+            os._exit(0)
+        record["child"] = pid
+    print(json.dumps(record), flush=True)
     time.sleep(120)
 """
 
 
-def test_sigterm_inside_a_factory_tears_down_before_dying(here_fs):
+def _wait_until_dead(pid: int) -> None:
+    """Wait for a process that is not our child to end (gone, or a zombie of its parent)."""
+    for _ in range(200):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.05)
+    pytest.fail(f"process {pid} did not end after SIGTERM")
+
+
+@pytest.mark.parametrize("mode", ["with", "held", "forked child"])
+def test_sigterm_tears_down_what_the_factories_made_before_dying(here_fs, mode):
     # A benchmark stopped with kill/timeout (SIGTERM) skipped its teardown and
-    # left a loop filesystem mounted; now the factory releases it, and the
-    # process still dies of SIGTERM.
+    # left a loop filesystem mounted; now the process releases what its open
+    # factories made (in a `with` block or held open), and still dies of
+    # SIGTERM. A forked child that gets SIGTERM releases nothing of its parent's.
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", SIGTERMED, str(here_fs / "fsroot")],
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERMED, str(here_fs / "fsroot"), mode],
                             stdout=subprocess.PIPE, text=True, env=env)
     try:
         record = json.loads(proc.stdout.readline())
         assert mounted_fstype(record["mounts"]["ext4"]) == "ext4"
         assert loop_devices_under(record["base"])
+        if mode == "forked child":
+            os.kill(record["child"], signal.SIGTERM)
+            _wait_until_dead(record["child"])
+            assert mounted_fstype(record["mounts"]["ext4"]) == "ext4"
+            assert loop_devices_under(record["base"])
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == -signal.SIGTERM
         _assert_all_gone(record)

@@ -5,8 +5,9 @@ durability) differs per filesystem, so the tests and the benchmark run on real
 ones, never fakes. Each filesystem is a sparse image under a per-session
 directory on the root disk (``/var/tmp`` unless ``TRTET_FS_ROOT`` says
 otherwise), formatted and loop-mounted; tmpfs is mounted directly. Everything
-is unmounted, detached and deleted again on release, and a session killed
-before its teardown is cleaned up by the next one.
+is unmounted, detached and deleted again on release, a process stopped with
+SIGTERM releases what its open factories made before it dies, and a session
+killed (SIGKILL) before its teardown is cleaned up by the next one.
 
 Standard library only (Linux); making filesystems needs root, reading
 ``/proc/mounts`` and ``/sys/block`` does not. The pytest layer over this
@@ -388,6 +389,49 @@ class MountedFs:
     mount_options: tuple[str, ...] = ()
 
 
+#: The factories this process made and has not closed yet, oldest first.
+_open_factories: list[FilesystemFactory] = []
+
+
+def _take_sigterm() -> None:
+    """While a factory is open, SIGTERM tears the open factories down, then kills.
+
+    SIGTERM's default action ends the process without running ``finally`` or
+    ``atexit``, so a benchmark stopped with ``kill`` or ``timeout`` left its
+    loop filesystems mounted until the next factory collected them. Only the
+    default handler is replaced (one the program set is its own), and only
+    from the main thread (the only one that may set handlers).
+    """
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _teardown_and_die)
+
+
+def _give_back_sigterm() -> None:
+    """The last open factory closed: SIGTERM does what it did before."""
+    if (not _open_factories
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is _teardown_and_die):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _teardown_and_die(signum: int, frame: object) -> None:
+    """Release what this process's open factories made, then die of the signal.
+
+    Dying of the signal keeps the status a caller expects (no SystemExit that
+    a test runner might catch and carry on after). A forked child inherits
+    the handler and the list, but not the filesystems: it tears down nothing.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        for factory in reversed(list(_open_factories)):  # close() takes each out
+            if factory._owner_pid == os.getpid():
+                with contextlib.suppress(Exception):
+                    factory.close()
+    finally:
+        os.kill(os.getpid(), signum)
+
+
 class FilesystemFactory:
     """Create real filesystems under one session directory, and tear them all down again.
 
@@ -428,37 +472,17 @@ class FilesystemFactory:
         (self.base / _OWNER_FILE).write_text(f"{pid} {process_start_time(pid)}\n")
         self._mounted: dict[Path, MountedFs] = {}
         self._counter = 0
-        self._took_sigterm = False
+        self._owner_pid = pid
+        _open_factories.append(self)
+        _take_sigterm()
 
     def __enter__(self) -> FilesystemFactory:
-        # SIGTERM's default action ends the process without running `finally`
-        # or `atexit`, so a benchmark stopped with `kill` or `timeout` left its
-        # loop filesystems mounted until the next factory collected them. While
-        # the block runs, SIGTERM tears them down first and then ends the
-        # process as SIGTERM would have (same status; no SystemExit that a
-        # test runner might catch and carry on after). Only a default handler
-        # in the main thread is replaced: one the program set is its own.
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-            signal.signal(signal.SIGTERM, self._teardown_and_die)
-            self._took_sigterm = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._took_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            self._took_sigterm = False
         problems = self.close()
         if problems and exc[0] is None:
             raise RuntimeError("filesystem teardown left things behind: " + "; ".join(problems))
-
-    def _teardown_and_die(self, signum: int, frame: object) -> None:
-        """SIGTERM inside the block: release everything, then die of the signal."""
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        try:
-            self.close()
-        finally:
-            os.kill(os.getpid(), signum)
 
     def _find_tool(self, tool: str) -> str | None:
         """Path of a command-line tool (mount, mkfs.*, losetup), or None if missing."""
@@ -659,4 +683,7 @@ class FilesystemFactory:
         problems += [p for p in left if p not in problems]
         if not mounts_under(self.base):
             shutil.rmtree(self.base, ignore_errors=True)
+        if self in _open_factories:
+            _open_factories.remove(self)
+            _give_back_sigterm()
         return problems
