@@ -234,8 +234,12 @@ ONNX_MEMORY_CHILD = """
 import os, sys, numpy as np, onnx
 from onnx import helper, numpy_helper
 from trtet_store import BlobStore
-from trtet_store.bench.measure import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+from trtet_store.bench.measure import (current_rss_bytes, peak_rss_bytes, reset_peak_rss,
+                                      return_freed_buffers)
 from trtet_store.formats import onnx as fo
+# A fixed mmap threshold: glibc's moving one keeps freed 16 MiB blocks resident,
+# and the next copies reuse them unseen by the RSS peak.
+assert return_freed_buffers()
 where, staged = sys.argv[1], sys.argv[2] == "store"
 n = 2048  # 8 initializers of 16 MiB
 inits = [numpy_helper.from_array(np.full((n, n), i + 0.5, np.float32), f"w{i}") for i in range(8)]
@@ -261,11 +265,8 @@ def test_a_store_bounds_memory_to_one_tensor(make_fs):
     for mode in ("store", "memory"):
         where = mnt / mode
         where.mkdir()
-        # A fixed mmap threshold: glibc's moving one keeps freed 16 MiB blocks resident,
-        # and the next copies reuse them unseen by the RSS peak.
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20))
         out = subprocess.run([sys.executable, "-c", ONNX_MEMORY_CHILD, os.fspath(where), mode],
-                             check=True, capture_output=True, text=True, env=env).stdout
+                             check=True, capture_output=True, text=True).stdout
         out = out.split("\n")
         growth, size = (int(v) for v in out[0].split())
         assert size == 8 * 16 * MiB
