@@ -16,7 +16,7 @@ from digests import file_digest
 from faults import FaultInjector
 from filesystems import unavailable
 
-from trtet_store import BlobStore
+from trtet_store import BlobStore, write_file
 from trtet_store.bench import measure
 from trtet_store.io import fs, pagecache
 from trtet_store.io.units import MiB
@@ -113,6 +113,38 @@ def test_a_file_that_cannot_write_behind_is_written_normally(make_fs, monkeypatc
         blob, digest = write_blob(store, 32 * MiB)
         assert len(tried) == 1  # given up on the first refusal, not retried per window
         assert blob.digest == digest == file_digest(blob.path)
+
+
+@pytest.mark.parametrize("path", ["copy_file_range", "pread-pwrite"])
+def test_a_copy_drops_its_output_behind_it(make_fs, monkeypatch, path):
+    # The copy's output is never read again here: each window leaves the page
+    # cache once checked and written back, so a copy of any size holds at most
+    # three windows of it (the one copied, the one being checked, and the one
+    # before, dropped once that check is done), never the whole output.
+    root = make_fs("ext4", 512)
+    if path == "pread-pwrite":
+        def refuse(*args):
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        monkeypatch.setattr(fs.calls, "copy_file_range", refuse)
+    header = b"H" * 128  # ExecuTorch's alignment: the copy cannot share extents
+    out = root / "out.bin"
+    seen: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append(sum(resident(p) for p in root.iterdir() if p.is_file()))
+
+    with BlobStore(root / "staging") as store:
+        blob, digest = write_blob(store, 96 * MiB)
+        write_file(out, [header, blob], placements="copy", progress=progress)
+        assert len(seen) >= 96 * MiB // pagecache.WINDOW
+        assert max(seen) <= 3 * pagecache.WINDOW + MiB, seen
+        assert resident(out) <= 2 * 4096  # the header's page and the tail's, shared with no window
+        assert blob.digest == digest == file_digest(blob.path)  # the source as it was
+        expected = xxhash.xxh3_128(header)
+        with open(blob.path, "rb") as f:
+            while piece := f.read(8 * MiB):
+                expected.update(piece)
+        assert file_digest(out) == expected.hexdigest()
 
 
 def test_drop_behind_rejects_a_nonpositive_window():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import functools
+import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -83,10 +84,12 @@ def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
     byte for a reason that means "not here". Either way the bytes go in
     windows of at most 8 MiB (``chunk`` if smaller), writeback of each started
     as soon as it is written, so the disk writes while the source is read and
-    the publish's ``fsync`` finds little left. The kernel's copy is checked
-    against the recorded digests window by window, reading each window back
-    in a second thread while the next one is copied; the fallback checks the
-    bytes it read before writing them.
+    the publish's ``fsync`` finds little left, and each window dropped from
+    the page cache once checked and written back (:func:`_settle_window`), so
+    a copy of any size holds about two windows of its output in memory. The
+    kernel's copy is checked against the recorded digests window by window,
+    reading each window back in a second thread while the next one is
+    copied; the fallback checks the bytes it read before writing them.
 
     Returns
     -------
@@ -111,9 +114,10 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
 
     Copies windows of ``chunk`` bytes, starts each one's writeback, and
     verifies it against ``digests`` (read back in the background, one window
-    behind the copy). A verdict is kept in :data:`fs.capabilities`, keyed by
-    both filesystems' identity (not ``st_dev``, which a loop device hands on
-    to the next filesystem made on it).
+    behind the copy), dropping the window before once it is written back. A
+    verdict is kept in :data:`fs.capabilities`, keyed by both filesystems'
+    identity (not ``st_dev``, which a loop device hands on to the next
+    filesystem made on it).
     """
     key = ("copy_file_range", fs.fs_identity(src_path), fs.fs_identity(dst_path))
     known = fs.capabilities.get(key)
@@ -122,6 +126,7 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
     what = f"copy of {src_path} into {dst_path}"
     write_behind = True
     done = 0
+    settled: tuple[int, int] | None = None  # the window checked last: dropped next
     with _Behind() as behind:
         while done < size:
             end = min(size, done + chunk)
@@ -145,12 +150,48 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
                 write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
                                                    dst_offset + pos, end - pos,
                                                    fs.SYNC_FILE_RANGE_WRITE)
-            if digests is not None:
-                behind.submit(functools.partial(verify_range, dst_fd, dst_offset, pos, end,
-                                                digest_chunk, digests, what, dst_path))
+            behind.submit(functools.partial(_settle_window, dst_fd, dst_offset, pos, end,
+                                            digest_chunk, digests, what, dst_path, settled))
+            settled = _window_pages(dst_offset + pos, dst_offset + end)
         behind.wait()
+    if settled:
+        pagecache.drop(dst_fd, *settled)
     fs.capabilities.put(key, True, "copy_file_range works")
     return done
+
+
+def _window_pages(start: int, end: int) -> tuple[int, int] | None:
+    """The pages to drop for a window ``[start, end)`` of a file written front to back.
+
+    ``(offset, length)`` from the page that holds ``start`` to the one that
+    holds ``end``, that one left out: it is shared with the next window, not
+    yet written (a page partly in a range is not dropped, so windows at
+    ExecuTorch's 128-byte offsets would each leave one behind). None if the
+    window is within one page.
+    """
+    first, last = start // PAGE * PAGE, end // PAGE * PAGE
+    return (first, last - first) if last > first else None
+
+
+def _settle_window(fd: int, base: int, start: int, end: int, chunk_size: int,
+                   digests: Sequence[int] | None, what: str, path: str,
+                   before: tuple[int, int] | None) -> None:
+    """Check a copied window against its digests; drop the window ``before`` it once written back.
+
+    The copy's output is not read again by this process, so once a window is
+    checked and on disk its pages are only in the way: left cached, a copy
+    of tens of GiB evicts everything else the machine had cached, and each
+    window takes fresh pages where it could reuse the last one's (on a VM
+    that hands freed guest memory back to its host, a fresh page costs a
+    host fault: benchmarks/README.md, issue 26). ``before`` (offset, length
+    in the file) was checked by the previous job and its writeback started a
+    window's copy earlier, so waiting for it rarely waits, and the disk
+    always has the windows after it to write: the blob writer's drop-behind
+    (:class:`pagecache.DropBehind`).
+    """
+    verify_range(fd, base, start, end, chunk_size, digests, what, path)
+    if before:
+        pagecache.drop(fd, *before)
 
 
 def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk: int,
@@ -158,6 +199,7 @@ def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chu
                        progress: Progress | None, src_offset: int = 0) -> None:
     step = max(digest_chunk, chunk // digest_chunk * digest_chunk)
     write_behind = True
+    written: tuple[int, int] | None = None  # the window before: dropped once written back
     for pos in range(0, size, step):
         n = min(step, size - pos)
         data = fs.pread_exact(src_fd, n, src_offset + pos, src_path)
@@ -166,8 +208,13 @@ def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chu
         if write_behind:
             write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
                                                dst_offset + pos, n, fs.SYNC_FILE_RANGE_WRITE)
+            if written:
+                pagecache.drop(dst_fd, *written)
+            written = _window_pages(dst_offset + pos, dst_offset + pos + n)
         if progress:
             progress(n)
+    if write_behind and written:
+        pagecache.drop(dst_fd, *written)
 
 
 class _Behind:
@@ -289,6 +336,8 @@ def move_peak(step: int) -> int:
     """Extra disk a move with steps of ``step`` bytes may use at its peak: three steps."""
     return 3 * step
 
+
+PAGE = mmap.PAGESIZE
 
 #: Bytes per read/write call inside a move step; writeback is started after each,
 #: as the blob writer does per window.
