@@ -161,13 +161,14 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
 
 
 def _window_pages(start: int, end: int) -> tuple[int, int] | None:
-    """The pages to drop for a window ``[start, end)`` of a file written front to back.
+    """The pages to drop once a window ``[start, end)`` of a file written front to back is done.
 
-    ``(offset, length)`` from the page that holds ``start`` to the one that
-    holds ``end``, that one left out: it is shared with the next window, not
-    yet written (a page partly in a range is not dropped, so windows at
-    ExecuTorch's 128-byte offsets would each leave one behind). None if the
-    window is within one page.
+    ``(offset, length)`` from the page that holds ``start`` (the window before
+    wrote its first bytes and is done) to the page that holds ``end``, that
+    one left out: it is shared with the next window, not yet written. The
+    kernel drops only pages wholly inside a range, so windows at ExecuTorch's
+    128-byte offsets would each leave one behind without rounding ``start``
+    down. None if there is no whole page.
     """
     first, last = start // PAGE * PAGE, end // PAGE * PAGE
     return (first, last - first) if last > first else None
@@ -338,6 +339,11 @@ def move_peak(step: int) -> int:
 
 
 PAGE = mmap.PAGESIZE
+LARGEST_FOLIO = 2 * MiB
+"""The largest page-cache folio of a file (x86-64 and arm64 with 4 KiB pages:
+PMD size); a folio only partly inside a range is not dropped from the cache.
+A move writes each step's first window from an offset inside a page, and the
+folio there, begun by that write, also holds the last bytes of the step below."""
 
 #: Bytes per read/write call inside a move step; writeback is started after each,
 #: as the blob writer does per window.
@@ -414,8 +420,10 @@ class _MoveStages:
     """
 
     def __init__(self, src_fd: int, dst_fd: int, length: int, room: int,
-                 check: Callable[[list[tuple[int, bytes]]], None]) -> None:
+                 check: Callable[[list[tuple[int, bytes]]], None], dst_offset: int = 0) -> None:
         self.src_fd, self.dst_fd, self.room, self.check = src_fd, dst_fd, room, check
+        self.dst_offset, self.top = dst_offset, length
+        self._drop = True  # the synced steps leave the page cache, where the file can do that
         self.copied = self.checked = self.durable = self.cut = length
         self._cut_reported = length
         self._to_check: list[tuple[int, list[tuple[int, bytes]]]] = []
@@ -475,7 +483,9 @@ class _MoveStages:
             if not self._wait(lambda: bool(self._to_sync)):
                 return False
             starts, self._to_sync = self._to_sync, []
+            synced_end = self.durable
         fs.calls.fdatasync(self.dst_fd)
+        self._drop_synced(starts[-1], synced_end)
         with self._cond:
             self.durable = starts[-1]
             self._cond.notify_all()
@@ -490,6 +500,23 @@ class _MoveStages:
             self.cut = self.durable
             self._cond.notify_all()
         return True
+
+    def _drop_synced(self, start: int, end: int) -> None:
+        """Drop the destination's pages of payload ``[start, end)``, just synced.
+
+        As the copy does (:func:`_settle_window`): the output is not read again
+        here, and its pages are clean, so dropping them waits for nothing.
+        The range starts at the first whole page: the page a step shares with
+        the step below it is not written in full yet. It ends
+        :data:`LARGEST_FOLIO` above ``end`` (no higher than the move's top),
+        where the steps synced before lie, so that a folio across ``end``,
+        left by the sync before, goes now.
+        """
+        first = -(-(self.dst_offset + start) // PAGE) * PAGE
+        last = (self.dst_offset + min(self.top, end + LARGEST_FOLIO)) // PAGE * PAGE
+        if self._drop and last > first:
+            self._drop = pagecache.supported(fs.calls.fadvise, self.dst_fd, first, last - first,
+                                             os.POSIX_FADV_DONTNEED)
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -578,7 +605,7 @@ def move(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, step: int,
             if progress:
                 progress(n)
 
-    with _MoveStages(src_fd, dst_fd, length, move_peak(step), check) as stages:
+    with _MoveStages(src_fd, dst_fd, length, move_peak(step), check, dst_offset) as stages:
         while length > 0:
             start = (length - 1) // step * step
             stages.wait_for_room(start)
