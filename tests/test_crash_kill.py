@@ -55,7 +55,7 @@ class Child:
 
     def __init__(self, scn_file: Path, root: Path, cut_at: int | None = None) -> None:
         # cut_at: run the child that says CUT after each step truncation of a
-        # move (0: after every one; n: after the n-th, then holds there).
+        # move, and HELD after the cut_at-th (0: none), then holds there.
         self.proc = (crash_child.spawn(scn_file, root) if cut_at is None
                      else _spawn_saying_cuts(scn_file, root, cut_at))
         self.lines: list[str] = []
@@ -223,7 +223,7 @@ def test_sigkill_during_rollback_loses_nothing(here_fs, pristine):
     assert stats["journal at kill: rolling_back"] >= 1, stats
 
 
-CUT = "cut"
+CUT, HELD = "cut", "held"
 STEP_KILLS = 6
 
 # crash_child, with each move step's truncation of its source announced from
@@ -240,9 +240,9 @@ def ftruncate(fd, length):
     real(fd, length)
     if threading.current_thread() is not threading.main_thread():
         seen += 1
-        if at in (0, seen):
-            print("cut", flush=True)
+        print("cut", flush=True)
         if at == seen:
+            print("held", flush=True)
             time.sleep(60)
 fs.calls.ftruncate = ftruncate
 sys.exit(crash_child.main(sys.argv[1:]))
@@ -285,10 +285,23 @@ def test_sigkill_while_the_next_step_is_copied_after_a_truncation_loses_nothing(
     rng = random.Random(11)
     stats = collections.Counter()
     for k in range(STEP_KILLS):
-        at = rng.randint(1, cuts)
-        staging, out, user = scn.install(root)
-        child = Child(scn_file, root, cut_at=at)
-        assert child.wait_for(CUT), child.finish()
+        # One sync covers every step copied since the last, so the number of
+        # cuts varies from run to run: a run that ends before the drawn cut
+        # says how many it made, and the cut is drawn again from those.
+        for _ in range(3):
+            at = rng.randint(1, cuts)
+            staging, out, user = scn.install(root)
+            child = Child(scn_file, root, cut_at=at)
+            if child.wait_for(HELD):
+                break
+            code, err = child.finish()
+            assert code == 0 and child.lines[-1] == crash_child.DONE, (code, err)
+            cuts = child.lines.count(CUT)
+            assert 100 < cuts < at, (cuts, at)
+            assert check_recovered(scn, staging, out, user, where="uninterrupted") == "new"
+            collect_dead_store(staging)
+        else:
+            raise AssertionError(f"three runs in a row ended before the drawn cut ({cuts} cuts)")
         child.kill()
         state = journal_state(out) or "no journal"
         assert state == "placing", (k, at, state)

@@ -115,40 +115,6 @@ def test_a_file_that_cannot_write_behind_is_written_normally(make_fs, monkeypatc
         assert blob.digest == digest == file_digest(blob.path)
 
 
-@pytest.mark.parametrize("path", ["copy_file_range", "pread-pwrite"])
-def test_a_copy_drops_its_output_behind_it(make_fs, monkeypatch, path):
-    # The copy's output is never read again here: each window leaves the page
-    # cache once checked and written back, so a copy of any size holds at most
-    # three windows of it (the one copied, the one being checked, and the one
-    # before, dropped once that check is done), never the whole output.
-    root = make_fs("ext4", 512)
-    if path == "pread-pwrite":
-        def refuse(*args):
-            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
-        monkeypatch.setattr(fs.calls, "copy_file_range", refuse)
-    # 128 bytes past 1.5 MiB: windows neither block- nor folio-aligned, so each
-    # window's end falls inside a page, and a large folio, shared with the next.
-    header = b"H" * (3 * MiB // 2 + 128)
-    out = root / "out.bin"
-    seen: list[int] = []
-
-    def progress(done: int, total: int) -> None:
-        seen.append(sum(resident(p) for p in root.iterdir() if p.is_file()))
-
-    with BlobStore(root / "staging") as store:
-        blob, digest = write_blob(store, 96 * MiB)
-        write_file(out, [header, blob], placements="copy", progress=progress)
-        assert len(seen) >= 96 * MiB // pagecache.WINDOW
-        assert max(seen) <= 3 * pagecache.WINDOW + len(header) + MiB, seen
-        assert resident(out) <= len(header) + 2 * 4096  # written inline; the tail's page
-        assert blob.digest == digest == file_digest(blob.path)  # the source as it was
-        expected = xxhash.xxh3_128(header)
-        with open(blob.path, "rb") as f:
-            while piece := f.read(8 * MiB):
-                expected.update(piece)
-        assert file_digest(out) == expected.hexdigest()
-
-
 @pytest.mark.parametrize("fstype", ["ext4", "xfs"])
 def test_a_move_drops_each_synced_step(make_fs, fstype):
     # Like the copy's, a move's output leaves the page cache once durable: it

@@ -84,12 +84,10 @@ def copy(src_fd: int, dst_fd: int, dst_offset: int, size: int, *, chunk: int,
     byte for a reason that means "not here". Either way the bytes go in
     windows of at most 8 MiB (``chunk`` if smaller), writeback of each started
     as soon as it is written, so the disk writes while the source is read and
-    the publish's ``fsync`` finds little left, and each window dropped from
-    the page cache once checked and written back (:func:`_settle_window`), so
-    a copy of any size holds about two windows of its output in memory. The
-    kernel's copy is checked against the recorded digests window by window,
-    reading each window back in a second thread while the next one is
-    copied; the fallback checks the bytes it read before writing them.
+    the publish's ``fsync`` finds little left. The kernel's copy is checked
+    against the recorded digests window by window, reading each window back
+    in a second thread while the next one is copied; the fallback checks the
+    bytes it read before writing them.
 
     Returns
     -------
@@ -114,10 +112,9 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
 
     Copies windows of ``chunk`` bytes, starts each one's writeback, and
     verifies it against ``digests`` (read back in the background, one window
-    behind the copy), dropping the window before once it is written back. A
-    verdict is kept in :data:`fs.capabilities`, keyed by both filesystems'
-    identity (not ``st_dev``, which a loop device hands on to the next
-    filesystem made on it).
+    behind the copy). A verdict is kept in :data:`fs.capabilities`, keyed by
+    both filesystems' identity (not ``st_dev``, which a loop device hands on
+    to the next filesystem made on it).
     """
     key = ("copy_file_range", fs.fs_identity(src_path), fs.fs_identity(dst_path))
     known = fs.capabilities.get(key)
@@ -126,7 +123,6 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
     what = f"copy of {src_path} into {dst_path}"
     write_behind = True
     done = 0
-    settled: tuple[int, int] | None = None  # the window checked last: dropped next
     with _Behind() as behind:
         while done < size:
             end = min(size, done + chunk)
@@ -150,49 +146,12 @@ def _copy_file_range(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk
                 write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
                                                    dst_offset + pos, end - pos,
                                                    fs.SYNC_FILE_RANGE_WRITE)
-            behind.submit(functools.partial(_settle_window, dst_fd, dst_offset, pos, end,
-                                            digest_chunk, digests, what, dst_path, settled))
-            settled = _window_pages(dst_offset + pos, dst_offset + end)
+            if digests is not None:
+                behind.submit(functools.partial(verify_range, dst_fd, dst_offset, pos, end,
+                                                digest_chunk, digests, what, dst_path))
         behind.wait()
-    if settled:
-        pagecache.drop(dst_fd, *settled)
     fs.capabilities.put(key, True, "copy_file_range works")
     return done
-
-
-def _window_pages(start: int, end: int) -> tuple[int, int] | None:
-    """The pages to drop once a window ``[start, end)`` of a file written front to back is done.
-
-    ``(offset, length)`` from the page that holds ``start`` (the window before
-    wrote its first bytes and is done) to the page that holds ``end``, that
-    one left out: it is shared with the next window, not yet written. The
-    kernel drops only pages wholly inside a range, so windows at ExecuTorch's
-    128-byte offsets would each leave one behind without rounding ``start``
-    down. None if there is no whole page.
-    """
-    first, last = start // PAGE * PAGE, end // PAGE * PAGE
-    return (first, last - first) if last > first else None
-
-
-def _settle_window(fd: int, base: int, start: int, end: int, chunk_size: int,
-                   digests: Sequence[int] | None, what: str, path: str,
-                   before: tuple[int, int] | None) -> None:
-    """Check a copied window against its digests; drop the window ``before`` it once written back.
-
-    The copy's output is not read again by this process, so once a window is
-    checked and on disk its pages are only in the way: left cached, a copy
-    of tens of GiB evicts everything else the machine had cached, and each
-    window takes fresh pages where it could reuse the last one's (on a VM
-    that hands freed guest memory back to its host, a fresh page costs a
-    host fault: benchmarks/README.md, issue 26). ``before`` (offset, length
-    in the file) was checked by the previous job and its writeback started a
-    window's copy earlier, so waiting for it rarely waits, and the disk
-    always has the windows after it to write: the blob writer's drop-behind
-    (:class:`pagecache.DropBehind`).
-    """
-    verify_range(fd, base, start, end, chunk_size, digests, what, path)
-    if before:
-        pagecache.drop(fd, *before)
 
 
 def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chunk: int,
@@ -200,7 +159,6 @@ def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chu
                        progress: Progress | None, src_offset: int = 0) -> None:
     step = max(digest_chunk, chunk // digest_chunk * digest_chunk)
     write_behind = True
-    written: tuple[int, int] | None = None  # the window before: dropped once written back
     for pos in range(0, size, step):
         n = min(step, size - pos)
         data = fs.pread_exact(src_fd, n, src_offset + pos, src_path)
@@ -209,13 +167,8 @@ def _copy_pread_pwrite(src_fd: int, dst_fd: int, dst_offset: int, size: int, chu
         if write_behind:
             write_behind = pagecache.supported(fs.calls.sync_file_range, dst_fd,
                                                dst_offset + pos, n, fs.SYNC_FILE_RANGE_WRITE)
-            if written:
-                pagecache.drop(dst_fd, *written)
-            written = _window_pages(dst_offset + pos, dst_offset + pos + n)
         if progress:
             progress(n)
-    if write_behind and written:
-        pagecache.drop(dst_fd, *written)
 
 
 class _Behind:
@@ -485,7 +438,6 @@ class _MoveStages:
             starts, self._to_sync = self._to_sync, []
             synced_end = self.durable
         fs.calls.fdatasync(self.dst_fd)
-        self._drop_synced(starts[-1], synced_end)
         with self._cond:
             self.durable = starts[-1]
             self._cond.notify_all()
@@ -499,13 +451,19 @@ class _MoveStages:
         with self._cond:
             self.cut = self.durable
             self._cond.notify_all()
+        # After the cut, which the caller may be waiting for: this waits for nothing.
+        self._drop_synced(starts[-1], synced_end)
         return True
 
     def _drop_synced(self, start: int, end: int) -> None:
         """Drop the destination's pages of payload ``[start, end)``, just synced.
 
-        As the copy does (:func:`_settle_window`): the output is not read again
-        here, and its pages are clean, so dropping them waits for nothing.
+        The output is not read again here, and its pages are clean, so dropping
+        them waits for nothing; measured on the device's plain disk, the move
+        is a little faster with it (benchmarks/README.md, issue 26), and a
+        move of tens of GiB does not evict everything else the machine had
+        cached. (The copy does not drop: there a drop must wait for writeback,
+        and measured it was slower.)
         The range starts at the first whole page: the page a step shares with
         the step below it is not written in full yet. It ends
         :data:`LARGEST_FOLIO` above ``end`` (no higher than the move's top),
