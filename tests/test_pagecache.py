@@ -117,8 +117,9 @@ def test_a_file_that_cannot_write_behind_is_written_normally(make_fs, monkeypatc
 
 @pytest.mark.parametrize("fstype", ["ext4", "xfs"])
 def test_a_move_drops_each_synced_step(make_fs, fstype):
-    # Like the copy's, a move's output leaves the page cache once durable: it
-    # holds the steps not yet synced (three at most), never the whole output.
+    # A move's output leaves the page cache once durable (the copy's stays:
+    # its drop would wait for writeback): it holds the steps not yet synced
+    # (three at most), never the whole output.
     root = make_fs(fstype, 512)
     header = b"H" * 128
     out = root / "out.bin"
