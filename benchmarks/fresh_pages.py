@@ -15,10 +15,10 @@ alternating waits, medians. Standard library only.
 usage: python3 fresh_pages.py [SIZE_MIB=1024] [REPEAT=5] [WAITS=0,0.5,3,10]
 """
 import mmap
-import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 SIZE = (int(sys.argv[1]) if len(sys.argv) > 1 else 1024) << 20
 REPEAT = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -38,11 +38,12 @@ def touch() -> float:
 
 
 def reporting() -> str:
-    d = "/sys/module/page_reporting/parameters"
-    if not os.path.isdir(d):
+    """The kernel's free page reporting settings, as one line."""
+    d = Path("/sys/module/page_reporting/parameters")
+    if not d.is_dir():
         return "free page reporting: not in this kernel"
     return "free page reporting: " + ", ".join(
-        f"{n}={open(os.path.join(d, n)).read().strip()}" for n in sorted(os.listdir(d)))
+        f"{p.name}={p.read_text().strip()}" for p in sorted(d.iterdir()))
 
 
 runs: dict[float, list[float]] = {w: [] for w in WAITS}

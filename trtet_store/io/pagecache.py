@@ -25,15 +25,23 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 
 from trtet_store.io import fs
-from trtet_store.io.units import MiB
+from trtet_store.io.units import MiB, round_up
 
 log = logging.getLogger("trtet_store.pagecache")
 
 WINDOW = 8 * MiB
 """Bytes per writeback window: large enough for sequential I/O, small next to RAM."""
+
+PAGE = mmap.PAGESIZE
+"""The page cache's page: the kernel's page size (``units.PAGE`` is a block, 4 KiB)."""
+
+LARGEST_FOLIO = 2 * MiB
+"""The largest page-cache folio of a file (x86-64 and arm64 with 4 KiB pages:
+PMD size); a folio only partly inside a range is not dropped from the cache."""
 
 # A pipe (ESPIPE), FUSE or an old kernel cannot do this: the pages stay
 # cached, which costs memory and time but loses nothing. Any other error
@@ -65,6 +73,18 @@ def drop(fd: int, offset: int, length: int) -> bool:
                 | fs.SYNC_FILE_RANGE_WAIT_AFTER)
     return (supported(fs.calls.sync_file_range, fd, offset, length, wait_all)
             and supported(fs.calls.fadvise, fd, offset, length, os.POSIX_FADV_DONTNEED))
+
+
+def drop_clean(fd: int, start: int, end: int) -> bool:
+    """Drop the whole pages of bytes ``[start, end)`` of ``fd``, already written back.
+
+    Waits for nothing: clean pages go, and a page only partly inside the
+    range stays (its other bytes may not be written yet). Returns False where
+    the file cannot do this (its pages simply stay cached).
+    """
+    first, last = round_up(start, PAGE), end // PAGE * PAGE
+    return last <= first or supported(fs.calls.fadvise, fd, first, last - first,
+                                      os.POSIX_FADV_DONTNEED)
 
 
 class DropBehind:

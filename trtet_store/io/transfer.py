@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import functools
-import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -291,13 +290,6 @@ def move_peak(step: int) -> int:
     return 3 * step
 
 
-PAGE = mmap.PAGESIZE
-LARGEST_FOLIO = 2 * MiB
-"""The largest page-cache folio of a file (x86-64 and arm64 with 4 KiB pages:
-PMD size); a folio only partly inside a range is not dropped from the cache.
-A move writes each step's first window from an offset inside a page, and the
-folio there, begun by that write, also holds the last bytes of the step below."""
-
 #: Bytes per read/write call inside a move step; writeback is started after each,
 #: as the blob writer does per window.
 WINDOW = pagecache.WINDOW
@@ -464,17 +456,18 @@ class _MoveStages:
         move of tens of GiB does not evict everything else the machine had
         cached. (The copy does not drop: there a drop must wait for writeback,
         and measured it was slower.)
-        The range starts at the first whole page: the page a step shares with
-        the step below it is not written in full yet. It ends
-        :data:`LARGEST_FOLIO` above ``end`` (no higher than the move's top),
-        where the steps synced before lie, so that a folio across ``end``,
-        left by the sync before, goes now.
+
+        The page a step shares with the step below it is not written in full
+        yet, so it stays (:func:`pagecache.drop_clean` drops whole pages). The
+        range ends :data:`pagecache.LARGEST_FOLIO` above ``end`` (no higher
+        than the move's top), where the steps synced before lie: each step's
+        first write begins a folio inside a page, which also holds the last
+        bytes of the step below, and that folio goes with this sync.
         """
-        first = -(-(self.dst_offset + start) // PAGE) * PAGE
-        last = (self.dst_offset + min(self.top, end + LARGEST_FOLIO)) // PAGE * PAGE
-        if self._drop and last > first:
-            self._drop = pagecache.supported(fs.calls.fadvise, self.dst_fd, first, last - first,
-                                             os.POSIX_FADV_DONTNEED)
+        if self._drop:
+            self._drop = pagecache.drop_clean(
+                self.dst_fd, self.dst_offset + start,
+                self.dst_offset + min(self.top, end + pagecache.LARGEST_FOLIO))
 
     def _raise(self) -> None:
         if self._error is not None:
