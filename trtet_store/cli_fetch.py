@@ -42,9 +42,12 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--reuse", type=Path, action="append", default=[], metavar="OLD",
                    help="a local file holding an earlier version (repeatable)")
     add_endpoint_url(f)
-    f.add_argument("--concurrency", type=int, default=None, help="ranged GETs in flight")
-    f.add_argument("--range-size", type=size_arg, default=None, metavar="SIZE",
-                   help="bytes per GET (e.g. 16M)")
+    # Taken as text and judged in cmd_fetch by the API's own check, so that a bad
+    # value is one line naming the flag (argparse would print its usage too).
+    f.add_argument("--concurrency", default=None, metavar="N",
+                   help="ranged GETs in flight, 1 to 256 (default 4)")
+    f.add_argument("--range-size", default=None, metavar="SIZE",
+                   help="bytes per GET, 1M to 1G (e.g. 16M; default 32M)")
     f.add_argument("--if-replaced", choices=("restart", "error"), default="restart",
                    help="when the program is replaced mid-fetch: start again (default) or fail")
     add_report_flags(f)
@@ -82,23 +85,56 @@ def _explain(exc: BaseException, args: argparse.Namespace, resume: str) -> list[
     return [one_line(exc)]
 
 
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--concurrency`` and ``--range-size`` as API keywords, checked as the API checks them.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A value that is not a number, or one the API refuses; the message
+        names the flag.
+    """
+    from trtet_store.remote.fetch import check_options
+
+    out: dict[str, Any] = {}
+    if args.concurrency is not None:
+        try:
+            out["concurrency"] = int(args.concurrency)
+        except ValueError:
+            raise ValueError(f"--concurrency {args.concurrency}: not a whole number "
+                             "(ranged GETs in flight, 1 to 256)") from None
+    if args.range_size is not None:
+        try:
+            out["range_size"] = size_arg(args.range_size)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"--range-size {args.range_size}: {exc}") from None
+    try:
+        check_options(**out)
+    except (TypeError, ValueError) as exc:
+        flag = "--range-size" if "range_size" in str(exc) else "--concurrency"
+        given = args.range_size if flag == "--range-size" else args.concurrency
+        raise ValueError(f"{flag} {given}: {exc}") from None
+    return out
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Run ``trtet-store fetch``; returns the exit code (0 done, 1 failed, 130 interrupted)."""
     from trtet_store.remote import RemoteError
-    from trtet_store.remote.fetch import fetch
+    from trtet_store.remote.fetch import fetch, resume_command
 
-    resume = (f"trtet-store fetch {args.url} {args.out}"
-              + "".join(f" --reuse {r}" for r in args.reuse)
-              + (f" --endpoint-url {args.endpoint_url}" if args.endpoint_url else ""))
+    prefix = "trtet-store fetch"
+    try:
+        options = _options(args)
+    except ValueError as exc:
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return 2
+    resume = resume_command(args.url, args.out, reuse=args.reuse,
+                            endpoint_url=args.endpoint_url, if_replaced=args.if_replaced,
+                            **options)
     kwargs: dict[str, Any] = {"reuse": args.reuse, "endpoint_url": args.endpoint_url,
-                              "if_replaced": args.if_replaced}
-    if args.concurrency is not None:
-        kwargs["concurrency"] = args.concurrency
-    if args.range_size is not None:
-        kwargs["range_size"] = args.range_size
+                              "if_replaced": args.if_replaced, **options}
     bar = ProgressBar("fetch", _postfix, enabled=not args.no_progress and not args.json)
     kwargs["progress"] = bar
-    prefix = "trtet-store fetch"
     try:
         with bar:
             report = fetch(args.url, args.out, **kwargs)

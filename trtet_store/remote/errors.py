@@ -80,3 +80,34 @@ class UploadKeptError(RemoteError):
 
 class ChecksumMismatchError(UploadKeptError):
     """The server kept refusing a part's checksum (BadDigest), or its object's checksum differs."""
+
+
+class EndpointUnreachableError(RemoteError):
+    """No connection could be made to the endpoint (a wrong host or port, a server down).
+
+    Not a network blip: botocore's own attempts all failed to connect, so the
+    message names the ``host:port`` tried and asks to check the endpoint.
+
+    Attributes
+    ----------
+    address : str
+        ``host:port`` that refused or never answered.
+    """
+
+    def __init__(self, message: str, address: str) -> None:
+        super().__init__(message)
+        self.address = address
+
+    @classmethod
+    def from_botocore(cls, exc: BaseException, what: str) -> EndpointUnreachableError:
+        """The error for botocore's ``EndpointConnectionError`` ``exc`` during ``what``."""
+        from urllib.parse import urlsplit
+
+        url = str(getattr(exc, "kwargs", {}).get("endpoint_url", ""))
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        address = f"{parts.hostname}:{port}" if parts.hostname else url or "the endpoint"
+        cause = getattr(exc, "kwargs", {}).get("error")
+        why = f" ({cause})" if cause else ""
+        return cls(f"{what}: could not connect to {address}{why}; check the endpoint URL "
+                   "(--endpoint-url, AWS_ENDPOINT_URL) and that the server is running", address)

@@ -37,6 +37,7 @@ import base64
 import contextlib
 import logging
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -62,7 +63,7 @@ from trtet_store.remote.fetch_errors import (
     ObjectChangedError,
     ObjectNotFoundError,
 )
-from trtet_store.remote.fetch_get import Reader, make_client, transient
+from trtet_store.remote.fetch_get import Reader, make_client, network_text, transient
 from trtet_store.remote.fetch_local import candidate_files, find_reusable
 from trtet_store.remote.fetch_plan import (
     ObjectPlan,
@@ -88,6 +89,13 @@ DEFAULT_CONCURRENCY = 4
 WRITE_CHUNK = 32 * MiB
 #: Room for the journal, the staged files' sidecars and directory entries.
 SLACK = MiB
+#: The bounds :func:`check_options` holds ``range_size`` and ``concurrency`` to: a
+#: range is at least one manifest chunk (ranges end on chunk boundaries, and a
+#: smaller one would be one GET per few KiB), and memory is ``(concurrency + 2)
+#: x range_size``, so neither may be so large that the buffers cannot be had.
+MIN_RANGE_SIZE = MiB
+MAX_RANGE_SIZE = 1 << 30
+MAX_CONCURRENCY = 256
 
 
 
@@ -229,9 +237,12 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     client : boto3 S3 client, optional
         Default: one made the way boto3 finds credentials, at ``endpoint_url``.
     concurrency : int
-        Ranged GETs in flight. Memory is bounded by ``(concurrency + 2) x range_size``.
+        Ranged GETs in flight, 1 to 256. Memory is bounded by
+        ``(concurrency + 2) x range_size``.
     range_size : int
-        Bytes per GET (ranges end on the manifest's 1 MiB chunk boundaries).
+        Bytes per GET, 1 MiB to 1 GiB (ranges end on the manifest's 1 MiB chunk
+        boundaries). A resume may use another range size than the fetch it
+        continues: staged bytes are kept by what they cover.
     progress : callable, optional
         Called with a :class:`FetchProgress` as bytes arrive or are found.
     if_replaced : {"restart", "error"}
@@ -251,6 +262,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
 
     Raises
     ------
+    TypeError, ValueError
+        A bad option (see :func:`check_options`), before any network call.
     ObjectNotFoundError, AccessDeniedError, BucketNotFoundError
         Before anything local changes.
     InsufficientSpaceError
@@ -267,9 +280,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         raise TypeError("reuse takes a list of paths, e.g. reuse=[old_pte], not one path")
     if if_replaced not in ("restart", "error"):
         raise ValueError(f"if_replaced must be 'restart' or 'error', not {if_replaced!r}")
-    if concurrency < 1 or range_size < MiB or attempts < 1:
-        raise ValueError("concurrency and attempts must be at least 1, range_size at least "
-                         "1 MiB")
+    check_options(concurrency=concurrency, range_size=range_size, attempts=attempts,
+                  max_restarts=max_restarts, wait_replaced=wait_replaced)
     bucket, key = parse_url(url)
     dest = Path(path).absolute()
     if not dest.parent.is_dir():
@@ -280,6 +292,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     reader = Reader(client, bucket, attempts=attempts)
     job = _Fetch(url, bucket, key, dest, [Path(p).absolute() for p in reuse], reader,
                  concurrency, range_size, progress, attempts, placements)
+    job.endpoint_url = endpoint_url or _client_endpoint(client)
+    job.if_replaced = if_replaced
     start = time.monotonic()
     restarts = 0
     seen_version = None
@@ -299,6 +313,88 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     report.retries = reader.retries + job.range_retries
     report.seconds = time.monotonic() - start
     return report
+
+
+def _whole(name: str, value: object, low: int, high: int | None = None,
+           unit: str = "") -> None:
+    # bool is an int to Python, but concurrency=True is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+    if value < low or (high is not None and value > high):
+        span = f"at least {low}{unit}" if high is None else f"{low}{unit} to {high}{unit}"
+        raise ValueError(f"{name} must be {span}, not {value}{unit}")
+
+
+def check_options(*, concurrency: int = DEFAULT_CONCURRENCY,
+                  range_size: int = DEFAULT_RANGE_SIZE, attempts: int = 5,
+                  max_restarts: int = 3, wait_replaced: float = 30.0) -> None:
+    """Refuse bad fetch options before anything is read, created or sent.
+
+    The CLI calls it too, so a bad flag is one line, not a traceback from
+    deep inside botocore or a buffer allocation.
+
+    Raises
+    ------
+    TypeError
+        A count that is not an ``int`` (``True`` and ``1.5`` included).
+    ValueError
+        ``concurrency`` or ``attempts`` below 1 (or ``concurrency`` above
+        :data:`MAX_CONCURRENCY`), ``range_size`` outside
+        :data:`MIN_RANGE_SIZE` to :data:`MAX_RANGE_SIZE` (memory is
+        ``(concurrency + 2) x range_size``), a negative ``max_restarts`` or
+        ``wait_replaced``.
+    """
+    _whole("concurrency", concurrency, 1, MAX_CONCURRENCY)
+    if isinstance(range_size, bool) or not isinstance(range_size, int):
+        raise TypeError(f"range_size must be an int (bytes), not {type(range_size).__name__} "
+                        f"({range_size!r})")
+    if not MIN_RANGE_SIZE <= range_size <= MAX_RANGE_SIZE:
+        raise ValueError(f"range_size must be {MIN_RANGE_SIZE >> 20} MiB to "
+                         f"{MAX_RANGE_SIZE >> 20} MiB ({MIN_RANGE_SIZE} to {MAX_RANGE_SIZE} "
+                         f"bytes), not {range_size} bytes")
+    _whole("attempts", attempts, 1)
+    _whole("max_restarts", max_restarts, 0)
+    if isinstance(wait_replaced, bool) or not isinstance(wait_replaced, (int, float)):
+        raise TypeError(f"wait_replaced must be a number of seconds, not "
+                        f"{type(wait_replaced).__name__} ({wait_replaced!r})")
+    if not wait_replaced >= 0:  # NaN too
+        raise ValueError(f"wait_replaced must be at least 0 seconds, not {wait_replaced}")
+
+
+def resume_command(url: str, dest: os.PathLike | str, *,
+                   reuse: Sequence[os.PathLike | str] = (), endpoint_url: str | None = None,
+                   concurrency: int = DEFAULT_CONCURRENCY,
+                   range_size: int = DEFAULT_RANGE_SIZE, if_replaced: str = "restart",
+                   **flags: bool) -> str:
+    """The ``trtet-store fetch`` command that continues a fetch, with every option it had.
+
+    Options at their defaults are left out; every other one is repeated, so
+    the command reaches the same endpoint and plans the same ranges (a resume
+    with other ranges keeps what is staged anyway, but costs a re-read).
+    ``flags`` are boolean options by their API name (``replace_needed=True``
+    becomes ``--replace-needed``), written when true.
+    """
+    words = ["trtet-store", "fetch", url, os.fspath(dest)]
+    for r in reuse:
+        words += ["--reuse", os.fspath(r)]
+    if endpoint_url:
+        words += ["--endpoint-url", endpoint_url]
+    if concurrency != DEFAULT_CONCURRENCY:
+        words += ["--concurrency", str(concurrency)]
+    if range_size != DEFAULT_RANGE_SIZE:
+        words += ["--range-size", str(range_size)]
+    if if_replaced != "restart":
+        words += ["--if-replaced", if_replaced]
+    words += [f"--{name.replace('_', '-')}" for name, on in flags.items() if on]
+    return shlex.join(words)
+
+
+def _client_endpoint(client: Any) -> str | None:
+    """A given client's endpoint, for the resume command (AWS's own needs no flag)."""
+    url = getattr(getattr(client, "meta", None), "endpoint_url", None)
+    if not isinstance(url, str) or ".amazonaws.com" in url:
+        return None
+    return url
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -323,6 +419,10 @@ class _Fetch:
         self.progress = progress
         self.attempts = attempts
         self.placements = placements
+        # What the resume command repeats (set by fetch()).
+        self.endpoint_url: str | None = None
+        self.if_replaced = "restart"
+        self.flags: dict[str, bool] = {}
         self.version = ""
         self.range_retries = 0
         self._mutex = threading.Lock()
@@ -600,8 +700,10 @@ class _Fetch:
         return resumed
 
     def resume_command(self) -> str:
-        extra = "".join(f" --reuse {r}" for r in self.reuse)
-        return f"trtet-store fetch {self.url} {self.dest}{extra}"
+        return resume_command(self.url, self.dest, reuse=self.reuse,
+                              endpoint_url=self.endpoint_url, concurrency=self.concurrency,
+                              range_size=self.range_size, if_replaced=self.if_replaced,
+                              **self.flags)
 
     def _staged_ok(self, spec: ObjectSpec, stage: Staging, run: Run, rng: Range,
                    crc: int) -> bool:
@@ -633,10 +735,11 @@ class _Fetch:
                             self._retry(spec, rng, repr(exc), attempt)
                             continue
                         if transient(exc):
+                            last = network_text(exc, "GetObject")
                             raise FetchInterruptedError(
                                 f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
                                 f"{rng.end - 1}: {self.attempts} attempts failed, the last "
-                                f"with {exc!r}", self.resume_command()) from exc
+                                f"with {last}", self.resume_command()) from exc
                         raise
                     if not _chunks_ok(spec, rng, view):
                         if attempt < self.attempts:

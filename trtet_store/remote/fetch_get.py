@@ -16,7 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trtet_store.remote.errors import AccessDeniedError, BucketNotFoundError, RemoteError
+from trtet_store.remote.errors import (
+    AccessDeniedError,
+    BucketNotFoundError,
+    EndpointUnreachableError,
+    RemoteError,
+)
 from trtet_store.remote.fetch_errors import (
     FetchInterruptedError,
     ObjectChangedError,
@@ -74,6 +79,20 @@ def transient(exc: BaseException) -> bool:
                             ConnectionError, TimeoutError))
 
 
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure to connect at all (a wrong host or port, a server down)."""
+    from botocore import exceptions as bx
+
+    return isinstance(exc, bx.EndpointConnectionError)
+
+
+def network_text(exc: BaseException, what: str) -> str:
+    """A network failure of ``what`` in words: ``host:port`` when no connection was made."""
+    if unreachable(exc):
+        return str(EndpointUnreachableError.from_botocore(exc, what))
+    return f"{what}: {exc!r}"
+
+
 def translate(exc: Exception, bucket: str, key: str, etag: str | None = None) -> Exception:
     """The remote error that says what ``exc`` (a botocore ClientError) means, or ``exc``."""
     from botocore import exceptions as bx
@@ -106,12 +125,22 @@ class Reader:
         self.attempts = attempts
         self.backoff = backoff
         self.retries = 0  # transient failures retried, across all calls
+        # Whether any call got an answer: before one, a failure to connect is a wrong
+        # endpoint (botocore's own attempts all failed), not a blip worth our retries.
+        self.answered = False
 
     def _call(self, what: str, key: str, etag: str | None, fn: Callable[[], Any]) -> Any:
         for attempt in range(1, self.attempts + 1):
             try:
-                return fn()
+                out = fn()
+                self.answered = True
+                return out
             except Exception as exc:  # noqa: BLE001 - sorted into retry / translate below
+                if unreachable(exc) and not self.answered:
+                    raise EndpointUnreachableError.from_botocore(
+                        exc, f"{what} s3://{self.bucket}/{key}") from exc
+                if getattr(exc, "response", None):
+                    self.answered = True  # the server answered, if with a refusal
                 if attempt < self.attempts and transient(exc):
                     self.retries += 1
                     log.info("%s s3://%s/%s failed (%r); retry %d of %d", what, self.bucket,
@@ -122,7 +151,7 @@ class Reader:
                 if err is exc and transient(exc):
                     raise FetchInterruptedError(
                         f"{what} s3://{self.bucket}/{key} failed {self.attempts} times; the "
-                        f"last error: {exc!r}") from exc
+                        f"last error: {network_text(exc, what)}") from exc
                 if err is exc:
                     raise
                 raise err from None

@@ -24,7 +24,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from trtet_store.remote.errors import AccessDeniedError, BucketNotFoundError, RemoteError
+from trtet_store.remote.errors import (
+    AccessDeniedError,
+    BucketNotFoundError,
+    EndpointUnreachableError,
+    RemoteError,
+)
 from trtet_store.remote.manifest import strip_etag
 
 log = logging.getLogger("trtet_store.remote")
@@ -47,6 +52,10 @@ class NoSuchUpload(RemoteError):  # noqa: N818 - the server's name for it
 
 class Transient(RemoteError):  # noqa: N818 - a signal, not a verdict
     """A connection, timeout or server error that botocore's retries did not get through."""
+
+
+class Unreachable(Transient, EndpointUnreachableError):  # noqa: N818 - a signal, like Transient
+    """No connection to the endpoint at all (botocore's ``EndpointConnectionError``)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,7 @@ class S3:
             BotoCoreError,
             ClientError,
             ConnectionError,
+            EndpointConnectionError,
             HTTPClientError,
             NoCredentialsError,
         )
@@ -145,6 +155,11 @@ class S3:
             raise AccessDeniedError("no AWS credentials found (AWS_ACCESS_KEY_ID/"
                                     "AWS_SECRET_ACCESS_KEY, a profile, or an instance "
                                     "role)") from None
+        except EndpointConnectionError as exc:
+            # Every attempt failed to connect: say where, not "a network blip". Still a
+            # Transient, so a publish whose server went away mid-upload keeps its upload.
+            err = EndpointUnreachableError.from_botocore(exc, what)
+            raise Unreachable(str(err), err.address) from exc
         except (ConnectionError, HTTPClientError) as exc:
             raise Transient(f"{what}: {exc}") from exc
         except BotoCoreError as exc:
