@@ -101,6 +101,7 @@ def compile_and_save(
     segment_alignment: int | None = None,
     timeout: float | None = None,
     versioned: bool | int = False,
+    replace_needed: bool = False,
     **compile_settings: Any,
 ) -> CompileReport:
     """Compile ``source`` and write it as an ExecuTorch program, each engine on disk once.
@@ -168,6 +169,12 @@ def compile_and_save(
         concurrent readers get one consistent set (see
         :func:`trtet_store.save_program`); ``True`` keeps 3 versions, a number
         that many. The link is checked before the build.
+    replace_needed : bool
+        Replace a ``.ptd`` that another ``.pte`` beside ``path`` needs (see
+        :func:`trtet_store.save_program`). By default such a write is refused:
+        before the build for the ``.ptd`` files named up front
+        (``external_engine_data``, ``external_weights``), at the write for
+        others (the engines built are kept then, as after any failed write).
     **compile_settings
         Passed to Torch-TensorRT's compiler; each must be a setting it knows
         (see :mod:`trtet_store.export.trt_settings`).
@@ -193,6 +200,9 @@ def compile_and_save(
     ConcurrentWriteError
         Another process is writing the same output (after ``timeout``);
         checked before the build, and again when the program is written.
+    NeededByAnotherError
+        A ``.ptd`` to be written would replace one another ``.pte`` beside
+        ``path`` needs; before the build where its name is known up front.
     ExportError
         A ``constant_methods`` value ExecuTorch cannot emit; before the build.
     """
@@ -215,7 +225,13 @@ def compile_and_save(
     _check_constant_methods(constant_methods, ())
     if keep_of(versioned) is not None:
         version_link(path)  # a name taken by something else: refused before the build
-    _wait_until_free(_destinations(path, external_engine_data, external_weights), timeout)
+    destinations = _destinations(path, external_engine_data, external_weights)
+    _wait_until_free(destinations, timeout)
+    if keep_of(versioned) is None and not replace_needed:
+        # Before the build: a refusal must not cost one.
+        from trtet_store.inspector.neighbours import check_neighbours
+
+        check_neighbours(path.parent, [d.name for d in destinations[1:]], program=path)
 
     own_store = not isinstance(store, BlobStore)
     if own_store:
@@ -246,6 +262,7 @@ def compile_and_save(
                 etrecord_error = exc
         report.writes = et_adapter.save_program(program, path, consume=True,
                                                 versioned=versioned,
+                                                replace_needed=replace_needed,
                                                 progress=progress, timeout=timeout)
         written = True  # the engines are in the program now; nothing left to keep
         report.data_paths = [w.path for w in report.writes[1:]]

@@ -397,6 +397,7 @@ def save_program(
     placements: Any = None,
     timeout: float | None = None,
     versioned: bool | int = False,
+    replace_needed: bool = False,
 ) -> list[Any]:
     """Write the ``.pte`` and every ``.ptd`` of ``program`` as one transaction.
 
@@ -431,30 +432,46 @@ def save_program(
         ``.ptd`` of another; ``True`` keeps 3 versions, a number that many
         (see :func:`trtet_store.io.write_versioned`). ``outdir`` must then be
         ``path``'s directory.
+    replace_needed : bool
+        Replace a ``.ptd`` that another ``.pte`` of its directory needs. By
+        default such a write is refused before anything is written
+        (ExecuTorch names ``.ptd`` files by tag, so two programs exported with
+        one tag collide); the ``.pte`` at ``path`` itself is being replaced,
+        so what it needs does not count. See
+        :func:`trtet_store.inspector.neighbours.check_neighbours`.
 
     Returns
     -------
     list of WriteReport
         The ``.pte`` first, then the ``.ptd`` files (in the new version's
         directory when ``versioned``).
+
+    Raises
+    ------
+    NeededByAnotherError
+        A ``.ptd`` to be written would replace one another program needs.
     """
     from trtet_store.io.versioned import keep_of
 
     keep = keep_of(versioned)
     planned = _plan(program, path, outdir, consume=consume, store=store, include_ptd=True)
-    return _write(program, planned, consume, chunk_size, progress, placements, timeout, keep)
+    return _write(program, planned, consume, chunk_size, progress, placements, timeout, keep,
+                  pte=Path(path), replace_needed=replace_needed)
 
 
 def _write(program: ExecutorchProgramManager,
            planned: tuple[list[tuple[Path, list[Piece]]], _Converter], consume: bool,
            chunk_size: int | None, progress: Any, placements: Any,
-           timeout: float | None = None, keep: int | None = None) -> list[Any]:
+           timeout: float | None = None, keep: int | None = None, *,
+           pte: Path | None = None, replace_needed: bool = False) -> list[Any]:
     from trtet_store.export import _executorch_private as priv
     from trtet_store.io.versioned import write_versioned
     from trtet_store.io.writer import write_files
 
     layouts, conv = planned
     try:
+        if keep is None:  # a versioned write puts its .ptd files in a directory of their own
+            _check_neighbours([p for p, _ in layouts], pte, replace_needed)
         if keep is None:
             reports = write_files(layouts, consume=consume, chunk_size=chunk_size,
                                   progress=progress, placements=placements, timeout=timeout)
@@ -505,15 +522,42 @@ def write_tensor_data(
     store: BlobStore | None = None,
     placements: Any = None,
     timeout: float | None = None,
+    replace_needed: bool = False,
 ) -> list[Any]:
     """Write every ``.ptd`` of ``program`` into ``outdir`` as one transaction.
 
     What ``write_tensor_data_to_file(outdir)`` writes, with tags validated
     first. Returns one WriteReport per file ([] when the program has none).
+
+    A ``.ptd`` that a ``.pte`` of ``outdir`` needs is not replaced unless
+    ``replace_needed=True``: no ``.pte`` is written here, so every ``.pte``
+    there counts, this program's own earlier one too (write both with
+    :func:`save_program`, which knows its own ``.pte``, to update them).
+
+    Raises
+    ------
+    NeededByAnotherError
+        A ``.ptd`` to be written would replace one a ``.pte`` in ``outdir`` needs.
     """
     planned = _plan(program, None, outdir, consume=consume, store=store, include_ptd=True)
     if not planned[0]:
         return []
-    return _write(program, planned, consume, chunk_size, progress, placements, timeout)
+    return _write(program, planned, consume, chunk_size, progress, placements, timeout,
+                  replace_needed=replace_needed)
+
+
+def _check_neighbours(paths: Sequence[Path], pte: Path | None, replace_needed: bool) -> None:
+    """Refuse (before anything is written) a ``.ptd`` another ``.pte`` of its directory needs."""
+    if replace_needed:
+        return
+    from trtet_store.inspector.neighbours import check_neighbours
+
+    by_dir: dict[Path, list[str]] = {}
+    own = None if pte is None else os.path.abspath(pte)
+    for p in paths:
+        if os.path.abspath(p) != own:  # every file but the .pte is a .ptd
+            by_dir.setdefault(Path(os.path.abspath(p.parent)), []).append(p.name)
+    for directory, names in by_dir.items():
+        check_neighbours(directory, names, program=own)
 
 

@@ -180,3 +180,39 @@ class StuckJournalError(StorageError):
             filename)
         self.problems = problems
         self.kept = kept
+
+
+class NeededByAnotherError(StorageError, FileExistsError):
+    """A write would replace a ``.ptd`` that another ``.pte`` of its directory needs.
+
+    ExecuTorch names data files by tag (``cpu.ptd``), not by program, so two
+    programs written into one directory collide. Raised before anything is
+    written (see :func:`trtet_store.inspector.neighbours.check_neighbours`).
+    Also a ``FileExistsError``: the file is there and is not ours to replace.
+
+    Attributes
+    ----------
+    path : str
+        The ``.ptd`` that would be replaced.
+    needed_by : list of str
+        Each ``.pte`` that needs it (or could not be read, and so is taken to).
+    writer : str or None
+        The ``.pte`` being written, when one is.
+    """
+
+    def __init__(self, path: os.PathLike | str, needed_by: list[os.PathLike | str],
+                 why: list[str], writer: os.PathLike | str | None = None) -> None:
+        path = os.fspath(path)
+        names = ", ".join(os.fspath(p) for p in needed_by)
+        whose = f"{Path(os.fspath(writer)).name}'s " if writer is not None else "the "
+        super().__init__(
+            errno.EEXIST,
+            f"writing {whose}{Path(path).name} would replace {path}, which {names} "
+            f"need{'s' if len(needed_by) == 1 else ''} ({'; '.join(why)}): write this "
+            "program into a separate directory, or pass replace_needed=True "
+            "(--replace-needed) to replace it anyway, which breaks "
+            f"{'that program' if len(needed_by) == 1 else 'those programs'}",
+            path)
+        self.path = path
+        self.needed_by = [os.fspath(p) for p in needed_by]
+        self.writer = os.fspath(writer) if writer is not None else None
