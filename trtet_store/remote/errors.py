@@ -51,6 +51,26 @@ class KeyExistsError(ConflictError):
     """The key already holds an object and ``replace=True`` was not asked for."""
 
 
+class OwnedByOtherProgramError(KeyExistsError):
+    """The key is named by another program's manifest: no publish replaces it, ``replace`` or not.
+
+    ExecuTorch names ``.ptd`` files by tag (``cpu.ptd``), not by program, so
+    two programs published under one prefix would share keys; replacing one
+    breaks the other. Publish the program under a prefix of its own.
+
+    Attributes
+    ----------
+    key : str
+        The object (or manifest) the publish would have written.
+    owner : str
+        ``s3://bucket/key`` of the program whose manifest names ``key``.
+    """
+
+    def __init__(self, message: str, key: str, owner: str) -> None:
+        super().__init__(message, key)
+        self.owner = owner
+
+
 class PartSizeError(RemoteError, ValueError):
     """A part size outside S3's limits, or one that cannot cover the object in 10,000 parts."""
 

@@ -83,6 +83,41 @@ def manifest_key(program_key: str) -> str:
     return program_key + MANIFEST_SUFFIX
 
 
+def program_key_of(key: str) -> str | None:
+    """The program's key whose manifest is ``key`` (the inverse of :func:`manifest_key`).
+
+    ``None`` when ``key`` is not a manifest's key.
+    """
+    if key.endswith(MANIFEST_SUFFIX) and len(key) > len(MANIFEST_SUFFIX) \
+            and not key.endswith("/" + MANIFEST_SUFFIX):
+        return key[:-len(MANIFEST_SUFFIX)]
+    return None
+
+
+def named_keys(data: bytes | str) -> frozenset[str]:
+    """Every object key a manifest names, read leniently.
+
+    Which keys a program owns must be known even from a manifest this
+    version cannot fully read (a later format version, a damaged part list):
+    a publish that cannot tell would otherwise overwrite them. Only
+    ``objects[*].key`` is read.
+
+    Raises
+    ------
+    ManifestError
+        Not JSON, or no ``objects`` list of entries with a string ``key``.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"manifest is not JSON: {exc}") from None
+    objects = doc.get("objects") if isinstance(doc, dict) else None
+    if not isinstance(objects, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("key"), str) for o in objects):
+        raise ManifestError("manifest has no list of objects with keys")
+    return frozenset(o["key"] for o in objects)
+
+
 def crc64nvme_b64(value: int) -> str:
     """A CRC64NVME as S3 writes it: base64 of its 8 big-endian bytes."""
     return base64.b64encode(value.to_bytes(8, "big")).decode("ascii")

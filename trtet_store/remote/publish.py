@@ -3,8 +3,9 @@
 One publish, in order:
 
 1. **Refuse early** (nothing is created): a piece not as sealed, a missing
-   bucket, refused credentials, a key that exists without ``replace=True``,
-   a part size that cannot fit.
+   bucket, refused credentials, a key that another program's manifest names
+   (with or without ``replace``: see *Neighbours* below), a key that exists
+   without ``replace=True``, a part size that cannot fit.
 2. **Plan**: equal-size parts per object; with an earlier version (its
    manifest) or the engine-digest index, the parts lying inside unchanged
    ranges are copied server-side (:mod:`.delta`). The plan, and the ETags
@@ -18,9 +19,22 @@ One publish, in order:
    failure is retried; when retries run out the upload is kept for resume.
 4. **Complete** each object with its full-object CRC64NVME (the parts'
    CRCs combined), ``If-None-Match: *`` for a new key or ``If-Match`` of
-   the version it replaces; check HeadObject's checksum against ours.
-5. **Commit**: the manifest, last, with the same conditions. The journal is
-   removed.
+   the version read at plan time, after checking that the manifest is
+   still the one planned against; check HeadObject's checksum against ours.
+5. **Commit**: the manifest, last, with the same conditions. Then the
+   replaced version's objects that the new manifest no longer names are
+   removed (only where no other manifest names them, and only at the ETag
+   the replaced manifest named). The journal is removed.
+
+**Neighbours.** ExecuTorch names ``.ptd`` files by tag, so two programs
+under one prefix share names (``a.pte`` and ``b.pte`` each with a
+``cpu.ptd``). Objects stay beside their program (no per-program
+namespace: that is where the runtime and ``fetch`` look for them), and a
+key belongs to the program whose manifest names it: before writing or
+removing key K, the manifests in K's directory (``*.trtet.json``) are read,
+and a K that any manifest other than this program's own names is refused
+with :class:`~trtet_store.remote.errors.OwnedByOtherProgramError`, which
+names the owner and suggests a prefix of its own.
 
 A resumed publish (a journal for the same destination and the same pieces)
 re-reads the bytes (to digest them) and asks ListParts what the server
@@ -34,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import queue
 import threading
 import time
@@ -50,6 +65,7 @@ from trtet_store.remote.errors import (
     ConflictError,
     KeyExistsError,
     ManifestError,
+    OwnedByOtherProgramError,
     RemoteError,
     UploadKeptError,
 )
@@ -61,6 +77,8 @@ from trtet_store.remote.manifest import (
     PieceEntry,
     crc64nvme_b64,
     manifest_key,
+    named_keys,
+    program_key_of,
 )
 from trtet_store.remote.parts import Part, choose_part_size, plan_parts
 from trtet_store.remote.report import ObjectReport, PublishReport
@@ -214,6 +232,15 @@ def publish_sources(
         journal.remove()
 
     heads = {k: s3.head(bucket, k) for k in [*keys, mkey]}
+    # Another program's object is never ours to replace (see _owners): refused whatever
+    # replace says, before anything is created; a journal of ours is given up with it.
+    owners = _owners(s3, bucket, dest.key, mkey)
+    owned = [k for k in keys if k in owners]
+    if owned:
+        if state is not None:
+            _abort_journaled(s3, bucket, records)
+            journal.remove()
+        raise _owned_error(bucket, dest, owned, owners)
     completed_etags = {}
     if state is not None:
         completed_etags = {o.key: o.completed["etag"] for o in objs if o.completed}
@@ -230,15 +257,17 @@ def publish_sources(
         manifest_base = heads[mkey].etag if heads[mkey] is not None else None
         for o in objs:
             o.base_etag = heads[o.key].etag if heads[o.key] is not None else None
-        _plan_copies(s3, bucket, objs, heads, mkey, index)
+        previous = _plan_copies(s3, bucket, objs, heads, mkey, index)
         plan = {"endpoint": s3.endpoint_url, "bucket": bucket, "key": dest.key,
                 "fingerprint": _fingerprint(objs), "manifest_base": manifest_base,
+                "previous": previous,
                 "objects": [{"name": o.name, "key": o.key, "base": o.base_etag,
                              "copies": {str(n): [c.key, c.offset, c.etag]
                                         for n, c in o.copies.items()}} for o in objs]}
         journal.start(plan)
     else:
         manifest_base = state
+        previous = records[0].get("previous") or {}
         journal.reopen()
         log.info("publish %s: resuming an interrupted publish (journal %s)", dest, journal.path)
 
@@ -279,7 +308,7 @@ def publish_sources(
                 _send_object(s3, bucket, o, journal, counters, concurrency, report_progress)
         for o in objs:
             if o.completed is None:
-                _complete_object(s3, bucket, o, journal)
+                _complete_object(s3, bucket, o, journal, mkey, manifest_base)
             elif not o.report.unchanged:
                 with counters.lock:
                     counters.resumed += o.source.size
@@ -291,6 +320,7 @@ def publish_sources(
         metag = _put_manifest(s3, bucket, mkey, body, manifest_base)
         journal.append({"t": "committed", "etag": metag})
         _check_still_there(s3, bucket, objs, mkey)
+        _remove_replaced(s3, bucket, dest.key, mkey, previous, {o.key for o in objs})
     except (SourceChangedError, ConflictError) as exc:
         log.error("publish %s failed (%s); its uploads are aborted, nothing a reader takes "
                   "was published", dest, exc)
@@ -359,8 +389,13 @@ def _resume_state(records: list[dict], objs: list[_Object]) -> str | None | bool
 
 
 def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: str,
-                 index: bool) -> None:
-    """Fill each object's ``copies`` from the previous manifest and the index."""
+                 index: bool) -> dict[str, str]:
+    """Fill each object's ``copies`` from the previous manifest and the index.
+
+    Returns the previous version's objects, ``{key: etag}`` as its manifest
+    names them (empty without a readable one): after the new manifest
+    commits, those it no longer names are removed (:func:`_remove_replaced`).
+    """
     cands: delta.Candidates = {}
     previous: dict[str, dict[str, Any]] = {}
     if heads.get(mkey) is not None:
@@ -379,8 +414,10 @@ def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: st
                 if e.kind == "file" and e.size >= 5 << 20:
                     for where, size, digest in _index_lookup(s3, bucket, e):
                         cands.setdefault((size, digest), []).append(where)
+    _drop_stale_candidates(s3, bucket, cands, heads)
+    old_objects = {k: v["etag"] for k, v in previous.items()}
     if not cands:
-        return
+        return old_objects
     sizes = {size for size, _ in cands}
     for o in objs:
         known: list[tuple[int, int, str | None]] = []
@@ -402,6 +439,134 @@ def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: st
         elif o.copies:
             log.info("%s: %d of %d parts copied server-side from bytes already in the bucket",
                      o.key, len(o.copies), len(o.parts))
+    return old_objects
+
+
+def _drop_stale_candidates(s3: S3, bucket: str, cands: delta.Candidates,
+                           heads: dict) -> None:
+    """Keep only the copy sources still at the version that names them.
+
+    An index entry or an earlier manifest can name an object that was
+    removed since (a replaced version's ``.ptd``, see
+    :func:`_remove_replaced`) or replaced: a copy from it would fail, or
+    fall back, part by part. One HeadObject per source object.
+    """
+    seen: dict[str, str | None] = {k: (h.etag if h is not None else None)
+                                   for k, h in heads.items()}
+    for cand_key in list(cands):
+        kept = []
+        for where in cands[cand_key]:
+            if where.key not in seen:
+                head = s3.head(bucket, where.key)
+                seen[where.key] = head.etag if head is not None else None
+            if seen[where.key] == where.etag:
+                kept.append(where)
+        if kept:
+            cands[cand_key] = kept
+        else:
+            del cands[cand_key]
+
+
+# --- neighbours: other programs under the same prefix ---------------------------------
+#
+# ExecuTorch names .ptd files by tag (cpu.ptd), not by program, so two programs published
+# side by side under one prefix would share keys. Objects stay beside their program (that
+# is where the runtime and fetch look for them); ownership is read from the manifests: a
+# key that another program's manifest names (or that is another program's manifest) is
+# that program's, and no publish replaces or removes it, --replace or not.
+
+
+def _owners(s3: S3, bucket: str, key: str, mkey: str) -> dict[str, str]:
+    """``{object key: owning program's key}`` from every other manifest beside ``key``.
+
+    Our own manifest (``mkey``) is left out: what it names is ours to
+    replace. A manifest names keys in its own directory (the publisher puts
+    every object beside its program), so one listing of that directory finds
+    every program that could own a key we write. Each manifest is read
+    leniently (:func:`~trtet_store.remote.manifest.named_keys`), so one of a
+    later format still protects its objects; one that cannot be read at all
+    protects only itself, with a warning.
+    """
+    head = posixpath.dirname(key)
+    owners: dict[str, str] = {}
+    for k in s3.list_keys(bucket, f"{head}/" if head else ""):
+        program = program_key_of(k)
+        if program is None or k == mkey:
+            continue
+        owners[k] = program
+        try:
+            got = s3.get(bucket, k, limit=64 << 20)
+            if got is None:  # removed since the listing
+                continue
+            named = named_keys(got[0])
+        except (ManifestError, RemoteError) as exc:
+            log.warning("s3://%s/%s cannot be read (%s); the objects it names are not known "
+                        "to this publish", bucket, k, exc)
+            continue
+        for n in named:
+            owners.setdefault(n, program)
+    return owners
+
+
+def _owned_error(bucket: str, dest: RemoteURL, owned: list[str],
+                 owners: dict[str, str]) -> OwnedByOtherProgramError:
+    stem = posixpath.splitext(dest.name)[0] or dest.name
+    alone = dest.sibling(stem) + "/" + dest.name
+    which = "; ".join(f"{posixpath.basename(k)} belongs to s3://{bucket}/{owners[k]}"
+                      for k in owned)
+    return OwnedByOtherProgramError(
+        f"publishing s3://{bucket}/{dest.key} would replace another program's object: "
+        f"{which} (its manifest names it). A publish never replaces another program's "
+        "objects, with or without --replace; publish this program under a prefix of its "
+        f"own, e.g. s3://{bucket}/{alone}", owned[0], f"s3://{bucket}/{owners[owned[0]]}")
+
+
+def _remove_replaced(s3: S3, bucket: str, key: str, mkey: str, previous: dict[str, str],
+                     kept: set[str]) -> list[str]:
+    """Remove the replaced version's objects that the new manifest no longer names.
+
+    Runs after the new manifest is committed and checked. An object goes
+    only when it is beside the program, no other program's manifest names
+    it (listed again now), and it still has the ETag the replaced manifest
+    named (a conditional DeleteObject: a version written since is someone's
+    and stays). Best effort: the publish is done; what cannot be removed is
+    named in a warning and stays.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    gone = sorted(k for k in previous if k not in kept)
+    if not gone:
+        return []
+    where = posixpath.dirname(key)
+    try:
+        owners = _owners(s3, bucket, key, mkey)
+    except (RemoteError, OSError, BotoCoreError, ClientError) as exc:
+        log.warning("the replaced version's objects %s are kept: the other programs' "
+                    "manifests could not be listed (%s)", ", ".join(gone), exc)
+        return []
+    removed = []
+    for k in gone:
+        if posixpath.dirname(k) != where or program_key_of(k) is not None:
+            log.warning("s3://%s/%s is kept: the replaced manifest named it, but it is not "
+                        "an object beside the program", bucket, k)
+            continue
+        if k in owners:
+            log.info("s3://%s/%s is kept: s3://%s/%s names it too", bucket, k, bucket,
+                     owners[k])
+            continue
+        try:
+            s3.delete(bucket, k, if_match=previous[k])
+        except PreconditionFailed:
+            log.info("s3://%s/%s is kept: it changed since the replaced version", bucket, k)
+            continue
+        except (RemoteError, OSError, BotoCoreError, ClientError) as exc:
+            log.warning("s3://%s/%s, which the replaced version had and the new one does "
+                        "not, could not be removed (%s); it stays", bucket, k, exc)
+            continue
+        removed.append(k)
+        log.info("removed s3://%s/%s: the replaced version had it, no manifest names it now",
+                 bucket, k)
+    return removed
 
 
 # --- the engine-digest index ----------------------------------------------------------
@@ -653,7 +818,17 @@ def _read_at(source: ObjectSource, offset: int, buf: memoryview) -> None:
 # --- completing and committing ------------------------------------------------------------
 
 
-def _complete_object(s3: S3, bucket: str, o: _Object, journal: Journal) -> None:
+def _complete_object(s3: S3, bucket: str, o: _Object, journal: Journal, mkey: str,
+                     manifest_base: str | None | bool) -> None:
+    """Complete ``o``'s upload, conditional on the version planned against, and check it.
+
+    Two conditions guard another publisher's finished version: the manifest
+    is still the one planned against (:func:`_check_manifest_base`: another
+    publish of this program that kept this object unchanged leaves its ETag
+    as planned, yet its manifest names it), and the Complete carries
+    ``If-Match`` of the version read at plan time (``If-None-Match: *`` for
+    a new key), so a version committed in between is never overwritten.
+    """
     numbers = [p.number for p in o.parts]
     missing = [n for n in numbers if n not in o.done]
     if missing:
@@ -664,6 +839,7 @@ def _complete_object(s3: S3, bucket: str, o: _Object, journal: Journal) -> None:
     full_b64 = crc64nvme_b64(full)
     parts = [(n, o.done[n][0], crc64nvme_b64(o.done[n][1])) for n in numbers]
     target = f"s3://{bucket}/{o.key}"
+    _check_manifest_base(s3, bucket, mkey, manifest_base, o.key)
     try:
         etag = s3.complete(bucket, o.key, o.upload_id, parts, full_b64,
                            if_none_match=o.base_etag is None, if_match=o.base_etag)
@@ -708,6 +884,24 @@ def _complete_object(s3: S3, bucket: str, o: _Object, journal: Journal) -> None:
     o.report.etag, o.report.crc64nvme = etag, full_b64
     journal.append({"t": "completed", "name": o.name, "entry": o.completed,
                     "report": o.report.__dict__})
+
+
+def _check_manifest_base(s3: S3, bucket: str, mkey: str, base: str | None | bool,
+                         key: str) -> None:
+    """ConflictError unless the manifest is still the version this publish planned against.
+
+    Checked before each Complete: a publish of this program that finished
+    since our plan has committed a manifest naming objects we are about to
+    replace, some perhaps at the very ETag we planned against (an object it
+    kept unchanged), which ``If-Match`` alone cannot tell.
+    """
+    head = s3.head(bucket, mkey)
+    now = head.etag if head is not None else None
+    if now != (base or None):
+        raise ConflictError(f"s3://{bucket}/{mkey} was {'written' if not base else 'changed'} "
+                            "by another publisher after this publish planned; "
+                            f"s3://{bucket}/{key} was not completed, so its program stays "
+                            "whole (publish again, with replace=True to replace it)", mkey)
 
 
 def _entry(d: dict[str, Any]) -> ObjectEntry:

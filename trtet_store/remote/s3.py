@@ -231,8 +231,24 @@ class S3:
         r = self._call("PutObject", bucket, self.client.put_object, **kwargs)
         return strip_etag(r["ETag"])
 
-    def delete(self, bucket: str, key: str) -> None:
-        self._call("DeleteObject", bucket, self.client.delete_object, Bucket=bucket, Key=key)
+    def delete(self, bucket: str, key: str, if_match: str | None = None) -> None:
+        """DeleteObject; with ``if_match``, only that version (else :class:`PreconditionFailed`)."""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if if_match:
+            kwargs["IfMatch"] = if_match
+        self._call("DeleteObject", bucket, self.client.delete_object, **kwargs)
+
+    def list_keys(self, bucket: str, prefix: str, delimiter: str = "/") -> list[str]:
+        """The keys right under ``prefix`` (all pages; not below the next ``delimiter``)."""
+        out: list[str] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": delimiter}
+        while True:
+            r = self._call("ListObjectsV2", bucket, self.client.list_objects_v2, **kwargs)
+            out += [o["Key"] for o in r.get("Contents", [])]
+            token = r.get("NextContinuationToken")
+            if not r.get("IsTruncated") or not token:
+                return out
+            kwargs["ContinuationToken"] = token
 
     # --- multipart -------------------------------------------------------------------
 
