@@ -19,7 +19,8 @@ Beside the destination, in ``.trtet-staging/`` (the staging directory that
   re-reads and re-checks every recorded range before trusting it, so
   neither a range nor its line needs an fsync: a range a crash lost is
   fetched again;
-- ``fetch-<id>.lock``: held (``flock``) while a fetch of this destination runs.
+- ``fetch-<id>.lock``: held (``flock``, taken with :func:`trtet_store.io.lock.try_lock`,
+  so only on the file at that path now) while a fetch of this destination runs.
 
 ``<id>`` is a digest of the destination's absolute path.
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtet_store.io import Blob, BlobStore, ConcurrentWriteError, pwrite_all, recover
+from trtet_store.io.lock import release, try_lock, unlock_file
 from trtet_store.remote.fetch_plan import ObjectPlan, Range, Run
 
 log = logging.getLogger("trtet_store.remote.fetch")
@@ -94,18 +95,24 @@ class Staging:
             Another fetch into ``dest`` is running.
         """
         directory = dest.parent / STAGING_DIR
-        directory.mkdir(exist_ok=True)
         fid = fetch_id(dest)
         lock_path = directory / f"fetch-{fid}.lock"
-        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(lock_fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ConcurrentWriteError(errno.EBUSY, f"another fetch into {dest} is running",
-                                           os.fspath(dest)) from None
-            raise
+        for attempt in range(3):
+            directory.mkdir(exist_ok=True)
+            try:
+                # The lock on the file that is at the path now (io.lock): the fetch
+                # before us unlinks its lock file while it holds it, so a lock
+                # taken on the inode we opened earlier would be a second holder.
+                lock_fd = try_lock(lock_path, create=True)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                # The fetch before us removed the (then empty) staging directory
+                # between our mkdir and our open: make it again.
+        if lock_fd is None:
+            raise ConcurrentWriteError(errno.EBUSY, f"another fetch into {dest} is running; "
+                                       "wait for it to finish", os.fspath(dest))
         self = cls(dest, directory, fid, lock_fd)
         try:
             self.store = BlobStore(directory)
@@ -335,11 +342,13 @@ class Staging:
             self.store = None
         if self.lock_fd >= 0:
             if not self.journal_path.exists():
-                # Nothing to resume: leave no trace. The lock file is unlinked while
-                # held, so no other fetch can be holding a lock on a deleted file.
-                with contextlib.suppress(OSError):
-                    (self.directory / f"fetch-{self.id}.lock").unlink()
-            os.close(self.lock_fd)
+                # Nothing to resume: leave no trace. Unlinked while held, then
+                # released (io.lock's protocol): a fetch that opened the old file
+                # meanwhile finds it gone from the path once it gets its lock, and
+                # takes the file that is there instead (try_lock), so no two hold.
+                unlock_file(self.lock_fd, self.directory / f"fetch-{self.id}.lock")
+            else:
+                release(self.lock_fd)
             self.lock_fd = -1
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # only when empty
