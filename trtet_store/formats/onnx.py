@@ -48,9 +48,6 @@ log = logging.getLogger("trtet_store.formats")
 
 __all__ = ["save_model"]
 
-#: What onnx's threshold test adds to a tensor's length (``sys.getsizeof`` of bytes).
-BYTES_OVERHEAD = 33
-
 
 def save_model(model: Any, path: os.PathLike | str, *, location: str,
                size_threshold: int = 1024, convert_attribute: bool = False,
@@ -72,7 +69,8 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
         two models saved into one directory must not share a default name (a
         save replaces the whole data file).
     size_threshold : int
-        As onnx's: tensors with ``len(raw_data) + 33 >= size_threshold`` go external.
+        As onnx's: tensors with ``sys.getsizeof(raw_data) >= size_threshold``
+        (the length plus 33 on 64-bit CPython) go external.
     convert_attribute : bool
         Also move node-attribute tensors (``Constant`` values) to the data file.
     alignment : int
@@ -160,7 +158,9 @@ def _plan(model: Any, out: Any, onnx: Any, staged: dict, base: Path, location: s
         elif s.HasField("raw_data"):
             raw = s.raw_data  # the one copy protobuf allows
             wanted = kind == "initializer" or (kind == "attribute" and convert_attribute)
-            if wanted and len(raw) + BYTES_OVERHEAD >= size_threshold:
+            # onnx's own measure, sys.getsizeof: the length plus the bytes object's
+            # header (33 on 64-bit CPython), so 991..1023-byte tensors go external too.
+            if wanted and sys.getsizeof(raw) >= size_threshold:
                 piece = raw
                 if store is not None:
                     piece = store.put(raw)
