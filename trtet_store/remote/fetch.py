@@ -73,6 +73,7 @@ from trtet_store.remote.fetch_plan import (
     Run,
     expected_chunks,
     plan_object,
+    split_run,
 )
 from trtet_store.remote.fetch_stage import STAGING_DIR, Staging, fetch_id
 from trtet_store.remote.fetch_writer import RangeWriter
@@ -634,8 +635,14 @@ class _Fetch:
         done: set[tuple[int, int, int]] = set()
         if resuming:
             done = _journaled_ranges(self.dest, self.version)
-        download = sum(-(-r.size // bs) * bs + bs for p in plans for run in p.runs
-                       for r in run.ranges if (r.obj, r.offset, r.size) not in done)
+        # What a resume keeps is what its journaled ranges cover, whatever this
+        # fetch's range size (see _replan_run); each gap left is rounded up to
+        # whole blocks, plus a block per range it is cut into.
+        download = 0
+        for p in plans:
+            for run in p.runs:
+                for gap in _gaps(run, done):
+                    download += -(-gap // bs) * bs + bs * -(-gap // self.range_size)
         n_runs = sum(len(p.runs) for p in plans)
         # write_files budgets each output's staged runs as one move (an insert
         # may fall back to one), plus two blocks per run.
@@ -658,14 +665,10 @@ class _Fetch:
         todo: list[tuple[ObjectSpec, Run, Range]] = []
         resumed = 0
         for plan in plans:
-            for run in plan.runs:
-                for rng in run.ranges:
-                    crc = stage.done.get((rng.obj, rng.offset, rng.size))
-                    if crc is not None and self._staged_ok(plan.spec, stage, run, rng, crc):
-                        resumed += rng.size
-                    else:
-                        stage.forget(rng)
-                        todo.append((plan.spec, run, rng))
+            for index, run in enumerate(plan.runs):
+                kept, missing = self._replan_run(plan.spec, index, run, stage)
+                resumed += sum(r.size for r in kept)
+                todo += [(plan.spec, run, rng) for rng in missing]
         self.resumed = resumed
         self._tick(0)
         if not todo:
@@ -704,6 +707,48 @@ class _Fetch:
                               endpoint_url=self.endpoint_url, concurrency=self.concurrency,
                               range_size=self.range_size, if_replaced=self.if_replaced,
                               **self.flags)
+
+    def _replan_run(self, spec: ObjectSpec, index: int, run: Run,
+                    stage: Staging) -> tuple[list[Range], list[Range]]:
+        """``(kept, to download)``: the run's journaled ranges that still check, and the rest.
+
+        Staged bytes are matched by what they cover, not by the ranges this
+        fetch would cut: a resume with another range size keeps every
+        journaled range inside the run whose bytes still check (each against
+        its own CRC and the manifest's chunk digests, read back from the staged
+        file, whatever the journal says), and downloads only the gaps between
+        them, cut into ranges of this fetch's size on the same chunk grid.
+        ``run.ranges`` becomes the kept and the new ranges, in offset order
+        (what the verification combines).
+        """
+        end = run.offset + run.size
+        journaled = sorted(k for k in stage.done if k[0] == run.obj and run.offset <= k[1]
+                           and k[1] + k[2] <= end)
+        kept: list[Range] = []
+        covered = run.offset
+        for obj, offset, size in journaled:
+            rng = Range(obj, index, offset, size)
+            # Ranges of two earlier attempts may overlap: the first that checks wins.
+            if offset < covered and kept:
+                stage.forget(rng)
+                continue
+            if self._staged_ok(spec, stage, run, rng, stage.done[(obj, offset, size)]):
+                kept.append(rng)
+                covered = rng.end
+            else:
+                stage.forget(rng)
+        missing: list[Range] = []
+        pos = run.offset
+        for rng in [*kept, None]:
+            stop = end if rng is None else rng.offset
+            if stop > pos:
+                gap = Run(run.obj, pos, stop - pos)
+                split_run(spec, run.obj, index, gap, self.range_size)
+                missing += gap.ranges
+            if rng is not None:
+                pos = rng.end
+        run.ranges = sorted([*kept, *missing], key=lambda r: r.offset)
+        return kept, missing
 
     def _staged_ok(self, spec: ObjectSpec, stage: Staging, run: Run, rng: Range,
                    crc: int) -> bool:
@@ -806,6 +851,19 @@ def _chunks_ok(spec: ObjectSpec, rng: Range, view: memoryview) -> bool:
         if chunk_digest(view[off - rng.offset: off - rng.offset + size]) != digest:
             return False
     return True
+
+
+def _gaps(run: Run, done: set[tuple[int, int, int]]) -> list[int]:
+    """Sizes of the intervals of ``run`` that no journaled range in ``done`` covers."""
+    end = run.offset + run.size
+    spans = sorted((o, o + n) for obj, o, n in done
+                   if obj == run.obj and run.offset <= o and o + n <= end)
+    gaps, pos = [], run.offset
+    for start, stop in [*spans, (end, end)]:
+        if start > pos:
+            gaps.append(start - pos)
+        pos = max(pos, stop)
+    return gaps
 
 
 def _journaled_ranges(dest: Path, version: str) -> set[tuple[int, int, int]]:
