@@ -67,7 +67,9 @@ def test_recover_names_an_interrupted_publish(s3env, tmp_path, capsys, monkeypat
     from trtet_store.remote import UploadKeptError
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    pte = tmp_path / "model.pte"
+    work = tmp_path / "out"  # recover DIR names the publishes of DIR's files
+    work.mkdir()
+    pte = work / "model.pte"
     pte.write_bytes(os.urandom(6 * MiB))
     proxy = tcp_proxy(s3env.endpoint.url)
     proxy.add(Fault("request", "flip", at=1, times=100,
@@ -75,8 +77,6 @@ def test_recover_names_an_interrupted_publish(s3env, tmp_path, capsys, monkeypat
     url = f"s3://{s3env.bucket}/r/model.pte"
     with pytest.raises(UploadKeptError):
         trtet_store.publish(pte, url, endpoint_url=proxy.url, part_size=5 * MiB)
-    work = tmp_path / "out"
-    work.mkdir()
     assert main(["recover", str(work)]) == 0
     err = capsys.readouterr().err
     assert f"interrupted publish {url}" in err and "--abort" in err

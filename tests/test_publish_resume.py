@@ -156,3 +156,61 @@ def test_sigkill_at_random_moments_then_resume(s3env, tmp_path, tcp_proxy):
 @pytest.mark.slow
 def test_sigkill_many_times(s3env, tmp_path, tcp_proxy):
     _kills(s3env, tmp_path, tcp_proxy, size=640 * MiB + 3, min_kills=100, seed=2323)
+
+
+def _part_number(number: int):
+    """A proxy predicate: the request that sends part ``number`` (not a copy)."""
+    def match(m) -> bool:
+        return (f"partNumber={number}&" in m.target or m.target.endswith(f"partNumber={number}")
+                ) and "x-amz-copy-source" not in m.headers
+    return match
+
+
+def test_a_resume_sends_again_a_journaled_part_whose_bytes_changed(s3env, tmp_path, tcp_proxy):
+    """Issue 34 item 5 (mutant 03): a journaled part is kept only if its CRC is the bytes' now.
+
+    The first run sends parts 1 and 2 (journaled with their ETags and CRCs)
+    and is stopped at part 3, deterministically: the proxy flips a byte of
+    every attempt at it until the upload is kept. One byte of part 1 is then
+    changed, at the same size. The resume must send part 1 again (its ETag
+    is still on the server, its CRC is not the bytes' now) and publish the
+    new bytes, byte for byte.
+    """
+    import xxhash
+    from tcp_proxy import Fault
+
+    import trtet_store
+    from trtet_store.remote import ChecksumMismatchError
+    from trtet_store.remote.journal import Journal
+
+    pte = tmp_path / "model.pte"
+    data = bytearray(os.urandom(3 * PART + 4321))
+    pte.write_bytes(data)
+    proxy = tcp_proxy(s3env.endpoint.url)
+    proxy.add(Fault("request", "flip", at=7, match=_part_number(3), times=1000))
+    url = f"s3://{s3env.bucket}/changed/model.pte"
+    kw = {"part_size": PART, "concurrency": 1, "journal_dir": s3env.journal_dir}
+    with pytest.raises(ChecksumMismatchError) as info:
+        trtet_store.publish(pte, url, endpoint_url=proxy.url, **kw)
+    err = info.value
+    listed = s3env.client.list_parts(Bucket=s3env.bucket, Key="changed/model.pte",
+                                     UploadId=err.upload_id)["Parts"]
+    # Parts 1 and 2 are on the server and journaled (part 4, read while part 3 was
+    # refused, may be too); part 3 is not.
+    on_server = {p["PartNumber"] for p in listed}
+    journaled = {r["number"] for r in Journal.read(Path(err.journal)) if r.get("t") == "sent"}
+    assert {1, 2} <= on_server == journaled and 3 not in on_server, (on_server, journaled)
+
+    data[1000] ^= 0xFF  # part 1, same size
+    pte.write_bytes(data)
+    proxy.clear()
+    report = trtet_store.publish(pte, url, endpoint_url=proxy.url, **kw)
+    obj = report.objects[0]
+    assert obj.resumed_upload
+    # Part 1 sent again with part 3; the others the first run sent are kept.
+    kept = len(on_server) - 1
+    assert (obj.parts_sent, obj.parts_resumed) == (4 - kept, kept), obj
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="changed/model.pte")["Body"].read()
+    assert xxhash.xxh3_128_hexdigest(got) == xxhash.xxh3_128_hexdigest(bytes(data))
+    assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
+    assert list(s3env.journal_dir.iterdir()) == []

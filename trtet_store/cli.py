@@ -477,7 +477,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
                   "them, or remove them with trtet_store.BlobStore(DIR).remove_orphans()")
     from trtet_store.cli_remote import print_interrupted
 
-    print_interrupted()  # uploads a crashed publish left open (stderr; no request made)
+    print_interrupted(directory=args.dir)  # uploads a crashed publish of DIR's files left open
     stuck = [o for o in outcomes if o.action in ("busy", "damaged", "stuck")]
     return 1 if stuck else 0
 

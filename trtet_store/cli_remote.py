@@ -13,7 +13,10 @@ endpoint are found the way boto3 finds them (``AWS_*`` variables, profiles).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,45 @@ def _postfix(p: Any) -> str:
             + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
 
 
+class _Warnings(logging.Handler):
+    """The library's warnings on stderr, one line each, above the bar while it runs.
+
+    The library logs to ``trtet_store`` with a NullHandler (a library never
+    prints); without ``-v`` nothing configured logging, and a warning the
+    user must act on (another unfinished upload of these keys, billed until
+    aborted) would go nowhere.
+    """
+
+    def __init__(self, bar: ProgressBar) -> None:
+        super().__init__(logging.WARNING)
+        self.bar = bar
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = f"trtet-store publish: warning: {record.getMessage()}"
+            if self.bar.bar is not None:
+                self.bar.bar.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging's own contract: never raise from emit
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def warnings_shown(args: argparse.Namespace, bar: ProgressBar) -> Iterator[None]:
+    """Print the library's warnings while a command runs, unless ``-v`` logs them already."""
+    if getattr(args, "verbose", 0):
+        yield
+        return
+    handler = _Warnings(bar)
+    logger = logging.getLogger("trtet_store")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     """``trtet-store publish``: publish, resume, abort or list."""
     from trtet_store import remote
@@ -103,7 +145,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if args.concurrency is not None:
         kwargs["concurrency"] = args.concurrency
     try:
-        with bar:
+        with bar, warnings_shown(args, bar):
             report = trtet_store.publish(files, url, **kwargs)
     except remote.UploadKeptError as exc:
         return _fail(f"{one_line(exc)}\n  resume: trtet-store publish --resume "
@@ -258,16 +300,18 @@ def publish_written(args: argparse.Namespace, files: list[Path]) -> int:
     return 0
 
 
-def print_interrupted(out: Any = None) -> int:
+def print_interrupted(out: Any = None, directory: Path | None = None) -> int:
     """Say which publishes were interrupted (their journals; no request is made).
 
-    ``trtet-store recover`` calls it, so an abandoned upload is never left
-    billing silently. Returns how many there are.
+    ``trtet-store recover DIR`` calls it with ``directory=DIR``, so an
+    abandoned upload of DIR's files is never left billing silently; the
+    publishes of other folders' files are not DIR's business and are left
+    out. Returns how many were printed.
     """
     from trtet_store.remote import interrupted
 
     out = out if out is not None else sys.stderr
-    found = interrupted()
+    found = interrupted(directory=directory)
     for i in found:
         print(f"interrupted publish {i.url} ({i.endpoint}, {len(i.uploads)} upload(s) open, "
               f"journal {i.journal}): resume it with `trtet-store publish --resume FILE... "

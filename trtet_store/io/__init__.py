@@ -20,6 +20,7 @@ from trtet_store.io.errors import (
 )
 from trtet_store.io.fs import block_size, free_bytes, fsync_dir, online_discard, pwrite_all
 from trtet_store.io.layout import ExternalFile, Layout
+from trtet_store.io.lock import try_lock, unlock_file
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.recovery import recover
 from trtet_store.io.versioned import (
@@ -69,6 +70,8 @@ __all__ = [
     "VersionedWrite",
     "WriteReport",
     "recover",
+    "try_lock",
+    "unlock_file",
     "write_file",
     "write_files",
     "write_versioned",

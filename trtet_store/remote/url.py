@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from trtet_store.remote.errors import RemoteURLError
+from trtet_store.remote.manifest import MANIFEST_SUFFIX
 
 # S3's bucket naming rules (3-63 of lowercase letters, digits, dots, hyphens),
 # loosened to underscores and capitals, which some S3-compatible servers allow.
@@ -28,8 +29,9 @@ class RemoteURL:
         ------
         RemoteURLError
             Not ``s3://``, no bucket, a bad bucket name, no key, a key that
-            ends in ``/`` (a folder, not a file), or a key with ``.``/``..``
-            segments or a NUL.
+            ends in ``/`` (a folder, not a file), a key with ``.``/``..``
+            segments or a NUL, or a key ending in ``.trtet.json`` (the name
+            of a program's manifest, never of a program).
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a str like 's3://bucket/model.pte', "
@@ -44,6 +46,15 @@ class RemoteURL:
                                  f"s3://{bucket}/{key or ''}model.pte")
         if "\0" in key or any(part in (".", "..", "") for part in key.split("/")):
             raise RemoteURLError(f"{url!r}: the key has an empty, '.' or '..' segment")
+        if key.endswith(MANIFEST_SUFFIX):
+            # Its manifest would be KEY.trtet.json.trtet.json, and a reader of the program
+            # beside it would take this object for that program's manifest.
+            program = key[:-len(MANIFEST_SUFFIX)]
+            raise RemoteURLError(
+                f"{url!r}: keys ending in {MANIFEST_SUFFIX} are the manifests trtet-store "
+                f"writes beside each program; name the program's own key"
+                + (f", e.g. s3://{bucket}/{program}" if program and not program.endswith("/")
+                   else ""))
         return cls(bucket, key)
 
     @property
