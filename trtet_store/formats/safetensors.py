@@ -28,6 +28,7 @@ index is durable (see :func:`remove_stale_shards`).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.formats.tensors import RANK, TensorBytes, describe_all
-from trtet_store.io import WriteReport, fsync_dir, write_files
+from trtet_store.io import InsufficientSpaceError, WriteReport, fsync_dir, write_files
 
 log = logging.getLogger("trtet_store.formats")
 
@@ -169,10 +170,35 @@ def save_file(tensors: Mapping[str, Any], filename: os.PathLike | str,
     owners = [t.owner for t in ordered]  # the memory the pieces view stays alive
     log.info("%s: %d tensors, %d bytes of data (%d staged)", filename, len(ordered),
              sum(t.nbytes for t in ordered), sum(t.nbytes for t in ordered if t.staged))
-    (report,) = write_files([(filename, pieces)], consume=consume, progress=progress,
-                            placements=placements, timeout=timeout)
-    del owners
+    try:
+        (report,) = write_files([(filename, pieces)], consume=consume, progress=progress,
+                                placements=placements, timeout=timeout)
+    except OSError as exc:
+        raise _space_error(exc, [(filename, pieces)]) from exc
+    finally:
+        del owners
     return report
+
+
+def _space_error(exc: OSError, outputs: Sequence[tuple[Any, Sequence[Any]]]) -> OSError:
+    """A disk that filled during the write as :class:`InsufficientSpaceError`; others as they are.
+
+    The preflight found the space and something else took it meanwhile: the
+    caller gets the path, what the files need (their sizes) and what is free
+    now, as from a refused preflight, instead of a bare ``ENOSPC``.
+    """
+    if exc.errno != errno.ENOSPC or isinstance(exc, InsufficientSpaceError):
+        return exc
+    needed = sum(_piece_size(p) for _, pieces in outputs for p in pieces)
+    return InsufficientSpaceError.during_write(exc, needed, outputs[0][0])
+
+
+def _piece_size(piece: Any) -> int:
+    if isinstance(piece, (bytes, bytearray)):
+        return len(piece)
+    if isinstance(piece, memoryview):
+        return piece.nbytes
+    return piece.size  # a Blob or an ExternalFile
 
 
 def shard_plan(items: Sequence[TensorBytes], max_shard_size: int) -> list[list[TensorBytes]]:
@@ -255,9 +281,13 @@ def save_sharded(tensors: Mapping[str, Any], directory: os.PathLike | str, *,
     owners = [t.owner for t in items]
     log.info("%s: %d tensors in %d shard(s) of at most %d bytes", directory, len(items), n,
              max_shard_size)
-    reports = ShardedReports(write_files(outputs, consume=consume, progress=progress,
-                                         placements=placements, timeout=timeout))
-    del owners
+    try:
+        reports = ShardedReports(write_files(outputs, consume=consume, progress=progress,
+                                             placements=placements, timeout=timeout))
+    except OSError as exc:
+        raise _space_error(exc, outputs) from exc
+    finally:
+        del owners
     # Only here, after write_files returned: the new index is durable, so no
     # reader can still be led to an old shard. An error above removed nothing.
     reports.removed = remove_stale_shards(directory, prefix, previous or (), index_bytes)

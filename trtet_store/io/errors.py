@@ -51,16 +51,45 @@ class InsufficientSpaceError(StorageError):
                  hint: str | None = "consume=True needs only one chunk extra") -> None:
         # The hint is the caller's: "consume=True ..." only helps a write that
         # does not consume yet and could move its blobs.
+        if needed > available:
+            todo = f"free {format_mib(needed - available)} or write to another filesystem"
+        else:  # taken during a write and given back since (see during_write)
+            todo = "the space is free again now: try again, or write to another filesystem"
         super().__init__(
             errno.ENOSPC,
             f"not enough free space for {os.fspath(path)}: needs {format_mib(needed)}, "
-            f"{format_mib(available)} available; free {format_mib(needed - available)} or "
-            "write to another filesystem" + (f" ({hint})" if hint else ""),
+            f"{format_mib(available)} available; {todo}" + (f" ({hint})" if hint else ""),
             os.fspath(path),
         )
         self.needed = needed
         self.available = available
         self.path = os.fspath(path)
+
+    @classmethod
+    def during_write(cls, exc: OSError, needed: int,
+                     path: os.PathLike | str) -> InsufficientSpaceError:
+        """The error for an ``ENOSPC`` met after the preflight had found enough space.
+
+        Something else took the space during the write. ``needed`` is what the
+        write needed (the caller knows: a file's size, say); what is free is
+        read now, after the rollback gave back what the write had taken.
+        Raise it ``from exc`` so that the kernel's error and the transaction's
+        notes stay on the chain.
+        """
+        where = Path(path)
+        probe = where.parent
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            st = os.statvfs(probe)
+            available = st.f_bavail * st.f_frsize
+        except OSError:
+            available = 0
+        rolled = "; the write was rolled back" if any(
+            "rolled back" in n for n in getattr(exc, "__notes__", ())) else ""
+        return cls(needed, available, path,
+                   hint=f"the preflight found enough space, and something else took it during "
+                   f"the write ({exc.strerror or exc}){rolled}")
 
 
 class VerificationError(StorageError):
