@@ -247,12 +247,13 @@ def test_a_publish_completing_between_our_plan_and_our_complete(s3env, tmp_path,
             landed.append(_other_publish(s3env, theirs, tmp_path / "journal-theirs"))
 
     monkeypatch.setattr(publish_module, "_check_manifest_base", check_then_lose_the_race)
-    with pytest.raises(ConflictError, match="changed by another writer"):
+    with pytest.raises(ConflictError) as err:
         _publish(s3env, ours, "p/model.pte", replace=True)
     monkeypatch.undo()
     assert landed
     # Every object keeps the ETag the winner's manifest names; it fetches byte for byte.
     _assert_winner_intact(s3env, theirs, landed[0], tmp_path / "got")
+    assert "model.pte changed by another writer while we published" in str(err.value)
     assert _contents(ours) == sources
     assert _keys(s3env) == ["p/model.pte", "p/model.pte.trtet.json", "p/w.ptd"]
     _assert_no_uploads_no_journal(s3env, tmp_path / "journal-theirs")
@@ -277,10 +278,10 @@ def test_a_publish_that_kept_our_first_object_finishing_before_our_complete(s3en
             landed.append(_other_publish(s3env, theirs, tmp_path / "journal-theirs"))
 
     model_etag = _etags(s3env)["p/model.pte"]
-    with pytest.raises(ConflictError, match="changed by another publisher after this publish "
-                                            "planned"):
+    with pytest.raises(ConflictError) as err:
         _publish(s3env, ours, "p/model.pte", replace=True, progress=progress)
     assert landed
     assert _etags(s3env)["p/model.pte"] == model_etag  # kept by the winner, untouched by us
     _assert_winner_intact(s3env, theirs, landed[0], tmp_path / "got")
+    assert "changed by another publisher after this publish planned" in str(err.value)
     _assert_no_uploads_no_journal(s3env, tmp_path / "journal-theirs")

@@ -81,7 +81,10 @@ def publish(
         Parts in flight; memory is about ``(concurrency + 1) * part_size``.
     replace : bool
         Replace an existing program (Complete with ``If-Match`` of the
-        version found); without it an existing key is an error.
+        version found); without it an existing key is an error. After the
+        new manifest commits, the replaced version's objects it no longer
+        names are deleted (not those another program's manifest names, nor
+        those changed since). Never replaces another program's objects.
     resume : bool
         Resume an interrupted publish of the same pieces to the same place
         (default); False aborts its uploads and starts over.
@@ -107,14 +110,20 @@ def publish(
         Bad arguments; nothing was sent.
     BucketNotFoundError, AccessDeniedError
         Before anything was created.
+    OwnedByOtherProgramError
+        A key is named by another program's manifest beside it (two
+        programs' ``cpu.ptd``), or is another program's manifest; refused
+        whatever ``replace`` says, naming the owner. Publish under a prefix
+        of its own. Nothing was created.
     KeyExistsError
         The key (or its manifest) exists and ``replace`` is False.
     SourceChangedError
         A staged piece is not as sealed (before anything is sent), or changed
         while it was read (the uploads are aborted).
     ConflictError
-        Another writer created or changed the key meanwhile; our uploads are
-        aborted and nothing of ours is visible.
+        Another writer created or changed the key (or committed the
+        program's manifest) after this publish planned; our uploads are
+        aborted, and the other writer's version is kept.
     UploadKeptError, ChecksumMismatchError
         The network or the server's checksum checks failed past the retries;
         the upload and its journal are kept: publish again to resume.

@@ -232,11 +232,24 @@ class S3:
         return strip_etag(r["ETag"])
 
     def delete(self, bucket: str, key: str, if_match: str | None = None) -> None:
-        """DeleteObject; with ``if_match``, only that version (else :class:`PreconditionFailed`)."""
+        """DeleteObject; with ``if_match``, only that version (else :class:`PreconditionFailed`).
+
+        A key already gone is not an error; any other refusal is a :class:`RemoteError`
+        (a server without conditional deletes answers one, and nothing is deleted).
+        """
+        from botocore.exceptions import ClientError
+
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if if_match:
             kwargs["IfMatch"] = if_match
-        self._call("DeleteObject", bucket, self.client.delete_object, **kwargs)
+        try:
+            self._call("DeleteObject", bucket, self.client.delete_object, **kwargs)
+        except ClientError as exc:
+            code, status = _code(exc)
+            if status == 404 or code in ("404", "NoSuchKey", "NotFound"):
+                return
+            raise RemoteError(f"DeleteObject s3://{bucket}/{key} was refused: "
+                              f"{code or status}") from None
 
     def list_keys(self, bucket: str, prefix: str, delimiter: str = "/") -> list[str]:
         """The keys right under ``prefix`` (all pages; not below the next ``delimiter``)."""
