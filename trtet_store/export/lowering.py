@@ -415,6 +415,10 @@ def _refuse_misnamed_partitioners(per_method: dict[str, list[Any]]) -> None:
                     f"at run time. Give {name!r} its own instance, built for {name!r}")
 
 
+#: The range of a program's int values (ExecuTorch's ``Int`` is a 64-bit ``long``).
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def _check_constant_methods(constant_methods: Mapping[str, Any] | None,
                             names: tuple[str, ...]) -> None:
     if constant_methods is None:
@@ -445,6 +449,15 @@ def _check_constant_methods(constant_methods: Mapping[str, Any] | None,
                     f"constant_methods[{method!r}] holds a {type(leaf).__name__}, which "
                     "ExecuTorch cannot emit (bool, int, float, str, torch.dtype, "
                     "torch.layout, torch.Tensor, and lists, tuples and dicts of them)")
+            if isinstance(leaf, int) and not isinstance(leaf, bool) and \
+                    not INT64_MIN <= leaf <= INT64_MAX:
+                # The program stores an int as int64: serialization refused it only in
+                # to_executorch(), after every engine was built, without naming it.
+                raise ExportError(
+                    ExportErrorType.NOT_SUPPORTED,
+                    f"constant_methods[{method!r}] holds the int {leaf}, outside int64 "
+                    f"[{INT64_MIN}, {INT64_MAX}], which is how a program stores an int; "
+                    "pass it as a float, a str or a tensor")
 
 
 def _first_partitioner(backend: str, specs: list[Any], external: str | None,
