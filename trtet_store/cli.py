@@ -32,6 +32,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cli_s3_common import bar_interval, report_error
+
 __all__ = ["main", "build_parser"]
 
 
@@ -199,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --versioned (implied), keep N versions instead of 3",
     )
+    c.add_argument(
+        "--replace-needed",
+        action="store_true",
+        help="replace a .ptd that another .pte beside OUT needs (by default refused, before "
+        "the build: ExecuTorch names .ptd files by tag, so two programs collide)",
+    )
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     from trtet_store.cli_remote import add_compile_publish_arguments
@@ -259,6 +267,7 @@ class _Bars:
                 leave=False,
                 dynamic_ncols=True,
                 file=sys.stderr,
+                mininterval=bar_interval(),  # not a terminal: a line every few seconds
             )
         bar = self._bar
         if bar.total != total:
@@ -404,13 +413,15 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         kwargs["timeout"] = args.timeout
     if args.versioned or args.keep_versions is not None:
         kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
+    if args.replace_needed:
+        kwargs["replace_needed"] = True
     bars = _Bars(enabled=not args.no_progress)
     kwargs["progress"] = lambda done, total: bars("writing", done, total)
     try:
         report = compile_and_save(source, inputs, out, **kwargs)
     except Exception as exc:
-        print(f"trtet-store compile-and-save: {_explained(exc, out)}", file=sys.stderr)
-        return 1
+        bars.close()  # before the error line
+        return report_error(exc, "compile-and-save", out=out)
     finally:
         bars.close()
     if args.json:
@@ -424,29 +435,6 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     if args.publish is not None:
         return cli_remote.publish_written(args, [w.path for w in report.writes])
     return 0
-
-
-def _explained(exc: Exception, out: Path) -> str:
-    """The error as one line; a full disk names the file, the free space and what to do."""
-    import errno
-
-    from trtet_store import InsufficientSpaceError
-
-    if isinstance(exc, InsufficientSpaceError):
-        return f"{type(exc).__name__}: {exc.strerror}"  # it names file, sizes and a hint
-    text = f"{type(exc).__name__}: {exc}"
-    if not isinstance(exc, OSError) or exc.errno != errno.ENOSPC:
-        return text
-    where = Path(exc.filename) if exc.filename else out
-    probe = where if where.is_dir() else where.parent
-    try:
-        st = os.statvfs(probe if probe.exists() else out.parent)
-        free = f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB available"
-    except OSError:
-        free = "free space unknown"
-    return (f"no space left on device writing {where} ({free}; the size it needed is "
-            f"unknown: {exc.strerror}); free some space or write OUT (and --store) to a larger "
-            f"filesystem: staged engines are kept and the next run reuses them")
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
@@ -517,6 +505,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except Exception as exc:
+        # Whatever a command did not catch (botocore's NoCredentialsError, say) is
+        # still one line from the error table; -v keeps the traceback for a report.
+        if args.verbose:
+            raise
+        return report_error(exc, args.command)
 
 
 if __name__ == "__main__":  # pragma: no cover

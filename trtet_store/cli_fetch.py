@@ -20,7 +20,7 @@ from trtet_store.cli_s3_common import (
     add_endpoint_url,
     add_report_flags,
     mib,
-    one_line,
+    report_error,
     size_arg,
 )
 
@@ -58,31 +58,6 @@ def _postfix(p: Any) -> str:
     """What a :class:`~trtet_store.remote.fetch.FetchProgress` update adds to the bar."""
     return (f"downloaded {mib(p.downloaded)}, reused {mib(p.reused)}"
             + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
-
-
-def _explain(exc: BaseException, args: argparse.Namespace, resume: str) -> list[str]:
-    """The lines that say what failed and what to do (printed after ``trtet-store fetch: ``)."""
-    from trtet_store import InsufficientSpaceError
-    from trtet_store.remote import AccessDeniedError, BucketNotFoundError
-    from trtet_store.remote.fetch_errors import (
-        FetchInterruptedError,
-        FetchVerificationError,
-        ObjectNotFoundError,
-    )
-
-    if isinstance(exc, KeyboardInterrupt):
-        return [f"interrupted; what was downloaded is kept: run `{resume}` to continue"]
-    if isinstance(exc, ObjectNotFoundError | BucketNotFoundError):
-        return [f"not found: {exc}"]
-    if isinstance(exc, AccessDeniedError):
-        return [f"access denied: {exc}"]
-    if isinstance(exc, InsufficientSpaceError):
-        return [f"disk too small: {exc.strerror}"]
-    if isinstance(exc, FetchInterruptedError):
-        return [f"interrupted: {exc}"]
-    if isinstance(exc, FetchVerificationError):
-        return [one_line(exc), f"{args.out} and its .ptd files are unchanged"]
-    return [one_line(exc)]
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -139,9 +114,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         with bar:
             report = fetch(args.url, args.out, **kwargs)
     except (KeyboardInterrupt, RemoteError, OSError) as exc:
-        for line in _explain(exc, args, resume):
-            print(f"{prefix}: {line}", file=sys.stderr)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        # The CLI's one error table (cli_s3_common.ERROR_TABLE) says what failed and what to do.
+        return report_error(exc, "fetch", out=args.out, resume=resume)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
         return 0

@@ -2,19 +2,25 @@
 
 The ``--endpoint-url`` / ``--json`` / ``--no-progress`` options, a size
 argument (``16M``), sizes printed in MiB, a tqdm bar over the API's progress
-callback, and the one-line error (``trtet-store CMD: Type: message``). Only
-argument handling and printing: the work is the API's.
+callback, the one-line error (``trtet-store CMD: Type: message``) and the
+CLI's one error table (:data:`ERROR_TABLE`, :func:`explain`), which every
+command's failure goes through. Only argument handling and printing: the
+work is the API's.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ProgressBar", "add_endpoint_url", "add_report_flags", "fail", "mib", "one_line",
-           "size_arg"]
+__all__ = ["ERROR_TABLE", "ErrorContext", "ProgressBar", "add_endpoint_url", "add_report_flags",
+           "bar_interval", "explain", "fail", "mib", "one_line", "report_error", "size_arg"]
 
 
 def add_endpoint_url(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +58,142 @@ def fail(command: str, text: str) -> int:
     return 1
 
 
+# --- the one error table -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErrorContext:
+    """What an explanation may name besides the error: the command, its output, a resume line."""
+
+    command: str
+    out: Path | None = None
+    resume: str | None = None
+
+
+def _no_space(exc: BaseException, ctx: ErrorContext) -> list[str]:
+    """A bare ``ENOSPC``: the file, the free space now and what to do."""
+    assert isinstance(exc, OSError)
+    where = Path(exc.filename) if exc.filename else ctx.out
+    free = "free space unknown"
+    if where is not None:
+        probe = where if where.is_dir() else where.parent
+        try:
+            st = os.statvfs(probe if probe.exists() else (ctx.out or where).parent)
+            free = f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB available"
+        except OSError:
+            pass
+    kept = (": staged engines are kept and the next run reuses them"
+            if ctx.command == "compile-and-save" else "")
+    return [f"no space left on device writing {where} ({free}; the size it needed is "
+            f"unknown: {exc.strerror}); free some space or write OUT to a larger filesystem"
+            + kept]
+
+
+def _interrupted(exc: BaseException, ctx: ErrorContext) -> list[str]:
+    if ctx.resume:
+        return [f"interrupted; what was downloaded is kept: run `{ctx.resume}` to continue"]
+    return ["interrupted"]
+
+
+def _endpoint(exc: BaseException, ctx: ErrorContext) -> list[str]:
+    url = getattr(exc, "kwargs", {}).get("endpoint_url") or "the endpoint"
+    return [f"could not connect to {url}: check --endpoint-url (host and port) and that the "
+            "server is running"]
+
+
+#: The CLI's one error table (the model: huggingface_hub's ``cli/_errors.py``
+#: ``CLI_ERROR_MAPPINGS``): ``(module, class name, lines)``, first match wins,
+#: so subclasses come before their bases. A class is looked up only in a
+#: module already imported: an error of a module never loaded cannot have been
+#: raised, and botocore is not imported to explain a local failure. Anything
+#: not listed is ``Type: message`` (:func:`one_line`); every error is printed
+#: as ``trtet-store COMMAND: line`` with a non-zero exit, never a traceback
+#: (``-v`` shows it).
+ERROR_TABLE: list[tuple[str, str, Callable[[BaseException, ErrorContext], list[str]]]] = [
+    ("builtins", "KeyboardInterrupt", _interrupted),
+    ("botocore.exceptions", "NoCredentialsError", lambda e, c: [
+        "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, choose a "
+        "profile with AWS_PROFILE, or run where an instance role applies"]),
+    ("botocore.exceptions", "PartialCredentialsError", lambda e, c: [
+        f"incomplete AWS credentials ({e}): set both AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY"]),
+    ("botocore.exceptions", "NoRegionError", lambda e, c: [
+        "no AWS region: set AWS_DEFAULT_REGION (any name works for a custom --endpoint-url)"]),
+    ("botocore.exceptions", "EndpointConnectionError", _endpoint),
+    ("trtet_store.remote.fetch_errors", "ObjectNotFoundError",
+     lambda e, c: [f"not found: {e}"]),
+    ("trtet_store.remote.errors", "BucketNotFoundError", lambda e, c: [f"not found: {e}"]),
+    ("trtet_store.remote.errors", "AccessDeniedError", lambda e, c: [f"access denied: {e}"]),
+    ("trtet_store.io.errors", "InsufficientSpaceError", lambda e, c: [
+        f"disk too small: {e.strerror}"]),  # it names the file, both sizes and a hint
+    ("trtet_store.remote.fetch_errors", "FetchInterruptedError",
+     lambda e, c: [f"interrupted: {e}"]),
+    ("trtet_store.remote.fetch_errors", "FetchVerificationError", lambda e, c: [
+        one_line(e)] + ([f"{c.out} and its .ptd files are unchanged"] if c.out else [])),
+    ("builtins", "OSError", lambda e, c: (_no_space(e, c) if getattr(e, "errno", None)
+                                          == errno.ENOSPC else [one_line(e)])),
+]
+
+
+def _table_class(module: str, name: str) -> type | None:
+    loaded = sys.modules.get(module)
+    cls = getattr(loaded, name, None) if loaded is not None else None
+    return cls if isinstance(cls, type) else None
+
+
+def explain(exc: BaseException, command: str, *, out: os.PathLike | str | None = None,
+            resume: str | None = None) -> list[str]:
+    """The lines that say what failed and what to do (each printed after ``trtet-store CMD: ``).
+
+    Parameters
+    ----------
+    exc : BaseException
+        The error.
+    command : str
+        The subcommand (``fetch``, ``compile-and-save``, ...).
+    out : path-like, optional
+        The command's output, where it has one.
+    resume : str, optional
+        The command line that resumes an interrupted run.
+
+    Returns
+    -------
+    list of str
+        One line, or a short explanation of a few.
+    """
+    ctx = ErrorContext(command, Path(out) if out is not None else None, resume)
+    for module, name, lines in ERROR_TABLE:
+        cls = _table_class(module, name)
+        if cls is not None and isinstance(exc, cls):
+            return lines(exc, ctx)
+    return [one_line(exc)]
+
+
+def report_error(exc: BaseException, command: str, *, out: os.PathLike | str | None = None,
+                 resume: str | None = None) -> int:
+    """Print :func:`explain`'s lines to stderr; return the exit code (130 interrupted, else 1)."""
+    for line in explain(exc, command, out=out, resume=resume):
+        print(f"trtet-store {command}: {line}", file=sys.stderr)
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+# --- progress ---------------------------------------------------------------------------
+
+#: Seconds between a bar's lines when stderr is not a terminal (a log, a pipe):
+#: tqdm redraws up to ten times a second, which a log keeps as hundreds of lines.
+LOG_INTERVAL = 5.0
+
+
+def bar_interval(file: Any = None) -> float:
+    """tqdm's ``mininterval`` for a bar written to ``file`` (default stderr)."""
+    file = sys.stderr if file is None else file
+    try:
+        tty = file.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return 0.1 if tty else LOG_INTERVAL
+
+
 class ProgressBar:
     """A tqdm bar (bytes) over an API's progress updates, made at the first update.
 
@@ -80,11 +222,13 @@ class ProgressBar:
         if self.bar is None:
             from tqdm import tqdm
 
+            # Not a terminal: a line every LOG_INTERVAL seconds at most (and the last).
             self.bar = tqdm(total=p.total, unit="B", unit_scale=True, unit_divisor=1024,
-                            desc=self.desc, file=sys.stderr, dynamic_ncols=True)
-        self.bar.n = p.done
+                            desc=self.desc, file=sys.stderr, dynamic_ncols=True,
+                            mininterval=bar_interval(), miniters=1)
         self.bar.set_postfix_str(self.postfix(p), refresh=False)
-        self.bar.refresh()
+        if p.done != self.bar.n:
+            self.bar.update(p.done - self.bar.n)  # prints only once mininterval has passed
 
     def close(self) -> None:
         """Close the bar (idempotent)."""
