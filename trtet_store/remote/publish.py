@@ -69,7 +69,7 @@ from trtet_store.remote.errors import (
     RemoteError,
     UploadKeptError,
 )
-from trtet_store.remote.journal import Journal, default_dir, journal_path
+from trtet_store.remote.journal import SUFFIX, Journal, default_dir, journal_path, journals_of
 from trtet_store.remote.manifest import (
     Manifest,
     ObjectEntry,
@@ -173,6 +173,7 @@ class _Object:
     report: ObjectReport | None = None
     digests: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # per piece
     unchanged: dict[str, Any] | None = None  # the previous manifest's entry, when identical
+    journal_endpoint: str | None = None  # on a resume: the URL its journal was written through
 
     @property
     def name(self) -> str:
@@ -197,7 +198,52 @@ def publish_sources(
     progress: Callable[[PublishProgress], Any] | None = None,
     index: bool = True,
 ) -> PublishReport:
-    """Publish ``sources`` (the program first) to ``url``; see :func:`trtet_store.publish`."""
+    """Publish ``sources`` (the program first) to ``url``; see :func:`trtet_store.publish`.
+
+    The destination's journal is locked for the whole publish, before it is
+    read: a second publish of the same key on this machine (a process or a
+    thread) raises :class:`ConflictError` at once, having read, sent and
+    created nothing, instead of taking the live journal for an interrupted
+    one. The lock dies with the process, so a killed publish resumes.
+    """
+    dest = url if isinstance(url, RemoteURL) else RemoteURL.parse(url)
+    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
+    journal = Journal(journal_path(jdir, dest.bucket, dest.key),
+                      {"sources": _local_dirs(sources)})
+    journal.lock(str(dest), dest.key)
+    try:
+        return _publish_locked(sources, dest, journal, endpoint_url=endpoint_url,
+                               part_size=part_size, concurrency=concurrency, replace=replace,
+                               resume=resume, progress=progress, index=index)
+    finally:
+        journal.unlock()
+
+
+def _local_dirs(sources: Any) -> list[str]:
+    """The folders of the local files a publish reads (``recover DIR`` lists its own)."""
+    dirs = set()
+    for s in sources if isinstance(sources, (list, tuple)) else ():
+        for piece in getattr(s, "pieces", ()):
+            path = getattr(piece, "path", None)
+            if isinstance(path, (str, os.PathLike)):
+                dirs.add(os.path.dirname(os.path.abspath(path)))
+    return sorted(dirs)
+
+
+def _publish_locked(
+    sources: list[ObjectSource],
+    url: str | RemoteURL,
+    journal: Journal,
+    *,
+    endpoint_url: str | None,
+    part_size: int | None,
+    concurrency: int,
+    replace: bool,
+    resume: bool,
+    progress: Callable[[PublishProgress], Any] | None,
+    index: bool,
+) -> PublishReport:
+    """:func:`publish_sources` with its ``journal`` locked."""
     start = time.monotonic()
     dest = url if isinstance(url, RemoteURL) else RemoteURL.parse(url)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -218,8 +264,6 @@ def publish_sources(
     s3 = S3(endpoint_url, max_connections=concurrency + 2)
     bucket = dest.bucket
     s3.check_bucket(bucket)
-    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
-    journal = Journal(journal_path(jdir, s3.endpoint_url, bucket, dest.key))
 
     objs = [_Object(s, k, ps, plan_parts(s.size, ps), {}, None)
             for s, k, ps in zip(sources, keys, sizes, strict=True)]
@@ -373,6 +417,7 @@ def _resume_state(records: list[dict], objs: list[_Object]) -> str | None | bool
     for entry in plan["objects"]:
         o = by_name[entry["name"]]
         o.base_etag = entry["base"]
+        o.journal_endpoint = plan.get("endpoint")
         o.copies = {int(n): delta.CopyFrom(*c) for n, c in entry["copies"].items()}
     for r in records[1:]:
         o = by_name.get(r.get("name", ""))
@@ -622,8 +667,17 @@ def _send_object(s3: S3, bucket: str, o: _Object, journal: Journal, counters: _C
         try:
             o.listed = s3.list_parts(bucket, o.key, o.upload_id)
         except NoSuchUpload:
-            log.info("%s: the journaled upload %s is gone; starting a new one", o.key,
-                     o.upload_id)
+            if o.journal_endpoint and o.journal_endpoint != s3.endpoint_url:
+                # The journal is keyed by bucket and key, not by URL: this may be
+                # another server than the one that holds the upload. Say where it is.
+                log.warning("%s: the journaled upload %s was opened through %s, and %s does "
+                            "not know it; starting a new one. If that is another server, "
+                            "give it up there: trtet-store publish --abort s3://%s/%s "
+                            "--endpoint-url %s", o.key, o.upload_id, o.journal_endpoint,
+                            s3.endpoint_url, bucket, o.key, o.journal_endpoint)
+            else:
+                log.info("%s: the journaled upload %s is gone; starting a new one", o.key,
+                         o.upload_id)
             o.upload_id, o.listed = None, {}
             o.journaled_sent.clear()
     if o.upload_id is None:
@@ -636,13 +690,18 @@ def _send_object(s3: S3, bucket: str, o: _Object, journal: Journal, counters: _C
     # concurrency + 1 part buffers, allocated once and recycled: the reader fills
     # one while the others are sent, so memory is bounded by construction (and
     # the allocator never sees a stream of part-sized allocations to fragment).
-    upload_parts = sum(1 for p in o.parts if p.number not in o.copies)
+    # Each buffer is as large as the largest part it will hold, not the part size: a
+    # 160 KiB object published with 5 GiB parts takes 160 KiB, not 5 GiB a buffer.
+    sent_parts = [p for p in o.parts if p.number not in o.copies]
     buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
-    for _ in range(min(concurrency + 1, upload_parts)):
-        buffers.put(bytearray(o.part_size))
+    buffer_size = max((p.size for p in sent_parts), default=0)
+    for _ in range(min(concurrency + 1, len(sent_parts))):
+        buffers.put(bytearray(buffer_size))
     failures: list[BaseException] = []
     lock = threading.Lock()
-    window = memoryview(bytearray(min(_WINDOW, max(o.part_size, 1))))
+    # Copied parts pass through this window (their bytes are digested, never sent).
+    copied = max((p.size for p in o.parts if p.number in o.copies), default=0)
+    window = memoryview(bytearray(min(_WINDOW, max(copied, 1))))
 
     def run(task: Callable[[], None]) -> None:
         try:
@@ -802,15 +861,13 @@ def _part_done(o: _Object, part: Part, etag: str, crc: int, md5: str, how: str,
 
 
 def _read_at(source: ObjectSource, offset: int, buf: memoryview) -> None:
-    """Random-access read of ``source`` (for a copy that fell back to an upload)."""
-    sub = ObjectSource(source.name, source.pieces)
-    reader = Reader(sub)
-    try:
-        window = memoryview(bytearray(min(_WINDOW, max(offset, 1))))
-        reader.skip_to(window, offset)
-        reader.read_into(buf)
-    finally:
-        reader.close()
+    """Random-access read of ``source`` (for a copy that fell back to an upload).
+
+    Reads the part's range only (:meth:`ObjectSource.read_at`), not every
+    byte before it: a copy failing near the end of a 50 GiB object re-reads
+    one part. The caller compares the part's CRC with the first pass.
+    """
+    source.read_at(offset, buf)
 
 
 # --- completing and committing ------------------------------------------------------------
@@ -998,18 +1055,38 @@ class Interrupted:
     endpoint: str
     journal: Path
     uploads: tuple[str, ...]  # the upload ids it opened
+    sources: tuple[str, ...] = ()  # the folders of the local files it read
 
 
-def interrupted(journal_dir: os.PathLike | str | None = None) -> list[Interrupted]:
+def _under(path: str, directory: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(directory)
+    except ValueError:
+        return False
+    return True
+
+
+def interrupted(journal_dir: os.PathLike | str | None = None, *,
+                directory: os.PathLike | str | None = None) -> list[Interrupted]:
     """Every interrupted publish whose journal is in ``journal_dir`` (default: the usual one).
 
     Each is resumed by publishing the same source to the same URL again, or
     given up with :func:`abort`; until then its uploads hold parts the
     bucket's owner pays for.
+
+    Parameters
+    ----------
+    journal_dir : path-like, optional
+        Where the journals are.
+    directory : path-like, optional
+        Only the publishes that read local files in or under it (what
+        ``trtet-store recover DIR`` reports); a publish of bytes held in
+        memory alone names no folder and is then left out.
     """
     jdir = Path(journal_dir) if journal_dir is not None else default_dir()
+    root = Path(directory).resolve() if directory is not None else None
     out = []
-    for path in sorted(jdir.glob("*.publish.jsonl")) if jdir.is_dir() else []:
+    for path in sorted(jdir.glob(f"*{SUFFIX}")) if jdir.is_dir() else []:
         try:
             records = Journal.read(path)
         except RemoteError as exc:
@@ -1018,18 +1095,28 @@ def interrupted(journal_dir: os.PathLike | str | None = None) -> list[Interrupte
         if not records:
             continue
         plan = records[0]
+        sources = tuple(str(d) for d in plan.get("sources") or ())
+        if root is not None and not any(_under(d, root) for d in sources):
+            continue
         out.append(Interrupted(f"s3://{plan['bucket']}/{plan['key']}", plan["endpoint"], path,
-                               tuple(r["upload_id"] for r in records if r.get("t") == "upload")))
+                               tuple(r["upload_id"] for r in records if r.get("t") == "upload"),
+                               sources))
     return out
 
 
 def pending(url: str, *, endpoint_url: str | None = None,
             journal_dir: os.PathLike | str | None = None) -> Path | None:
-    """The journal of an interrupted publish of ``url`` (None if there is none)."""
+    """The journal of an interrupted publish of ``url`` (None if there is none).
+
+    ``endpoint_url`` is accepted for symmetry with :func:`abort`; a journal
+    is the destination's whatever URL the server is reached through
+    (:func:`~trtet_store.remote.journal.journal_path`).
+    """
     dest = RemoteURL.parse(url)
-    s3 = S3(endpoint_url)
+    if endpoint_url is not None and not isinstance(endpoint_url, str):
+        raise TypeError(f"endpoint_url must be a str, not {type(endpoint_url).__name__}")
     jdir = Path(journal_dir) if journal_dir is not None else default_dir()
-    path = journal_path(jdir, s3.endpoint_url, dest.bucket, dest.key)
+    path = journal_path(jdir, dest.bucket, dest.key)
     return path if Journal.read(path) else None
 
 
@@ -1039,22 +1126,37 @@ def abort(url: str, *, endpoint_url: str | None = None,
 
     Aborts the uploads its journal names and any other unfinished upload of
     the program's key or of the objects the journal names, then removes the
-    journal. Returns what was aborted.
+    journal (and any older journal of the same destination). Returns what
+    was aborted.
+
+    Raises
+    ------
+    ConflictError
+        A publish of ``url`` is running on this machine (it holds the
+        journal's lock): stop it first; nothing was aborted.
     """
     dest = RemoteURL.parse(url)
     s3 = S3(endpoint_url)
     s3.check_bucket(dest.bucket)
     jdir = Path(journal_dir) if journal_dir is not None else default_dir()
-    journal = Journal(journal_path(jdir, s3.endpoint_url, dest.bucket, dest.key))
-    records = Journal.read(journal.path)
-    keys = {dest.key}
-    if records:
-        keys |= {o["key"] for o in records[0].get("objects", [])}
-    aborted = []
-    for u in _open_uploads(s3, dest.bucket, sorted(keys)):
-        s3.abort(dest.bucket, u.key, u.upload_id)
-        aborted.append(u)
-        log.info("aborted the unfinished upload %s of s3://%s/%s", u.upload_id, dest.bucket,
-                 u.key)
-    journal.remove()
+    journal = Journal(journal_path(jdir, dest.bucket, dest.key))
+    journal.lock(str(dest), dest.key)
+    try:
+        paths = [journal.path] + [p for p in journals_of(jdir, dest.bucket, dest.key)
+                                  if p != journal.path]
+        keys = {dest.key}
+        for path in paths:
+            records = Journal.read(path)
+            if records:
+                keys |= {o["key"] for o in records[0].get("objects", [])}
+        aborted = []
+        for u in _open_uploads(s3, dest.bucket, sorted(keys)):
+            s3.abort(dest.bucket, u.key, u.upload_id)
+            aborted.append(u)
+            log.info("aborted the unfinished upload %s of s3://%s/%s", u.upload_id,
+                     dest.bucket, u.key)
+        for path in paths:
+            Journal(path).remove()
+    finally:
+        journal.unlock()
     return aborted
