@@ -214,3 +214,57 @@ def test_a_resume_sends_again_a_journaled_part_whose_bytes_changed(s3env, tmp_pa
     assert xxhash.xxh3_128_hexdigest(got) == xxhash.xxh3_128_hexdigest(bytes(data))
     assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
     assert list(s3env.journal_dir.iterdir()) == []
+
+
+def test_a_resume_sends_again_a_completed_object_whose_bytes_changed(s3env, tmp_path,
+                                                                     tcp_proxy):
+    """Invariant 12: a resume re-checks the bytes of an object the interrupted run completed.
+
+    The first run completes ``model.pte`` and is stopped at the Complete of
+    ``w.ptd`` (the proxy resets every attempt), before the manifest. One
+    byte of ``model.pte`` then changes, at the same size. Kept as completed,
+    the manifest would name the old ``model.pte`` beside the new ``w.ptd``;
+    the resume must send it again and publish the bytes now.
+    """
+    import xxhash
+    from tcp_proxy import Fault
+
+    import trtet_store
+    from trtet_store.remote import UploadKeptError, manifest_key
+    from trtet_store.remote.journal import Journal
+
+    pte, ptd = tmp_path / "model.pte", tmp_path / "w.ptd"
+    data = bytearray(os.urandom(2 * PART + 77))
+    pte.write_bytes(data)
+    ptd.write_bytes(os.urandom(PART + 5))
+    proxy = tcp_proxy(s3env.endpoint.url)
+    proxy.add(Fault("request", "reset", at=0, times=1000,
+                    match=lambda m: m.method == "POST" and "uploadId=" in m.target
+                    and "w.ptd" in m.target))
+    url = f"s3://{s3env.bucket}/done/model.pte"
+    kw = {"part_size": PART, "journal_dir": s3env.journal_dir}
+    with pytest.raises(UploadKeptError) as info:
+        trtet_store.publish([pte, ptd], url, endpoint_url=proxy.url, **kw)
+    completed = [r["name"] for r in Journal.read(Path(info.value.journal))
+                 if r.get("t") == "completed"]
+    assert completed == ["model.pte"]
+    first = s3env.client.head_object(Bucket=s3env.bucket, Key="done/model.pte")["ETag"]
+
+    data[PART + 3] ^= 0x40  # part 2 of the completed object, same size
+    pte.write_bytes(data)
+    proxy.clear()
+    report = trtet_store.publish([pte, ptd], url, endpoint_url=proxy.url, **kw)
+    assert report.objects[0].parts_sent == 3, report.objects[0]
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="done/model.pte")
+    assert xxhash.xxh3_128_hexdigest(got["Body"].read()) == xxhash.xxh3_128_hexdigest(
+        bytes(data))
+    assert got["ETag"] != first
+    assert s3env.client.get_object(Bucket=s3env.bucket,
+                                   Key="done/w.ptd")["Body"].read() == ptd.read_bytes()
+    from trtet_store.remote import Manifest
+
+    body = s3env.client.get_object(Bucket=s3env.bucket,
+                                   Key=manifest_key("done/model.pte"))["Body"].read()
+    assert Manifest.from_json(body).objects[0].etag == got["ETag"].strip('"')
+    assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
+    assert list(s3env.journal_dir.iterdir()) == []

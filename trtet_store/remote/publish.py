@@ -423,6 +423,10 @@ def _resume_state(records: list[dict], objs: list[_Object]) -> str | None | bool
         o = by_name.get(r.get("name", ""))
         t = r.get("t")
         if t == "upload" and o is not None:
+            if o.completed is not None:
+                # Completed by a run before, then sent again (its bytes had changed,
+                # see below): the version it replaces is the one that run completed.
+                o.base_etag, o.completed, o.report = o.completed["etag"], None, None
             o.upload_id = r["upload_id"]
             o.journaled_sent.clear()
         elif t == "sent" and o is not None:
@@ -430,7 +434,32 @@ def _resume_state(records: list[dict], objs: list[_Object]) -> str | None | bool
         elif t == "completed" and o is not None:
             o.completed = r["entry"]
             o.report = ObjectReport(**r["report"])
+    for o in objs:
+        if o.completed is not None and not _reads_as(o.source, o.completed["crc64nvme"]):
+            # Completed by the interrupted run, but its bytes changed since (same size):
+            # kept, the manifest would name the old bytes beside the new bytes of the
+            # others. It is sent again, replacing the version that run completed.
+            log.warning("%s: completed by the interrupted publish, but its bytes changed "
+                        "since; it is sent again", o.key)
+            o.base_etag, o.completed, o.report = o.completed["etag"], None, None
+            o.upload_id = None
+            o.journaled_sent.clear()
     return plan.get("manifest_base") or False
+
+
+def _reads_as(source: ObjectSource, crc_b64: str) -> bool:
+    """Whether ``source``'s bytes now have the full-object CRC64NVME ``crc_b64`` (one read)."""
+    reader = Reader(source)
+    crc = 0
+    try:
+        window = memoryview(bytearray(min(_WINDOW, max(source.size, 1))))
+        while reader.pos < source.size:
+            n = min(len(window), source.size - reader.pos)
+            reader.read_into(window[:n])
+            crc = checksum.crc64nvme(window[:n], crc)
+    finally:
+        reader.close()
+    return crc64nvme_b64(crc) == crc_b64
 
 
 def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: str,
