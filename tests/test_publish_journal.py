@@ -32,7 +32,7 @@ from trtet_store.cli import main
 from trtet_store.io import ExternalFile
 from trtet_store.io.units import GiB, KiB, MiB
 from trtet_store.remote import ChecksumMismatchError, ConflictError, RemoteURLError
-from trtet_store.remote.publish import publish_sources
+from trtet_store.remote.publish import abort, publish_sources
 from trtet_store.remote.source import ObjectSource
 
 PART = 5 * MiB
@@ -127,6 +127,9 @@ def test_a_second_publisher_of_one_key_is_refused_while_the_first_runs(s3env, tm
         assert len(held) == 1
         with pytest.raises(ConflictError, match="another publish of .* is running"):
             trtet_store.publish(b, url, **kw)
+        # Nor is a live publish aborted under it (abort takes the same lock).
+        with pytest.raises(ConflictError, match="another publish of .* is running"):
+            abort(url, endpoint_url=s3env.endpoint.url, journal_dir=s3env.journal_dir)
         # Nothing of the second: the first one's upload alone, with its one part.
         assert _uploads(s3env) == held
         parts = s3env.client.list_parts(Bucket=s3env.bucket, Key="two/model.pte",
