@@ -50,6 +50,12 @@ def add_parser(sub: Any) -> None:
                    help="bytes per GET, 1M to 1G (e.g. 16M; default 32M)")
     f.add_argument("--if-replaced", choices=("restart", "error"), default="restart",
                    help="when the program is replaced mid-fetch: start again (default) or fail")
+    f.add_argument("--replace-needed", action="store_true",
+                   help="replace a .ptd that another .pte of OUT's directory needs (default: "
+                   "refused; fetch into a directory of its own instead)")
+    f.add_argument("--program-only", action="store_true",
+                   help="fetch a .pte that has no manifest though it needs .ptd files "
+                   "(default: refused, naming them)")
     add_report_flags(f)
     f.set_defaults(func=cmd_fetch)
 
@@ -103,11 +109,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{prefix}: {exc}", file=sys.stderr)
         return 2
+    flags = {"replace_needed": args.replace_needed, "program_only": args.program_only}
     resume = resume_command(args.url, args.out, reuse=args.reuse,
                             endpoint_url=args.endpoint_url, if_replaced=args.if_replaced,
-                            **options)
+                            **options, **flags)
     kwargs: dict[str, Any] = {"reuse": args.reuse, "endpoint_url": args.endpoint_url,
-                              "if_replaced": args.if_replaced, **options}
+                              "if_replaced": args.if_replaced, **options, **flags}
     bar = ProgressBar("fetch", _postfix, enabled=not args.no_progress and not args.json)
     kwargs["progress"] = bar
     try:
@@ -128,6 +135,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
           + f", {report.seconds:.1f} s")
     for o in report.objects:
         print(f"  {o.path}: {o.size} bytes, {o.checksum or 'no checksum'}")
+    for path in report.removed:
+        print(f"  {path}: removed (the previous version's; no longer in the manifest)")
     if not report.verified:
         print(f"{prefix}: warning: {report.unverified_reason}", file=sys.stderr)
     return 0

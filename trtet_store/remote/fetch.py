@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import logging
 import os
+import re
 import shlex
 import threading
 import time
@@ -53,6 +55,7 @@ from trtet_store.io import (
     block_size,
     chunk_digest,
     free_bytes,
+    fsync_dir,
     recover,
     write_files,
 )
@@ -60,6 +63,7 @@ from trtet_store.remote.errors import ManifestError
 from trtet_store.remote.fetch_errors import (
     FetchInterruptedError,
     FetchVerificationError,
+    MissingDataError,
     ObjectChangedError,
     ObjectNotFoundError,
 )
@@ -75,7 +79,7 @@ from trtet_store.remote.fetch_plan import (
     plan_object,
     split_run,
 )
-from trtet_store.remote.fetch_stage import STAGING_DIR, Staging, fetch_id
+from trtet_store.remote.fetch_stage import STAGING_DIR, Staging, fetch_id, run_key
 from trtet_store.remote.fetch_writer import RangeWriter
 from trtet_store.remote.manifest import Manifest, manifest_key
 from trtet_store.remote.url import RemoteURL
@@ -177,6 +181,10 @@ class FetchReport:
     restarts, retries : int
         Restarts against a new version; ranges or calls retried.
     seconds : float
+    removed : list of str
+        ``.ptd`` files of the version the destination held that the fetched
+        manifest no longer names, removed once the new files were in place
+        (those another ``.pte`` of the directory needs are kept).
     """
 
     url: str
@@ -192,6 +200,7 @@ class FetchReport:
     restarts: int = 0
     retries: int = 0
     seconds: float = 0.0
+    removed: list[str] = field(default_factory=list)
     writes: list[WriteReport] = field(default_factory=list, repr=False)
 
     @property
@@ -217,7 +226,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
           concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
           progress: Callable[[FetchProgress], Any] | None = None, if_replaced: str = "restart",
           max_restarts: int = 3, wait_replaced: float = 30.0, attempts: int = 5,
-          placements: Sequence[str] | None = None) -> FetchReport:
+          placements: Sequence[str] | None = None, replace_needed: bool = False,
+          program_only: bool = False) -> FetchReport:
     """Fetch the program published at ``url`` (or a plain object) into ``path``.
 
     Parameters
@@ -256,6 +266,19 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         Tries per range (network errors, bytes that fail their digests).
     placements : sequence of str, optional
         Limit the final write's placements (as ``write_files``), for benchmarks.
+    replace_needed : bool
+        Replace a ``.ptd`` of the directory that another ``.pte`` there needs
+        (ExecuTorch names ``.ptd`` files by tag, so two programs share names).
+        Default: such a fetch is refused before anything is written
+        (:class:`~trtet_store.NeededByAnotherError`); fetch into a directory of
+        its own instead.
+    program_only : bool
+        Fetch a ``.pte`` that has no manifest though it reads data from
+        ``.ptd`` files (default: :class:`MissingDataError`, naming them).
+
+    After a fetch of a newer version, the ``.ptd`` files the previous version
+    at ``path`` read from and the new manifest no longer names are removed
+    (``FetchReport.removed``), unless another ``.pte`` there needs them.
 
     Returns
     -------
@@ -268,7 +291,15 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     ObjectNotFoundError, AccessDeniedError, BucketNotFoundError
         Before anything local changes.
     InsufficientSpaceError
-        Before the first byte is downloaded or anything is created.
+        Before the first byte is downloaded or anything is created; or when
+        the disk fills during the fetch (another writer), with what the fetch
+        needed and what is free then; local files unchanged.
+    NeededByAnotherError
+        A ``.ptd`` to be written would replace one another ``.pte`` of the
+        directory needs (see ``replace_needed``); nothing written.
+    MissingDataError
+        A ``.pte`` without a manifest that needs ``.ptd`` files (see
+        ``program_only``); nothing written.
     ObjectChangedError
         The program was replaced (``if_replaced="error"``), or kept changing.
     FetchVerificationError
@@ -283,6 +314,9 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         raise ValueError(f"if_replaced must be 'restart' or 'error', not {if_replaced!r}")
     check_options(concurrency=concurrency, range_size=range_size, attempts=attempts,
                   max_restarts=max_restarts, wait_replaced=wait_replaced)
+    for name, flag in (("replace_needed", replace_needed), ("program_only", program_only)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, not {flag!r}")
     bucket, key = parse_url(url)
     dest = Path(path).absolute()
     if not dest.parent.is_dir():
@@ -295,6 +329,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
                  concurrency, range_size, progress, attempts, placements)
     job.endpoint_url = endpoint_url or _client_endpoint(client)
     job.if_replaced = if_replaced
+    job.replace_needed, job.program_only = replace_needed, program_only
+    job.flags = {"replace_needed": replace_needed, "program_only": program_only}
     start = time.monotonic()
     restarts = 0
     seen_version = None
@@ -424,6 +460,9 @@ class _Fetch:
         self.endpoint_url: str | None = None
         self.if_replaced = "restart"
         self.flags: dict[str, bool] = {}
+        self.replace_needed = False
+        self.program_only = False
+        self.from_manifest = False  # set by describe()
         self.version = ""
         self.range_retries = 0
         self._mutex = threading.Lock()
@@ -438,10 +477,12 @@ class _Fetch:
     def describe(self) -> tuple[str, list[ObjectSpec], str | None]:
         """``(version, specs, why unverified)``: from the manifest, or a plain object's HEAD."""
         mkey = manifest_key(self.key)
+        self.from_manifest = False
         try:
             raw, etag = self.reader.get_small(mkey)
         except ObjectNotFoundError:
             return self._plain()
+        self.from_manifest = True
         try:
             manifest = Manifest.from_json(raw)
         except ManifestError as exc:
@@ -544,12 +585,53 @@ class _Fetch:
                 stage.remove()
                 stage.close()
             return report
-        self.preflight(plans, paths, resuming=interrupted)
+        if self.from_manifest:
+            # Before anything is written: a .ptd of this program that another
+            # .pte of the directory needs (ExecuTorch names them by tag) is not
+            # replaced unless asked (invariant 11).
+            from trtet_store.inspector.neighbours import check_neighbours
+
+            check_neighbours(self.dest.parent, [s.name for s in specs[1:]], program=self.dest,
+                             replace_needed=self.replace_needed)
+            # What the version at the destination now reads from .ptd files: those the
+            # new manifest no longer names go once the new files are in place.
+            old_data = _data_files_of(self.dest)
+        needed = self.preflight(plans, paths, resuming=interrupted)
+        try:
+            self._stage_and_write(report, plans, paths, version)
+        except InsufficientSpaceError:
+            raise
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # Another writer took the space the preflight counted: say so as the
+            # preflight would, with what it needed and what is free now.
+            raise InsufficientSpaceError(
+                needed, free_bytes(self.dest.parent), exc.filename or self.dest,
+                f"{self.url}: the disk filled during the fetch ({exc.strerror}); the files "
+                "there are unchanged, and what was downloaded is kept for the next fetch") \
+                from exc
+        if self.from_manifest:
+            names = {s.name for s in specs}
+            report.removed = self._remove_stale(
+                [n for n in old_data if n not in names])
+        report.bytes_downloaded = self.downloaded
+        return report
+
+    def _stage_and_write(self, report: FetchReport, plans: list[ObjectPlan],
+                         paths: list[Path], version: str) -> None:
+        """Download into the staging area, verify, and write every file in one transaction."""
         stage = Staging.open(self.dest, self.url, version, plans)
         try:
             report.bytes_resumed = self.download(plans, stage)
             self.resumed = report.bytes_resumed
             self.verify(plans, stage)
+            if not self.from_manifest and not self.program_only:
+                try:
+                    self._refuse_program_without_data(plans[0], stage)
+                except MissingDataError:
+                    stage.discard()  # a refusal leaves nothing behind
+                    raise
             blobs = stage.blobs()
             outputs = []
             for i, plan in enumerate(plans):
@@ -568,8 +650,109 @@ class _Fetch:
         finally:
             stage.close()
         self._fill(report, plans, stage.done)
-        report.bytes_downloaded = self.downloaded
-        return report
+
+    def _remove_stale(self, names: list[str]) -> list[str]:
+        """Remove the previous version's ``.ptd`` files named in ``names``, unless needed.
+
+        Called once the new files are in place. A file another ``.pte`` of the
+        directory needs (the new one included: the same check as before a
+        write) is kept, and so is one that changed meanwhile into something
+        the check cannot read; a failure to remove is logged, not raised (the
+        new version is complete either way).
+        """
+        from trtet_store.inspector.neighbours import check_neighbours
+        from trtet_store.io import NeededByAnotherError
+
+        removed = []
+        for name in names:
+            path = self.dest.parent / name
+            try:
+                check_neighbours(self.dest.parent, [name], program=None)
+            except NeededByAnotherError as exc:
+                log.info("%s: %s is no longer in %s, but is kept: %s", self.dest, name,
+                         self.url, exc.strerror)
+                continue
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("%s: could not remove %s, which %s no longer names: %s",
+                            self.dest, path, self.url, exc)
+                continue
+            log.info("%s: removed %s (the previous version's; %s no longer names it)",
+                     self.dest, path, self.url)
+            removed.append(os.fspath(path))
+        if removed:
+            with contextlib.suppress(OSError):
+                fsync_dir(self.dest.parent)
+        return removed
+
+    def _refuse_program_without_data(self, plan: ObjectPlan, stage: Staging) -> None:
+        """A plain object that is a ``.pte`` reading data from ``.ptd`` files: refused.
+
+        Without a manifest nothing says which ``.ptd`` files go with the
+        program (a manifest deleted on the server, say), and fetching the
+        ``.pte`` alone would be a program that does not load. What it needs
+        is read from the staged bytes (:mod:`trtet_store.inspector.neighbours`,
+        no torch); the ``.ptd`` objects beside it on the server that hold
+        those keys are named. ``program_only=True`` fetches it anyway.
+        """
+        if not plan.runs or plan.runs[0].offset != 0 or plan.runs[0].size != plan.spec.size:
+            return
+        keys = _keys_needed(stage.runs[run_key(plan.runs[0])].blob.path)
+        if not keys:
+            return
+        holders = self._ptds_holding(keys)
+        shown = ", ".join(repr(k if len(k) <= 24 else k[:16] + "...") for k in keys[:3])
+        more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+        where = (f"it needs {', '.join(holders)} (beside it on the server)" if holders else
+                 "no .ptd beside it on the server holds them")
+        raise MissingDataError(
+            f"{self.url} has no manifest ({manifest_key(self.key)}), and the program reads "
+            f"{len(keys)} key(s) from .ptd files ({shown}{more}): {where}. Publish it again "
+            "with its .ptd files (trtet-store publish writes the manifest that names them), or "
+            "pass program_only=True (--program-only) to fetch the .pte alone; nothing was "
+            "written", holders, keys)
+
+    def _ptd_head(self, key: str) -> bytes | None:
+        """The header and flatbuffer of the ``.ptd`` object ``key`` (where its keys are)."""
+        head = self.reader.get_prefix(key, 64 << 10)
+        if len(head) < 32:
+            return None
+        end = int.from_bytes(head[16:24], "little") + int.from_bytes(head[24:32], "little")
+        if end > 64 << 20:
+            return None  # not a header this check reads; the refusal names the keys anyway
+        return head if end <= len(head) else self.reader.get_prefix(key, end)
+
+    def _ptds_holding(self, keys: list[str]) -> list[str]:
+        """Names of the ``.ptd`` objects beside the program that hold any of ``keys``."""
+        from trtet_store.inspector.neighbours import read_ptd_keys
+
+        prefix = self.key.rpartition("/")[0]
+        prefix = f"{prefix}/" if prefix else ""
+        try:
+            names = [k for k in self.reader.list_keys(prefix) if k.endswith(".ptd")]
+        except Exception as exc:  # noqa: BLE001 - the refusal stands; only its detail is lost
+            log.info("%s: could not list the .ptd objects beside it: %r", self.url, exc)
+            return []
+        out = []
+        staging = self.dest.parent / STAGING_DIR
+        for key in names:
+            head = self._ptd_head(key)
+            if head is None:
+                continue
+            tmp = staging / f"fetch-{fetch_id(self.dest)}-ptd-head.tmp"
+            try:
+                tmp.write_bytes(head)
+                if set(keys) & read_ptd_keys(tmp):
+                    out.append(key.rpartition("/")[2])
+            except (OSError, ValueError):
+                continue
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+        return out
 
     def _tick(self, n: int, obj: int = 0) -> None:
         with self._mutex:
@@ -619,7 +802,7 @@ class _Fetch:
 
     # 3. preflight -------------------------------------------------------------------
 
-    def preflight(self, plans: list[ObjectPlan], paths: list[Path], *, resuming: bool) -> None:
+    def preflight(self, plans: list[ObjectPlan], paths: list[Path], *, resuming: bool) -> int:
         """Refuse, before anything is created, a fetch whose disk cannot hold it.
 
         Counted on the destination's filesystem: every byte still to download
@@ -657,6 +840,7 @@ class _Fetch:
                 needed, available, self.dest,
                 f"{self.url}: {download} bytes to download and {placements} for placing them; "
                 "nothing was downloaded or created")
+        return needed
 
     # 4. download ---------------------------------------------------------------------
 
@@ -879,4 +1063,52 @@ def _journaled_ranges(dest: Path, version: str) -> set[tuple[int, int, int]]:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 d = json.loads(line)
                 out.add((d["obj"], d["offset"], d["size"]))
+    return out
+
+
+#: An XNNPACK weight key as its flatbuffer stores it: the SHA-256 of the bytes in
+#: 64 hex digits, a u32 length before, a NUL after (as the verifier reads it).
+_XNNPACK_KEY = re.compile(rb"\x40\x00\x00\x00([0-9a-f]{64})\x00")
+
+
+def _keys_needed(path: os.PathLike | str) -> list[str]:
+    """The named-data keys the ``.pte`` at ``path`` reads from ``.ptd`` files, sorted.
+
+    Its external tensors (by name) and the XNNPACK weight keys its delegate
+    blobs name, less what it holds itself; empty for a file that is not a
+    program (a plain object). Read with :mod:`trtet_store.inspector.neighbours`
+    (headers and flatbuffer only, no torch).
+    """
+    from trtet_store.inspector.neighbours import read_program_needs
+
+    needs = read_program_needs(path)
+    if needs.unreadable is not None:
+        return []
+    keys = set(needs.external_tensors)
+    for head in needs.delegate_heads:
+        keys.update(m.group(1).decode() for m in _XNNPACK_KEY.finditer(head))
+    return sorted(keys - needs.own_keys)
+
+
+def _data_files_of(pte: Path) -> list[str]:
+    """Names of the ``.ptd`` files beside ``pte`` that the program there reads keys from.
+
+    Empty when there is no ``pte``, or it cannot be read: then nothing is
+    known to be its data, and nothing is removed as such.
+    """
+    from trtet_store.inspector.neighbours import read_program_needs, read_ptd_keys
+
+    if not pte.is_file():
+        return []
+    needs = read_program_needs(pte)
+    if needs.unreadable is not None:
+        return []
+    out = []
+    for p in sorted(pte.parent.glob("*.ptd")):
+        try:
+            keys = read_ptd_keys(p)
+        except (OSError, ValueError):
+            continue
+        if needs.needed_of(keys):
+            out.append(p.name)
     return out

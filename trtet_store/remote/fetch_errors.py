@@ -50,3 +50,25 @@ class FetchInterruptedError(RemoteError):
     def __init__(self, message: str, resume: str = "") -> None:
         super().__init__(message + (f"; run `{resume}` to continue" if resume else ""))
         self.resume = resume
+
+
+class MissingDataError(RemoteError):
+    """A program without a manifest that reads data from ``.ptd`` files: alone, it cannot load.
+
+    Raised before anything local is written (``program_only=True`` fetches it
+    anyway); what was downloaded is dropped with the fetch's staging area, so
+    a refusal leaves no file behind.
+
+    Attributes
+    ----------
+    ptd_files : list of str
+        The ``.ptd`` objects beside the program on the server that hold keys it
+        reads (empty when none does, or they could not be listed).
+    keys : list of str
+        The named-data keys the program reads from ``.ptd`` files.
+    """
+
+    def __init__(self, message: str, ptd_files: list[str], keys: list[str]) -> None:
+        super().__init__(message)
+        self.ptd_files = ptd_files
+        self.keys = keys

@@ -171,6 +171,30 @@ class Reader:
             return resp["Body"].read(), resp["ETag"].strip('"')
         return self._call("GetObject", key, None, get)
 
+    def get_prefix(self, key: str, size: int) -> bytes:
+        """The first ``size`` bytes of ``key`` (fewer for a smaller object)."""
+        def get() -> bytes:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key,
+                                          Range=f"bytes=0-{size - 1}")
+            return resp["Body"].read()
+        return self._call("GetObject", key, None, get)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """The keys directly under ``prefix`` (``dir/``; not in its subdirectories)."""
+        def listing() -> list[str]:
+            keys, token = [], None
+            while True:
+                kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix,
+                                      "Delimiter": "/"}
+                if token:
+                    kw["ContinuationToken"] = token
+                resp = self.client.list_objects_v2(**kw)
+                keys += [o["Key"] for o in resp.get("Contents", [])]
+                token = resp.get("NextContinuationToken")
+                if not resp.get("IsTruncated") or not token:
+                    return keys
+        return self._call("ListObjectsV2", prefix, None, listing)
+
     def get_range(self, key: str, etag: str, offset: int, size: int, into: memoryview,
                   received: Callable[[int], None] | None = None) -> None:
         """Read bytes ``[offset, offset + size)`` of ``key`` at version ``etag`` into ``into``.
