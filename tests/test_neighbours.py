@@ -174,3 +174,26 @@ def test_the_check_imports_neither_torch_nor_executorch(here_fs, programs):
     check_neighbours(here_fs, ["cpu.ptd"], program="a.pte")  # its own: not refused
     check_neighbours(here_fs, ["cpu.ptd"], program=None, replace_needed=True)
     check_neighbours(here_fs, ["other.ptd"], program=None)  # replaces nothing
+
+
+def test_a_tensorrt_engine_key_is_needed(here_fs, monkeypatch):
+    """Engines as named data (``engine_key`` in the delegate's metadata) in ``engines.ptd``."""
+    from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
+    from trtet_store.export import tensorrt as trt
+    from trtet_store.io.units import MiB
+
+    builder = FakeBuilder(engine_sizes=(MiB, MiB // 2))
+    monkeypatch.setattr(trt, "build_engines", builder)
+    monkeypatch.setattr(trt, "check_available", lambda: None)
+    module, inputs = linear_relu()
+    trtet_store.compile_and_save(module, inputs, here_fs / "a.pte",
+                                 external_engine_data="engines")
+    built = len(builder.built)
+    keys = read_ptd_keys(here_fs / "engines.ptd")
+    assert len(keys) == 2 and all(k.endswith("_trt_engine") for k in keys)
+    assert set(read_program_needs(here_fs / "a.pte").needed_of(keys)) == keys
+    before = _snapshot(here_fs)
+    with pytest.raises(trtet_store.NeededByAnotherError, match="_trt_engine"):
+        trtet_store.compile_and_save(module, inputs, here_fs / "b.pte",
+                                     external_engine_data="engines")
+    assert len(builder.built) == built and _snapshot(here_fs) == before

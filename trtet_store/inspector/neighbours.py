@@ -337,8 +337,9 @@ def check_neighbours(directory: os.PathLike | str, writing: Iterable[str], *,
             else:
                 wanted = n.needed_of(keys)
                 if wanted:
-                    # XNNPACK's keys are 64-digit digests: their heads tell them apart.
-                    shown = ", ".join(repr(k if len(k) <= 24 else k[:16] + "...")
+                    # Digest keys (XNNPACK's 64 digits, TensorRT's <digest>_trt_engine):
+                    # head and tail tell them apart and keep the kind visible.
+                    shown = ", ".join(repr(k if len(k) <= 28 else f"{k[:12]}...{k[-12:]}")
                                       for k in wanted[:3])
                     more = f" and {len(wanted) - 3} more" if len(wanted) > 3 else ""
                     by.append((n.path, f"{n.path.name} loads {shown}{more} from it"))
