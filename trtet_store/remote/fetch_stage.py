@@ -289,10 +289,14 @@ class Staging:
 
     def _append(self, line: dict) -> None:
         data = json.dumps(line).encode() + b"\n"
-        n = os.write(self._journal_fd, data)
+        try:
+            n = os.write(self._journal_fd, data)
+        except OSError as exc:
+            # Named, so that the caller can say which file the disk failed.
+            raise OSError(exc.errno, exc.strerror, os.fspath(self.journal_path)) from exc
         if n != len(data):  # a torn line is skipped on resume; a silent one would hide it
-            raise OSError(errno.ENOSPC, f"short write to {self.journal_path}: {n} of "
-                          f"{len(data)} bytes")
+            raise OSError(errno.ENOSPC, f"short write ({n} of {len(data)} bytes)",
+                          os.fspath(self.journal_path))
 
     # -- the end ------------------------------------------------------------------
 
