@@ -197,3 +197,15 @@ def test_a_tensorrt_engine_key_is_needed(here_fs, monkeypatch):
         trtet_store.compile_and_save(module, inputs, here_fs / "b.pte",
                                      external_engine_data="engines")
     assert len(builder.built) == built and _snapshot(here_fs) == before
+
+
+def test_a_consuming_save_refused_gives_everything_back(here_fs, programs):
+    """consume=True: the refusal comes after the plan adopted payloads; they are given back."""
+    a, b = programs
+    before = _saved_a(here_fs, a)
+    with pytest.raises(trtet_store.NeededByAnotherError):
+        trtet_store.save_program(b.manager, here_fs / "b.pte", consume=True)
+    assert _snapshot(here_fs) == before
+    (here_fs / "b").mkdir()
+    trtet_store.save_program(b.manager, here_fs / "b" / "b.pte", consume=True)
+    assert verify(here_fs / "b" / "b.pte").ok and verify(here_fs / "a.pte").ok
