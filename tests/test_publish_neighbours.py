@@ -285,3 +285,68 @@ def test_a_publish_that_kept_our_first_object_finishing_before_our_complete(s3en
     _assert_winner_intact(s3env, theirs, landed[0], tmp_path / "got")
     assert "changed by another publisher after this publish planned" in str(err.value)
     _assert_no_uploads_no_journal(s3env, tmp_path / "journal-theirs")
+
+
+def test_an_engine_indexed_in_a_removed_object_is_sent_again(s3env, here_fs):
+    """The engine-digest index still points at gpu.ptd after a replace removed it.
+
+    A later publish of the same engine elsewhere must not plan a server-side
+    copy from the removed object (its copy source is checked at plan time):
+    it sends the bytes, and the program is whole.
+    """
+    from trtet_store.remote.publish import publish_sources
+    from trtet_store.remote.source import ObjectSource
+
+    def publish(objects, key, **kw):
+        return publish_sources(objects, f"s3://{s3env.bucket}/{key}",
+                               endpoint_url=s3env.endpoint.url, part_size=PART,
+                               journal_dir=s3env.journal_dir, **kw)
+
+    with trtet_store.BlobStore(here_fs / "staging") as store:
+        with store.writer() as w:
+            w.write(os.urandom(6 * MiB + 1))
+        engine = w.blob
+        publish([ObjectSource("a.pte", [b"a" * 100]), ObjectSource("gpu.ptd", [engine])],
+                "p/a.pte")
+        publish([ObjectSource("a.pte", [b"b" * 100])], "p/a.pte", replace=True)
+        assert _keys(s3env, "p/") == ["p/a.pte", "p/a.pte.trtet.json"]
+        report = publish([ObjectSource("c.pte", [b"c" * 100, engine])], "q/c.pte")
+        expected = b"c" * 100 + Path(engine.path).read_bytes()
+    assert report.bytes_copied == 0 and report.bytes_sent == len(expected)
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="q/c.pte")["Body"].read()
+    assert got == expected
+    _assert_no_uploads_no_journal(s3env)
+
+
+def test_a_copy_source_removed_after_the_plan_is_sent_instead(s3env, here_fs, monkeypatch):
+    """The indexed object is removed between our plan and our UploadPartCopy (a replace's
+    cleanup elsewhere): the part is sent from the local bytes, nothing fails."""
+    from trtet_store.remote.publish import publish_sources
+    from trtet_store.remote.source import ObjectSource
+
+    def publish(objects, key, **kw):
+        return publish_sources(objects, f"s3://{s3env.bucket}/{key}",
+                               endpoint_url=s3env.endpoint.url, part_size=PART,
+                               journal_dir=s3env.journal_dir, **kw)
+
+    real_plan = publish_module._plan_copies
+
+    def plan_then_remove_the_source(s3, bucket, objs, *args, **kwargs):
+        previous = real_plan(s3, bucket, objs, *args, **kwargs)
+        assert any(c.key == "p/x.pte" for o in objs for c in o.copies.values())
+        s3env.client.delete_object(Bucket=bucket, Key="p/x.pte")
+        return previous
+
+    with trtet_store.BlobStore(here_fs / "staging") as store:
+        with store.writer() as w:
+            w.write(os.urandom(11 * MiB + 1))
+        engine = w.blob
+        publish([ObjectSource("x.pte", [engine])], "p/x.pte")
+        monkeypatch.setattr(publish_module, "_plan_copies", plan_then_remove_the_source)
+        report = publish([ObjectSource("c.pte", [engine])], "q/c.pte")
+        monkeypatch.undo()
+        expected = Path(engine.path).read_bytes()
+    assert report.bytes_copied == 0 and report.bytes_sent == len(expected)
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="q/c.pte")["Body"].read()
+    assert got == expected
+    _assert_no_uploads_no_journal(s3env)

@@ -282,12 +282,26 @@ class S3:
 
     def copy_part(self, bucket: str, key: str, upload_id: str, number: int, source_key: str,
                   start: int, size: int, if_match: str) -> str:
-        """UploadPartCopy of ``[start, start + size)`` of ``source_key``, pinned to ``if_match``."""
-        r = self._call(f"UploadPartCopy {number}", bucket, self.client.upload_part_copy,
-                       Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                       CopySource={"Bucket": bucket, "Key": source_key},
-                       CopySourceRange=f"bytes={start}-{start + size - 1}",
-                       CopySourceIfMatch=if_match)
+        """UploadPartCopy of ``[start, start + size)`` of ``source_key``, pinned to ``if_match``.
+
+        A source that is gone (removed since it was planned: a replaced
+        version's object) is :class:`PreconditionFailed`, like one that
+        changed: either way the caller sends the bytes instead.
+        """
+        from botocore.exceptions import ClientError
+
+        try:
+            r = self._call(f"UploadPartCopy {number}", bucket, self.client.upload_part_copy,
+                           Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                           CopySource={"Bucket": bucket, "Key": source_key},
+                           CopySourceRange=f"bytes={start}-{start + size - 1}",
+                           CopySourceIfMatch=if_match)
+        except ClientError as exc:
+            code, status = _code(exc)
+            if code in ("NoSuchKey", "NotFound") or (status == 404 and code != "NoSuchUpload"):
+                raise PreconditionFailed(f"UploadPartCopy {number}: the source {source_key} "
+                                         "is gone") from None
+            raise
         return strip_etag(r["CopyPartResult"]["ETag"])
 
     def list_parts(self, bucket: str, key: str, upload_id: str) -> dict[int, tuple[str, int]]:
