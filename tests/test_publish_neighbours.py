@@ -350,3 +350,35 @@ def test_a_copy_source_removed_after_the_plan_is_sent_instead(s3env, here_fs, mo
     got = s3env.client.get_object(Bucket=s3env.bucket, Key="q/c.pte")["Body"].read()
     assert got == expected
     _assert_no_uploads_no_journal(s3env)
+
+
+class _Stop(Exception):
+    """Raised from a progress callback: the publish stops with its upload and journal kept."""
+
+
+def test_a_resumed_publish_whose_ptd_another_program_took_meanwhile(s3env, tmp_path):
+    """b is interrupted; a publishes its own cpu.ptd beside it; b's resume is refused.
+
+    The refusal gives up b's journal and aborts its upload: nothing of b's is
+    left open or billed, and a is whole.
+    """
+    b = _files(tmp_path / "b", ["b.pte", "cpu.ptd"], size=6 * MiB)
+    sources = _contents(b)
+
+    def stop(p) -> None:
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        _publish(s3env, b, "p/b.pte", progress=stop)
+    assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", [])
+    assert any(s3env.journal_dir.iterdir())
+
+    a = _files(tmp_path / "a", ["a.pte", "cpu.ptd"])
+    _publish(s3env, a, "p/a.pte", journal_dir=tmp_path / "journal-a")
+    before = _etags(s3env)
+    with pytest.raises(OwnedByOtherProgramError, match="cpu.ptd belongs to"):
+        _publish(s3env, b, "p/b.pte", replace=True)
+    assert _etags(s3env) == before
+    assert _contents(b) == sources
+    _assert_no_uploads_no_journal(s3env, tmp_path / "journal-a")
+    _assert_whole(s3env, "p/a.pte", a, tmp_path / "got-a")
