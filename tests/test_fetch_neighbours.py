@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from digests import file_digest
 from programs import executorch_outputs, xnnpack_linear_program
-from test_fetch_support import put_program
+from test_fetch_support import MiB, put_program
 
 import trtet_store
 from trtet_store.cli import main
@@ -45,6 +45,19 @@ def built(tmp_path_factory) -> dict[str, dict[str, bytes]]:
         assert sorted(files) == sorted(["program.pte", f"{tag}.ptd"]), sorted(files)
         out[name] = files
     assert out["a"]["cpu.ptd"] != out["b"]["cpu.ptd"]
+    # A TensorRT program (stubbed build) whose engine is named data in cpu.ptd.
+    from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
+    from trtet_store.export import tensorrt as trt
+
+    d = tmp_path_factory.mktemp("t")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trt, "check_available", lambda: None)
+        mp.setattr(trt, "build_engines", FakeBuilder(engine_sizes=(MiB,)))
+        module, inputs = linear_relu()
+        trtet_store.compile_and_save(module, inputs, d / "program.pte",
+                                     external_engine_data="cpu")
+    out["t"] = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    assert sorted(out["t"]) == ["cpu.ptd", "program.pte"], sorted(out["t"])
     return out
 
 
@@ -160,17 +173,18 @@ def test_a_new_version_that_fails_removes_nothing(s3, here_fs, built):
 # --- item 14 -----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("program", ["a", "t"], ids=["xnnpack-weights", "tensorrt-engine"])
 def test_a_program_whose_manifest_is_gone_and_needs_a_ptd_is_refused_naming_it(
-        s3, here_fs, built):
-    url = put(s3, "n", "model.pte", built["a"], manifest=False)
+        s3, here_fs, built, program):
+    url = put(s3, "n", "model.pte", built[program], manifest=False)
     with pytest.raises(MissingDataError) as err:
         fetch(url, here_fs / "model.pte", client=s3.client)
     assert "cpu.ptd" in str(err.value) and "program_only=True" in str(err.value)
     assert err.value.ptd_files == ["cpu.ptd"]
-    assert err.value.keys  # the XNNPACK weight keys it reads
+    assert err.value.keys  # the XNNPACK weight keys, or the engine key, it reads
     assert os.listdir(here_fs) == []  # nothing written, nothing staged
     report = fetch(url, here_fs / "model.pte", client=s3.client, program_only=True)
-    assert (here_fs / "model.pte").read_bytes() == built["a"]["program.pte"]
+    assert (here_fs / "model.pte").read_bytes() == built[program]["program.pte"]
     assert sorted(os.listdir(here_fs)) == ["model.pte"]
     assert report.verified
 

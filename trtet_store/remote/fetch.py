@@ -40,6 +40,7 @@ import logging
 import os
 import re
 import shlex
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -1087,7 +1088,31 @@ def _keys_needed(path: os.PathLike | str) -> list[str]:
     keys = set(needs.external_tensors)
     for head in needs.delegate_heads:
         keys.update(m.group(1).decode() for m in _XNNPACK_KEY.finditer(head))
+        engine_key = _trt_engine_key(head)
+        if engine_key:
+            keys.add(engine_key)
     return sorted(keys - needs.own_keys)
+
+
+def _trt_engine_key(head: bytes) -> str | None:
+    """The ``engine_key`` of a TensorRT delegate blob whose engine is named data, else None.
+
+    Read as the inspector reads it (the blob header, then its metadata); a
+    blob that is not TensorRT's, or holds its engine inline, names none.
+    """
+    from trtet_store.export import trt_blob  # pure struct/json, no torch
+    from trtet_store.inspector.trt_metadata import check_metadata
+
+    try:
+        h = trt_blob.BlobHeader.from_bytes(head)
+    except (ValueError, struct.error, IndexError):
+        return None
+    if h.engine_size or h.metadata_offset + h.metadata_size > len(head):
+        return None
+    meta, _, _ = check_metadata(head[h.metadata_offset:h.metadata_offset + h.metadata_size],
+                                h.magic)
+    key = (meta or {}).get("engine_key")
+    return key if isinstance(key, str) and key else None
 
 
 def _data_files_of(pte: Path) -> list[str]:
