@@ -171,3 +171,26 @@ def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_noth
         trt.unregister_engines(list(trt._engines.values()))
     assert again.built == []
     assert list(work.iterdir()) == []
+
+
+def test_another_programs_ptd_is_refused_in_one_line(s3env, tmp_path, capsys):
+    """b.pte beside a.pte, both with a cpu.ptd: --replace does not help; the line says why."""
+    common = ["--endpoint-url", s3env.endpoint.url, "--journal-dir", str(s3env.journal_dir),
+              "--no-progress"]
+    made = {}
+    for program in ("a", "b"):
+        d = tmp_path / program
+        d.mkdir()
+        made[program] = [d / f"{program}.pte", d / "cpu.ptd"]
+        for p in made[program]:
+            p.write_bytes(os.urandom(1000))
+    url = f"s3://{s3env.bucket}/p/"
+    assert main(["publish", *map(str, made["a"]), url + "a.pte", *common]) == 0
+    capsys.readouterr()
+    assert main(["publish", *map(str, made["b"]), url + "b.pte", "--replace", *common]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("trtet-store publish: OwnedByOtherProgramError") and "\n" not in err
+    assert f"cpu.ptd belongs to {url}a.pte" in err and f"e.g. {url}b/b.pte" in err
+    got = s3env.client.get_object(Bucket=s3env.bucket, Key="p/cpu.ptd")["Body"].read()
+    assert got == made["a"][1].read_bytes()
+    assert main(["publish", *map(str, made["b"]), url + "b/b.pte", *common]) == 0
