@@ -977,7 +977,10 @@ def _check_manifest_base(s3: S3, bucket: str, mkey: str, base: str | None | bool
     Checked before each Complete: a publish of this program that finished
     since our plan has committed a manifest naming objects we are about to
     replace, some perhaps at the very ETag we planned against (an object it
-    kept unchanged), which ``If-Match`` alone cannot tell.
+    kept unchanged), which ``If-Match`` alone cannot tell. Left open: a
+    publish that commits between this HeadObject and our Complete, having
+    kept that object unchanged (one request's window); our manifest is then
+    refused and the publish fails, but the object we completed stays.
     """
     head = s3.head(bucket, mkey)
     now = head.etag if head is not None else None
