@@ -155,3 +155,32 @@ def test_a_server_that_goes_away_mid_fetch_is_still_an_interruption_with_its_res
     assert f"could not connect to {address}" in str(info.value)
     assert "--endpoint-url " + s3.endpoint.url in info.value.resume
     assert not (here_fs / "model.pte").exists()
+
+
+def test_a_head_that_keeps_failing_says_how_to_resume_with_every_option(s3, here_fs):
+    """The manifest is read, then every HeadObject fails (a link that drops): resumable."""
+    from botocore.exceptions import ConnectionClosedError
+
+    data, sizes = engine_program(73, (2 * MiB,))
+    url = f"s3://{s3.bucket}/h/model.pte"
+    put_program(s3.client, s3.bucket, "h", {"model.pte": (data, sizes)})
+
+    class DroppingHeads:
+        """The real client, whose HeadObject calls all fail as a dropped connection does."""
+
+        meta = s3.client.meta
+
+        def __getattr__(self, name):
+            return getattr(s3.client, name)
+
+        def head_object(self, **kwargs):
+            raise ConnectionClosedError(endpoint_url=f"{s3.endpoint.url}/{kwargs['Key']}")
+
+    with pytest.raises(FetchInterruptedError) as info:
+        fetch(url, here_fs / "model.pte", client=DroppingHeads(), range_size=2 * MiB,
+              attempts=2)
+    assert "HeadObject" in str(info.value)
+    assert info.value.resume == (f"trtet-store fetch {url} {here_fs / 'model.pte'} "
+                                 f"--endpoint-url {s3.endpoint.url} --range-size {2 * MiB}")
+    assert f"run `{info.value.resume}` to continue" in str(info.value)
+    assert listing(here_fs) == []

@@ -339,6 +339,12 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         try:
             report = job.run()
             break
+        except FetchInterruptedError as exc:
+            if exc.resume:
+                raise
+            # A HEAD or manifest GET that kept failing: the resume command, with
+            # every option given, belongs in its message too.
+            raise FetchInterruptedError(str(exc), job.resume_command()) from exc
         except ObjectChangedError as exc:
             if if_replaced == "error" or restarts >= max_restarts:
                 raise
