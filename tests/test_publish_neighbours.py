@@ -249,7 +249,6 @@ def test_a_publish_completing_between_our_plan_and_our_complete(s3env, tmp_path,
     monkeypatch.setattr(publish_module, "_check_manifest_base", check_then_lose_the_race)
     with pytest.raises(ConflictError) as err:
         _publish(s3env, ours, "p/model.pte", replace=True)
-    monkeypatch.undo()
     assert landed
     # Every object keeps the ETag the winner's manifest names; it fetches byte for byte.
     _assert_winner_intact(s3env, theirs, landed[0], tmp_path / "got")
@@ -344,7 +343,6 @@ def test_a_copy_source_removed_after_the_plan_is_sent_instead(s3env, here_fs, mo
         publish([ObjectSource("x.pte", [engine])], "p/x.pte")
         monkeypatch.setattr(publish_module, "_plan_copies", plan_then_remove_the_source)
         report = publish([ObjectSource("c.pte", [engine])], "q/c.pte")
-        monkeypatch.undo()
         expected = Path(engine.path).read_bytes()
     assert report.bytes_copied == 0 and report.bytes_sent == len(expected)
     got = s3env.client.get_object(Bucket=s3env.bucket, Key="q/c.pte")["Body"].read()
@@ -382,3 +380,35 @@ def test_a_resumed_publish_whose_ptd_another_program_took_meanwhile(s3env, tmp_p
     assert _contents(b) == sources
     _assert_no_uploads_no_journal(s3env, tmp_path / "journal-a")
     _assert_whole(s3env, "p/a.pte", a, tmp_path / "got-a")
+
+
+def test_a_replace_stopped_after_its_commit_cleans_up_when_resumed(s3env, tmp_path,
+                                                                   monkeypatch):
+    """Stopped between the commit and the cleanup: the resume removes gpu.ptd.
+
+    What the replaced version had is journaled with the plan, so the
+    resumed run (which reads no old manifest: ours is there now) still knows.
+    """
+    v1 = _files(tmp_path / "v1", ["a.pte", "cpu.ptd", "gpu.ptd"])
+    _publish(s3env, v1, "p/a.pte")
+    v2 = _files(tmp_path / "v2", ["a.pte", "cpu.ptd"])
+
+    real_remove = publish_module._remove_replaced
+    stopped: list[bool] = []
+
+    def stop_once(*args, **kwargs):
+        if not stopped:
+            stopped.append(True)
+            raise _Stop
+        return real_remove(*args, **kwargs)
+
+    # (not monkeypatch.undo(): that would also undo s3env's credentials)
+    monkeypatch.setattr(publish_module, "_remove_replaced", stop_once)
+    with pytest.raises(_Stop):
+        _publish(s3env, v2, "p/a.pte", replace=True)
+    assert "p/gpu.ptd" in _keys(s3env) and any(s3env.journal_dir.iterdir())
+    report = _publish(s3env, v2, "p/a.pte", replace=True)
+    assert report.bytes_sent == 0
+    assert _keys(s3env) == ["p/a.pte", "p/a.pte.trtet.json", "p/cpu.ptd"]
+    _assert_whole(s3env, "p/a.pte", v2, tmp_path / "got")
+    _assert_no_uploads_no_journal(s3env)
