@@ -11,20 +11,29 @@ The steps, in order (each a function below):
    version, ``reuse=``) are found by their chunk digests
    (:mod:`.fetch_local`); the rest is planned as runs and ranges
    (:mod:`.fetch_plan`).
-3. **Preflight.** The free space the whole fetch needs on the destination's
-   filesystem (downloaded bytes, plus what the final write's placements
-   need) is checked before anything is created.
+3. **Neighbours and preflight.** A ``.ptd`` of the program that another
+   ``.pte`` of the directory needs is not replaced (ExecuTorch names them by
+   tag; :func:`trtet_store.inspector.neighbours.check_neighbours`, opt-in
+   ``replace_needed``). The free space the whole fetch needs on the
+   destination's filesystem (downloaded bytes, plus what the final write's
+   placements need) is checked before anything is created; a disk that
+   fills later anyway is an ``InsufficientSpaceError`` too.
 4. **Download.** Ranged GETs in parallel, each with ``If-Match``, each range
    checked against its chunk digests (a bad one is fetched again), written
    into its run's staged blob and journaled (:mod:`.fetch_stage`) by one
    writer thread (:mod:`.fetch_writer`). Memory: ``(concurrency + 2) x
-   range_size``.
+   range_size``. A resume keeps every journaled range whose staged bytes
+   still check, whatever its range size, and downloads only the gaps.
 5. **Verify.** The full-object checksum, combined from the ranges' (and the
    reused pieces') CRCs as they streamed, must equal the manifest's and
    HeadObject's.
 6. **Write.** Every file of the program in one ``write_files`` transaction
    (``consume=True``: staged runs are inserted, cloned or moved, reused ranges
    cloned or copied from the old file, which stays intact until the rename).
+   Then the previous version's ``.ptd`` files the new manifest no longer
+   names are removed, unless a ``.pte`` of the directory needs them. A
+   ``.pte`` without a manifest that needs ``.ptd`` files is refused before
+   this step (``program_only`` to fetch it alone).
 
 A program replaced mid-fetch fails a GET's ``If-Match`` (412): the fetch
 starts again against the new manifest (``if_replaced="restart"``, the
