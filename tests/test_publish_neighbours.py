@@ -412,3 +412,33 @@ def test_a_replace_stopped_after_its_commit_cleans_up_when_resumed(s3env, tmp_pa
     assert _keys(s3env) == ["p/a.pte", "p/a.pte.trtet.json", "p/cpu.ptd"]
     _assert_whole(s3env, "p/a.pte", v2, tmp_path / "got")
     _assert_no_uploads_no_journal(s3env)
+
+
+def test_a_program_claiming_a_key_while_we_send_is_not_overwritten(s3env, tmp_path):
+    """a claims cpu.ptd while b sends, at the very ETag b planned against.
+
+    cpu.ptd was an object no manifest named (b may replace it), holding the
+    bytes a then publishes as its own cpu.ptd: same bytes and parts, same
+    ETag, so b's If-Match still passes. The owners are read again before b's
+    first Complete: b is refused, nothing of b's is visible, a is whole.
+    """
+    a = _files(tmp_path / "a", ["a.pte", "cpu.ptd"])
+    # The unowned cpu.ptd: a program published and then removed, all but its cpu.ptd.
+    _publish(s3env, [_files(tmp_path / "o", ["o.pte"])[0], a[1]], "p/o.pte")
+    for key in ("p/o.pte", "p/o.pte.trtet.json"):
+        s3env.client.delete_object(Bucket=s3env.bucket, Key=key)
+    planned = _etags(s3env)["p/cpu.ptd"]
+    b = _files(tmp_path / "b", ["b.pte", "cpu.ptd"])
+    landed: list[str] = []
+
+    def progress(p) -> None:
+        if p.done == p.total and not landed:
+            landed.append(_publish(s3env, a, "p/a.pte", replace=True,
+                                   journal_dir=tmp_path / "journal-a").manifest_etag)
+
+    with pytest.raises(OwnedByOtherProgramError, match=r"cpu.ptd belongs to s3://.*/p/a\.pte"):
+        _publish(s3env, b, "p/b.pte", replace=True, progress=progress)
+    assert landed and _etags(s3env)["p/cpu.ptd"] == planned
+    assert _keys(s3env) == ["p/a.pte", "p/a.pte.trtet.json", "p/cpu.ptd"]
+    _assert_whole(s3env, "p/a.pte", a, tmp_path / "got-a")
+    _assert_no_uploads_no_journal(s3env, tmp_path / "journal-a")

@@ -350,6 +350,16 @@ def _publish_locked(
                 continue
             if o.completed is None:
                 _send_object(s3, bucket, o, journal, counters, concurrency, report_progress)
+        replacing = [o.key for o in objs if o.completed is None and o.base_etag is not None]
+        if replacing:
+            # Sending may have taken hours: a program may have claimed a key since our plan,
+            # even at the ETag we planned against (same bytes, same parts: same ETag), which
+            # If-Match cannot tell. Asked again before the first Complete, so a refusal
+            # leaves nothing of ours visible.
+            owners = _owners(s3, bucket, dest.key, mkey)
+            owned = [k for k in replacing if k in owners]
+            if owned:
+                raise _owned_error(bucket, dest, owned, owners)
         for o in objs:
             if o.completed is None:
                 _complete_object(s3, bucket, o, journal, mkey, manifest_base)
