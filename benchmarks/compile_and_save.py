@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """compile_and_save with TensorRT engines inline: placements, peak disk, bytes written, time.
 
-The TensorRT build is stubbed at its one seam (``trtet_store.bench.stub_tensorrt``:
+The TensorRT build is stubbed at its one seam (``trtet_store.testing.stub_tensorrt``:
 engines of pseudo-random bytes streamed into the staging store, as the real
 builder streams them); everything after it is real: lowering, the inline
 delegate blobs, the program's serialization and the transactional write. Each
@@ -25,9 +25,9 @@ import torch
 
 import trtet_store
 from trtet_store.bench import measure
-from trtet_store.bench.loopfs import FilesystemFactory
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed
 from trtet_store.io.units import MiB, format_mib
+from trtet_store.testing.loopfs import FilesystemFactory
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
 
 def one_run(mnt, engine_bytes: int, engines: int) -> dict:

@@ -33,10 +33,10 @@ from pathlib import Path
 
 from trtet_store import bench
 from trtet_store.bench import measure
-from trtet_store.bench.loopfs import FilesystemFactory
 from trtet_store.io.blobstore import BlobStore
 from trtet_store.io.units import MiB
 from trtet_store.io.writer import write_file
+from trtet_store.testing.loopfs import FilesystemFactory
 
 WRITE = 16 * MiB
 

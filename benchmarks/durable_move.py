@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 
 from trtet_store import bench
-from trtet_store.bench import loopfs
 from trtet_store.bench.measure import (
     PeakDiskMonitor,
     bytes_written,
@@ -51,6 +50,7 @@ from trtet_store.bench.measure import (
 )
 from trtet_store.io import BlobStore, fs, write_file
 from trtet_store.io.units import GiB, MiB
+from trtet_store.testing import loopfs
 
 
 def measure_floor(fstype: str, cached: bool, args: argparse.Namespace) -> dict:

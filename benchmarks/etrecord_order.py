@@ -1,6 +1,6 @@
 """Peak disk of compile_and_save with an ETRecord: ETRecord first then move, vs program first.
 
-The TensorRT build is stubbed at its one seam (trtet_store.bench.stub_tensorrt: random
+The TensorRT build is stubbed at its one seam (trtet_store.testing.stub_tensorrt: random
 engine bytes streamed into the blob store, as the real builder does);
 everything after it is real. Both orderings run in one process on a fresh
 ext4 loop filesystem each (as root), or in a temp directory on the current
@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 import trtet_store
-from trtet_store.bench.loopfs import FilesystemFactory
 from trtet_store.bench.measure import PeakDiskMonitor
-from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
 from trtet_store.export import tensorrt as trt
 from trtet_store.io.units import MiB
+from trtet_store.testing.loopfs import FilesystemFactory
+from trtet_store.testing.stub_tensorrt import FakeBuilder, linear_relu
 
 
 def etrecord_first(directory: Path, builder: FakeBuilder) -> dict:

@@ -17,7 +17,7 @@ The downloads land on a dedicated loop filesystem (``--filesystem ext4`` or
     sudo .venv/bin/python benchmarks/fetch.py [--engine-size 1G] [--repeat 5] \
         [--filesystem ext4|xfs|here]
 
-The S3 server is started with :mod:`trtet_store.bench.s3server` (the one
+The S3 server is started with :mod:`trtet_store.testing.s3server` (the one
 launcher of ``weed mini`` on free ports, which the tests' fixtures use too).
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import trtet_store
 from trtet_store.bench.config import size_arg
 from trtet_store.bench.measure import PeakDiskMonitor
-from trtet_store.bench.s3server import running_server
+from trtet_store.testing.s3server import running_server
 
 MiB = 1 << 20
 
@@ -84,7 +84,7 @@ def main() -> int:
         if args.filesystem == "here":
             target = work
         else:
-            from trtet_store.bench.loopfs import FilesystemFactory
+            from trtet_store.testing.loopfs import FilesystemFactory
 
             factory = FilesystemFactory()
             # The old and the new program side by side, plus room for the moves.

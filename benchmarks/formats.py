@@ -40,7 +40,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trtet_store import bench
-from trtet_store.bench import loopfs
 from trtet_store.bench.measure import (
     PeakDiskMonitor,
     current_rss_bytes,
@@ -51,6 +50,7 @@ from trtet_store.bench.measure import (
 )
 from trtet_store.io import BlobStore, fs
 from trtet_store.io.units import MiB
+from trtet_store.testing import loopfs
 
 TENSORS, TENSOR_BYTES = 8, 256 * MiB
 ONNX_TENSORS, ONNX_BYTES = 8, 128 * MiB

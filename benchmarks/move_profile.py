@@ -35,7 +35,7 @@ cover). Calls made in another thread are listed as ``call [thread]``; their
 time overlaps the main thread's.
 
 Standard library, ``trtet_store.io`` and xxhash only (``--filesystems``
-makes dedicated loop filesystems with ``trtet_store.bench.loopfs``, as root).
+makes dedicated loop filesystems with ``trtet_store.testing.loopfs``, as root).
 
     sudo .venv/bin/python benchmarks/move_profile.py /mnt/disk/dir          # a directory
     sudo .venv/bin/python benchmarks/move_profile.py --filesystems ext4,xfs --size-mib 512
@@ -191,7 +191,7 @@ def set_cached(paths: list[Path], cached: bool) -> None:
     """Read the blobs into the page cache, or write them back and drop them (and their image)."""
     image = None
     with contextlib.suppress(ImportError):
-        from trtet_store.bench.loopfs import backing_image
+        from trtet_store.testing.loopfs import backing_image
         image = backing_image(paths[0]) if paths else None
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     states = [c for c in args.cache.split(",") if c]
     if args.filesystems:
-        from trtet_store.bench import loopfs
+        from trtet_store.testing import loopfs
         with loopfs.FilesystemFactory() as factory:
             for fstype in args.filesystems.split(","):
                 mib = 3 * args.payloads * args.size_mib + 1024

@@ -2,7 +2,7 @@
 """Publish benchmark: save_program + boto3 upload_file against trtet_store.publish.
 
 On one SeaweedFS server (``weed mini`` from this environment, started on free
-loopback ports by :mod:`trtet_store.bench.s3server`, or ``--endpoint-url``),
+loopback ports by :mod:`trtet_store.testing.s3server`, or ``--endpoint-url``),
 in the same run, alternating ``--repeat`` times (default 5), for a program
 with two stubbed TensorRT engines of ``--engine-size`` (default 1 GiB) and
 XNNPACK weights in a ``.ptd``:
@@ -37,10 +37,10 @@ from typing import Any
 
 import trtet_store
 from trtet_store import bench
-from trtet_store.bench.loopfs import FilesystemFactory
 from trtet_store.bench.measure import PeakDiskMonitor
-from trtet_store.bench.s3server import running_server
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
+from trtet_store.testing.loopfs import FilesystemFactory
+from trtet_store.testing.s3server import running_server
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 MiB = 1 << 20
 

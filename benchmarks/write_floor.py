@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 
 from trtet_store import bench
-from trtet_store.bench import loopfs
 from trtet_store.bench.measure import syncfs
 from trtet_store.bench.methods import set_cached
 from trtet_store.bench.program import stage_payloads
 from trtet_store.io import BlobStore, fs, pagecache, write_file
 from trtet_store.io.units import MiB
+from trtet_store.testing import loopfs
 
 WINDOW = 8 * MiB
 METHODS = ("executorch", "floor", "plain", "move", "copy")

@@ -31,10 +31,10 @@ import sys
 import time
 
 from trtet_store import bench
-from trtet_store.bench import loopfs
 from trtet_store.bench.measure import FreeSpaceDipPoller, PeakDiskMonitor, syncfs
 from trtet_store.io import fs
 from trtet_store.io.units import MiB
+from trtet_store.testing import loopfs
 
 
 def clone(src: int, dst: int, size: int, step: int) -> None:

@@ -50,10 +50,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trtet_store import bench
-from trtet_store.bench import loopfs
 from trtet_store.bench.measure import device_bytes_written, syncfs
 from trtet_store.io import BlobStore, fs
 from trtet_store.io.units import PAGE, MiB
+from trtet_store.testing import loopfs
 
 ENTRY_POINTS = ("write_file", "save", "save_program", "compile_and_save")
 #: The zero-copy placement each filesystem offers a page-aligned payload.
@@ -115,8 +115,8 @@ class Run:
 
     def _compile_and_save(self, pte: Path) -> Callable[[], list]:
         import trtet_store
-        from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
         from trtet_store.export import executorch as et_adapter
+        from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
         def timed_save(*args, **kwargs):
             # A real build takes minutes, and the writer's write-behind has the

@@ -12,7 +12,7 @@ Fixtures:
         True under ``TRTET_LONG=1`` (``make test-long``).
     s3_server / s3 / tcp_proxy
         A real S3 server (SeaweedFS, session), a fresh bucket on it per test,
-        and a loopback fault proxy factory (tests/s3_server.py, tcp_proxy.py).
+        and a loopback fault proxy factory (trtet_store.testing.s3server, tests/tcp_proxy.py).
 
 Tests marked ``slow`` are skipped unless ``TRTET_LONG=1``; tests using
 ``make_fs`` are marked ``root`` automatically.
@@ -147,7 +147,7 @@ def upstream_trt():
         unavailable(str(exc))
 
 
-# --- a real S3 server (SeaweedFS ``weed mini``; tests/s3_server.py) ----------------
+# --- a real S3 server (SeaweedFS ``weed mini``; trtet_store.testing.s3server) ----------------
 
 
 @pytest.fixture(scope="session")
@@ -160,7 +160,7 @@ def s3_server() -> Iterator[Any]:
     """
     import tempfile
 
-    from s3_server import S3Server, S3ServerError
+    from trtet_store.testing.s3server import S3Server, S3ServerError
 
     # A short path: the server's Unix sockets live in it (108-byte limit).
     directory = Path(tempfile.mkdtemp(prefix="trtet-s3-", dir="/tmp"))

@@ -1,7 +1,7 @@
-"""Real filesystems for tests: the pytest layer over :mod:`trtet_store.bench.loopfs`.
+"""Real filesystems for tests: the pytest layer over :mod:`trtet_store.testing.loopfs`.
 
 Loop-mounted ext4, XFS and btrfs images and tmpfs are made, released and
-cleaned up by :mod:`trtet_store.bench.loopfs` (shared with the benchmark, which
+cleaned up by :mod:`trtet_store.testing.loopfs` (shared with the benchmark, which
 ships in the package); the measurement helpers come from
 :mod:`trtet_store.bench.measure`. This module re-exports what the tests use under
 their usual names and adds the pytest policy: :func:`unavailable` turns a
@@ -25,8 +25,9 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from trtet_store.bench import loopfs  # noqa: E402
-from trtet_store.bench.loopfs import (  # noqa: E402
+from trtet_store.bench.measure import drop_caches, free_bytes, syncfs  # noqa: E402
+from trtet_store.testing import loopfs  # noqa: E402
+from trtet_store.testing.loopfs import (  # noqa: E402
     FSTYPES,
     MIN_SIZE_MIB,
     FilesystemUnavailable,
@@ -37,7 +38,6 @@ from trtet_store.bench.loopfs import (  # noqa: E402
     mounted_fstype,
     mounts_under,
 )
-from trtet_store.bench.measure import drop_caches, free_bytes, syncfs  # noqa: E402
 
 __all__ = [
     "FSTYPES",
@@ -79,7 +79,7 @@ def unavailable(reason: str) -> NoReturn:
 
 
 class FilesystemFactory(loopfs.FilesystemFactory):
-    """:class:`trtet_store.bench.loopfs.FilesystemFactory`, with tools found through this module.
+    """:class:`trtet_store.testing.loopfs.FilesystemFactory`, with tools found through this module.
 
     Tests simulate a missing mkfs tool by replacing ``filesystems._which``;
     the factory looks tools up through that name at call time.

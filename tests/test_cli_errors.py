@@ -21,7 +21,7 @@ import pytest
 from digests import file_digest
 
 from trtet_store.cli import main
-from trtet_store.cli_s3_common import LOG_INTERVAL, explain
+from trtet_store.cli._common import LOG_INTERVAL, explain
 from trtet_store.io.units import MiB
 
 FACTORY = """

@@ -14,10 +14,10 @@ from digests import file_digest
 from versions import needs_file_backed_data, needs_ptd_runtime
 
 import trtet_store
-from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
 from trtet_store.export import tensorrt as trt
 from trtet_store.export import trt_blob
 from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, linear_relu
 
 # The staging store sits beside the output on the root ext4, and engines are
 # page aligned: the larger engine hosts the file (insert), the other is moved.

@@ -13,9 +13,9 @@ import pytest
 from executorch.exir.error import ExportError
 
 import trtet_store
-from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
 from trtet_store.export import tensorrt as trt
 from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, linear_relu
 
 
 @pytest.fixture

@@ -18,17 +18,17 @@ import torch
 import xxhash
 
 import trtet_store
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
 from trtet_store.export import engine_reuse
 from trtet_store.export import tensorrt as trt
 from trtet_store.io.orphans import list_orphans
 from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 CRASHING_EXPORT = """
 import os, sys
 import trtet_store
 from trtet_store.io import writer
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 def die(*args, **kwargs):
     os._exit(3)  # killed while the program is written: the build is done

@@ -19,9 +19,9 @@ from test_inline_engines import delegates, engine_layout
 from versions import needs_ptd_runtime
 
 import trtet_store
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed
 from trtet_store.export import tensorrt as trt
 from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
 
 def mlp(seed: int, width: int = 16) -> torch.nn.Module:

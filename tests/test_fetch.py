@@ -13,19 +13,19 @@ import threading
 from pathlib import Path
 
 import pytest
-from s3_server import S3Endpoint
 from tcp_proxy import Fault
 from test_fetch_support import MiB, engine_bytes, engine_program, put_program
 
 from trtet_store import InsufficientSpaceError
 from trtet_store.io import free_bytes
 from trtet_store.remote import AccessDeniedError
-from trtet_store.remote.fetch import fetch
-from trtet_store.remote.fetch_errors import (
+from trtet_store.remote.download.receive import fetch
+from trtet_store.remote.errors import (
     FetchVerificationError,
     ObjectChangedError,
     ObjectNotFoundError,
 )
+from trtet_store.testing.s3server import S3Endpoint
 
 ENGINES = (6 * MiB, 5 * MiB)
 

@@ -19,7 +19,7 @@ from test_fetch_support import MiB, engine_program, put_program
 
 from trtet_store import InsufficientSpaceError
 from trtet_store.io import free_bytes
-from trtet_store.remote.fetch import fetch
+from trtet_store.remote.download.receive import fetch
 
 
 def take_every_free_block(directory: Path) -> Path:

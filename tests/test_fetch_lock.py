@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from trtet_store.io import ConcurrentWriteError, fs
-from trtet_store.remote.fetch_plan import ObjectSpec, plan_object
-from trtet_store.remote.fetch_stage import STAGING_DIR, Staging, fetch_id
+from trtet_store.remote.download.plan import ObjectSpec, plan_object
+from trtet_store.remote.download.staging import STAGING_DIR, Staging, fetch_id
 
 MiB = 1 << 20
 URL = "s3://b/k/model.pte"

@@ -30,8 +30,8 @@ from test_fetch_support import MiB, put_program
 import trtet_store
 from trtet_store.cli import main
 from trtet_store.inspector import verify
-from trtet_store.remote.fetch import fetch
-from trtet_store.remote.fetch_errors import FetchVerificationError, MissingDataError
+from trtet_store.remote.download.receive import fetch
+from trtet_store.remote.errors import FetchVerificationError, MissingDataError
 from trtet_store.remote.manifest import Manifest, manifest_key
 
 
@@ -46,8 +46,8 @@ def built(tmp_path_factory) -> dict[str, dict[str, bytes]]:
         out[name] = files
     assert out["a"]["cpu.ptd"] != out["b"]["cpu.ptd"]
     # A TensorRT program (stubbed build) whose engine is named data in cpu.ptd.
-    from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
     from trtet_store.export import tensorrt as trt
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, linear_relu
 
     d = tmp_path_factory.mktemp("t")
     with pytest.MonkeyPatch.context() as mp:

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from s3_server import S3Endpoint
 from test_fetch_support import MiB, engine_program, put_program
 
 from trtet_store.cli import main
 from trtet_store.remote import EndpointUnreachableError
-from trtet_store.remote.fetch import fetch, resume_command
-from trtet_store.remote.fetch_errors import FetchInterruptedError
+from trtet_store.remote.download.receive import fetch, resume_command
+from trtet_store.remote.errors import FetchInterruptedError
+from trtet_store.testing.s3server import S3Endpoint
 
 
 def free_port() -> int:

@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
-from s3_server import S3Endpoint
 from tcp_proxy import Fault
 from test_fetch_support import MiB, engine_bytes, engine_program, put_program
 
 import trtet_store
-from trtet_store.remote.fetch import fetch
-from trtet_store.remote.fetch_errors import FetchInterruptedError
+from trtet_store.remote.download.receive import fetch
+from trtet_store.remote.errors import FetchInterruptedError
+from trtet_store.testing.s3server import S3Endpoint
 
 KILLS = 20
 
@@ -33,7 +33,7 @@ CHILD = r"""
 import sys, time
 import boto3
 from botocore.config import Config
-from trtet_store.remote.fetch import fetch
+from trtet_store.remote.download.receive import fetch
 
 url, dest, endpoint, key, secret = sys.argv[1:6]
 client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key,

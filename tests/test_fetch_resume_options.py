@@ -22,14 +22,14 @@ import shlex
 from pathlib import Path
 
 import pytest
-from s3_server import S3Endpoint
 from tcp_proxy import Fault
 from test_fetch_support import MiB, engine_bytes, engine_program, put_program
 
 from trtet_store.cli import main
-from trtet_store.remote.fetch import fetch
-from trtet_store.remote.fetch_errors import FetchInterruptedError
-from trtet_store.remote.fetch_stage import STAGING_DIR, fetch_id
+from trtet_store.remote.download.receive import fetch
+from trtet_store.remote.download.staging import STAGING_DIR, fetch_id
+from trtet_store.remote.errors import FetchInterruptedError
+from trtet_store.testing.s3server import S3Endpoint
 
 
 def ranged(m) -> bool:

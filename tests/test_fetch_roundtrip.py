@@ -22,8 +22,8 @@ from versions import needs_ptd_runtime
 
 import trtet_store
 from trtet_store import cli
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
 from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 
 def hybrid_program(store: trtet_store.BlobStore, sizes: tuple[int, ...],

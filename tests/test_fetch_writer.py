@@ -1,7 +1,7 @@
 """fetch's single writer thread: a write that fails stops the fetch, loses nothing, and resumes.
 
 The GET threads hand each verified range to one writer thread
-(``trtet_store.remote.fetch_writer``). A failure there (a disk error, a full
+(``trtet_store.remote.download.writer``). A failure there (a disk error, a full
 disk the preflight could not foresee) must reach the caller as itself, leave
 the old local version byte-identical, and keep every range already written
 and journaled, so the next fetch downloads only the rest. Faults are injected
@@ -22,7 +22,7 @@ from test_fetch import ENGINES, listing, publish_v, two_versions
 from test_fetch_support import MiB, engine_bytes
 
 from trtet_store import InsufficientSpaceError
-from trtet_store.remote.fetch import fetch
+from trtet_store.remote.download.receive import fetch
 
 
 def _sha(path) -> str:

@@ -239,7 +239,7 @@ def test_killed_session_is_cleaned_by_the_next(here_fs):
 
 SIGTERMED = """
 import contextlib, json, os, sys, time
-from trtet_store.bench.loopfs import FilesystemFactory
+from trtet_store.testing.loopfs import FilesystemFactory
 root, mode = sys.argv[1:3]
 factory = FilesystemFactory(root=root)  # as trtet-store bench and conftest hold theirs
 with factory if mode == "with" else contextlib.nullcontext():

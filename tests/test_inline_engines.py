@@ -24,17 +24,17 @@ from digests import file_digest
 import trtet_store
 import trtet_store.export._executorch_private
 from trtet_store.bench.measure import PeakDiskMonitor
-from trtet_store.bench.stub_tensorrt import (
-    FakeBuilder,
-    engine_record,
-    linear_relu,
-    stage_fake_engine,
-)
 from trtet_store.export import tensorrt as trt
 from trtet_store.export import trt_blob
 from trtet_store.io import transfer
 from trtet_store.io.units import PAGE, MiB
 from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
+from trtet_store.testing.stub_tensorrt import (
+    FakeBuilder,
+    engine_record,
+    linear_relu,
+    stage_fake_engine,
+)
 
 
 @pytest.fixture
@@ -415,7 +415,7 @@ from trtet_store.bench import measure
 # 38.4 and 16.7); with the threshold fixed, 25.2-25.8 MiB for both.
 assert measure.return_freed_buffers()
 from trtet_store.export import tensorrt as trt
-from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
+from trtet_store.testing.stub_tensorrt import FakeBuilder, linear_relu
 trt.check_available = lambda: None
 trt.build_engines = FakeBuilder(engine_sizes=({size}, {size}))
 module, inputs = linear_relu()

@@ -191,8 +191,8 @@ def _resident(path) -> int:
 def test_uncached_sources_are_dropped_from_the_loop_image_too(make_fs):
     """A loop device reads its image through the page cache: an 'uncached' source must be
     dropped there too, or the benchmark reads it from memory (about 5x as fast)."""
-    from trtet_store.bench import loopfs
     from trtet_store.bench.methods import set_cached
+    from trtet_store.testing import loopfs
 
     mnt = make_fs("ext4", 200)
     src = mnt / "source"

@@ -125,9 +125,9 @@ def test_a_program_that_needs_nothing_of_it_does_not_block(here_fs, programs):
 
 
 def test_compile_and_save_refuses_before_the_build(here_fs, programs, monkeypatch):
-    from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
     from trtet_store.export import tensorrt as trt
     from trtet_store.io.units import MiB
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, linear_relu
 
     builder = FakeBuilder(engine_sizes=(MiB,))
     monkeypatch.setattr(trt, "build_engines", builder)
@@ -178,9 +178,9 @@ def test_the_check_imports_neither_torch_nor_executorch(here_fs, programs):
 
 def test_a_tensorrt_engine_key_is_needed(here_fs, monkeypatch):
     """Engines as named data (``engine_key`` in the delegate's metadata) in ``engines.ptd``."""
-    from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu
     from trtet_store.export import tensorrt as trt
     from trtet_store.io.units import MiB
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, linear_relu
 
     builder = FakeBuilder(engine_sizes=(MiB, MiB // 2))
     monkeypatch.setattr(trt, "build_engines", builder)

@@ -22,11 +22,11 @@ from trtet_store.bench.measure import (
     reset_peak_rss,
     return_freed_buffers,
 )
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
 from trtet_store.io.units import MiB
 from trtet_store.remote import Manifest, manifest_key
 from trtet_store.remote.checksum import crc64nvme
 from trtet_store.remote.manifest import crc64nvme_b64
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 
 def build_program(store: trtet_store.BlobStore, sizes: tuple[int, ...],
@@ -168,8 +168,8 @@ def test_local_files_round_trip_and_an_empty_object(s3env, tmp_path):
 def test_pieces_from_bytes_a_blob_and_a_file_range(s3env, here_fs):
     """An object made of io pieces: inline bytes, a staged blob read in place, a file's range."""
     from trtet_store.io import ExternalFile
-    from trtet_store.remote.publish import publish_sources
-    from trtet_store.remote.source import ObjectSource
+    from trtet_store.remote.upload.send import publish_sources
+    from trtet_store.remote.upload.source import ObjectSource
 
     big = here_fs / "weights.bin"
     data = os.urandom(9 * MiB + 3)

@@ -109,8 +109,8 @@ def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_noth
     """
     from digests import digest, file_digest
 
-    from trtet_store.bench.stub_tensorrt import FakeBuilder, installed
     from trtet_store.export import tensorrt as trt
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     (tmp_path / "model.py").write_text(FACTORY)

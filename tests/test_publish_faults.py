@@ -171,7 +171,7 @@ def test_stopped_between_the_objects_and_the_manifest(s3env, tmp_path, monkeypat
     """The objects completed, the manifest not written: not published; the next run commits it."""
     from botocore.exceptions import ClientError
 
-    import trtet_store.remote.publish as pub
+    import trtet_store.remote.upload.send as pub
 
     files = _files(tmp_path)
     commit = pub._put_manifest

@@ -32,8 +32,8 @@ from trtet_store.cli import main
 from trtet_store.io import ExternalFile
 from trtet_store.io.units import GiB, KiB, MiB
 from trtet_store.remote import ChecksumMismatchError, ConflictError, RemoteURLError
-from trtet_store.remote.publish import abort, publish_sources
-from trtet_store.remote.source import ObjectSource
+from trtet_store.remote.upload.send import abort, publish_sources
+from trtet_store.remote.upload.source import ObjectSource
 
 PART = 5 * MiB
 ROOT = Path(__file__).resolve().parent.parent

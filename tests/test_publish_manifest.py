@@ -99,23 +99,29 @@ def test_not_json():
 
 
 def test_the_remote_layer_imports_nothing_heavy_and_only_io_s_public_face():
-    """boto3 in s3.py alone and lazily; export/ only from program.py, lazily; io's face only."""
+    """boto3 in s3.py alone and lazily; export/ only from upload/program.py, lazily; io's face
+    only; the shared floor imports neither half, and upload/ and download/ never each other."""
     import ast
     import subprocess
     import sys
     from pathlib import Path
 
-    code = ("import sys, trtet_store.remote, trtet_store.remote.publish, trtet_store.cli_remote;"
+    code = ("import sys, trtet_store.remote, trtet_store.remote.upload.send, "
+            "trtet_store.remote.download.receive, trtet_store.cli.publish, trtet_store.cli.fetch;"
             "heavy = [m for m in ('boto3', 'botocore', 'torch', 'executorch') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
     root = Path(__file__).resolve().parent.parent / "trtet_store" / "remote"
-    owned = ["url", "s3", "parts", "checksum", "manifest", "source", "delta", "journal",
-             "publish", "program", "report", "errors", "__init__"]
-    for name in owned:
-        tree = ast.parse((root / f"{name}.py").read_text())
+    modules = sorted(root.rglob("*.py"))
+    names = {p.relative_to(root).with_suffix("").as_posix() for p in modules}
+    assert {"upload/send", "upload/program", "download/receive", "download/staging", "s3",
+            "errors", "manifest"} <= names
+    for path in modules:
+        name = path.relative_to(root).with_suffix("").as_posix()
+        half = name.split("/")[0] if "/" in name else None
+        tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 mod = node.module or ""
@@ -126,6 +132,12 @@ def test_the_remote_layer_imports_nothing_heavy_and_only_io_s_public_face():
             if mod.startswith(("boto3", "botocore")):
                 assert name == "s3", (name, mod)
             if mod.startswith("trtet_store.export"):
-                assert name == "program", (name, mod)
+                assert name == "upload/program", (name, mod)
+            if mod.startswith("trtet_store.inspector"):
+                # the one tooling module the product calls: which .ptd a .pte needs
+                assert mod == "trtet_store.inspector.neighbours", (name, mod)
             if mod.startswith("trtet_store.io"):
                 assert mod == "trtet_store.io", (name, mod)  # the public face only
+            if mod.startswith(("trtet_store.remote.upload", "trtet_store.remote.download")):
+                other = mod.split(".")[2]
+                assert half == other, f"{name} imports {mod}"  # the floor imports no half

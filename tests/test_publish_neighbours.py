@@ -38,7 +38,7 @@ from trtet_store.remote import (
 )
 
 # importlib: the package's lazy ``publish`` attribute is the function, not the module.
-publish_module = importlib.import_module("trtet_store.remote.publish")
+publish_module = importlib.import_module("trtet_store.remote.upload.send")
 
 PART = 5 * MiB
 
@@ -293,8 +293,8 @@ def test_an_engine_indexed_in_a_removed_object_is_sent_again(s3env, here_fs):
     copy from the removed object (its copy source is checked at plan time):
     it sends the bytes, and the program is whole.
     """
-    from trtet_store.remote.publish import publish_sources
-    from trtet_store.remote.source import ObjectSource
+    from trtet_store.remote.upload.send import publish_sources
+    from trtet_store.remote.upload.source import ObjectSource
 
     def publish(objects, key, **kw):
         return publish_sources(objects, f"s3://{s3env.bucket}/{key}",
@@ -320,8 +320,8 @@ def test_an_engine_indexed_in_a_removed_object_is_sent_again(s3env, here_fs):
 def test_a_copy_source_removed_after_the_plan_is_sent_instead(s3env, here_fs, monkeypatch):
     """The indexed object is removed between our plan and our UploadPartCopy (a replace's
     cleanup elsewhere): the part is sent from the local bytes, nothing fails."""
-    from trtet_store.remote.publish import publish_sources
-    from trtet_store.remote.source import ObjectSource
+    from trtet_store.remote.upload.send import publish_sources
+    from trtet_store.remote.upload.source import ObjectSource
 
     def publish(objects, key, **kw):
         return publish_sources(objects, f"s3://{s3env.bucket}/{key}",

@@ -234,7 +234,7 @@ def _assert_survives(s3env, files: list[Path], into: Path) -> None:
 
 def _assert_refused_if_stale(s3env, tmp_path: Path) -> None:
     """A manifest under p/model.pte whose ETags are not the objects' is refused by fetch."""
-    from trtet_store.remote.fetch_errors import ObjectChangedError
+    from trtet_store.remote.errors import ObjectChangedError
 
     try:
         body = s3env.client.get_object(Bucket=s3env.bucket,
@@ -295,9 +295,9 @@ def test_a_writer_landing_after_our_manifest_makes_the_publish_fail(s3env, tmp_p
     The manifest names a version that is gone: the publish must not report success,
     and a reader refuses that manifest rather than mixing versions.
     """
-    from trtet_store.remote.fetch_errors import ObjectChangedError
+    from trtet_store.remote.errors import ObjectChangedError
     # importlib: the package's lazy ``publish`` attribute is the function.
-    publish_module = importlib.import_module("trtet_store.remote.publish")
+    publish_module = importlib.import_module("trtet_store.remote.upload.send")
 
     _publish(s3env, _files(tmp_path / "old", b"O"), part_size=5 * MiB)
     other = os.urandom(MiB + 3)

@@ -181,7 +181,7 @@ def test_a_resume_sends_again_a_journaled_part_whose_bytes_changed(s3env, tmp_pa
 
     import trtet_store
     from trtet_store.remote import ChecksumMismatchError
-    from trtet_store.remote.journal import Journal
+    from trtet_store.remote.upload.journal import Journal
 
     pte = tmp_path / "model.pte"
     data = bytearray(os.urandom(3 * PART + 4321))
@@ -231,7 +231,7 @@ def test_a_resume_sends_again_a_completed_object_whose_bytes_changed(s3env, tmp_
 
     import trtet_store
     from trtet_store.remote import UploadKeptError, manifest_key
-    from trtet_store.remote.journal import Journal
+    from trtet_store.remote.upload.journal import Journal
 
     pte, ptd = tmp_path / "model.pte", tmp_path / "w.ptd"
     data = bytearray(os.urandom(2 * PART + 77))

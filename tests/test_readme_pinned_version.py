@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 import trtet_store
-from trtet_store.bench.stub_tensorrt import linear_relu
 from trtet_store.io import pinned_version
+from trtet_store.testing.stub_tensorrt import linear_relu
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -383,8 +383,8 @@ def test_save_program_versioned_writes_sets_readers_load(here_fs):
 
 @pytest.fixture
 def stub_tensorrt(monkeypatch):
-    from trtet_store.bench.stub_tensorrt import FakeBuilder
     from trtet_store.export import tensorrt as trt
+    from trtet_store.testing.stub_tensorrt import FakeBuilder
 
     monkeypatch.setattr(trt, "check_available", lambda: None)
 
@@ -400,8 +400,8 @@ def test_compile_and_save_versioned_and_its_link_checked_before_the_build(here_f
                                                                           stub_tensorrt):
     pytest.importorskip("executorch.exir")
     import trtet_store
-    from trtet_store.bench.stub_tensorrt import linear_relu
     from trtet_store.inspector import verify
+    from trtet_store.testing.stub_tensorrt import linear_relu
 
     builder = stub_tensorrt(engine_sizes=(1 << 20,))
     module, inputs = linear_relu()
@@ -424,7 +424,7 @@ def test_cli_compile_and_save_versioned(here_fs, stub_tensorrt, capsys):
 
     stub_tensorrt(engine_sizes=(1 << 20,))
     factory = here_fs / "factory.py"
-    factory.write_text("from trtet_store.bench.stub_tensorrt import linear_relu\n"
+    factory.write_text("from trtet_store.testing.stub_tensorrt import linear_relu\n"
                        "def make():\n    return linear_relu()\n")
     out = here_fs / "out"
     out.mkdir()

@@ -45,8 +45,8 @@ _LAZY = {
     "compile_and_save": "trtet_store.export.compile",
     "export_program": "trtet_store.export.lowering",
     "recover": "trtet_store.io.recovery",
-    "publish": "trtet_store.remote.program",
-    "fetch": "trtet_store.remote.fetch",
+    "publish": "trtet_store.remote.upload.program",
+    "fetch": "trtet_store.remote.download.receive",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,8 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export.executorch import save, save_program, write_tensor_data
     from trtet_store.export.lowering import export as export_program
     from trtet_store.io.recovery import recover
-    from trtet_store.remote.fetch import fetch
-    from trtet_store.remote.program import publish
+    from trtet_store.remote.download.receive import fetch
+    from trtet_store.remote.upload.program import publish
 
 
 def __getattr__(name: str) -> Any:

@@ -430,7 +430,7 @@ def bytes_written(pid: int | None = None) -> int:
 
 def device_bytes_written(path: str | os.PathLike[str]) -> int | None:
     """Bytes written so far by the block device under ``path`` (a loop device), or None."""
-    from trtet_store.bench import loopfs
+    from trtet_store.testing import loopfs
 
     source = loopfs.mount_source(path)
     if not source or not source.startswith("/dev/"):

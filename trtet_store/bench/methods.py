@@ -164,11 +164,11 @@ def set_cached(paths: Sequence[Path], cached: bool) -> None:
     """Read ``paths`` into the page cache, or write them back and drop them from it.
 
     Dropping also drops the loop image each path is on (see
-    :func:`trtet_store.bench.loopfs.backing_image`): otherwise an "uncached"
+    :func:`trtet_store.testing.loopfs.backing_image`): otherwise an "uncached"
     source is read from the image's pages in memory, about 5x as fast as
     from the disk (1 GiB: 0.2 s against 0.6 s).
     """
-    from trtet_store.bench import loopfs
+    from trtet_store.testing import loopfs
 
     images = set()
     for path in paths:

@@ -11,11 +11,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from trtet_store.bench import loopfs
 from trtet_store.bench.config import BenchConfig, BenchError, format_size
 from trtet_store.bench.measure import free_bytes, syncfs
 from trtet_store.bench.results import BenchFilesystem
 from trtet_store.io.units import MiB
+from trtet_store.testing import loopfs
 
 log = logging.getLogger("trtet_store.bench")
 

@@ -14,7 +14,7 @@ the lists below, restated from Torch-TensorRT's sources:
 ``py/torch_tensorrt/dynamo/_settings.py`` (class ``CompilationSettings``) and
 ``py/torch_tensorrt/dynamo/_compiler.py`` (def ``compile``) of
 github.com/pytorch/TensorRT at commit d7f2062810 (2026-08-22, version.txt
-2.14.0a0). ``tests/test_hardening2_export_keywords.py`` checks them against
+2.14.0a0). ``tests/test_export_keywords.py`` checks them against
 the installed dataclass wherever torch_tensorrt imports.
 """
 

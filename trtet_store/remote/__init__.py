@@ -1,11 +1,17 @@
-"""Publishing programs to S3-compatible object storage (and reading them back).
+"""Publishing programs to S3-compatible object storage, and fetching them back.
 
-``publish`` streams a program's pieces (or local files) into multipart
+A shared floor (errors, url, s3, manifest, checksum, report) under two halves
+that never import each other: :mod:`.upload` (``publish``) and
+:mod:`.download` (``fetch``). ``publish`` streams a program's pieces (or local files) into multipart
 uploads: resumable from a journal, only changed bytes sent on a re-publish,
 checked with per-part and full-object CRC64NVME, committed by a manifest
 written last with a conditional write. boto3 is an optional extra
 (``trtet-store[s3]``) and loads on first use, in :mod:`.s3` only; this
-package uses only :mod:`trtet_store.io`'s public face.
+package uses only :mod:`trtet_store.io`'s public face. ``fetch`` reads a
+program back through its manifest with ranged, checked, resumable GETs.
+
+Submodules are named by role (``upload``, ``send``), functions by verb
+(``publish``, ``fetch``): a name here is never both a module and a function.
 """
 
 from __future__ import annotations
@@ -18,8 +24,13 @@ from trtet_store.remote.errors import (
     ChecksumMismatchError,
     ConflictError,
     EndpointUnreachableError,
+    FetchInterruptedError,
+    FetchVerificationError,
     KeyExistsError,
     ManifestError,
+    MissingDataError,
+    ObjectChangedError,
+    ObjectNotFoundError,
     OwnedByOtherProgramError,
     PartSizeError,
     RemoteError,
@@ -31,12 +42,14 @@ from trtet_store.remote.manifest import Manifest, manifest_key
 # name -> module; imported on first access (PEP 562), so importing this
 # package loads neither boto3 nor ExecuTorch.
 _LAZY = {
-    "publish": "trtet_store.remote.program",
+    "publish": "trtet_store.remote.upload.program",
+    "fetch": "trtet_store.remote.download.receive",
     "PublishReport": "trtet_store.remote.report",
-    "abort": "trtet_store.remote.publish",
-    "list_uploads": "trtet_store.remote.publish",
-    "pending": "trtet_store.remote.publish",
-    "interrupted": "trtet_store.remote.publish",
+    "FetchReport": "trtet_store.remote.download.receive",
+    "abort": "trtet_store.remote.upload.send",
+    "list_uploads": "trtet_store.remote.upload.send",
+    "pending": "trtet_store.remote.upload.send",
+    "interrupted": "trtet_store.remote.upload.send",
 }
 
 
@@ -57,9 +70,15 @@ __all__ = [
     "ChecksumMismatchError",
     "ConflictError",
     "EndpointUnreachableError",
+    "FetchInterruptedError",
+    "FetchReport",
+    "FetchVerificationError",
     "KeyExistsError",
     "Manifest",
     "ManifestError",
+    "MissingDataError",
+    "ObjectChangedError",
+    "ObjectNotFoundError",
     "OwnedByOtherProgramError",
     "PartSizeError",
     "PublishReport",
@@ -67,6 +86,7 @@ __all__ = [
     "RemoteURLError",
     "UploadKeptError",
     "abort",
+    "fetch",
     "interrupted",
     "list_uploads",
     "manifest_key",

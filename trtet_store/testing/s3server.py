@@ -14,7 +14,7 @@ every signature (without it, any key is accepted). :meth:`S3Server.stop` and
 ports are kept, so unfinished multipart uploads survive a restart.
 
 Tooling, not the storage engine: the test fixtures (``tests/conftest.py``,
-through ``tests/s3_server.py``) and ``benchmarks/`` use it; nothing in
+its ``s3_server`` fixture) and ``benchmarks/`` use it; nothing in
 ``trtet_store.io`` or ``trtet_store.export`` imports it. boto3 is imported
 only when a client is made. It does not import pytest; the fixtures turn a
 server that cannot start into a failure (never a skip).

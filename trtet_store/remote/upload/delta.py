@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trtet_store.remote.manifest import Manifest
-from trtet_store.remote.parts import Part
+from trtet_store.remote.upload.parts import Part
 
 
 @dataclass(frozen=True)

@@ -69,17 +69,7 @@ from trtet_store.io import (
     recover,
     write_files,
 )
-from trtet_store.remote.errors import ManifestError
-from trtet_store.remote.fetch_errors import (
-    FetchInterruptedError,
-    FetchVerificationError,
-    MissingDataError,
-    ObjectChangedError,
-    ObjectNotFoundError,
-)
-from trtet_store.remote.fetch_get import Reader, make_client, network_text, transient
-from trtet_store.remote.fetch_local import candidate_files, find_reusable
-from trtet_store.remote.fetch_plan import (
+from trtet_store.remote.download.plan import (
     ObjectPlan,
     ObjectSpec,
     Range,
@@ -89,12 +79,22 @@ from trtet_store.remote.fetch_plan import (
     plan_object,
     split_run,
 )
-from trtet_store.remote.fetch_stage import STAGING_DIR, Staging, fetch_id, run_key
-from trtet_store.remote.fetch_writer import RangeWriter
+from trtet_store.remote.download.reader import Reader, make_client, network_text, transient
+from trtet_store.remote.download.reuse import candidate_files, find_reusable
+from trtet_store.remote.download.staging import STAGING_DIR, Staging, fetch_id, run_key
+from trtet_store.remote.download.writer import RangeWriter
+from trtet_store.remote.errors import (
+    FetchInterruptedError,
+    FetchVerificationError,
+    ManifestError,
+    MissingDataError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+)
 from trtet_store.remote.manifest import Manifest, manifest_key
 from trtet_store.remote.url import RemoteURL
 
-log = logging.getLogger("trtet_store.remote.fetch")
+log = logging.getLogger("trtet_store.remote.download.receive")
 
 MiB = 1 << 20
 DEFAULT_RANGE_SIZE = 32 * MiB

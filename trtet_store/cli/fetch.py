@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli_s3_common import (
+from trtet_store.cli._common import (
     ProgressBar,
     add_endpoint_url,
     add_report_flags,
@@ -61,7 +61,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _postfix(p: Any) -> str:
-    """What a :class:`~trtet_store.remote.fetch.FetchProgress` update adds to the bar."""
+    """What a :class:`~trtet_store.remote.download.receive.FetchProgress` update adds to the bar."""
     return (f"downloaded {mib(p.downloaded)}, reused {mib(p.reused)}"
             + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
 
@@ -75,7 +75,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         A value that is not a number, or one the API refuses; the message
         names the flag.
     """
-    from trtet_store.remote.fetch import check_options
+    from trtet_store.remote.download.receive import check_options
 
     out: dict[str, Any] = {}
     if args.concurrency is not None:
@@ -101,7 +101,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Run ``trtet-store fetch``; returns the exit code (0 done, 1 failed, 130 interrupted)."""
     from trtet_store.remote import RemoteError
-    from trtet_store.remote.fetch import fetch, resume_command
+    from trtet_store.remote.download.receive import fetch, resume_command
 
     prefix = "trtet-store fetch"
     try:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed
 from trtet_store.cli import main
 from trtet_store.export import tensorrt as trt
 from trtet_store.io.names import STAGING_DIR
 from trtet_store.io.orphans import list_orphans
 from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
 FACTORY = """
 import torch

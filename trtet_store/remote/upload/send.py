@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from trtet_store.io import SourceChangedError
-from trtet_store.remote import checksum, delta
+from trtet_store.remote import checksum
 from trtet_store.remote.errors import (
     ChecksumMismatchError,
     ConflictError,
@@ -69,7 +69,6 @@ from trtet_store.remote.errors import (
     RemoteError,
     UploadKeptError,
 )
-from trtet_store.remote.journal import SUFFIX, Journal, default_dir, journal_path, journals_of
 from trtet_store.remote.manifest import (
     Manifest,
     ObjectEntry,
@@ -80,7 +79,6 @@ from trtet_store.remote.manifest import (
     named_keys,
     program_key_of,
 )
-from trtet_store.remote.parts import Part, choose_part_size, plan_parts
 from trtet_store.remote.report import ObjectReport, PublishReport
 from trtet_store.remote.s3 import (
     S3,
@@ -90,7 +88,16 @@ from trtet_store.remote.s3 import (
     PreconditionFailed,
     Transient,
 )
-from trtet_store.remote.source import Extent, ObjectSource, Reader, piece_digests
+from trtet_store.remote.upload import delta
+from trtet_store.remote.upload.journal import (
+    SUFFIX,
+    Journal,
+    default_dir,
+    journal_path,
+    journals_of,
+)
+from trtet_store.remote.upload.parts import Part, choose_part_size, plan_parts
+from trtet_store.remote.upload.source import Extent, ObjectSource, Reader, piece_digests
 from trtet_store.remote.url import RemoteURL
 
 log = logging.getLogger("trtet_store.remote")
@@ -1152,7 +1159,7 @@ def pending(url: str, *, endpoint_url: str | None = None,
 
     ``endpoint_url`` is accepted for symmetry with :func:`abort`; a journal
     is the destination's whatever URL the server is reached through
-    (:func:`~trtet_store.remote.journal.journal_path`).
+    (:func:`~trtet_store.remote.upload.journal.journal_path`).
     """
     dest = RemoteURL.parse(url)
     if endpoint_url is not None and not isinstance(endpoint_url, str):

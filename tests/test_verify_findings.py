@@ -11,7 +11,7 @@
   holds them, and whether it is this program's data.
 
 Programs are real: a stubbed TensorRT build through ``compile_and_save`` (the
-build is the only stub, see ``trtet_store.bench.stub_tensorrt``), an XNNPACK
+build is the only stub, see ``trtet_store.testing.stub_tensorrt``), an XNNPACK
 MLP with its weights in ``model.ptd``, and the MLP on portable kernels with
 emitter-external constants.
 """
@@ -30,7 +30,6 @@ pytest.importorskip("executorch.exir")
 
 import trtet_store  # noqa: E402
 from trtet_store import cli  # noqa: E402
-from trtet_store.bench.stub_tensorrt import FakeBuilder, linear_relu  # noqa: E402
 from trtet_store.export import tensorrt as trt  # noqa: E402
 from trtet_store.export import trt_blob  # noqa: E402
 from trtet_store.export.executorch import program_layouts  # noqa: E402
@@ -38,6 +37,7 @@ from trtet_store.inspector import inspect_file, verify  # noqa: E402
 from trtet_store.inspector.trt_metadata import REQUIRED, check_metadata  # noqa: E402
 from trtet_store.io import write_files  # noqa: E402
 from trtet_store.io.units import MiB  # noqa: E402
+from trtet_store.testing.stub_tensorrt import FakeBuilder, linear_relu  # noqa: E402
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str | os.PathLike) -> tuple[int, str, str]:

@@ -39,9 +39,9 @@ from pathlib import Path
 
 from trtet_store.io import Blob, BlobStore, ConcurrentWriteError, pwrite_all, recover
 from trtet_store.io.lock import release, try_lock, unlock_file
-from trtet_store.remote.fetch_plan import ObjectPlan, Range, Run
+from trtet_store.remote.download.plan import ObjectPlan, Range, Run
 
-log = logging.getLogger("trtet_store.remote.fetch")
+log = logging.getLogger("trtet_store.remote.download.receive")
 
 #: The staging directory beside an output, where ``trtet_store.recover`` reports orphans.
 STAGING_DIR = ".trtet-staging"

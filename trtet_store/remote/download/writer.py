@@ -17,8 +17,8 @@ from __future__ import annotations
 import queue
 import threading
 
-from trtet_store.remote.fetch_plan import Range, Run
-from trtet_store.remote.fetch_stage import Staging
+from trtet_store.remote.download.plan import Range, Run
+from trtet_store.remote.download.staging import Staging
 
 #: Seconds between checks of the stop flag while waiting for a free buffer.
 _POLL = 0.1

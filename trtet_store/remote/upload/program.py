@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtet_store.remote.publish import DEFAULT_CONCURRENCY, PublishProgress, publish_sources
 from trtet_store.remote.report import PublishReport
-from trtet_store.remote.source import ObjectSource
+from trtet_store.remote.upload.send import DEFAULT_CONCURRENCY, PublishProgress, publish_sources
+from trtet_store.remote.upload.source import ObjectSource
 from trtet_store.remote.url import RemoteURL
 
 

@@ -120,15 +120,15 @@ ERROR_TABLE: list[tuple[str, str, Callable[[BaseException, ErrorContext], list[s
     ("botocore.exceptions", "NoRegionError", lambda e, c: [
         "no AWS region: set AWS_DEFAULT_REGION (any name works for a custom --endpoint-url)"]),
     ("botocore.exceptions", "EndpointConnectionError", _endpoint),
-    ("trtet_store.remote.fetch_errors", "ObjectNotFoundError",
+    ("trtet_store.remote.errors", "ObjectNotFoundError",
      lambda e, c: [f"not found: {e}"]),
     ("trtet_store.remote.errors", "BucketNotFoundError", lambda e, c: [f"not found: {e}"]),
     ("trtet_store.remote.errors", "AccessDeniedError", lambda e, c: [f"access denied: {e}"]),
     ("trtet_store.io.errors", "InsufficientSpaceError", lambda e, c: [
         f"disk too small: {e.strerror}"]),  # it names the file, both sizes and a hint
-    ("trtet_store.remote.fetch_errors", "FetchInterruptedError",
+    ("trtet_store.remote.errors", "FetchInterruptedError",
      lambda e, c: [f"interrupted: {e}"]),
-    ("trtet_store.remote.fetch_errors", "FetchVerificationError", lambda e, c: [
+    ("trtet_store.remote.errors", "FetchVerificationError", lambda e, c: [
         one_line(e)] + ([f"{c.out} and its .ptd files are unchanged"] if c.out else [])),
     ("builtins", "OSError", lambda e, c: (_no_space(e, c) if getattr(e, "errno", None)
                                           == errno.ENOSPC else [one_line(e)])),

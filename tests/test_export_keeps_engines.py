@@ -23,13 +23,13 @@ import xxhash
 from test_compile_and_save import delegate_blobs
 
 import trtet_store
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
 from trtet_store.export import engine_reuse, trt_blob
 from trtet_store.export import tensorrt as trt
 from trtet_store.io.lock import lock_file, unlock_file
 from trtet_store.io.names import STAGING_DIR, lock_path_of
 from trtet_store.io.orphans import list_orphans
 from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 SIZES = (3 * MiB, 2 * MiB)
 
@@ -303,7 +303,7 @@ KILLED_EXPORT = """
 import sys, time
 import torch
 import trtet_store
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 class Announcing(FakeBuilder):
     def __call__(self, *args, **kwargs):

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli_s3_common import bar_interval, report_error
+from trtet_store.cli._common import bar_interval, report_error
 
 __all__ = ["main", "build_parser"]
 
@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from trtet_store.cli_remote import add_compile_publish_arguments
+    from trtet_store.cli.publish import add_compile_publish_arguments
 
     add_compile_publish_arguments(c)
     c.set_defaults(func=cmd_compile_and_save)
@@ -230,10 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.set_defaults(func=cmd_recover)
 
-    from trtet_store.cli_fetch import add_parser as add_fetch_parser
+    from trtet_store.cli.fetch import add_parser as add_fetch_parser
 
     add_fetch_parser(sub)
-    from trtet_store.cli_remote import add_parser as add_publish_parser
+    from trtet_store.cli.publish import add_parser as add_publish_parser
 
     add_publish_parser(sub)
     return parser
@@ -383,7 +383,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_compile_and_save(args: argparse.Namespace) -> int:
     """``trtet-store compile-and-save``: lower and save through ``trtet_store.compile_and_save``."""
-    from trtet_store import cli_remote, cli_sources, compile_and_save
+    from trtet_store import compile_and_save
+    from trtet_store.cli import publish as cli_remote
+    from trtet_store.cli import sources as cli_sources
 
     try:
         source, inputs, out = cli_sources.compile_source(
@@ -463,7 +465,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
             print(f"{len(orphans)} staged file(s) of dead or failed runs kept, {engines} of them "
                   "TensorRT engines or build records: run the same export again to reuse "
                   "them, or remove them with trtet_store.BlobStore(DIR).remove_orphans()")
-    from trtet_store.cli_remote import print_interrupted
+    from trtet_store.cli.publish import print_interrupted
 
     print_interrupted(directory=args.dir)  # uploads a crashed publish of DIR's files left open
     stuck = [o for o in outcomes if o.action in ("busy", "damaged", "stuck")]

@@ -20,15 +20,13 @@ from trtet_store.remote.errors import (
     AccessDeniedError,
     BucketNotFoundError,
     EndpointUnreachableError,
-    RemoteError,
-)
-from trtet_store.remote.fetch_errors import (
     FetchInterruptedError,
     ObjectChangedError,
     ObjectNotFoundError,
+    RemoteError,
 )
 
-log = logging.getLogger("trtet_store.remote.fetch")
+log = logging.getLogger("trtet_store.remote.download.receive")
 
 #: Bytes per read of a response body.
 READ_STEP = 1 << 20

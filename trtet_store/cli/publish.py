@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli_s3_common import (
+from trtet_store.cli._common import (
     ProgressBar,
     add_endpoint_url,
     add_report_flags,
@@ -75,7 +75,7 @@ def _fail(text: str) -> int:
 
 
 def _postfix(p: Any) -> str:
-    """What a :class:`~trtet_store.remote.publish.PublishProgress` update adds to the bar."""
+    """What a :class:`~trtet_store.remote.upload.send.PublishProgress` update adds to the bar."""
     return (f"sent {mib(p.sent)}, copied {mib(p.copied)}"
             + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
 

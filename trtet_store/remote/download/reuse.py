@@ -20,9 +20,9 @@ from pathlib import Path
 from awscrt.checksums import combine_crc64nvme, crc64nvme
 
 from trtet_store.io import chunk_digest
-from trtet_store.remote.fetch_plan import ObjectSpec, Reuse
+from trtet_store.remote.download.plan import ObjectSpec, Reuse
 
-log = logging.getLogger("trtet_store.remote.fetch")
+log = logging.getLogger("trtet_store.remote.download.receive")
 
 #: Bytes per read while matching.
 READ_STEP = 8 << 20

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import trtet_store
-from trtet_store.bench.stub_tensorrt import FakeBuilder, installed, linear_relu
 from trtet_store.export import engine_reuse, trt_settings
 from trtet_store.export import tensorrt as trt
 from trtet_store.export.lowering import export
 from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 
 class Recording(FakeBuilder):

@@ -1,0 +1,8 @@
+"""The upload half: a program or files into multipart uploads, committed by a manifest.
+
+:mod:`.program` (``publish``: a program or files as object sources) over
+:mod:`.send` (plan, send and copy parts, complete, the manifest last), with
+:mod:`.parts` (part sizes), :mod:`.delta` (parts copied server-side),
+:mod:`.journal` (the resume record) and :mod:`.source` (the bytes sent).
+Never imports :mod:`trtet_store.remote.download`.
+"""
