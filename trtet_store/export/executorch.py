@@ -47,7 +47,7 @@ alignment). :func:`payload_extents` lists the absolute offsets.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,7 @@ from trtet_store.export.named_data import (  # noqa: F401 - add_blob_as_named_da
     ptd_paths,
 )
 from trtet_store.export.trt_blob import STAGED_ENGINE_MARKER
+from trtet_store.io.options import UNSET, ProgressCallback, WriteOptions, resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     from executorch.exir.program import ExecutorchProgramManager
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export._executorch_private import Cord, EngineView, FileBackedData
     from trtet_store.io.blobstore import Blob, BlobStore
     from trtet_store.io.layout import Piece
+    from trtet_store.io.transaction import AutoChunk
 
 #: Adjacent ``bytes`` pieces are joined while each is below this size; larger
 #: in-memory segments (e.g. an XNNPACK delegate blob) stay separate pieces, so
@@ -390,12 +392,13 @@ def save_program(
     path: os.PathLike | str,
     outdir: os.PathLike | str | None = None,
     *,
-    consume: bool = False,
-    chunk_size: int | None = None,
-    progress: Any = None,
+    options: WriteOptions | None = None,
+    consume: bool = UNSET,
+    chunk_size: int | str | AutoChunk | None = UNSET,
+    progress: ProgressCallback | None = UNSET,
     store: BlobStore | None = None,
-    placements: Any = None,
-    timeout: float | None = None,
+    placements: Collection[str] | str | None = UNSET,
+    timeout: float | None = UNSET,
     versioned: bool | int = False,
     replace_needed: bool = False,
 ) -> list[Any]:
@@ -413,6 +416,11 @@ def save_program(
         The ``.pte``.
     outdir : path-like, optional
         Directory of the ``.ptd`` files (``<tag>.ptd``); default ``path``'s.
+    options : trtet_store.io.WriteOptions, optional
+        ``consume``, ``chunk_size``, ``progress``, ``placements`` and
+        ``timeout`` as one object, handed to the write unchanged. The
+        keywords below still work (for one release); one given both ways
+        with different values is a ``TypeError``.
     consume : bool
         Move what the program owns (our blobs, ExecuTorch-owned payload files)
         instead of copying; the user's files are always copied. A consumed
@@ -453,16 +461,16 @@ def save_program(
     """
     from trtet_store.io.versioned import keep_of
 
+    opts = resolve(options, "save_program", consume=consume, chunk_size=chunk_size,
+                   progress=progress, placements=placements, timeout=timeout)
     keep = keep_of(versioned)
-    planned = _plan(program, path, outdir, consume=consume, store=store, include_ptd=True)
-    return _write(program, planned, consume, chunk_size, progress, placements, timeout, keep,
-                  pte=Path(path), replace_needed=replace_needed)
+    planned = _plan(program, path, outdir, consume=opts.consume, store=store, include_ptd=True)
+    return _write(program, planned, opts, keep, pte=Path(path), replace_needed=replace_needed)
 
 
 def _write(program: ExecutorchProgramManager,
-           planned: tuple[list[tuple[Path, list[Piece]]], _Converter], consume: bool,
-           chunk_size: int | None, progress: Any, placements: Any,
-           timeout: float | None = None, keep: int | None = None, *,
+           planned: tuple[list[tuple[Path, list[Piece]]], _Converter], opts: WriteOptions,
+           keep: int | None = None, *,
            pte: Path | None = None, replace_needed: bool = False) -> list[Any]:
     from trtet_store.export import _executorch_private as priv
     from trtet_store.io.versioned import write_versioned
@@ -473,12 +481,11 @@ def _write(program: ExecutorchProgramManager,
         if keep is None:  # a versioned write puts its .ptd files in a directory of their own
             _check_neighbours([p for p, _ in layouts], pte, replace_needed)
         if keep is None:
-            reports = write_files(layouts, consume=consume, chunk_size=chunk_size,
-                                  progress=progress, placements=placements, timeout=timeout)
+            reports = write_files(layouts, options=opts)
         else:
-            reports = write_versioned(layouts, keep=keep, consume=consume,
-                                      chunk_size=chunk_size, progress=progress,
-                                      placements=placements, timeout=timeout).reports
+            reports = write_versioned(layouts, keep=keep, consume=opts.consume,
+                                      chunk_size=opts.chunk_size, progress=opts.progress,
+                                      placements=opts.placements, timeout=opts.timeout).reports
         conv.close_own_stores()
         return reports
     except BaseException:
@@ -497,31 +504,35 @@ def save(
     program: ExecutorchProgramManager,
     path: os.PathLike | str,
     *,
-    consume: bool = False,
-    chunk_size: int | None = None,
-    progress: Any = None,
+    options: WriteOptions | None = None,
+    consume: bool = UNSET,
+    chunk_size: int | str | AutoChunk | None = UNSET,
+    progress: ProgressCallback | None = UNSET,
     store: BlobStore | None = None,
-    placements: Any = None,
-    timeout: float | None = None,
+    placements: Collection[str] | str | None = UNSET,
+    timeout: float | None = UNSET,
 ) -> Any:
     """Write the ``.pte`` of ``program`` (what ``program.save(path)`` writes), atomically.
 
     Returns the WriteReport. See :func:`save_program` for the parameters.
     """
-    planned = _plan(program, path, None, consume=consume, store=store, include_ptd=False)
-    return _write(program, planned, consume, chunk_size, progress, placements, timeout)[0]
+    opts = resolve(options, "save", consume=consume, chunk_size=chunk_size,
+                   progress=progress, placements=placements, timeout=timeout)
+    planned = _plan(program, path, None, consume=opts.consume, store=store, include_ptd=False)
+    return _write(program, planned, opts)[0]
 
 
 def write_tensor_data(
     program: ExecutorchProgramManager,
     outdir: os.PathLike | str,
     *,
-    consume: bool = False,
-    chunk_size: int | None = None,
-    progress: Any = None,
+    options: WriteOptions | None = None,
+    consume: bool = UNSET,
+    chunk_size: int | str | AutoChunk | None = UNSET,
+    progress: ProgressCallback | None = UNSET,
     store: BlobStore | None = None,
-    placements: Any = None,
-    timeout: float | None = None,
+    placements: Collection[str] | str | None = UNSET,
+    timeout: float | None = UNSET,
     replace_needed: bool = False,
 ) -> list[Any]:
     """Write every ``.ptd`` of ``program`` into ``outdir`` as one transaction.
@@ -539,11 +550,12 @@ def write_tensor_data(
     NeededByAnotherError
         A ``.ptd`` to be written would replace one a ``.pte`` in ``outdir`` needs.
     """
-    planned = _plan(program, None, outdir, consume=consume, store=store, include_ptd=True)
+    opts = resolve(options, "write_tensor_data", consume=consume, chunk_size=chunk_size,
+                   progress=progress, placements=placements, timeout=timeout)
+    planned = _plan(program, None, outdir, consume=opts.consume, store=store, include_ptd=True)
     if not planned[0]:
         return []
-    return _write(program, planned, consume, chunk_size, progress, placements, timeout,
-                  replace_needed=replace_needed)
+    return _write(program, planned, opts, replace_needed=replace_needed)
 
 
 def _check_neighbours(paths: Sequence[Path], pte: Path | None, replace_needed: bool) -> None:

@@ -33,6 +33,7 @@ at the default 1024).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -42,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.formats.tensors import StagedTensor, file_range
-from trtet_store.io import Blob, BlobStore, WriteReport, write_files
+from trtet_store.io import Blob, BlobStore, WriteOptions, WriteReport, write_files
+from trtet_store.io.options import UNSET, ProgressCallback, resolve
 
 log = logging.getLogger("trtet_store.formats")
 
@@ -53,9 +55,10 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
                size_threshold: int = 1024, convert_attribute: bool = False,
                alignment: int = 64, base_dir: os.PathLike | str | None = None,
                tensors: Mapping[str, Blob | StagedTensor] | None = None,
-               store: BlobStore | None = None, consume: bool = False, progress: Any = None,
-               placements: Collection[str] | str | None = None,
-               timeout: float | None = None) -> list[WriteReport]:
+               store: BlobStore | None = None, options: WriteOptions | None = None,
+               consume: bool = UNSET, progress: ProgressCallback | None = UNSET,
+               placements: Collection[str] | str | None = UNSET,
+               timeout: float | None = UNSET) -> list[WriteReport]:
     """Save ``model`` to ``path`` with its large tensors in ``location``, as one transaction.
 
     Parameters
@@ -92,6 +95,10 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
         blob of yours is in ``tensors``) instead of copied. Default: the
         copies stay in memory until the write returns (fastest; peak memory
         the size of the external data).
+    options : trtet_store.io.WriteOptions, optional
+        The write options as one object, handed to the write (its
+        ``chunk_size`` too). The keywords below still work (for one
+        release); one given both ways with different values is a ``TypeError``.
     consume : bool
         Let staged blobs be moved or inserted (they are used up).
     progress, placements, timeout
@@ -102,6 +109,8 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
     list of WriteReport
         The ``.onnx``'s, then the data file's.
     """
+    opts = resolve(options, "save_model", consume=consume, progress=progress,
+                   placements=placements, timeout=timeout)
     import onnx
 
     ir = sys.modules.get("onnx_ir")
@@ -133,9 +142,9 @@ def save_model(model: Any, path: os.PathLike | str, *, location: str,
         log.info("%s: %d bytes of model, %d bytes of external data in %s (%d tensors staged)",
                  path, len(header), size, data_path, len(ours))
         # Blobs staged here are ours to use up; the caller's only with consume=True.
-        use_up = consume or (bool(ours) and not staged)
-        return write_files([(path, [header]), (data_path, pieces)], consume=use_up,
-                           progress=progress, placements=placements, timeout=timeout)
+        use_up = opts.consume or (bool(ours) and not staged)
+        return write_files([(path, [header]), (data_path, pieces)],
+                           options=dataclasses.replace(opts, consume=use_up))
     finally:
         for blob in ours:
             blob.close()

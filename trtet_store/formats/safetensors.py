@@ -40,7 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.formats.tensors import RANK, TensorBytes, describe_all
-from trtet_store.io import InsufficientSpaceError, WriteReport, fsync_dir, write_files
+from trtet_store.io import (
+    InsufficientSpaceError,
+    WriteOptions,
+    WriteReport,
+    fsync_dir,
+    write_files,
+)
+from trtet_store.io.options import UNSET, ProgressCallback, resolve
 
 log = logging.getLogger("trtet_store.formats")
 
@@ -132,9 +139,10 @@ def _check_alignment(alignment: int | None) -> None:
 
 def save_file(tensors: Mapping[str, Any], filename: os.PathLike | str,
               metadata: Mapping[str, str] | None = None, *, alignment: int | None = None,
-              consume: bool = False, progress: Any = None,
-              placements: Collection[str] | str | None = None,
-              timeout: float | None = None) -> WriteReport:
+              options: WriteOptions | None = None, consume: bool = UNSET,
+              progress: ProgressCallback | None = UNSET,
+              placements: Collection[str] | str | None = UNSET,
+              timeout: float | None = UNSET) -> WriteReport:
     """Write ``tensors`` to ``filename`` in safetensors format, as one transaction.
 
     Parameters
@@ -154,10 +162,15 @@ def save_file(tensors: Mapping[str, Any], filename: os.PathLike | str,
         Start the data, and every tensor whose length is a multiple of it, at
         a multiple of ``alignment`` (4096: staged blobs are cloned or inserted).
         Default: byte-identical to ``safetensors.torch.save_file``.
+    options : trtet_store.io.WriteOptions, optional
+        The write options as one object, handed to the write (its
+        ``chunk_size`` too). The keywords below still work (for one
+        release); one given both ways with different values is a ``TypeError``.
     consume : bool
         Let staged blobs be moved or inserted into the file (they are used up).
     progress : callable, optional
-        ``progress(bytes_done, bytes_total)``.
+        Called with a :class:`trtet_store.io.Progress` (``.done``, ``.total``);
+        a callable of two positional arguments gets ``(done, total)``.
     placements, timeout
         As for :func:`trtet_store.io.write_file`.
 
@@ -166,13 +179,14 @@ def save_file(tensors: Mapping[str, Any], filename: os.PathLike | str,
     WriteReport
         Per tensor blob or file range, how it was placed and why.
     """
+    opts = resolve(options, "save_file", consume=consume, progress=progress,
+                   placements=placements, timeout=timeout)
     pieces, ordered = build_layout(tensors, metadata, alignment)
     owners = [t.owner for t in ordered]  # the memory the pieces view stays alive
     log.info("%s: %d tensors, %d bytes of data (%d staged)", filename, len(ordered),
              sum(t.nbytes for t in ordered), sum(t.nbytes for t in ordered if t.staged))
     try:
-        (report,) = write_files([(filename, pieces)], consume=consume, progress=progress,
-                                placements=placements, timeout=timeout)
+        (report,) = write_files([(filename, pieces)], options=opts)
     except OSError as exc:
         raise _space_error(exc, [(filename, pieces)]) from exc
     finally:
@@ -221,9 +235,10 @@ def shard_plan(items: Sequence[TensorBytes], max_shard_size: int) -> list[list[T
 def save_sharded(tensors: Mapping[str, Any], directory: os.PathLike | str, *,
                  max_shard_size: int = 5 << 30, prefix: str = "model",
                  metadata: Mapping[str, str] | None = None, alignment: int | None = None,
-                 consume: bool = False, progress: Any = None,
-                 placements: Collection[str] | str | None = None,
-                 timeout: float | None = None) -> list[WriteReport]:
+                 options: WriteOptions | None = None, consume: bool = UNSET,
+                 progress: ProgressCallback | None = UNSET,
+                 placements: Collection[str] | str | None = UNSET,
+                 timeout: float | None = UNSET) -> list[WriteReport]:
     """Write a sharded checkpoint: every shard and the index, as one transaction.
 
     The shards are ``{prefix}-0000k-of-0000N.safetensors`` (one
@@ -240,7 +255,7 @@ def save_sharded(tensors: Mapping[str, Any], directory: os.PathLike | str, *,
         Bytes of tensor data per shard (default 5 GiB); a larger tensor gets its own.
     prefix : str
         The base name; a plain file name, no directory part.
-    metadata, alignment, consume, progress, placements, timeout
+    metadata, alignment, options, consume, progress, placements, timeout
         As for :func:`save_file`; ``metadata`` goes into every shard.
 
     Returns
@@ -249,6 +264,8 @@ def save_sharded(tensors: Mapping[str, Any], directory: os.PathLike | str, *,
         A list of WriteReport, one per shard, then the index's; its
         ``removed`` attribute lists the stale files it removed.
     """
+    opts = resolve(options, "save_sharded", consume=consume, progress=progress,
+                   placements=placements, timeout=timeout)
     if not prefix or os.sep in prefix or prefix in (".", "..") or "\0" in prefix:
         raise ValueError(f"prefix must be a plain file name, got {prefix!r}")
     if max_shard_size <= 0:
@@ -282,8 +299,7 @@ def save_sharded(tensors: Mapping[str, Any], directory: os.PathLike | str, *,
     log.info("%s: %d tensors in %d shard(s) of at most %d bytes", directory, len(items), n,
              max_shard_size)
     try:
-        reports = ShardedReports(write_files(outputs, consume=consume, progress=progress,
-                                             placements=placements, timeout=timeout))
+        reports = ShardedReports(write_files(outputs, options=opts))
     except OSError as exc:
         raise _space_error(exc, outputs) from exc
     finally:

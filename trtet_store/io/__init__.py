@@ -21,6 +21,7 @@ from trtet_store.io.errors import (
 from trtet_store.io.fs import block_size, free_bytes, fsync_dir, online_discard, pwrite_all
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.lock import try_lock, unlock_file
+from trtet_store.io.options import Progress, WriteOptions
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.recovery import recover
 from trtet_store.io.versioned import (
@@ -63,11 +64,13 @@ __all__ = [
     "pinned_version",
     "recover_versions",
     "PlacementRecord",
+    "Progress",
     "SourceChangedError",
     "StorageError",
     "StuckJournalError",
     "VerificationError",
     "VersionedWrite",
+    "WriteOptions",
     "WriteReport",
     "recover",
     "try_lock",

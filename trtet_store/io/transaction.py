@@ -18,7 +18,7 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from trtet_store.io.journal import (
 from trtet_store.io.ladder import PLACEMENTS
 from trtet_store.io.layout import Layout, Piece
 from trtet_store.io.lock import lock_file, unlock_file
+from trtet_store.io.options import ProgressCallback, progress_caller
 from trtet_store.io.place import place_payload
 from trtet_store.io.recovery import recover_destination
 from trtet_store.io.report import PlacementRecord, WriteReport
@@ -53,7 +54,6 @@ log = logging.getLogger("trtet_store.writer")
 # cut a third off a durable 1 GiB move (benchmarks/README.md); 64 MiB is
 # small next to any disk that holds an engine.
 DEFAULT_CHUNK_SIZE = 64 * MiB
-ProgressCallback = Callable[[int, int], None]
 
 
 class _Output:
@@ -108,7 +108,8 @@ class Transaction:
                              f"{', '.join(repr(u) for u in unknown)}; choose from {PLACEMENTS}")
         self.allowed = allowed
         self.chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
-        self.progress = progress
+        # The callback's shape (Progress object or the old (done, total)) is read once here.
+        self.progress = progress_caller(progress)
         self.outputs = [_Output(names.destination(p), Layout(pieces)) for p, pieces in outputs]
         for out in self.outputs:
             out.temp = names.temp_path(out.dest, self.token)

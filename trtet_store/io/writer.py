@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from trtet_store.io.ladder import PLACEMENTS, SLACK_BYTES
 from trtet_store.io.layout import Piece
+from trtet_store.io.options import UNSET, Progress, WriteOptions, resolve
 from trtet_store.io.report import PlacementRecord, WriteReport
 from trtet_store.io.transaction import (
     DEFAULT_CHUNK_SIZE,
@@ -29,19 +30,22 @@ __all__ = [
     "PLACEMENTS",
     "SLACK_BYTES",
     "PlacementRecord",
+    "Progress",
     "ProgressCallback",
     "Transaction",
+    "WriteOptions",
     "WriteReport",
     "write_file",
     "write_files",
 ]
 
 
-def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: bool = False,
-               chunk_size: int | str | AutoChunk | None = None,
-               progress: ProgressCallback | None = None,
-               placements: Collection[str] | str | None = None,
-               timeout: float | None = None) -> WriteReport:
+def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *,
+               options: WriteOptions | None = None, consume: bool = UNSET,
+               chunk_size: int | str | AutoChunk | None = UNSET,
+               progress: ProgressCallback | None = UNSET,
+               placements: Collection[str] | str | None = UNSET,
+               timeout: float | None = UNSET) -> WriteReport:
     """Write the concatenation of ``pieces`` to ``path`` as one transaction.
 
     Parameters
@@ -51,6 +55,10 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
         is complete and durable, then the new file replaces it atomically.
     pieces : iterable of bytes, Blob or ExternalFile
         The content in order.
+    options : WriteOptions, optional
+        The five options below as one object, handed down unchanged. The
+        keywords still work (for one release); one given both ways with
+        different values is a ``TypeError``.
     consume : bool
         Allow moving :class:`Blob` pieces into the output (they are released
         afterwards) when they share the output's filesystem. Without it every
@@ -62,7 +70,10 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
         at most the limit and halves it, down to 3 MiB, until the write fits
         the free space: a nearly full disk still takes a move, in smaller steps.
     progress : callable, optional
-        Called as ``progress(bytes_done, bytes_total)`` as payload bytes land.
+        Called with a :class:`~trtet_store.io.Progress` (``.done``, ``.total``
+        payload bytes) as bytes land. A callable that accepts two positional
+        arguments is still called ``progress(done, total)`` (for one release;
+        decided once from its signature).
     placements : collection of str, optional
         Limit the ladder (``clone``, ``insert``, ``move``, ``copy``; copy is
         always allowed), e.g. to compare placements in a benchmark. Default:
@@ -83,19 +94,24 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *, consume: boo
     OSError
         Any other failure, after everything was rolled back.
     """
-    return write_files([(path, pieces)], consume=consume, chunk_size=chunk_size,
-                       progress=progress, placements=placements, timeout=timeout)[0]
+    opts = resolve(options, "write_file", consume=consume, chunk_size=chunk_size,
+                   progress=progress, placements=placements, timeout=timeout)
+    return write_files([(path, pieces)], options=opts)[0]
 
 
 def write_files(outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
-                consume: bool = False, chunk_size: int | str | AutoChunk | None = None,
-                progress: ProgressCallback | None = None,
-                placements: Collection[str] | str | None = None,
-                timeout: float | None = None) -> list[WriteReport]:
+                options: WriteOptions | None = None, consume: bool = UNSET,
+                chunk_size: int | str | AutoChunk | None = UNSET,
+                progress: ProgressCallback | None = UNSET,
+                placements: Collection[str] | str | None = UNSET,
+                timeout: float | None = UNSET) -> list[WriteReport]:
     """Write several files as one transaction: all are published, or none changes.
 
     Every output is placed and verified in its temp file before the first
     rename. Parameters are as for :func:`write_file`.
     """
-    return Transaction(outputs, consume=consume, chunk_size=chunk_size,
-                       progress=progress, placements=placements, timeout=timeout).run()
+    opts = resolve(options, "write_files", consume=consume, chunk_size=chunk_size,
+                   progress=progress, placements=placements, timeout=timeout)
+    return Transaction(outputs, consume=opts.consume, chunk_size=opts.chunk_size,
+                       progress=opts.progress, placements=opts.placements,
+                       timeout=opts.timeout).run()

@@ -1,0 +1,153 @@
+"""The write options as one object, and the one progress shape.
+
+:class:`WriteOptions` carries the keywords that every writer shares
+(:func:`~trtet_store.io.writer.write_files`, ``export.save*``, ``formats.*``),
+so that each entry point takes one ``options=`` and hands it down unchanged
+instead of repeating five keywords (the model is s3transfer's
+``TransferConfig`` and object_store's ``PutOptions``). The old keywords still
+work for one release: :func:`resolve` builds the object from them.
+
+A progress callback receives one :class:`Progress` (``.done``, ``.total``),
+the shape the remote side's ``PublishProgress`` and ``FetchProgress`` already
+have. The old ``progress(done, total)`` form is still called that way for one
+release; :func:`progress_caller` decides which, once per write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from trtet_store.io.transaction import AutoChunk
+
+__all__ = ["UNSET", "Progress", "ProgressCallback", "WriteOptions", "progress_caller", "resolve"]
+
+
+class Progress(NamedTuple):
+    """What a progress callback receives: payload bytes written so far, of ``total``."""
+
+    done: int
+    total: int
+
+
+#: ``progress(update)`` with a :class:`Progress`; the old ``progress(done, total)``
+#: is still accepted (see :func:`progress_caller`).
+ProgressCallback = Callable[[Progress], Any] | Callable[[int, int], Any]
+
+
+class _Unset:
+    """The default of an old option keyword: tells "not given" from a given default."""
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+#: Default of the old option keywords in signatures; typed Any so that the
+#: keywords keep their own types.
+UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How a write places its bytes; accepted as ``options=`` by every writer.
+
+    Parameters
+    ----------
+    consume : bool
+        Allow moving :class:`~trtet_store.io.Blob` pieces into the output
+        (they are used up) when they share its filesystem. Default False:
+        every source is left as it was.
+    chunk_size : int, "auto" or AutoChunk, optional
+        The most extra disk a move may use, and a copy's largest window
+        (default 64 MiB); ``"auto"`` shrinks it until the write fits.
+    progress : callable, optional
+        Called with a :class:`Progress` (``.done``, ``.total`` payload bytes)
+        as bytes land. A callable that accepts two positional arguments is
+        called the old way, ``progress(done, total)`` (kept for one release).
+    placements : collection of str or str, optional
+        Limit the ladder (``clone``, ``insert``, ``move``, ``copy``); default
+        every placement the filesystem allows.
+    timeout : float, optional
+        Seconds to wait for another write of the same destination; default
+        refuse at once with :class:`~trtet_store.io.ConcurrentWriteError`.
+    """
+
+    consume: bool = False
+    chunk_size: int | str | AutoChunk | None = None
+    progress: ProgressCallback | None = None
+    placements: Collection[str] | str | None = None
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        # Type errors here, at the call, rather than deep inside a transaction.
+        if not isinstance(self.consume, bool):
+            raise TypeError(f"WriteOptions.consume must be a bool, got {self.consume!r}")
+        if self.progress is not None and not callable(self.progress):
+            raise TypeError(f"WriteOptions.progress must be callable, got {self.progress!r}")
+        if self.timeout is not None and (isinstance(self.timeout, bool)
+                                         or not isinstance(self.timeout, (int, float))):
+            raise TypeError(f"WriteOptions.timeout must be a number of seconds or None, "
+                            f"got {self.timeout!r}")
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(WriteOptions))
+
+
+def resolve(options: WriteOptions | None, where: str, **keywords: Any) -> WriteOptions:
+    """The options of a call: ``options``, with the old keywords given beside it.
+
+    Parameters
+    ----------
+    options : WriteOptions, optional
+        What the caller passed as ``options=``.
+    where : str
+        The function's name, for the errors.
+    **keywords
+        The old option keywords as the caller gave them; :data:`UNSET` for
+        those not given.
+
+    Raises
+    ------
+    TypeError
+        ``options`` is not a WriteOptions, or a keyword is given with a value
+        other than ``options``'s (which one wins would be a guess).
+    """
+    unknown = set(keywords) - set(_FIELDS)
+    if unknown:  # a caller bug in this package, not the user's
+        raise TypeError(f"{where}() got unexpected keyword argument(s) {sorted(unknown)}")
+    given = {k: v for k, v in keywords.items() if v is not UNSET}
+    if options is None:
+        return WriteOptions(**given)
+    if not isinstance(options, WriteOptions):
+        raise TypeError(f"{where}(): options must be a trtet_store.io.WriteOptions, got "
+                        f"{type(options).__name__}")
+    clash = sorted(k for k, v in given.items() if v != getattr(options, k))
+    if clash:
+        raise TypeError(f"{where}(): {', '.join(clash)} given both as keyword "
+                        f"({', '.join(f'{k}={given[k]!r}' for k in clash)}) and in options "
+                        f"({', '.join(f'{k}={getattr(options, k)!r}' for k in clash)}); "
+                        f"give each option once, preferably in options=")
+    return options
+
+
+def progress_caller(callback: ProgressCallback | None) -> Callable[[int, int], None] | None:
+    """A function ``(done, total)`` that calls ``callback`` in the shape it takes.
+
+    Decided once, from the callback's signature: one that accepts two
+    positional arguments is called the old way, ``callback(done, total)``;
+    any other gets one :class:`Progress`. A callable whose signature cannot
+    be read (some builtins) is called the old way, as before this shape.
+    """
+    if callback is None:
+        return None
+    try:
+        inspect.signature(callback).bind(0, 0)
+    except TypeError:  # does not take two positional arguments: the new shape
+        return lambda done, total: callback(Progress(done, total))  # type: ignore[call-arg]
+    except ValueError:  # no signature to read
+        pass
+    return callback  # type: ignore[return-value]
