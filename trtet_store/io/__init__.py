@@ -21,7 +21,7 @@ from trtet_store.io.errors import (
 from trtet_store.io.fs import block_size, free_bytes, fsync_dir, online_discard, pwrite_all
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.lock import try_lock, unlock_file
-from trtet_store.io.options import Progress, WriteOptions
+from trtet_store.io.options import UNSET, Progress, WriteOptions, merge_options
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.recovery import recover
 from trtet_store.io.versioned import (
@@ -68,10 +68,12 @@ __all__ = [
     "SourceChangedError",
     "StorageError",
     "StuckJournalError",
+    "UNSET",
     "VerificationError",
     "VersionedWrite",
     "WriteOptions",
     "WriteReport",
+    "merge_options",
     "recover",
     "try_lock",
     "unlock_file",

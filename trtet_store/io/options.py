@@ -19,12 +19,13 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
     from trtet_store.io.transaction import AutoChunk
 
-__all__ = ["UNSET", "Progress", "ProgressCallback", "WriteOptions", "progress_caller", "resolve"]
+__all__ = ["UNSET", "Progress", "ProgressCallback", "WriteOptions", "merge_options",
+           "progress_caller", "resolve"]
 
 
 class Progress(NamedTuple):
@@ -45,6 +46,8 @@ class _Unset:
     def __repr__(self) -> str:
         return "<default>"
 
+
+_T = TypeVar("_T")
 
 #: Default of the old option keywords in signatures; typed Any so that the
 #: keywords keep their own types.
@@ -94,9 +97,6 @@ class WriteOptions:
                             f"got {self.timeout!r}")
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(WriteOptions))
-
-
 def resolve(options: WriteOptions | None, where: str, **keywords: Any) -> WriteOptions:
     """The options of a call: ``options``, with the old keywords given beside it.
 
@@ -116,22 +116,46 @@ def resolve(options: WriteOptions | None, where: str, **keywords: Any) -> WriteO
         ``options`` is not a WriteOptions, or a keyword is given with a value
         other than ``options``'s (which one wins would be a guess).
     """
-    unknown = set(keywords) - set(_FIELDS)
+    return merge_options(WriteOptions, options, where, "options", keywords)
+
+
+def merge_options(cls: type[_T], given_object: _T | None, where: str, argument: str,
+          keywords: dict[str, Any]) -> _T:
+    """``given_object`` (an instance of the frozen dataclass ``cls``), or one made of ``keywords``.
+
+    The shim behind every ``options=`` / ``config=`` that replaced a keyword
+    list: keywords left at :data:`UNSET` were not given; one given with the
+    value ``given_object`` already has is accepted, one with another value
+    is a ``TypeError`` (neither silently wins).
+
+    Parameters
+    ----------
+    cls : type
+        The frozen dataclass.
+    given_object : cls, optional
+        What the caller passed as ``argument``.
+    where, argument : str
+        The function's and the argument's names, for the errors.
+    keywords : dict
+        The old keywords, each a field of ``cls``, or :data:`UNSET`.
+    """
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(keywords) - fields
     if unknown:  # a caller bug in this package, not the user's
         raise TypeError(f"{where}() got unexpected keyword argument(s) {sorted(unknown)}")
     given = {k: v for k, v in keywords.items() if v is not UNSET}
-    if options is None:
-        return WriteOptions(**given)
-    if not isinstance(options, WriteOptions):
-        raise TypeError(f"{where}(): options must be a trtet_store.io.WriteOptions, got "
-                        f"{type(options).__name__}")
-    clash = sorted(k for k, v in given.items() if v != getattr(options, k))
+    if given_object is None:
+        return cls(**given)
+    if not isinstance(given_object, cls):
+        raise TypeError(f"{where}(): {argument} must be a {cls.__module__}.{cls.__qualname__}, "
+                        f"got {type(given_object).__name__}")
+    clash = sorted(k for k, v in given.items() if v != getattr(given_object, k))
     if clash:
         raise TypeError(f"{where}(): {', '.join(clash)} given both as keyword "
-                        f"({', '.join(f'{k}={given[k]!r}' for k in clash)}) and in options "
-                        f"({', '.join(f'{k}={getattr(options, k)!r}' for k in clash)}); "
-                        f"give each option once, preferably in options=")
-    return options
+                        f"({', '.join(f'{k}={given[k]!r}' for k in clash)}) and in {argument} "
+                        f"({', '.join(f'{k}={getattr(given_object, k)!r}' for k in clash)}); "
+                        f"give each once, preferably in {argument}=")
+    return given_object
 
 
 def progress_caller(callback: ProgressCallback | None) -> Callable[[int, int], None] | None:

@@ -14,8 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trtet_store.io import UNSET
 from trtet_store.remote.report import PublishReport
-from trtet_store.remote.upload.send import DEFAULT_CONCURRENCY, PublishProgress, publish_sources
+from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
+from trtet_store.remote.upload.send import PublishProgress, publish_sources
 from trtet_store.remote.upload.source import ObjectSource
 from trtet_store.remote.url import RemoteURL
 
@@ -44,13 +46,15 @@ def publish(
     url: str,
     *,
     endpoint_url: str | None = None,
-    part_size: int | None = None,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    replace: bool = False,
+    config: PublishConfig | None = None,
+    replace: bool = UNSET,
+    if_exists: str = UNSET,
     resume: bool = True,
-    journal_dir: os.PathLike | str | None = None,
     progress: Callable[[PublishProgress], Any] | None = None,
-    index: bool = True,
+    part_size: int | None = UNSET,
+    concurrency: int = UNSET,
+    journal_dir: os.PathLike | str | None = UNSET,
+    index: bool = UNSET,
 ) -> PublishReport:
     """Publish a program (or local files) to S3-compatible storage, from its pieces.
 
@@ -74,31 +78,32 @@ def publish(
         The S3-compatible server; default what boto3 finds
         (``AWS_ENDPOINT_URL``, the profile). Credentials are found the way
         boto3 finds them.
-    part_size : int, optional
-        Bytes per part (5 MiB to 5 GiB, all parts but the last equal).
-        Default 8 MiB, grown to fit 10,000 parts.
-    concurrency : int
-        Parts in flight; memory is about ``(concurrency + 1) * part_size``.
+    config : PublishConfig, optional
+        How the objects are sent: ``part_size``, ``concurrency``,
+        ``journal_dir``, ``index`` (see :class:`PublishConfig`), handed down
+        unchanged. Those four keywords still work (for one release); one
+        given beside ``config`` with another value is a ``TypeError``.
     replace : bool
-        Replace an existing program (Complete with ``If-Match`` of the
-        version found); without it an existing key is an error. After the
-        new manifest commits, the replaced version's objects it no longer
-        names are deleted (not those another program's manifest names, nor
-        those changed since). Never replaces another program's objects.
+        The older spelling of ``if_exists``: ``replace=True`` is
+        ``if_exists="replace"``; given with an ``if_exists`` that disagrees
+        it is a ``TypeError``.
+    if_exists : {"error", "replace"}
+        When the program's key exists: ``"error"`` (default) raises
+        :class:`KeyExistsError`; ``"replace"`` replaces it (Complete with
+        ``If-Match`` of the version found). After the new manifest commits,
+        the replaced version's objects it no longer names are deleted (not
+        those another program's manifest names, nor those changed since).
+        Never replaces another program's objects. Another value is a
+        ``ValueError`` naming the choices.
     resume : bool
         Resume an interrupted publish of the same pieces to the same place
         (default); False aborts its uploads and starts over.
-    journal_dir : path-like, optional
-        Where the resume journal lives (default
-        ``$XDG_STATE_HOME/trtet_store/publish``).
     progress : callable, optional
         Called with a :class:`PublishProgress` (``done``, ``total``,
         ``sent``, ``copied``, ``resumed`` bytes) as parts finish, from worker
         threads.
-    index : bool
-        Use and update the bucket's engine-digest index
-        (``.trtet-store/pieces/``), so an engine already published in
-        another program is copied server-side.
+    part_size, concurrency, journal_dir, index
+        The fields of ``config`` as keywords (kept for one release).
 
     Returns
     -------
@@ -128,11 +133,13 @@ def publish(
         The network or the server's checksum checks failed past the retries;
         the upload and its journal are kept: publish again to resume.
     """
+    # Checked before the source is read (a program's layouts load ExecuTorch).
+    cfg = config_of(config, "publish", part_size=part_size, concurrency=concurrency,
+                    journal_dir=journal_dir, index=index)
+    replace = replace_of(replace, if_exists, "publish")
     dest = RemoteURL.parse(url)
     return publish_sources(sources_of(source, dest), dest, endpoint_url=endpoint_url,
-                           part_size=part_size, concurrency=concurrency, replace=replace,
-                           resume=resume, journal_dir=journal_dir, progress=progress,
-                           index=index)
+                           config=cfg, replace=replace, resume=resume, progress=progress)
 
 
-__all__ = ["PublishProgress", "PublishReport", "publish", "sources_of"]
+__all__ = ["PublishConfig", "PublishProgress", "PublishReport", "publish", "sources_of"]

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trtet_store.io import SourceChangedError
+from trtet_store.io import UNSET, SourceChangedError
 from trtet_store.remote import checksum
 from trtet_store.remote.errors import (
     ChecksumMismatchError,
@@ -89,6 +89,12 @@ from trtet_store.remote.s3 import (
     Transient,
 )
 from trtet_store.remote.upload import delta
+from trtet_store.remote.upload.config import (  # noqa: F401 - DEFAULT_CONCURRENCY re-exported
+    DEFAULT_CONCURRENCY,
+    PublishConfig,
+    config_of,
+    replace_of,
+)
 from trtet_store.remote.upload.journal import (
     SUFFIX,
     Journal,
@@ -132,8 +138,7 @@ class PartBody:
     def __len__(self) -> int:
         return len(self._view)
 
-#: Parts in flight by default (s3transfer sends 10 at once); memory is (8 + 1) x part size.
-DEFAULT_CONCURRENCY = 8
+
 #: Sends of one part after the server refused its checksum, before giving up.
 BAD_DIGEST_ATTEMPTS = 3
 #: Our own attempts at a part after botocore's retries gave up on the network.
@@ -197,15 +202,20 @@ def publish_sources(
     url: str | RemoteURL,
     *,
     endpoint_url: str | None = None,
-    part_size: int | None = None,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    replace: bool = False,
+    config: PublishConfig | None = None,
+    replace: bool = UNSET,
+    if_exists: str = UNSET,
     resume: bool = True,
-    journal_dir: os.PathLike | str | None = None,
     progress: Callable[[PublishProgress], Any] | None = None,
-    index: bool = True,
+    part_size: int | None = UNSET,
+    concurrency: int = UNSET,
+    journal_dir: os.PathLike | str | None = UNSET,
+    index: bool = UNSET,
 ) -> PublishReport:
     """Publish ``sources`` (the program first) to ``url``; see :func:`trtet_store.publish`.
+
+    ``config``, ``replace``/``if_exists`` and the old keywords ``part_size``,
+    ``concurrency``, ``journal_dir``, ``index`` are as for ``publish``.
 
     The destination's journal is locked for the whole publish, before it is
     read: a second publish of the same key on this machine (a process or a
@@ -213,15 +223,19 @@ def publish_sources(
     created nothing, instead of taking the live journal for an interrupted
     one. The lock dies with the process, so a killed publish resumes.
     """
+    cfg = config_of(config, "publish_sources", part_size=part_size, concurrency=concurrency,
+                    journal_dir=journal_dir, index=index)
+    replace = replace_of(replace, if_exists, "publish_sources")
     dest = url if isinstance(url, RemoteURL) else RemoteURL.parse(url)
-    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
+    jdir = Path(cfg.journal_dir) if cfg.journal_dir is not None else default_dir()
     journal = Journal(journal_path(jdir, dest.bucket, dest.key),
                       {"sources": _local_dirs(sources)})
     journal.lock(str(dest), dest.key)
     try:
         return _publish_locked(sources, dest, journal, endpoint_url=endpoint_url,
-                               part_size=part_size, concurrency=concurrency, replace=replace,
-                               resume=resume, progress=progress, index=index)
+                               part_size=cfg.part_size, concurrency=cfg.concurrency,
+                               replace=replace, resume=resume, progress=progress,
+                               index=cfg.index)
     finally:
         journal.unlock()
 
