@@ -1,50 +1,64 @@
-"""What the S3 commands (``trtet-store publish``, ``fetch``, ``compile-and-save --publish``) share.
+"""What the commands share: options, sizes, the one progress bar and the one error table.
 
-The ``--endpoint-url`` / ``--json`` / ``--no-progress`` options, a size
-argument (``16M``), sizes printed in MiB, a tqdm bar over the API's progress
-callback, the one-line error (``trtet-store CMD: Type: message``) and the
-CLI's one error table (:data:`ERROR_TABLE`, :func:`explain`), which every
-command's failure goes through. Only argument handling and printing: the
-work is the API's.
+The S3 options (``--endpoint-url``, ``--json``, ``--no-progress``:
+:func:`add_s3_options`), a size argument (``16M``, parsed by
+:func:`trtet_store.io.units.parse_size`), sizes printed in MiB, the one tqdm
+bar over the API's progress callbacks (:class:`ProgressBar`), SIGTERM as an
+exit (so cleanup runs), the one-line error (``trtet-store CMD: Type:
+message``) and the CLI's one error table (:data:`ERROR_TABLE`,
+:func:`explain`), which every command's failure goes through. Only argument
+handling and printing: the work is the API's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ERROR_TABLE", "ErrorContext", "ProgressBar", "add_endpoint_url", "add_report_flags",
-           "bar_interval", "explain", "fail", "mib", "one_line", "report_error", "size_arg"]
+from trtet_store.io.units import format_mib, parse_size
+
+__all__ = ["ERROR_TABLE", "LOG_INTERVAL", "ErrorContext", "ProgressBar", "add_s3_options",
+           "bar_interval", "explain", "fail", "mib", "one_line", "report_error",
+           "sigterm_as_exit", "size_arg"]
 
 
-def add_endpoint_url(parser: argparse.ArgumentParser) -> None:
-    """Add ``--endpoint-url`` (default: what boto3 finds)."""
+def add_s3_options(parser: argparse.ArgumentParser) -> None:
+    """Add the options of every command that talks to S3 (publish, fetch, compile-and-save).
+
+    ``--endpoint-url`` (default: what boto3 finds), ``--json`` (print the
+    report as JSON) and ``--no-progress``.
+    """
     parser.add_argument("--endpoint-url", default=None,
                         help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
-
-
-def add_report_flags(parser: argparse.ArgumentParser) -> None:
-    """Add ``--json`` (print the report as JSON) and ``--no-progress``."""
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def size_arg(text: str) -> int:
-    """A byte count from ``text`` (``8M``, ``1G``, ``4096``), for argparse ``type=``."""
-    from trtet_store.bench.config import size_arg as parse
+    """A byte count from ``text`` (``8M``, ``1G``, ``4096``), for argparse ``type=``.
 
-    return parse(text)
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``text`` is not a size; argparse prints it as a usage error.
+    """
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def mib(n: int) -> str:
     """``n`` bytes as ``"12.3 MiB"``."""
-    return f"{n / (1 << 20):.1f} MiB"
+    return format_mib(n)
 
 
 def one_line(exc: BaseException) -> str:
@@ -56,6 +70,24 @@ def fail(command: str, text: str) -> int:
     """Print ``trtet-store COMMAND: text`` to stderr; return the exit code 1."""
     print(f"trtet-store {command}: {text}", file=sys.stderr)
     return 1
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit so cleanup (unmounting, closing bars) runs."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # --- the one error table -------------------------------------------------------------
@@ -195,46 +227,80 @@ def bar_interval(file: Any = None) -> float:
 
 
 class ProgressBar:
-    """A tqdm bar (bytes) over an API's progress updates, made at the first update.
+    """The CLI's one progress bar: tqdm (bytes) over an API's progress updates.
+
+    Every progress shape the API has is accepted, so one class serves every
+    command: an update object with ``.done`` and ``.total`` (publish, fetch,
+    and io's one progress shape), ``(done, total)`` (the old write callback)
+    and ``(phase, done, total)`` (the benchmark's phases, one bar each, a
+    new one when the phase changes). The bar is made at the first update;
+    off a terminal it prints a line every :data:`LOG_INTERVAL` seconds at
+    most (and the last).
 
     Parameters
     ----------
     desc : str
-        The bar's label (the command).
-    postfix : callable
-        ``postfix(update) -> str``, shown after the counts.
+        The bar's label (the command); a phase given with an update replaces it.
+    postfix : callable, optional
+        ``postfix(update) -> str``, shown after the counts (only for update objects).
     enabled : bool
         False: every update is ignored (``--no-progress``, ``--json``).
+    leave : bool
+        Keep the finished bar on screen (False: erased when closed, as the
+        benchmark's and the write's phases are).
 
-    The updates need ``total`` and ``done``. A context manager: the bar is
-    closed on leaving, before any error or report is printed.
+    A context manager: the bar is closed on leaving, before any error or
+    report is printed.
     """
 
-    def __init__(self, desc: str, postfix: Callable[[Any], str], enabled: bool) -> None:
+    def __init__(self, desc: str = "", postfix: Callable[[Any], str] | None = None,
+                 enabled: bool = True, *, leave: bool = True) -> None:
         self.desc = desc
         self.postfix = postfix
         self.enabled = enabled
+        self.leave = leave
         self.bar: Any = None
+        self._phase: str | None = None
 
-    def __call__(self, p: Any) -> None:
+    def __call__(self, update: Any, total: int | None = None, *more: int) -> None:
+        """One update: ``(obj)``, ``(done, total)`` or ``(phase, done, total)``."""
         if not self.enabled:
             return
+        # Three positional shapes, told apart by count: the callers predate one shape.
+        phase: str | None = None
+        obj: Any = None
+        if more:
+            phase, done, total = update, total, more[0]
+        elif total is not None:
+            done = update
+        else:
+            obj = update
+            done, total = update.done, update.total
+        if phase is not None and phase != self._phase:
+            self.close()
+            self._phase = phase
         if self.bar is None:
             from tqdm import tqdm
 
             # Not a terminal: a line every LOG_INTERVAL seconds at most (and the last).
-            self.bar = tqdm(total=p.total, unit="B", unit_scale=True, unit_divisor=1024,
-                            desc=self.desc, file=sys.stderr, dynamic_ncols=True,
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                            desc=phase if phase is not None else self.desc, leave=self.leave,
+                            file=sys.stderr, dynamic_ncols=True,
                             mininterval=bar_interval(), miniters=1)
-        self.bar.set_postfix_str(self.postfix(p), refresh=False)
-        if p.done != self.bar.n:
-            self.bar.update(p.done - self.bar.n)  # prints only once mininterval has passed
+        bar = self.bar
+        if bar.total != total:
+            bar.total = total  # a restarted fetch, a phase that learns its size late
+        if obj is not None and self.postfix is not None:
+            bar.set_postfix_str(self.postfix(obj), refresh=False)
+        if done != bar.n:
+            bar.update(done - bar.n)  # prints only once mininterval has passed
 
     def close(self) -> None:
         """Close the bar (idempotent)."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        self._phase = None
 
     def __enter__(self) -> ProgressBar:
         return self

@@ -15,14 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import (
-    ProgressBar,
-    add_endpoint_url,
-    add_report_flags,
-    mib,
-    report_error,
-    size_arg,
-)
+from trtet_store.cli._common import ProgressBar, add_s3_options, mib, report_error, size_arg
 
 __all__ = ["add_parser", "cmd_fetch"]
 
@@ -41,7 +34,6 @@ def add_parser(sub: Any) -> None:
     f.add_argument("out", type=Path, metavar="OUT", help="the local .pte (or file)")
     f.add_argument("--reuse", type=Path, action="append", default=[], metavar="OLD",
                    help="a local file holding an earlier version (repeatable)")
-    add_endpoint_url(f)
     # Taken as text and judged in cmd_fetch by the API's own check, so that a bad
     # value is one line naming the flag (argparse would print its usage too).
     f.add_argument("--concurrency", default=None, metavar="N",
@@ -56,7 +48,7 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--program-only", action="store_true",
                    help="fetch a .pte that has no manifest though it needs .ptd files "
                    "(default: refused, naming them)")
-    add_report_flags(f)
+    add_s3_options(f)  # --endpoint-url, --json, --no-progress
     f.set_defaults(func=cmd_fetch)
 
 
@@ -121,7 +113,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         with bar:
             report = fetch(args.url, args.out, **kwargs)
     except (KeyboardInterrupt, RemoteError, OSError) as exc:
-        # The CLI's one error table (cli_s3_common.ERROR_TABLE) says what failed and what to do.
+        # The CLI's one error table (cli._common.ERROR_TABLE) says what failed and what to do.
         return report_error(exc, "fetch", out=args.out, resume=resume)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))

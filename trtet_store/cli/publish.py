@@ -20,17 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import (
-    ProgressBar,
-    add_endpoint_url,
-    add_report_flags,
-    fail,
-    mib,
-    one_line,
-    size_arg,
-)
+from trtet_store.cli._common import ProgressBar, add_s3_options, fail, mib, one_line, size_arg
 
-__all__ = ["add_parser", "cmd_publish"]
+__all__ = ["add_parser", "cmd_publish", "print_interrupted", "print_report", "progress_bar"]
 
 
 def add_parser(sub: Any) -> None:
@@ -60,13 +52,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--part-size", type=size_arg, default=None, metavar="SIZE",
                    help="bytes per part, 5M to 5G (default 8M, grown to fit 10,000 parts)")
     p.add_argument("--concurrency", type=int, default=None, help="parts in flight (default 8)")
-    add_endpoint_url(p)
     p.add_argument("--journal-dir", type=Path, default=None,
                    help="where resume journals live (default $XDG_STATE_HOME/trtet_store/"
                         "publish)")
     p.add_argument("--no-index", action="store_true",
                    help="neither use nor update the bucket's engine-digest index")
-    add_report_flags(p)
+    add_s3_options(p)  # --endpoint-url, --json, --no-progress
     p.set_defaults(func=cmd_publish)
 
 
@@ -78,6 +69,11 @@ def _postfix(p: Any) -> str:
     """What a :class:`~trtet_store.remote.upload.send.PublishProgress` update adds to the bar."""
     return (f"sent {mib(p.sent)}, copied {mib(p.copied)}"
             + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
+
+
+def progress_bar(args: argparse.Namespace) -> ProgressBar:
+    """The bar of a publish (``publish``, ``compile-and-save --publish``): off with --json."""
+    return ProgressBar("publish", _postfix, not args.no_progress and not args.json)
 
 
 class _Warnings(logging.Handler):
@@ -138,7 +134,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         return _fail(one_line(exc))
     import trtet_store
 
-    bar = ProgressBar("publish", _postfix, not args.no_progress and not args.json)
+    bar = progress_bar(args)
     kwargs: dict[str, Any] = {"endpoint_url": args.endpoint_url, "part_size": args.part_size,
                               "replace": args.replace, "journal_dir": args.journal_dir,
                               "progress": bar, "index": not args.no_index}
@@ -152,11 +148,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
                      f"{' '.join(files)} {url}\n  give up: trtet-store publish --abort {url}")
     except (remote.RemoteError, OSError, ValueError, TypeError) as exc:
         return _fail(one_line(exc))
-    _print_report(report, url, args.json)
+    print_report(report, url, args.json)
     return 0
 
 
-def _print_report(report: Any, url: str, as_json: bool) -> None:
+def print_report(report: Any, url: str, as_json: bool) -> None:
+    """Print a :class:`~trtet_store.remote.PublishReport` of ``url``: a line per object, or JSON."""
     if as_json:
         print(report.to_json())
         return
@@ -194,109 +191,6 @@ def _abort(files: list[str], url: str, args: argparse.Namespace) -> int:
         print(f"aborted {u.upload_id} of s3://{url[5:].partition('/')[0]}/{u.key}")
     if not aborted:
         print(f"{url}: nothing to abort")
-    return 0
-
-
-# --- compile-and-save --publish ----------------------------------------------------------
-
-
-def add_compile_publish_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--publish``, ``--replace`` and ``--endpoint-url`` of ``trtet-store compile-and-save``."""
-    parser.add_argument(
-        "--publish", default=None, metavar="s3://BUCKET/KEY.pte",
-        help="publish the program there (as `trtet-store publish` does). Without OUT, "
-             "nothing local is written: the program is exported, its engines staged in a "
-             "temporary store under --store (default: the current directory), and published "
-             "straight from its pieces; with OUT, the files written are published")
-    parser.add_argument("--replace", action="store_true",
-                        help="with --publish: replace an existing program there")
-    add_endpoint_url(parser)
-
-
-#: compile-and-save's options that write local files, which --publish without OUT cannot.
-_LOCAL_ONLY = {"etrecord": "--etrecord", "versioned": "--versioned",
-               "keep_versions": "--keep-versions", "timeout": "--timeout"}
-
-
-#: Where ``compile-and-save --publish`` without OUT stages its engines, under ``--store``.
-PUBLISH_STAGING = ".trtet-publish-staging"
-
-
-def compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | None,
-                        backend_config: Any) -> int:
-    """``compile-and-save --publish URL`` without OUT: export, ``to_executorch``, publish.
-
-    The program manager goes to :func:`trtet_store.publish` as it is (the
-    objects are streamed from its pieces, the bytes ``save_program`` would
-    write); no ``.pte`` or ``.ptd`` file is written locally. The engines are
-    staged in ``.trtet-publish-staging`` under ``--store``: released once
-    published, kept there when the publish fails (a dropped link must not
-    cost the build), and reused by the next run of the same build.
-    """
-    import contextlib
-
-    import trtet_store
-
-    # The same to_executorch config compile_and_save uses (page-aligned segments for
-    # TensorRT unless set), so the object equals what compile-and-save OUT writes.
-    from trtet_store.export.compile import executorch_config
-
-    given = [flag for attr, flag in _LOCAL_ONLY.items() if getattr(args, attr, None)]
-    if given:
-        return fail("compile-and-save", f"{', '.join(given)} need OUT (they write local "
-                    "files); --publish without OUT writes none")
-    export_kwargs: dict[str, Any] = {"backend": args.backend}
-    if args.external_engine_data is not None:
-        export_kwargs["external_engine_data"] = args.external_engine_data
-    if args.external_weights is not None:
-        export_kwargs["external_weights"] = args.external_weights
-    staging = Path(args.store) if args.store is not None else Path.cwd()
-    bar = ProgressBar("publish", _postfix, not args.no_progress and not args.json)
-    try:
-        config = executorch_config(backend_config, args.backend, args.segment_alignment)
-        directory = staging / PUBLISH_STAGING
-        directory.mkdir(parents=True, exist_ok=True)
-        with trtet_store.BlobStore(directory) as store:
-            edge = trtet_store.export_program(source, inputs=inputs, store=store,
-                                              **export_kwargs)
-            program = edge.to_executorch(config)
-            try:
-                with bar:
-                    report = trtet_store.publish(program, args.publish,
-                                                 endpoint_url=args.endpoint_url,
-                                                 replace=args.replace, progress=bar)
-            except BaseException:
-                # The engines (and their build records) stay as orphans of the
-                # directory: the next run of the same build takes them instead
-                # of building again.
-                for blob in store.blobs():
-                    blob.keep()
-                raise
-        with contextlib.suppress(OSError):
-            directory.rmdir()  # empty once every engine is released
-    except Exception as exc:  # noqa: BLE001 - every failure is one line, as compile-and-save's
-        kept = staging / PUBLISH_STAGING
-        hint = (f" (the built engines are kept in {kept}; run the same command again to "
-                "reuse them)") if kept.is_dir() and any(kept.iterdir()) else ""
-        return fail("compile-and-save", one_line(exc) + hint)
-    _print_report(report, args.publish, args.json)
-    return 0
-
-
-def publish_written(args: argparse.Namespace, files: list[Path]) -> int:
-    """``compile-and-save OUT --publish URL``: publish the files compile_and_save wrote."""
-    import trtet_store
-
-    bar = ProgressBar("publish", _postfix, not args.no_progress and not args.json)
-    try:
-        with bar:
-            report = trtet_store.publish(files, args.publish, endpoint_url=args.endpoint_url,
-                                         replace=args.replace, progress=bar)
-    except Exception as exc:  # noqa: BLE001 - every failure is one line
-        return fail("compile-and-save", f"{one_line(exc)} (the files are written: publish "
-                    f"them with `trtet-store publish {' '.join(map(str, files))} "
-                    f"{args.publish}`)")
-    _print_report(report, args.publish, args.json)
     return 0
 
 

@@ -10,9 +10,9 @@ inside the functions that need them.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import os
+import pkgutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,9 +40,13 @@ def load_factory(target: str) -> Callable[[], Any]:
         finally:
             with contextlib.suppress(ValueError):
                 sys.path.remove(os.fspath(path.parent.absolute()))
+        factory = getattr(module, attr, None)
     else:
-        module = importlib.import_module(module_part)
-    factory = getattr(module, attr, None)
+        # A dotted module name: the stdlib's own `module:attr` resolver (nested attributes too).
+        try:
+            factory = pkgutil.resolve_name(target)
+        except AttributeError:
+            factory = None
     if factory is None:
         raise AttributeError(f"{module_part} has no attribute {attr!r}")
     if not callable(factory):

@@ -43,6 +43,7 @@ from trtet_store.remote.manifest import Manifest, manifest_key
 # package loads neither boto3 nor ExecuTorch.
 _LAZY = {
     "publish": "trtet_store.remote.upload.program",
+    "compile_and_publish": "trtet_store.remote.upload.program",
     "fetch": "trtet_store.remote.download.receive",
     "PublishReport": "trtet_store.remote.report",
     "PublishConfig": "trtet_store.remote.upload.config",

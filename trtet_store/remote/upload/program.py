@@ -142,4 +142,118 @@ def publish(
                            config=cfg, replace=replace, resume=resume, progress=progress)
 
 
-__all__ = ["PublishConfig", "PublishProgress", "PublishReport", "publish", "sources_of"]
+#: Where :func:`compile_and_publish` stages its engines, under its ``store`` directory.
+PUBLISH_STAGING = ".trtet-publish-staging"
+
+
+def publish_staging(store: os.PathLike | str | None = None) -> Path:
+    """The directory :func:`compile_and_publish` stages engines in (and keeps them in on failure).
+
+    Parameters
+    ----------
+    store : path-like, optional
+        The directory it goes under; default the current directory.
+
+    Returns
+    -------
+    Path
+        ``store / ".trtet-publish-staging"``.
+    """
+    return (Path(store) if store is not None else Path.cwd()) / PUBLISH_STAGING
+
+
+def compile_and_publish(
+    source: Any,
+    inputs: tuple | None,
+    url: str,
+    *,
+    store: os.PathLike | str | None = None,
+    backend: str = "tensorrt",
+    backend_config: Any = None,
+    segment_alignment: int | None = None,
+    external_engine_data: str | None = None,
+    external_weights: str | None = None,
+    endpoint_url: str | None = None,
+    replace: bool = False,
+    journal_dir: os.PathLike | str | None = None,
+    progress: Callable[[PublishProgress], Any] | None = None,
+) -> PublishReport:
+    """Lower ``source``, ``to_executorch`` it and publish it, writing no local program file.
+
+    The program manager goes to :func:`publish` as it is: the objects are
+    streamed from its pieces, the bytes ``save_program`` would write. The
+    TensorRT engines are staged in :func:`publish_staging` under ``store``:
+    released once published (the directory is then removed when empty), and
+    KEPT there when anything after the build fails (a dropped link must not
+    cost hours of builds): the next call with the same build takes them
+    instead of building again.
+
+    Parameters
+    ----------
+    source : torch.nn.Module, ExportedProgram, or dict of them
+        What ``trtet_store.export_program`` lowers.
+    inputs : tuple, optional
+        The example inputs (None: ``source`` carries them, as several methods do).
+    url : str
+        ``s3://bucket/prefix/model.pte``; the ``.ptd`` files go beside it.
+    store : path-like, optional
+        The directory the staging directory goes under (default: the current directory).
+    backend : str
+        ``"tensorrt"`` (segments page-aligned unless set) or ``"xnnpack"``.
+    backend_config : ExecutorchBackendConfig, optional
+        ``to_executorch``'s config, as ``compile_and_save`` takes it (not changed).
+    segment_alignment : int, optional
+        An explicit segment alignment, a power of two.
+    external_engine_data, external_weights : str, optional
+        Put engines (xnnpack: weights), or what TensorRT leaves to other
+        partitioners, in ``NAME.ptd`` beside the program.
+    endpoint_url, replace, journal_dir, progress
+        As :func:`publish`.
+
+    Returns
+    -------
+    PublishReport
+
+    Raises
+    ------
+    Exception
+        Whatever the export or :func:`publish` raises; the engines built so
+        far stay in ``publish_staging(store)``.
+    """
+    import contextlib
+
+    # The one lazy export/ import of remote: ExecuTorch and torch load only here.
+    from trtet_store.export.compile import executorch_config
+    from trtet_store.export.lowering import export as export_program
+    from trtet_store.io import BlobStore
+
+    export_kwargs: dict[str, Any] = {"backend": backend}
+    if external_engine_data is not None:
+        export_kwargs["external_engine_data"] = external_engine_data
+    if external_weights is not None:
+        export_kwargs["external_weights"] = external_weights
+    # The same to_executorch config compile_and_save uses, so the objects equal
+    # the files compile_and_save would write.
+    config = executorch_config(backend_config, backend, segment_alignment)
+    directory = publish_staging(store)
+    directory.mkdir(parents=True, exist_ok=True)
+    with BlobStore(directory) as blobs:
+        edge = export_program(source, inputs=inputs, store=blobs, **export_kwargs)
+        program = edge.to_executorch(config)
+        try:
+            report = publish(program, url, endpoint_url=endpoint_url, replace=replace,
+                             journal_dir=journal_dir, progress=progress)
+        except BaseException:
+            # The engines (and their build records) stay as orphans of the directory:
+            # the next run of the same build takes them instead of building again.
+            for blob in blobs.blobs():
+                blob.keep()
+            raise
+    with contextlib.suppress(OSError):
+        directory.rmdir()  # empty once every engine is released
+    return report
+
+
+__all__ = ["PUBLISH_STAGING", "PublishConfig", "PublishProgress", "PublishReport",
+           "compile_and_publish",
+           "publish", "publish_staging", "sources_of"]

@@ -1,0 +1,234 @@
+"""``trtet-store compile-and-save [MODULE.py:FACTORY] OUT``: the command over ``compile_and_save``.
+
+MODULE.py is imported and FACTORY() gives the module and its inputs
+(:mod:`trtet_store.cli.sources`); the program is lowered and saved with the
+engines moved, not copied. With ``--publish s3://...`` the files written are
+then published; without OUT, :func:`trtet_store.remote.compile_and_publish`
+publishes the program straight from its pieces and writes nothing local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from trtet_store.cli._common import (
+    ProgressBar,
+    add_s3_options,
+    fail,
+    one_line,
+    report_error,
+    size_arg,
+)
+
+__all__ = ["add_parser", "cmd_compile_and_save"]
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``compile-and-save`` on the ``trtet-store`` subparsers."""
+    c = sub.add_parser(
+        "compile-and-save",
+        help="lower a model and save it (engines moved, not copied)",
+        description="Import MODULE.py, call FACTORY() for (module, inputs), and "
+        "run trtet_store.compile_and_save(module, inputs, OUT); with --method, one "
+        "method per factory in one program.",
+    )
+    c.add_argument(
+        "paths",
+        nargs="*",
+        metavar="[MODULE.py:FACTORY] OUT",
+        help="FACTORY() returns (module, example_inputs), a dict with 'module' and "
+        "'inputs', or a module with an 'example_inputs' attribute; OUT is the .pte to "
+        "write (with --publish, optional). Without FACTORY, give --method",
+    )
+    c.add_argument(
+        "--method",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE.py:FACTORY",
+        help="a method of the program (repeat: e.g. prefill=m.py:prefill "
+        "decode=m.py:decode); each is exported with its own example inputs",
+    )
+    c.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an ExecutorchBackendConfig field for to_executorch (repeat), e.g. "
+        "segment_alignment=4096, extract_delegate_segments=true",
+    )
+    c.add_argument(
+        "--external-weights",
+        default=None,
+        metavar="NAME",
+        help="weights of what TensorRT leaves to other partitioners in NAME.ptd",
+    )
+    c.add_argument("--backend", default="tensorrt", help="tensorrt (default) or xnnpack")
+    c.add_argument(
+        "--external-engine-data",
+        default=None,
+        metavar="NAME",
+        help="put engines (xnnpack: weights) in NAME.ptd beside OUT",
+    )
+    c.add_argument(
+        "--segment-alignment",
+        type=size_arg,
+        default=None,
+        metavar="N",
+        help="segment alignment of the program (4096: page-aligned payloads)",
+    )
+    c.add_argument("--etrecord", action="store_true", help="also write OUT_etrecord.bin")
+    c.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="staging directory for engines (default beside OUT); engines of a failed run "
+        "stay there and the next run of the same export reuses them",
+    )
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="wait this long for another write of OUT to finish (default: refuse at once)",
+    )
+    c.add_argument(
+        "--versioned",
+        action="store_true",
+        help="write the .pte and .ptd files as a new version in OUT's .versions/ and switch "
+        "the symlink OUT without its suffix to it atomically (readers resolve it once and "
+        "get one consistent set); 3 versions are kept",
+    )
+    c.add_argument(
+        "--keep-versions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --versioned (implied), keep N versions instead of 3",
+    )
+    c.add_argument(
+        "--replace-needed",
+        action="store_true",
+        help="replace a .ptd that another .pte beside OUT needs (by default refused, before "
+        "the build: ExecuTorch names .ptd files by tag, so two programs collide)",
+    )
+    c.add_argument(
+        "--publish", default=None, metavar="s3://BUCKET/KEY.pte",
+        help="publish the program there (as `trtet-store publish` does). Without OUT, "
+             "nothing local is written: the program is exported, its engines staged in a "
+             "temporary store under --store (default: the current directory), and published "
+             "straight from its pieces; with OUT, the files written are published")
+    c.add_argument("--replace", action="store_true",
+                   help="with --publish: replace an existing program there")
+    add_s3_options(c)  # --endpoint-url, --json, --no-progress
+    c.set_defaults(func=cmd_compile_and_save)
+
+
+def cmd_compile_and_save(args: argparse.Namespace) -> int:
+    """``trtet-store compile-and-save``: lower and save through ``trtet_store.compile_and_save``."""
+    from trtet_store import compile_and_save
+    from trtet_store.cli import sources
+
+    try:
+        source, inputs, out = sources.compile_source(
+            args.paths, args.method, out_optional=args.publish is not None)
+        backend_config = sources.backend_config(args.backend_config)
+    except Exception as exc:
+        return fail("compile-and-save", one_line(exc))
+    if out is None:  # --publish without OUT: from the program's pieces, nothing written here
+        return _compile_and_publish(args, source, inputs, backend_config)
+    kwargs: dict[str, Any] = {"backend": args.backend}
+    if backend_config is not None:
+        kwargs["backend_config"] = backend_config
+    if args.external_engine_data is not None:
+        kwargs["external_engine_data"] = args.external_engine_data
+    if args.external_weights is not None:
+        kwargs["external_weights"] = args.external_weights
+    if args.segment_alignment is not None:
+        kwargs["segment_alignment"] = args.segment_alignment
+    if args.etrecord:
+        kwargs["generate_etrecord"] = True
+    if args.store is not None:
+        # A directory, not a BlobStore: the call's own store there keeps a
+        # failed run's engines as orphans, where the next run finds them.
+        kwargs["store"] = args.store
+    if args.timeout is not None:
+        kwargs["timeout"] = args.timeout
+    if args.versioned or args.keep_versions is not None:
+        kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
+    if args.replace_needed:
+        kwargs["replace_needed"] = True
+    bar = ProgressBar("writing", enabled=not args.no_progress, leave=False)
+    kwargs["progress"] = bar  # (done, total) today, an object with .done/.total tomorrow
+    try:
+        with bar:  # closed before the error line or the report
+            report = compile_and_save(source, inputs, out, **kwargs)
+    except Exception as exc:
+        return report_error(exc, "compile-and-save", out=out)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(f"wrote {report.path}")
+        for w in report.writes:
+            print(f"  {w.path}: {w.size} bytes in {w.seconds:.2f} s")
+            for p in w.placements:
+                print(f"    payload at {p.offset}, {p.size} bytes: {p.placement} ({p.reason})")
+    if args.publish is not None:
+        return _publish_written(args, [w.path for w in report.writes])
+    return 0
+
+
+#: compile-and-save's options that write local files, which --publish without OUT cannot.
+_LOCAL_ONLY = {"etrecord": "--etrecord", "versioned": "--versioned",
+               "keep_versions": "--keep-versions", "timeout": "--timeout"}
+
+
+def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | None,
+                         backend_config: Any) -> int:
+    """``compile-and-save --publish URL`` without OUT, over ``remote.compile_and_publish``."""
+    from trtet_store import remote
+    from trtet_store.cli.publish import print_report, progress_bar
+
+    given = [flag for attr, flag in _LOCAL_ONLY.items() if getattr(args, attr, None)]
+    if given:
+        return fail("compile-and-save", f"{', '.join(given)} need OUT (they write local "
+                    "files); --publish without OUT writes none")
+    bar = progress_bar(args)
+    try:
+        with bar:
+            report = remote.compile_and_publish(
+                source, inputs, args.publish, store=args.store, backend=args.backend,
+                backend_config=backend_config, segment_alignment=args.segment_alignment,
+                external_engine_data=args.external_engine_data,
+                external_weights=args.external_weights, endpoint_url=args.endpoint_url,
+                replace=args.replace, progress=bar)
+    except Exception as exc:  # noqa: BLE001 - every failure is one line, as compile-and-save's
+        from trtet_store.remote.upload.program import publish_staging
+
+        kept = publish_staging(args.store)
+        hint = (f" (the built engines are kept in {kept}; run the same command again to "
+                "reuse them)") if kept.is_dir() and any(kept.iterdir()) else ""
+        return fail("compile-and-save", one_line(exc) + hint)
+    print_report(report, args.publish, args.json)
+    return 0
+
+
+def _publish_written(args: argparse.Namespace, files: list[Path]) -> int:
+    """``compile-and-save OUT --publish URL``: publish the files compile_and_save wrote."""
+    import trtet_store
+    from trtet_store.cli.publish import print_report, progress_bar
+
+    bar = progress_bar(args)
+    try:
+        with bar:
+            report = trtet_store.publish(files, args.publish, endpoint_url=args.endpoint_url,
+                                         replace=args.replace, progress=bar)
+    except Exception as exc:  # noqa: BLE001 - every failure is one line
+        return fail("compile-and-save", f"{one_line(exc)} (the files are written: publish "
+                    f"them with `trtet-store publish {' '.join(map(str, files))} "
+                    f"{args.publish}`)")
+    print_report(report, args.publish, args.json)
+    return 0
