@@ -4,7 +4,7 @@ Standard library and xxhash only; nothing here knows about programs or engines.
 """
 
 from trtet_store.io.blobstore import Blob, BlobStore
-from trtet_store.io.digests import Digester, chunk_digest
+from trtet_store.io.digests import Digester, chunk_digest, file_identity
 from trtet_store.io.errors import (
     BlobChangedError,
     BlobInUseError,
@@ -18,7 +18,14 @@ from trtet_store.io.errors import (
     StuckJournalError,
     VerificationError,
 )
-from trtet_store.io.fs import block_size, free_bytes, fsync_dir, online_discard, pwrite_all
+from trtet_store.io.fs import (
+    block_size,
+    clone_range,
+    free_bytes,
+    fsync_dir,
+    online_discard,
+    pwrite_all,
+)
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.lock import try_lock, unlock_file
 from trtet_store.io.options import UNSET, Progress, WriteOptions, merge_options
@@ -50,6 +57,8 @@ __all__ = [
     "ExternalFile",
     "block_size",
     "chunk_digest",
+    "clone_range",
+    "file_identity",
     "current_version",
     "free_bytes",
     "fsync_dir",

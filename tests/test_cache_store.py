@@ -1,0 +1,339 @@
+"""BlobCache in one process: entries, dedup, damage, recovery, clones, skips and refusals.
+
+Cross-process claims (persistence, single flight, LRU, the bound, pins,
+kills) are in test_cache_processes.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from trtet_store.cache import BlobCache, default_directory
+from trtet_store.io import write_file
+
+MiB = 1024 * 1024
+
+
+def content(seed: int, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def blob_of(cache: BlobCache, key: str) -> Path:
+    return cache.directory / "blobs" / json.loads(
+        (cache.directory / "keys" / f"{key}.json").read_text())["blob"]
+
+
+def leftovers(cache: BlobCache) -> list[str]:
+    """Files no entry accounts for (temp files, blobs or seals nothing references)."""
+    referenced = {blob_of(cache, e.key).name for e in cache.entries()}
+    out = [f"tmp/{n}" for n in os.listdir(cache.directory / "tmp")]
+    for n in os.listdir(cache.directory / "blobs"):
+        if n.removesuffix(".json") not in referenced:
+            out.append(f"blobs/{n}")
+    return out
+
+
+# -- entries ------------------------------------------------------------------------------
+
+
+def test_put_get_and_identical_bytes_stored_once(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=64 * MiB)
+    data = content(1, 5 * MiB + 3)
+    a = cache.put("a", write(here_fs / "a", data), {"gpu": "sm90"})
+    b = cache.put("b", write(here_fs / "b", data), {"gpu": "sm80"})
+    assert a.stored and b.stored and b.placement == "dedup" and a.digest == b.digest
+    assert cache.stats().blobs == 1 and cache.stats().bytes == len(data)
+    with cache.get("a") as hit:
+        assert hit.path.read_bytes() == data and hit.metadata == {"gpu": "sm90"}
+        assert hit.digest == xxhash.xxh3_128_hexdigest(data)
+        assert len(hit.chunk_digests) == 6
+    assert cache.get("b").metadata == {"gpu": "sm80"}
+    assert cache.get("missing") is None
+    # The blob goes only with its last key.
+    assert cache.prune(len(data)) == []  # fits: nothing to evict
+    cache.put("a", write(here_fs / "a2", content(2, MiB)))  # a now names other bytes
+    assert blob_of(cache, "b").read_bytes() == data
+    assert leftovers(cache) == []
+    assert sorted(e.key for e in cache.entries()) == ["a", "b"]
+    assert {e.key: e.hits for e in cache.entries()} == {"a": 0, "b": 1}
+
+
+def test_consume_links_the_source_in_and_removes_it_only_once_stored(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=4 * MiB)
+    data = content(3, 2 * MiB)
+    src = write(here_fs / "engine", data)
+    r = cache.put("k", src, consume=True)
+    assert r.stored and r.placement == "link" and not src.exists()
+    with cache.get("k") as hit:  # sealed again after the source's unlink: no re-digest
+        assert not hit.resealed and hit.path.read_bytes() == data
+    # Skipped (larger than the bound): the caller keeps its file.
+    big = write(here_fs / "big", content(4, 5 * MiB))
+    r = cache.put("big", big, consume=True)
+    assert r.skipped and "larger than the cache's bound" in r.reason and big.exists()
+    assert big.read_bytes() == content(4, 5 * MiB) and leftovers(cache) == []
+
+
+def test_bad_keys_metadata_and_sources_are_refused_clearly(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=MiB)
+    src = write(here_fs / "s", b"x" * 100)
+    for key in ("../x", "", "a/b", ".hidden", "k" * 201, 7):
+        with pytest.raises(ValueError, match="not a plain name"):
+            cache.put(key, src)
+    with pytest.raises(TypeError, match="JSON-serializable"):
+        cache.put("k", src, {"x": object()})
+    with pytest.raises(ValueError, match="not a regular file"):
+        cache.put("k", here_fs)
+    with pytest.raises(TypeError):
+        cache.put("k", src, consum=True)  # unknown keyword
+    with pytest.raises(ValueError, match="timeout"), cache.single_flight("k", timeout=-1):
+        pass
+
+
+# -- damage -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def damaged(here_fs: Path):
+    cache = BlobCache(here_fs / "c", max_bytes=64 * MiB)
+    data = content(5, 3 * MiB + 5)
+    assert cache.put("k", write(here_fs / "s", data)).stored
+    return cache, blob_of(cache, "k"), data
+
+
+def test_a_truncated_entry_is_a_miss_and_dropped(damaged, caplog) -> None:
+    cache, blob, _ = damaged
+    os.truncate(blob, blob.stat().st_size - 1)
+    assert cache.get("k") is None
+    assert "dropping damaged blob" in caplog.text and "truncated" in caplog.text
+    assert cache.entries() == [] and leftovers(cache) == [] and not blob.exists()
+
+
+def test_a_flipped_byte_is_a_miss_never_served(damaged, caplog) -> None:
+    cache, blob, data = damaged
+    st = blob.stat()
+    fd = os.open(blob, os.O_WRONLY)
+    os.pwrite(fd, bytes([data[2 * MiB + 1] ^ 0x01]), 2 * MiB + 1)
+    os.close(fd)
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back: ctime tells
+    assert cache.get("k") is None
+    assert "digest mismatch (first bad chunk 2)" in caplog.text
+    assert cache.entries() == [] and not blob.exists()
+
+
+def test_an_entry_replaced_by_another_file_of_its_size_is_a_miss(damaged, here_fs) -> None:
+    cache, blob, data = damaged
+    other = write(here_fs / "other", content(6, len(data)))
+    os.rename(other, blob)
+    assert cache.get("k") is None
+    assert cache.entries() == []
+
+
+def test_same_bytes_under_a_new_identity_are_resealed_and_served(damaged, here_fs) -> None:
+    cache, blob, data = damaged
+    copy = write(here_fs / "copy", data)  # e.g. restored from a backup: a new inode
+    os.rename(copy, blob)
+    with cache.get("k") as hit:
+        assert hit.resealed and hit.path.read_bytes() == data
+    with cache.get("k") as hit:
+        assert not hit.resealed  # the new identity was recorded
+
+
+def test_verify_re_digests_everything_and_drops_bad_entries(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=64 * MiB)
+    for i in range(3):
+        cache.put(f"k{i}", write(here_fs / f"s{i}", content(10 + i, MiB)))
+    assert cache.verify().ok
+    blob = blob_of(cache, "k1")
+    fd = os.open(blob, os.O_WRONLY)
+    os.pwrite(fd, b"\0", 10)
+    os.close(fd)
+    report = cache.verify()
+    assert report.checked == 3 and [k for k, _ in report.dropped] == ["k1"]
+    assert sorted(e.key for e in cache.entries()) == ["k0", "k2"]
+
+
+# -- crash leftovers ------------------------------------------------------------------------
+
+
+def test_open_cleans_what_a_killed_insert_or_eviction_left(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=64 * MiB)
+    data = content(20, MiB)
+    cache.put("keep", write(here_fs / "s", data))
+    d = cache.directory
+    write(d / "tmp" / "999-dead", b"partial copy")  # a dead writer's temp file
+    live = write(d / "tmp" / "998-live", b"being written")  # a live writer's (we lock it)
+    live_fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(live_fd, fcntl.LOCK_EX)
+    name = "0" * 32 + "-5"
+    write(d / "blobs" / name, b"12345")  # renamed in, killed before its seal
+    write(d / "blobs" / ("1" * 32 + "-5.json"), b"{}")  # a seal whose blob was evicted
+    keep_blob = blob_of(cache, "keep").name
+    write(d / "keys" / "gone.json", json.dumps(  # a record whose blob was evicted
+        {"key": "gone", "blob": "2" * 32 + "-9", "size": 9, "created": 1.0, "metadata": {}})
+        .encode())
+    write(d / "keys" / "torn.json", b'{"key": "to')
+    write(d / "keys" / "orphan.use", b"hh")
+    try:
+        again = BlobCache(d, max_bytes=64 * MiB)
+        removed = {p.relative_to(d).as_posix() for p in again.recovered}
+        assert removed == {"tmp/999-dead", f"blobs/{name}", "blobs/" + "1" * 32 + "-5.json",
+                           "keys/gone.json", "keys/torn.json", "keys/orphan.use"}
+        assert live.exists()
+        assert [e.key for e in again.entries()] == ["keep"]
+        assert blob_of(again, "keep").name == keep_blob
+        assert again.get("keep").path.read_bytes() == data
+    finally:
+        os.close(live_fd)
+    assert again.recover() == [d / "tmp" / "998-live"]
+
+
+# -- placement on real filesystems ------------------------------------------------------------
+
+
+def test_a_64_mib_entry_on_xfs_is_a_clone_that_adds_no_used_bytes(make_fs) -> None:
+    mnt = make_fs("xfs", 400)  # reflink=1 is mkfs.xfs's default
+    data = content(30, 64 * MiB)
+    src = write(mnt / "engine", data)
+    os.sync()
+    cache = BlobCache(mnt / "cache", max_bytes=256 * MiB)
+
+    def used() -> int:
+        st = os.statvfs(mnt)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    before = used()
+    r = cache.put("k", src)
+    os.sync()
+    grew = used() - before
+    assert r.stored and r.placement == "clone", r
+    assert grew <= MiB, f"the cache's copy used {grew} bytes"
+    assert src.read_bytes() == data
+    # And a hit placed into an output on the same filesystem costs no bytes either.
+    with cache.get("k") as hit:
+        before = used()
+        report = write_file(mnt / "out.bin", [b"\0" * 4096, hit.external_file()])
+        os.sync()
+        assert used() - before <= MiB + 4096, report
+    assert (mnt / "out.bin").read_bytes()[4096:] == data
+
+
+def test_on_ext4_a_put_copies(make_fs) -> None:
+    mnt = make_fs("ext4", 64)
+    data = content(31, 4 * MiB)
+    cache = BlobCache(mnt / "cache", max_bytes=32 * MiB)
+    r = cache.put("k", write(mnt / "s", data))
+    assert r.stored and r.placement == "copy"
+    assert cache.get("k").path.read_bytes() == data
+
+
+# -- skips ---------------------------------------------------------------------------------------
+
+
+def test_not_enough_free_space_above_min_free_is_a_skip_with_nothing_left(make_fs,
+                                                                            here_fs) -> None:
+    mnt = make_fs("ext4", 64)
+    cache = BlobCache(mnt / "cache", max_bytes=1024 * MiB, min_free=8 * MiB)
+    free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+    data = content(32, free - 4 * MiB)  # fits the disk, not above min_free
+    src = write(here_fs / "big", data)
+    r = cache.put("k", src)
+    assert r.skipped and "not enough free space" in r.reason and "min_free" in r.reason
+    assert src.read_bytes() == data and leftovers(cache) == [] and cache.entries() == []
+    small = cache.put("s", write(here_fs / "small", content(33, MiB)))
+    assert small.stored
+
+
+def test_larger_than_the_bound_is_a_skip(here_fs: Path, caplog) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=MiB)
+    r = cache.put("k", write(here_fs / "s", content(34, MiB + 1)))
+    assert r.skipped and r.reason == f"{MiB + 1} bytes is larger than the cache's bound of " \
+        f"{MiB} bytes"
+    assert "k not stored" in caplog.text
+    assert leftovers(cache) == []
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_max_bytes_zero_or_negative_is_refused(here_fs: Path, value: int) -> None:
+    with pytest.raises(ValueError, match=f"max_bytes must be positive bytes, got {value}"):
+        BlobCache(here_fs / "c", max_bytes=value)
+    assert not (here_fs / "c").exists()
+
+
+def test_other_bad_numbers_are_refused(here_fs: Path) -> None:
+    with pytest.raises(ValueError, match="min_free must be zero or more"):
+        BlobCache(here_fs / "c", max_bytes=1, min_free=-1)
+    with pytest.raises(TypeError, match="max_bytes must be an int"):
+        BlobCache(here_fs / "c", max_bytes=True)
+    with pytest.raises(TypeError):
+        BlobCache(here_fs / "c", max_bytes=1, max_byte=2)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_directory_or_file_owned_by_another_user_is_refused(here_fs: Path) -> None:
+    d = here_fs / "theirs"
+    d.mkdir(mode=0o700)
+    os.chown(d, 65534, 65534)
+    with pytest.raises(PermissionError, match=r"owned by uid 65534, not by you \(uid 0\)"):
+        BlobCache(d, max_bytes=MiB)
+    mine = BlobCache(here_fs / "mine", max_bytes=MiB)
+    planted = write(mine.directory / "blobs" / ("a" * 32 + "-3"), b"bad")
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(PermissionError, match="owned by uid 65534"):
+        BlobCache(mine.directory, max_bytes=MiB)
+    assert planted.exists()  # refused, never removed
+
+
+def test_a_directory_writable_by_others_is_refused(here_fs: Path) -> None:
+    d = here_fs / "open"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    with pytest.raises(PermissionError, match="writable by others"):
+        BlobCache(d, max_bytes=MiB)
+
+
+def test_the_default_directory_is_per_user_and_private(here_fs: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(here_fs / "xdg"))
+    assert default_directory() == here_fs / "xdg" / "trtet_store" / "engines"
+    cache = BlobCache(max_bytes=MiB)
+    assert cache.directory == default_directory()
+    assert cache.directory.stat().st_mode & 0o777 == 0o700
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # ignored, as the spec says
+    monkeypatch.setenv("HOME", str(here_fs / "home"))
+    assert default_directory() == here_fs / "home" / ".cache" / "trtet_store" / "engines"
+
+
+def test_a_cache_on_a_read_only_filesystem_serves_hits_and_skips_puts(make_fs, here_fs) -> None:
+    mnt = make_fs("ext4", 64)
+    data = content(40, 2 * MiB)
+    BlobCache(mnt / "cache", max_bytes=32 * MiB).put("k", write(mnt / "s", data))
+    subprocess.run(["mount", "-o", "remount,ro", os.fspath(mnt)], check=True)
+    try:
+        cache = BlobCache(mnt / "cache", max_bytes=32 * MiB)
+        assert cache.read_only
+        with cache.get("k") as hit:
+            assert hit.path.read_bytes() == data
+        src = write(here_fs / "new", content(41, MiB))
+        r = cache.put("new", src, consume=True)
+        assert r.skipped and "read-only" in r.reason and src.exists()
+        with pytest.raises(OSError, match="cannot create the engine cache") as exc:
+            BlobCache(mnt / "other", max_bytes=MiB)
+        assert exc.value.errno == errno.EROFS
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", os.fspath(mnt)], check=True)

@@ -1,0 +1,102 @@
+"""The cache directory: where each file of an entry lives, and whose files we accept.
+
+::
+
+    <directory>/            mode 0700, the user's own
+      lock                  the cache-wide flock (commits, evictions, recovery)
+      keys/<key>.json       an entry's record: key, blob name, size, metadata, created
+      keys/<key>.use        its use stamp: mtime = last use, one byte per hit
+      blobs/<name>          the bytes, content addressed (<xxh3-128 hex>-<size>)
+      blobs/<name>.json     the blob's seal: size, identity, digest, chunk digests
+      flights/<key>.lock    single-flight locks (one builder per key)
+      tmp/                  files being written, each flocked by its writer
+
+Nothing here knows what a key means: the caller hands a hex digest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+from pathlib import Path
+
+SUBDIRS = ("keys", "blobs", "flights", "tmp")
+
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def check_key(key: object) -> str:
+    """``key`` if it can name files (letters, digits, ``._-``, at most 200), else ValueError.
+
+    Keys are file names in ``keys/`` and ``flights/``: a key from data must never
+    leave the directory (``../x``) or collide with an internal suffix.
+    """
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ValueError(
+            f"cache key {key!r} is not a plain name: use 1-200 letters, digits, '.', '_' or "
+            "'-' starting with a letter or digit (e.g. a hex digest)")
+    return key
+
+
+def default_directory() -> Path:
+    """``$XDG_CACHE_HOME/trtet_store/engines``, else ``~/.cache/trtet_store/engines``.
+
+    Per user (never a shared temporary directory, unlike Torch-TensorRT's
+    ``<tmp>/torch_tensorrt_engine_cache``): another user must not be able to
+    plant or read engines.
+    """
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base or not os.path.isabs(base):  # the XDG spec ignores relative values
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "trtet_store", "engines")
+
+
+def refuse_foreign(path: Path, st: os.stat_result, what: str) -> None:
+    """PermissionError unless ``st`` (of ``path``) is owned by this process's user.
+
+    The cache serves bytes that end up executed on a GPU: a file another user
+    owns could have been planted, so it is refused, never served or removed.
+    """
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        raise PermissionError(
+            errno.EACCES,
+            f"refusing the engine cache {what} {path}: it is owned by uid {st.st_uid}, not by "
+            f"you (uid {uid}); use a cache directory of your own (remove this one, or pass "
+            "directory=)", os.fspath(path))
+
+
+def private_directory(path: Path, *, create: bool) -> Path:
+    """Create ``path`` (mode 0700, parents too) or check that it is this user's own directory.
+
+    Refused (PermissionError): a path that is not a directory, a directory
+    owned by another user, one writable by group or others (they could
+    replace entries). Missing and ``create=False``: FileNotFoundError.
+    """
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(path, mode=0o700)
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, f"the engine cache {path} is not a directory",
+                                 os.fspath(path))
+    refuse_foreign(path, st, "directory")
+    if st.st_mode & 0o022:
+        raise PermissionError(
+            errno.EACCES,
+            f"refusing the engine cache directory {path}: it is writable by others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}); chmod 700 it or use another directory",
+            os.fspath(path))
+    return path
+
+
+def blob_name(digest: str, size: int) -> str:
+    """A blob's file name: its content digest and size (identical bytes, one file)."""
+    return f"{digest}-{size}"
+
+
+def is_blob_name(name: str) -> bool:
+    return re.fullmatch(r"[0-9a-f]{32}-[0-9]+", name) is not None
