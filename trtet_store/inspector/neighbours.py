@@ -348,5 +348,28 @@ def check_neighbours(directory: os.PathLike | str, writing: Iterable[str], *,
                                        writer=own)
 
 
+def trt_engine_key(head: bytes) -> str | None:
+    """The ``engine_key`` of a TensorRT delegate blob whose engine is named data, else None.
+
+    Read as the inspector reads it (the blob header, then its metadata); a
+    blob that is not TensorRT's, or holds its engine inline, names none. Here
+    (not in ``fetch``) because the remote layer reaches the tooling through
+    this one module only.
+    """
+    from trtet_store.export import trt_blob  # pure struct/json, no torch
+    from trtet_store.inspector.trt_metadata import check_metadata
+
+    try:
+        h = trt_blob.BlobHeader.from_bytes(head)
+    except (ValueError, struct.error, IndexError):
+        return None
+    if h.engine_size or h.metadata_offset + h.metadata_size > len(head):
+        return None
+    meta, _, _ = check_metadata(head[h.metadata_offset:h.metadata_offset + h.metadata_size],
+                                h.magic)
+    key = (meta or {}).get("engine_key")
+    return key if isinstance(key, str) and key else None
+
+
 __all__ = ["NeededByAnotherError", "ProgramNeeds", "check_neighbours", "read_program_needs",
-           "read_ptd_keys"]
+           "read_ptd_keys", "trt_engine_key"]

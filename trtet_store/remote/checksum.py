@@ -9,11 +9,18 @@
 - :class:`PieceDigester`: xxh3-128 of a piece and xxh3-64 of each chunk of
   it, the digests the storage engine seals a blob with; the manifest
   records them, and a piece is checked against its sealed ones as it passes.
+
+This is the one place that builds CRC functions (a fetch's CRC32C and CRC32
+for plain objects too: :func:`crc_functions`). awscrt is the ``s3`` extra:
+it is imported on the first CRC, never with this module, and its absence
+says how to install it.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from trtet_store.io import Digester
@@ -22,18 +29,55 @@ from trtet_store.io import Digester
 CHUNK_SIZE = 1 << 20
 
 
+def _crt() -> Any:
+    """awscrt's ``checksums``, or an ImportError that says how to install it."""
+    try:
+        from awscrt import checksums
+    except ImportError as exc:
+        raise ImportError(f"CRC checksums need awscrt ({exc}): install trtet-store[s3] "
+                          "(pip install 'trtet-store[s3]')") from exc
+    return checksums
+
+
 def crc64nvme(data: bytes | bytearray | memoryview, previous: int = 0) -> int:
     """CRC64NVME of ``data``, continuing ``previous`` (0 to start)."""
-    from awscrt import checksums  # the s3 extra; loaded with the first publish
-
-    return checksums.crc64nvme(data, previous)
+    return _crt().crc64nvme(data, previous)
 
 
 def combine(first: int, second: int, second_length: int) -> int:
     """The CRC64NVME of ``A + B`` from ``crc(A)``, ``crc(B)`` and ``len(B)``."""
-    from awscrt import checksums
+    return _crt().combine_crc64nvme(first, second, second_length)
 
-    return checksums.combine_crc64nvme(first, second, second_length)
+
+#: The full-object checksums S3 reports that a fetch can check, by their lower-case names.
+ALGORITHMS = ("crc64nvme", "crc32c", "crc32")
+
+
+def crc_functions(algorithm: str) -> tuple[Callable[..., int], Callable[[int, int, int], int]]:
+    """``(compute(data, previous=0), combine(crc_a, crc_b, len_b))`` for ``algorithm``.
+
+    Parameters
+    ----------
+    algorithm : {"crc64nvme", "crc32c", "crc32"}
+        As S3 names a full-object checksum (``ChecksumCRC64NVME``...), lower case.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"no CRC named {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+    c = _crt()
+    return {"crc64nvme": (c.crc64nvme, c.combine_crc64nvme),
+            "crc32c": (c.crc32c, c.combine_crc32c),
+            "crc32": (c.crc32, c.combine_crc32)}[algorithm]
+
+
+def b64_to_int(text: str) -> int:
+    """A checksum as S3 writes it (base64 of its big-endian bytes) as an int."""
+    return int.from_bytes(base64.b64decode(text), "big")
+
+
+def int_to_b64(value: int, algorithm: str) -> str:
+    """The inverse of :func:`b64_to_int` for ``algorithm``'s width (8 bytes or 4)."""
+    width = 8 if algorithm == "crc64nvme" else 4
+    return base64.b64encode(value.to_bytes(width, "big")).decode()
 
 
 def md5() -> Any:

@@ -1,26 +1,51 @@
-"""The one boto3 user of the publisher: the S3 calls it makes, with errors made plain.
+"""The one boto3 user: every S3 call of publish and fetch, with errors translated once.
 
 :class:`S3` wraps one botocore client (found the way boto3 finds one:
 ``AWS_*`` variables, profiles, ``AWS_ENDPOINT_URL``; path-style addressing
-when an endpoint is given) and exposes exactly the calls a publish needs:
-create, upload_part, copy_part, list_parts, complete (conditional), abort,
-list_uploads, head, get, put (conditional). Each answers with plain values;
-ETags come back without quotes (ListParts quotes them, UploadPartCopy does
-not).
+when an endpoint is given; or a client the caller made) and exposes exactly
+the calls the two halves need. A publish: create, upload_part, copy_part,
+list_parts, complete (conditional), abort, list_uploads, head, get, put
+(conditional), delete, list_keys. A fetch: head (pinned with ``If-Match``),
+get (the manifest), get_range (a ranged GET pinned with ``If-Match``, as a
+:class:`Body`), list_keys. Each answers with plain values; ETags come back
+without quotes (ListParts quotes them, UploadPartCopy does not).
 
-Errors: a missing bucket is :class:`BucketNotFoundError`; refused
-credentials or signatures are :class:`AccessDeniedError`; a refused
-precondition is :class:`PreconditionFailed`; a refused checksum is
-:class:`BadDigest`; an upload that is gone is :class:`NoSuchUpload`; a
-network failure that botocore's own retries did not get through is
-:class:`Transient`. The last four are signals for :mod:`.publish`, which
-decides what they mean.
+Errors: every exception botocore (or the connection under a body) raises
+goes through :func:`translate`, once, into one vocabulary, the way
+object_store's backends each map into its single ``Error`` enum:
+
+======================================  ==========================================
+server or network says                  raised
+======================================  ==========================================
+NoSuchBucket                            :class:`BucketNotFoundError`
+AccessDenied, Forbidden, 403, bad key,  :class:`AccessDeniedError`
+signature or token, no credentials
+NoSuchUpload                            :class:`NoSuchUpload`
+NoSuchKey, NotFound, 404                :class:`ObjectNotFoundError`
+PreconditionFailed, 412                 :class:`PreconditionFailed` (an
+                                        :class:`ObjectChangedError`)
+BadDigest, a checksum mismatch          :class:`BadDigest`
+5xx, SlowDown, RequestTimeout...        :class:`Transient`
+no connection at all                    :class:`Unreachable` (a :class:`Transient`
+                                        and an :class:`EndpointUnreachableError`)
+a connection lost while a body is read  :class:`ReadInterrupted` (a :class:`Transient`)
+any other refusal                       :class:`RemoteError`
+======================================  ==========================================
+
+Request-level retries are botocore's (``standard`` mode); the only retry
+written by hand belongs to the caller of :class:`Body`, for a body cut
+short while it is read (as s3transfer does), which botocore cannot retry.
+boto3 is the ``s3`` extra: it is imported on the first :class:`S3`, and its
+absence says how to install it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,18 +53,41 @@ from trtet_store.remote.errors import (
     AccessDeniedError,
     BucketNotFoundError,
     EndpointUnreachableError,
+    ObjectChangedError,
+    ObjectNotFoundError,
     RemoteError,
 )
 from trtet_store.remote.manifest import strip_etag
 
 log = logging.getLogger("trtet_store.remote")
 
-_DENIED = {"AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken",
-           "ExpiredToken", "AllAccessDisabled", "403", "Forbidden"}
+#: What to do when boto3 (or awscrt) is missing.
+INSTALL_HINT = "install trtet-store[s3] (pip install 'trtet-store[s3]')"
+
+# The one vocabulary: the union of what the publisher and the fetcher each knew.
+_DENIED = frozenset({"AccessDenied", "Forbidden", "403", "SignatureDoesNotMatch",
+                     "InvalidAccessKeyId", "InvalidToken", "ExpiredToken",
+                     "AllAccessDisabled"})
+_NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
+_CHANGED = frozenset({"PreconditionFailed", "412"})
+_BAD_DIGEST = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
+                         "XAmzContentSHA256Mismatch"})
+_RETRY = frozenset({"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
+                    "SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "OperationAborted"})
+
+#: Bytes per read of a response body.
+READ_STEP = 1 << 20
 
 
-class PreconditionFailed(RemoteError):  # noqa: N818 - the server's name for it
-    """The server refused an ``If-Match``/``If-None-Match``/``CopySourceIfMatch`` (412)."""
+class PreconditionFailed(ObjectChangedError):  # noqa: N818 - the server's name for it
+    """The server refused an ``If-Match``/``If-None-Match``/``CopySourceIfMatch`` (412).
+
+    To a fetch, the object is no longer the version it started from; to a
+    publish, another writer got there first (the publish decides what it means).
+    """
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message, key)
 
 
 class BadDigest(RemoteError):  # noqa: N818 - the server's name for it
@@ -58,14 +106,127 @@ class Unreachable(Transient, EndpointUnreachableError):  # noqa: N818 - a signal
     """No connection to the endpoint at all (botocore's ``EndpointConnectionError``)."""
 
 
+class ReadInterrupted(Transient):  # noqa: N818 - a signal, like Transient
+    """The connection failed while a response body was read: worth reading the range again.
+
+    botocore retries a request, never a body it has handed over; this is the
+    one failure the caller retries by hand (as s3transfer does).
+    """
+
+
+def _code(exc: BaseException) -> tuple[str, int]:
+    response = getattr(exc, "response", None) or {}
+    err = response.get("Error", {}) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return str(err.get("Code", "") or ""), int(status or 0)
+
+
+def _boto() -> tuple[Any, Any]:
+    """boto3 and botocore's ``Config``, or an ImportError that says how to install them."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:
+        raise ImportError(f"S3 needs boto3 and botocore ({exc}): {INSTALL_HINT}") from exc
+    return boto3, Config
+
+
+def translate(exc: BaseException, what: str, bucket: str, key: str | None = None, *,
+              etag: str | None = None, endpoint: str | None = None,
+              reading: bool = False) -> BaseException:
+    """The one error for what botocore (or a body's connection) raised; ``exc`` if none fits.
+
+    Parameters
+    ----------
+    exc : BaseException
+        What a call (or a read of its body) raised.
+    what : str
+        The call, for the message (``"HeadObject"``).
+    bucket, key : str
+        Where, for the message (and the key of a :class:`PreconditionFailed`).
+    etag : str, optional
+        The version the call was pinned to (``If-Match``), for the message.
+    endpoint : str, optional
+        The server, for the message.
+    reading : bool
+        The failure came while a body was read: a network failure is then
+        :class:`ReadInterrupted`, the one the caller retries by hand.
+
+    Returns
+    -------
+    BaseException
+        An error of the table in this module's docstring, or ``exc`` itself
+        for what is not botocore's or the network's (a bug, a KeyboardInterrupt).
+    """
+    from botocore import exceptions as bx
+
+    url = f"s3://{bucket}/{key}" if key is not None else f"s3://{bucket}"
+    at = f" at {endpoint}" if endpoint else ""
+    if isinstance(exc, bx.ClientError):
+        code, status = _code(exc)
+        said = code or str(status)
+        if code == "NoSuchBucket":
+            return BucketNotFoundError(f"{what} {url}: the bucket {bucket!r} does not exist{at}")
+        if code in _DENIED or status == 403:
+            return AccessDeniedError(
+                f"{what} {url}{at}: access denied ({said}): check the credentials "
+                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile), their "
+                "permissions and the endpoint")
+        if code == "NoSuchUpload":  # a 404 too: before the objects' 404
+            return NoSuchUpload(f"{what} {url}: the upload is gone")
+        if code in _NOT_FOUND or status == 404:
+            return ObjectNotFoundError(f"{what} {url}: no such object")
+        if code in _CHANGED or status == 412:
+            version = f" (ETag {etag})" if etag else ""
+            return PreconditionFailed(
+                f"{what} {url}: precondition failed: the object is no longer the version "
+                f"asked for{version}; it was replaced meanwhile", key or "")
+        if code in _BAD_DIGEST:
+            return BadDigest(f"{what} {url}: {code}")
+        if code in _RETRY or status >= 500:
+            cls = ReadInterrupted if reading else Transient
+            return cls(f"{what} {url}: {said}")
+        return RemoteError(f"{what} {url}{at} was refused: {said}"
+                           + (f" (HTTP {status})" if status and code else ""))
+    if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+        return AccessDeniedError(
+            f"no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, choose "
+            f"a profile with AWS_PROFILE, or run where an instance role applies ({exc})")
+    if isinstance(exc, bx.EndpointConnectionError):
+        # Every attempt failed to connect: say where, not "a network blip". Still a
+        # Transient, so a publish whose server went away mid-upload keeps its upload.
+        err = EndpointUnreachableError.from_botocore(exc, f"{what} {url}")
+        return Unreachable(str(err), err.address)
+    if _network(exc, bx):
+        cls = ReadInterrupted if reading else Transient
+        return cls(f"{what} {url}: {exc!r}")
+    return exc
+
+
+def _network(exc: BaseException, bx: Any) -> bool:
+    """Whether ``exc`` is a connection, a timeout or a body cut short (botocore's or below)."""
+    if isinstance(exc, (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError,
+                        http.client.HTTPException, ConnectionError, TimeoutError)):
+        return True
+    with contextlib.suppress(ImportError):
+        from urllib3 import exceptions as ux
+
+        if isinstance(exc, (ux.ProtocolError, ux.ReadTimeoutError, ux.IncompleteRead)):
+            return True
+    name = type(exc).__name__
+    return isinstance(exc, bx.BotoCoreError) and ("Connection" in name or "Timeout" in name)
+
+
 @dataclass(frozen=True)
 class ObjectHead:
-    """What HeadObject says about an object."""
+    """What HeadObject says about an object (the checksums only with ``ChecksumMode``)."""
 
     size: int
     etag: str
     crc64nvme: str | None
     checksum_type: str | None
+    crc32c: str | None = None
+    crc32: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,15 +238,65 @@ class OpenUpload:
     initiated: Any  # datetime
 
 
-def _code(exc: Exception) -> tuple[str, int]:
-    response = getattr(exc, "response", None) or {}
-    err = response.get("Error", {})
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    return str(err.get("Code", "")), int(status or 0)
+class Body:
+    """A ranged GET's streaming body: bytes ``[start, start + size)`` of an object.
+
+    A read that fails (a reset connection, a timeout, a body cut short) raises
+    :class:`ReadInterrupted`; read the range again (a new :meth:`S3.get_range`).
+    Close it (or use it as a context manager) to give the connection back.
+    """
+
+    def __init__(self, raw: Any, what: str, bucket: str, key: str, start: int, size: int,
+                 etag: str | None, endpoint: str | None) -> None:
+        self._raw = raw
+        self._where = (what, bucket, key, etag, endpoint)
+        self.start = start
+        self.size = size
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (all that is left for -1); ``b""`` at the end."""
+        what, bucket, key, etag, endpoint = self._where
+        try:
+            return self._raw.read() if n < 0 else self._raw.read(n)
+        except Exception as exc:
+            err = translate(exc, what, bucket, key, etag=etag, endpoint=endpoint, reading=True)
+            if err is exc:
+                raise
+            raise err from exc
+
+    def read_into(self, into: memoryview, received: Callable[[int], None] | None = None) -> None:
+        """Fill ``into`` (exactly :attr:`size` bytes) a :data:`READ_STEP` at a time.
+
+        ``received(n)`` is called after each read. A body that ends early is
+        :class:`ReadInterrupted`.
+        """
+        if len(into) != self.size:
+            raise ValueError(f"read_into needs a buffer of {self.size} bytes, not {len(into)}")
+        pos = 0
+        while pos < self.size:
+            data = self.read(min(READ_STEP, self.size - pos))
+            if not data:
+                what, bucket, key, _, _ = self._where
+                raise ReadInterrupted(f"{what} s3://{bucket}/{key}: the body ended after "
+                                      f"{pos} of {self.size} bytes")
+            into[pos:pos + len(data)] = data
+            pos += len(data)
+            if received is not None:
+                received(len(data))
+
+    def close(self) -> None:
+        """Give the connection back (or drop it, when the body was not read to its end)."""
+        self._raw.close()
+
+    def __enter__(self) -> Body:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class S3:
-    """One client, the calls a publish makes.
+    """One client, the calls a publish and a fetch make.
 
     Parameters
     ----------
@@ -93,130 +304,150 @@ class S3:
         The server (MinIO, Ceph, R2, SeaweedFS...). Default: what boto3 finds
         (``AWS_ENDPOINT_URL``, the profile, or AWS).
     max_connections : int
-        The client's connection pool: at least the parts in flight.
+        The client's connection pool: at least the parts (or ranges) in flight.
     retries : int
         botocore's attempts per call (standard mode) before a network error
         is raised as :class:`Transient`.
+    client : botocore S3 client, optional
+        A client made by the caller, used as it is (its own retries and
+        timeouts); the other options are then ignored.
+
+    Attributes
+    ----------
+    retries : int
+        botocore's retries across every call that got an answer (its
+        ``RetryAttempts``), for reports.
+    answered : bool
+        Whether the server answered any call (with a refusal too): before
+        one, a failure to connect is a wrong endpoint, not a blip.
     """
 
     def __init__(self, endpoint_url: str | None = None, *, max_connections: int = 10,
-                 retries: int = 5, connect_timeout: float = 10, read_timeout: float = 120) -> None:
-        import boto3
-        from botocore.config import Config
-
-        options: dict[str, Any] = {
-            "max_pool_connections": max_connections,
-            "retries": {"mode": "standard", "total_max_attempts": retries},
-            "connect_timeout": connect_timeout, "read_timeout": read_timeout,
-            # We send each part's CRC64NVME ourselves; botocore would hash the body again.
-            "request_checksum_calculation": "when_required",
-            "response_checksum_validation": "when_required",
-        }
-        if endpoint_url is not None:
-            options["s3"] = {"addressing_style": "path"}
-        session = boto3.session.Session()
-        self.client = session.client("s3", endpoint_url=endpoint_url, config=Config(**options))
-        self.endpoint_url = self.client.meta.endpoint_url
+                 retries: int = 5, connect_timeout: float = 10, read_timeout: float = 120,
+                 client: Any = None) -> None:
+        if client is None:
+            boto3, config = _boto()
+            options: dict[str, Any] = {
+                "max_pool_connections": max_connections,
+                "retries": {"mode": "standard", "total_max_attempts": retries},
+                "connect_timeout": connect_timeout, "read_timeout": read_timeout,
+                # We send each part's CRC64NVME ourselves; botocore would hash the body again.
+                "request_checksum_calculation": "when_required",
+                "response_checksum_validation": "when_required",
+            }
+            if endpoint_url is not None:
+                options["s3"] = {"addressing_style": "path"}
+            session = boto3.session.Session()
+            client = session.client("s3", endpoint_url=endpoint_url, config=config(**options))
+        self.client = client
+        self.endpoint_url = getattr(getattr(client, "meta", None), "endpoint_url", endpoint_url)
+        self.retries = 0
+        self.answered = False
+        self._count = threading.Lock()
 
     # --- errors --------------------------------------------------------------------
 
-    def _call(self, what: str, bucket: str, fn: Any, **kwargs: Any) -> Any:
-        from botocore.exceptions import (
-            BotoCoreError,
-            ClientError,
-            ConnectionError,
-            EndpointConnectionError,
-            HTTPClientError,
-            NoCredentialsError,
-        )
+    def _seen(self, response: Any) -> None:
+        meta = response.get("ResponseMetadata", {}) if isinstance(response, dict) else {}
+        with self._count:
+            self.answered = True
+            self.retries += int(meta.get("RetryAttempts", 0) or 0)
 
+    def _call(self, what: str, bucket: str, fn: Any, *, key: str | None = None,
+              etag: str | None = None, **kwargs: Any) -> Any:
+        """``fn(**kwargs)``, its failure translated (:func:`translate`)."""
         try:
-            return fn(**kwargs)
-        except ClientError as exc:
-            code, status = _code(exc)
-            if code in ("NoSuchBucket",):
-                raise BucketNotFoundError(f"bucket {bucket!r} does not exist at "
-                                          f"{self.endpoint_url} ({what})") from None
-            if code in _DENIED or status == 403:
-                raise AccessDeniedError(f"{what} in bucket {bucket!r} at {self.endpoint_url} "
-                                        f"was refused: {code or status} (check the "
-                                        "credentials and their permissions)") from None
-            if code in ("PreconditionFailed", "412") or status == 412:
-                raise PreconditionFailed(f"{what}: precondition failed") from None
-            if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
-                        "XAmzContentSHA256Mismatch"):
-                raise BadDigest(f"{what}: {code}") from None
-            if code == "NoSuchUpload":
-                raise NoSuchUpload(f"{what}: the upload is gone") from None
-            if status >= 500 or code in ("RequestTimeout", "SlowDown", "InternalError"):
-                raise Transient(f"{what}: {code or status}") from exc
-            raise
-        except NoCredentialsError:
-            raise AccessDeniedError("no AWS credentials found (AWS_ACCESS_KEY_ID/"
-                                    "AWS_SECRET_ACCESS_KEY, a profile, or an instance "
-                                    "role)") from None
-        except EndpointConnectionError as exc:
-            # Every attempt failed to connect: say where, not "a network blip". Still a
-            # Transient, so a publish whose server went away mid-upload keeps its upload.
-            err = EndpointUnreachableError.from_botocore(exc, what)
-            raise Unreachable(str(err), err.address) from exc
-        except (ConnectionError, HTTPClientError) as exc:
-            raise Transient(f"{what}: {exc}") from exc
-        except BotoCoreError as exc:
-            if "Connection" in type(exc).__name__ or "Timeout" in type(exc).__name__:
-                raise Transient(f"{what}: {exc}") from exc
-            raise
+            r = fn(**kwargs)
+        except Exception as exc:
+            response = getattr(exc, "response", None)
+            if response:
+                self._seen(response)  # the server answered, if with a refusal
+            err = translate(exc, what, bucket, key, etag=etag, endpoint=self.endpoint_url)
+            if err is exc:
+                raise
+            # Keep botocore's error as the cause of network failures (the detail a -v shows);
+            # a refusal is said in full by our message.
+            raise err from (exc if isinstance(err, Transient) else None)
+        self._seen(r)
+        return r
 
     # --- buckets and objects ---------------------------------------------------------
 
     def check_bucket(self, bucket: str) -> None:
         """Raise :class:`BucketNotFoundError` or :class:`AccessDeniedError` unless usable."""
-        from botocore.exceptions import ClientError
-
         try:
             self._call("HeadBucket", bucket, self.client.head_bucket, Bucket=bucket)
-        except ClientError as exc:
-            code, status = _code(exc)
-            if status == 404 or code in ("404", "NotFound"):
-                raise BucketNotFoundError(f"bucket {bucket!r} does not exist at "
-                                          f"{self.endpoint_url}") from None
-            raise
+        except ObjectNotFoundError:
+            # HeadBucket has no body, so no NoSuchBucket code: its 404 is the bucket's.
+            raise BucketNotFoundError(f"bucket {bucket!r} does not exist at "
+                                      f"{self.endpoint_url}") from None
 
-    def head(self, bucket: str, key: str) -> ObjectHead | None:
-        """HeadObject with its checksum (``ChecksumMode=ENABLED``); None if there is none."""
-        from botocore.exceptions import ClientError
+    def head(self, bucket: str, key: str, if_match: str | None = None) -> ObjectHead | None:
+        """HeadObject with its checksums (``ChecksumMode=ENABLED``); None if there is none.
 
+        With ``if_match``, another version is :class:`PreconditionFailed`.
+        """
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "ChecksumMode": "ENABLED"}
+        if if_match:
+            kwargs["IfMatch"] = if_match
         try:
-            r = self._call("HeadObject", bucket, self.client.head_object, Bucket=bucket,
-                           Key=key, ChecksumMode="ENABLED")
-        except ClientError as exc:
-            code, status = _code(exc)
-            if status == 404 or code in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
+            r = self._call("HeadObject", bucket, self.client.head_object, key=key,
+                           etag=if_match, **kwargs)
+        except ObjectNotFoundError:
+            return None
         return ObjectHead(int(r["ContentLength"]), strip_etag(r["ETag"]),
-                          r.get("ChecksumCRC64NVME"), r.get("ChecksumType"))
+                          r.get("ChecksumCRC64NVME"), r.get("ChecksumType"),
+                          r.get("ChecksumCRC32C"), r.get("ChecksumCRC32"))
 
     def get(self, bucket: str, key: str, if_match: str | None = None,
             limit: int = 256 << 20) -> tuple[bytes, str] | None:
-        """The whole of a small object and its ETag; None if there is none."""
-        from botocore.exceptions import ClientError
-
+        """The whole of a small object (a manifest) and its ETag; None if there is none."""
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if if_match:
             kwargs["IfMatch"] = if_match
         try:
-            r = self._call("GetObject", bucket, self.client.get_object, **kwargs)
-        except ClientError as exc:
-            code, status = _code(exc)
-            if status == 404 or code in ("404", "NoSuchKey"):
-                return None
-            raise
+            r = self._call("GetObject", bucket, self.client.get_object, key=key,
+                           etag=if_match, **kwargs)
+        except ObjectNotFoundError:
+            return None
         if int(r["ContentLength"]) > limit:
             r["Body"].close()
             raise RemoteError(f"s3://{bucket}/{key} is {r['ContentLength']} bytes; "
                               f"expected a small object")
-        return r["Body"].read(), strip_etag(r["ETag"])
+        with Body(r["Body"], "GetObject", bucket, key, 0, int(r["ContentLength"]), if_match,
+                  self.endpoint_url) as body:
+            return body.read(), strip_etag(r["ETag"])
+
+    def get_range(self, bucket: str, key: str, start: int, end: int,
+                  if_match: str | None = None) -> Body:
+        """GetObject of bytes ``[start, end)``, pinned to ``if_match``; its streaming body.
+
+        The body holds fewer bytes only where the object ends first (its
+        :attr:`Body.size` says how many). Another version is
+        :class:`PreconditionFailed`, no object :class:`ObjectNotFoundError`;
+        a server that answers with other bytes than those asked for (a 200
+        for the whole object) is a :class:`RemoteError`.
+        """
+        if not 0 <= start < end:
+            raise ValueError(f"get_range needs 0 <= start < end, not [{start}, {end})")
+        last = end - 1
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{last}"}
+        if if_match:
+            kwargs["IfMatch"] = if_match
+        r = self._call("GetObject", bucket, self.client.get_object, key=key, etag=if_match,
+                       **kwargs)
+        size = int(r.get("ContentLength", -1))
+        answered = str(r.get("ContentRange", ""))
+        total = answered.rpartition("/")[2]
+        ends = start + size - 1
+        if not (answered.startswith(f"bytes {start}-{ends}/") and 0 < size <= end - start
+                and (ends == last or total == str(ends + 1))):
+            r["Body"].close()
+            raise RemoteError(f"s3://{bucket}/{key}: asked for bytes {start}-{last}, the server "
+                              f"answered {answered or 'the whole object'!r} ({size} bytes)")
+        return Body(r["Body"], "GetObject", bucket, key, start, size, if_match,
+                    self.endpoint_url)
+
 
     def put(self, bucket: str, key: str, body: bytes, crc64nvme: str, *,
             if_none_match: bool = False, if_match: str | None = None,
@@ -228,7 +459,8 @@ class S3:
             kwargs["IfNoneMatch"] = "*"
         if if_match:
             kwargs["IfMatch"] = if_match
-        r = self._call("PutObject", bucket, self.client.put_object, **kwargs)
+        r = self._call("PutObject", bucket, self.client.put_object, key=key,
+                       etag=if_match, **kwargs)
         return strip_etag(r["ETag"])
 
     def delete(self, bucket: str, key: str, if_match: str | None = None) -> None:
@@ -237,26 +469,20 @@ class S3:
         A key already gone is not an error; any other refusal is a :class:`RemoteError`
         (a server without conditional deletes answers one, and nothing is deleted).
         """
-        from botocore.exceptions import ClientError
-
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if if_match:
             kwargs["IfMatch"] = if_match
-        try:
-            self._call("DeleteObject", bucket, self.client.delete_object, **kwargs)
-        except ClientError as exc:
-            code, status = _code(exc)
-            if status == 404 or code in ("404", "NoSuchKey", "NotFound"):
-                return
-            raise RemoteError(f"DeleteObject s3://{bucket}/{key} was refused: "
-                              f"{code or status}") from None
+        with contextlib.suppress(ObjectNotFoundError):
+            self._call("DeleteObject", bucket, self.client.delete_object, key=key,
+                       etag=if_match, **kwargs)
 
     def list_keys(self, bucket: str, prefix: str, delimiter: str = "/") -> list[str]:
         """The keys right under ``prefix`` (all pages; not below the next ``delimiter``)."""
         out: list[str] = []
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": delimiter}
         while True:
-            r = self._call("ListObjectsV2", bucket, self.client.list_objects_v2, **kwargs)
+            r = self._call("ListObjectsV2", bucket, self.client.list_objects_v2, key=prefix,
+                           **kwargs)
             out += [o["Key"] for o in r.get("Contents", [])]
             token = r.get("NextContinuationToken")
             if not r.get("IsTruncated") or not token:
@@ -268,15 +494,15 @@ class S3:
     def create(self, bucket: str, key: str) -> str:
         """CreateMultipartUpload with a full-object CRC64NVME; returns the upload id."""
         r = self._call("CreateMultipartUpload", bucket, self.client.create_multipart_upload,
-                       Bucket=bucket, Key=key, ChecksumAlgorithm="CRC64NVME",
+                       key=key, Bucket=bucket, Key=key, ChecksumAlgorithm="CRC64NVME",
                        ChecksumType="FULL_OBJECT", ContentType="application/octet-stream")
         return r["UploadId"]
 
     def upload_part(self, bucket: str, key: str, upload_id: str, number: int,
                     body: Any, crc64nvme: str) -> str:
         """UploadPart with the part's CRC64NVME (the server checks it); returns the ETag."""
-        r = self._call(f"UploadPart {number}", bucket, self.client.upload_part, Bucket=bucket,
-                       Key=key, UploadId=upload_id, PartNumber=number, Body=body,
+        r = self._call(f"UploadPart {number}", bucket, self.client.upload_part, key=key,
+                       Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body,
                        ChecksumAlgorithm="CRC64NVME", ChecksumCRC64NVME=crc64nvme)
         return strip_etag(r["ETag"])
 
@@ -288,20 +514,15 @@ class S3:
         version's object) is :class:`PreconditionFailed`, like one that
         changed: either way the caller sends the bytes instead.
         """
-        from botocore.exceptions import ClientError
-
         try:
             r = self._call(f"UploadPartCopy {number}", bucket, self.client.upload_part_copy,
-                           Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                           CopySource={"Bucket": bucket, "Key": source_key},
+                           key=key, etag=if_match, Bucket=bucket, Key=key, UploadId=upload_id,
+                           PartNumber=number, CopySource={"Bucket": bucket, "Key": source_key},
                            CopySourceRange=f"bytes={start}-{start + size - 1}",
                            CopySourceIfMatch=if_match)
-        except ClientError as exc:
-            code, status = _code(exc)
-            if code in ("NoSuchKey", "NotFound") or (status == 404 and code != "NoSuchUpload"):
-                raise PreconditionFailed(f"UploadPartCopy {number}: the source {source_key} "
-                                         "is gone") from None
-            raise
+        except ObjectNotFoundError:
+            raise PreconditionFailed(f"UploadPartCopy {number}: the source {source_key} "
+                                     "is gone", source_key) from None
         return strip_etag(r["CopyPartResult"]["ETag"])
 
     def list_parts(self, bucket: str, key: str, upload_id: str) -> dict[int, tuple[str, int]]:
@@ -309,7 +530,8 @@ class S3:
         out: dict[int, tuple[str, int]] = {}
         marker = 0
         while True:
-            r = self._call("ListParts", bucket, self.client.list_parts, Bucket=bucket, Key=key,
+            r = self._call("ListParts", bucket, self.client.list_parts, key=key, Bucket=bucket,
+                           Key=key,
                            UploadId=upload_id, PartNumberMarker=marker, MaxParts=1000)
             for p in r.get("Parts", []):
                 out[int(p["PartNumber"])] = (strip_etag(p["ETag"]), int(p["Size"]))
@@ -341,14 +563,14 @@ class S3:
         if if_match:
             kwargs["IfMatch"] = if_match
         r = self._call("CompleteMultipartUpload", bucket,
-                       self.client.complete_multipart_upload, **kwargs)
+                       self.client.complete_multipart_upload, key=key, etag=if_match, **kwargs)
         return strip_etag(r["ETag"])
 
     def abort(self, bucket: str, key: str, upload_id: str) -> None:
         """AbortMultipartUpload; an upload already gone is not an error."""
         with contextlib.suppress(NoSuchUpload):
             self._call("AbortMultipartUpload", bucket, self.client.abort_multipart_upload,
-                       Bucket=bucket, Key=key, UploadId=upload_id)
+                       key=key, Bucket=bucket, Key=key, UploadId=upload_id)
 
     def list_uploads(self, bucket: str, prefix: str = "") -> list[OpenUpload]:
         """Every unfinished multipart upload under ``prefix`` (all pages)."""
@@ -356,7 +578,7 @@ class S3:
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
         while True:
             r = self._call("ListMultipartUploads", bucket,
-                           self.client.list_multipart_uploads, **kwargs)
+                           self.client.list_multipart_uploads, key=prefix, **kwargs)
             out += [OpenUpload(u["Key"], u["UploadId"], u.get("Initiated"))
                     for u in r.get("Uploads", [])]
             if not r.get("IsTruncated"):

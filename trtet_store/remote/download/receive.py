@@ -42,14 +42,12 @@ default) or raises :class:`ObjectChangedError`; it never mixes versions.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import logging
 import os
 import re
 import shlex
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +67,7 @@ from trtet_store.io import (
     recover,
     write_files,
 )
+from trtet_store.remote.checksum import b64_to_int, crc_functions, int_to_b64
 from trtet_store.remote.download.plan import (
     ObjectPlan,
     ObjectSpec,
@@ -79,7 +78,7 @@ from trtet_store.remote.download.plan import (
     plan_object,
     split_run,
 )
-from trtet_store.remote.download.reader import Reader, make_client, network_text, transient
+from trtet_store.remote.download.reader import Reader
 from trtet_store.remote.download.reuse import candidate_files, find_reusable
 from trtet_store.remote.download.staging import STAGING_DIR, Staging, fetch_id, run_key
 from trtet_store.remote.download.writer import RangeWriter
@@ -92,6 +91,7 @@ from trtet_store.remote.errors import (
     ObjectNotFoundError,
 )
 from trtet_store.remote.manifest import Manifest, manifest_key
+from trtet_store.remote.s3 import S3, ReadInterrupted, Transient
 from trtet_store.remote.url import RemoteURL
 
 log = logging.getLogger("trtet_store.remote.download.receive")
@@ -127,18 +127,6 @@ class FetchProgress(NamedTuple):
     downloaded: int
     reused: int
     resumed: int
-
-
-def _checksum_functions(algorithm: str) -> tuple[Callable, Callable]:
-    from awscrt import checksums
-
-    return {"crc64nvme": (checksums.crc64nvme, checksums.combine_crc64nvme),
-            "crc32c": (checksums.crc32c, checksums.combine_crc32c),
-            "crc32": (checksums.crc32, checksums.combine_crc32)}[algorithm]
-
-
-def _b64_int(text: str) -> int:
-    return int.from_bytes(base64.b64decode(text), "big")
 
 
 # --- the report ------------------------------------------------------------------------
@@ -255,8 +243,10 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         More local files that may hold pieces of this version (an older
         ``.pte``; the ``.ptd`` files of the same names beside it are looked at
         too).
-    client : boto3 S3 client, optional
+    client : boto3 S3 client or :class:`~trtet_store.remote.s3.S3`, optional
         Default: one made the way boto3 finds credentials, at ``endpoint_url``.
+        Every call goes through :class:`~trtet_store.remote.s3.S3` (one error
+        vocabulary with publish); request-level retries are the client's.
     concurrency : int
         Ranged GETs in flight, 1 to 256. Memory is bounded by
         ``(concurrency + 2) x range_size``.
@@ -332,12 +322,12 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     if not dest.parent.is_dir():
         raise FileNotFoundError(f"{dest.parent} is not a directory (the destination's "
                                 "directory must exist)")
-    if client is None:
-        client = make_client(endpoint_url, max_connections=concurrency + 2)
-    reader = Reader(client, bucket, attempts=attempts)
+    s3 = client if isinstance(client, S3) else S3(endpoint_url, client=client,
+                                                   max_connections=concurrency + 2)
+    reader = Reader(s3, bucket)
     job = _Fetch(url, bucket, key, dest, [Path(p).absolute() for p in reuse], reader,
                  concurrency, range_size, progress, attempts, placements)
-    job.endpoint_url = endpoint_url or _client_endpoint(client)
+    job.endpoint_url = endpoint_url or _client_endpoint(s3.client)
     job.if_replaced = if_replaced
     job.replace_needed, job.program_only = replace_needed, program_only
     job.flags = {"replace_needed": replace_needed, "program_only": program_only}
@@ -514,21 +504,21 @@ class _Fetch:
                                 f"not of {self.key!r}")
         for s in specs:
             head = self.reader.head(s.key, s.etag)
-            theirs = head.get("ChecksumCRC64NVME")
-            if head.get("ContentLength") != s.size or (theirs and theirs != s.checksum[1]):
+            theirs = head.crc64nvme
+            if head.size != s.size or (theirs and theirs != s.checksum[1]):
                 raise FetchVerificationError(
-                    f"s3://{self.bucket}/{s.key}: HeadObject says {head.get('ContentLength')} "
+                    f"s3://{self.bucket}/{s.key}: HeadObject says {head.size} "
                     f"bytes, CRC64NVME {theirs}; the manifest says {s.size} bytes, "
                     f"{s.checksum[1]}")
         return etag, specs, None
 
     def _plain(self) -> tuple[str, list[ObjectSpec], str | None]:
         head = self.reader.head(self.key)
-        etag = head["ETag"].strip('"')
+        etag = head.etag
         checksum, why = None, None
-        kind = head.get("ChecksumType", "FULL_OBJECT")
+        kind = head.checksum_type or "FULL_OBJECT"
         for algorithm in ("crc64nvme", "crc32c", "crc32"):
-            value = head.get(f"Checksum{algorithm.upper()}")
+            value = getattr(head, algorithm)
             if value and kind == "FULL_OBJECT":
                 checksum = (algorithm, value)
                 break
@@ -536,7 +526,7 @@ class _Fetch:
             why = ("the object has no full-object checksum (uploaded without one, or with a "
                    "composite multipart checksum): its bytes could not be verified")
             log.warning("s3://%s/%s: %s", self.bucket, self.key, why)
-        spec = ObjectSpec(self.dest.name, self.key, head["ContentLength"], etag, checksum)
+        spec = ObjectSpec(self.dest.name, self.key, head.size, etag, checksum)
         return etag, [spec], why
 
     def wait_for_new_version(self, old: str, timeout: float) -> None:
@@ -956,12 +946,12 @@ class _Fetch:
         data = stage.read(run, rng)
         if len(data) != rng.size:
             return False
-        compute, _ = _checksum_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
+        compute, _ = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
         return compute(data) == crc and _chunks_ok(spec, rng, memoryview(data))
 
     def _one_range(self, spec: ObjectSpec, run: Run, rng: Range, writer: RangeWriter,
                    stop: threading.Event) -> None:
-        compute, _ = _checksum_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
+        compute, _ = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
         buf = writer.buffer(rng.size)
         if buf is None:
             return  # the fetch stopped
@@ -975,17 +965,17 @@ class _Fetch:
                     try:
                         self.reader.get_range(spec.key, spec.etag, rng.offset, rng.size, view,
                                               lambda n: self._tick(n, rng.obj))
-                    except Exception as exc:
-                        if attempt < self.attempts and transient(exc):
-                            self._retry(spec, rng, repr(exc), attempt)
+                    except Transient as exc:
+                        # Only a body cut short is retried here; a request botocore's
+                        # retries did not get through is an interruption at once.
+                        if attempt < self.attempts and isinstance(exc, ReadInterrupted):
+                            self._retry(spec, rng, str(exc), attempt)
                             continue
-                        if transient(exc):
-                            last = network_text(exc, "GetObject")
-                            raise FetchInterruptedError(
-                                f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
-                                f"{rng.end - 1}: {self.attempts} attempts failed, the last "
-                                f"with {last}", self.resume_command()) from exc
-                        raise
+                        last = str(exc)
+                        raise FetchInterruptedError(
+                            f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
+                            f"{rng.end - 1}: {self.attempts} attempts failed, the last "
+                            f"with {last}", self.resume_command()) from exc
                     if not _chunks_ok(spec, rng, view):
                         if attempt < self.attempts:
                             self._retry(spec, rng, "its bytes do not match the manifest's "
@@ -1028,7 +1018,7 @@ class _Fetch:
         spec = plan.spec
         if spec.checksum is None:
             return
-        _, combine = _checksum_functions(spec.checksum[0])
+        _, combine = crc_functions(spec.checksum[0])
         crc = None
         for seg in plan.segments():
             parts = ([(seg.crc, seg.size)] if isinstance(seg, Reuse) else
@@ -1036,11 +1026,10 @@ class _Fetch:
             for value, size in parts:
                 crc = value if crc is None else combine(crc, value, size)
         if crc is None:
-            compute, _ = _checksum_functions(spec.checksum[0])
+            compute, _ = crc_functions(spec.checksum[0])
             crc = compute(b"")
-        if crc != _b64_int(spec.checksum[1]):
-            width = 8 if spec.checksum[0] == "crc64nvme" else 4
-            ours = base64.b64encode(crc.to_bytes(width, "big")).decode()
+        if crc != b64_to_int(spec.checksum[1]):
+            ours = int_to_b64(crc, spec.checksum[0])
             raise FetchVerificationError(
                 f"s3://{self.bucket}/{spec.key}: the {spec.checksum[0]} of the bytes fetched is "
                 f"{ours}, the object's is {spec.checksum[1]}; nothing local was changed")
@@ -1095,7 +1084,7 @@ def _keys_needed(path: os.PathLike | str) -> list[str]:
     program (a plain object). Read with :mod:`trtet_store.inspector.neighbours`
     (headers and flatbuffer only, no torch).
     """
-    from trtet_store.inspector.neighbours import read_program_needs
+    from trtet_store.inspector.neighbours import read_program_needs, trt_engine_key
 
     needs = read_program_needs(path)
     if needs.unreadable is not None:
@@ -1103,31 +1092,10 @@ def _keys_needed(path: os.PathLike | str) -> list[str]:
     keys = set(needs.external_tensors)
     for head in needs.delegate_heads:
         keys.update(m.group(1).decode() for m in _XNNPACK_KEY.finditer(head))
-        engine_key = _trt_engine_key(head)
+        engine_key = trt_engine_key(head)
         if engine_key:
             keys.add(engine_key)
     return sorted(keys - needs.own_keys)
-
-
-def _trt_engine_key(head: bytes) -> str | None:
-    """The ``engine_key`` of a TensorRT delegate blob whose engine is named data, else None.
-
-    Read as the inspector reads it (the blob header, then its metadata); a
-    blob that is not TensorRT's, or holds its engine inline, names none.
-    """
-    from trtet_store.export import trt_blob  # pure struct/json, no torch
-    from trtet_store.inspector.trt_metadata import check_metadata
-
-    try:
-        h = trt_blob.BlobHeader.from_bytes(head)
-    except (ValueError, struct.error, IndexError):
-        return None
-    if h.engine_size or h.metadata_offset + h.metadata_size > len(head):
-        return None
-    meta, _, _ = check_metadata(head[h.metadata_offset:h.metadata_offset + h.metadata_size],
-                                h.magic)
-    key = (meta or {}).get("engine_key")
-    return key if isinstance(key, str) and key else None
 
 
 def _data_files_of(pte: Path) -> list[str]:

@@ -17,9 +17,8 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from awscrt.checksums import combine_crc64nvme, crc64nvme
-
 from trtet_store.io import chunk_digest
+from trtet_store.remote.checksum import combine, crc64nvme
 from trtet_store.remote.download.plan import ObjectSpec, Reuse
 
 log = logging.getLogger("trtet_store.remote.download.receive")
@@ -108,7 +107,7 @@ def _reuse_in_piece(spec: ObjectSpec, piece, candidates: Sequence[tuple[str, int
             k += 1
         for j in range(first, k):
             length = min(chunk, piece.size - j * chunk)
-            crc = owner[j][3] if j == first else combine_crc64nvme(crc, owner[j][3], length)
+            crc = owner[j][3] if j == first else combine(crc, owner[j][3], length)
             total += length
         out.append(Reuse(piece.offset + first * chunk, total, path, src_start + first * chunk,
                          size, crc, tuple(piece.chunks[first:k])))
