@@ -69,8 +69,9 @@ class WriteOptions:
         (default 64 MiB); ``"auto"`` shrinks it until the write fits.
     progress : callable, optional
         Called with a :class:`Progress` (``.done``, ``.total`` payload bytes)
-        as bytes land. A callable that accepts two positional arguments is
-        called the old way, ``progress(done, total)`` (kept for one release).
+        as bytes land. A callable that needs two positional arguments is
+        called the old way, ``progress(done, total)`` (kept for one release;
+        see :func:`progress_caller`).
     placements : collection of str or str, optional
         Limit the ladder (``clone``, ``insert``, ``move``, ``copy``); default
         every placement the filesystem allows.
@@ -161,17 +162,22 @@ def merge_options(cls: type[_T], given_object: _T | None, where: str, argument: 
 def progress_caller(callback: ProgressCallback | None) -> Callable[[int, int], None] | None:
     """A function ``(done, total)`` that calls ``callback`` in the shape it takes.
 
-    Decided once, from the callback's signature: one that accepts two
-    positional arguments is called the old way, ``callback(done, total)``;
-    any other gets one :class:`Progress`. A callable whose signature cannot
-    be read (some builtins) is called the old way, as before this shape.
+    Decided once, from the callback's signature: one that needs two
+    positional arguments (``def cb(done, total)``, the old form, kept for one
+    release) is called ``callback(done, total)``; one that can be called with
+    one argument gets one :class:`Progress` (``lambda update: ...``, and also
+    ``def cb(update, log=log)`` or ``def cb(*args)``: one argument is what a
+    callback is given from now on). A callable whose signature cannot be
+    read (some builtins) is called the old way, as before this shape.
     """
     if callback is None:
         return None
     try:
-        inspect.signature(callback).bind(0, 0)
-    except TypeError:  # does not take two positional arguments: the new shape
-        return lambda done, total: callback(Progress(done, total))  # type: ignore[call-arg]
-    except ValueError:  # no signature to read
-        pass
-    return callback  # type: ignore[return-value]
+        signature = inspect.signature(callback)
+    except (ValueError, TypeError):  # no signature to read: the old way, as before
+        return callback  # type: ignore[return-value]
+    try:
+        signature.bind(0)
+    except TypeError:  # needs more than one argument: the old (done, total)
+        return callback  # type: ignore[return-value]
+    return lambda done, total: callback(Progress(done, total))  # type: ignore[call-arg]

@@ -71,9 +71,9 @@ def write_file(path: os.PathLike | str, pieces: Iterable[Piece], *,
         the free space: a nearly full disk still takes a move, in smaller steps.
     progress : callable, optional
         Called with a :class:`~trtet_store.io.Progress` (``.done``, ``.total``
-        payload bytes) as bytes land. A callable that accepts two positional
+        payload bytes) as bytes land. A callable that needs two positional
         arguments is still called ``progress(done, total)`` (for one release;
-        decided once from its signature).
+        decided once from its signature, see :func:`trtet_store.io.options.progress_caller`).
     placements : collection of str, optional
         Limit the ladder (``clone``, ``insert``, ``move``, ``copy``; copy is
         always allowed), e.g. to compare placements in a benchmark. Default:
