@@ -27,10 +27,13 @@ from trtet_store.io.fs import (
     pwrite_all,
 )
 from trtet_store.io.layout import ExternalFile, Layout
-from trtet_store.io.lock import try_lock, unlock_file
+from trtet_store.io.lock import release, try_lock, unlock_file
+from trtet_store.io.names import STAGING_DIR
 from trtet_store.io.options import UNSET, Progress, WriteOptions, merge_options
 from trtet_store.io.orphans import Orphan
+from trtet_store.io.records import DamagedRecordsError, RecordFile, read_records
 from trtet_store.io.recovery import recover
+from trtet_store.io.units import MiB
 from trtet_store.io.versioned import (
     VersionedWrite,
     current_version,
@@ -53,6 +56,7 @@ __all__ = [
     "BlobInUseError",
     "BlobStore",
     "ConcurrentWriteError",
+    "DamagedRecordsError",
     "Digester",
     "ExternalFile",
     "block_size",
@@ -69,12 +73,15 @@ __all__ = [
     "JournalError",
     "NeededByAnotherError",
     "Layout",
+    "MiB",
     "Orphan",
     "pinned_version",
     "recover_versions",
     "PlacementRecord",
     "Progress",
+    "RecordFile",
     "SourceChangedError",
+    "STAGING_DIR",
     "StorageError",
     "StuckJournalError",
     "UNSET",
@@ -82,8 +89,10 @@ __all__ = [
     "VersionedWrite",
     "WriteOptions",
     "WriteReport",
+    "read_records",
     "merge_options",
     "recover",
+    "release",
     "try_lock",
     "unlock_file",
     "write_file",

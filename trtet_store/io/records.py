@@ -48,14 +48,25 @@ def _line(record: dict[str, Any]) -> bytes:
     return json.dumps(record, separators=(",", ":")).encode() + b"\n"
 
 
-def read_records(path: os.PathLike | str) -> list[dict[str, Any]]:
+def read_records(path: os.PathLike | str, *, skip_damaged: bool = False) -> list[dict[str, Any]]:
     """Every whole record of ``path`` ([] if it does not exist).
+
+    Parameters
+    ----------
+    path
+        The record file.
+    skip_damaged
+        Skip every line that is not a record instead of raising: for a file
+        whose records are each checked again before they are trusted (a
+        fetch's ranges are re-read and re-digested), where a lost line costs
+        only that work done again.
 
     Raises
     ------
     DamagedRecordsError
-        A line other than the last is not a JSON object: the file was damaged
-        by something other than a kill mid-append.
+        A line other than the last is not a JSON object (unless
+        ``skip_damaged``): the file was damaged by something other than a kill
+        mid-append.
     """
     try:
         data = Path(path).read_bytes()
@@ -73,6 +84,8 @@ def read_records(path: os.PathLike | str) -> list[dict[str, Any]]:
         if not isinstance(record, dict):
             if i == len(lines) - 1:  # torn by a kill mid-append: never acted on
                 break
+            if skip_damaged:
+                continue
             raise DamagedRecordsError(path, i + 1)
         records.append(record)
     return records
@@ -122,17 +135,24 @@ class RecordFile:
         Raises
         ------
         OSError
-            A short write (``ENOSPC``): a torn line is skipped on reading, a
-            silent one would hide that the record is missing.
+            The write failed, or was short (``ENOSPC``): a torn line is
+            skipped on reading, a silent one would hide that the record is
+            missing. Its ``filename`` is this file, so that a caller can say
+            which file the disk failed.
         """
         data = _line(record)
         with self._mutex:
             if self._fd is None:
                 raise ValueError(f"record file {self.path} is not open")
-            n = os.write(self._fd, data)
+            try:
+                n = os.write(self._fd, data)
+            except OSError as exc:
+                if exc.filename is not None:
+                    raise
+                raise OSError(exc.errno, exc.strerror, os.fspath(self.path)) from exc
             if n != len(data):
-                raise OSError(errno.ENOSPC, f"short write to {self.path}: {n} of "
-                              f"{len(data)} bytes")
+                raise OSError(errno.ENOSPC, f"short write ({n} of {len(data)} bytes)",
+                              os.fspath(self.path))
             if durable:
                 os.fdatasync(self._fd)
 

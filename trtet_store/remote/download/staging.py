@@ -11,7 +11,9 @@ Beside the destination, in ``.trtet-staging/`` (the staging directory that
   its own name (``fetch-<id>-<object>-<offset>.run``); one that is killed
   leaves it as an orphan blob, which ``trtet-store recover`` lists with that
   metadata, and the next fetch takes it over;
-- ``fetch-<id>.journal``: JSON lines. The first names the version (the
+- ``fetch-<id>.journal``: JSON lines, an :class:`~trtet_store.io.RecordFile`
+  (its head replaced atomically and durably, directory fsync included, as
+  the publish journal's). The first names the version (the
   manifest's or the object's ETag) and the runs; then each run file's inode,
   recorded before it is adopted (a kill inside ``adopt``, between its rename
   and its sidecar, leaves a blob without metadata: its inode says it is
@@ -30,21 +32,29 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import logging
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtet_store.io import Blob, BlobStore, ConcurrentWriteError, pwrite_all, recover
-from trtet_store.io.lock import release, try_lock, unlock_file
+from trtet_store.io import (
+    STAGING_DIR,
+    Blob,
+    BlobStore,
+    ConcurrentWriteError,
+    RecordFile,
+    pwrite_all,
+    read_records,
+    recover,
+    release,
+    try_lock,
+    unlock_file,
+)
 from trtet_store.remote.download.plan import ObjectPlan, Range, Run
 
 log = logging.getLogger("trtet_store.remote.download.receive")
 
-#: The staging directory beside an output, where ``trtet_store.recover`` reports orphans.
-STAGING_DIR = ".trtet-staging"
 METADATA_KEY = "trtet_fetch"
 
 
@@ -80,7 +90,7 @@ class Staging:
         self.runs: dict[tuple[int, int, int], StagedRun] = {}
         self.done: dict[tuple[int, int, int], int] = {}  # (obj, offset, size) -> crc
         self.resumed_bytes = 0
-        self._journal_fd = -1
+        self._journal = RecordFile(self.journal_path, mode=0o644)
         self._mutex = threading.Lock()
 
     # -- opening --------------------------------------------------------------
@@ -128,24 +138,21 @@ class Staging:
     def _read_journal(self) -> tuple[dict | None, dict[tuple[int, int, int], int],
                                      dict[tuple[int, int], tuple[int, int, int]]]:
         """``(head, done ranges -> crc, (st_dev, st_ino) -> run key)`` of the journal there."""
-        try:
-            lines = self.journal_path.read_bytes().split(b"\n")
-        except FileNotFoundError:
-            return None, {}, {}
-        try:
-            head = json.loads(lines[0])
-        except ValueError:
-            return None, {}, {}
+        # Every line is checked: a damaged one (a kill mid-append, or lines a
+        # power cut zeroed, none of them synced) costs only its range, fetched again.
+        records = read_records(self.journal_path, skip_damaged=True)
+        if not records or "fetch" not in records[0]:
+            return None, {}, {}  # no head (or a damaged one): start over
+        head = records[0]
         done, inodes = {}, {}
-        for line in lines[1:]:
+        for d in records[1:]:
             try:
-                d = json.loads(line)
                 if "inode" in d:
                     inodes[tuple(d["inode"])] = tuple(d["run"])
                 else:
                     done[(d["obj"], d["offset"], d["size"])] = int(d["crc"])
             except (ValueError, KeyError, TypeError):
-                continue  # a line cut by a kill: that range is fetched again
+                continue  # not a record of ours: that range is fetched again
         return head, done, inodes
 
     def _ours(self, inodes: dict) -> list[tuple[tuple[int, int, int], object]]:
@@ -246,15 +253,8 @@ class Staging:
                 "objects": [{"name": p.spec.name, "size": p.spec.size, "etag": p.spec.etag}
                             for p in plans],
                 "runs": [list(run_key(r)) for p in plans for r in p.runs]}
-        tmp = self.journal_path.with_suffix(".journal.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            pwrite_all(fd, b"".join(json.dumps(d).encode() + b"\n" for d in [head, *lines]), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.journal_path)
-        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        # Durable before any run file is made: tmp, fsync, rename, directory fsync.
+        self._journal.start([head, *lines])
 
     # -- while fetching ---------------------------------------------------------
 
@@ -288,15 +288,9 @@ class Staging:
             self.done.pop((rng.obj, rng.offset, rng.size), None)
 
     def _append(self, line: dict) -> None:
-        data = json.dumps(line).encode() + b"\n"
-        try:
-            n = os.write(self._journal_fd, data)
-        except OSError as exc:
-            # Named, so that the caller can say which file the disk failed.
-            raise OSError(exc.errno, exc.strerror, os.fspath(self.journal_path)) from exc
-        if n != len(data):  # a torn line is skipped on resume; a silent one would hide it
-            raise OSError(errno.ENOSPC, f"short write ({n} of {len(data)} bytes)",
-                          os.fspath(self.journal_path))
+        # One O_APPEND write; a failed or short one raises OSError naming the
+        # journal, so that the caller can say which file the disk failed.
+        self._journal.append(line)
 
     # -- the end ------------------------------------------------------------------
 
@@ -313,6 +307,11 @@ class Staging:
 
     def remove(self) -> None:
         """After the write published: the journal goes (the blobs were consumed)."""
+        # Not RecordFile.remove: its directory fsync would widen the window
+        # between this unlink and close()'s lock removal, and a fetch killed in
+        # it leaves lock files that an up-to-date fetch does not clean. A
+        # journal a power cut brings back only makes the next fetch clean up.
+        self._journal.close()
         with contextlib.suppress(FileNotFoundError):
             self.journal_path.unlink()
 
@@ -338,9 +337,7 @@ class Staging:
                 with contextlib.suppress(OSError):
                     os.close(staged.fd)
                 staged.fd = -1
-        if self._journal_fd >= 0:
-            os.close(self._journal_fd)
-            self._journal_fd = -1
+        self._journal.close()
         if self.store is not None:
             self.store.close()
             self.store = None

@@ -18,7 +18,9 @@ Every record is appended, flushed and fsynced before the step it announces:
 - ``completed``: an object's manifest entry, after its conditional Complete;
 - ``committed``: the manifest's ETag; then the file is removed.
 
-A torn last line (a kill mid-append) is ignored: what it announced had not
+The file is an :class:`~trtet_store.io.RecordFile` (begun by a durable
+atomic replace, then appended line by line), as the fetch's resume journal
+is. A torn last line (a kill mid-append) is ignored: what it announced had not
 happened yet. Anything else unreadable is a
 :class:`~trtet_store.remote.errors.RemoteError` naming the file.
 """
@@ -27,13 +29,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import fsync_dir, pwrite_all, try_lock, unlock_file
+from trtet_store.io import (
+    DamagedRecordsError,
+    RecordFile,
+    pwrite_all,
+    read_records,
+    try_lock,
+    unlock_file,
+)
 from trtet_store.remote.errors import ConflictError, RemoteError
 
 VERSION = 1
@@ -90,8 +97,7 @@ class Journal:
         self.path = path
         #: written into the plan record besides the plan (e.g. the local sources' folders)
         self.context = dict(context or {})
-        self._fd: int | None = None
-        self._lock = threading.Lock()
+        self._file = RecordFile(path)
         self._lock_fd: int | None = None
 
     @property
@@ -142,49 +148,22 @@ class Journal:
     def read(path: Path) -> list[dict[str, Any]]:
         """Every whole record of ``path`` ([] if it does not exist)."""
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return []
-        lines = data.split(b"\n")
-        records = []
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                if i == len(lines) - 1:  # torn by a kill mid-append: never acted on
-                    break
-                raise RemoteError(f"publish journal {path} is damaged at line {i + 1}; move "
-                                  "it away to start the publish over") from None
+            records = read_records(path)
+        except DamagedRecordsError as exc:
+            raise RemoteError(f"publish journal {path} is damaged at line {exc.line}; move "
+                              "it away to start the publish over") from None
         if records and (records[0].get("t") != "plan" or records[0].get("version") != VERSION):
             raise RemoteError(f"publish journal {path} was written by another version; move "
                               "it away to start the publish over")
         return records
 
     def start(self, plan: dict[str, Any]) -> None:
-        """Begin a new journal with ``plan`` (replacing any old one atomically)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        line = json.dumps({"t": "plan", "version": VERSION, **plan, **self.context},
-                          separators=(",", ":")).encode() + b"\n"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            pwrite_all(fd, line, 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
-        self._open()
+        """Begin a new journal with ``plan`` (replacing any old one atomically and durably)."""
+        self._file.start([{"t": "plan", "version": VERSION, **plan, **self.context}])
 
     def reopen(self) -> None:
         """Continue appending to an existing journal."""
-        self._open()
-
-    def _open(self) -> None:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._file.reopen()
 
     def append(self, record: dict[str, Any], *, durable: bool = True) -> None:
         """Append one record (thread-safe); ``durable``: fdatasync it before returning.
@@ -193,27 +172,15 @@ class Journal:
         are in the page cache), and one that a power cut loses costs that
         part being matched by its MD5 or sent again, never a wrong object.
         """
-        line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
-        with self._lock:
-            if self._fd is None:
-                raise RemoteError(f"publish journal {self.path} is not open")
-            n = os.write(self._fd, line)
-            if n != len(line):
-                raise OSError(f"short write to {self.path}: {n} of {len(line)} bytes")
-            if durable:
-                os.fdatasync(self._fd)
+        try:
+            self._file.append(record, durable=durable)
+        except ValueError:  # not open
+            raise RemoteError(f"publish journal {self.path} is not open") from None
 
     def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        """Close the journal (it stays on disk for a resume)."""
+        self._file.close()
 
     def remove(self) -> None:
         """Close and delete the journal (the publish committed, or was given up)."""
-        self.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        with contextlib.suppress(OSError):
-            fsync_dir(self.path.parent)
-
+        self._file.remove()
