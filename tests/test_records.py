@@ -101,3 +101,13 @@ def test_a_short_append_raises(here_fs) -> None:
         signal.signal(signal.SIGXFSZ, handler)
         rf.close()
     assert read_records(path) == [{"t": "head"}]  # the torn line is skipped
+
+
+def test_skip_damaged_keeps_every_whole_record_around_a_damaged_one(here_fs) -> None:
+    # The fetch journal's reading: a line a power cut zeroed costs only its own record.
+    path = here_fs / "j.jsonl"
+    path.write_bytes(b'{"t":"head"}\n\x00\x00\x00\x00\n{"t":"a"}\n[1]\n{"t":"b"}\n{"t":"c",')
+    assert read_records(path, skip_damaged=True) == [{"t": "head"}, {"t": "a"}, {"t": "b"}]
+    with pytest.raises(DamagedRecordsError) as e:
+        read_records(path)
+    assert e.value.line == 2
