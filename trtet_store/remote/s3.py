@@ -169,7 +169,7 @@ def translate(exc: BaseException, what: str, bucket: str, key: str | None = None
             return BucketNotFoundError(f"{what} {url}: the bucket {bucket!r} does not exist{at}")
         if code in _DENIED or status == 403:
             return AccessDeniedError(
-                f"{what} {url}{at}: access denied ({said}): check the credentials "
+                f"{what} {url}{at} was refused: access denied ({said}); check the credentials "
                 "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile), their "
                 "permissions and the endpoint")
         if code == "NoSuchUpload":  # a 404 too: before the objects' 404
