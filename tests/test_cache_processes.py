@@ -243,13 +243,13 @@ def test_an_entry_pinned_by_a_hit_in_another_process_is_never_evicted(here_fs: P
     cache = BlobCache(cache_dir, max_bytes=bound)
     for i in range(2):
         assert cache.put(f"k{i}", write(here_fs / f"s{i}", content(i, size))).stored
-    # k0 is the least recently used, and a reader in another process holds it.
-    assert child("get", cache_dir, bound, "k1")["hit"]
+    # A reader in another process holds k0 (its hit makes k1 the LRU).
     holder = spawn("hold", cache_dir, bound, "k0", stdin=subprocess.PIPE)
     try:
         assert json.loads(holder.stdout.readline())["hit"]
         r = child("put", cache_dir, bound, "k2", write(here_fs / "s2", content(2, size)))
         assert r["stored"] and r["evicted"] == ["k1"], r
+        # Now k0 is the least recently used, but pinned: k2 goes instead.
         r = child("put", cache_dir, bound, "k3", write(here_fs / "s3", content(3, size)))
         assert r["evicted"] == ["k2"], r
         assert {e.key for e in cache.entries()} >= {"k0"}
@@ -277,7 +277,8 @@ def _expected(key: str) -> bytes:
     return content(int(seed, 16), int(size))
 
 
-def _kill_child(cache_dir: Path, scratch: Path, bad: Path, errors: Path, seed: int) -> None:
+def _kill_child(cache_dir: Path, scratch: Path, bad: Path, errors: Path, progress: Path,
+                seed: int) -> None:
     """Forked: insert (and so evict) and hit in a loop until SIGKILLed; report what it saw."""
     rng = random.Random(seed)
     try:
@@ -295,7 +296,9 @@ def _kill_child(cache_dir: Path, scratch: Path, bad: Path, errors: Path, seed: i
                 continue
             src = scratch / f"src-{os.getpid()}"
             src.write_bytes(_expected(key))
-            cache.put(key, src, {"seed": seed}, consume=rng.random() < 0.3)
+            r = cache.put(key, src, {"seed": seed}, consume=rng.random() < 0.3)
+            with open(progress, "a") as f:  # what the kills interrupted: puts, evictions
+                f.write(f"{int(r.stored)} {len(r.evicted)} {int(hit is None)}\n")
             with cache._locked():
                 if cache.stats().bytes > KILL_BOUND:
                     with open(bad, "a") as b:
@@ -309,16 +312,16 @@ def _kill_child(cache_dir: Path, scratch: Path, bad: Path, errors: Path, seed: i
 def _kill_run(here_fs: Path, kills: int) -> None:
     cache_dir, scratch = here_fs / "cache", here_fs / "scratch"
     scratch.mkdir()
-    bad, errors = here_fs / "served-bad", here_fs / "errors"
+    bad, errors, progress = here_fs / "served-bad", here_fs / "errors", here_fs / "progress"
     rng = random.Random(1234)
     killed = 0
     t0 = time.monotonic()
     for n in range(kills):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
-            _kill_child(cache_dir, scratch, bad, errors, n)
+            _kill_child(cache_dir, scratch, bad, errors, progress, n)
             os._exit(0)
-        time.sleep(rng.uniform(0.0, 0.06))
+        time.sleep(rng.uniform(0.0, 0.25))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         killed += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
@@ -326,6 +329,10 @@ def _kill_run(here_fs: Path, kills: int) -> None:
     assert not errors.exists(), errors.read_text()
     assert not bad.exists(), bad.read_text()
     assert killed >= kills * 0.95, (killed, kills)
+    done = [tuple(map(int, line.split())) for line in progress.read_text().splitlines()]
+    stored, evictions = sum(d[0] for d in done), sum(d[1] for d in done)
+    # The children did work between kills: the kills fell among inserts and evictions.
+    assert stored >= kills // 2 and evictions >= kills // 2, (stored, evictions)
     cache = BlobCache(cache_dir, max_bytes=KILL_BOUND)  # the next open cleans
     report = cache.verify()
     assert report.ok, report
@@ -339,7 +346,8 @@ def _kill_run(here_fs: Path, kills: int) -> None:
     blobs = {n for n in os.listdir(cache_dir / "blobs") if not n.endswith(".json")}
     assert blobs == {json.loads((cache_dir / "keys" / f"{e.key}.json").read_text())["blob"]
                      for e in cache.entries()}
-    print(f"{killed} kills in {elapsed:.1f} s, {stats.entries} entries left")
+    print(f"{killed} kills in {elapsed:.1f} s; {stored} puts stored, {evictions} evictions "
+          f"completed between them; {stats.entries} entries left")
 
 
 def test_200_kills_during_inserts_and_evictions_serve_nothing_torn(here_fs: Path) -> None:
