@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from trtet_store.io import ConcurrentWriteError, fs
+from trtet_store.io import STAGING_DIR, ConcurrentWriteError, fs
 from trtet_store.remote.download.plan import ObjectSpec, plan_object
-from trtet_store.remote.download.staging import STAGING_DIR, Staging, fetch_id
+from trtet_store.remote.download.staging import Staging, fetch_id
 
 MiB = 1 << 20
 URL = "s3://b/k/model.pte"

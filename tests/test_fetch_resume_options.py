@@ -26,8 +26,9 @@ from tcp_proxy import Fault
 from test_fetch_support import MiB, engine_bytes, engine_program, put_program
 
 from trtet_store.cli import main
+from trtet_store.io import STAGING_DIR
 from trtet_store.remote.download.receive import fetch
-from trtet_store.remote.download.staging import STAGING_DIR, fetch_id
+from trtet_store.remote.download.staging import fetch_id
 from trtet_store.remote.errors import FetchInterruptedError
 from trtet_store.testing.s3server import S3Endpoint
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from crash_dying import die, in_child, power_cut
 
-from trtet_store.io import MiB, RecordFile, read_records
+from trtet_store.io import STAGING_DIR, MiB, RecordFile, read_records
 from trtet_store.remote.download.plan import ObjectSpec, plan_object
-from trtet_store.remote.download.staging import STAGING_DIR, Staging, fetch_id
+from trtet_store.remote.download.staging import Staging, fetch_id
 from trtet_store.remote.upload.journal import Journal
 
 URL = "s3://b/k/model.pte"

@@ -33,7 +33,7 @@ from trtet_store.io.options import UNSET, Progress, WriteOptions, merge_options
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.records import DamagedRecordsError, RecordFile, read_records
 from trtet_store.io.recovery import recover
-from trtet_store.io.units import MiB
+from trtet_store.io.units import GiB, MiB
 from trtet_store.io.versioned import (
     VersionedWrite,
     current_version,
@@ -72,6 +72,7 @@ __all__ = [
     "InsufficientSpaceError",
     "JournalError",
     "NeededByAnotherError",
+    "GiB",
     "Layout",
     "MiB",
     "Orphan",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from trtet_store.io import MiB
 from trtet_store.remote.manifest import ObjectEntry, PieceEntry
 
 
@@ -49,7 +50,7 @@ class ObjectSpec:
     etag: str
     checksum: tuple[str, str] | None
     pieces: tuple[PieceEntry, ...] = ()
-    chunk_size: int = 1 << 20
+    chunk_size: int = MiB
 
     @classmethod
     def from_entry(cls, entry: ObjectEntry, chunk_size: int) -> ObjectSpec:

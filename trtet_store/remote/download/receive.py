@@ -57,8 +57,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from trtet_store.io import (
+    STAGING_DIR,
     ExternalFile,
+    GiB,
     InsufficientSpaceError,
+    MiB,
     WriteReport,
     block_size,
     chunk_digest,
@@ -80,7 +83,7 @@ from trtet_store.remote.download.plan import (
 )
 from trtet_store.remote.download.reader import Reader
 from trtet_store.remote.download.reuse import candidate_files, find_reusable
-from trtet_store.remote.download.staging import STAGING_DIR, Staging, fetch_id, run_key
+from trtet_store.remote.download.staging import Staging, fetch_id, run_key
 from trtet_store.remote.download.writer import RangeWriter
 from trtet_store.remote.errors import (
     FetchInterruptedError,
@@ -96,7 +99,6 @@ from trtet_store.remote.url import RemoteURL
 
 log = logging.getLogger("trtet_store.remote.download.receive")
 
-MiB = 1 << 20
 DEFAULT_RANGE_SIZE = 32 * MiB
 DEFAULT_CONCURRENCY = 4
 #: The final write's move budget (``write_files(chunk_size=...)``), also what the
@@ -109,7 +111,7 @@ SLACK = MiB
 #: smaller one would be one GET per few KiB), and memory is ``(concurrency + 2)
 #: x range_size``, so neither may be so large that the buffers cannot be had.
 MIN_RANGE_SIZE = MiB
-MAX_RANGE_SIZE = 1 << 30
+MAX_RANGE_SIZE = GiB
 MAX_CONCURRENCY = 256
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trtet_store.io import MiB
 from trtet_store.remote.errors import PartSizeError
 from trtet_store.remote.manifest import MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE
 
-MiB = 1 << 20
 #: The part size when none is asked for, while the object fits 10,000 of them:
 #: memory is parts in flight x this, and a re-publish re-sends up to one part
 #: at each boundary between changed and unchanged bytes.
