@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from versions import needs_file_backed_data
 
 import trtet_store
 from trtet_store.formats import onnx as fo
@@ -333,3 +334,22 @@ def test_if_exists_and_replace_through_real_publishes(s3env, tmp_path):
     trtet_store.publish(pte, url, endpoint_url=ep, config=cfg, replace=True)
     assert body() == first
     _nothing_open(s3env, "p/")
+
+
+# --- bench: (phase, done, total) becomes one object too ------------------------------
+
+
+@needs_file_backed_data
+def test_bench_progress_of_each_shape_gets_the_same_updates(tmp_path):
+    from trtet_store import bench
+
+    config = bench.BenchConfig(payload_size=4 * MiB, payloads=2, filesystem="here", repeat=1,
+                               layout="ptd", methods=("copy",), workdir=tmp_path)
+    old: list[tuple[str, int, int]] = []
+    new: list[Any] = []
+    bench.run_bench(config, progress=lambda phase, d, t: old.append((phase, d, t)))
+    bench.run_bench(config, progress=lambda update: new.append(update))
+    assert all(type(u) is bench.BenchProgress for u in new)
+    ends = {(p, t) for p, d, t in old if d == t}
+    assert ends == {(u.phase, u.total) for u in new if u.done == u.total}
+    assert any(p.startswith("staging") for p, _ in ends) and any("copy" in p for p, _ in ends)

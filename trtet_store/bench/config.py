@@ -8,11 +8,13 @@ live here only.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from trtet_store.io.units import PAGE, MiB, format_size, parse_size
 
@@ -37,7 +39,37 @@ BACKEND_ID = "TrtetBenchBackend"
 #: Where ``trtet-store bench`` writes its JSON and plot unless told otherwise.
 DEFAULT_OUT_DIR = Path("bench-out")
 
-ProgressFn = Callable[[str, int, int], None]
+class BenchProgress(NamedTuple):
+    """What a benchmark progress callback receives: ``done`` of ``total`` bytes of ``phase``."""
+
+    phase: str
+    done: int
+    total: int
+
+
+#: ``progress(update)`` with a :class:`BenchProgress`; the old
+#: ``progress(phase, done, total)`` is still accepted (see :func:`phase_progress`).
+ProgressFn = Callable[[BenchProgress], Any] | Callable[[str, int, int], Any]
+
+
+def phase_progress(callback: ProgressFn | None) -> Callable[[str, int, int], None] | None:
+    """A function ``(phase, done, total)`` that calls ``callback`` in the shape it takes.
+
+    The rule of :func:`trtet_store.io.options.progress_caller`, decided once:
+    a callable that needs three positional arguments (the old form, kept for
+    one release) gets ``(phase, done, total)``; one that can be called with
+    one argument gets a :class:`BenchProgress`; one whose signature cannot be
+    read is called the old way.
+    """
+    if callback is None:
+        return None
+    try:
+        inspect.signature(callback).bind(0)
+    except TypeError:  # needs more than one argument: the old (phase, done, total)
+        return callback  # type: ignore[return-value]
+    except ValueError:  # no signature to read: the old way, as before
+        return callback  # type: ignore[return-value]
+    return lambda phase, done, total: callback(BenchProgress(phase, done, total))  # type: ignore[call-arg]
 
 
 class BenchError(RuntimeError):

@@ -21,6 +21,7 @@ from trtet_store.bench.config import (
     BenchConfig,
     ProgressFn,
     format_size,
+    phase_progress,
 )
 from trtet_store.bench.measure import (
     PeakDiskMonitor,
@@ -32,6 +33,7 @@ from trtet_store.bench.measure import (
     syncfs,
 )
 from trtet_store.bench.results import BenchFilesystem, RunResult
+from trtet_store.io.options import Progress
 from trtet_store.io.units import MiB
 
 
@@ -75,7 +77,7 @@ def _trtet_save(
     consume: bool,
     placements: set[str] | None,
     chunk_size: int | None,
-    progress: Callable[[int, int], None],
+    progress: Callable[[Progress], None],
 ) -> list[Any]:
     """trtet_store's write of the ``.pte`` and its ``.ptd`` files, one transaction."""
     from trtet_store.export.executorch import save_program
@@ -208,6 +210,7 @@ def run_method(
     from trtet_store.io import InsufficientSpaceError
     from trtet_store.io import fs as io_fs
 
+    progress = phase_progress(progress)  # either shape; (phase, done, total) below
     out = fs.path / "out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
@@ -252,10 +255,10 @@ def run_method(
                     root.removeHandler(capture)
             else:
 
-                def step(done: int, tot: int) -> None:
+                def step(update: Progress) -> None:
                     mon.sample()
                     if progress:
-                        progress(label, done, tot)
+                        progress(label, update.done, update.total)
 
                 reports = _trtet_save(
                     program,

@@ -11,7 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trtet_store.bench.config import CONSUMING, BenchConfig, BenchError, ProgressFn, format_size
+from trtet_store.bench.config import (
+    CONSUMING,
+    BenchConfig,
+    BenchError,
+    ProgressFn,
+    format_size,
+    phase_progress,
+)
 from trtet_store.bench.methods import run_method
 from trtet_store.bench.program import build_program, stage_payloads
 from trtet_store.bench.results import BenchFilesystem, BenchResult, RunResult
@@ -59,8 +66,11 @@ def run_bench(
 
     Args:
         config: What to run.
-        progress: ``progress(phase, done, total)`` while staging and writing
-            (byte counts); the CLI draws tqdm bars from it.
+        progress: Called with a :class:`BenchProgress` (``.phase``,
+            ``.done``, ``.total`` bytes) while staging and writing; the CLI
+            draws tqdm bars from it. A callable that needs three positional
+            arguments is still called ``progress(phase, done, total)`` (for
+            one release; see :func:`~trtet_store.bench.config.phase_progress`).
         filesystem: Measure here instead of making a filesystem (a test's
             mount, say); ``config.filesystem`` and ``fs_size`` are then ignored.
 
@@ -72,6 +82,7 @@ def run_bench(
         ValueError: An invalid configuration.
     """
     config.validate()
+    progress = phase_progress(progress)  # one shape below: (phase, done, total)
     fstype = config.filesystem
     if filesystem is not None:
         return _run_all(config, filesystem, progress)
