@@ -156,7 +156,9 @@ def compile_and_save(
         ``BlobStore`` alive until the caller closes it; either way the next
         call of the same build reuses them.
     progress : callable, optional
-        ``progress(bytes_done, bytes_total)`` while the program is written.
+        Called with a :class:`trtet_store.io.Progress` (``.done``, ``.total``)
+        while the program is written, handed to ``save_program`` unchanged; a
+        callable that needs two positional arguments gets ``(done, total)``.
     segment_alignment : int, optional
         Segment alignment of the program (see ``backend_config``); a power of
         two, as ExecuTorch needs.
