@@ -18,7 +18,7 @@ import pytest
 import xxhash
 
 from trtet_store.cache import BlobCache, default_directory
-from trtet_store.io import write_file
+from trtet_store.io import BlobStore, write_file
 
 MiB = 1024 * 1024
 
@@ -85,6 +85,71 @@ def test_consume_links_the_source_in_and_removes_it_only_once_stored(here_fs: Pa
     r = cache.put("big", big, consume=True)
     assert r.skipped and "larger than the cache's bound" in r.reason and big.exists()
     assert big.read_bytes() == content(4, 5 * MiB) and leftovers(cache) == []
+
+
+def test_a_staged_blob_is_consumed_into_the_cache(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
+    data = content(7, 3 * MiB + 1)
+    with BlobStore(here_fs / "staging") as store:
+        blob = store.put(data)
+        r = cache.put("k", blob, {"fp": "abc"}, consume=True)
+        assert r.stored and r.placement == "link" and blob.consumed and not blob.path.exists()
+        # A blob whose file changed since it was sealed is refused, and kept.
+        other = store.put(content(8, MiB))
+        fd = os.open(other.path, os.O_WRONLY)
+        os.pwrite(fd, b"!", 5)
+        os.close(fd)
+        r = cache.put("k2", other, consume=True)
+        assert r.skipped and "no longer holds the bytes it was sealed with" in r.reason
+        assert other.path.exists() and not other.consumed
+    with cache.get("k") as hit:
+        assert hit.path.read_bytes() == data and hit.metadata == {"fp": "abc"}
+    assert leftovers(cache) == []
+
+
+def test_the_same_bytes_again_under_a_key_are_kept_and_a_damaged_blob_is_repaired(
+        here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
+    data = content(9, 2 * MiB)
+    cache.put("a", write(here_fs / "s", data))
+    r = cache.put("a", write(here_fs / "s2", data))
+    assert r.stored and r.placement == "dedup" and "already cached" in r.reason
+    blob = blob_of(cache, "a")
+    fd = os.open(blob, os.O_WRONLY)
+    os.pwrite(fd, b"\0", 0)  # damaged; the same bytes put under another key replace it
+    os.close(fd)
+    r = cache.put("b", write(here_fs / "s3", data))
+    assert r.stored and r.placement == "copy"
+    for key in ("a", "b"):
+        with cache.get(key) as hit:
+            assert hit.path.read_bytes() == data and not hit.resealed
+    assert leftovers(cache) == []
+
+
+def test_prune_and_clear_evict_least_recently_used_but_keep_pinned(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
+    for i in range(4):
+        cache.put(f"k{i}", write(here_fs / f"s{i}", content(50 + i, MiB)))
+    for i in (3, 0):
+        cache.get(f"k{i}").close()
+    assert cache.prune(2 * MiB) == ["k1", "k2"]
+    with cache.get("k3"):  # pinned by this hit (its own open file, so its own lock)
+        assert cache.clear() == ["k0"]
+        assert [e.key for e in cache.entries()] == ["k3"]
+    assert cache.clear() == ["k3"] and cache.stats().bytes == 0 and leftovers(cache) == []
+    with pytest.raises(ValueError, match="prune's max_bytes"):
+        cache.prune(-1)
+
+
+def test_a_file_of_the_cache_itself_cannot_be_consumed(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
+    data = content(60, MiB)
+    cache.put("a", write(here_fs / "s", data))
+    with cache.get("a") as hit:
+        with pytest.raises(ValueError, match="a file of the cache itself"):
+            cache.put("b", hit.path, consume=True)
+        assert cache.put("b", hit.path).placement == "dedup"
+    assert cache.get("a").path.read_bytes() == data
 
 
 def test_bad_keys_metadata_and_sources_are_refused_clearly(here_fs: Path) -> None:
@@ -317,6 +382,26 @@ def test_the_default_directory_is_per_user_and_private(here_fs: Path, monkeypatc
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # ignored, as the spec says
     monkeypatch.setenv("HOME", str(here_fs / "home"))
     assert default_directory() == here_fs / "home" / ".cache" / "trtet_store" / "engines"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root")
+def test_a_cache_through_a_read_only_bind_mount_skips_puts(here_fs: Path) -> None:
+    data = content(42, MiB)
+    BlobCache(here_fs / "rw", max_bytes=8 * MiB).put("k", write(here_fs / "s", data))
+    ro = here_fs / "ro"
+    ro.mkdir(mode=0o700)
+    subprocess.run(["mount", "--bind", os.fspath(here_fs / "rw"), os.fspath(ro)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", os.fspath(ro)], check=True)
+        cache = BlobCache(ro, max_bytes=8 * MiB)
+        assert cache.read_only
+        assert cache.get("k").path.read_bytes() == data
+        r = cache.put("new", write(here_fs / "n", content(43, MiB)))
+        assert r.skipped and "read-only" in r.reason
+        with pytest.raises(OSError, match="read-only"):
+            cache.prune()
+    finally:
+        subprocess.run(["umount", os.fspath(ro)], check=True)
 
 
 def test_a_cache_on_a_read_only_filesystem_serves_hits_and_skips_puts(make_fs, here_fs) -> None:

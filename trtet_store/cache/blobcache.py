@@ -441,6 +441,9 @@ class BlobCache:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"cache source {src} is not a regular file")
         size = st.st_size
+        if consume and os.path.realpath(src).startswith(os.path.realpath(self.directory) + os.sep):
+            raise ValueError(f"cache source {src} is a file of the cache itself: it cannot be "
+                             "consumed (put it without consume=True)")
         if self.read_only:
             return self._skip(key, size, f"the cache {self.directory} is on a read-only "
                               "filesystem or not writable")
@@ -448,7 +451,7 @@ class BlobCache:
             return self._skip(key, size, f"{size} bytes is larger than the cache's bound "
                               f"of {self.max_bytes} bytes")
         try:
-            result = self._put(key, src, size, meta, consume)
+            result = self._put(key, src, size, meta, consume, source)
         except OSError as exc:
             if exc.errno not in _SKIP_ERRNOS:
                 raise
@@ -465,7 +468,7 @@ class BlobCache:
         return PutResult(key=key, stored=False, size=size, reason=reason)
 
     def _put(self, key: str, src: Path, size: int, meta: dict[str, Any],
-             consume: bool) -> PutResult:
+             consume: bool, source: os.PathLike | str | Blob) -> PutResult:
         src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
         tmp: Path | None = None
         fd = -1
@@ -494,6 +497,14 @@ class BlobCache:
                 return PutResult(key=key, stored=False, size=size,
                                  reason=f"the source {src} changed size while it was cached "
                                  f"({size} -> {got} bytes)")
+            if isinstance(source, Blob) and source.has_digests and \
+                    source.chunk_size == self.chunk_size and \
+                    (source.digest, tuple(source.chunk_digests)) != (digest, chunks):
+                # The staged blob's own seal disagrees: its file changed since it was
+                # written. Caching it would serve bytes nobody built.
+                return PutResult(key=key, stored=False, size=size,
+                                 reason=f"the blob {src} no longer holds the bytes it was "
+                                 "sealed with")
             with self._locked():
                 result = self._commit(key, tmp, read_fd, digest, chunks, size, meta, placement)
             if result.stored and result.placement != "dedup":
@@ -538,10 +549,10 @@ class BlobCache:
         old = None
         with contextlib.suppress(ValueError):
             old = self._read_entry(key)
-        dedup = self._read_seal(name) is not None and self._blob(name).exists()
+        dedup = self._intact(name)
         if old is not None and old.blob == name and dedup:
-            return PutResult(key=key, stored=False, size=size, placement="dedup",
-                             reason="the same bytes are already cached under this key")
+            return PutResult(key=key, stored=True, size=size, placement="dedup", digest=digest,
+                             reason="the same bytes were already cached under this key")
         why, evicted = self._make_room(0 if dedup else size, 0, exclude=key, keep_blob=name)
         if why:
             return PutResult(key=key, stored=False, size=size, reason=why,
@@ -567,6 +578,19 @@ class BlobCache:
             self._remove_blob_if_unreferenced(old.blob)
         return PutResult(key=key, stored=True, size=size, placement=placement,
                          evicted=tuple(evicted), digest=digest)
+
+    def _intact(self, name: str) -> bool:
+        """Whether blob ``name`` is there and still as sealed (one ``stat``), to share it.
+
+        A blob whose identity changed is not shared: the new bytes replace it
+        (same name, same digest), so a damaged file is repaired, never reused.
+        """
+        seal = self._read_seal(name)
+        try:
+            st = os.stat(self._blob(name))
+        except FileNotFoundError:
+            return False
+        return seal is not None and file_identity(st) == tuple(seal["identity"])
 
     def _consume(self, source: os.PathLike | str | Blob, src: Path, name: str) -> None:
         """The entry is durable: release the caller's file (a hard link of it may be the blob)."""

@@ -113,7 +113,8 @@ class PutResult:
     because entries are in use, a permission or read-only filesystem error,
     the same bytes already cached under the key). ``placement`` says how the
     bytes entered: ``clone``, ``copy``, ``link`` (``consume=True`` on the same
-    filesystem) or ``dedup`` (identical bytes already stored under another key).
+    filesystem) or ``dedup`` (identical bytes already stored, under another key
+    or this one: nothing was written).
     ``evicted`` names the entries evicted to make room; ``digest`` is the
     stored bytes' xxh3-128.
     """
