@@ -231,9 +231,10 @@ class ProgressBar:
 
     Every progress shape the API has is accepted, so one class serves every
     command: an update object with ``.done`` and ``.total`` (publish, fetch,
-    and io's one progress shape), ``(done, total)`` (the old write callback)
-    and ``(phase, done, total)`` (the benchmark's phases, one bar each, a
-    new one when the phase changes). The bar is made at the first update;
+    io's ``Progress``; with a ``.phase`` too, the benchmark's), ``(done,
+    total)`` (the old write callback) and ``(phase, done, total)`` (the
+    benchmark's old form). A phase gets a bar of its own, a new one when
+    the phase changes. The bar is made at the first update;
     off a terminal it prints a line every :data:`LOG_INTERVAL` seconds at
     most (and the last).
 
@@ -276,6 +277,7 @@ class ProgressBar:
         else:
             obj = update
             done, total = update.done, update.total
+            phase = getattr(update, "phase", None)  # the benchmark's BenchProgress has one
         if phase is not None and phase != self._phase:
             self.close()
             self._phase = phase
