@@ -141,6 +141,22 @@ def test_prune_and_clear_evict_least_recently_used_but_keep_pinned(here_fs: Path
         cache.prune(-1)
 
 
+def test_a_hit_keeps_its_bytes_while_its_key_is_given_new_ones(here_fs: Path) -> None:
+    cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
+    old, new = content(61, MiB), content(62, MiB)
+    cache.put("k", write(here_fs / "s1", old))
+    with cache.get("k") as hit:
+        assert cache.put("k", write(here_fs / "s2", new)).stored
+        assert hit.path.read_bytes() == old  # still there to clone or copy from
+        assert BlobCache(cache.directory, max_bytes=16 * MiB).recovered == []  # pinned
+    with cache.get("k") as hit:
+        assert hit.path.read_bytes() == new
+    removed = cache.recover()
+    assert {p.name for p in removed} == {f"{xxhash.xxh3_128_hexdigest(old)}-{MiB}",
+                                         f"{xxhash.xxh3_128_hexdigest(old)}-{MiB}.json"}
+    assert leftovers(cache) == []
+
+
 def test_a_file_of_the_cache_itself_cannot_be_consumed(here_fs: Path) -> None:
     cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
     data = content(60, MiB)

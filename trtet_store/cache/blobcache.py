@@ -341,7 +341,7 @@ class BlobCache:
                     self._reseal(entry.blob, seal, st)
             if problem is not None:
                 os.close(fd)
-                self._drop_blob(entry.blob, f"entry {key!r}: {problem}")
+                self._drop_blob(entry.blob, f"entry {key!r}: {problem}", st)
                 return None
         except BaseException:
             with contextlib.suppress(OSError):
@@ -689,9 +689,35 @@ class BlobCache:
 
     def _remove_blob_if_unreferenced(self, name: str) -> None:
         if not any(e.blob == name for e in self._scan()):
-            for p in (self._seal(name), self._blob(name)):
+            self._remove_blob_unless_pinned(name)
+
+    def _remove_blob_unless_pinned(self, name: str) -> list[Path]:
+        """Under the lock: unlink a blob no record names, and its seal, unless a hit pins it.
+
+        A hit taken just before its key was replaced may still hold the old
+        blob: it stays (with its seal) until a later recovery finds it free.
+        Returns the paths removed.
+        """
+        path = self._blob(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = -1
+        removed = []
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return []
+            for p in (self._seal(name), path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
+                    removed.append(p)
+            return removed
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def _drop_key(self, key: str, reason: str) -> None:
         log.warning("engine cache: dropping entry %r: %s", key, reason)
@@ -707,12 +733,21 @@ class BlobCache:
             if entry is not None:
                 self._remove_blob_if_unreferenced(entry.blob)
 
-    def _drop_blob(self, name: str, reason: str) -> None:
-        """A blob whose bytes are not the sealed ones: it and every key naming it go."""
+    def _drop_blob(self, name: str, reason: str, seen: os.stat_result) -> None:
+        """A blob whose bytes are not the sealed ones: it and every key naming it go.
+
+        ``seen`` is the file found damaged: when another process replaced it
+        since (a put of the same bytes repairs a blob), the new one stays.
+        """
         log.warning("engine cache: dropping damaged blob %s (never served): %s", name, reason)
         if self.read_only:
             return
         with self._locked():
+            try:
+                if file_identity(os.stat(self._blob(name))) != file_identity(seen):
+                    return
+            except FileNotFoundError:
+                pass
             for entry in self._scan():
                 if entry.blob == name:
                     for p in (self._record(entry.key), self._use(entry.key)):
@@ -806,7 +841,7 @@ class BlobCache:
         for entry in self._scan():
             seal = self._read_seal(entry.blob)
             path = self._blob(entry.blob)
-            problem = None
+            problem, st = None, None
             if seal is None:
                 problem = "no valid seal"
             else:
@@ -829,8 +864,8 @@ class BlobCache:
             checked += 1
             if problem is not None:
                 dropped.append((entry.key, problem))
-                if seal is not None:
-                    self._drop_blob(entry.blob, f"entry {entry.key!r}: {problem}")
+                if seal is not None and st is not None:
+                    self._drop_blob(entry.blob, f"entry {entry.key!r}: {problem}", st)
                 else:
                     self._drop_key(entry.key, problem)
         return VerifyReport(checked=checked, dropped=tuple(dropped))
@@ -887,10 +922,9 @@ class BlobCache:
             for name in os.listdir(keys):
                 if name.endswith(".use") and not (keys / f"{name[:-4]}.json").exists():
                     rm(keys / name)
-            for name in os.listdir(blobs):
-                base = name[:-5] if name.endswith(".json") else name
-                if base not in referenced:
-                    rm(blobs / name)
+            unreferenced = {name.removesuffix(".json") for name in os.listdir(blobs)} - referenced
+            for name in sorted(unreferenced):
+                removed += self._remove_blob_unless_pinned(name)
             if removed:
                 fsync_dir(keys)
                 fsync_dir(blobs)
