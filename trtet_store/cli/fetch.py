@@ -53,7 +53,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _postfix(p: Any) -> str:
-    """What a :class:`~trtet_store.remote.download.receive.FetchProgress` update adds to the bar."""
+    """What a :class:`~trtet_store.remote.report.FetchProgress` update adds to the bar."""
     return (f"downloaded {mib(p.downloaded)}, reused {mib(p.reused)}"
             + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
 

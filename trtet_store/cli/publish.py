@@ -66,7 +66,7 @@ def _fail(text: str) -> int:
 
 
 def _postfix(p: Any) -> str:
-    """What a :class:`~trtet_store.remote.upload.send.PublishProgress` update adds to the bar."""
+    """What a :class:`~trtet_store.remote.report.PublishProgress` update adds to the bar."""
     return (f"sent {mib(p.sent)}, copied {mib(p.copied)}"
             + (f", resumed {mib(p.resumed)}" if p.resumed else ""))
 

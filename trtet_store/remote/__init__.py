@@ -47,7 +47,7 @@ _LAZY = {
     "fetch": "trtet_store.remote.download.receive",
     "PublishReport": "trtet_store.remote.report",
     "PublishConfig": "trtet_store.remote.upload.config",
-    "FetchReport": "trtet_store.remote.download.receive",
+    "FetchReport": "trtet_store.remote.report",
     "abort": "trtet_store.remote.upload.send",
     "list_uploads": "trtet_store.remote.upload.send",
     "pending": "trtet_store.remote.upload.send",

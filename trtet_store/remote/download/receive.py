@@ -52,9 +52,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from trtet_store.io import (
     STAGING_DIR,
@@ -62,7 +61,6 @@ from trtet_store.io import (
     GiB,
     InsufficientSpaceError,
     MiB,
-    WriteReport,
     block_size,
     chunk_digest,
     free_bytes,
@@ -94,6 +92,7 @@ from trtet_store.remote.errors import (
     ObjectNotFoundError,
 )
 from trtet_store.remote.manifest import Manifest, manifest_key
+from trtet_store.remote.report import FetchedObject, FetchProgress, FetchReport
 from trtet_store.remote.s3 import S3, ReadInterrupted, Transient
 from trtet_store.remote.url import RemoteURL
 
@@ -114,108 +113,6 @@ MIN_RANGE_SIZE = MiB
 MAX_RANGE_SIZE = GiB
 MAX_CONCURRENCY = 256
 
-
-
-class FetchProgress(NamedTuple):
-    """Passed to ``progress``: bytes of the program accounted for, of ``total``, and how.
-
-    ``downloaded`` counts bytes received (a retried range twice), ``reused``
-    bytes found in local files, ``resumed`` bytes an interrupted fetch had
-    staged; ``done`` is their sum, at most ``total``.
-    """
-
-    done: int
-    total: int
-    downloaded: int
-    reused: int
-    resumed: int
-
-
-# --- the report ------------------------------------------------------------------------
-
-
-@dataclass
-class FetchedObject:
-    """What a fetch did for one object."""
-
-    name: str
-    key: str
-    path: str
-    size: int
-    etag: str
-    checksum: str | None  # "crc64nvme:<base64>" when verified against one
-    bytes_downloaded: int = 0
-    bytes_reused: int = 0
-    reused_from: list[str] = field(default_factory=list)
-    placements: dict[str, int] = field(default_factory=dict)  # placement -> bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class FetchReport:
-    """What :func:`fetch` did.
-
-    Attributes
-    ----------
-    url : str
-    version : str
-        The manifest's ETag (or the plain object's): what was fetched.
-    objects : list of FetchedObject
-        The ``.pte`` first, then each ``.ptd``.
-    bytes_downloaded : int
-        Bytes received from the server, retried ranges included.
-    bytes_reused : int
-        Bytes taken from local files instead (see ``reused_by``).
-    bytes_resumed : int
-        Bytes an earlier, interrupted fetch had staged and this one kept.
-    reused_by : dict
-        Placement (``clone``, ``copy``) -> bytes of reused ranges placed so.
-    verified : bool
-        Every byte checked: per range against the manifest's chunk digests
-        and per object against the full-object checksum. False only for a
-        plain object without a full-object checksum (``unverified_reason``).
-    up_to_date : bool
-        The destination already held this version: nothing was written.
-    restarts, retries : int
-        Restarts against a new version; ranges or calls retried.
-    seconds : float
-    removed : list of str
-        ``.ptd`` files of the version the destination held that the fetched
-        manifest no longer names, removed once the new files were in place
-        (those another ``.pte`` of the directory needs are kept).
-    """
-
-    url: str
-    version: str
-    objects: list[FetchedObject]
-    bytes_downloaded: int = 0
-    bytes_reused: int = 0
-    bytes_resumed: int = 0
-    reused_by: dict[str, int] = field(default_factory=dict)
-    verified: bool = True
-    unverified_reason: str | None = None
-    up_to_date: bool = False
-    restarts: int = 0
-    retries: int = 0
-    seconds: float = 0.0
-    removed: list[str] = field(default_factory=list)
-    writes: list[WriteReport] = field(default_factory=list, repr=False)
-
-    @property
-    def size(self) -> int:
-        return sum(o.size for o in self.objects)
-
-    @property
-    def paths(self) -> list[Path]:
-        return [Path(o.path) for o in self.objects]
-
-    def to_json(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("objects", "writes")}
-        d["objects"] = [o.to_json() for o in self.objects]
-        d["size"] = self.size
-        return d
 
 
 # --- the entry point ---------------------------------------------------------------------

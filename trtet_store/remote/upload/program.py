@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.io import UNSET
-from trtet_store.remote.report import PublishReport
+from trtet_store.remote.report import PublishProgress, PublishReport
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
-from trtet_store.remote.upload.send import PublishProgress, publish_sources
+from trtet_store.remote.upload.send import publish_sources
 from trtet_store.remote.upload.source import ObjectSource
 from trtet_store.remote.url import RemoteURL
 

@@ -56,7 +56,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from trtet_store.io import UNSET, SourceChangedError
 from trtet_store.remote import checksum
@@ -79,7 +79,7 @@ from trtet_store.remote.manifest import (
     named_keys,
     program_key_of,
 )
-from trtet_store.remote.report import ObjectReport, PublishReport
+from trtet_store.remote.report import ObjectReport, PublishProgress, PublishReport
 from trtet_store.remote.s3 import (
     S3,
     BadDigest,
@@ -144,17 +144,6 @@ BAD_DIGEST_ATTEMPTS = 3
 #: Our own attempts at a part after botocore's retries gave up on the network.
 PART_ATTEMPTS = 3
 _WINDOW = 8 << 20
-
-
-class PublishProgress(NamedTuple):
-    """Passed to ``progress``: bytes handled so far of ``total``, and how."""
-
-    done: int
-    total: int
-    sent: int
-    copied: int
-    resumed: int
-    unchanged: int = 0
 
 
 @dataclass
