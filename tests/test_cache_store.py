@@ -262,6 +262,9 @@ def test_open_cleans_what_a_killed_insert_or_eviction_left(here_fs: Path) -> Non
     name = "0" * 32 + "-5"
     write(d / "blobs" / name, b"12345")  # renamed in, killed before its seal
     write(d / "blobs" / ("1" * 32 + "-5.json"), b"{}")  # a seal whose blob was evicted
+    sealed = "3" * 32 + "-4"  # sealed, killed before its record (or an eviction's record gone)
+    write(d / "blobs" / sealed, b"abcd")
+    write(d / "blobs" / f"{sealed}.json", b"{}")
     keep_blob = blob_of(cache, "keep").name
     write(d / "keys" / "gone.json", json.dumps(  # a record whose blob was evicted
         {"key": "gone", "blob": "2" * 32 + "-9", "size": 9, "created": 1.0, "metadata": {}})
@@ -272,6 +275,7 @@ def test_open_cleans_what_a_killed_insert_or_eviction_left(here_fs: Path) -> Non
         again = BlobCache(d, max_bytes=64 * MiB)
         removed = {p.relative_to(d).as_posix() for p in again.recovered}
         assert removed == {"tmp/999-dead", f"blobs/{name}", "blobs/" + "1" * 32 + "-5.json",
+                           f"blobs/{sealed}", f"blobs/{sealed}.json",
                            "keys/gone.json", "keys/torn.json", "keys/orphan.use"}
         assert live.exists()
         assert [e.key for e in again.entries()] == ["keep"]
@@ -398,6 +402,25 @@ def test_the_default_directory_is_per_user_and_private(here_fs: Path, monkeypatc
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # ignored, as the spec says
     monkeypatch.setenv("HOME", str(here_fs / "home"))
     assert default_directory() == here_fs / "home" / ".cache" / "trtet_store" / "engines"
+
+
+def test_a_permission_error_while_caching_is_a_skip_with_its_reason(make_fs, caplog) -> None:
+    # Root passes permission bits, so the immutable flag makes the refusal (EPERM).
+    mnt = make_fs("ext4", 64)
+    cache = BlobCache(mnt / "cache", max_bytes=32 * MiB)
+    data = content(44, MiB)
+    src = write(mnt / "s", data)
+    subprocess.run(["chattr", "+i", os.fspath(cache.directory / "tmp")], check=True)
+    try:
+        for consume in (False, True):
+            r = cache.put("k", src, consume=consume)
+            assert r.skipped and "Operation not permitted" in r.reason, r
+            assert src.read_bytes() == data
+    finally:
+        subprocess.run(["chattr", "-i", os.fspath(cache.directory / "tmp")], check=True)
+    assert "k not stored" in caplog.text
+    assert cache.entries() == [] and leftovers(cache) == []
+    assert cache.put("k", src).stored
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root")
