@@ -32,8 +32,9 @@ from trtet_store.cli import main
 from trtet_store.io import ExternalFile
 from trtet_store.io.units import GiB, KiB, MiB
 from trtet_store.remote import ChecksumMismatchError, ConflictError, RemoteURLError
-from trtet_store.remote.upload.send import abort, publish_sources
+from trtet_store.remote.upload.send import publish_sources
 from trtet_store.remote.upload.source import ObjectSource
+from trtet_store.remote.upload.unfinished import abort
 
 PART = 5 * MiB
 ROOT = Path(__file__).resolve().parent.parent

@@ -48,10 +48,10 @@ _LAZY = {
     "PublishReport": "trtet_store.remote.report",
     "PublishConfig": "trtet_store.remote.upload.config",
     "FetchReport": "trtet_store.remote.report",
-    "abort": "trtet_store.remote.upload.send",
-    "list_uploads": "trtet_store.remote.upload.send",
-    "pending": "trtet_store.remote.upload.send",
-    "interrupted": "trtet_store.remote.upload.send",
+    "abort": "trtet_store.remote.upload.unfinished",
+    "list_uploads": "trtet_store.remote.upload.unfinished",
+    "pending": "trtet_store.remote.upload.unfinished",
+    "interrupted": "trtet_store.remote.upload.unfinished",
 }
 
 

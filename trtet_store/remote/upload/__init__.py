@@ -3,6 +3,8 @@
 :mod:`.program` (``publish``: a program or files as object sources) over
 :mod:`.send` (plan, send and copy parts, complete, the manifest last), with
 :mod:`.parts` (part sizes), :mod:`.delta` (parts copied server-side),
-:mod:`.journal` (the resume record) and :mod:`.source` (the bytes sent).
+:mod:`.index` (the engine-digest index), :mod:`.journal` (the resume
+record) and :mod:`.source` (the bytes sent); :mod:`.unfinished` lists and
+aborts the uploads a publish left open.
 Never imports :mod:`trtet_store.remote.download`.
 """

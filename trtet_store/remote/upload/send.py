@@ -84,7 +84,6 @@ from trtet_store.remote.s3 import (
     S3,
     BadDigest,
     NoSuchUpload,
-    OpenUpload,
     PreconditionFailed,
     Transient,
 )
@@ -95,15 +94,15 @@ from trtet_store.remote.upload.config import (  # noqa: F401 - DEFAULT_CONCURREN
     config_of,
     replace_of,
 )
+from trtet_store.remote.upload.index import index_lookup, update_index
 from trtet_store.remote.upload.journal import (
-    SUFFIX,
     Journal,
     default_dir,
     journal_path,
-    journals_of,
 )
 from trtet_store.remote.upload.parts import Part, choose_part_size, plan_parts
-from trtet_store.remote.upload.source import Extent, ObjectSource, Reader, piece_digests
+from trtet_store.remote.upload.source import ObjectSource, Reader, piece_digests
+from trtet_store.remote.upload.unfinished import open_uploads
 from trtet_store.remote.url import RemoteURL
 
 log = logging.getLogger("trtet_store.remote")
@@ -325,7 +324,7 @@ def _publish_locked(
         journal.reopen()
         log.info("publish %s: resuming an interrupted publish (journal %s)", dest, journal.path)
 
-    others = [u for u in _open_uploads(s3, bucket, keys)
+    others = [u for u in open_uploads(s3, bucket, keys)
               if u.upload_id not in {o.upload_id for o in objs}]
     if others:
         log.warning("publish %s: %d other unfinished upload(s) under these keys (another "
@@ -404,7 +403,7 @@ def _publish_locked(
         raise
     journal.remove()
     if index:
-        _update_index(s3, bucket, manifest)
+        update_index(s3, bucket, manifest)
 
     reports = [o.report for o in objs]
     rep = PublishReport(url=str(dest), manifest_key=mkey, manifest_etag=metag,
@@ -506,7 +505,7 @@ def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: st
         for o in objs:
             for e in o.source.extents:
                 if e.kind == "file" and e.size >= 5 << 20:
-                    for where, size, digest in _index_lookup(s3, bucket, e):
+                    for where, size, digest in index_lookup(s3, bucket, e):
                         cands.setdefault((size, digest), []).append(where)
     _drop_stale_candidates(s3, bucket, cands, heads)
     old_objects = {k: v["etag"] for k, v in previous.items()}
@@ -659,51 +658,6 @@ def _remove_replaced(s3: S3, bucket: str, key: str, mkey: str, previous: dict[st
         log.info("removed s3://%s/%s: the replaced version had it, no manifest names it now",
                  bucket, k)
     return removed
-
-
-# --- the engine-digest index ----------------------------------------------------------
-
-INDEX_PREFIX = ".trtet-store/pieces/"
-
-
-def _index_key_for(size: int, digest: str) -> str:
-    return f"{INDEX_PREFIX}{digest}-{size}.json"
-
-
-def _index_lookup(s3: S3, bucket: str, e: Extent) -> list[tuple[delta.Where, int, str]]:
-    """Index entries for a piece whose digest is known without reading it."""
-    import json
-
-    digest = e.known_digest()
-    if digest is None:
-        return []
-    got = s3.get(bucket, _index_key_for(e.size, digest), limit=1 << 20)
-    if got is None:
-        return []
-    try:
-        d = json.loads(got[0])
-        return [(delta.Where(str(d["key"]), int(d["offset"]), str(d["etag"])), e.size, digest)]
-    except (ValueError, KeyError, TypeError):
-        return []
-
-
-def _update_index(s3: S3, bucket: str, manifest: Manifest) -> None:
-    """Record every large file piece of ``manifest`` (best effort: a failure is logged)."""
-    import json
-
-    for o in manifest.objects:
-        for p in o.pieces:
-            if p.kind != "file" or p.size < 5 << 20:
-                continue
-            body = json.dumps({"key": o.key, "offset": p.offset, "etag": o.etag,
-                               "size": p.size}).encode()
-            try:
-                s3.put(bucket, _index_key_for(p.size, p.xxh3), body,
-                       crc64nvme_b64(checksum.crc64nvme(body)))
-            except (RemoteError, OSError) as exc:
-                log.warning("the engine-digest index entry for %s could not be written: %s",
-                            o.key, exc)
-                return
 
 
 # --- sending --------------------------------------------------------------------------
@@ -1059,14 +1013,7 @@ def _check_still_there(s3: S3, bucket: str, objs: list[_Object], mkey: str) -> N
                 "replace=True)", o.key)
 
 
-# --- aborting and listing ---------------------------------------------------------------------
-
-
-def _open_uploads(s3: S3, bucket: str, keys: list[str]) -> list[OpenUpload]:
-    out = []
-    for k in keys:
-        out += [u for u in s3.list_uploads(bucket, k) if u.key == k]
-    return out
+# --- aborting ---------------------------------------------------------------------------------
 
 
 def _abort_all(s3: S3, bucket: str, objs: list[_Object]) -> None:
@@ -1083,132 +1030,3 @@ def _abort_journaled(s3: S3, bucket: str, records: list[dict]) -> None:
     for r in records:
         if r.get("t") == "upload":
             s3.abort(bucket, keys.get(r["name"], ""), r["upload_id"])
-
-
-def list_uploads(url: str, *, endpoint_url: str | None = None) -> list[OpenUpload]:
-    """Unfinished multipart uploads under ``url`` (``s3://bucket/prefix``; a bucket alone: all).
-
-    They hold parts the bucket's owner pays for until they are completed or
-    aborted (:func:`abort`).
-    """
-    if not isinstance(url, str) or not url.startswith("s3://"):
-        raise ValueError(f"expected s3://bucket[/prefix], got {url!r}")
-    bucket, _, prefix = url[len("s3://"):].partition("/")
-    s3 = S3(endpoint_url)
-    s3.check_bucket(bucket)
-    return s3.list_uploads(bucket, prefix)
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    """An interrupted publish, as its journal names it (no request made)."""
-
-    url: str
-    endpoint: str
-    journal: Path
-    uploads: tuple[str, ...]  # the upload ids it opened
-    sources: tuple[str, ...] = ()  # the folders of the local files it read
-
-
-def _under(path: str, directory: Path) -> bool:
-    try:
-        Path(path).resolve().relative_to(directory)
-    except ValueError:
-        return False
-    return True
-
-
-def interrupted(journal_dir: os.PathLike | str | None = None, *,
-                directory: os.PathLike | str | None = None) -> list[Interrupted]:
-    """Every interrupted publish whose journal is in ``journal_dir`` (default: the usual one).
-
-    Each is resumed by publishing the same source to the same URL again, or
-    given up with :func:`abort`; until then its uploads hold parts the
-    bucket's owner pays for.
-
-    Parameters
-    ----------
-    journal_dir : path-like, optional
-        Where the journals are.
-    directory : path-like, optional
-        Only the publishes that read local files in or under it (what
-        ``trtet-store recover DIR`` reports); a publish of bytes held in
-        memory alone names no folder and is then left out.
-    """
-    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
-    root = Path(directory).resolve() if directory is not None else None
-    out = []
-    for path in sorted(jdir.glob(f"*{SUFFIX}")) if jdir.is_dir() else []:
-        try:
-            records = Journal.read(path)
-        except RemoteError as exc:
-            log.warning("%s", exc)
-            continue
-        if not records:
-            continue
-        plan = records[0]
-        sources = tuple(str(d) for d in plan.get("sources") or ())
-        if root is not None and not any(_under(d, root) for d in sources):
-            continue
-        out.append(Interrupted(f"s3://{plan['bucket']}/{plan['key']}", plan["endpoint"], path,
-                               tuple(r["upload_id"] for r in records if r.get("t") == "upload"),
-                               sources))
-    return out
-
-
-def pending(url: str, *, endpoint_url: str | None = None,
-            journal_dir: os.PathLike | str | None = None) -> Path | None:
-    """The journal of an interrupted publish of ``url`` (None if there is none).
-
-    ``endpoint_url`` is accepted for symmetry with :func:`abort`; a journal
-    is the destination's whatever URL the server is reached through
-    (:func:`~trtet_store.remote.upload.journal.journal_path`).
-    """
-    dest = RemoteURL.parse(url)
-    if endpoint_url is not None and not isinstance(endpoint_url, str):
-        raise TypeError(f"endpoint_url must be a str, not {type(endpoint_url).__name__}")
-    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
-    path = journal_path(jdir, dest.bucket, dest.key)
-    return path if Journal.read(path) else None
-
-
-def abort(url: str, *, endpoint_url: str | None = None,
-          journal_dir: os.PathLike | str | None = None) -> list[OpenUpload]:
-    """Abort the interrupted publish of ``url`` and every unfinished upload of its objects.
-
-    Aborts the uploads its journal names and any other unfinished upload of
-    the program's key or of the objects the journal names, then removes the
-    journal (and any older journal of the same destination). Returns what
-    was aborted.
-
-    Raises
-    ------
-    ConflictError
-        A publish of ``url`` is running on this machine (it holds the
-        journal's lock): stop it first; nothing was aborted.
-    """
-    dest = RemoteURL.parse(url)
-    s3 = S3(endpoint_url)
-    s3.check_bucket(dest.bucket)
-    jdir = Path(journal_dir) if journal_dir is not None else default_dir()
-    journal = Journal(journal_path(jdir, dest.bucket, dest.key))
-    journal.lock(str(dest), dest.key)
-    try:
-        paths = [journal.path] + [p for p in journals_of(jdir, dest.bucket, dest.key)
-                                  if p != journal.path]
-        keys = {dest.key}
-        for path in paths:
-            records = Journal.read(path)
-            if records:
-                keys |= {o["key"] for o in records[0].get("objects", [])}
-        aborted = []
-        for u in _open_uploads(s3, dest.bucket, sorted(keys)):
-            s3.abort(dest.bucket, u.key, u.upload_id)
-            aborted.append(u)
-            log.info("aborted the unfinished upload %s of s3://%s/%s", u.upload_id,
-                     dest.bucket, u.key)
-        for path in paths:
-            Journal(path).remove()
-    finally:
-        journal.unlock()
-    return aborted
