@@ -1,6 +1,6 @@
 """Issue 34 item 15 (and 19's progress bars): every CLI error is one line, through the real entry.
 
-The CLI has one error table (``cli_s3_common.ERROR_TABLE``): each command's
+The CLI has one error table (``cli._common.ERROR_TABLE``): each command's
 failure, and whatever a command does not catch itself (botocore's
 ``NoCredentialsError``), is printed as ``trtet-store COMMAND: line`` with a
 non-zero exit and no traceback. The cases of the issue run the console entry

@@ -54,7 +54,7 @@ def test_a_failed_range_write_stops_the_fetch_keeps_the_old_files_and_resumes(
         assert err.needed > 0 and "the disk filled during the fetch" in str(err)
         err = err.__cause__
     where = [Path(f.filename).name for f in traceback.extract_tb(err.__traceback__)]
-    assert "fetch_writer.py" in where, where
+    assert "writer.py" in where, where
     assert err.errno == (errno.ENOSPC if mode == "enospc" else errno.EIO)
     # The old version is untouched; what was staged waits for the resume.
     assert {p.name: _sha(p) for p in (here_fs / "model.pte", here_fs / "model.ptd")} == before

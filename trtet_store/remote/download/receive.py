@@ -9,8 +9,8 @@ The steps, in order (each a function below):
    manifest's.
 2. **Delta.** Pieces already in local files (the destination's previous
    version, ``reuse=``) are found by their chunk digests
-   (:mod:`.fetch_local`); the rest is planned as runs and ranges
-   (:mod:`.fetch_plan`).
+   (:mod:`.reuse`); the rest is planned as runs and ranges
+   (:mod:`.plan`).
 3. **Neighbours and preflight.** A ``.ptd`` of the program that another
    ``.pte`` of the directory needs is not replaced (ExecuTorch names them by
    tag; :func:`trtet_store.inspector.neighbours.check_neighbours`, opt-in
@@ -20,8 +20,8 @@ The steps, in order (each a function below):
    fills later anyway is an ``InsufficientSpaceError`` too.
 4. **Download.** Ranged GETs in parallel, each with ``If-Match``, each range
    checked against its chunk digests (a bad one is fetched again), written
-   into its run's staged blob and journaled (:mod:`.fetch_stage`) by one
-   writer thread (:mod:`.fetch_writer`). Memory: ``(concurrency + 2) x
+   into its run's staged blob and journaled (:mod:`.staging`) by one
+   writer thread (:mod:`.writer`). Memory: ``(concurrency + 2) x
    range_size``. A resume keeps every journaled range whose staged bytes
    still check, whatever its range size, and downloads only the gaps.
 5. **Verify.** The full-object checksum, combined from the ranges' (and the
