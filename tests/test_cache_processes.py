@@ -190,7 +190,7 @@ def test_a_wait_past_its_timeout_raises_naming_the_key(here_fs: Path) -> None:
             time.sleep(0.05)
         cache = BlobCache(cache_dir, max_bytes=64 * MiB)
         t0 = time.monotonic()
-        with pytest.raises(CacheWaitTimeout, match=r"waited 0\.[0-9] s .*'slowkey'"), \
+        with pytest.raises(CacheWaitTimeout, match=r"waited [0-9.]+ s .*'slowkey'"), \
                 cache.single_flight("slowkey", timeout=0.3):
             pass
         assert time.monotonic() - t0 < 5
