@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import UNSET, SourceChangedError
+from trtet_store.io import UNSET, MiB, SourceChangedError
 from trtet_store.remote import checksum
 from trtet_store.remote.errors import (
     ChecksumMismatchError,
@@ -142,7 +142,7 @@ class PartBody:
 BAD_DIGEST_ATTEMPTS = 3
 #: Our own attempts at a part after botocore's retries gave up on the network.
 PART_ATTEMPTS = 3
-_WINDOW = 8 << 20
+_WINDOW = 8 * MiB
 
 
 @dataclass
