@@ -626,7 +626,7 @@ class _Fetch:
         if len(head) < 32:
             return None
         end = int.from_bytes(head[16:24], "little") + int.from_bytes(head[24:32], "little")
-        if end > 64 << 20:
+        if end > 64 * MiB:
             return None  # not a header this check reads; the refusal names the keys anyway
         return head if end <= len(head) else self.reader.get_prefix(key, end)
 

@@ -94,7 +94,7 @@ from trtet_store.remote.upload.config import (  # noqa: F401 - DEFAULT_CONCURREN
     config_of,
     replace_of,
 )
-from trtet_store.remote.upload.index import index_lookup, update_index
+from trtet_store.remote.upload.index import MIN_INDEXED, index_lookup, update_index
 from trtet_store.remote.upload.journal import (
     Journal,
     default_dir,
@@ -504,7 +504,7 @@ def _plan_copies(s3: S3, bucket: str, objs: list[_Object], heads: dict, mkey: st
     if index:
         for o in objs:
             for e in o.source.extents:
-                if e.kind == "file" and e.size >= 5 << 20:
+                if e.kind == "file" and e.size >= MIN_INDEXED:
                     for where, size, digest in index_lookup(s3, bucket, e):
                         cands.setdefault((size, digest), []).append(where)
     _drop_stale_candidates(s3, bucket, cands, heads)
@@ -588,7 +588,7 @@ def _owners(s3: S3, bucket: str, key: str, mkey: str) -> dict[str, str]:
             continue
         owners[k] = program
         try:
-            got = s3.get(bucket, k, limit=64 << 20)
+            got = s3.get(bucket, k, limit=64 * MiB)
             if got is None:  # removed since the listing
                 continue
             named = named_keys(got[0])
