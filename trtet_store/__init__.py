@@ -45,6 +45,7 @@ _LAZY = {
     "write_tensor_data": "trtet_store.export.executorch",
     "save_program": "trtet_store.export.executorch",
     "compile_and_save": "trtet_store.export.compile",
+    "EngineCache": "trtet_store.export.engine_cache",
     "export_program": "trtet_store.export.lowering",
     "recover": "trtet_store.io.recovery",
     "publish": "trtet_store.remote.upload.program",
@@ -53,6 +54,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export.compile import compile_and_save
+    from trtet_store.export.engine_cache import EngineCache
     from trtet_store.export.executorch import save, save_program, write_tensor_data
     from trtet_store.export.lowering import export as export_program
     from trtet_store.io.recovery import recover
@@ -78,6 +80,7 @@ __all__ = [
     "BlobInUseError",
     "BlobStore",
     "ConcurrentWriteError",
+    "EngineCache",
     "ExternalFile",
     "IncompleteJournal",
     "InsufficientSpaceError",

@@ -309,7 +309,7 @@ class BlobStore:
         return w.blob
 
     def adopt(self, path: os.PathLike | str, *,
-              metadata: Mapping[str, Any] | None = None) -> Blob:
+              metadata: Mapping[str, Any] | None = None, give_back: bool = True) -> Blob:
         """Take ownership of an existing regular file, without reading it.
 
         On the store's filesystem the file is renamed into the store (O(1),
@@ -323,7 +323,9 @@ class BlobStore:
         If no write consumes the blob, releasing it gives the file back to
         ``path`` (when that name is still free; otherwise it stays in the
         store directory, listed by :meth:`orphans`). A write that fails and
-        rolls back therefore never costs the adopted file.
+        rolls back therefore never costs the adopted file. ``give_back=False``:
+        the file is the store's from now on (a scratch file the caller made
+        for it), deleted when the blob is released, like a written blob.
         """
         self._check_open()
         src = Path(path).absolute()
@@ -350,7 +352,8 @@ class BlobStore:
                 finally:
                     fs.calls.close(fd)
             return self._register(dest, st.st_size, None, self.chunk_size, None,
-                                  origin=os.fspath(src), metadata=metadata)
+                                  origin=os.fspath(src) if give_back else None,
+                                  metadata=metadata)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.rename(dest, src)
