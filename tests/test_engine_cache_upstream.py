@@ -1,0 +1,287 @@
+"""Torch-TensorRT 2.14.0's own engine cache beside our adapter, both through upstream's code.
+
+The wheel's ``torch_tensorrt/dynamo/_engine_cache.py`` runs unchanged, only
+its imports stubbed (``trtet_store.testing.upstream_engine_cache``): entries
+are packed by its ``insert`` and unpickled by its ``check``. Our adapter
+(``trtet_store.export.trt_engine_cache.for_torch_tensorrt``) subclasses its
+``BaseEngineCache`` and implements only ``save``/``load`` on a BlobCache.
+
+Side by side, each step in its own process, as Torch-TensorRT users run
+compiles: a 100 MiB cache filled with 5 x 20 MiB by one process, the first
+entry used by a second, a sixth inserted by a third. Upstream's empties the
+directory (every entry evicted for 0 credited bytes, the new one not cached);
+ours keeps the four most recently used plus the new one. A truncated entry
+makes upstream's ``check`` raise; ours misses and rebuilds.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import upstream
+
+from trtet_store.cache import BlobCache
+from trtet_store.io import MiB
+from trtet_store.testing import upstream_engine_cache as uec
+
+ROOT = Path(__file__).resolve().parent.parent
+TRT, SM = "10.14.1.48", "9.0"
+#: 5 packed entries fit in 100 MiB (pickle adds a few hundred bytes); a sixth does not.
+ENGINE = 20 * MiB - 4096
+BOUND = 100 * MiB
+
+
+@pytest.fixture(scope="module")
+def wheel() -> Path:
+    try:
+        return upstream.wheel("torch-tensorrt")
+    except upstream.WheelUnavailable as exc:
+        from filesystems import unavailable
+
+        unavailable(str(exc))
+
+
+@pytest.fixture
+def mod(wheel):
+    """The wheel's module, also importable as torch_tensorrt.dynamo._engine_cache meanwhile."""
+    module = uec.load(wheel)
+    with uec.as_torch_tensorrt(module):
+        yield module
+
+
+def adapter(directory: Path, *, trt: str = TRT, sm: str = SM, max_bytes: int = BOUND):
+    from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+
+    return for_torch_tensorrt(BlobCache(directory, max_bytes=max_bytes),
+                              tensorrt_version=trt, compute_capability=sm)
+
+
+def engine(i: int, size: int = ENGINE) -> bytes:
+    import random
+
+    return random.Random(i).randbytes(size)
+
+
+def entry(i: int, size: int = ENGINE) -> tuple:
+    """An UnpackedCacheHit as torch-tensorrt's compile inserts it (engine i)."""
+    return (engine(i, size), [f"in_{i}"], [f"out_{i}"], [uec.Input((1, 16 + i))],
+            uec.CompilationSettings(workspace_size=i), False, False, {})
+
+
+def hash_of(i: int) -> str:
+    return f"{i:064x}" * 3  # upstream's hashes are 192 hex characters
+
+
+# Each step runs in a fresh process: upstream keeps its sizes per process.
+CHILD = textwrap.dedent("""
+    import random, sys
+    from pathlib import Path
+    from trtet_store.cache import BlobCache
+    from trtet_store.testing import upstream_engine_cache as uec
+    kind, directory, wheel, step, size, bound = sys.argv[1:7]
+    size, bound = int(size), int(bound)
+    mod = uec.load(wheel)
+    if kind == "upstream":
+        cache = mod.DiskEngineCache(directory, bound)
+    else:
+        with uec.as_torch_tensorrt(mod):
+            from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+            cache = for_torch_tensorrt(BlobCache(directory, max_bytes=bound),
+                                       tensorrt_version=%(trt)r, compute_capability=%(sm)r)
+    def entry(i):
+        return (random.Random(i).randbytes(size), [f"in_{i}"], [f"out_{i}"],
+                [uec.Input((1, 16 + i))], uec.CompilationSettings(workspace_size=i),
+                False, False, {})
+    for word in step.split(","):
+        op, i = word[0], int(word[1:])
+        h = f"{i:064x}" * 3
+        if op == "i":
+            cache.insert(h, entry(i))
+        elif op == "c":
+            got = cache.check(h)
+            print(f"c{i}", "hit" if got is not None and tuple(got) == entry(i) else got)
+""") % {"trt": TRT, "sm": SM}
+
+
+def child(kind: str, directory: Path, wheel: Path, step: str, *,
+          size: int = ENGINE) -> str:
+    done = subprocess.run([sys.executable, "-c", CHILD, kind, os.fspath(directory),
+                           os.fspath(wheel), step, str(size), str(BOUND)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def fill_use_insert(kind: str, directory: Path, wheel: Path) -> None:
+    """Process 1 fills the cache (5 x 20 MiB), process 2 uses entry 0, process 3 inserts a 6th."""
+    child(kind, directory, wheel, "i0,i1,i2,i3,i4")
+    assert child(kind, directory, wheel, "c0").split() == ["c0", "hit"]
+    child(kind, directory, wheel, "i5")
+
+
+def test_upstream_disk_engine_cache_empties_a_full_cache_from_a_new_process(here_fs, wheel):
+    """The failure to show: a new process's insert evicts everything, then caches nothing."""
+    directory = here_fs / "upstream"
+    child("upstream", directory, wheel, "i0,i1,i2,i3,i4")
+    assert sorted(os.listdir(directory)) == sorted(hash_of(i) for i in range(5))
+    assert child("upstream", directory, wheel, "c0").split() == ["c0", "hit"]
+    child("upstream", directory, wheel, "i5")
+    assert os.listdir(directory) == []  # 5 entries evicted for 0 credited bytes, 6th not cached
+    assert child("upstream", directory, wheel, "c0,c5").split() == ["c0", "None", "c5", "None"]
+
+
+def test_our_adapter_keeps_the_four_most_recently_used_plus_the_new_one(here_fs, wheel, mod):
+    """Same steps through upstream's insert/check: entry 1, least recently used, goes.
+
+    Not entry 0, the oldest written (upstream's "LRU" sorts by mtime, which
+    ``load`` never touches): process 2's hit was recorded on disk.
+    """
+    directory = here_fs / "ours"
+    fill_use_insert("ours", directory, wheel)
+    ours = adapter(directory)
+    assert [i for i in range(6) if ours.check(hash_of(i)) is not None] == [0, 2, 3, 4, 5]
+    for i in (0, 2, 3, 4, 5):  # each the very entry inserted, through upstream's unpickling
+        assert tuple(ours.check(hash_of(i))) == entry(i)
+    stats = ours.cache.stats()
+    assert stats.entries == 5 and stats.bytes <= BOUND
+    assert os.listdir(directory / "tmp") == []
+
+
+def test_a_packed_entry_goes_through_insert_and_comes_back_through_check(here_fs, mod):
+    ours = adapter(here_fs / "c")
+    assert isinstance(ours, mod.BaseEngineCache)
+    packed = mod.BaseEngineCache.pack(*entry(7, 1 * MiB))
+    ours.insert(hash_of(7), entry(7, 1 * MiB))
+    assert ours.last_put.stored, ours.last_put
+    assert ours.load(hash_of(7)) == packed  # the bytes upstream's pack made, unchanged
+    got = ours.check(hash_of(7))
+    assert tuple(got) == entry(7, 1 * MiB)
+    assert ours.check(hash_of(8)) is None
+    [info] = ours.cache.entries()
+    assert info.metadata == {"kind": "torch_tensorrt.packed", "torch_tensorrt_hash": hash_of(7),
+                             "tensorrt_version": TRT, "compute_capability": SM}
+    assert info.hits == 2
+
+
+def test_the_key_holds_the_tensorrt_version_and_the_compute_capability(here_fs, mod):
+    """One directory shared by two GPUs / TensorRTs: each gets only its own engines."""
+    directory = here_fs / "shared"
+    a = adapter(directory)
+    a.insert(hash_of(1), entry(1, MiB))
+    assert a.check(hash_of(1)) is not None
+    other_gpu = adapter(directory, sm="8.6")
+    other_trt = adapter(directory, trt="10.13.0")
+    assert other_gpu.check(hash_of(1)) is None
+    assert other_trt.check(hash_of(1)) is None
+    other_gpu.insert(hash_of(1), entry(2, MiB))  # same upstream hash, another GPU's engine
+    assert tuple(other_gpu.check(hash_of(1))) == entry(2, MiB)
+    assert tuple(a.check(hash_of(1))) == entry(1, MiB)
+    assert len({a.key_for("h"), other_gpu.key_for("h"), other_trt.key_for("h")}) == 3
+
+
+def test_a_truncated_entry_makes_upstreams_check_raise(here_fs, wheel):
+    """As a crash mid-write leaves it (plain open + write: no temp file, no rename)."""
+    mod = uec.load(wheel)
+    cache = mod.DiskEngineCache(os.fspath(here_fs / "upstream"), BOUND)
+    cache.insert(hash_of(3), entry(3, MiB))
+    blob = here_fs / "upstream" / hash_of(3) / "blob.bin"
+    os.truncate(blob, blob.stat().st_size // 2)
+    with pytest.raises((pickle.UnpicklingError, EOFError)):
+        cache.check(hash_of(3))
+
+
+def test_a_truncated_entry_in_ours_is_a_miss_and_is_rebuilt(here_fs, mod):
+    directory = here_fs / "ours"
+    ours = adapter(directory)
+    ours.insert(hash_of(3), entry(3, MiB))
+    ours.insert(hash_of(4), entry(4, MiB))
+    [info] = [e for e in ours.cache.entries() if e.key == ours.key_for(hash_of(3))]
+    victim = directory / "blobs" / f"{info.digest}-{info.size}"  # entry 3's bytes
+    os.truncate(victim, victim.stat().st_size // 2)
+    assert ours.check(hash_of(3)) is None  # missed, never unpickled
+    assert not victim.exists()  # dropped
+    assert tuple(ours.check(hash_of(4))) == entry(4, MiB)  # the other entry untouched
+    ours.insert(hash_of(3), entry(3, MiB))  # the rebuild enters again
+    assert tuple(ours.check(hash_of(3))) == entry(3, MiB)
+
+
+def test_a_process_killed_between_its_temp_file_and_the_put_leaves_nothing(here_fs, wheel):
+    """The adapter's own step before the cache's put: its temp file is the cache's to recover."""
+    directory = here_fs / "killed"
+    BlobCache(directory, max_bytes=BOUND)
+    code = textwrap.dedent(f"""
+        import os, signal
+        from trtet_store.cache import BlobCache
+        from trtet_store.testing import upstream_engine_cache as uec
+        mod = uec.load({os.fspath(wheel)!r})
+        with uec.as_torch_tensorrt(mod):
+            from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+            cache = for_torch_tensorrt(BlobCache({os.fspath(directory)!r}, max_bytes={BOUND}),
+                                       tensorrt_version="t", compute_capability="9.0")
+        # Die at the put: the packed bytes are in the temp file, nothing is entered.
+        cache.cache.put = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        cache.save("h" * 64, os.urandom(3 << 20))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    left = [p for p in directory.rglob("*") if p.is_file() and p.name != "lock"]
+    assert [p.parent.name for p in left] == ["tmp"] and left[0].stat().st_size == 3 << 20
+    reopened = BlobCache(directory, max_bytes=BOUND)
+    assert reopened.recovered == left
+    assert [p for p in directory.rglob("*") if p.is_file() and p.name != "lock"] == []
+
+
+def test_an_entry_larger_than_the_bound_is_skipped_and_nothing_else_moves(here_fs, mod):
+    directory = here_fs / "small"
+    ours = adapter(directory, max_bytes=4 * MiB)
+    ours.insert(hash_of(1), entry(1, MiB))
+    before = {p: p.read_bytes() for p in (directory / "blobs").iterdir()}
+    ours.insert(hash_of(2), entry(2, 5 * MiB))
+    assert not ours.last_put.stored
+    assert "larger than the cache's bound of 4194304 bytes" in ours.last_put.reason
+    assert ours.check(hash_of(2)) is None
+    assert {p: p.read_bytes() for p in (directory / "blobs").iterdir()} == before
+    assert os.listdir(directory / "tmp") == []
+    assert tuple(ours.check(hash_of(1))) == entry(1, MiB)
+
+
+def test_refusals(here_fs, mod):
+    from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+
+    ours = adapter(here_fs / "r")
+    with pytest.raises(TypeError, match=r"save\(\) takes only \(hash, blob\); got also ttl="):
+        ours.save("h", b"x", ttl=3)
+    with pytest.raises(TypeError, match=r"load\(\) takes only \(hash\); got also 'x'"):
+        ours.load("h", "x")
+    with pytest.raises(TypeError, match="hash must be a non-empty str"):
+        ours.save(b"h", b"x")
+    with pytest.raises(TypeError, match="blob must be bytes-like"):
+        ours.save("h", "text")
+    with pytest.raises(ValueError, match=r"compute_capability must be 'major.minor'.*'sm90x'"):
+        for_torch_tensorrt(here_fs / "r", tensorrt_version="t", compute_capability="sm90x")
+    with pytest.raises(TypeError, match="has its own bound"):
+        for_torch_tensorrt(ours.cache, max_bytes=MiB, tensorrt_version="t",
+                           compute_capability="9.0")
+    assert adapter(here_fs / "r", sm=(8, 9)).compute_capability == "8.9"
+    assert for_torch_tensorrt(here_fs / "r", max_bytes=MiB, tensorrt_version="t",
+                              compute_capability="sm_90").compute_capability == "9.0"
+    assert os.listdir(here_fs / "r" / "tmp") == [] and ours.cache.entries() == []
+
+
+def test_without_torch_tensorrt_the_adapter_says_so(here_fs):
+    """Imported lazily: trtet_store never needs torch-tensorrt until the adapter is asked for."""
+    from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+
+    if "torch_tensorrt" in sys.modules:
+        pytest.skip("a torch_tensorrt is imported in this process")
+    with pytest.raises(ImportError, match="needs torch-tensorrt"):
+        for_torch_tensorrt(here_fs / "x", tensorrt_version="t", compute_capability="9.0")
+    assert not (here_fs / "x").exists()
