@@ -32,7 +32,7 @@ from trtet_store.io import MiB
 from trtet_store.testing import upstream_engine_cache as uec
 
 ROOT = Path(__file__).resolve().parent.parent
-TRT, SM = "10.14.1.48", "9.0"
+TRT, SM = "10.14.1.48", "sm_90"
 #: 5 packed entries fit in 100 MiB (pickle adds a few hundred bytes); a sixth does not.
 ENGINE = 20 * MiB - 4096
 BOUND = 100 * MiB
@@ -155,7 +155,12 @@ def test_our_adapter_keeps_the_four_most_recently_used_plus_the_new_one(here_fs,
 
 
 def test_a_packed_entry_goes_through_insert_and_comes_back_through_check(here_fs, mod):
-    ours = adapter(here_fs / "c")
+    from trtet_store import EngineCache
+    from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+
+    engines = EngineCache(here_fs / "c", max_bytes=BOUND, min_free=0)
+    ours = for_torch_tensorrt(engines, tensorrt_version=TRT, compute_capability=SM)
+    assert ours.cache is engines.blobs  # one store, one bound with the export's builds
     assert isinstance(ours, mod.BaseEngineCache)
     packed = mod.BaseEngineCache.pack(*entry(7, 1 * MiB))
     ours.insert(hash_of(7), entry(7, 1 * MiB))
@@ -166,7 +171,8 @@ def test_a_packed_entry_goes_through_insert_and_comes_back_through_check(here_fs
     assert ours.check(hash_of(8)) is None
     [info] = ours.cache.entries()
     assert info.metadata == {"kind": "torch_tensorrt.packed", "torch_tensorrt_hash": hash_of(7),
-                             "tensorrt_version": TRT, "compute_capability": SM}
+                             "versions": [["tensorrt", TRT]], "compute_capability": SM}
+    assert info.key.endswith("-sm_90")
     assert info.hits == 2
 
 
@@ -176,7 +182,7 @@ def test_the_key_holds_the_tensorrt_version_and_the_compute_capability(here_fs, 
     a = adapter(directory)
     a.insert(hash_of(1), entry(1, MiB))
     assert a.check(hash_of(1)) is not None
-    other_gpu = adapter(directory, sm="8.6")
+    other_gpu = adapter(directory, sm="sm_86")
     other_trt = adapter(directory, trt="10.13.0")
     assert other_gpu.check(hash_of(1)) is None
     assert other_trt.check(hash_of(1)) is None
@@ -224,7 +230,7 @@ def test_a_process_killed_between_its_temp_file_and_the_put_leaves_nothing(here_
         with uec.as_torch_tensorrt(mod):
             from trtet_store.export.trt_engine_cache import for_torch_tensorrt
             cache = for_torch_tensorrt(BlobCache({os.fspath(directory)!r}, max_bytes={BOUND}),
-                                       tensorrt_version="t", compute_capability="9.0")
+                                       tensorrt_version="t", compute_capability="sm_90")
         # Die at the put: the packed bytes are in the temp file, nothing is entered.
         cache.cache.put = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
         cache.save("h" * 64, os.urandom(3 << 20))
@@ -265,14 +271,17 @@ def test_refusals(here_fs, mod):
         ours.save(b"h", b"x")
     with pytest.raises(TypeError, match="blob must be bytes-like"):
         ours.save("h", "text")
-    with pytest.raises(ValueError, match=r"compute_capability must be 'major.minor'.*'sm90x'"):
+    with pytest.raises(ValueError, match=r"compute_capability must be 'sm_90'.*'sm90x'"):
         for_torch_tensorrt(here_fs / "r", tensorrt_version="t", compute_capability="sm90x")
     with pytest.raises(TypeError, match="has its own bound"):
         for_torch_tensorrt(ours.cache, max_bytes=MiB, tensorrt_version="t",
-                           compute_capability="9.0")
-    assert adapter(here_fs / "r", sm=(8, 9)).compute_capability == "8.9"
+                           compute_capability="sm_90")
+    assert adapter(here_fs / "r", sm=(8, 9)).compute_capability == "sm_89"
+    assert adapter(here_fs / "r", sm="10.0").compute_capability == "sm_100"
     assert for_torch_tensorrt(here_fs / "r", max_bytes=MiB, tensorrt_version="t",
-                              compute_capability="sm_90").compute_capability == "9.0"
+                              compute_capability="sm_90").compute_capability == "sm_90"
+    with pytest.raises(RuntimeError, match="no CUDA device"):  # this machine has none
+        for_torch_tensorrt(here_fs / "r", tensorrt_version="t")
     assert os.listdir(here_fs / "r" / "tmp") == [] and ours.cache.entries() == []
 
 
@@ -283,5 +292,5 @@ def test_without_torch_tensorrt_the_adapter_says_so(here_fs):
     if "torch_tensorrt" in sys.modules:
         pytest.skip("a torch_tensorrt is imported in this process")
     with pytest.raises(ImportError, match="needs torch-tensorrt"):
-        for_torch_tensorrt(here_fs / "x", tensorrt_version="t", compute_capability="9.0")
+        for_torch_tensorrt(here_fs / "x", tensorrt_version="t", compute_capability="sm_90")
     assert not (here_fs / "x").exists()

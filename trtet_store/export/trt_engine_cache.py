@@ -32,7 +32,9 @@ there (cloned where the filesystem can, else copied: ext4 writes them twice);
 
 Usage::
 
-    cache = trtet_store.export.trt_engine_cache.for_torch_tensorrt()
+    from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+
+    cache = for_torch_tensorrt()            # or for_torch_tensorrt(trtet_store.EngineCache(...))
     torch_tensorrt.compile(..., cache_built_engines=True, reuse_cached_engines=True,
                            custom_engine_cache=cache)
 """
@@ -50,20 +52,19 @@ import uuid
 from typing import Any
 
 from trtet_store.cache import BlobCache, PutResult
-from trtet_store.io import GiB, try_lock
+from trtet_store.export.engine_cache import NO_GPU, EngineCache
+from trtet_store.export.engine_cache import compute_capability as compute_capability_of_this_gpu
+from trtet_store.io import try_lock
 
 log = logging.getLogger("trtet_store.cache")
 
-__all__ = ["DEFAULT_MAX_BYTES", "KIND", "detect_compute_capability", "detect_tensorrt_version",
-           "for_torch_tensorrt"]
+__all__ = ["KIND", "detect_tensorrt_version", "for_torch_tensorrt"]
 
 #: Metadata ``kind`` of the entries this adapter stores (upstream's pickled pack).
 KIND = "torch_tensorrt.packed"
-#: The bound of a cache made here: Torch-TensorRT's own default (``ENGINE_CACHE_SIZE``, 5 GB).
-DEFAULT_MAX_BYTES = 5 * GiB
 _UPSTREAM = "torch_tensorrt.dynamo._engine_cache"
 _TRT_DIST = re.compile(r"^tensorrt(-cu\d+)?$")
-_CAPABILITY = re.compile(r"^(\d+)\.(\d+)$")
+_CAPABILITY = re.compile(r"(\d+)\.(\d)")
 
 
 def detect_tensorrt_version() -> str:
@@ -85,36 +86,17 @@ def detect_tensorrt_version() -> str:
                        "pass tensorrt_version= to for_torch_tensorrt()")
 
 
-def detect_compute_capability() -> str:
-    """The current CUDA device's compute capability as ``"major.minor"`` (``"9.0"``).
-
-    Raises
-    ------
-    RuntimeError
-        No CUDA device (pass ``compute_capability=`` to :func:`for_torch_tensorrt`).
-    """
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA device to read a compute capability from: pass "
-                           "compute_capability= (e.g. '9.0') to for_torch_tensorrt()")
-    major, minor = torch.cuda.get_device_capability()
-    return f"{major}.{minor}"
-
-
 def _capability(value: object) -> str:
-    """``"9.0"`` from ``"9.0"``, ``(9, 0)`` or ``"sm_90"``; ValueError otherwise."""
+    """``"sm_90"`` (EngineCache's form) from ``"sm_90"``, ``"9.0"`` or ``(9, 0)``."""
     if isinstance(value, tuple) and len(value) == 2 and \
             all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        return f"{value[0]}.{value[1]}"
+        return f"sm_{value[0]}{value[1]}"
     if isinstance(value, str):
-        if _CAPABILITY.match(value):
+        if (m := _CAPABILITY.fullmatch(value)) is not None:
+            return f"sm_{m.group(1)}{m.group(2)}"
+        if re.fullmatch(r"sm_\d{2,3}", value):
             return value
-        m = re.fullmatch(r"sm_?(\d+)(\d)", value)
-        if m:
-            return f"{m.group(1)}.{m.group(2)}"
-    raise ValueError(f"compute_capability must be 'major.minor' (e.g. '9.0'), (9, 0) or "
-                     f"'sm_90', got {value!r}")
+    raise ValueError(f"compute_capability must be 'sm_90', '9.0' or (9, 0), got {value!r}")
 
 
 def _refuse_extra(method: str, args: tuple, kwargs: dict) -> None:
@@ -145,7 +127,8 @@ class _Adapter:
         for part in ("torch_tensorrt", hash, self.tensorrt_version, self.compute_capability):
             h.update(part.encode())
             h.update(b"\0")
-        return f"torch_tensorrt-{h.hexdigest()}"
+        # The capability is in the digest and, readable, at the end (as EngineCache's keys).
+        return f"torch_tensorrt-{h.hexdigest()}-{self.compute_capability}"
 
     def save(self, hash: str, blob: bytes, *args: Any, **kwargs: Any) -> None:  # noqa: A002
         """Store upstream's packed ``blob`` under ``hash``: complete or not at all, bounded.
@@ -185,8 +168,9 @@ class _Adapter:
             done = 0
             while done < size:
                 done += os.pwrite(fd, view[done:], done)
+            # As EngineCache's records name theirs, so `trtet-store cache list` shows both.
             metadata = {"kind": KIND, "torch_tensorrt_hash": hash,
-                        "tensorrt_version": self.tensorrt_version,
+                        "versions": [["tensorrt", self.tensorrt_version]],
                         "compute_capability": self.compute_capability}
             self.last_put = cache.put(key, tmp, metadata)
         except OSError as exc:
@@ -240,56 +224,66 @@ def _adapter_class(base: type) -> type:
     return cls
 
 
-def for_torch_tensorrt(cache: BlobCache | os.PathLike | str | None = None, *,
+def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None = None, *,
                        max_bytes: int | None = None, tensorrt_version: str | None = None,
                        compute_capability: str | tuple[int, int] | None = None) -> Any:
     """A ``BaseEngineCache`` for ``torch_tensorrt.compile(..., custom_engine_cache=)``.
 
     Parameters
     ----------
-    cache : BlobCache, path-like or None
-        The store. A directory (or None: the per-user default,
-        ``$XDG_CACHE_HOME/trtet_store/engines``) opens a :class:`BlobCache`
-        bounded by ``max_bytes``.
+    cache : EngineCache, BlobCache, path-like or None
+        The store: an :class:`~trtet_store.EngineCache` (its entries live
+        beside the export's, under one bound), its :class:`BlobCache`, or a
+        directory (None: the per-user default,
+        ``$XDG_CACHE_HOME/trtet_store/engines``) opened as an ``EngineCache``.
     max_bytes : int, optional
-        The bound when a cache is opened here (default 5 GiB, upstream's
-        default); refused with a ``BlobCache`` (it has its own).
+        The bound of a cache opened here (default EngineCache's); refused
+        with a cache given (it has its own).
     tensorrt_version : str, optional
         Default: this environment's (:func:`detect_tensorrt_version`).
     compute_capability : str or (int, int), optional
-        ``"9.0"``; default: the current CUDA device's (:func:`detect_compute_capability`).
+        ``"sm_90"``, ``"9.0"`` or ``(9, 0)``; default: the current GPU's
+        (:func:`trtet_store.export.engine_cache.compute_capability`).
 
     Returns
     -------
     TorchTensorRTEngineCache
-        A subclass instance of ``torch_tensorrt.dynamo._engine_cache.BaseEngineCache``.
+        An instance of a subclass of ``torch_tensorrt.dynamo._engine_cache.BaseEngineCache``.
 
     Raises
     ------
     ImportError
         torch-tensorrt is not installed.
+    RuntimeError
+        No TensorRT or no GPU was found and none was given.
     """
     try:
         base = importlib.import_module(_UPSTREAM).BaseEngineCache
     except ImportError as exc:
         raise ImportError(f"for_torch_tensorrt() needs torch-tensorrt ({_UPSTREAM}): {exc}; "
                           "install torch-tensorrt") from exc
-    if isinstance(cache, BlobCache):
+    if isinstance(cache, (EngineCache, BlobCache)):
         if max_bytes is not None:
-            raise TypeError("max_bytes= applies to a cache opened here; the BlobCache given "
-                            f"has its own bound ({cache.max_bytes} bytes)")
-        store = cache
+            raise TypeError(f"max_bytes= applies to a cache opened here; the "
+                            f"{type(cache).__name__} given has its own bound "
+                            f"({cache.max_bytes} bytes)")
+        store = cache.blobs if isinstance(cache, EngineCache) else cache
     elif cache is None or isinstance(cache, (str, os.PathLike)):
-        store = BlobCache(cache, max_bytes=DEFAULT_MAX_BYTES if max_bytes is None
-                          else max_bytes)
+        store = (EngineCache(cache) if max_bytes is None
+                 else EngineCache(cache, max_bytes=max_bytes)).blobs
     else:
-        raise TypeError(f"cache must be a BlobCache, a directory or None, got "
+        raise TypeError(f"cache must be an EngineCache, a BlobCache, a directory or None, got "
                         f"{type(cache).__name__}")
     if tensorrt_version is None:
         tensorrt_version = detect_tensorrt_version()
     elif not isinstance(tensorrt_version, str) or not tensorrt_version:
         raise ValueError(f"tensorrt_version must be a non-empty str, got {tensorrt_version!r}")
-    capability = (detect_compute_capability() if compute_capability is None
-                  else _capability(compute_capability))
+    if compute_capability is None:
+        capability = compute_capability_of_this_gpu()
+        if capability == NO_GPU:
+            raise RuntimeError("no CUDA device to read a compute capability from: pass "
+                               "compute_capability= (e.g. 'sm_90') to for_torch_tensorrt()")
+    else:
+        capability = _capability(compute_capability)
     return _adapter_class(base)(store, tensorrt_version=tensorrt_version,
                                 compute_capability=capability)
