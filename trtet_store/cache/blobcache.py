@@ -65,6 +65,7 @@ from trtet_store.cache.results import (
 from trtet_store.io import (
     Blob,
     Digester,
+    MiB,
     clone_range,
     file_identity,
     free_bytes,
@@ -75,7 +76,6 @@ from trtet_store.io import (
 
 log = logging.getLogger("trtet_store.cache")
 
-MiB = 1024 * 1024
 DEFAULT_CHUNK_SIZE = MiB
 _READ = 8 * MiB
 # Errors that make a put a skip, not a failure: the cache is an optimisation.

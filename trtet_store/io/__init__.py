@@ -28,7 +28,7 @@ from trtet_store.io.fs import (
 )
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.lock import release, try_lock, unlock_file
-from trtet_store.io.names import STAGING_DIR
+from trtet_store.io.names import PUBLISH_STAGING_DIR, STAGING_DIR
 from trtet_store.io.options import UNSET, Progress, WriteOptions, merge_options
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.records import DamagedRecordsError, RecordFile, read_records
@@ -82,6 +82,7 @@ __all__ = [
     "Progress",
     "RecordFile",
     "SourceChangedError",
+    "PUBLISH_STAGING_DIR",
     "STAGING_DIR",
     "StorageError",
     "StuckJournalError",

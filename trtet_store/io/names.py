@@ -31,6 +31,8 @@ STORE_LOCK_PREFIX = ".store-"
 STORE_LOCK_SUFFIX = ".lock"
 # The store the exporter stages engines in, beside the output.
 STAGING_DIR = ".trtet-staging"
+# Where compile-and-publish stages its engines (kept there when the publish fails).
+PUBLISH_STAGING_DIR = ".trtet-publish-staging"
 
 _TEMP = re.compile(r"^\..+\.trtet-([0-9a-f]{16})\.(tmp|old)$")
 _JOURNAL = re.compile(r"^\.(.+)\.trtet-([0-9a-f]{16})" + re.escape(JOURNAL_SUFFIX) + "$")

@@ -89,6 +89,7 @@ __all__ = [
     "RemoteURLError",
     "UploadKeptError",
     "abort",
+    "compile_and_publish",
     "fetch",
     "interrupted",
     "list_uploads",

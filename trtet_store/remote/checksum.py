@@ -23,10 +23,10 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from trtet_store.io import Digester
+from trtet_store.io import Digester, MiB
 
 #: The span of each xxh3-64 chunk digest (the storage engine's default).
-CHUNK_SIZE = 1 << 20
+CHUNK_SIZE = MiB
 
 
 def _crt() -> Any:

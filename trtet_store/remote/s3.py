@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trtet_store.io import MiB
 from trtet_store.remote.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -76,7 +77,7 @@ _RETRY = frozenset({"500", "502", "503", "504", "InternalError", "ServiceUnavail
                     "SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "OperationAborted"})
 
 #: Bytes per read of a response body.
-READ_STEP = 1 << 20
+READ_STEP = MiB
 
 
 class PreconditionFailed(ObjectChangedError):  # noqa: N818 - the server's name for it

@@ -17,14 +17,14 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from trtet_store.io import chunk_digest
+from trtet_store.io import MiB, chunk_digest
 from trtet_store.remote.checksum import combine, crc64nvme
 from trtet_store.remote.download.plan import ObjectSpec, Reuse
 
 log = logging.getLogger("trtet_store.remote.download.receive")
 
 #: Bytes per read while matching.
-READ_STEP = 8 << 20
+READ_STEP = 8 * MiB
 
 
 def candidate_files(paths: Sequence[os.PathLike | str]) -> list[tuple[str, int]]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import UNSET
+from trtet_store.io import PUBLISH_STAGING_DIR, UNSET
 from trtet_store.remote.report import PublishProgress, PublishReport
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
 from trtet_store.remote.upload.send import publish_sources
@@ -143,7 +143,7 @@ def publish(
 
 
 #: Where :func:`compile_and_publish` stages its engines, under its ``store`` directory.
-PUBLISH_STAGING = ".trtet-publish-staging"
+PUBLISH_STAGING = PUBLISH_STAGING_DIR
 
 
 def publish_staging(store: os.PathLike | str | None = None) -> Path:

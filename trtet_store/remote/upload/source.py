@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtet_store.io import Blob, ExternalFile, SourceChangedError
+from trtet_store.io import Blob, ExternalFile, MiB, SourceChangedError
 from trtet_store.remote.checksum import CHUNK_SIZE, PieceDigester
 
 
@@ -275,7 +275,7 @@ def piece_digests(e: Extent) -> tuple[str, tuple[int, ...]]:
     src = ObjectSource("prepass", [e.piece])
     reader = Reader(src)
     try:
-        window = memoryview(bytearray(8 << 20))
+        window = memoryview(bytearray(8 * MiB))
         reader.skip_to(window, src.size)
     finally:
         reader.close()
