@@ -45,6 +45,11 @@ class CompileReport:
         digest is what ``trtet-store verify --engine-digest`` checks.
     etrecord : pathlib.Path or None
         The ETRecord, when one was asked for.
+    engine_cache : list of EngineCacheEvent
+        With ``engine_cache=``, per engine: ``outcome`` ``"hit"`` (not built;
+        ``placement`` ``"clone"`` or ``"copy"`` from the cache into staging)
+        or ``"miss"`` (built; ``stored``, and the put's ``placement`` or the
+        ``reason`` it was not cached).
     seconds : float
         Wall time, lowering included.
 
@@ -57,6 +62,7 @@ class CompileReport:
     writes: list[WriteReport] = field(default_factory=list)
     engines: list[tuple[str, int]] = field(default_factory=list)
     etrecord: Path | None = None
+    engine_cache: list[Any] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -71,6 +77,7 @@ class CompileReport:
             "data_paths": [os.fspath(p) for p in self.data_paths],
             "etrecord": os.fspath(self.etrecord) if self.etrecord else None,
             "engines": [list(e) for e in self.engines],
+            "engine_cache": [e.to_json() for e in self.engine_cache],
             "seconds": self.seconds,
             "writes": [w.to_json() for w in self.writes],
         }
@@ -102,6 +109,8 @@ def compile_and_save(
     timeout: float | None = None,
     versioned: bool | int = False,
     replace_needed: bool = False,
+    engine_cache: Any = None,
+    engine_cache_timeout: float | None = None,
     **compile_settings: Any,
 ) -> CompileReport:
     """Compile ``source`` and write it as an ExecuTorch program, each engine on disk once.
@@ -177,6 +186,18 @@ def compile_and_save(
         before the build for the ``.ptd`` files named up front
         (``external_engine_data``, ``external_weights``), at the write for
         others (the engines built are kept then, as after any failed write).
+    engine_cache : EngineCache or bool, optional
+        A :class:`trtet_store.EngineCache` (``True``: the default one). A hit
+        skips the build and its engines are cloned from the cache (copied
+        where the cache and the output share no reflink filesystem); a miss
+        builds, and the engines enter the cache before the save (a clone
+        where it can; on the staging filesystem only if the save keeps its
+        room). The cache keeps its entries; one that cannot take an entry
+        never fails the call (``report.engine_cache`` and the log say why).
+        A cache inside the staging directory is refused before the build.
+    engine_cache_timeout : float, optional
+        Seconds to wait for another process building the same engines
+        (default: until it finishes or dies).
     **compile_settings
         Passed to Torch-TensorRT's compiler; each must be a setting it knows
         (see :mod:`trtet_store.export.trt_settings`).
@@ -235,6 +256,14 @@ def compile_and_save(
 
         check_neighbours(path.parent, [d.name for d in destinations[1:]], program=path)
 
+    from trtet_store.export import engine_cache as cache_mod
+
+    cache = cache_mod.resolve(engine_cache) if backend == "tensorrt" else None
+    if cache is not None:
+        # Before the build: staging is emptied and removed with the export.
+        staging = store.directory if isinstance(store, BlobStore) else \
+            Path(path.parent / STAGING_DIR if store is None else store).absolute()
+        _refuse_cache_in(cache.directory, Path(staging))
     own_store = not isinstance(store, BlobStore)
     if own_store:
         store = BlobStore(path.parent / STAGING_DIR if store is None else store)
@@ -248,10 +277,12 @@ def compile_and_save(
                       constant_methods=constant_methods, generate_etrecord=generate_etrecord,
                       weight_streaming_budget_per_engine=weight_streaming_budget_per_engine,
                       backend=backend, store=store, external_engine_data=external_engine_data,
-                      external_weights=external_weights, **compile_settings)
+                      external_weights=external_weights, engine_cache=cache,
+                      engine_cache_timeout=engine_cache_timeout, **compile_settings)
         engines = edge._trtet_staged[0]  # noqa: SLF001
         program = edge.to_executorch(config)
-        report = CompileReport(path, engines=_listed_once(engines))
+        report = CompileReport(path, engines=_listed_once(engines),
+                               engine_cache=list(getattr(edge, "_trtet_cache", [])))
         etrecord_error = None
         if generate_etrecord:
             report.etrecord = path.with_name(path.stem + "_etrecord.bin")
@@ -301,6 +332,17 @@ def _listed_once(engines: list[Any]) -> list[tuple[str, int]]:
     for e in engines:
         seen.setdefault(e.key, e.blob.size)
     return list(seen.items())
+
+
+def _refuse_cache_in(cache_dir: Path, staging: Path) -> None:
+    """ValueError when the engine cache lies inside the staging directory (or is it)."""
+    real_cache = os.path.realpath(cache_dir)
+    real_staging = os.path.realpath(staging)
+    if real_cache == real_staging or real_cache.startswith(real_staging.rstrip(os.sep) + os.sep):
+        raise ValueError(
+            f"the engine cache {cache_dir} is inside the staging directory {staging}, whose "
+            "files each export takes and removes: put the cache elsewhere (the default, "
+            "EngineCache(), is per user under $XDG_CACHE_HOME), or stage elsewhere (store=)")
 
 
 def _check_output(path: Path) -> None:

@@ -107,6 +107,9 @@ RECORD_KIND = "trtet_store.tensorrt.build"
 NO_GPU = "no-gpu"
 
 # clone_range "not here" errors (the copy follows).
+# What a cache directory can answer that means "no cache here now", never a failed export.
+_CACHE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC,
+                           errno.EDQUOT})
 _NO_CLONE = frozenset({errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL,
                        errno.ENOSYS, errno.EPERM, errno.EBADF})
 
@@ -318,7 +321,7 @@ class EngineCache:
             # save's room; the shared object is left as it is (other threads use it).
             cache = copy.copy(self.blobs)
             cache.min_free = self.blobs.min_free + reserve
-        capability = key.rsplit("-", 1)[-1]
+        capability = compute_capability()
         results: list[PutResult] = []
         for i, engine in enumerate(built.engines):
             result = cache.put(_engine_key(key, i), engine.blob, {
@@ -499,17 +502,34 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
     reported (``stored=False`` with the reason).
     """
     key = cache.key(fingerprint)
-    with cache.single_flight(key, timeout=timeout) as claim:
-        cached = cache.lookup(key)
+    with contextlib.ExitStack() as stack:
+        waited = 0.0
+        try:
+            waited = stack.enter_context(cache.single_flight(key, timeout=timeout)).waited
+        except OSError as exc:
+            if isinstance(exc, TimeoutError) or \
+                    exc.errno not in _CACHE_ERRNOS | {errno.ENOENT}:
+                raise
+            # e.g. a read-only cache: it can still serve hits, with no lock to share.
+            log.warning("engine cache %s: no single-flight lock for %s (%s); going on "
+                        "without it", cache.directory, key, exc)
+        try:
+            cached = cache.lookup(key)
+        except OSError as exc:
+            if exc.errno not in _CACHE_ERRNOS and exc.errno != errno.EIO:
+                raise
+            log.warning("engine cache %s: lookup of %s failed (%s); a miss",
+                        cache.directory, key, exc)
+            cached = None
         if cached is not None:
             with cached:
                 try:
                     return build_from_cache(cached, store, fingerprint)
                 except ValueError as exc:
                     log.warning("engine cache %s: %s; building it again", cache.directory, exc)
-        if claim.waited > 0.5:
-            log.info("engine cache %s: waited %.1f s for another build of %s; building it",
-                     cache.directory, claim.waited, key)
+        if waited > 0.5:
+            log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
+                     "cache it; building it here", cache.directory, waited, key)
         built = build()
         reserve = 0
         if _same_filesystem(cache.directory, Path(store.directory)):

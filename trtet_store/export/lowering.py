@@ -61,6 +61,8 @@ def export(
     store: BlobStore | None = None,
     external_engine_data: str | None = None,
     external_weights: str | None = None,
+    engine_cache: Any = None,
+    engine_cache_timeout: float | None = None,
     **compile_settings: Any,
 ) -> EdgeProgramManager:
     """Lower ``source`` to an ExecuTorch Edge program, each TensorRT engine staged in ``store``.
@@ -117,6 +119,17 @@ def export(
         XNNPACK) in ``<name>.ptd``, engines staying inline: a hybrid program
         whose CPU weights ship apart. With ``backend="xnnpack"`` the same as
         ``external_engine_data``.
+    engine_cache : EngineCache or bool, optional
+        A :class:`trtet_store.EngineCache` (``True``: the default one, per
+        user). A build found there is not built: its engines are cloned from
+        the cache into ``store`` (copied where they share no reflink
+        filesystem). A build made here enters it before the program is
+        saved; a cache that cannot take it never fails the export (logged,
+        and in the program's ``_trtet_cache`` events). One build per key at a
+        time across processes: the others wait and take the hit.
+    engine_cache_timeout : float, optional
+        Seconds to wait for another process building the same engines;
+        default: until it finishes or dies. ``CacheWaitTimeout`` past it.
     **compile_settings
         Passed to Torch-TensorRT's compiler.
 
@@ -177,6 +190,12 @@ def export(
 
     if backend == "tensorrt" and any(m.needs_build for m in methods.values()):
         tensorrt.check_available()
+    from trtet_store.export import engine_cache as cache_mod
+
+    cache = cache_mod.resolve(engine_cache) if backend == "tensorrt" else None
+    if engine_cache_timeout is not None and engine_cache_timeout < 0:
+        raise ValueError(f"engine_cache_timeout must be >= 0 seconds or None, got "
+                         f"{engine_cache_timeout}")
 
     # Checked here, before a build: a bad budget or named layout must cost nothing.
     partitioner_for = {name: _first_partitioner(backend, specs[name], external_engine_data,
@@ -190,6 +209,7 @@ def export(
     fingerprints = _fingerprints(methods, backend, compile_settings)
     _warn_abandoned(store, set(fingerprints.values()))
     keep: list[Any] = []
+    events: list[Any] = []  # the engine cache's, per engine
     engines: list[tensorrt.Engine] = []
     programs: dict[str, ExportedProgram] = {}
     try:
@@ -199,7 +219,8 @@ def export(
             program = method.program
             if backend == "tensorrt":
                 built = _engines_of(method, store, compile_settings, fingerprints.get(name),
-                                    by_fingerprint, by_digest)
+                                    by_fingerprint, by_digest, cache=cache,
+                                    cache_timeout=engine_cache_timeout, events=events)
                 engines += [e for e in built.engines if all(e is not x for x in engines)]
                 keep.append(built.record)
                 program = built.exported_program
@@ -223,6 +244,7 @@ def export(
         raise
     # The engines (and build records) live as long as the program that names them.
     edge._trtet_staged = (engines, keep)  # noqa: SLF001
+    edge._trtet_cache = events  # noqa: SLF001
     weakref.finalize(edge, tensorrt.unregister_engines, list(engines))
     return edge
 
@@ -333,8 +355,9 @@ def _from_exported(program: ExportedProgram, name: str) -> _Method:
 
 def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any],
                 fingerprint: str | None, by_fingerprint: dict[str, Any],
-                by_digest: dict[str, Any]) -> Any:
-    """The method's build: one already made in this call, an earlier export's, or a new one."""
+                by_digest: dict[str, Any], *, cache: Any = None,
+                cache_timeout: float | None = None, events: list[Any] | None = None) -> Any:
+    """The method's build: made earlier in this call, cached, an earlier export's, or new."""
     from trtet_store.export import engine_reuse, tensorrt
 
     if method.compiled is not None:
@@ -349,6 +372,17 @@ def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any],
         log.info("build %s: same as an earlier method's, its %d engine(s) shared",
                  fingerprint, len(first.engines))
         return tensorrt.BuildResult(program, first.engines, first.record)
+    elif cache is not None:
+        from trtet_store.export import engine_cache
+
+        built, found = engine_cache.build_cached(
+            cache, lambda: engine_reuse.build_or_reuse(
+                method.program, method.args, method.kwargs, store, settings,
+                fingerprint=fingerprint),
+            store, fingerprint, timeout=cache_timeout)
+        if events is not None:
+            events += found
+        by_fingerprint[fingerprint] = built
     else:
         built = engine_reuse.build_or_reuse(method.program, method.args, method.kwargs, store,
                                             settings, fingerprint=fingerprint)

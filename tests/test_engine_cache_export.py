@@ -1,0 +1,351 @@
+"""compile_and_save(..., engine_cache=) on real filesystems, the stub builder counting builds.
+
+Cross-process claims run in fresh interpreters (``python -c CHILD``): each
+child compiles the same model with :class:`FakeBuilder`, whose engine bytes
+are seeded by the child's pid, so a rebuilt engine can never pass for the
+cached one. A child appends its pid to a file each time it builds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import xxhash
+
+import trtet_store
+from trtet_store.export import engine_cache
+from trtet_store.io.units import MiB
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+CHILD = r'''
+import json, os, sys, time
+import trtet_store
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+out, cache_dir, builds, size, sleep = sys.argv[1], sys.argv[2], sys.argv[3], \
+    int(sys.argv[4]), float(sys.argv[5])
+
+class Counting(FakeBuilder):
+    def __call__(self, *args, **kwargs):
+        with open(builds, "a") as f:
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        time.sleep(sleep)  # the slow build
+        return super().__call__(*args, **kwargs)
+
+builder = Counting(engine_sizes=(size,), seeds=(os.getpid(),))
+cache = trtet_store.EngineCache(cache_dir, max_bytes=1 << 30, min_free=0)
+module, inputs = linear_relu()
+with installed(builder):
+    report = trtet_store.compile_and_save(module, inputs, out, engine_cache=cache)
+print(json.dumps({"built": [d for _, d in builder.built],
+                  "cache": [e.to_json() for e in report.engine_cache],
+                  "placements": report.placements}))
+'''
+
+
+class MustNotBuild:
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("the engines were built although the cache holds them")
+
+
+def _start(out: Path, cache: Path, builds: Path, *, size: int = 2 * MiB,
+           sleep: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, os.fspath(out), os.fspath(cache), os.fspath(builds),
+         str(size), str(sleep)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen, timeout: float = 300) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _builds(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def engines_in(pte: Path) -> list[str]:
+    """xxh3-128 of each inline engine of ``pte``, read where ``trtet-store inspect`` finds it."""
+    from trtet_store import inspector
+
+    out = []
+    with open(pte, "rb") as f:
+        for d in inspector.inspect_file(pte).delegates:
+            engine = d["tensorrt"]["engine"]
+            f.seek(engine["file_offset"])
+            out.append(xxhash.xxh3_128_hexdigest(f.read(engine["size"])))
+    return out
+
+
+def _used(mnt: Path) -> int:
+    os.sync()
+    st = os.statvfs(mnt)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _cached_engine(cache: trtet_store.EngineCache, key: str) -> Path:
+    with cache.blobs.get(key) as hit:
+        return hit.path
+
+
+# -- across processes --------------------------------------------------------------------
+
+
+def test_a_second_process_builds_nothing_and_writes_the_first_ones_engine_bytes(here_fs):
+    cache, builds = here_fs / "cache", here_fs / "builds"
+    first = _result(_start(here_fs / "a.pte", cache, builds))
+    assert len(first["built"]) == 1
+    assert [(e["outcome"], e["stored"]) for e in first["cache"]] == [("miss", True)]
+    second = _result(_start(here_fs / "b.pte", cache, builds))
+    assert second["built"] == []
+    assert [e["outcome"] for e in second["cache"]] == ["hit"]
+    assert len(_builds(builds)) == 1
+    # Exactly the first process's engine bytes (the second's would differ: pid seed).
+    assert engines_in(here_fs / "b.pte") == first["built"] == engines_in(here_fs / "a.pte")
+
+
+def test_eight_processes_of_one_model_run_one_build(here_fs):
+    cache, builds = here_fs / "cache", here_fs / "builds"
+    procs = [_start(here_fs / f"m{i}.pte", cache, builds, sleep=3.0) for i in range(8)]
+    results = [_result(p, timeout=600) for p in procs]
+    assert len(_builds(builds)) == 1, _builds(builds)
+    built = [r["built"] for r in results if r["built"]]
+    assert len(built) == 1
+    assert sorted(r["cache"][0]["outcome"] for r in results) == ["hit"] * 7 + ["miss"]
+    for i in range(8):
+        assert engines_in(here_fs / f"m{i}.pte") == built[0]
+
+
+def test_a_waiter_builds_when_the_builder_is_killed(here_fs):
+    cache, builds = here_fs / "cache", here_fs / "builds"
+    builder = _start(here_fs / "a.pte", cache, builds, sleep=60.0)
+    deadline = time.monotonic() + 120
+    while not _builds(builds):  # the builder holds the key's lock, and builds
+        assert time.monotonic() < deadline and builder.poll() is None
+        time.sleep(0.1)
+    waiter = _start(here_fs / "b.pte", cache, builds, sleep=0.0)
+    time.sleep(3.0)  # the waiter is up and waiting on the key
+    assert waiter.poll() is None
+    os.kill(builder.pid, signal.SIGKILL)
+    builder.communicate()
+    result = _result(waiter)
+    assert _builds(builds) == [str(builder.pid), str(waiter.pid)]
+    assert [(e["outcome"], e["stored"]) for e in result["cache"]] == [("miss", True)]
+    assert engines_in(here_fs / "b.pte") == result["built"]
+    assert not (here_fs / "a.pte").exists()
+
+
+# -- placements --------------------------------------------------------------------------
+
+
+def _compile(out: Path, cache, builder, **kw):
+    module, inputs = linear_relu()
+    with installed(builder):
+        return trtet_store.compile_and_save(module, inputs, out, engine_cache=cache, **kw)
+
+
+def test_a_warm_save_on_xfs_clones_the_cached_engine(make_fs):
+    mnt = make_fs("xfs", 600)
+    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=512 * MiB, min_free=0)
+    cold = _compile(mnt / "cold.pte", cache, FakeBuilder(engine_sizes=(64 * MiB,)))
+    assert [(e.outcome, e.stored, e.placement) for e in cold.engine_cache] == \
+        [("miss", True, "clone")]
+    before = _used(mnt)
+    warm = _compile(mnt / "warm.pte", cache, MustNotBuild())
+    grew = _used(mnt) - before
+    assert grew <= MiB, f"a warm save of a 64 MiB engine used {grew} bytes"
+    assert [(e.outcome, e.placement) for e in warm.engine_cache] == [("hit", "clone")]
+    cached = _cached_engine(cache, warm.engine_cache[0].key)
+    assert engines_in(mnt / "warm.pte") == [xxhash.xxh3_128_hexdigest(cached.read_bytes())]
+    assert engines_in(mnt / "warm.pte") == engines_in(mnt / "cold.pte")
+    assert not (mnt / ".trtet-staging").exists()
+
+
+def test_on_ext4_a_hit_is_one_copy_and_no_build(make_fs):
+    mnt = make_fs("ext4", 256)
+    size = 32 * MiB
+    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=128 * MiB, min_free=0)
+    cold = _compile(mnt / "cold.pte", cache, FakeBuilder(engine_sizes=(size,)))
+    assert [(e.outcome, e.stored, e.placement) for e in cold.engine_cache] == \
+        [("miss", True, "copy")]
+    before = _used(mnt)
+    warm = _compile(mnt / "warm.pte", cache, MustNotBuild())
+    grew = _used(mnt) - before
+    assert [(e.outcome, e.placement) for e in warm.engine_cache] == [("hit", "copy")]
+    assert "insert" in warm.placements  # the staged copy is inserted, not copied again
+    assert size <= grew <= size + MiB, grew
+    assert engines_in(mnt / "warm.pte") == engines_in(mnt / "cold.pte")
+    assert len(cache.entries()) == 2  # the cache keeps its entries (engine, record)
+
+
+# -- damage ------------------------------------------------------------------------------
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size - 4096)
+
+
+def _flip(path: Path) -> None:
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(12345)
+        b = f.read(1)
+        f.seek(12345)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime
+
+
+def _replace(path: Path) -> None:
+    other = path.with_name("other")
+    other.write_bytes(os.urandom(path.stat().st_size))
+    os.rename(other, path)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, _replace], ids=lambda f: f.__name__[1:])
+def test_a_damaged_entry_is_rebuilt_never_served(here_fs, damage):
+    cache = trtet_store.EngineCache(here_fs / "cache", max_bytes=64 * MiB, min_free=0)
+    first = _compile(here_fs / "a.pte", cache, FakeBuilder(engine_sizes=(2 * MiB,)))
+    path = _cached_engine(cache, first.engine_cache[0].key)
+    damage(path)
+    damaged = xxhash.xxh3_128_hexdigest(path.read_bytes())
+    builder = FakeBuilder(engine_sizes=(2 * MiB,), seeds=(7,))
+    second = _compile(here_fs / "b.pte", cache, builder)
+    assert len(builder.built) == 1
+    assert [(e.outcome, e.stored) for e in second.engine_cache] == [("miss", True)]
+    assert engines_in(here_fs / "b.pte") == [builder.built[0][1]]
+    assert damaged not in engines_in(here_fs / "b.pte")
+    # The rebuilt engine is what the cache serves now.
+    third = _compile(here_fs / "c.pte", cache, MustNotBuild())
+    assert engines_in(here_fs / "c.pte") == [builder.built[0][1]]
+    assert third.engine_cache[0].outcome == "hit"
+
+
+# -- the key -----------------------------------------------------------------------------
+
+
+def test_the_key_holds_the_compute_capability(here_fs, monkeypatch):
+    cache = trtet_store.EngineCache(here_fs / "cache", max_bytes=64 * MiB, min_free=0)
+    first = _compile(here_fs / "a.pte", cache, FakeBuilder(engine_sizes=(MiB,)))
+    capability = engine_cache.compute_capability()
+    assert capability == "no-gpu"  # no CUDA here: the stated value
+    assert first.engine_cache[0].key.endswith(f"-{capability}.e0")
+    assert {e.metadata["compute_capability"] for e in cache.entries()} == {capability}
+    # The same build for another GPU is another key: built, never served this one's engine.
+    monkeypatch.setattr(engine_cache, "compute_capability", lambda: "sm_90")
+    builder = FakeBuilder(engine_sizes=(MiB,), seeds=(5,))
+    other = _compile(here_fs / "b.pte", cache, builder)
+    assert len(builder.built) == 1
+    assert other.engine_cache[0].outcome == "miss"
+    assert engines_in(here_fs / "b.pte") == [builder.built[0][1]]
+
+
+# -- bad inputs --------------------------------------------------------------------------
+
+
+def _nothing_written(directory: Path, *keep: str) -> None:
+    assert sorted(p.name for p in directory.iterdir()) == sorted(keep)
+
+
+def test_a_cache_directory_owned_by_another_user_is_refused_before_the_build(
+        here_fs, monkeypatch):
+    theirs = here_fs / "xdg" / "trtet_store" / "engines"
+    theirs.mkdir(parents=True, mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(PermissionError, match=r"owned by uid 65534, not by you"):
+        trtet_store.EngineCache(theirs)
+    monkeypatch.setenv("XDG_CACHE_HOME", os.fspath(here_fs / "xdg"))
+    out = here_fs / "out"
+    out.mkdir()
+    with pytest.raises(PermissionError, match=r"owned by uid 65534"):
+        _compile(out / "m.pte", True, MustNotBuild())
+    _nothing_written(out)
+
+
+def test_max_bytes_zero_is_refused_and_an_engine_over_the_bound_is_not_cached(here_fs):
+    with pytest.raises(ValueError, match="a cache of 0 bytes can hold nothing"):
+        trtet_store.EngineCache(here_fs / "cache", max_bytes=0)
+    cache = trtet_store.EngineCache(here_fs / "cache", max_bytes=MiB, min_free=0)
+    builder = FakeBuilder(engine_sizes=(2 * MiB,))
+    report = _compile(here_fs / "m.pte", cache, builder)
+    (event,) = report.engine_cache
+    assert (event.outcome, event.stored) == ("miss", False)
+    assert "larger than the cache's bound" in event.reason
+    assert engines_in(here_fs / "m.pte") == [builder.built[0][1]]
+    assert cache.entries() == []
+
+
+def test_a_cache_inside_the_staging_directory_is_refused_before_the_build(here_fs):
+    cache = trtet_store.EngineCache(here_fs / ".trtet-staging" / "cache", min_free=0)
+    with pytest.raises(ValueError, match="inside the staging directory"):
+        _compile(here_fs / "m.pte", cache, MustNotBuild())
+    assert not (here_fs / "m.pte").exists()
+    with pytest.raises(ValueError, match="inside the staging directory"):
+        _compile(here_fs / "m.pte", cache, MustNotBuild(), store=here_fs / ".trtet-staging")
+
+
+def test_a_read_only_cache_serves_hits_and_skips_puts(make_fs, here_fs):
+    mnt = make_fs("ext4", 64)
+    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=32 * MiB, min_free=0)
+    first = _compile(here_fs / "a.pte", cache, FakeBuilder(engine_sizes=(2 * MiB,)))
+    (mnt / "empty").mkdir(mode=0o700)
+    subprocess.run(["mount", "-o", "remount,ro", os.fspath(mnt)], check=True)
+    try:
+        ro = trtet_store.EngineCache(mnt / "cache", max_bytes=32 * MiB, min_free=0)
+        hit = _compile(here_fs / "b.pte", ro, MustNotBuild())
+        assert [e.outcome for e in hit.engine_cache] == ["hit"]
+        assert engines_in(here_fs / "b.pte") == engines_in(here_fs / "a.pte")
+        empty = trtet_store.EngineCache(mnt / "empty", max_bytes=32 * MiB, min_free=0)
+        builder = FakeBuilder(engine_sizes=(2 * MiB,))
+        miss = _compile(here_fs / "c.pte", empty, builder)
+        (event,) = miss.engine_cache
+        assert (event.outcome, event.stored) == ("miss", False)
+        assert "read-only" in event.reason
+        assert engines_in(here_fs / "c.pte") == [builder.built[0][1]]
+        with pytest.raises(OSError, match="pass a writable directory"):
+            trtet_store.EngineCache(mnt / "missing", max_bytes=MiB)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", os.fspath(mnt)], check=True)
+    assert first.engine_cache[0].stored
+
+
+def test_a_failing_cache_never_fails_the_export(here_fs, caplog):
+    cache = trtet_store.EngineCache(here_fs / "cache", max_bytes=32 * MiB, min_free=0)
+    tmp = cache.directory / "tmp"
+    tmp.rmdir()
+    tmp.write_bytes(b"")  # every put now fails with ENOTDIR: not a skip the cache knows
+    builder = FakeBuilder(engine_sizes=(2 * MiB,))
+    with caplog.at_level(logging.WARNING, logger="trtet_store.engine_cache"):
+        report = _compile(here_fs / "m.pte", cache, builder)
+    (event,) = report.engine_cache
+    assert (event.outcome, event.stored) == ("miss", False)
+    assert "NotADirectoryError" in event.reason
+    assert "not cached" in caplog.text
+    assert engines_in(here_fs / "m.pte") == [builder.built[0][1]]
+    assert report.to_json()["engine_cache"][0]["reason"] == event.reason
+
+
+# -- the call itself ---------------------------------------------------------------------
+
+
+def test_keywords_are_checked_and_the_callers_cache_is_unchanged(here_fs):
+    cache = trtet_store.EngineCache(here_fs / "cache", max_bytes=32 * MiB, min_free=0)
+    with pytest.raises(TypeError, match="engine_cache"):
+        _compile(here_fs / "m.pte", cache, MustNotBuild(), engine_cahce=True)
+    with pytest.raises(TypeError, match="engine_cache must be an EngineCache"):
+        _compile(here_fs / "m.pte", "yes", MustNotBuild())
+    _nothing_written(here_fs, "cache")
+    # A put on the staging filesystem raised the floor on a view, not on the caller's object.
+    _compile(here_fs / "m.pte", cache, FakeBuilder(engine_sizes=(MiB,)))
+    assert (cache.max_bytes, cache.min_free) == (32 * MiB, 0)
+    assert cache.blobs.min_free == 0
