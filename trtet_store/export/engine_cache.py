@@ -525,7 +525,10 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             with cached:
                 try:
                     return build_from_cache(cached, store, fingerprint)
-                except ValueError as exc:
+                except (ValueError, OSError) as exc:
+                    # Bytes that are not what the record names (a second check behind
+                    # the blob cache's seal), or an entry that cannot be read: a miss,
+                    # never an exception and never served. Nothing was left staged.
                     log.warning("engine cache %s: %s; building it again", cache.directory, exc)
         if waited > 0.5:
             log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
