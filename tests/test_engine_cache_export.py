@@ -349,3 +349,25 @@ def test_keywords_are_checked_and_the_callers_cache_is_unchanged(here_fs):
     _compile(here_fs / "m.pte", cache, FakeBuilder(engine_sizes=(MiB,)))
     assert (cache.max_bytes, cache.min_free) == (32 * MiB, 0)
     assert cache.blobs.min_free == 0
+
+
+def test_the_cache_never_takes_the_room_the_save_needs(make_fs):
+    mnt = make_fs("ext4", 192)
+    size = 16 * MiB
+    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=64 * MiB, min_free=0)
+    # Free once the engine is staged: its copy (16 MiB) and 60 MiB more. The copy fits,
+    # but the consuming save budgets 64 MiB + slack (an insert as the move it may fall
+    # back to): with the cache's copy taken it would fail. So the put is skipped with
+    # the reason, and the export succeeds.
+    st = os.statvfs(mnt)
+    filler = mnt / "filler"
+    with open(filler, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (2 * size + 60 * MiB))
+    builder = FakeBuilder(engine_sizes=(size,))
+    report = _compile(mnt / "m.pte", cache, builder)
+    (event,) = report.engine_cache
+    assert (event.outcome, event.stored) == ("miss", False), event
+    assert "not enough free space" in event.reason
+    assert engines_in(mnt / "m.pte") == [builder.built[0][1]]
+    assert cache.entries() == []
+    assert (cache.max_bytes, cache.min_free) == (64 * MiB, 0)  # the caller's object as it was

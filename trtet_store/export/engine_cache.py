@@ -59,8 +59,9 @@ program as always; the cache keeps its entry. A miss builds, and the new
 engines enter the cache before the consuming save (``put`` without consume:
 a clone where it can). Where the cache shares the staging filesystem, the
 cache's copy must leave the save its room: each put keeps ``min_free`` plus
-the build's engine bytes free (the most a save can copy), or is skipped with
-that reason. A cache that cannot take an entry never fails the export.
+:func:`save_reserve` free (the most the save can need: every engine's bytes,
+or the writer's 64 MiB move budget, plus 2 MiB), or is skipped with that
+reason. A cache that cannot take an entry never fails the export.
 """
 
 from __future__ import annotations
@@ -483,6 +484,23 @@ def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str,
     return tensorrt.BuildResult(program, engines, record_blob), events
 
 
+def save_reserve(engines: list[Any]) -> int:
+    """What a consuming save of ``engines`` may still need on the staging filesystem.
+
+    The most any placement needs: a copy needs every engine's bytes, a move
+    or an insert the writer's move budget (its ``chunk_size``, 64 MiB by
+    default), a clone a block; plus 2 MiB for the program's headers and the
+    writer's slack. A cache on that filesystem keeps this much free on top
+    of ``min_free``, so that its copy never makes the save fail: the peak of a
+    miss is then the staged engines, the cache's copy (none where it
+    clones) and the program's headers, with this much left free.
+    """
+    from trtet_store.io.transaction import DEFAULT_CHUNK_SIZE
+
+    engine_bytes = sum({e.blob.digest: e.blob.size for e in engines}.values())
+    return max(engine_bytes, DEFAULT_CHUNK_SIZE) + 2 * MiB
+
+
 def _same_filesystem(a: Path, b: Path) -> bool:
     try:
         return os.stat(a).st_dev == os.stat(b).st_dev
@@ -536,8 +554,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         built = build()
         reserve = 0
         if _same_filesystem(cache.directory, Path(store.directory)):
-            # The save may still copy each engine: leave it that room (plus its slack).
-            reserve = sum({e.blob.digest: e.blob.size for e in built.engines}.values()) + MiB
+            reserve = save_reserve(built.engines)
         try:
             results = cache.put_build(key, built, fingerprint, reserve=reserve)
         except Exception as exc:  # the cache is an optimisation: never the export's failure
