@@ -371,3 +371,19 @@ def test_the_cache_never_takes_the_room_the_save_needs(make_fs):
     assert engines_in(mnt / "m.pte") == [builder.built[0][1]]
     assert cache.entries() == []
     assert (cache.max_bytes, cache.min_free) == (64 * MiB, 0)  # the caller's object as it was
+
+
+def test_on_xfs_a_nearly_full_disk_still_caches_by_clone(make_fs):
+    mnt = make_fs("xfs", 400)
+    size = 64 * MiB
+    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=256 * MiB, min_free=0)
+    # 40 MiB free once the engine is staged: less than a copy's reserve, but a clone
+    # takes no room, and the save clones too.
+    st = os.statvfs(mnt)
+    with open(mnt / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (size + 40 * MiB))
+    builder = FakeBuilder(engine_sizes=(size,))
+    report = _compile(mnt / "m.pte", cache, builder)
+    assert [(e.outcome, e.stored, e.placement) for e in report.engine_cache] == \
+        [("miss", True, "clone")]
+    assert engines_in(mnt / "m.pte") == [builder.built[0][1]]

@@ -501,6 +501,20 @@ def save_reserve(engines: list[Any]) -> int:
     return max(engine_bytes, DEFAULT_CHUNK_SIZE) + 2 * MiB
 
 
+def _clones(engines: list[Any], cache_dir: Path) -> bool:
+    """Whether the cache's puts of ``engines`` will be clones (they take no room then)."""
+    from trtet_store.io import fs
+    from trtet_store.io.errors import PlacementUnavailable
+
+    if not engines:
+        return True
+    try:
+        fs.probe_clone(Path(engines[0].blob.path), cache_dir / "tmp")
+    except (PlacementUnavailable, OSError):
+        return False
+    return True
+
+
 def _same_filesystem(a: Path, b: Path) -> bool:
     try:
         return os.stat(a).st_dev == os.stat(b).st_dev
@@ -553,7 +567,8 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                      "cache it; building it here", cache.directory, waited, key)
         built = build()
         reserve = 0
-        if _same_filesystem(cache.directory, Path(store.directory)):
+        if _same_filesystem(cache.directory, Path(store.directory)) and \
+                not _clones(built.engines, cache.directory):
             reserve = save_reserve(built.engines)
         try:
             results = cache.put_build(key, built, fingerprint, reserve=reserve)
