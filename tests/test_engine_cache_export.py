@@ -387,3 +387,22 @@ def test_on_xfs_a_nearly_full_disk_still_caches_by_clone(make_fs):
     assert [(e.outcome, e.stored, e.placement) for e in report.engine_cache] == \
         [("miss", True, "clone")]
     assert engines_in(mnt / "m.pte") == [builder.built[0][1]]
+
+
+def test_export_takes_the_cache_and_a_hit_left_unconsumed_leaves_no_file(here_fs):
+    from executorch.exir import ExecutorchBackendConfig
+
+    cache = trtet_store.EngineCache(here_fs / "cache", max_bytes=32 * MiB, min_free=0)
+    _compile(here_fs / "a.pte", cache, FakeBuilder(engine_sizes=(2 * MiB,)))
+    staging = here_fs / "staging"
+    module, inputs = linear_relu()
+    with installed(MustNotBuild()), trtet_store.BlobStore(staging) as store:
+        edge = trtet_store.export.export(module, inputs=inputs, store=store, engine_cache=cache)
+        assert [e.outcome for e in edge._trtet_cache] == ["hit"]  # noqa: SLF001
+        program = edge.to_executorch(ExecutorchBackendConfig(segment_alignment=4096))
+        trtet_store.save_program(program, here_fs / "b.pte")  # not consumed: a copy
+        del edge, program
+    # The staged hit was the store's own file: released with it, never given back anywhere.
+    assert sorted(os.listdir(staging)) == []
+    assert engines_in(here_fs / "b.pte") == engines_in(here_fs / "a.pte")
+    assert len(cache.entries()) == 2
