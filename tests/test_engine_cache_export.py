@@ -88,6 +88,13 @@ def engines_in(pte: Path) -> list[str]:
     return out
 
 
+def _blocked_on_a_lock(pid: int) -> bool:
+    """Whether ``pid`` waits for a lock (a ``->`` line of /proc/locks names it)."""
+    with open("/proc/locks") as f:  # "7: -> FLOCK  ADVISORY  WRITE <pid> ..."
+        rows = [line.split() for line in f]
+    return any(len(r) > 5 and r[1] == "->" and r[5] == str(pid) for r in rows)
+
+
 def _used(mnt: Path) -> int:
     os.sync()
     st = os.statvfs(mnt)
@@ -135,8 +142,10 @@ def test_a_waiter_builds_when_the_builder_is_killed(here_fs):
         assert time.monotonic() < deadline and builder.poll() is None
         time.sleep(0.1)
     waiter = _start(here_fs / "b.pte", cache, builds, sleep=0.0)
-    time.sleep(3.0)  # the waiter is up and waiting on the key
-    assert waiter.poll() is None
+    while not _blocked_on_a_lock(waiter.pid):  # the waiter waits on the key's flock
+        assert time.monotonic() < deadline and waiter.poll() is None
+        time.sleep(0.1)
+    time.sleep(1.0)  # and has waited a while
     os.kill(builder.pid, signal.SIGKILL)
     builder.communicate()
     result = _result(waiter)
