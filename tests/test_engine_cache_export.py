@@ -353,6 +353,8 @@ def test_keywords_are_checked_and_the_callers_cache_is_unchanged(here_fs):
         _compile(here_fs / "m.pte", cache, MustNotBuild(), engine_cahce=True)
     with pytest.raises(TypeError, match="engine_cache must be an EngineCache"):
         _compile(here_fs / "m.pte", "yes", MustNotBuild())
+    with pytest.raises(ValueError, match="engine_cache applies to backend='tensorrt'"):
+        _compile(here_fs / "m.pte", cache, MustNotBuild(), backend="xnnpack")
     _nothing_written(here_fs, "cache")
     # A put on the staging filesystem raised the floor on a view, not on the caller's object.
     _compile(here_fs / "m.pte", cache, FakeBuilder(engine_sizes=(MiB,)))

@@ -258,6 +258,9 @@ def compile_and_save(
 
     from trtet_store.export import engine_cache as cache_mod
 
+    if backend != "tensorrt" and engine_cache not in (None, False):
+        raise ValueError("engine_cache applies to backend='tensorrt' (it caches TensorRT "
+                         "builds)")
     cache = cache_mod.resolve(engine_cache) if backend == "tensorrt" else None
     if cache is not None:
         # Before the build: staging is emptied and removed with the export.

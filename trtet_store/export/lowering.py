@@ -192,6 +192,9 @@ def export(
         tensorrt.check_available()
     from trtet_store.export import engine_cache as cache_mod
 
+    if backend != "tensorrt" and engine_cache not in (None, False):
+        raise ValueError("engine_cache applies to backend='tensorrt' (it caches TensorRT "
+                         "builds)")
     cache = cache_mod.resolve(engine_cache) if backend == "tensorrt" else None
     if engine_cache_timeout is not None and engine_cache_timeout < 0:
         raise ValueError(f"engine_cache_timeout must be >= 0 seconds or None, got "
