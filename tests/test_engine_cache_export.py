@@ -417,3 +417,29 @@ def test_export_takes_the_cache_and_a_hit_left_unconsumed_leaves_no_file(here_fs
     assert sorted(os.listdir(staging)) == []
     assert engines_in(here_fs / "b.pte") == engines_in(here_fs / "a.pte")
     assert len(cache.entries()) == 2
+
+
+def test_a_two_method_program_is_served_per_method(here_fs):
+    import torch
+
+    def methods():
+        module, inputs = linear_relu()
+        other, _ = linear_relu()
+        with torch.no_grad():
+            other[0].weight.add_(1)  # another build: another key
+        return {"prefill": torch.export.export(module, inputs),
+                "decode": torch.export.export(other, inputs)}
+
+    cache = trtet_store.EngineCache(here_fs / "cache", max_bytes=64 * MiB, min_free=0)
+    builder = FakeBuilder(engine_sizes=(MiB,))
+    with installed(builder):
+        cold = trtet_store.compile_and_save(methods(), None, here_fs / "a.pte",
+                                            engine_cache=cache)
+    assert len(builder.built) == 2
+    assert sorted(e.outcome for e in cold.engine_cache) == ["miss", "miss"]
+    assert len({e.key for e in cold.engine_cache}) == 2
+    with installed(MustNotBuild()):
+        warm = trtet_store.compile_and_save(methods(), None, here_fs / "b.pte",
+                                            engine_cache=cache)
+    assert [e.outcome for e in warm.engine_cache] == ["hit", "hit"]
+    assert engines_in(here_fs / "b.pte") == engines_in(here_fs / "a.pte")
