@@ -56,6 +56,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from trtet_store.bench.methods import set_cached
 from trtet_store.io import BlobStore, fs, transfer, write_file
 from trtet_store.io.transaction import Transaction
 from trtet_store.io.units import MiB
@@ -185,32 +186,6 @@ def stage(store: BlobStore, payloads: int, size: int, seed: bytes) -> list:
                         + seed[28:])
         blobs.append(w.blob)
     return blobs
-
-
-def set_cached(paths: list[Path], cached: bool) -> None:
-    """Read the blobs into the page cache, or write them back and drop them (and their image)."""
-    image = None
-    with contextlib.suppress(ImportError):
-        from trtet_store.testing.loopfs import backing_image
-        image = backing_image(paths[0]) if paths else None
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if cached:
-                while os.read(fd, 16 * MiB):
-                    pass
-            else:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    if image is not None and not cached:
-        fd = os.open(image, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def stream(prof: Profile, blobs: list, out: Path, header: int, behind: bool) -> None:
