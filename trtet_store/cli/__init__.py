@@ -34,14 +34,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trtet_store.cli import bench, fetch, publish, recover, verify
+from trtet_store.cli import bench, cache, fetch, publish, recover, verify
 from trtet_store.cli import compile as compile_  # the module, not the builtin
 from trtet_store.cli._common import report_error, sigterm_as_exit
 
 __all__ = ["main", "build_parser"]
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (bench, verify, compile_, recover, fetch, publish)
+COMMANDS = (bench, verify, compile_, recover, cache, fetch, publish)
 
 
 def build_parser() -> argparse.ArgumentParser:
