@@ -294,3 +294,55 @@ def test_without_torch_tensorrt_the_adapter_says_so(here_fs):
     with pytest.raises(ImportError, match="needs torch-tensorrt"):
         for_torch_tensorrt(here_fs / "x", tensorrt_version="t", compute_capability="sm_90")
     assert not (here_fs / "x").exists()
+
+
+def test_another_users_cache_directory_is_refused(here_fs, mod):
+    """Per user: unlike upstream's shared <tmp>/torch_tensorrt_engine_cache."""
+    from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+
+    directory = here_fs / "theirs"
+    adapter(directory).insert(hash_of(1), entry(1, MiB))
+    before = sorted((p, p.stat().st_size) for p in directory.rglob("*"))
+    os.chown(directory, 65534, 65534)
+    try:
+        with pytest.raises(PermissionError, match="owned by uid 65534"):
+            for_torch_tensorrt(directory, tensorrt_version=TRT, compute_capability=SM)
+    finally:
+        os.chown(directory, os.getuid(), os.getgid())
+    assert sorted((p, p.stat().st_size) for p in directory.rglob("*")) == before
+
+
+INSERTER = textwrap.dedent("""
+    import os, random, sys
+    from trtet_store.cache import BlobCache
+    from trtet_store.testing import upstream_engine_cache as uec
+    directory, wheel, first, bound = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    mod = uec.load(wheel)
+    with uec.as_torch_tensorrt(mod):
+        from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+        cache = for_torch_tensorrt(BlobCache(directory, max_bytes=bound),
+                                   tensorrt_version="t", compute_capability="sm_90")
+    for i in range(first, first + 3):
+        cache.insert(f"{i:064x}" * 3, (random.Random(i).randbytes(8 << 20), [f"in_{i}"],
+                                       [f"out_{i}"], [uec.Input((1, 16 + i))],
+                                       uec.CompilationSettings(workspace_size=i), False, False,
+                                       {}))
+""")
+
+
+def test_four_processes_inserting_at_once_keep_the_bound(here_fs, wheel, mod):
+    """Each save's temp file is outside the bound; the commits are under the cache's lock."""
+    directory, bound = here_fs / "busy", 40 * MiB  # 12 entries of 8 MiB, room for 4
+    BlobCache(directory, max_bytes=bound)
+    procs = [subprocess.Popen([sys.executable, "-c", INSERTER, os.fspath(directory),
+                               os.fspath(wheel), str(3 * n), str(bound)],
+                              cwd=ROOT, stderr=subprocess.PIPE, text=True) for n in range(4)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()[-2000:]
+    ours = adapter(directory, trt="t", max_bytes=bound)
+    assert ours.cache.stats().bytes <= bound
+    kept = [i for i in range(12) if ours.check(hash_of(i)) is not None]
+    assert 1 <= len(kept) <= 4
+    for i in kept:
+        assert tuple(ours.check(hash_of(i))) == entry(i, 8 * MiB)  # the child's very entry
+    assert os.listdir(directory / "tmp") == []
