@@ -170,6 +170,9 @@ class S3Server:
                 "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-webdav=false", "-admin.ui=false",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={d / 's3.json'}",
                 "-master.telemetry=false",
+                # One collection (and its volumes) per bucket, a bucket per test: the
+                # default count (from free disk) ran out after ~73 buckets.
+                "-volume.max=10000",
                 # in our directory, not /tmp/seaweedfs-*.sock where another run's would be
                 f"-filer.localSocket={d / 'filer.sock'}", f"-s3.localSocket={d / 's3.sock'}"]
         args += [f"-{flag}={port}" for flag, port in self.ports.items()]
