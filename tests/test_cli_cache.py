@@ -210,3 +210,35 @@ def test_errors_are_one_line_and_a_nonzero_exit(filled, here_fs):
         done = cli("--dir", cache.directory, *argv)
         assert done.returncode == 2 and words in done.stderr, done.stderr
     assert _tree(cache.directory) == before
+
+
+def test_compile_and_save_with_engine_cache_builds_once_and_says_hit(here_fs, capsys):
+    """``compile-and-save --engine-cache DIR``: the second run builds nothing and says so."""
+    from trtet_store.cli import main
+    from trtet_store.export import tensorrt as trt
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
+
+    factory = here_fs / "model.py"
+    factory.write_text(
+        "import torch\n\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
+        "        (torch.randn(2, 16),)\n")
+    cache = here_fs / "cache"
+    outs, built = [], []
+    try:
+        for i in range(2):
+            builder = FakeBuilder(engine_sizes=(ENGINE,))
+            out = here_fs / f"m{i}.pte"
+            with installed(builder):
+                assert main(["compile-and-save", "--no-progress", f"{factory}:make",
+                             os.fspath(out), "--engine-cache", os.fspath(cache)]) == 0
+            outs.append(capsys.readouterr().out)
+            built.append(len(builder.built))
+    finally:
+        trt.unregister_engines(list(trt._engines.values()))
+    assert built == [1, 0]
+    assert "engine " in outs[0] and ": miss, cached (" in outs[0]
+    assert ": hit, " in outs[1]
+    assert file_digest(here_fs / "m0.pte") == file_digest(here_fs / "m1.pte")

@@ -9,10 +9,11 @@ Subcommands::
     trtet-store verify FILE [--data FILE.ptd] [--run] [--json]
     trtet-store compile-and-save [MODULE.py:FACTORY] OUT [--method NAME=MODULE.py:FACTORY ...]
                                  [--backend tensorrt|xnnpack] [--backend-config KEY=VALUE ...]
-                                 [--publish s3://BUCKET/KEY.pte]
+                                 [--publish s3://BUCKET/KEY.pte] [--engine-cache [DIR]]
     trtet-store recover DIR [--json] [--abandon]
     trtet-store publish FILE... s3://BUCKET/KEY [--replace] [--resume] [--abort] [--list]
     trtet-store fetch s3://BUCKET/KEY OUT [--reuse OLD.pte]
+    trtet-store cache [--dir DIR] [--json] list|stats|prune [--max-bytes N]|verify|clear
 
 Exit codes: 0 success; 1 the command ran and found a problem (verify found
 errors, a trtet_store method failed in the benchmark, a compile failed);

@@ -123,6 +123,10 @@ def add_parser(sub: Any) -> None:
              "straight from its pieces; with OUT, the files written are published")
     c.add_argument("--replace", action="store_true",
                    help="with --publish: replace an existing program there")
+    c.add_argument(
+        "--engine-cache", nargs="?", const="", default=None, metavar="DIR",
+        help="take engines from the engine cache and put new builds in it (a hit skips the "
+             "build); DIR, or the per-user default ($XDG_CACHE_HOME/trtet_store/engines)")
     add_s3_options(c)  # --endpoint-url, --json, --no-progress
     c.set_defaults(func=cmd_compile_and_save)
 
@@ -161,6 +165,13 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
     if args.replace_needed:
         kwargs["replace_needed"] = True
+    if args.engine_cache is not None:
+        from trtet_store import EngineCache
+
+        try:
+            kwargs["engine_cache"] = EngineCache(args.engine_cache or None)
+        except Exception as exc:
+            return report_error(exc, "compile-and-save", out=out)
     bar = ProgressBar("writing", enabled=not args.no_progress, leave=False)
     kwargs["progress"] = bar  # (done, total) today, an object with .done/.total tomorrow
     try:
@@ -176,6 +187,10 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             print(f"  {w.path}: {w.size} bytes in {w.seconds:.2f} s")
             for p in w.placements:
                 print(f"    payload at {p.offset}, {p.size} bytes: {p.placement} ({p.reason})")
+        for e in getattr(report, "engine_cache", None) or ():
+            how = (e.placement if e.outcome == "hit" else
+                   f"cached ({e.placement})" if e.stored else f"not cached ({e.reason})")
+            print(f"  engine {e.engine_id}: {e.outcome}, {how}")
     if args.publish is not None:
         return _publish_written(args, [w.path for w in report.writes])
     return 0

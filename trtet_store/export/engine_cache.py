@@ -364,6 +364,13 @@ class EngineCache:
     def recover(self) -> list[Path]:
         return self.blobs.recover()
 
+    def for_torch_tensorrt(self, **kwargs: Any) -> Any:
+        """This cache as Torch-TensorRT's ``custom_engine_cache=``; see
+        :func:`trtet_store.export.trt_engine_cache.for_torch_tensorrt` for ``kwargs``."""
+        from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+
+        return for_torch_tensorrt(self, **kwargs)
+
     def __repr__(self) -> str:
         return f"EngineCache({os.fspath(self.directory)!r}, max_bytes={self.max_bytes})"
 
