@@ -126,6 +126,7 @@ def test_reports_serialise_themselves_as_the_cli_prints_them() -> None:
         "data_paths": ["/o/engines.ptd"],
         "etrecord": None,
         "engines": [["k_trt_engine", 6]],
+        "engine_cache": [],
         "seconds": 1.5,
         "writes": [{"path": "/o/model.pte", "size": 4102, "seconds": 0.5, "placements": [
             {"offset": 4096, "size": 6, "placement": "move", "reason": "same filesystem",

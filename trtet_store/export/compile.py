@@ -45,13 +45,13 @@ class CompileReport:
         digest is what ``trtet-store verify --engine-digest`` checks.
     etrecord : pathlib.Path or None
         The ETRecord, when one was asked for.
+    seconds : float
+        Wall time, lowering included.
     engine_cache : list of EngineCacheEvent
         With ``engine_cache=``, per engine: ``outcome`` ``"hit"`` (not built;
         ``placement`` ``"clone"`` or ``"copy"`` from the cache into staging)
         or ``"miss"`` (built; ``stored``, and the put's ``placement`` or the
         ``reason`` it was not cached).
-    seconds : float
-        Wall time, lowering included.
 
     An engine shared by several methods (the same build, or identical bytes)
     is listed once.
@@ -62,8 +62,9 @@ class CompileReport:
     writes: list[WriteReport] = field(default_factory=list)
     engines: list[tuple[str, int]] = field(default_factory=list)
     etrecord: Path | None = None
-    engine_cache: list[Any] = field(default_factory=list)
     seconds: float = 0.0
+    # Last, so that positional construction keeps its meaning (seconds came before it).
+    engine_cache: list[Any] = field(default_factory=list)
 
     @property
     def placements(self) -> list[str]:
