@@ -26,6 +26,7 @@ import pytest
 from digests import file_digest
 from programs import executorch_outputs, xnnpack_linear_program
 from test_fetch_support import MiB, put_program
+from versions import needs_file_backed_data
 
 import trtet_store
 from trtet_store.cli import main
@@ -33,6 +34,9 @@ from trtet_store.inspector import verify
 from trtet_store.remote.download.receive import fetch
 from trtet_store.remote.errors import FetchVerificationError, MissingDataError
 from trtet_store.remote.manifest import Manifest, manifest_key
+
+# The programs here carry file-backed named data (.ptd files), which came in executorch 1.5.
+pytestmark = needs_file_backed_data
 
 
 @pytest.fixture(scope="module")

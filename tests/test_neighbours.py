@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from digests import file_digest
 from programs import portable_linear_program, xnnpack_linear_program
+from versions import needs_file_backed_data
 
 import trtet_store
 from trtet_store.inspector import verify
@@ -176,6 +177,7 @@ def test_the_check_imports_neither_torch_nor_executorch(here_fs, programs):
     check_neighbours(here_fs, ["other.ptd"], program=None)  # replaces nothing
 
 
+@needs_file_backed_data
 def test_a_tensorrt_engine_key_is_needed(here_fs, monkeypatch):
     """Engines as named data (``engine_key`` in the delegate's metadata) in ``engines.ptd``."""
     from trtet_store.export import tensorrt as trt

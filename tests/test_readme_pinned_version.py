@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import torch
+from versions import needs_ptd_runtime
 
 import trtet_store
 from trtet_store.io import pinned_version
@@ -39,6 +40,7 @@ def test_the_example_names_the_files_its_save_writes():
     assert (pinned, pte, ptd) == (stem, f"{stem}.pte", f"{tag}.ptd")
 
 
+@needs_ptd_runtime
 def test_the_pattern_loads_the_pinned_set(here_fs):
     from executorch.runtime import Runtime
 
