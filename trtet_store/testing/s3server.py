@@ -64,6 +64,25 @@ _PORT_FLAGS = (
 )
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the process that started it dies.
+
+    A test run killed by a timeout or SIGKILL runs no fixture teardown, and
+    ``weed`` is in a session of its own (a Ctrl-C must not reach it before
+    :meth:`S3Server.stop`), so without this it outlived the run, holding its
+    ports and directory. ``PR_SET_PDEATHSIG`` fires when the *thread* that
+    started it exits: start servers from a thread that lives as long as they
+    do (the main thread, as the fixtures and benchmarks do).
+    """
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+
+
 class S3ServerError(RuntimeError):
     """The server could not be found, checked, started or stopped."""
 
@@ -191,7 +210,8 @@ class S3Server:
         self._log = open(self.directory / "log" / "stdout.txt", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(self.command(), cwd=self.directory,
                                         stdin=subprocess.DEVNULL, stdout=self._log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
         client = self.endpoint.client(retries={"max_attempts": 1}, connect_timeout=1,
                                       read_timeout=5)
         deadline = time.monotonic() + timeout
