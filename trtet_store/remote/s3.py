@@ -490,6 +490,24 @@ class S3:
                 return out
             kwargs["ContinuationToken"] = token
 
+    def list_dated(self, bucket: str, prefix: str) -> list[tuple[str, int, float]]:
+        """Every key under ``prefix`` (all depths, all pages): ``(key, size, LastModified)``.
+
+        LastModified is in seconds since the epoch (the server's clock): what a
+        prune compares ages with.
+        """
+        out: list[tuple[str, int, float]] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        while True:
+            r = self._call("ListObjectsV2", bucket, self.client.list_objects_v2, key=prefix,
+                           **kwargs)
+            out += [(o["Key"], int(o.get("Size", 0)), o["LastModified"].timestamp())
+                    for o in r.get("Contents", [])]
+            token = r.get("NextContinuationToken")
+            if not r.get("IsTruncated") or not token:
+                return out
+            kwargs["ContinuationToken"] = token
+
     # --- multipart -------------------------------------------------------------------
 
     def create(self, bucket: str, key: str) -> str:

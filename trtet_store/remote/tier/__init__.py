@@ -1,0 +1,17 @@
+"""The shared tier: entries (a few files + a JSON metadata dict) under opaque keys, and leases.
+
+It sits above :mod:`trtet_store.remote.upload` and
+:mod:`trtet_store.remote.download` (neither imports it) and knows no
+TensorRT and no engine cache: files in, files out. See :mod:`.store` for the
+bucket layout and the conditions every write carries, :mod:`.lease` for
+leases, :mod:`.entry` for the pointer.
+"""
+
+from __future__ import annotations
+
+from trtet_store.remote.tier.entry import RemoteEntry, TierEntryError
+from trtet_store.remote.tier.lease import Lease
+from trtet_store.remote.tier.store import LeaseWaitTimeout, RemoteTier, TierDownload, TierPublish
+
+__all__ = ["Lease", "LeaseWaitTimeout", "RemoteEntry", "RemoteTier", "TierDownload",
+           "TierEntryError", "TierPublish"]

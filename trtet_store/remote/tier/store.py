@@ -1,0 +1,663 @@
+""":class:`RemoteTier`: entries (a few files and a metadata dict) under opaque keys in a bucket.
+
+Layout under ``s3://BUCKET/PREFIX/``::
+
+    PREFIX<key>.json                     the pointer: the commit point, written last
+    PREFIX<key>.lease                    the build lease (see :mod:`.lease`)
+    PREFIX<key>/<attempt>/<name>         the files, published by publish_sources
+    PREFIX<key>/<attempt>/<first>.trtet.json   that publish's manifest
+
+``<attempt>`` is ``<origin>-<digest16>`` (:func:`.entry.attempt_id`): two
+machines never write one attempt directory, and a killed publisher's next
+run (same origin, same bytes) resumes its own journal. A *replacement* of a
+damaged entry whose attempt directory would be the damaged one's gets a
+suffix (``<origin>-<digest16>-r<8 hex>``), so the new files never overwrite
+the old ones in place before the pointer moves.
+
+Every write of the pointer is conditional: ``If-None-Match: *`` for a new
+entry (the first publisher wins), ``If-Match: <etag>`` for the replacement of
+the damaged entry (only that version). SeaweedFS 4.48 honours both on
+PutObject, and ``If-Match`` on DeleteObject (checked against the test server).
+
+Files go up with :func:`trtet_store.remote.upload.send.publish_sources`
+(multipart, CRC64NVME, journal, resume) and come down with
+:func:`trtet_store.remote.download.receive.fetch` (ranged GETs pinned with
+``If-Match``, resumable staging), whose checks are followed here by each
+file's size and xxh3-128 digest against the pointer's: an attempt's manifest
+rewritten consistently with its objects still fails the pointer's digests.
+fetch's ``.pte``/``.ptd`` logic does not apply to these names: its neighbour
+check only concerns files of the destination directory that exist and that
+another ``.pte`` there needs (a download directory holds none), and a
+program's needs are read only from a ``.pte`` (an engine file reads as
+"unreadable": nothing needed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtet_store.remote.errors import (
+    ConflictError,
+    FetchVerificationError,
+    KeyExistsError,
+    ManifestError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    RemoteError,
+)
+from trtet_store.remote.manifest import MANIFEST_SUFFIX, Manifest
+from trtet_store.remote.s3 import S3, PreconditionFailed
+from trtet_store.remote.tier.entry import (
+    RemoteEntry,
+    TierEntryError,
+    attempt_id,
+    check_key,
+    check_origin,
+    file_digest,
+    parse_files,
+)
+from trtet_store.remote.tier.lease import Lease, lease_body, new_holder, parse_lease, put
+from trtet_store.remote.url import RemoteURL
+
+__all__ = ["LeaseWaitTimeout", "RemoteTier", "TierDownload", "TierPublish"]
+
+log = logging.getLogger("trtet_store.remote.tier")
+
+POINTER_SUFFIX = ".json"
+LEASE_SUFFIX = ".lease"
+
+
+class LeaseWaitTimeout(TimeoutError):
+    """:meth:`RemoteTier.claim` waited ``timeout`` seconds on another holder's live lease."""
+
+
+@dataclass
+class TierDownload:
+    """What :meth:`RemoteTier.download` did.
+
+    Attributes
+    ----------
+    paths : dict of str to Path
+        Each file's name -> its local path (in the directory given).
+    downloaded : int
+        Bytes received from the server (0 when the directory already held the entry).
+    seconds : float
+        Wall time.
+    """
+
+    paths: dict[str, Path]
+    downloaded: int
+    seconds: float
+
+
+@dataclass
+class TierPublish:
+    """What :meth:`RemoteTier.publish` did; losing a race is a result, not an error.
+
+    Attributes
+    ----------
+    key : str
+    published : bool
+        Whether our pointer is the one committed.
+    reason : str or None
+        Why not (another publisher first, an entry already there).
+    sent : int
+        Bytes uploaded.
+    entry : RemoteEntry or None
+        The committed pointer: ours, or the winner's when we lost.
+    """
+
+    key: str
+    published: bool
+    reason: str | None
+    sent: int
+    entry: RemoteEntry | None = field(default=None)
+
+
+def _safe_origin() -> str:
+    """The default origin: this host's name, made one key segment."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip(".-") or "host"
+    return name[:100]
+
+
+class RemoteTier:
+    """The shared tier: entries under opaque keys in ``s3://bucket/prefix``; leases.
+
+    Parameters
+    ----------
+    url : str
+        ``s3://bucket`` or ``s3://bucket/prefix`` (a trailing ``/`` is optional).
+    endpoint_url : str, optional
+        The S3 server (default: what boto3 finds, ``AWS_ENDPOINT_URL``...).
+    client : boto3 client or :class:`~trtet_store.remote.s3.S3`, optional
+        Used as it is for every call but the upload's (``publish_sources``
+        makes its own client at the same endpoint, with boto3's credentials).
+    origin : str, optional
+        This machine's (or cache directory's) id, the start of its attempt
+        directories' names. Default: the host name.
+    lease_ttl : float
+        Seconds a lease of ours stays live without a renewal (renewed every third).
+    poll : float
+        Seconds between looks while waiting on another holder's lease.
+    concurrency : int
+        Parts (or ranges) in flight.
+    journal_dir : path-like, optional
+        The publish journals' folder (default: publish's).
+    connect_timeout : float
+        Seconds to wait for a connection; with two attempts per call, an
+        unreachable server costs seconds, not minutes.
+
+    Raises
+    ------
+    RemoteURLError
+        ``url`` is not ``s3://bucket[/prefix]`` (no request is made).
+    ValueError, TypeError
+        A bad ``lease_ttl``, ``poll``, ``concurrency``, ``origin`` or
+        ``connect_timeout``; an unknown keyword (TypeError).
+    """
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, client: Any = None,
+                 origin: str | None = None, lease_ttl: float = 300.0, poll: float = 2.0,
+                 concurrency: int = 4, journal_dir: os.PathLike | str | None = None,
+                 connect_timeout: float = 5.0) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str like 's3://bucket/prefix', not {url!r}")
+        # RemoteURL checks the bucket and every segment; a dummy last segment makes a
+        # bare bucket (or a prefix) a valid object URL to it.
+        parsed = RemoteURL.parse(url.rstrip("/") + "/x") if url.startswith("s3://") else \
+            RemoteURL.parse(url)
+        self.bucket = parsed.bucket
+        head = parsed.key[:-1]  # "" or "prefix/"
+        self.prefix = head
+        self.url = f"s3://{self.bucket}/{head}".rstrip("/") if head else f"s3://{self.bucket}"
+        for name, value in (("lease_ttl", lease_ttl), ("poll", poll),
+                            ("connect_timeout", connect_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, not {value!r}")
+            if not value > 0:  # NaN too
+                raise ValueError(f"{name} must be more than 0 seconds, not {value}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be a positive int, not {concurrency!r}")
+        self.origin = check_origin(origin) if origin is not None else _safe_origin()
+        self.lease_ttl = float(lease_ttl)
+        self.poll = float(poll)
+        self.concurrency = concurrency
+        self.journal_dir = journal_dir
+        if isinstance(client, S3):
+            self.s3 = client
+        else:
+            # Two attempts a call, a short connect timeout: a server that is down
+            # costs seconds (the export goes on locally), not botocore's minutes.
+            self.s3 = S3(endpoint_url, client=client, max_connections=concurrency + 2,
+                         retries=2, connect_timeout=connect_timeout, read_timeout=60)
+        self.endpoint_url = endpoint_url or getattr(
+            getattr(self.s3.client, "meta", None), "endpoint_url", None)
+
+    def __repr__(self) -> str:
+        return f"RemoteTier({self.url!r}, origin={self.origin!r})"
+
+    # --- names -----------------------------------------------------------------------
+
+    def _pointer(self, key: str) -> str:
+        return f"{self.prefix}{key}{POINTER_SUFFIX}"
+
+    def _lease(self, key: str) -> str:
+        return f"{self.prefix}{key}{LEASE_SUFFIX}"
+
+    def _url(self, object_key: str) -> str:
+        return f"s3://{self.bucket}/{object_key}"
+
+    # --- reading ---------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise unless the bucket is usable.
+
+        Raises
+        ------
+        EndpointUnreachableError, AccessDeniedError, BucketNotFoundError
+        """
+        self.s3.check_bucket(self.bucket)
+
+    def lookup(self, key: str) -> RemoteEntry | None:
+        """The committed entry of ``key``, or None (none; or a pointer that does not parse, logged).
+
+        Raises
+        ------
+        RemoteError
+            The server could not be asked (unreachable, denied, no bucket).
+        """
+        check_key(key)
+        got = self.s3.get(self.bucket, self._pointer(key), limit=16 << 20)
+        if got is None:
+            return None
+        data, etag = got
+        try:
+            return RemoteEntry.from_json(data, etag, key)
+        except ValueError as exc:
+            log.warning("%s: the pointer of %s does not parse (%s); taken as no entry",
+                        self.url, key, exc)
+            return None
+
+    def entries(self) -> list[RemoteEntry]:
+        """Every entry whose pointer parses, in key order."""
+        out = []
+        for k in sorted(self.s3.list_keys(self.bucket, self.prefix)):
+            name = k[len(self.prefix):]
+            if not name.endswith(POINTER_SUFFIX) or name.endswith(MANIFEST_SUFFIX):
+                continue
+            key = name[:-len(POINTER_SUFFIX)]
+            try:
+                check_key(key)
+            except ValueError:
+                continue
+            entry = self.lookup(key)
+            if entry is not None:
+                out.append(entry)
+        return out
+
+    def download(self, entry: RemoteEntry, directory: os.PathLike | str, *,
+                 progress: Callable[..., Any] | None = None) -> TierDownload:
+        """Download ``entry``'s files into ``directory`` (created), checked against the pointer.
+
+        The first file is fetched with its manifest (the others beside it),
+        pinned with ``If-Match`` to the versions the manifest names and with
+        no restart on a change; then each file's size and xxh3-128 digest must
+        be the pointer's. The same directory again continues a cut download
+        (and downloads nothing when it is complete).
+
+        Raises
+        ------
+        TierEntryError
+            The entry's files fail a check (replaced, truncated, other bytes,
+            a manifest naming other files): its files are removed from
+            ``directory``; never served.
+        RemoteError
+            The network or server failed (a later call resumes).
+        """
+        if not isinstance(entry, RemoteEntry):
+            raise TypeError(f"entry must be a RemoteEntry (from lookup), not {entry!r}")
+        from trtet_store.remote.download.receive import fetch
+
+        start = time.monotonic()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        names = [f["name"] for f in entry.files]
+        paths = {n: directory / n for n in names}
+        url = self._url(f"{self.prefix}{entry.attempt}{names[0]}")
+        try:
+            report = fetch(url, paths[names[0]], client=self.s3, if_replaced="error",
+                           max_restarts=0, concurrency=self.concurrency, progress=progress)
+        except (ObjectChangedError, FetchVerificationError, ManifestError,
+                ObjectNotFoundError) as exc:
+            self._discard(paths)
+            raise TierEntryError(f"{self.url}: entry {entry.key} is damaged ({exc}); it is "
+                                 "not used", entry.key) from exc
+        got = [o.name for o in report.objects]
+        if got != names:
+            self._discard(paths)
+            raise TierEntryError(f"{self.url}: entry {entry.key}'s manifest names {got}, its "
+                                 f"pointer {names}; it is not used", entry.key)
+        for f in entry.files:
+            size, digest = file_digest(paths[f["name"]])
+            if size != f["size"] or digest != f["digest"]:
+                self._discard(paths)
+                raise TierEntryError(
+                    f"{self.url}: entry {entry.key}, file {f['name']}: {size} bytes with "
+                    f"xxh3-128 {digest}, the pointer says {f['size']} bytes, {f['digest']}; "
+                    "it is not used", entry.key, f["name"])
+        return TierDownload(paths, report.bytes_downloaded, time.monotonic() - start)
+
+    @staticmethod
+    def _discard(paths: Mapping[str, Path]) -> None:
+        for p in paths.values():
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+    # --- writing ---------------------------------------------------------------------
+
+    def publish(self, key: str, files: Sequence[tuple[Any, ...]], metadata: Mapping[str, Any],
+                *, replace: RemoteEntry | None = None,
+                progress: Callable[..., Any] | None = None) -> TierPublish:
+        """Publish ``files`` with ``metadata`` as the entry of ``key``; the first writer wins.
+
+        Parameters
+        ----------
+        key : str
+            The entry's key (one S3 key segment).
+        files : sequence of (name, path) or (name, path, xxh3-128 digest)
+            The entry's files, in order (the first carries the manifest).
+        metadata : mapping
+            JSON-serialisable; stored in the pointer.
+        replace : RemoteEntry, optional
+            The damaged entry to replace: the pointer is written with
+            ``If-Match`` its ETag, then the old attempt's objects are deleted.
+        progress : callable, optional
+            publish_sources' progress (a :class:`~trtet_store.remote.report.PublishProgress`).
+
+        Returns
+        -------
+        TierPublish
+            ``published=False`` with a reason when another pointer is there
+            (before or after our upload: then our objects are deleted).
+
+        Raises
+        ------
+        RemoteError
+            The upload failed (unreachable, denied; an interrupted upload is
+            kept for the next publish of the same files to resume).
+        """
+        import json
+
+        from trtet_store.remote.upload.config import PublishConfig
+        from trtet_store.remote.upload.send import publish_sources
+        from trtet_store.remote.upload.source import ObjectSource
+
+        check_key(key)
+        parsed = parse_files(files)
+        if not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a mapping, not {type(metadata).__name__}")
+        try:
+            json.dumps(dict(metadata))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"metadata must be JSON-serialisable: {exc}") from None
+        if replace is not None and not isinstance(replace, RemoteEntry):
+            raise TypeError(f"replace must be the RemoteEntry to replace, not {replace!r}")
+        if replace is not None and replace.key != key:
+            raise ValueError(f"replace is the entry of {replace.key!r}, not of {key!r}")
+        described = []
+        for name, path, digest in parsed:
+            size = path.stat().st_size
+            if digest is None:
+                size, digest = file_digest(path)
+            described.append({"name": name, "size": size, "digest": digest})
+
+        current = self.lookup(key)
+        if replace is None and current is not None:
+            return TierPublish(key, False, f"already in the shared cache (origin "
+                               f"{current.origin}, host {current.host})", 0, current)
+        if replace is not None and (current is None or current.etag != replace.etag):
+            return TierPublish(key, False, "the entry to replace was replaced or removed "
+                               "meanwhile", 0, current)
+        attempt = attempt_id(self.origin, described)
+        if replace is not None and replace.attempt == f"{key}/{attempt}/":
+            attempt += f"-r{os.urandom(4).hex()}"
+        adir = f"{self.prefix}{key}/{attempt}/"
+        first = described[0]["name"]
+        sources = [ObjectSource.of_file(path, name) for name, path, _ in parsed]
+        config = PublishConfig(concurrency=self.concurrency, journal_dir=self.journal_dir,
+                               index=False)
+        sent = 0
+        try:
+            report = publish_sources(sources, self._url(adir + first),
+                                     endpoint_url=self.endpoint_url, replace=False,
+                                     config=config, progress=progress)
+            sent = report.bytes_sent
+        except KeyExistsError:
+            # Our own attempt directory is already complete: a run killed between its
+            # manifest and its pointer. Its objects are used if they are still ours.
+            self._check_attempt(key, adir, described)
+        except ConflictError as exc:
+            if isinstance(exc, KeyExistsError):  # pragma: no cover - caught above
+                raise
+            return TierPublish(key, False, f"not published: {exc}", 0, self.lookup(key))
+
+        entry = RemoteEntry(key, "", time.time(), self.origin, socket.gethostname(),
+                            f"{key}/{attempt}/", described, dict(metadata))
+        try:
+            if replace is None:
+                etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),
+                           if_none_match=True)
+            else:
+                etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),
+                           if_match=replace.etag)
+        except PreconditionFailed:
+            winner = self.lookup(key)
+            if winner is None or winner.attempt != entry.attempt:
+                self._remove_attempt(adir)
+            who = f"host {winner.host}, origin {winner.origin}" if winner else "since removed"
+            log.info("%s: %s: another machine published it first (%s); ours is not kept",
+                     self.url, key, who)
+            return TierPublish(key, False, f"another machine published it first ({who})",
+                               sent, winner)
+        entry.etag = etag
+        if replace is not None and replace.attempt != entry.attempt:
+            self._remove_attempt(f"{self.prefix}{replace.attempt}")
+        return TierPublish(key, True, None, sent, entry)
+
+    def _check_attempt(self, key: str, adir: str, described: list[dict[str, Any]]) -> None:
+        """Our completed attempt directory ``adir`` holds ``described``'s files, else raise."""
+        first = described[0]["name"]
+        got = self.s3.get(self.bucket, adir + first + MANIFEST_SUFFIX)
+        if got is None:
+            raise ConflictError(f"{self._url(adir)}: objects exist but no manifest; run "
+                                "prune or remove them", adir)
+        manifest = Manifest.from_json(got[0])
+        names = [o.name for o in manifest.objects]
+        if names != [d["name"] for d in described]:
+            raise ConflictError(f"{self._url(adir)}: its manifest names {names}", adir)
+        for o, d in zip(manifest.objects, described, strict=True):
+            head = self.s3.head(self.bucket, o.key)
+            pieces_ok = len(o.pieces) != 1 or o.pieces[0].xxh3 == d["digest"]
+            if o.size != d["size"] or not pieces_ok or head is None or head.etag != o.etag:
+                # Not the bytes we mean to publish: start the attempt over.
+                log.warning("%s: the completed attempt %s is not ours as it stands; "
+                            "publishing it again", self.url, adir)
+                self._remove_attempt(adir)
+                raise ConflictError(f"{self._url(adir)}: a completed attempt that does not "
+                                    "hold these files was there (removed; publish again)",
+                                    adir)
+        log.info("%s: %s: the upload of %s was complete already; committing it", self.url,
+                 key, adir)
+
+    def _remove_attempt(self, adir: str) -> None:
+        """Delete every object under ``adir`` (manifests first), best effort, logged."""
+        try:
+            keys = self.s3.list_keys(self.bucket, adir, delimiter="")
+            etags: dict[str, str] = {}
+            for k in keys:
+                if k.endswith(MANIFEST_SUFFIX):
+                    got = self.s3.get(self.bucket, k)
+                    if got is not None:
+                        with contextlib.suppress(ManifestError):
+                            etags.update({o.key: o.etag
+                                          for o in Manifest.from_json(got[0]).objects})
+            # The manifest first: a directory without it is never taken for complete.
+            for k in sorted(keys, key=lambda k: not k.endswith(MANIFEST_SUFFIX)):
+                try:
+                    self.s3.delete(self.bucket, k, if_match=etags.get(k))
+                except PreconditionFailed:
+                    log.info("%s: %s was rewritten since; left alone", self.url, k)
+            for u in self.s3.list_uploads(self.bucket, adir):
+                self.s3.abort(self.bucket, u.key, u.upload_id)
+        except RemoteError as exc:
+            log.warning("%s: could not remove %s (%s); prune removes it later", self.url,
+                        adir, exc)
+
+    def delete(self, entry: RemoteEntry) -> None:
+        """Delete ``entry``: its pointer (``If-Match`` its ETag) first, then its objects.
+
+        Raises
+        ------
+        ObjectChangedError
+            The pointer is another version now (nothing deleted).
+        """
+        if not isinstance(entry, RemoteEntry):
+            raise TypeError(f"entry must be a RemoteEntry, not {entry!r}")
+        self.s3.delete(self.bucket, self._pointer(entry.key), if_match=entry.etag)
+        self._remove_attempt(f"{self.prefix}{entry.attempt}")
+
+    def prune(self, older_than: float, *, dry_run: bool = False) -> list[str]:
+        """Remove entries, orphan attempt directories and dead leases older than ``older_than`` s.
+
+        An entry goes by its pointer's ``created`` (pointer first, ``If-Match``,
+        then its objects). An attempt directory no pointer names (a race's
+        loser, a killed publisher) goes when its newest object (or open
+        upload) is older; it is looked at once more right before, so an
+        attempt a pointer names by then is kept. A lease goes when unchanged
+        for longer (its holder is gone; a live one is renewed every ttl/3).
+
+        Returns
+        -------
+        list of str
+            What was (or, with ``dry_run``, would be) removed: keys of entries,
+            ``<key>/<attempt>/`` of attempt directories, ``<key>.lease``.
+        """
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
+                or not older_than >= 0:
+            raise ValueError(f"older_than must be a number of seconds >= 0, not {older_than!r}")
+        now = time.time()
+        cutoff = now - older_than
+        removed: list[str] = []
+        kept_attempts: set[str] = set()
+        for entry in self.entries():
+            if entry.created < cutoff:
+                if not dry_run:
+                    try:
+                        self.delete(entry)
+                    except ObjectChangedError:
+                        kept_attempts.add(entry.attempt)  # replaced meanwhile: not ours
+                        continue
+                removed.append(entry.key)
+            else:
+                kept_attempts.add(entry.attempt)
+        listing = self.s3.list_dated(self.bucket, self.prefix)
+        newest: dict[str, float] = {}
+        for k, _, modified in listing:
+            rest = k[len(self.prefix):]
+            parts = rest.split("/")
+            if len(parts) == 3:
+                adir = f"{parts[0]}/{parts[1]}/"
+                newest[adir] = max(newest.get(adir, 0.0), modified)
+            elif len(parts) == 1 and rest.endswith(LEASE_SUFFIX) and modified < cutoff:
+                if not dry_run:
+                    with contextlib.suppress(PreconditionFailed):
+                        head = self.s3.head(self.bucket, k)
+                        if head is not None:
+                            self.s3.delete(self.bucket, k, if_match=head.etag)
+                removed.append(rest)
+        for u in self.s3.list_uploads(self.bucket, self.prefix):
+            parts = u.key[len(self.prefix):].split("/")
+            if len(parts) == 3:
+                adir = f"{parts[0]}/{parts[1]}/"
+                started = u.initiated.timestamp() if hasattr(u.initiated, "timestamp") else now
+                newest[adir] = max(newest.get(adir, 0.0), started)
+        for adir, modified in sorted(newest.items()):
+            if adir in kept_attempts or modified >= cutoff:
+                continue
+            key = adir.split("/")[0]
+            with contextlib.suppress(ValueError):
+                check_key(key)
+                # Looked at once more: a pointer written since our listing keeps it.
+                current = self.lookup(key)
+                if current is not None and current.attempt == adir:
+                    continue
+                if not dry_run:
+                    self._remove_attempt(f"{self.prefix}{adir}")
+                removed.append(adir)
+        return removed
+
+    # --- leases ----------------------------------------------------------------------
+
+    def claim(self, key: str, *, timeout: float | None = None,
+              on_wait: Callable[[dict[str, Any]], None] | None = None) -> Lease | RemoteEntry:
+        """The entry of ``key`` if there is one, else the build lease on it, waiting if needed.
+
+        Loop: an entry -> returned. No lease -> ours (``If-None-Match: *``).
+        Another holder's lease -> wait (every ``poll`` s), returning the entry
+        as soon as it appears, and taking the lease over (``If-Match`` its
+        ETag: of two waiters one wins) once its ETag has stayed the same for
+        more than its ttl on our clock, or claiming it once it is deleted.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait at most (default: no limit).
+        on_wait : callable, optional
+            Called with the other holder's lease dict at each look while waiting.
+
+        Raises
+        ------
+        LeaseWaitTimeout
+            ``timeout`` passed with another holder's lease still live.
+        RemoteError
+            The server could not be asked.
+        """
+        check_key(key)
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float))
+                                    or not timeout >= 0):
+            raise ValueError(f"timeout must be a number of seconds >= 0 or None, not "
+                             f"{timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        lkey = self._lease(key)
+        holder = new_holder()
+        seen: tuple[str, float] | None = None  # (etag, first seen on our clock)
+        while True:
+            entry = self.lookup(key)
+            if entry is not None:
+                return entry
+            got = self.s3.get(self.bucket, lkey, limit=1 << 20)
+            started = time.time()
+            if got is None:
+                try:
+                    etag = put(self.s3, self.bucket, lkey,
+                               lease_body(holder, started, self.lease_ttl, 0),
+                               if_none_match=True)
+                except PreconditionFailed:
+                    continue  # another claimer got there first: look again
+                return self._acquired(key, lkey, holder, etag, started)
+            data, etag = got
+            doc = parse_lease(data) or {}
+            ttl = doc.get("ttl")
+            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+                ttl = self.lease_ttl
+            now = time.monotonic()
+            if seen is None or seen[0] != etag:
+                seen = (etag, now)
+            elif now - seen[1] > ttl:
+                try:
+                    new = put(self.s3, self.bucket, lkey,
+                              lease_body(holder, started, self.lease_ttl, 0), if_match=etag)
+                except PreconditionFailed:
+                    seen = None  # renewed, released or taken by another waiter meanwhile
+                    continue
+                log.warning("%s: %s: took over the build lease of %s (pid %s), unchanged for "
+                            "%.1f s (its ttl %.1f s)", self.url, key, doc.get("host"),
+                            doc.get("pid"), now - seen[1], ttl)
+                return self._acquired(key, lkey, holder, new, started)
+            if on_wait is not None:
+                on_wait(doc)
+            wait = self.poll
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise LeaseWaitTimeout(
+                        f"{self.url}: {key}: waited {timeout} s for the build lease of "
+                        f"{doc.get('host', 'another machine')} (pid {doc.get('pid')}); it is "
+                        "still renewed")
+                wait = min(wait, left)
+            time.sleep(wait)
+
+    def _acquired(self, key: str, lkey: str, holder: str, etag: str,
+                  started: float) -> Lease | RemoteEntry:
+        lease = Lease(self.s3, self.bucket, lkey, key, holder, etag, started, self.lease_ttl)
+        # The previous holder may have published and released between our look at the
+        # pointer and our put: then the entry is the answer, not a second build.
+        try:
+            entry = self.lookup(key)
+        except RemoteError:
+            lease.release()
+            raise
+        if entry is not None:
+            lease.release()
+            return entry
+        return lease
