@@ -162,6 +162,13 @@ ERROR_TABLE: list[tuple[str, str, Callable[[BaseException, ErrorContext], list[s
      lambda e, c: [f"interrupted: {e}"]),
     ("trtet_store.remote.errors", "FetchVerificationError", lambda e, c: [
         one_line(e)] + ([f"{c.out} and its .ptd files are unchanged"] if c.out else [])),
+    # The engine cache's shared tier (issue 37). LeaseWaitTimeout is a TimeoutError, so an
+    # OSError: it comes before the OSError row.
+    ("trtet_store.remote.tier", "TierEntryError", lambda e, c: [
+        f"a damaged entry in the shared cache, never served: {e}; the next build replaces "
+        "it"]),
+    ("trtet_store.remote.tier", "LeaseWaitTimeout", lambda e, c: [
+        f"gave up waiting for another machine's build: {e}"]),
     ("builtins", "OSError", lambda e, c: (_no_space(e, c) if getattr(e, "errno", None)
                                           == errno.ENOSPC else [one_line(e)])),
 ]

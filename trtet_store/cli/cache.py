@@ -1,13 +1,27 @@
-"""``trtet-store cache``: list, measure, prune, verify and clear the engine cache.
+"""``trtet-store cache``: list, measure, prune, verify and clear the engine cache; share it.
 
 A thin shell over :class:`trtet_store.EngineCache` (``entries``, ``stats``,
-``prune``, ``verify``, ``clear``)::
+``prune``, ``verify``, ``clear``; with ``--remote``: ``remote_entries``,
+``push``, ``pull``, ``prune_remote``)::
 
     trtet-store cache [--dir DIR] [--json] list    # key, kind, size, last use, hits, versions, GPU
     trtet-store cache [--dir DIR] [--json] stats
     trtet-store cache [--dir DIR] [--json] prune [--max-bytes N]
     trtet-store cache [--dir DIR] [--json] verify    # exit 1 when a damaged entry was dropped
     trtet-store cache [--dir DIR] [--json] clear
+
+    # the shared tier in a bucket (issue 37); --endpoint-url URL and --no-progress on each
+    trtet-store cache list --remote s3://BUCKET[/PREFIX]     # key, size, created, host, origin
+    trtet-store cache push --remote URL [KEY...]     # publish local builds (default: every one)
+    trtet-store cache pull --remote URL KEY...       # download into the local cache
+    trtet-store cache prune --remote URL --older-than AGE [--dry-run]   # AGE: 7d, 12h, 30m, 90s
+
+``list --remote`` and ``prune --remote`` work on the bucket alone: the local
+directory is neither read nor created. ``push`` and ``pull`` need it (``pull``
+creates it). ``push`` prints, per key, whether it was published, already
+there, or lost the race to another machine (first wins, nothing replaced);
+``pull`` the bytes downloaded (0: already here). A bad URL or AGE is refused
+before any request and before any file is written.
 
 ``--dir`` and ``--json`` may also follow the action. The default directory is
 the per-user one (``$XDG_CACHE_HOME/trtet_store/engines``). The bound is not
@@ -25,13 +39,14 @@ import dataclasses
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import mib, report_error, size_arg
+from trtet_store.cli._common import fail, mib, report_error, size_arg
 
-__all__ = ["add_parser", "cmd_cache"]
+__all__ = ["add_parser", "cmd_cache", "parse_age"]
 
 #: The kinds of entries, as the metadata names them, and how ``list`` shows them.
 KINDS = {"trtet_store.tensorrt.engine": "engine", "trtet_store.tensorrt.build": "build",
@@ -49,28 +64,102 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                         help="print JSON instead of text")
 
 
+#: ``--older-than`` units, in seconds.
+AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_age(text: str) -> float:
+    """Seconds from an age like ``7d``, ``12h``, ``30m``, ``90s``, ``2w`` or ``1.5h``.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Anything else (a bare number, a negative one, another unit): argparse
+        prints it as a usage error, exit code 2.
+    """
+    m = _AGE.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"not an age: {text!r}; give a number and a unit: 7d, 12h, 30m, 90s or 2w")
+    return float(m.group(1)) * AGE_UNITS[m.group(2)]
+
+
+def _remote_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    # Not add_s3_options: its --json would collide with the cache command's own.
+    parser.add_argument("--remote", required=required, default=None,
+                        metavar="s3://BUCKET[/PREFIX]",
+                        help="the shared tier: a bucket (and a prefix) every machine uses")
+    parser.add_argument("--endpoint-url", default=None,
+                        help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def add_parser(sub: Any) -> None:
     """Register ``cache`` (with its actions) on the ``trtet-store`` subparsers."""
     c = sub.add_parser(
         "cache",
-        help="list, prune, verify or clear the engine cache",
+        help="list, prune, verify or clear the engine cache; share it through a bucket",
         description="The persistent TensorRT engine cache (trtet_store.EngineCache): its "
-        "entries, its size, pruning to a bound, a full re-digest, clearing.",
+        "entries, its size, pruning to a bound, a full re-digest, clearing; with --remote, "
+        "the shared tier in a bucket: its entries, push, pull, prune by age.",
     )
     _common_options(c, suppress=False)
     actions = c.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, text in (("list", "every entry: key, kind, size, last use, hits, versions, GPU"),
+    for name, text in (("list", "every entry: key, kind, size, last use, hits, versions, GPU "
+                        "(--remote: the bucket's: key, size, created, host, origin)"),
                        ("stats", "entries, distinct bytes, hits, free space"),
-                       ("prune", "evict least recently used entries down to a bound"),
+                       ("prune", "evict least recently used entries down to a bound "
+                        "(--remote: remove the bucket's entries older than --older-than)"),
                        ("verify", "re-digest every entry; drop (and report) damaged ones"),
-                       ("clear", "remove every entry not in use")):
+                       ("clear", "remove every entry not in use"),
+                       ("push", "publish local builds to the bucket (first wins)"),
+                       ("pull", "download builds from the bucket into the local cache")):
         a = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         _common_options(a, suppress=True)
         if name == "prune":
             a.add_argument("--max-bytes", type=size_arg, default=None, metavar="N",
                            help="the bound to prune to (16G, 512M, bytes); default: "
                            "EngineCache's default bound")
+            a.add_argument("--older-than", type=parse_age, default=None, metavar="AGE",
+                           help="with --remote: remove entries created more than AGE ago "
+                           "(7d, 12h, 30m, 90s, 2w) and unnamed upload leftovers as old")
+            a.add_argument("--dry-run", action="store_true",
+                           help="with --remote: say what would be removed, remove nothing")
+        if name in ("list", "prune", "push", "pull"):
+            _remote_options(a, required=name in ("push", "pull"))
+        if name == "push":
+            a.add_argument("keys", nargs="*", metavar="KEY",
+                           help="build keys to publish (default: every local build)")
+        elif name == "pull":
+            a.add_argument("keys", nargs="+", metavar="KEY", help="build keys to download")
     c.set_defaults(func=cmd_cache)
+
+
+def _usage(text: str) -> int:
+    """A usage error found after parsing: one line, exit code 2 (as argparse's own)."""
+    print(f"trtet-store cache: {text}", file=sys.stderr)
+    return 2
+
+
+def _check_remote_args(args: argparse.Namespace) -> int | None:
+    """Options that need (or refuse) ``--remote``: None when they agree, else the exit code."""
+    remote = getattr(args, "remote", None)
+    if args.action == "prune":
+        if remote is None and args.older_than is not None:
+            return _usage("--older-than prunes the shared tier: give --remote s3://BUCKET "
+                          "(the local cache prunes to a bound: --max-bytes N)")
+        if remote is not None and args.older_than is None:
+            return _usage("prune --remote needs --older-than AGE (7d, 12h, 30m): a bucket "
+                          "has no size bound to prune to")
+        if remote is not None and args.max_bytes is not None:
+            return _usage("--max-bytes bounds the local cache; prune --remote takes "
+                          "--older-than AGE only")
+        if remote is None and args.dry_run:
+            return _usage("--dry-run applies to prune --remote")
+    if remote is None and getattr(args, "endpoint_url", None) is not None:
+        return _usage("--endpoint-url needs --remote s3://BUCKET")
+    return None
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -78,12 +167,30 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from trtet_store import EngineCache
     from trtet_store.cache import default_directory
 
+    refused = _check_remote_args(args)
+    if refused is not None:
+        return refused
     directory = args.dir if args.dir is not None else default_directory()
-    if not os.path.lexists(directory):
+    remote = getattr(args, "remote", None)
+    try:
+        if remote is not None:
+            # The URL judged before anything else: no request, no file written.
+            from trtet_store.remote.tier import RemoteTier
+
+            tier = RemoteTier(remote, endpoint_url=args.endpoint_url)
+            if args.action in ("list", "prune"):  # the bucket alone: no local directory
+                return REMOTE_ACTIONS[args.action](tier, args)
+    except Exception as exc:
+        return report_error(exc, "cache")
+    if not os.path.lexists(directory) and args.action != "pull":
         return _absent(args, directory)
     try:
         # min_free=0: the CLI only reads, or prunes to a byte bound it is given.
-        cache = EngineCache(directory, min_free=0)
+        if remote is None:
+            cache = EngineCache(directory, min_free=0)
+        else:
+            cache = EngineCache(directory, min_free=0, remote=remote,
+                                endpoint_url=args.endpoint_url)
         return ACTIONS[args.action](cache, args)
     except Exception as exc:
         return report_error(exc, "cache")
@@ -204,4 +311,89 @@ def _clear(cache: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-ACTIONS = {"list": _list, "stats": _stats, "prune": _prune, "verify": _verify, "clear": _clear}
+# --- the shared tier (--remote) -------------------------------------------------------
+
+
+def _remote_row(e: Any) -> dict[str, Any]:
+    return {"key": e.key, "size": e.size, "created": e.created, "host": e.host,
+            "origin": e.origin, "attempt": e.attempt, "etag": e.etag, "files": e.files,
+            "metadata": e.metadata}
+
+
+def _remote_list(tier: Any, args: argparse.Namespace) -> int:
+    rows = [_remote_row(e) for e in sorted(tier.entries(), key=lambda e: -e.created)]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"{tier.url}: no entries")
+        return 0
+    width = max(len("KEY"), *(len(_short(r["key"])) for r in rows))
+    print(f"{'KEY':{width}}  {'SIZE':>11}  {'CREATED':19}  {'HOST':20}  ORIGIN")
+    for r in rows:
+        print(f"{_short(r['key']):{width}}  {mib(r['size']):>11}  {_when(r['created']):19}  "
+              f"{r['host'] or '-':20}  {r['origin'] or '-'}")
+    print(f"{len(rows)} entries, {mib(sum(r['size'] for r in rows))} in {tier.url}")
+    return 0
+
+
+def _remote_prune(tier: Any, args: argparse.Namespace) -> int:
+    removed = tier.prune(args.older_than, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps({"removed": removed, "older_than": args.older_than,
+                          "dry_run": args.dry_run}, indent=1))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {len(removed)} entries and leftovers older than {args.older_than:g} s "
+          f"from {tier.url}")
+    for name in removed:
+        print(f"  {name}")
+    return 0
+
+
+def _push_status(p: Any) -> str:
+    """``published``, ``already there``, ``lost race`` or ``failed`` (an error, in ``reason``)."""
+    if p.published:
+        return "published"
+    if p.entry is None:  # nothing committed under the key: the publish itself failed
+        return "failed"
+    # Bytes sent and then the pointer refused: another machine committed first.
+    return "lost race" if p.sent else "already there"
+
+
+def _push(cache: Any, args: argparse.Namespace) -> int:
+    results = cache.push(args.keys or None)
+    rows = [{"key": p.key, "status": _push_status(p), "published": p.published,
+             "reason": p.reason, "sent": p.sent,
+             "host": p.entry.host if p.entry is not None else None} for p in results]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        if not rows:
+            print(f"{cache.directory}: no local builds to push")
+        for r in rows:
+            how = (f"{mib(r['sent'])} sent" if r["status"] == "published"
+                   else r["reason"] or "-")
+            print(f"{_short(r['key'])}: {r['status']} ({how})")
+    failed = sum(r["status"] == "failed" for r in rows)
+    if failed:
+        return fail("cache", f"{failed} of {len(rows)} keys not pushed (see above)")
+    return 0
+
+
+def _pull(cache: Any, args: argparse.Namespace) -> int:
+    results = cache.pull(args.keys)
+    if args.json:
+        print(json.dumps([{"key": k, "downloaded": n} for k, n in results], indent=1))
+        return 0
+    for key, n in results:
+        print(f"{_short(key)}: " + (f"{mib(n)} downloaded" if n else
+                                    "already in the local cache (nothing downloaded)"))
+    print(f"{len(results)} keys, {mib(sum(n for _, n in results))} downloaded into "
+          f"{cache.directory}")
+    return 0
+
+
+ACTIONS = {"list": _list, "stats": _stats, "prune": _prune, "verify": _verify, "clear": _clear,
+           "push": _push, "pull": _pull}
+REMOTE_ACTIONS = {"list": _remote_list, "prune": _remote_prune}

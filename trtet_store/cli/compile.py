@@ -18,6 +18,7 @@ from trtet_store.cli._common import (
     ProgressBar,
     add_s3_options,
     fail,
+    mib,
     one_line,
     report_error,
     size_arg,
@@ -127,6 +128,12 @@ def add_parser(sub: Any) -> None:
         "--engine-cache", nargs="?", const="", default=None, metavar="DIR",
         help="take engines from the engine cache and put new builds in it (a hit skips the "
              "build); DIR, or the per-user default ($XDG_CACHE_HOME/trtet_store/engines)")
+    c.add_argument(
+        "--engine-cache-remote", default=None, metavar="s3://BUCKET[/PREFIX]",
+        help="share the engine cache through this bucket (implies --engine-cache): a local "
+             "miss is looked up there and downloaded, verified, instead of built; a build is "
+             "published there (first wins). The remote never fails the compile: a warning, "
+             "and the local cache alone. --endpoint-url applies")
     add_s3_options(c)  # --endpoint-url, --json, --no-progress
     c.set_defaults(func=cmd_compile_and_save)
 
@@ -165,11 +172,17 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
     if args.replace_needed:
         kwargs["replace_needed"] = True
-    if args.engine_cache is not None:
+    if args.engine_cache is not None or args.engine_cache_remote is not None:
         from trtet_store import EngineCache
 
         try:
-            kwargs["engine_cache"] = EngineCache(args.engine_cache or None)
+            if args.engine_cache_remote is None:
+                kwargs["engine_cache"] = EngineCache(args.engine_cache or None)
+            else:
+                # A bad URL is refused here, before the build (no request made).
+                kwargs["engine_cache"] = EngineCache(
+                    args.engine_cache or None, remote=args.engine_cache_remote,
+                    endpoint_url=args.endpoint_url)
         except Exception as exc:
             return report_error(exc, "compile-and-save", out=out)
     bar = ProgressBar("writing", enabled=not args.no_progress, leave=False)
@@ -188,12 +201,27 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             for p in w.placements:
                 print(f"    payload at {p.offset}, {p.size} bytes: {p.placement} ({p.reason})")
         for e in getattr(report, "engine_cache", None) or ():
-            how = (e.placement if e.outcome == "hit" else
-                   f"cached ({e.placement})" if e.stored else f"not cached ({e.reason})")
-            print(f"  engine {e.engine_id}: {e.outcome}, {how}")
+            print(f"  engine {e.engine_id}: {_engine_event(e)}")
     if args.publish is not None:
         return _publish_written(args, [w.path for w in report.writes])
     return 0
+
+
+def _engine_event(e: Any) -> str:
+    """One engine's cache outcome: local hit, remote hit (bytes downloaded), or built."""
+    if e.outcome == "hit":
+        return f"hit, {e.placement}"
+    if e.outcome == "remote-hit":
+        got = getattr(e, "downloaded", None)
+        return (f"remote-hit, {mib(got) if got is not None else '?'} downloaded, "
+                f"{e.placement}")
+    text = f"{e.outcome}, " + (f"cached ({e.placement})" if e.stored
+                              else f"not cached ({e.reason})")
+    published = getattr(e, "published", None)
+    if published is not None:  # a remote tier was asked: say what became of the build there
+        text += ", published" if published else \
+            f", not published ({getattr(e, 'publish_reason', None) or 'no reason given'})"
+    return text
 
 
 #: compile-and-save's options that write local files, which --publish without OUT cannot.

@@ -30,11 +30,36 @@ writes the packed bytes once to a temp file in the cache and enters them from
 there (cloned where the filesystem can, else copied: ext4 writes them twice);
 ``load`` reads the entry into one ``bytes``.
 
+The shared tier (issue 37). When the :class:`~trtet_store.EngineCache` given
+(or opened here with ``remote=``) has a remote tier (``cache.remote``, a
+:class:`trtet_store.remote.tier.RemoteTier` over ``s3://bucket/prefix``),
+every machine of a team shares the entries, under the same key (so the same
+TensorRT and GPU only):
+
+- ``load`` on a local miss looks the key up in the bucket. An entry whose
+  metadata names another kind, TensorRT or compute capability is a miss
+  (logged). A hit is downloaded (fetch's machinery: ranged GETs under
+  If-Match, resumable) into ``<cache dir>/downloads/<key>/``, each byte
+  checked against the size and xxh3-128 its pointer records, entered in
+  the local cache (``put(..., consume=True)``: a hard link, no second copy)
+  and served as a local hit. A file that fails its check is never served:
+  a miss, logged, and the entry is remembered as damaged so that the
+  rebuild's ``save`` replaces it (conditionally, that entry only).
+- ``save`` puts locally, then publishes the same bytes (multipart,
+  checksummed, the pointer written last with ``If-None-Match: *``): of two
+  machines the first wins, the other keeps its entry locally and logs that
+  it lost the race.
+- The remote never fails a compile: an unreachable server, refused
+  credentials, a missing bucket or a damaged entry is a warning (logged once
+  until the tier works again) and the local cache alone. :attr:`last_remote`
+  says what the last ``load``/``save`` did there.
+
 Usage::
 
     from trtet_store.export.trt_engine_cache import for_torch_tensorrt
 
     cache = for_torch_tensorrt()            # or for_torch_tensorrt(trtet_store.EngineCache(...))
+    cache = for_torch_tensorrt(remote="s3://team-bucket/engines")   # shared through a bucket
     torch_tensorrt.compile(..., cache_built_engines=True, reuse_cached_engines=True,
                            custom_engine_cache=cache)
 """
@@ -48,7 +73,9 @@ import importlib.metadata
 import logging
 import os
 import re
+import shutil
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from trtet_store.cache import BlobCache, PutResult
@@ -58,7 +85,10 @@ from trtet_store.io import try_lock
 
 log = logging.getLogger("trtet_store.cache")
 
-__all__ = ["KIND", "detect_tensorrt_version", "for_torch_tensorrt"]
+__all__ = ["KIND", "RemoteOutcome", "detect_tensorrt_version", "for_torch_tensorrt"]
+
+#: The one file of an adapter entry in the bucket: upstream's packed bytes.
+REMOTE_FILE = "blob"
 
 #: Metadata ``kind`` of the entries this adapter stores (upstream's pickled pack).
 KIND = "torch_tensorrt.packed"
@@ -108,16 +138,41 @@ def _refuse_extra(method: str, args: tuple, kwargs: dict) -> None:
                         f"got also {', '.join(given)}")
 
 
+@dataclass
+class RemoteOutcome:
+    """What the last ``load`` or ``save`` did with the shared tier.
+
+    ``action`` is ``"hit"`` (downloaded ``downloaded`` bytes and served),
+    ``"miss"`` (no entry, or a foreign or damaged one: ``reason``),
+    ``"published"``, ``"not-published"`` (``reason``: already there, lost
+    the race, ...) or ``"error"`` (the tier failed: ``reason``; warned).
+    """
+
+    key: str
+    action: str
+    reason: str | None = None
+    downloaded: int = 0
+    sent: int = 0
+
+
 class _Adapter:
     """The methods the adapter adds to upstream's ``BaseEngineCache`` (see the module doc)."""
 
     def __init__(self, cache: BlobCache, *, tensorrt_version: str,
-                 compute_capability: str) -> None:
+                 compute_capability: str, remote: Any = None) -> None:
         self.cache = cache
         self.tensorrt_version = tensorrt_version
         self.compute_capability = compute_capability
+        #: The shared tier (a RemoteTier), or None: the local cache alone.
+        self.remote = remote
         #: The last save's outcome (stored, or skipped with its reason).
         self.last_put: PutResult | None = None
+        #: What the last load or save did with the shared tier (None: not asked).
+        self.last_remote: RemoteOutcome | None = None
+        # Entries whose files failed their checks, by key: the rebuild replaces them.
+        self._damaged: dict[str, Any] = {}
+        # Warn once while the tier fails; say so again once it has worked.
+        self._remote_failing = False
 
     def key_for(self, hash: str) -> str:  # noqa: A002 - upstream's parameter name
         """The cache key of upstream's ``hash`` on this TensorRT and GPU."""
@@ -173,6 +228,10 @@ class _Adapter:
                         "versions": [["tensorrt", self.tensorrt_version]],
                         "compute_capability": self.compute_capability}
             self.last_put = cache.put(key, tmp, metadata)
+            if self.remote is not None:
+                # From the temp file, still ours (flocked): the bytes just put. A put the
+                # bound skipped still publishes: other machines may have room for it.
+                self._publish(key, tmp, metadata, self.last_put)
         except OSError as exc:
             # No space for the temp file, a permission problem: a skip, as the cache's own.
             reason = f"{os.strerror(exc.errno) if exc.errno else exc} writing {tmp}"
@@ -192,7 +251,13 @@ class _Adapter:
         is dropped and missed, so upstream's ``check`` never unpickles it.
         """
         _refuse_extra("load", args, kwargs)
-        hit = self.cache.get(self.key_for(hash))
+        key = self.key_for(hash)
+        hit = self.cache.get(key)
+        if hit is None and self.remote is not None:
+            data = self._load_remote(key)
+            if data is not None:  # verified, but the local cache could not take it
+                return data
+            hit = self.cache.get(key)  # entered by the download, or still a miss
         if hit is None:
             return None
         with hit:
@@ -205,6 +270,118 @@ class _Adapter:
                         len(data), hit.size)
             return None
         return data
+
+    # -- the shared tier ------------------------------------------------------------------
+
+    def _remote_failed(self, key: str, what: str, exc: BaseException) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        if not self._remote_failing:
+            log.warning("engine cache: the shared tier %s failed %s %s (%s); the local cache "
+                        "alone is used until it works again", self.remote.url, what, key,
+                        reason)
+        else:
+            log.debug("engine cache: the shared tier failed %s %s: %s", what, key, reason)
+        self._remote_failing = True
+        self.last_remote = RemoteOutcome(key, "error", reason)
+
+    def _remote_worked(self) -> None:
+        if self._remote_failing:
+            log.warning("engine cache: the shared tier %s works again", self.remote.url)
+        self._remote_failing = False
+
+    def _foreign(self, entry: Any) -> str | None:
+        """Why the bucket's ``entry`` must not be served here, or None."""
+        meta = entry.metadata if isinstance(entry.metadata, dict) else {}
+        versions = meta.get("versions")
+        tensorrt = dict(map(tuple, versions)).get("tensorrt") if isinstance(versions, list) \
+            and all(isinstance(v, list) and len(v) == 2 for v in versions) else None
+        if meta.get("kind") != KIND:
+            return f"its kind is {meta.get('kind')!r}, not {KIND!r}"
+        if meta.get("compute_capability") != self.compute_capability:
+            return (f"built for {meta.get('compute_capability')!r}, this GPU is "
+                    f"{self.compute_capability!r}")
+        if tensorrt != self.tensorrt_version:
+            return f"built with TensorRT {tensorrt!r}, this one is {self.tensorrt_version!r}"
+        if [f.get("name") for f in entry.files] != [REMOTE_FILE]:
+            return f"its files are {[f.get('name') for f in entry.files]}, not [{REMOTE_FILE!r}]"
+        return None
+
+    def _load_remote(self, key: str) -> bytes | None:
+        """The bucket's entry ``key``, downloaded, verified and entered locally; or None."""
+        from trtet_store.remote.errors import RemoteError
+        from trtet_store.remote.tier import TierEntryError
+
+        tier = self.remote
+        directory = self.cache.directory / "downloads" / key
+        try:
+            try:
+                entry = tier.lookup(key)
+                if entry is None:
+                    self._remote_worked()
+                    self.last_remote = RemoteOutcome(key, "miss", "not in the shared cache")
+                    return None
+                problem = self._foreign(entry)
+                if problem is not None:  # the key says it cannot be; the metadata is checked too
+                    self._remote_worked()
+                    log.warning("engine cache: the shared entry %s is not for this machine (%s): "
+                                "a miss", key, problem)
+                    self.last_remote = RemoteOutcome(key, "miss", problem)
+                    return None
+                got = tier.download(entry, directory)
+            except TierEntryError as exc:
+                # Damaged or tampered: never served; the rebuild's save replaces it.
+                self._damaged[key] = entry
+                self._remote_worked()
+                log.warning("engine cache: the shared entry %s failed its checks, never "
+                            "served: %s; a miss (the rebuild replaces it)", key, exc)
+                self.last_remote = RemoteOutcome(key, "miss", f"damaged: {exc}")
+                return None
+            except (RemoteError, OSError) as exc:
+                self._remote_failed(key, "looking up", exc)
+                return None
+            self._remote_worked()
+            path = got.paths[REMOTE_FILE]
+            self.last_remote = RemoteOutcome(key, "hit", downloaded=got.downloaded)
+            log.info("engine cache: %s downloaded from the shared tier (%d bytes)", key,
+                     got.downloaded)
+            metadata = {"kind": KIND, "torch_tensorrt_hash": entry.metadata.get(
+                "torch_tensorrt_hash"), "versions": [["tensorrt", self.tensorrt_version]],
+                "compute_capability": self.compute_capability}
+            put = self.cache.put(key, path, metadata, consume=True)
+            if put.stored:
+                return None  # entered: load() serves it as a local hit (pinned, sealed)
+            # Not cacheable here (the bound, no room): the verified bytes are served as they are.
+            with open(path, "rb", buffering=0) as f:
+                return f.readall()
+        except OSError as exc:  # the local side of a remote hit (no room to download, ...)
+            self._remote_failed(key, "placing", exc)
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(directory)
+
+    def _publish(self, key: str, path: os.PathLike | str, metadata: dict[str, Any],
+                 put: PutResult | None) -> None:
+        """Publish the bytes at ``path`` under ``key``: first wins; never raises."""
+        from trtet_store.remote.errors import RemoteError
+
+        files: list[tuple[Any, ...]] = [(REMOTE_FILE, path)]
+        if put is not None and put.stored and put.digest is not None:
+            files = [(REMOTE_FILE, path, put.digest)]  # digested by the put: not read again
+        try:
+            done = self.remote.publish(key, files, metadata, replace=self._damaged.get(key))
+        except (RemoteError, OSError) as exc:
+            self._remote_failed(key, "publishing", exc)
+            return
+        self._remote_worked()
+        self._damaged.pop(key, None)
+        if done.published:
+            log.info("engine cache: %s published to the shared tier (%d bytes sent)", key,
+                     done.sent)
+            self.last_remote = RemoteOutcome(key, "published", sent=done.sent)
+        else:
+            log.info("engine cache: %s not published: %s", key, done.reason)
+            self.last_remote = RemoteOutcome(key, "not-published", done.reason, sent=done.sent)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({os.fspath(self.cache.directory)!r}, "
@@ -226,7 +403,8 @@ def _adapter_class(base: type) -> type:
 
 def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None = None, *,
                        max_bytes: int | None = None, tensorrt_version: str | None = None,
-                       compute_capability: str | tuple[int, int] | None = None) -> Any:
+                       compute_capability: str | tuple[int, int] | None = None,
+                       remote: str | None = None, endpoint_url: str | None = None) -> Any:
     """A ``BaseEngineCache`` for ``torch_tensorrt.compile(..., custom_engine_cache=)``.
 
     Parameters
@@ -244,6 +422,12 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
     compute_capability : str or (int, int), optional
         ``"sm_90"``, ``"9.0"`` or ``(9, 0)``; default: the current GPU's
         (:func:`trtet_store.export.engine_cache.compute_capability`).
+    remote : str, optional
+        ``s3://bucket[/prefix]``: the shared tier of a cache opened here
+        (``EngineCache(..., remote=)``). An ``EngineCache`` given brings its
+        own (``cache.remote``); a ``BlobCache`` has none.
+    endpoint_url : str, optional
+        The S3 endpoint of ``remote`` (default: what boto3 finds).
 
     Returns
     -------
@@ -262,15 +446,25 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
     except ImportError as exc:
         raise ImportError(f"for_torch_tensorrt() needs torch-tensorrt ({_UPSTREAM}): {exc}; "
                           "install torch-tensorrt") from exc
+    if endpoint_url is not None and remote is None:
+        raise TypeError("endpoint_url= applies to remote=; no remote was given")
     if isinstance(cache, (EngineCache, BlobCache)):
         if max_bytes is not None:
             raise TypeError(f"max_bytes= applies to a cache opened here; the "
                             f"{type(cache).__name__} given has its own bound "
                             f"({cache.max_bytes} bytes)")
+        if remote is not None:
+            raise TypeError(f"remote= applies to a cache opened here; open the "
+                            f"{type(cache).__name__} as EngineCache(directory, remote=...) "
+                            "and pass that")
         store = cache.blobs if isinstance(cache, EngineCache) else cache
+        tier = getattr(cache, "remote", None) if isinstance(cache, EngineCache) else None
     elif cache is None or isinstance(cache, (str, os.PathLike)):
-        store = (EngineCache(cache) if max_bytes is None
-                 else EngineCache(cache, max_bytes=max_bytes)).blobs
+        options: dict[str, Any] = {} if max_bytes is None else {"max_bytes": max_bytes}
+        if remote is not None:
+            options.update(remote=remote, endpoint_url=endpoint_url)
+        opened = EngineCache(cache, **options)
+        store, tier = opened.blobs, getattr(opened, "remote", None)
     else:
         raise TypeError(f"cache must be an EngineCache, a BlobCache, a directory or None, got "
                         f"{type(cache).__name__}")
@@ -286,4 +480,4 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
     else:
         capability = _capability(compute_capability)
     return _adapter_class(base)(store, tensorrt_version=tensorrt_version,
-                                compute_capability=capability)
+                                compute_capability=capability, remote=tier)
