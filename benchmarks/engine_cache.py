@@ -17,6 +17,28 @@ methods, ``--repeat`` runs each:
 - ``adapter``: the same two steps through our ``for_torch_tensorrt`` adapter
   (upstream's ``insert``/``check`` over our ``save``/``load``).
 
+The shared tier (issue 37), on one SeaweedFS server
+(``trtet_store.testing.s3server``, started here, its data under ``/tmp``),
+every request through a counting loopback proxy
+(``trtet_store.testing.proxy.CountingProxy``: the bytes downloaded and
+uploaded are the proxy's counts, headers included, not the client's report):
+
+- ``publish``: ``compile_and_save`` on an empty cache with
+  ``EngineCache(remote=...)`` and an empty bucket prefix: the cold build, then
+  its entry published (what the first machine of a team pays);
+- ``remote-hit``: ``compile_and_save`` on an emptied local cache whose bucket
+  prefix holds the entry another cache directory (another machine) built and
+  published before the runs: the entry downloaded into the local cache
+  (fetch's machinery: ranged GETs, checksums verified), then placed as a
+  local hit (a clone on XFS, a copy on ext4);
+- ``pull``: ``cache.pull([key])`` alone on the emptied local cache (the
+  tier's fetch into the cache, no export);
+- ``s3-docs``: Torch-TensorRT's documented ``S3EngineCache`` example
+  (``put_object``/``get_object`` of upstream's pickled entry,
+  ``docsrc/tutorials/resource_memory/engine_cache.rst``; only an
+  ``endpoint_url`` added), over upstream's ``insert`` (``pack`` + ``put_object``)
+  in one process and ``check`` (``get_object`` + ``unpack``) in a fresh one.
+
 Measured: wall time, bytes the process wrote (``/proc/<pid>/io``
 write_bytes), peak extra disk (``statvfs`` polled), bytes on disk after, and
 for upstream/adapter the peak RSS above the process's RSS before the step
@@ -27,6 +49,8 @@ bound. Medians and fastest runs, and their ratios.
 
     sudo .venv/bin/python benchmarks/engine_cache.py                      # 2 x 1 GiB, 5 runs
     sudo .venv/bin/python benchmarks/engine_cache.py --engine-mib 64 --repeat 2
+    sudo .venv/bin/python benchmarks/engine_cache.py \\
+        --methods cold,warm,publish,remote-hit,pull,s3-docs --out benchmarks/engine_cache_remote.md
 """
 
 from __future__ import annotations
@@ -74,12 +98,52 @@ def disk_usage(path: Path) -> int:
 
 # -- upstream's cache and our adapter, each step in a child process --------------------------
 
+def s3_engine_cache_class(base: type) -> type:
+    """Torch-TensorRT's documented ``S3EngineCache``, on ``base`` (upstream's ``BaseEngineCache``).
+
+    As ``docsrc/tutorials/resource_memory/engine_cache.rst`` shows it (2.14):
+    ``save`` is one ``put_object`` of the pickled entry, ``load`` one
+    ``get_object(...)["Body"].read()``, a missing key is a miss. The only
+    change: ``endpoint_url`` (and path-style addressing, as the test server
+    wants), so it reaches the benchmark's server through the counting proxy.
+    """
+
+    class S3EngineCache(base):
+        def __init__(self, bucket: str, prefix: str = "trt_engines/", *,
+                     endpoint_url: str | None = None) -> None:
+            import boto3
+            from botocore.config import Config
+
+            self.s3 = boto3.client("s3", endpoint_url=endpoint_url,
+                                   config=Config(s3={"addressing_style": "path"}))
+            self.bucket = bucket
+            self.prefix = prefix
+
+        def save(self, hash: str, blob: bytes) -> None:  # noqa: A002  (upstream's names)
+            key = f"{self.prefix}{hash}/blob.bin"
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=blob)
+
+        def load(self, hash: str) -> bytes | None:  # noqa: A002
+            key = f"{self.prefix}{hash}/blob.bin"
+            try:
+                resp = self.s3.get_object(Bucket=self.bucket, Key=key)
+                return resp["Body"].read()
+            except self.s3.exceptions.NoSuchKey:
+                return None
+
+    return S3EngineCache
+
+
 def _upstream_cache(kind: str, directory: str, bound: int):
     from trtet_store.testing import upstream_engine_cache as uec
 
     mod = uec.load()
     if kind == "upstream":
         return mod.DiskEngineCache(directory, bound), uec
+    if kind == "s3-docs":  # the bucket, prefix and endpoint come from the parent's environment
+        cls = s3_engine_cache_class(mod.BaseEngineCache)
+        return cls(os.environ["TRTET_BENCH_BUCKET"], os.environ["TRTET_BENCH_PREFIX"],
+                   endpoint_url=os.environ["TRTET_BENCH_ENDPOINT"]), uec
     from trtet_store.cache import BlobCache
 
     with uec.as_torch_tensorrt(mod):
@@ -120,11 +184,13 @@ def child(kind: str, step: str, directory: str, size: int, engines: int) -> dict
     return {"seconds": seconds, "peak_rss_extra": peak, "bytes_written": written}
 
 
-def run_child(kind: str, step: str, directory: Path, size: int, engines: int) -> dict:
+def run_child(kind: str, step: str, directory: Path, size: int, engines: int,
+              env: dict[str, str] | None = None) -> dict:
     with measure.PeakDiskMonitor(directory.parent) as mon:
         done = subprocess.run([sys.executable, os.fspath(HERE), "--child", kind, step,
                                os.fspath(directory), str(size), str(engines)],
-                              capture_output=True, text=True, timeout=3600)
+                              capture_output=True, text=True, timeout=3600,
+                              env=None if env is None else {**os.environ, **env})
     if done.returncode:
         raise RuntimeError(f"{kind} {step} failed: {done.stderr[-2000:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -153,7 +219,14 @@ def upstream_run(kind: str, mnt: Path, size: int, engines: int) -> dict:
 
 # -- compile_and_save through the cache, in this process ----------------------------------------
 
-def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool) -> dict:
+def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
+                built: int | None = None, proxy=None, outcome: str | None = None) -> dict:
+    """One ``compile_and_save`` through ``cache``; ``cold``: on an emptied cache (it builds).
+
+    With ``proxy`` (a remote tier behind it): the bytes it forwarded during the
+    call, and each engine's outcome must be ``outcome`` (``"remote-hit"``, or
+    ``"miss"`` published).
+    """
     import torch
 
     import trtet_store
@@ -161,26 +234,170 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool) -> dic
 
     if cold:
         cache.clear()
+        settle(mnt)
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
     inputs = (torch.randn(2, 16),)
     out = mnt / "model.pte"
     builder = FakeBuilder(engine_sizes=(size,) * engines)
     with installed(builder):
+        if proxy is not None:
+            proxy.reset()
         written = measure.bytes_written()
         start = time.monotonic()
+        # As before this issue: the time includes the monitor's sync at its exit (the
+        # bytes a run wrote reach the disk within its time).
         with measure.PeakDiskMonitor(mnt) as mon:
             report = trtet_store.compile_and_save(module, inputs, out, engine_cache=cache)
         seconds = time.monotonic() - start
         written = measure.bytes_written() - written
+        traffic = proxy.counts() if proxy is not None else None
     events = getattr(report, "engine_cache", None) or []
     outcomes = sorted({f"{e.outcome}:{e.placement}" for e in events})
+    want = built if built is not None else (engines if cold else 0)
     built = len(builder.built)
-    assert built == (engines if cold else 0), f"{'cold' if cold else 'warm'} run built {built}"
+    assert built == want, f"{'cold' if cold else 'warm'} run built {built}, not {want}"
+    if outcome is not None:
+        got = [e.outcome for e in events]
+        assert got == [outcome] * engines, f"wanted {outcome} for each engine, got {got}: " \
+            f"{[getattr(e, 'reason', None) for e in events]}"
+        if outcome == "miss":
+            assert all(getattr(e, "published", None) for e in events), \
+                f"not published: {[getattr(e, 'publish_reason', None) for e in events]}"
     out.unlink()
-    return {"seconds": seconds, "bytes_written": written,
-            "peak_extra_disk": mon.peak_extra_bytes, "built": built,
-            "outcomes": ",".join(outcomes), "on_disk": disk_usage(cache.directory)}
+    res = {"seconds": seconds, "bytes_written": written,
+           "peak_extra_disk": mon.peak_extra_bytes, "built": built,
+           "outcomes": ",".join(outcomes), "on_disk": disk_usage(cache.directory)}
+    if traffic is not None:
+        res["downloaded"] = traffic["downstream"]
+        res["uploaded"] = traffic["upstream"]
+        # what the cache says it received (the events' count), beside the proxy's
+        res["reported_downloaded"] = sum(getattr(e, "downloaded", None) or 0 for e in events)
+    return res
+
+
+# -- the shared tier (issue 37) ------------------------------------------------------------
+
+class Remote:
+    """The benchmark's S3 server, a bucket on it, and the counting proxy every client goes through.
+
+    ``client`` talks to the server directly (setup and cleanup, not counted).
+    """
+
+    def __init__(self, server, proxy) -> None:
+        self.server = server
+        self.proxy = proxy
+        self.client = server.endpoint.client()
+        self.bucket = server.new_bucket("bench")
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def cache(self, directory: Path, prefix: str, bound: int):
+        """An ``EngineCache`` in ``directory`` on ``prefix`` of the bucket, through the proxy."""
+        from trtet_store import EngineCache
+
+        return EngineCache(directory, max_bytes=bound, min_free=0, remote=self.url(prefix),
+                           endpoint_url=self.proxy.endpoint_url)
+
+    def objects(self, prefix: str) -> list[str]:
+        keys = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix):
+            keys += [o["Key"] for o in page.get("Contents", [])]
+        return keys
+
+    def remove(self, prefix: str) -> None:
+        """Every object under ``prefix`` (and any multipart upload left open there)."""
+        for key in self.objects(prefix):
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        for up in self.client.list_multipart_uploads(
+                Bucket=self.bucket, Prefix=prefix).get("Uploads", []):
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"],
+                                               UploadId=up["UploadId"])
+
+
+def fresh_dir(path: Path) -> Path:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700)
+    return path
+
+
+def publish_run(remote: Remote, mnt: Path, size: int, engines: int, bound: int) -> dict:
+    """A cold build on an empty cache and an empty bucket prefix: built, then published."""
+    import shutil
+    import uuid
+
+    prefix = f"publish-{uuid.uuid4().hex[:8]}/"
+    directory = fresh_dir(mnt / "publish-cache")
+    cache = remote.cache(directory, prefix, bound)
+    settle(mnt)
+    res = compile_run(cache, mnt, size, engines, cold=False, built=engines, proxy=remote.proxy,
+                      outcome="miss")
+    res["bucket_objects"] = len(remote.objects(prefix))
+    shutil.rmtree(directory)
+    remote.remove(prefix)
+    return res
+
+
+def remote_hit_run(cache, remote: Remote, mnt: Path, size: int, engines: int) -> dict:
+    """An emptied local cache, the entry in the bucket: downloaded, then placed as a hit."""
+    cache.clear()
+    settle(mnt)
+    res = compile_run(cache, mnt, size, engines, cold=False, proxy=remote.proxy,
+                      outcome="remote-hit")
+    cache.clear()  # room for the next run's methods; measured above ("on disk after")
+    return res
+
+
+def pull_run(cache, key: str, remote: Remote, mnt: Path) -> dict:
+    """``cache.pull([key])`` alone on an emptied local cache: the tier's fetch into the cache."""
+    cache.clear()
+    settle(mnt)
+    remote.proxy.reset()
+    written = measure.bytes_written()
+    start = time.monotonic()
+    with measure.PeakDiskMonitor(mnt) as mon:
+        pulled = cache.pull([key])
+    seconds = time.monotonic() - start
+    written = measure.bytes_written() - written
+    traffic = remote.proxy.counts()
+    assert [k for k, _n in pulled] == [key] and pulled[0][1] > 0, f"pull gave {pulled}"
+    on_disk = disk_usage(cache.directory)
+    cache.clear()
+    return {"seconds": seconds, "bytes_written": written, "peak_extra_disk": mon.peak_extra_bytes,
+            "downloaded": traffic["downstream"], "uploaded": traffic["upstream"],
+            "reported_downloaded": pulled[0][1], "on_disk": on_disk}
+
+
+def s3_docs_run(remote: Remote, mnt: Path, size: int, engines: int) -> dict:
+    """The docs' ``S3EngineCache``: insert in one process, check in a fresh one; objects removed."""
+    import shutil
+    import uuid
+
+    prefix = f"docs-{uuid.uuid4().hex[:8]}/"
+    directory = fresh_dir(mnt / "s3-docs-cache")  # holds nothing: its parent is watched
+    env = {"TRTET_BENCH_BUCKET": remote.bucket, "TRTET_BENCH_PREFIX": prefix,
+           "TRTET_BENCH_ENDPOINT": remote.proxy.endpoint_url}
+    remote.proxy.reset()
+    save = run_child("s3-docs", "save", directory, size, engines, env)
+    sent = remote.proxy.reset()
+    load = run_child("s3-docs", "load", directory, size, engines, env)
+    got = remote.proxy.reset()
+    objects = remote.objects(prefix)
+    assert len(objects) == engines, f"the docs' cache left {objects}"
+    remote.remove(prefix)
+    shutil.rmtree(directory)
+    return {"save_s": save["seconds"], "load_s": load["seconds"],
+            "seconds": save["seconds"] + load["seconds"],
+            "save_rss": save["peak_rss_extra"], "load_rss": load["peak_rss_extra"],
+            "bytes_written": save["bytes_written"] + load["bytes_written"],
+            "peak_extra_disk": max(save["peak_extra_disk"], load["peak_extra_disk"]),
+            "uploaded": sent["upstream"] + got["upstream"],
+            "downloaded": sent["downstream"] + got["downstream"],
+            "load_downloaded": got["downstream"], "on_disk": 0}
 
 
 def settle(mnt: Path) -> None:
@@ -196,16 +413,19 @@ def settle(mnt: Path) -> None:
 
 # -- the table -------------------------------------------------------------------------------
 
-METHODS = ("cold", "warm", "upstream", "adapter")
+LOCAL = ("cold", "warm", "upstream", "adapter")
+REMOTE = ("publish", "remote-hit", "pull", "s3-docs")
+METHODS = LOCAL + REMOTE
 
 
-def order(run: int) -> list[str]:
+def order(run: int, methods: list[str]) -> list[str]:
     """Alternate the order each run; a warm run always finds the build the last cold one cached."""
-    return list(METHODS) if run % 2 == 0 else list(reversed(METHODS))
+    return list(methods) if run % 2 == 0 else list(reversed(methods))
 
 
 def summarize(fstype: str, runs: dict[str, list[dict]]) -> list[str]:
     lines = []
+    remote = any(runs[m] for m in REMOTE)
 
     def med(m: str, k: str) -> float:
         return statistics.median(r[k] for r in runs[m])
@@ -221,23 +441,68 @@ def summarize(fstype: str, runs: dict[str, list[dict]]) -> list[str]:
         split = (f" (save {med(m, 'save_s'):.2f} + load {med(m, 'load_s'):.2f})"
                  if "save_s" in runs[m][0] else "")
         note = runs[m][0].get("outcomes", "")
+        traffic = ""
+        if remote:
+            traffic = "".join(f" {format_mib(med(m, k))} |" if k in runs[m][0] else " - |"
+                              for k in ("downloaded", "uploaded"))
         lines.append(f"| {fstype} | {m}{f' ({note})' if note else ''} | {med(m, 'seconds'):.2f}"
-                     f"{split} | {best(m, 'seconds'):.2f} | {format_mib(med(m, 'bytes_written'))} "
+                     f"{split} | {best(m, 'seconds'):.2f} |{traffic} "
+                     f"{format_mib(med(m, 'bytes_written'))} "
                      f"| {format_mib(med(m, 'peak_extra_disk'))} | {rss} "
                      f"| {format_mib(med(m, 'on_disk'))} |")
     return lines
 
 
+def header(remote: bool) -> list[str]:
+    cols = ["filesystem", "method", "wall s (median)", "fastest s"]
+    if remote:
+        cols += ["downloaded (proxy)", "uploaded (proxy)"]
+    cols += ["bytes written", "peak extra disk", "peak RSS extra save / load", "on disk after"]
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+
+#: Wall-time ratios printed: (numerator, denominator, which time of each).
+RATIOS = (("cold", "warm", "seconds"), ("upstream", "adapter", "seconds"),
+          ("cold", "remote-hit", "seconds"), ("remote-hit", "warm", "seconds"),
+          ("publish", "cold", "seconds"), ("s3-docs", "remote-hit", "seconds"),
+          ("s3-docs", "pull", "load_s"))
+
+
 def ratios(fstype: str, runs: dict[str, list[dict]]) -> str:
-    """Wall-time ratios of medians and of fastest runs: cold/warm, upstream/adapter."""
+    """Wall-time ratios of medians and of fastest runs (``load_s``: the docs' check alone)."""
     out = []
-    for a, b in (("cold", "warm"), ("upstream", "adapter")):
+    for a, b, key in RATIOS:
         if runs[a] and runs[b]:
-            med = [statistics.median(r["seconds"] for r in runs[m]) for m in (a, b)]
-            best = [min(r["seconds"] for r in runs[m]) for m in (a, b)]
-            out.append(f"{a}/{b} {med[0] / med[1]:.2f}x (medians), "
+            ka = key if key in runs[a][0] else "seconds"
+            med = [statistics.median(r[k] for r in runs[m]) for m, k in ((a, ka), (b, "seconds"))]
+            best = [min(r[k] for r in runs[m]) for m, k in ((a, ka), (b, "seconds"))]
+            name = f"{a} check" if ka == "load_s" else a
+            out.append(f"{name}/{b} {med[0] / med[1]:.2f}x (medians), "
                        f"{best[0] / best[1]:.2f}x (fastest)")
     return f"{fstype}: " + "; ".join(out)
+
+
+def remote_setup(remote: Remote, mnt: Path, size: int, engines: int, bound: int,
+                 fstype: str):
+    """Machine A builds and publishes under ``hits-<fs>/``; machine B's cache, emptied, to pull it.
+
+    Returns machine B's cache and the entry's key. Machine A's directory is
+    removed (another machine's disk).
+    """
+    import shutil
+
+    prefix = f"hits-{fstype}/"
+    remote.remove(prefix)
+    a = fresh_dir(mnt / "machine-a")
+    res = compile_run(remote.cache(a, prefix, bound), mnt, size, engines, cold=False,
+                      built=engines, proxy=remote.proxy, outcome="miss")
+    print(f"  {fstype} setup: machine A built and published in {res['seconds']:.2f} s, "
+          f"uploaded {format_mib(res['uploaded'])}", file=sys.stderr, flush=True)
+    shutil.rmtree(a)
+    b = remote.cache(fresh_dir(mnt / "machine-b"), prefix, bound)
+    keys = [e.key for e in b.remote_entries()]
+    assert len(keys) == 1, f"the bucket holds {keys} under {prefix}"
+    return b, keys[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,52 +517,95 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5, help="runs of each method (>= 5 for the "
                    "README's table; fewer to try it)")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma-separated, of {','.join(METHODS)}")
+    p.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
     args = p.parse_args(argv)
+    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    methods = [m for m in METHODS if m in args.methods.split(",")]
+    unknown = set(args.methods.split(",")) - set(METHODS)
+    if unknown:
+        p.error(f"unknown methods {sorted(unknown)}; known: {','.join(METHODS)}")
     from trtet_store import EngineCache
     from trtet_store.testing.loopfs import FilesystemFactory
 
-    methods = set(args.methods.split(","))
     size = args.engine_mib * MiB
     engine_bytes = args.engines * size
-    # Staging + cache + program (cold, ext4: three copies at the peak) and upstream's
-    # and the adapter's caches, each removed after its run, plus room to spare.
-    image_mib = 4 * args.engines * args.engine_mib + 1024
-    print(f"{args.engines} x {args.engine_mib} MiB stubbed engines, {args.repeat} runs each, "
-          f"alternating; medians (fastest)")
-    print("| filesystem | method | wall s (median) | fastest s | bytes written | peak extra "
-          "disk | peak RSS extra save / load | on disk after |")
-    print("|---|---|---|---|---|---|---|---|")
+    bound = engine_bytes + 256 * MiB
+    remote_methods = [m for m in methods if m in REMOTE]
+    # Staging + cache + program (cold, ext4: three copies at the peak), the other
+    # methods' caches (each emptied after its run) and machine B's, plus room to spare.
+    image_mib = 6 * args.engines * args.engine_mib + 1024
+    lines = [f"{args.engines} x {args.engine_mib} MiB stubbed engines, {args.repeat} runs each, "
+             f"alternating; medians (fastest)", *header(bool(remote_methods))]
+    for line in lines:
+        print(line, flush=True)
     notes: list[str] = []
-    with FilesystemFactory() as factory:
+    with contextlib.ExitStack() as stack:
+        remote = None
+        if remote_methods:
+            from trtet_store.testing.proxy import CountingProxy
+            from trtet_store.testing.s3server import running_server
+
+            server = stack.enter_context(running_server("trtet-bench-s3-"))
+            proxy = stack.enter_context(CountingProxy.for_url(server.endpoint.url))
+            os.environ.update(server.endpoint.environ())  # boto3's credentials, children too
+            for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                        "AWS_SESSION_TOKEN"):
+                os.environ.pop(var, None)
+            remote = Remote(server, proxy)
+        factory = stack.enter_context(FilesystemFactory())
         for fstype in args.filesystems.split(","):
             mnt = factory.make(fstype, image_mib)
+            runs: dict[str, list[dict]] = {m: [] for m in METHODS}
             try:
-                cache = EngineCache(mnt / "engine-cache", max_bytes=engine_bytes + 256 * MiB,
-                                    min_free=0)
-                runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+                cache = EngineCache(mnt / "engine-cache", max_bytes=bound, min_free=0)
+                if remote is not None and {"remote-hit", "pull"} & set(methods):
+                    machine_b, key = remote_setup(remote, mnt, args.engine_mib * MiB,
+                                                  args.engines, bound, fstype)
                 for r in range(args.repeat):
-                    for m in order(r):
-                        if m not in methods or (m == "warm" and "cold" not in methods):
+                    for m in order(r, methods):
+                        if m == "warm" and "cold" not in methods:
                             continue
                         settle(mnt)
                         if m in ("cold", "warm"):
                             res = compile_run(cache, mnt, size, args.engines, cold=m == "cold")
-                        else:
+                        elif m in ("upstream", "adapter"):
                             res = upstream_run(m, mnt, size, args.engines)
+                        elif m == "publish":
+                            res = publish_run(remote, mnt, size, args.engines, bound)
+                        elif m == "remote-hit":
+                            res = remote_hit_run(machine_b, remote, mnt, size, args.engines)
+                        elif m == "pull":
+                            res = pull_run(machine_b, key, remote, mnt)
+                        else:
+                            res = s3_docs_run(remote, mnt, size, args.engines)
                         runs[m].append(res)
+                        traffic = (f", down {format_mib(res['downloaded'])} up "
+                                   f"{format_mib(res['uploaded'])}" if "downloaded" in res else "")
                         print(f"  {fstype} run {r} {m}: {res['seconds']:.2f} s, wrote "
                               f"{format_mib(res['bytes_written'])}, peak extra disk "
-                              f"{format_mib(res['peak_extra_disk'])}", file=sys.stderr,
-                              flush=True)
+                              f"{format_mib(res['peak_extra_disk'])}{traffic}"
+                              + (f" (cache says {format_mib(res['reported_downloaded'])})"
+                                 if "reported_downloaded" in res else ""),
+                              file=sys.stderr, flush=True)
             finally:
                 factory.release(mnt)
             for line in summarize(fstype, runs):
                 print(line, flush=True)
+                lines.append(line)
             notes.append(ratios(fstype, runs))
-    print("\nWall-time ratios:")
-    for line in notes:
-        print(f"- {line}")
+    tail = ["", "Wall-time ratios:", *(f"- {line}" for line in notes)]
+    for line in tail:
+        print(line)
+    if args.out is not None:
+        head = subprocess.run(["git", "-C", os.fspath(HERE.parent), "rev-parse", "--short",
+                               "HEAD"], capture_output=True, text=True).stdout.strip()
+        command = " ".join(["benchmarks/engine_cache.py", *argv])
+        args.out.write_text("\n".join([
+            f"Command: `sudo .venv/bin/python {command}`", "",
+            f"Run {started} - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"on the working tree of HEAD {head or '?'}", "", *lines, *tail]) + "\n")
     return 0
 
 
