@@ -155,6 +155,9 @@ class RemoteTier:
     connect_timeout : float
         Seconds to wait for a connection; with two attempts per call, an
         unreachable server costs seconds, not minutes.
+    range_size : int, optional
+        Bytes per ranged GET of a download (fetch's default, 32 MiB; at least
+        1 MiB). A cut download keeps its complete ranges.
 
     Raises
     ------
@@ -168,7 +171,7 @@ class RemoteTier:
     def __init__(self, url: str, *, endpoint_url: str | None = None, client: Any = None,
                  origin: str | None = None, lease_ttl: float = 300.0, poll: float = 2.0,
                  concurrency: int = 4, journal_dir: os.PathLike | str | None = None,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, range_size: int | None = None) -> None:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str like 's3://bucket/prefix', not {url!r}")
         # RemoteURL checks the bucket and every segment; a dummy last segment makes a
@@ -192,6 +195,10 @@ class RemoteTier:
         self.poll = float(poll)
         self.concurrency = concurrency
         self.journal_dir = journal_dir
+        from trtet_store.remote.download.receive import DEFAULT_RANGE_SIZE, check_options
+
+        self.range_size = DEFAULT_RANGE_SIZE if range_size is None else range_size
+        check_options(concurrency=concurrency, range_size=self.range_size)
         if isinstance(client, S3):
             self.s3 = client
         else:
@@ -295,7 +302,8 @@ class RemoteTier:
         url = self._url(f"{self.prefix}{entry.attempt}{names[0]}")
         try:
             report = fetch(url, paths[names[0]], client=self.s3, if_replaced="error",
-                           max_restarts=0, concurrency=self.concurrency, progress=progress)
+                           max_restarts=0, concurrency=self.concurrency,
+                           range_size=self.range_size, progress=progress)
         except (ObjectChangedError, FetchVerificationError, ManifestError,
                 ObjectNotFoundError) as exc:
             self._discard(paths)

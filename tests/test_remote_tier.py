@@ -1,0 +1,497 @@
+"""trtet_store.remote.tier on the real SeaweedFS fixture: publish, download, races, tampering,
+leases, prune, and a server that is not there.
+
+Every state a test needs (a rival's pointer committed mid-publish, an object
+overwritten, a holder that stopped renewing) is set up deterministically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtet_store.remote.errors import (
+    AccessDeniedError,
+    BucketNotFoundError,
+    EndpointUnreachableError,
+    RemoteURLError,
+)
+from trtet_store.remote.s3 import S3
+from trtet_store.remote.tier import (
+    Lease,
+    LeaseWaitTimeout,
+    RemoteEntry,
+    RemoteTier,
+    TierEntryError,
+)
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def env(s3env: Any) -> Any:
+    return s3env
+
+
+def _tier(env: Any, origin: str = "a", **kw: Any) -> RemoteTier:
+    kw.setdefault("journal_dir", env.journal_dir / origin)
+    return RemoteTier(f"s3://{env.bucket}/cache", endpoint_url=env.endpoint.url,
+                      origin=origin, **kw)
+
+
+def _files(directory: Path, seed: bytes, sizes: tuple[int, ...] = (3 * MiB + 7, 1000)
+           ) -> list[tuple[str, Path]]:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, size in enumerate(sizes):
+        name = "record" if i == 0 else f"e{i - 1}"
+        data = (hashlib.sha256(seed + bytes([i])).digest() * (size // 32 + 1))[:size]
+        p = directory / name
+        p.write_bytes(data)
+        out.append((name, p))
+    return out
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _keys(env: Any, prefix: str = "") -> list[str]:
+    return sorted(S3(client=env.client).list_keys(env.bucket, prefix, delimiter=""))
+
+
+def _visible(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+
+
+# --- 1. publish, lookup, download, resume --------------------------------------------------
+
+
+def test_publish_lookup_download_is_byte_identical_and_resumes(env: Any, tmp_path: Path) -> None:
+    tier = _tier(env)
+    files = _files(tmp_path / "src", b"one")
+    pub = tier.publish("k1", files, {"kind": "test"})
+    assert pub.published and pub.reason is None
+    assert pub.sent == sum(p.stat().st_size for _, p in files)
+    entry = tier.lookup("k1")
+    assert entry is not None and entry.etag == pub.entry.etag
+    assert entry.metadata == {"kind": "test"} and [f["name"] for f in entry.files] == \
+        ["record", "e0"]
+    assert entry.size == sum(p.stat().st_size for _, p in files)
+
+    other = _tier(env, "b")
+    out = tmp_path / "dl"
+    got = other.download(other.lookup("k1"), out)
+    assert {n: _sha(p) for n, p in got.paths.items()} == {n: _sha(p) for n, p in files}
+    assert got.downloaded == entry.size
+    assert _visible(out) == ["e0", "record"]
+
+    # Complete already: nothing is downloaded again.
+    again = other.download(entry, out)
+    assert again.downloaded == 0
+    assert {n: _sha(p) for n, p in again.paths.items()} == {n: _sha(p) for n, p in files}
+
+
+class _Cut(Exception):
+    pass
+
+
+def test_a_cut_download_resumes_without_downloading_everything(env: Any,
+                                                              tmp_path: Path) -> None:
+    tier = _tier(env, concurrency=1, range_size=MiB)
+    files = _files(tmp_path / "src", b"two", sizes=(4 * MiB, 10))
+    entry = tier.publish("k2", files, {}).entry
+    out = tmp_path / "dl"
+
+    def cut(p: Any) -> None:
+        # Ranges of 1 MiB, one at a time: at 2 MiB received the first range is queued
+        # for the writer (kept), the second is not.
+        if p.downloaded >= 2 * MiB:
+            raise _Cut
+
+    with pytest.raises(_Cut):
+        tier.download(entry, out, progress=cut)
+    assert not (out / "record").exists()  # never a partial file under its name
+    got = tier.download(entry, out)
+    assert 0 < got.downloaded <= entry.size - MiB, got.downloaded
+    assert {n: _sha(p) for n, p in got.paths.items()} == {n: _sha(p) for n, p in files}
+
+
+# --- 2. first wins -------------------------------------------------------------------------
+
+
+def _attempt_keys(env: Any, key: str, origin: str) -> list[str]:
+    return [k for k in _keys(env, f"cache/{key}/") if k.split("/")[2].startswith(f"{origin}-")]
+
+
+def _winner_intact(env: Any, entry: RemoteEntry, files: list[tuple[str, Path]],
+                   tmp: Path) -> None:
+    """The winner's objects are the versions its manifest names, and read back as its files."""
+    s3 = S3(client=env.client)
+    from trtet_store.remote.manifest import Manifest
+
+    raw, _ = s3.get(env.bucket, f"cache/{entry.attempt}record.trtet.json")
+    for o in Manifest.from_json(raw).objects:
+        assert s3.head(env.bucket, o.key).etag == o.etag
+    got = _tier(env, "reader").download(entry, tmp)
+    assert {n: _sha(p) for n, p in got.paths.items()} == {n: _sha(p) for n, p in files}
+
+
+def test_a_second_publish_of_a_key_is_not_published_and_sends_nothing(env: Any,
+                                                                     tmp_path: Path) -> None:
+    a, b = _tier(env, "a"), _tier(env, "b")
+    fa, fb = _files(tmp_path / "a", b"A"), _files(tmp_path / "b", b"B")
+    first = a.publish("k", fa, {"by": "a"})
+    second = b.publish("k", fb, {"by": "b"})
+    assert first.published and not second.published
+    assert "already in the shared cache" in second.reason and "origin a" in second.reason
+    assert second.sent == 0 and second.entry.etag == first.entry.etag
+    assert _attempt_keys(env, "k", "b") == []
+    _winner_intact(env, first.entry, fa, tmp_path / "check")
+
+
+def test_the_loser_of_a_race_past_the_lookup_removes_its_attempt(env: Any,
+                                                                 tmp_path: Path) -> None:
+    a, b = _tier(env, "a"), _tier(env, "b")
+    fa, fb = _files(tmp_path / "a", b"A"), _files(tmp_path / "b", b"B")
+    won: list[Any] = []
+
+    def rival_commits(_: Any) -> None:
+        # b has looked the key up (no pointer) and is uploading: a commits now.
+        if not won:
+            won.append(a.publish("k", fa, {"by": "a"}))
+
+    lost = b.publish("k", fb, {"by": "b"}, progress=rival_commits)
+    assert won and won[0].published
+    assert not lost.published, lost
+    assert "published it first" in lost.reason and "origin a" in lost.reason
+    assert lost.sent > 0 and lost.entry.etag == won[0].entry.etag
+    assert a.lookup("k").etag == won[0].entry.etag
+    assert _attempt_keys(env, "k", "b") == []  # its attempt's objects removed
+    assert S3(client=env.client).list_uploads(env.bucket, "cache/") == []
+    _winner_intact(env, won[0].entry, fa, tmp_path / "check")
+
+
+# --- 3. tampering, and the replacement of a damaged entry ----------------------------------
+
+
+def _put_raw(env: Any, key: str, data: bytes) -> None:
+    env.client.put_object(Bucket=env.bucket, Key=key, Body=data)
+
+
+def _damaged(tier: RemoteTier, entry: RemoteEntry, out: Path) -> TierEntryError:
+    with pytest.raises(TierEntryError) as info:
+        tier.download(entry, out)
+    assert info.value.key == entry.key
+    # Nothing of the entry left under its names: never the bad bytes.
+    assert _visible(out) == []
+    return info.value
+
+
+def test_an_object_overwritten_with_same_size_bytes_is_never_served(env: Any,
+                                                                    tmp_path: Path) -> None:
+    tier = _tier(env)
+    files = _files(tmp_path / "src", b"T1")
+    entry = tier.publish("t1", files, {}).entry
+    e0 = files[1][1].read_bytes()
+    _put_raw(env, f"cache/{entry.attempt}e0", bytes(b ^ 0xFF for b in e0))
+    _damaged(tier, tier.lookup("t1"), tmp_path / "dl")
+
+
+def test_a_truncated_object_is_never_served(env: Any, tmp_path: Path) -> None:
+    tier = _tier(env)
+    files = _files(tmp_path / "src", b"T2")
+    entry = tier.publish("t2", files, {}).entry
+    _put_raw(env, f"cache/{entry.attempt}record", files[0][1].read_bytes()[:MiB])
+    _damaged(tier, tier.lookup("t2"), tmp_path / "dl")
+
+
+def test_an_attempt_rewritten_consistently_fails_the_pointers_digests_and_is_replaced(
+        env: Any, tmp_path: Path) -> None:
+    from trtet_store.remote.upload.config import PublishConfig
+    from trtet_store.remote.upload.send import publish_sources
+    from trtet_store.remote.upload.source import ObjectSource
+
+    tier = _tier(env)
+    files = _files(tmp_path / "src", b"T3")
+    entry = tier.publish("t3", files, {"v": 1}).entry
+    # Objects AND their manifest rewritten by a publish of other bytes of the same size
+    # into the same attempt directory: fetch's own checks all pass.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "record").write_bytes(files[0][1].read_bytes())
+    (bad / "e0").write_bytes(bytes(b ^ 0x5A for b in files[1][1].read_bytes()))
+    publish_sources([ObjectSource.of_file(bad / "record", "record"),
+                     ObjectSource.of_file(bad / "e0", "e0")],
+                    f"s3://{env.bucket}/cache/{entry.attempt}record",
+                    endpoint_url=env.endpoint.url, replace=True,
+                    config=PublishConfig(journal_dir=tmp_path / "j2", index=False))
+    err = _damaged(tier, tier.lookup("t3"), tmp_path / "dl")
+    assert err.name == "e0"
+
+    # The damaged entry is replaced (If-Match its pointer): a new attempt, the old one gone.
+    old_keys = _keys(env, f"cache/{entry.attempt}")
+    assert old_keys
+    rep = tier.publish("t3", files, {"v": 2}, replace=entry)
+    assert rep.published, rep
+    now = tier.lookup("t3")
+    assert now.etag == rep.entry.etag != entry.etag and now.attempt != entry.attempt
+    assert now.metadata == {"v": 2}
+    assert _keys(env, f"cache/{entry.attempt}") == []
+    got = tier.download(now, tmp_path / "dl")
+    assert {n: _sha(p) for n, p in got.paths.items()} == {n: _sha(p) for n, p in files}
+    # A replacement pinned to a pointer that moved since is not published.
+    stale = tier.publish("t3", files, {"v": 3}, replace=entry)
+    assert not stale.published and tier.lookup("t3").etag == now.etag
+
+
+# --- 4. leases -----------------------------------------------------------------------------
+
+
+class _Waiter(threading.Thread):
+    def __init__(self, tier: RemoteTier, key: str, timeout: float | None = 20.0) -> None:
+        super().__init__(daemon=True)
+        self.tier, self.key, self.timeout = tier, key, timeout
+        self.result: Any = None
+        self.waited = 0
+        self.seconds = 0.0
+
+    def _on_wait(self, _: dict) -> None:
+        self.waited += 1
+
+    def run(self) -> None:
+        start = time.monotonic()
+        try:
+            self.result = self.tier.claim(self.key, timeout=self.timeout, on_wait=self._on_wait)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            self.result = exc
+        self.seconds = time.monotonic() - start
+
+
+def _lt(env: Any, origin: str, ttl: float = 1.0, client: Any = None) -> RemoteTier:
+    kw: dict[str, Any] = {"lease_ttl": ttl, "poll": 0.05}
+    if client is not None:
+        kw["client"] = client
+    return _tier(env, origin, **kw)
+
+
+def _until(cond: Any, limit: float = 10.0) -> None:
+    end = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_released_lease_goes_to_the_waiter(env: Any) -> None:
+    a, b = _lt(env, "a"), _lt(env, "b")
+    lease = a.claim("L")
+    assert isinstance(lease, Lease) and len(lease.holder) == 32
+    doc = json.loads(env.client.get_object(Bucket=env.bucket, Key="cache/L.lease")["Body"].read())
+    assert doc["holder"] == lease.holder and doc["ttl"] == 1.0
+    w = _Waiter(b, "L")
+    w.start()
+    _until(lambda: w.waited >= 3)
+    time.sleep(1.5)  # past a ttl: a renewed lease is still not taken over
+    assert w.is_alive()
+    lease.release()
+    w.join(10)
+    assert isinstance(w.result, Lease) and w.result.holder != lease.holder
+    w.result.release()
+    assert _keys(env, "cache/L.lease") == []
+
+
+def test_a_holder_that_stops_renewing_is_taken_over_after_its_ttl(env: Any) -> None:
+    a, b = _lt(env, "a"), _lt(env, "b")
+    lease = a.claim("K")
+    lease._stop_renewing()  # a killed holder: its lease object stays, unchanged
+    w = _Waiter(b, "K")
+    w.start()
+    w.join(10)
+    assert isinstance(w.result, Lease), w.result
+    assert w.seconds >= 1.0  # not before the ttl passed on the waiter's clock
+    w.result.release()
+
+
+def test_a_live_lease_makes_a_waiter_time_out(env: Any) -> None:
+    a, b = _lt(env, "a", ttl=0.6), _lt(env, "b", ttl=0.6)
+    lease = a.claim("T")
+    try:
+        start = time.monotonic()
+        with pytest.raises(LeaseWaitTimeout):
+            b.claim("T", timeout=2.5)  # four ttls: renewals keep it live
+        assert time.monotonic() - start >= 2.5
+        assert not lease.lost
+    finally:
+        lease.release()
+
+
+def test_a_waiter_returns_the_entry_the_holder_publishes(env: Any, tmp_path: Path) -> None:
+    a, b = _lt(env, "a"), _lt(env, "b")
+    lease = a.claim("P")
+    w = _Waiter(b, "P")
+    w.start()
+    _until(lambda: w.waited >= 2)
+    pub = a.publish("P", _files(tmp_path, b"P"), {"x": 1})
+    w.join(10)
+    lease.release()
+    assert isinstance(w.result, RemoteEntry) and w.result.etag == pub.entry.etag
+    assert a.claim("P").etag == pub.entry.etag  # an entry: no lease at all
+
+
+class _TakeoverBarrier(S3):
+    """An S3 whose first conditional overwrite (a takeover) waits for the other waiter's."""
+
+    def __init__(self, barrier: threading.Barrier, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.barrier: threading.Barrier | None = barrier
+
+    def put(self, *args: Any, **kw: Any) -> str:
+        if kw.get("if_match") and self.barrier is not None:
+            barrier, self.barrier = self.barrier, None
+            barrier.wait(10)
+        return super().put(*args, **kw)
+
+
+def test_two_waiters_taking_over_a_stale_lease_at_once_one_gets_it(env: Any) -> None:
+    a = _lt(env, "a")
+    stale = a.claim("S")
+    stale._stop_renewing()
+    barrier = threading.Barrier(2)
+    waiters = [_Waiter(_lt(env, o, client=_TakeoverBarrier(barrier, client=env.client)), "S",
+                       timeout=4.0) for o in ("b", "c")]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join(15)
+    leases = [w.result for w in waiters if isinstance(w.result, Lease)]
+    timeouts = [w.result for w in waiters if isinstance(w.result, LeaseWaitTimeout)]
+    assert len(leases) == 1 and len(timeouts) == 1, [w.result for w in waiters]
+    leases[0].release()
+
+
+# --- 5. no server, wrong credentials, missing bucket ---------------------------------------
+
+
+def test_no_server_wrong_credentials_missing_bucket_are_their_errors(env: Any) -> None:
+    import dataclasses
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = RemoteTier(f"s3://{env.bucket}/cache", endpoint_url=f"http://127.0.0.1:{port}",
+                      connect_timeout=1)
+    for call in (dead.check, lambda: dead.lookup("k")):
+        with pytest.raises(EndpointUnreachableError):
+            call()
+    wrong = dataclasses.replace(env.endpoint, secret_key="not-the-secret").client()
+    denied = RemoteTier(f"s3://{env.bucket}/cache", client=wrong)
+    for call in (denied.check, lambda: denied.lookup("k")):
+        with pytest.raises(AccessDeniedError):
+            call()
+    missing = RemoteTier("s3://no-such-bucket-here/cache", endpoint_url=env.endpoint.url)
+    for call in (missing.check, lambda: missing.lookup("k")):
+        with pytest.raises(BucketNotFoundError):
+            call()
+
+
+# --- 6. entries and prune ------------------------------------------------------------------
+
+
+def _rewrite_created(env: Any, tier: RemoteTier, key: str, created: float) -> None:
+    e = tier.lookup(key)
+    e.created = created
+    from trtet_store.remote.tier.lease import put
+
+    put(tier.s3, env.bucket, f"cache/{key}.json", e.to_json(), if_match=e.etag)
+
+
+def _orphan(env: Any, tmp_path: Path, key: str, attempt: str, seed: bytes) -> None:
+    from trtet_store.remote.upload.config import PublishConfig
+    from trtet_store.remote.upload.send import publish_sources
+    from trtet_store.remote.upload.source import ObjectSource
+
+    (name, path), = _files(tmp_path / attempt, seed, sizes=(100,))
+    publish_sources([ObjectSource.of_file(path, name)],
+                    f"s3://{env.bucket}/cache/{key}/{attempt}/{name}",
+                    endpoint_url=env.endpoint.url,
+                    config=PublishConfig(journal_dir=tmp_path / "jo", index=False))
+
+
+def test_prune_removes_old_entries_orphans_and_dead_leases_never_a_live_attempt(
+        env: Any, tmp_path: Path) -> None:
+    tier = _tier(env)
+    small = (100, 10)
+    tier.publish("old", _files(tmp_path / "o", b"o", small), {})
+    live = tier.publish("live", _files(tmp_path / "l", b"l", small), {}).entry
+    _orphan(env, tmp_path, "lost", "b-00000000000000aa", b"x")
+    _put_raw(env, "cache/dead.lease", b"{}")
+    time.sleep(2.2)  # the server's LastModified has a 1 s resolution
+    now = time.time()
+    _rewrite_created(env, tier, "old", now - 1000)
+    _rewrite_created(env, tier, "live", now)  # fresh pointer, old attempt objects
+    tier.publish("new", _files(tmp_path / "n", b"n", small), {})
+    _orphan(env, tmp_path, "lost", "c-00000000000000bb", b"y")
+    before = _keys(env)
+    assert [e.key for e in tier.entries()] == ["live", "new", "old"]
+
+    want = sorted(["old", "lost/b-00000000000000aa/", "dead.lease"])
+    assert sorted(tier.prune(1.5, dry_run=True)) == want
+    assert _keys(env) == before
+    assert sorted(tier.prune(1.5)) == want
+    after = _keys(env)
+    assert [e.key for e in tier.entries()] == ["live", "new"]
+    assert not [k for k in after if k.startswith(("cache/old", "cache/lost/b-",
+                                                  "cache/dead"))]
+    assert [k for k in after if k.startswith(f"cache/{live.attempt}")] == \
+        [k for k in before if k.startswith(f"cache/{live.attempt}")] != []
+    assert [k for k in after if k.startswith("cache/lost/c-")] != []
+    got = tier.download(tier.lookup("live"), tmp_path / "dl")
+    assert got.downloaded == live.size
+
+
+# --- 7. bad input --------------------------------------------------------------------------
+
+
+def test_bad_input_is_refused_before_any_request(tmp_path: Path) -> None:
+    dead = "http://127.0.0.1:9"  # nothing listens: any request would be refused differently
+    for url in ("http://b/p", "s3://", "s3:///p", "s3://b/a//c", "s3://b/../x"):
+        with pytest.raises(RemoteURLError):
+            RemoteTier(url, endpoint_url=dead)
+    with pytest.raises(ValueError, match="lease_ttl"):
+        RemoteTier("s3://bucket", endpoint_url=dead, lease_ttl=0)
+    with pytest.raises(ValueError, match="poll"):
+        RemoteTier("s3://bucket", endpoint_url=dead, poll=-1)
+    with pytest.raises(TypeError):
+        RemoteTier("s3://bucket", endpoint_url=dead, lease_tll=5)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="origin"):
+        RemoteTier("s3://bucket", endpoint_url=dead, origin="a/b")
+    tier = RemoteTier("s3://bucket/p", endpoint_url=dead)
+    assert tier.url == "s3://bucket/p" and tier.prefix == "p/"
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    for key in ("a/b", "", ".hidden", "x.trtet.json"):
+        with pytest.raises(ValueError, match="key"):
+            tier.publish(key, [("f", f)], {})
+        with pytest.raises(ValueError, match="key"):
+            tier.claim(key)
+    with pytest.raises(ValueError, match="empty"):
+        tier.publish("k", [], {})
+    with pytest.raises(ValueError, match="one name"):
+        tier.publish("k", [("f", f), ("f", f)], {})
+    with pytest.raises(FileNotFoundError):
+        tier.publish("k", [("f", tmp_path / "missing")], {})
+    with pytest.raises(TypeError, match="JSON"):
+        tier.publish("k", [("f", f)], {"x": object()})
+    with pytest.raises(TypeError):
+        tier.publish("k", [("f", f)], {}, replace_entry=None)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="older_than"):
+        tier.prune(-1)
+    assert os.listdir(tmp_path) == ["f"]
