@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,242 @@ def test_compile_and_save_with_engine_cache_builds_once_and_says_hit(here_fs, ca
     assert "engine " in outs[0] and ": miss, cached (" in outs[0]
     assert ": hit, " in outs[1]
     assert file_digest(here_fs / "m0.pte") == file_digest(here_fs / "m1.pte")
+
+
+# --- the shared tier: --remote (issue 37) ---------------------------------------------------
+
+
+@pytest.fixture
+def built(here_fs):
+    """A cache holding one build of 2 engines (3 entries), made by compile_and_save."""
+    import torch
+
+    import trtet_store
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
+
+    cache = trtet_store.EngineCache(here_fs / "a", max_bytes=64 * MiB, min_free=0)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+    builder = FakeBuilder(engine_sizes=(ENGINE, 2 * ENGINE))
+    with installed(builder):
+        trtet_store.compile_and_save(module, (torch.randn(2, 16),), here_fs / "m.pte",
+                                     engine_cache=cache)
+    assert len(builder.built) == 2
+    [record] = [e for e in cache.entries() if e.metadata.get("kind") ==
+                "trtet_store.tensorrt.build"]
+    return cache, record.key
+
+
+def _build_entries(cache) -> dict[str, tuple[int, str]]:
+    return {e.key: (e.size, e.digest) for e in cache.entries()}
+
+
+def _bucket_keys(s3) -> list[str]:
+    got = s3.client.list_objects_v2(Bucket=s3.bucket)
+    return sorted(o["Key"] for o in got.get("Contents", []))
+
+
+def _no_open_uploads(s3) -> bool:
+    return not s3.client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads")
+
+
+def test_push_list_pull_and_prune_through_a_bucket(built, here_fs, s3env):
+    """Machine A pushes its build, B pulls it byte for byte; prune by age empties the bucket."""
+    import socket
+
+    from trtet_store import EngineCache
+
+    a, key = built
+    url, ep = f"s3://{s3env.bucket}/team", ("--endpoint-url", s3env.endpoint.url)
+    local = _build_entries(a)
+    total = sum(size for size, _ in local.values())
+
+    rows = cli_json("push", "--remote", url, *ep, "--dir", a.directory)
+    assert [(r["key"], r["status"], r["published"]) for r in rows] == [(key, "published", True)]
+    assert rows[0]["sent"] == total  # the record and both engines, once
+    again = cli("push", "--remote", url, *ep, "--dir", a.directory)
+    assert again.returncode == 0, again.stderr
+    [line] = again.stdout.splitlines()
+    assert line.startswith(f"trt-{key.split('-')[1][:8]}") and ": already there (already in " \
+        "the shared cache" in line
+
+    [row] = cli_json("list", "--remote", url, *ep)  # the bucket alone: no --dir needed
+    origin = (a.directory / "remote-origin").read_text().strip()
+    assert (row["key"], row["size"], row["host"], row["origin"]) == \
+        (key, total, socket.gethostname(), origin)
+    assert sorted(f["name"] for f in row["files"]) == ["e0", "e1", "record"]
+    text = cli("list", "--remote", url, *ep)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].split() == ["KEY", "SIZE", "CREATED", "HOST", "ORIGIN"]
+    assert lines[1].split()[-1] == origin and lines[-1] == f"1 entries, 3.0 MiB in {url}"
+
+    b_dir = here_fs / "b"  # machine B: pull creates its cache
+    got = cli_json("pull", "--remote", url, *ep, "--dir", b_dir, key)
+    assert got == [{"key": key, "downloaded": total}]
+    b = EngineCache(b_dir, max_bytes=64 * MiB, min_free=0)
+    assert _build_entries(b) == local  # every entry, byte for byte (size and xxh3-128)
+    with b.lookup(key) as cached:
+        assert [h.size for h in cached.engines] == [ENGINE, 2 * ENGINE]
+    assert [p for p in b_dir.rglob("*") if p.is_file() and "downloads" in p.parts] == []
+    text = cli("pull", "--remote", url, *ep, "--dir", b_dir, key)
+    assert text.returncode == 0, text.stderr
+    assert "already in the local cache (nothing downloaded)" in text.stdout
+
+    assert cli_json("prune", "--remote", url, *ep, "--older-than", "1d")["removed"] == []
+    dry = cli_json("prune", "--remote", url, *ep, "--older-than", "0s", "--dry-run")
+    assert dry["dry_run"] and key in " ".join(dry["removed"])
+    assert [r["key"] for r in cli_json("list", "--remote", url, *ep)] == [key]
+    pruned = cli("prune", "--remote", url, *ep, "--older-than", "0s")
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.startswith("removed ") and key in pruned.stdout
+    assert cli_json("list", "--remote", url, *ep) == []
+    assert [k for k in _bucket_keys(s3env) if k.startswith("team/")] == []
+    assert _no_open_uploads(s3env)
+    assert _build_entries(a) == local  # the local caches are the bucket's prune's business: no
+
+
+RACE = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from trtet_store.cli import main
+    from trtet_store.remote.tier import RemoteTier
+    from trtet_store.remote.tier import store
+
+    url, endpoint, key, other = sys.argv[1:5]
+    real, done = store.put, []
+
+    def racing(s3, bucket, object_key, body, **kw):
+        # Machine B commits the key after A's upload, just before A writes its pointer.
+        if object_key.endswith(key + ".json") and kw.get("if_none_match") and not done:
+            done.append(1)
+            got = RemoteTier(url, endpoint_url=endpoint, origin="machineb").publish(
+                key, [("record", Path(other))], {"from": "machine b"})
+            assert got.published, got
+        return real(s3, bucket, object_key, body, **kw)
+
+    store.put = racing
+    sys.exit(main(["cache", "push", "--remote", url, "--endpoint-url", endpoint,
+                   "--dir", sys.argv[5]]))
+""")
+
+
+def test_push_that_loses_the_race_says_so_and_leaves_the_winner(built, here_fs, s3env):
+    """B commits between A's upload and A's pointer: A reports "lost race", B's entry stays."""
+    a, key = built
+    url = f"s3://{s3env.bucket}/team"
+    other = here_fs / "b-record"
+    other.write_bytes(b"machine b's build")
+    done = subprocess.run([sys.executable, "-c", RACE, url, s3env.endpoint.url, key,
+                           os.fspath(other), os.fspath(a.directory)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [line] = done.stdout.splitlines()
+    assert ": lost race (another machine published it first (host " in line, line
+    [row] = cli_json("list", "--remote", url, "--endpoint-url", s3env.endpoint.url)
+    assert (row["origin"], row["metadata"], row["size"]) == \
+        ("machineb", {"from": "machine b"}, len(b"machine b's build"))
+    # A's attempt (its uploaded engines) is gone: only B's objects under the key.
+    left = [k for k in _bucket_keys(s3env) if k.startswith(f"team/{key}/")]
+    assert left and all(k.startswith(f"team/{key}/machineb-") for k in left), left
+    assert _no_open_uploads(s3env)
+
+
+def test_parse_age():
+    from trtet_store.cli.cache import parse_age
+
+    assert [parse_age(t) for t in ("7d", "12h", "30m", "90s", "2w", "1.5h", "0s")] == \
+        [7 * 86400, 12 * 3600, 30 * 60, 90, 14 * 86400, 5400, 0]
+    for bad in ("7", "-1d", "7y", "d", "", "1.d", "7 days"):
+        with pytest.raises(Exception, match="not an age"):
+            parse_age(bad)
+
+
+def test_remote_refusals_are_one_line_and_write_nothing(built, here_fs, s3env):
+    a, key = built
+    url, ep = f"s3://{s3env.bucket}/team", ("--endpoint-url", s3env.endpoint.url)
+    before, local = _tree(a.directory), _build_entries(a)
+    missing = here_fs / "missing"
+
+    for age in ("7y", "7", "-1d"):  # argparse's refusal: exit 2, the error on one line
+        done = cli("prune", "--remote", url, *ep, f"--older-than={age}", "--dir", a.directory)
+        assert done.returncode == 2 and done.stdout == ""
+        [line] = [x for x in done.stderr.splitlines() if "error:" in x]
+        assert f"argument --older-than: not an age: '{age}'; give a number and a unit" in line
+
+    for argv, words in (
+            (["prune", "--older-than", "7d"], "--older-than prunes the shared tier: give "
+             "--remote"),
+            (["prune", "--remote", url, *ep], "prune --remote needs --older-than AGE"),
+            (["prune", "--remote", url, *ep, "--older-than", "1d", "--max-bytes", "1M"],
+             "--max-bytes bounds the local cache"),
+            (["list", *ep], "--endpoint-url needs --remote")):
+        done = cli(*argv, "--dir", a.directory)
+        assert (done.returncode, done.stdout) == (2, "")
+        [line] = done.stderr.splitlines()
+        assert line.startswith("trtet-store cache: ") and words in line, line
+
+    for action in (["push"], ["pull", key], ["list"], ["prune", "--older-than", "1d"]):
+        for bad in ("http://bucket/x", "s3://", "s3://bucket/../x"):
+            for where in (a.directory, missing):
+                done = cli(*action, "--remote", bad, *ep, "--dir", where)
+                assert done.returncode == 1 and done.stdout == "", (action, bad, done)
+                [line] = done.stderr.splitlines()
+                assert line.startswith("trtet-store cache: RemoteURLError: "), line
+    for action in (["push"], ["pull", key]):  # required
+        done = cli(*action, "--dir", a.directory)
+        assert done.returncode == 2 and "the following arguments are required: --remote" \
+            in done.stderr
+
+    assert _tree(a.directory) == before and not missing.exists()
+    assert _bucket_keys(s3env) == []
+
+    # Reachable but wrong: a missing bucket, a closed port. One line each, exit 1.
+    done = cli("list", "--remote", "s3://no-such-bucket-here", *ep)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("trtet-store cache: not found: ")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the with ends: nothing listens there
+    done = cli("push", "--remote", url, "--endpoint-url", f"http://127.0.0.1:{port}",
+               "--dir", a.directory)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "EndpointUnreachableError" in done.stderr or "could not connect" in done.stderr
+
+    assert _build_entries(a) == local and not missing.exists()
+    assert _bucket_keys(s3env) == [] and _no_open_uploads(s3env)
+
+
+def test_compile_and_save_shares_engines_through_engine_cache_remote(here_fs, s3env, capsys):
+    """Machine A builds and publishes; machine B (another cache dir) builds 0: a remote hit."""
+    from trtet_store.cli import main
+    from trtet_store.export import tensorrt as trt
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
+
+    factory = here_fs / "model.py"
+    factory.write_text(
+        "import torch\n\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
+        "        (torch.randn(2, 16),)\n")
+    url = f"s3://{s3env.bucket}/team"
+    outs, built = [], []
+    try:
+        for machine in ("a", "b"):
+            builder = FakeBuilder(engine_sizes=(ENGINE,))
+            with installed(builder):
+                assert main(["compile-and-save", "--no-progress", f"{factory}:make",
+                             os.fspath(here_fs / f"{machine}.pte"), "--engine-cache",
+                             os.fspath(here_fs / f"cache-{machine}"), "--engine-cache-remote",
+                             url, "--endpoint-url", s3env.endpoint.url]) == 0
+            outs.append(capsys.readouterr().out)
+            built.append(len(builder.built))
+    finally:
+        trt.unregister_engines(list(trt._engines.values()))
+    assert built == [1, 0]
+    assert ": miss, cached (" in outs[0] and ", published" in outs[0], outs[0]
+    assert ": remote-hit, 1.0 MiB downloaded, " in outs[1], outs[1]
+    assert file_digest(here_fs / "a.pte") == file_digest(here_fs / "b.pte")
