@@ -71,8 +71,11 @@ import copy
 import dataclasses
 import errno
 import logging
+import math
 import os
+import shutil
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,6 +97,7 @@ if TYPE_CHECKING:
 
     from trtet_store.export.tensorrt import BuildResult
     from trtet_store.io import Blob, BlobStore
+    from trtet_store.remote.tier import Lease, RemoteEntry, RemoteTier, TierPublish
 
 log = logging.getLogger("trtet_store.engine_cache")
 
@@ -106,6 +110,18 @@ DEFAULT_MIN_FREE = 1 * GiB
 ENGINE_KIND = "trtet_store.tensorrt.engine"
 RECORD_KIND = "trtet_store.tensorrt.build"
 NO_GPU = "no-gpu"
+
+#: The shared tier's lease on a key: renewed every third of it while the build runs.
+DEFAULT_LEASE_TTL = 300.0
+#: In the cache directory: this machine's id in the shared tier (random hex, made once).
+ORIGIN_FILE = "remote-origin"
+#: Remote entries are downloaded into <cache>/downloads/<key>/ (resumable), then cached.
+DOWNLOADS = "downloads"
+#: Publish journals (a killed publish resumes from its journal).
+REMOTE_JOURNAL = "remote-journal"
+#: <cache>/remote-pending/<key>: a build cached here and not yet in the shared tier
+#: (the publish was cut or the server was down); the next hit of the key publishes it.
+PENDING = "remote-pending"
 
 # clone_range "not here" errors (the copy follows).
 # What a cache directory can answer that means "no cache here now", never a failed export.
@@ -140,16 +156,61 @@ def _engine_key(key: str, index: int) -> str:
     return f"{key}.e{index}"
 
 
+def _metadata(key: str, built: BuildResult, fingerprint: str
+              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """What a build's entries carry: each engine's metadata, and the record's.
+
+    The same dicts go into the local cache and into a shared entry's pointer
+    (``{"record": ..., "engines": [...]}``), so a downloaded entry is cached
+    exactly as a local build is.
+    """
+    from trtet_store.export import engine_reuse
+
+    capability = compute_capability()
+    engines = [{"kind": ENGINE_KIND, "build": key, "engine_id": engine.engine_id,
+                "compute_capability": capability} for engine in built.engines]
+    record = {"kind": RECORD_KIND, "fingerprint": fingerprint, "compute_capability": capability,
+              "versions": [list(v) for v in engine_reuse.build_versions()],
+              "engines": [engine_reuse._engine_entry(e) for e in built.engines]}  # noqa: SLF001
+    return engines, record
+
+
+def _is_origin(text: str) -> bool:
+    return 8 <= len(text) <= 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _key_list(keys: Sequence[str], what: str) -> list[str]:
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise TypeError(f"{what}() takes a sequence of keys, got {type(keys).__name__} "
+                        "(a single key: [key])")
+    bad = [k for k in keys if not isinstance(k, str) or not k]
+    if bad:
+        raise TypeError(f"{what}() keys must be non-empty strings, got {bad!r}")
+    if not keys:
+        raise ValueError(f"{what}() needs at least one key")
+    return list(dict.fromkeys(keys))
+
+
 @dataclass
 class EngineCacheEvent:
     """What the cache did for one engine of an export (in its report and log).
 
-    ``outcome`` is ``"hit"`` (not built: taken from the cache) or ``"miss"``
-    (built). For a hit, ``placement`` is how the cached engine reached the
-    staging store: ``"clone"`` (shared extents, no byte written) or
-    ``"copy"``. For a miss, ``stored`` says whether the cache took it, with
-    the put's ``placement`` (``"clone"``, ``"copy"``, ``"link"``, ``"dedup"``)
-    or the ``reason`` it was skipped.
+    ``outcome`` is ``"hit"`` (not built: taken from the local cache),
+    ``"remote-hit"`` (not built: downloaded from the shared tier, then placed
+    as a local hit) or ``"miss"`` (built). For a hit, ``placement`` is how the
+    cached engine reached the staging store: ``"clone"`` (shared extents, no
+    byte written) or ``"copy"``. For a miss, ``stored`` says whether the cache
+    took it, with the put's ``placement`` (``"clone"``, ``"copy"``, ``"link"``,
+    ``"dedup"``) or the ``reason`` it was skipped.
+
+    With a shared tier (``EngineCache(remote=...)``): ``downloaded`` is the
+    bytes received from the server for the build's entry (every engine and
+    the record), counted on the build's first engine (0 on the others, so a
+    sum over events is the total); ``published`` says whether this build
+    (a miss, or a local hit still waiting to be published) entered the
+    shared tier, and ``publish_reason`` why not (another machine published
+    it first, the server was unreachable, ...). All three are None without
+    a shared tier.
     """
 
     engine_id: str
@@ -159,6 +220,10 @@ class EngineCacheEvent:
     placement: str | None = None
     stored: bool | None = None
     reason: str | None = None
+    # The shared tier's part, at the end so that positional construction keeps its meaning.
+    downloaded: int | None = None
+    published: bool | None = None
+    publish_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -233,8 +298,51 @@ class EngineCache:
     """
 
     def __init__(self, directory: os.PathLike | str | None = None, *,
-                 max_bytes: int = DEFAULT_MAX_BYTES, min_free: int = DEFAULT_MIN_FREE) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES, min_free: int = DEFAULT_MIN_FREE,
+                 remote: str | RemoteTier | None = None, endpoint_url: str | None = None,
+                 lease_ttl: float = DEFAULT_LEASE_TTL,
+                 wait_timeout: float | None = None) -> None:
+        # Every argument is checked before the directory is touched or a tier is made.
+        if remote is not None and not isinstance(remote, str):
+            from trtet_store.remote.tier import RemoteTier
+
+            if not isinstance(remote, RemoteTier):
+                raise TypeError(f"remote must be an s3:// URL, a RemoteTier or None, got "
+                                f"{type(remote).__name__}")
+        if endpoint_url is not None and not isinstance(remote, str):
+            raise ValueError("endpoint_url is for remote='s3://...'; "
+                             + ("pass remote= too" if remote is None else
+                                "the RemoteTier given has its own endpoint"))
+        if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, (int, float)):
+            raise TypeError(f"lease_ttl must be seconds (a number), got "
+                            f"{type(lease_ttl).__name__}")
+        if not math.isfinite(lease_ttl) or lease_ttl <= 0:
+            raise ValueError(f"lease_ttl must be > 0 seconds, got {lease_ttl}")
+        if wait_timeout is not None:
+            if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float)):
+                raise TypeError(f"wait_timeout must be seconds or None, got "
+                                f"{type(wait_timeout).__name__}")
+            if math.isnan(wait_timeout) or wait_timeout < 0:
+                raise ValueError(f"wait_timeout must be >= 0 seconds or None, got "
+                                 f"{wait_timeout}")
         self.blobs = BlobCache(directory, max_bytes=max_bytes, min_free=min_free)
+        self.lease_ttl = float(lease_ttl)
+        self.wait_timeout = wait_timeout
+        # The warning given for an unusable tier, until a call works again (warned once).
+        self._remote_down: str | None = None
+        self.remote: RemoteTier | None = None
+        if isinstance(remote, str):
+            from trtet_store.remote.tier import RemoteTier
+
+            # A bad URL raises here (RemoteURLError), with no network: a mistake, not an outage.
+            # A waiter looks at another machine's lease every 2 s, or a quarter of a
+            # short ttl (so that a takeover is not late by a whole poll).
+            self.remote = RemoteTier(remote, endpoint_url=endpoint_url, origin=self.origin(),
+                                     lease_ttl=self.lease_ttl,
+                                     poll=min(2.0, self.lease_ttl / 4),
+                                     journal_dir=self.directory / REMOTE_JOURNAL)
+        elif remote is not None:
+            self.remote = remote  # its own origin, lease_ttl, journal: the caller's choice
 
     @property
     def directory(self) -> Path:
@@ -314,29 +422,22 @@ class EngineCache:
         list of PutResult
             One per engine, then the record's (when the engines were stored).
         """
-        from trtet_store.export import engine_reuse
-
         cache = self.blobs
         if reserve:
             # A view with a higher floor, so that the cache's copy never takes the
             # save's room; the shared object is left as it is (other threads use it).
             cache = copy.copy(self.blobs)
             cache.min_free = self.blobs.min_free + reserve
-        capability = compute_capability()
+        engine_meta, record_meta = _metadata(key, built, fingerprint)
         results: list[PutResult] = []
         for i, engine in enumerate(built.engines):
-            result = cache.put(_engine_key(key, i), engine.blob, {
-                "kind": ENGINE_KIND, "build": key, "engine_id": engine.engine_id,
-                "compute_capability": capability})
+            result = cache.put(_engine_key(key, i), engine.blob, engine_meta[i])
             results.append(result)
             if result.skipped:
                 return results
         if built.record is None:
             return results
-        results.append(cache.put(key, built.record, {
-            "kind": RECORD_KIND, "fingerprint": fingerprint, "compute_capability": capability,
-            "versions": [list(v) for v in engine_reuse.build_versions()],
-            "engines": [engine_reuse._engine_entry(e) for e in built.engines]}))  # noqa: SLF001
+        results.append(cache.put(key, built.record, record_meta))
         return results
 
     # -- single flight and maintenance -----------------------------------------------
@@ -363,6 +464,321 @@ class EngineCache:
 
     def recover(self) -> list[Path]:
         return self.blobs.recover()
+
+    # -- the shared tier (remote=) ----------------------------------------------------
+
+    def origin(self) -> str:
+        """This cache's id in the shared tier: random hex kept in ``<directory>/remote-origin``.
+
+        Made once, atomically (a complete file linked into place: of two
+        processes making it at once, both read the winner's). It names the
+        attempt directories this cache publishes to, so that a killed
+        publish's next run resumes its own upload. A cache that cannot keep
+        it (read-only) gets a fresh one per process (logged): its publishes
+        then never resume, they start again.
+        """
+        path = self.directory / ORIGIN_FILE
+        made = None
+        for _ in range(2):
+            try:
+                text = path.read_text(encoding="ascii").strip()
+            except FileNotFoundError:
+                text = None
+            except (OSError, UnicodeDecodeError) as exc:
+                log.warning("engine cache %s: cannot read %s (%s); a new origin for this "
+                            "process", self.directory, path, exc)
+                return uuid.uuid4().hex
+            if text is not None and _is_origin(text):
+                return text
+            made = uuid.uuid4().hex
+            tmp = self.directory / f".{ORIGIN_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    os.write(fd, made.encode("ascii") + b"\n")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if text is None:
+                    try:
+                        os.link(tmp, path)  # never replaces another process's origin
+                    except FileExistsError:
+                        continue  # read the winner's
+                else:  # a damaged file (not hex): replaced, once
+                    log.warning("engine cache %s: %s held %r, not an origin id; replaced",
+                                self.directory, path, text[:40])
+                    os.replace(tmp, path)
+                    tmp = None
+                return made
+            except OSError as exc:
+                log.warning("engine cache %s: cannot keep an origin id in %s (%s); a new one "
+                            "for this process (its publishes will not resume)",
+                            self.directory, path, exc)
+                return made
+            finally:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+        return made or uuid.uuid4().hex
+
+    def _tier(self, what: str) -> RemoteTier:
+        if self.remote is None:
+            raise ValueError(f"{what} needs a shared tier: "
+                             f"EngineCache({os.fspath(self.directory)!r}, "
+                             "remote='s3://bucket/prefix')")
+        return self.remote
+
+    def remote_entries(self) -> list[RemoteEntry]:
+        """Every entry of the shared tier (its pointers): :meth:`RemoteTier.entries`."""
+        return self._tier("remote_entries()").entries()
+
+    def prune_remote(self, older_than: float, *, dry_run: bool = False) -> list[str]:
+        """Remove shared entries (and abandoned attempts) older than ``older_than`` seconds.
+
+        For buckets without a lifecycle rule; see :meth:`RemoteTier.prune`.
+        Returns what was removed (or would be, with ``dry_run``).
+        """
+        return self._tier("prune_remote()").prune(older_than, dry_run=dry_run)
+
+    def push(self, keys: Sequence[str] | None = None) -> list[TierPublish]:
+        """Publish local builds to the shared tier (default: every complete build cached here).
+
+        Each is published from the cache's own files (pinned, checked), with
+        its entry's metadata, first writer wins: a key already in the tier is
+        reported (``published=False`` with the reason), not replaced. Every
+        named key is checked before anything is sent.
+
+        Raises
+        ------
+        ValueError
+            No shared tier, or a key that is not a complete build here.
+        RemoteError
+            The server's refusal (unreachable, credentials, bucket).
+        """
+        tier = self._tier("push()")
+        if keys is None:
+            wanted = sorted(e.key for e in self.entries()
+                            if e.metadata.get("kind") == RECORD_KIND)
+        else:
+            wanted = _key_list(keys, "push")
+        missing = []
+        for key in wanted:
+            cached = self.lookup(key)
+            if cached is None:
+                missing.append(key)
+            else:
+                cached.close()
+        if missing:
+            raise ValueError(f"not a complete build in the engine cache {self.directory}: "
+                             f"{missing} (list what it holds with `trtet-store cache list`)")
+        out = []
+        for key in wanted:
+            with self.single_flight(key):
+                cached = self.lookup(key)
+                if cached is None:  # evicted since the check
+                    raise ValueError(f"{key!r} left the engine cache {self.directory} (evicted) "
+                                     "before it was pushed")
+                with cached:
+                    result = self._publish_cached(tier, cached)
+            out.append(result)
+        return out
+
+    def pull(self, keys: Sequence[str]) -> list[tuple[str, int]]:
+        """Download shared entries into the local cache; ``(key, bytes downloaded)`` each.
+
+        A key already cached here downloads nothing (0). Every key is looked
+        up before anything is downloaded. Each entry is verified (sizes,
+        digests) before it enters the cache.
+
+        Raises
+        ------
+        ValueError
+            No shared tier, a key in neither cache, or an entry built for
+            another GPU or other versions (both values named).
+        TierEntryError
+            An entry whose files fail their checks: nothing of it is cached.
+        RuntimeError
+            The entry was downloaded but the local cache did not take it (the reason).
+        """
+        tier = self._tier("pull()")
+        wanted = _key_list(keys, "pull")
+        entries: dict[str, RemoteEntry | None] = {}
+        for key in wanted:
+            cached = self.lookup(key)
+            if cached is not None:
+                cached.close()
+                entries[key] = None
+                continue
+            entry = tier.lookup(key)
+            if entry is None:
+                raise ValueError(f"{key!r} is in neither the engine cache {self.directory} nor "
+                                 f"the shared tier {tier.url} (list it with `trtet-store cache "
+                                 "list --remote`)")
+            problem = self._entry_problem(key, entry)
+            if problem is not None:
+                raise ValueError(f"the shared entry {key!r} cannot be used here: {problem}")
+            entries[key] = entry
+        out = []
+        for key in wanted:
+            entry = entries[key]
+            if entry is None:
+                out.append((key, 0))
+                continue
+            with self.single_flight(key):
+                cached, downloaded, why = self._download(tier, key, entry)
+                if cached is None:
+                    raise RuntimeError(f"{key!r}: {downloaded} bytes downloaded from {tier.url}, "
+                                       f"but not cached in {self.directory}: {why}")
+                cached.close()
+            out.append((key, downloaded))
+        return out
+
+    # The steps build_cached takes with a tier. Each raises what the tier raises: the
+    # caller turns remote problems into warnings (the export never fails for them).
+
+    def _entry_problem(self, key: str, entry: RemoteEntry) -> str | None:
+        """Why ``entry`` must not be placed on this machine (None: it may).
+
+        Its metadata must be an engine build's, its files those of that build,
+        and its compute capability and versions this machine's: an engine is
+        never placed on a GPU (or a TensorRT) it was not built for.
+        """
+        meta = entry.metadata if isinstance(entry.metadata, dict) else {}
+        record, engines = meta.get("record"), meta.get("engines")
+        if not isinstance(record, dict) or record.get("kind") != RECORD_KIND or \
+                not isinstance(engines, list) or \
+                not all(isinstance(e, dict) and e.get("kind") == ENGINE_KIND for e in engines) \
+                or not isinstance(record.get("engines"), list) \
+                or len(record["engines"]) != len(engines):
+            return "its metadata is not an engine build's (record and engines)"
+        names = sorted(str(f.get("name")) for f in entry.files)
+        want = sorted(["record", *(f"e{i}" for i in range(len(engines)))])
+        if names != want:
+            return f"its files are {names}, a build of {len(engines)} engine(s) has {want}"
+        here = compute_capability()
+        for what, value in [("the record", record.get("compute_capability")),
+                            *((f"engine {i}", e.get("compute_capability"))
+                              for i, e in enumerate(engines))]:
+            if value != here:
+                return (f"{what} was built for compute capability {value!r}; this machine's "
+                        f"GPU is {here!r}")
+        from trtet_store.export import engine_reuse
+
+        mine = {str(n): str(v) for n, v in engine_reuse.build_versions()}
+        try:
+            theirs = {str(n): str(v) for n, v in record.get("versions") or []}
+        except (TypeError, ValueError):
+            return f"its versions {record.get('versions')!r} cannot be read"
+        if theirs != mine:
+            differ = sorted(set(mine) | set(theirs))
+            shown = [f"{n} {theirs.get(n, '(none)')} (here {mine.get(n, '(none)')})"
+                     for n in differ if theirs.get(n) != mine.get(n)]
+            return "it was built with other versions: " + ", ".join(shown)
+        return None
+
+    def _download(self, tier: RemoteTier, key: str, entry: RemoteEntry
+                  ) -> tuple[CachedBuild | None, int, str | None]:
+        """Download ``entry`` (verified by the tier), cache it, look it up.
+
+        Returns ``(cached build, bytes received, None)``, or ``(None, bytes,
+        why)`` when the local cache did not take it. Raises the tier's errors:
+        :class:`TierEntryError` for damaged files (never cached). The
+        download directory is kept on a cut transfer (the next one resumes it)
+        and removed otherwise.
+        """
+        from trtet_store.remote.tier import TierEntryError
+
+        directory = self.directory / DOWNLOADS / key
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            got = tier.download(entry, directory)
+        except TierEntryError:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        try:
+            why = self._place(key, entry, got.paths)
+        finally:
+            # Consumed (the put linked or cloned each file), or refused: not kept.
+            shutil.rmtree(directory, ignore_errors=True)
+        if why is not None:
+            return None, got.downloaded, why
+        cached = self.lookup(key)
+        if cached is None:
+            return None, got.downloaded, "cached, then not found again (evicted at once?)"
+        return cached, got.downloaded, None
+
+    def _place(self, key: str, entry: RemoteEntry, paths: dict[str, Path]) -> str | None:
+        """Each downloaded file into the blob cache: engines first, the record last."""
+        engines = entry.metadata["engines"]
+        for i, meta in enumerate(engines):
+            # Not consume=True: the blob cache refuses to consume a file inside its own
+            # directory (downloads/ is). A put clones where the filesystem can (no
+            # second copy on XFS/btrfs), else copies; the download is removed after.
+            result = self.blobs.put(_engine_key(key, i), paths[f"e{i}"], meta)
+            if result.skipped:
+                return f"engine {i}: {result.reason}"
+        result = self.blobs.put(key, paths["record"], entry.metadata["record"])
+        if result.skipped:
+            return f"the record: {result.reason}"
+        return None
+
+    def _publish_cached(self, tier: RemoteTier, cached: CachedBuild, *,
+                        replace: RemoteEntry | None = None) -> TierPublish:
+        """Publish a cached build from the cache's own (pinned) files, with their metadata."""
+        files = [("record", cached.record.path, cached.record.digest)]
+        files += [(f"e{i}", hit.path, hit.digest) for i, hit in enumerate(cached.engines)]
+        metadata = {"record": dict(cached.record.metadata),
+                    "engines": [dict(hit.metadata) for hit in cached.engines]}
+        result = tier.publish(cached.key, files, metadata, replace=replace)
+        self._settled(cached.key, result)
+        return result
+
+    def _publish_staged(self, tier: RemoteTier, key: str, built: BuildResult, fingerprint: str,
+                        *, replace: RemoteEntry | None = None) -> TierPublish:
+        """Publish a build from its staged blobs (the local cache did not take it)."""
+        engine_meta, record_meta = _metadata(key, built, fingerprint)
+        record = built.record
+        files = [("record", Path(record.path), record.digest)]
+        files += [(f"e{i}", Path(e.blob.path), e.blob.digest) for i, e in enumerate(built.engines)]
+        return tier.publish(key, files, {"record": record_meta, "engines": engine_meta},
+                            replace=replace)
+
+    def _pending(self, key: str) -> Path:
+        return self.directory / PENDING / key
+
+    def _mark_pending(self, key: str) -> None:
+        """Remember that ``key`` is cached here and not yet in the shared tier."""
+        try:
+            (self.directory / PENDING).mkdir(mode=0o700, exist_ok=True)
+            self._pending(key).touch(mode=0o600)
+        except OSError as exc:  # costs only the automatic retry of the publish
+            log.debug("engine cache %s: cannot mark %s as not yet published: %s",
+                      self.directory, key, exc)
+
+    def _settled(self, key: str, result: TierPublish) -> None:
+        """The tier holds an entry for ``key`` (ours or another's): nothing left to publish."""
+        if result.published or result.entry is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._pending(key))
+
+    def _remote_failed(self, what: str, exc: BaseException) -> str:
+        """Log a tier problem (a warning once, until the tier works again); the reason."""
+        why = f"the shared cache {self.remote.url if self.remote else ''} was not usable " \
+              f"({what}: {type(exc).__name__}: {exc})"
+        known = isinstance(exc, OSError) or type(exc).__module__.startswith("trtet_store.remote")
+        if self._remote_down is None:
+            log.warning("engine cache %s: %s; going on with the local cache only",
+                        self.directory, why, exc_info=None if known else exc)
+        else:
+            log.info("engine cache %s: %s", self.directory, why)
+        self._remote_down = why
+        return why
+
+    def _remote_ok(self) -> None:
+        if self._remote_down is not None:
+            log.info("engine cache %s: the shared cache %s works again", self.directory,
+                        self.remote.url if self.remote else "")
+            self._remote_down = None
 
     def for_torch_tensorrt(self, **kwargs: Any) -> Any:
         """This cache as Torch-TensorRT's ``custom_engine_cache=``; see
@@ -539,8 +955,24 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
     so concurrent exports of one model build it once and the others hit.
     A cache problem while putting never fails the export: it is logged and
     reported (``stored=False`` with the reason).
+
+    With a shared tier (``cache.remote``), a local miss then:
+
+    1. looks the key up in the tier: an entry built for this GPU and these
+       versions is downloaded (verified by the tier), cached, and served as
+       a hit (``"remote-hit"``); a damaged one is never served, it is
+       rebuilt and replaced (only that entry: ``replace=``);
+    2. else claims the key's lease: an entry another machine publishes while
+       we wait is taken as in 1; the lease is built under, the build cached
+       locally, published (first writer wins: a loser keeps its engine
+       locally and says so) and the lease released, also on failure;
+    3. a tier that cannot be reached, refuses the credentials or has no
+       bucket is a warning: the export goes on locally, and the events say
+       why nothing was published. A build cached here but not published is
+       published by the next export that hits it.
     """
     key = cache.key(fingerprint)
+    tier = cache.remote
     with contextlib.ExitStack() as stack:
         waited = 0.0
         try:
@@ -563,12 +995,25 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         if cached is not None:
             with cached:
                 try:
-                    return build_from_cache(cached, store, fingerprint)
+                    built, events = build_from_cache(cached, store, fingerprint)
                 except (ValueError, OSError) as exc:
                     # Bytes that are not what the record names (a second check behind
                     # the blob cache's seal), or an entry that cannot be read: a miss,
                     # never an exception and never served. Nothing was left staged.
                     log.warning("engine cache %s: %s; building it again", cache.directory, exc)
+                else:
+                    if tier is not None and os.path.exists(cache._pending(key)):  # noqa: SLF001
+                        published, why = _publish_pending(cache, tier, cached)
+                        for e in events:
+                            e.published, e.publish_reason = published, why
+                    return built, events
+        replace: RemoteEntry | None = None
+        remote_why: str | None = None  # why this build cannot be published
+        if tier is not None:
+            served, replace, remote_why = _from_remote(cache, tier, key, store, fingerprint,
+                                                       stack)
+            if served is not None:
+                return served
         if waited > 0.5:
             log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
                      "cache it; building it here", cache.directory, waited, key)
@@ -584,7 +1029,14 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                         cache.directory, key, exc)
             results = [PutResult(key=key, stored=False, size=0,
                                  reason=f"{type(exc).__name__}: {exc}")]
-    complete = len(results) == len(built.engines) + 1 and all(r.stored for r in results)
+        complete = len(results) == len(built.engines) + 1 and all(r.stored for r in results)
+        published: bool | None = None
+        publish_reason: str | None = None
+        if tier is not None:
+            # Under the lease still (the stack releases it after this): waiters see the
+            # entry appear before the lease goes.
+            published, publish_reason = _publish_built(cache, tier, key, built, fingerprint,
+                                                       complete, replace, remote_why)
     why = next((r.reason for r in results if r.skipped), None)
     events = []
     for i, engine in enumerate(built.engines):
@@ -592,7 +1044,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         events.append(EngineCacheEvent(
             engine.engine_id, _engine_key(key, i), engine.blob.size, "miss",
             r.placement if r is not None and r.stored else None, complete,
-            None if complete else why or "not cached"))
+            None if complete else why or "not cached", None, published, publish_reason))
         if complete:
             log.info("engine cache %s: engine %s of %s built and cached (%s)",
                      cache.directory, engine.engine_id, key, r.placement)
@@ -600,6 +1052,152 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             log.warning("engine cache %s: engine %s of %s built and not cached: %s",
                         cache.directory, engine.engine_id, key, why)
     return built, events
+
+
+def _from_remote(cache: EngineCache, tier: RemoteTier, key: str, store: BlobStore,
+                 fingerprint: str, stack: contextlib.ExitStack,
+                 ) -> tuple[tuple[BuildResult, list[EngineCacheEvent]] | None,
+                            RemoteEntry | None, str | None]:
+    """Steps 1 and 2 of :func:`build_cached`: ``(served, replace, why not publishable)``.
+
+    ``served`` is the remote hit (None: build). ``replace`` is the damaged or
+    unusable entry a publish may replace. A lease taken is released by
+    ``stack`` (after the build's publish).
+    """
+    from trtet_store.remote.tier import Lease, LeaseWaitTimeout
+
+    try:
+        entry = tier.lookup(key)
+    except Exception as exc:  # noqa: BLE001 - the remote never fails an export
+        return None, None, cache._remote_failed("lookup", exc)  # noqa: SLF001
+    cache._remote_ok()  # noqa: SLF001
+    if entry is not None:
+        served, replace, why = _take(cache, tier, key, entry, store, fingerprint)
+        # A damaged entry is not claimed around (its pointer is there: claim would hand
+        # it back): this machine builds, and replaces only that entry.
+        return served, replace, why
+    try:
+        got = tier.claim(key, timeout=cache.wait_timeout,
+                         on_wait=_on_wait_logger(cache, key))
+    except LeaseWaitTimeout as exc:
+        log.warning("engine cache %s: %s; building %s here (the first machine to publish "
+                    "it wins)", cache.directory, exc, key)
+        return None, None, None
+    except Exception as exc:  # noqa: BLE001
+        return None, None, cache._remote_failed("claim", exc)  # noqa: SLF001
+    if isinstance(got, Lease):
+        stack.callback(_release, cache, got)
+        return None, None, None
+    # Another machine published it while we waited.
+    return _take(cache, tier, key, got, store, fingerprint)
+
+
+def _on_wait_logger(cache: EngineCache, key: str) -> Any:
+    told = []
+
+    def on_wait(lease: dict) -> None:
+        if not told:
+            told.append(True)
+            log.info("engine cache %s: %s is being built by %s (pid %s); waiting for its "
+                     "entry", cache.directory, key, lease.get("host"), lease.get("pid"))
+    return on_wait
+
+
+def _release(cache: EngineCache, lease: Lease) -> None:
+    try:
+        if lease.lost:
+            log.warning("engine cache %s: the lease on %s was taken over by another machine "
+                        "during the build", cache.directory, lease.key)
+        lease.release()
+    except Exception as exc:  # noqa: BLE001 - it expires by itself
+        log.warning("engine cache %s: the lease on %s was not released (%s: %s); it expires "
+                    "after its ttl", cache.directory, lease.key, type(exc).__name__, exc)
+
+
+def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, store: BlobStore,
+          fingerprint: str) -> tuple[tuple[BuildResult, list[EngineCacheEvent]] | None,
+                                     RemoteEntry | None, str | None]:
+    """A remote entry made a hit: ``(served, None, None)``; else why it is a miss."""
+    from trtet_store.remote.tier import TierEntryError
+
+    problem = cache._entry_problem(key, entry)  # noqa: SLF001
+    if problem is not None:
+        log.warning("engine cache %s: the shared entry %s (from %s, origin %s) is a miss: %s; "
+                    "building it here", cache.directory, key, entry.host, entry.origin, problem)
+        return None, entry, None
+    try:
+        cached, downloaded, why = cache._download(tier, key, entry)  # noqa: SLF001
+    except TierEntryError as exc:
+        log.warning("engine cache %s: the shared entry %s is damaged, never served: %s; "
+                    "building it here and replacing it", cache.directory, key, exc)
+        return None, entry, None
+    except Exception as exc:  # noqa: BLE001
+        return None, None, cache._remote_failed("download", exc)  # noqa: SLF001
+    if cached is None:
+        log.warning("engine cache %s: the shared entry %s was downloaded (%d bytes) but not "
+                    "cached here: %s; building it", cache.directory, key, downloaded, why)
+        return None, None, None
+    with cached:
+        try:
+            built, events = build_from_cache(cached, store, fingerprint)
+        except (ValueError, OSError) as exc:
+            log.warning("engine cache %s: %s; building it again", cache.directory, exc)
+            return None, None, None
+    for i, e in enumerate(events):
+        e.outcome = "remote-hit"
+        e.downloaded = downloaded if i == 0 else 0
+    log.info("engine cache %s: remote hit %s from %s (host %s): %d bytes downloaded, not built",
+             cache.directory, key, tier.url, entry.host, downloaded)
+    return (built, events), None, None
+
+
+def _publish_built(cache: EngineCache, tier: RemoteTier, key: str, built: BuildResult,
+                   fingerprint: str, complete: bool, replace: RemoteEntry | None,
+                   remote_why: str | None) -> tuple[bool, str | None]:
+    """Step 3 of :func:`build_cached`: publish a fresh build; ``(published, why not)``."""
+    if complete:
+        cache._mark_pending(key)  # noqa: SLF001 - until the tier holds an entry for it
+    if remote_why is not None:
+        return False, remote_why
+    if built.record is None:
+        return False, "the build has no record to publish"
+    try:
+        if complete:
+            cached = cache.lookup(key)
+            if cached is None:
+                raise OSError(errno.ENOENT, f"the build {key} left the local cache at once")
+            with cached:
+                result = cache._publish_cached(tier, cached, replace=replace)  # noqa: SLF001
+        else:
+            result = cache._publish_staged(tier, key, built, fingerprint,  # noqa: SLF001
+                                           replace=replace)
+    except Exception as exc:  # noqa: BLE001 - the remote never fails an export
+        return False, cache._remote_failed("publish", exc)  # noqa: SLF001
+    cache._remote_ok()  # noqa: SLF001
+    return _said(cache, key, result)
+
+
+def _publish_pending(cache: EngineCache, tier: RemoteTier, cached: CachedBuild,
+                     ) -> tuple[bool, str | None]:
+    """A local hit whose publish was cut (a kill, a server down): publish it now."""
+    log.info("engine cache %s: %s is cached here but not yet in the shared cache %s; "
+             "publishing it", cache.directory, cached.key, tier.url)
+    try:
+        result = cache._publish_cached(tier, cached)  # noqa: SLF001
+    except Exception as exc:  # noqa: BLE001
+        return False, cache._remote_failed("publish", exc)  # noqa: SLF001
+    cache._remote_ok()  # noqa: SLF001
+    return _said(cache, cached.key, result)
+
+
+def _said(cache: EngineCache, key: str, result: TierPublish) -> tuple[bool, str | None]:
+    if result.published:
+        log.info("engine cache %s: %s published to %s (%d bytes sent)", cache.directory, key,
+                 cache.remote.url if cache.remote else "", result.sent)
+        return True, None
+    log.info("engine cache %s: %s not published: %s; our engine is kept in the local cache",
+             cache.directory, key, result.reason)
+    return False, result.reason or "not published"
 
 
 __all__ = [

@@ -1,0 +1,397 @@
+"""The engine cache's shared tier (issue 37), machine against machine, on the SeaweedFS fixture.
+
+Each "machine" is a cache directory used by its own process: a fresh
+interpreter running CHILD, which exports the small model with the stub
+TensorRT builder through ``compile_and_save(..., engine_cache=EngineCache(dir,
+remote=url, endpoint_url=...))`` and prints one JSON line: the engines it
+built (their xxh3-128), the cache's events, and what each publish sent. Builds
+are also counted by appending the builder's pid to a shared file. Each test
+makes its state (a race, a kill, damaged objects, an edited pointer, a dead
+server) deterministically: barriers and files, never timing luck.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+
+from trtet_store.io.units import MiB
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r'''
+import json, logging, os, signal, sys, time
+cfg = json.loads(sys.argv[1])
+logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                    format="%(levelname)s %(name)s: %(message)s")
+import trtet_store
+from trtet_store.export import engine_cache
+from trtet_store.remote.tier import RemoteTier
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+if cfg.get("capability"):  # this "machine's GPU"
+    engine_cache.compute_capability = lambda: cfg["capability"]
+
+sent = []
+publish = RemoteTier.publish
+def counted_publish(self, *args, **kwargs):
+    if cfg.get("kill_after"):  # SIGKILL ourselves mid-upload, once a part went up
+        def progress(p):
+            if p.sent >= cfg["kill_after"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+        kwargs["progress"] = progress
+    result = publish(self, *args, **kwargs)
+    sent.append({"published": result.published, "sent": result.sent, "reason": result.reason})
+    return result
+RemoteTier.publish = counted_publish
+
+class Counting(FakeBuilder):
+    def __call__(self, *args, **kwargs):
+        with open(cfg["builds"], "a") as f:
+            f.write(f"{os.getpid()} {time.time()}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if cfg.get("block"):  # a build that lasts until the test kills us
+            while not os.path.exists(cfg["block"]):
+                time.sleep(0.05)
+        time.sleep(cfg.get("sleep", 0))
+        return super().__call__(*args, **kwargs)
+
+builder = Counting(engine_sizes=tuple(cfg["sizes"]),
+                   seeds=tuple(os.getpid() * 10 + i for i in range(len(cfg["sizes"]))))
+cache = trtet_store.EngineCache(cfg["cache"], max_bytes=1 << 30, min_free=0,
+                                remote=cfg["url"], endpoint_url=cfg["endpoint"],
+                                lease_ttl=cfg.get("ttl", 300.0))
+module, inputs = linear_relu()
+if cfg.get("ready"):  # the barrier: every machine is loaded, then all go at once
+    open(cfg["ready"], "w").close()
+    while not os.path.exists(cfg["go"]):
+        time.sleep(0.005)
+t0 = time.monotonic()
+with installed(builder):
+    report = trtet_store.compile_and_save(module, inputs, cfg["out"], engine_cache=cache)
+print(json.dumps({"pid": os.getpid(), "built": [d for _, d in builder.built],
+                  "events": [e.to_json() for e in report.engine_cache], "sent": sent,
+                  "seconds": time.monotonic() - t0, "origin": cache.origin()}))
+'''
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def engines_in(pte: Path) -> list[str]:
+    """xxh3-128 of each inline engine of ``pte``, read where ``trtet-store inspect`` finds it."""
+    from trtet_store import inspector
+
+    out = []
+    with open(pte, "rb") as f:
+        for d in inspector.inspect_file(pte).delegates:
+            engine = d["tensorrt"]["engine"]
+            f.seek(engine["file_offset"])
+            out.append(xxhash.xxh3_128_hexdigest(f.read(engine["size"])))
+    return out
+
+
+class Machines:
+    """Cache directories standing in for machines, each export in its own process."""
+
+    def __init__(self, base: Path, s3: Any, prefix: str = "engines") -> None:
+        self.base = base
+        self.s3 = s3
+        self.prefix = f"{prefix}/"
+        self.url = f"s3://{s3.bucket}/{prefix}"
+        self.builds = base / "builds"
+
+    def config(self, name: str, run: str = "", *, sizes: tuple[int, ...] = (2 * MiB,),
+               **kw: Any) -> dict:
+        cfg = {"cache": os.fspath(self.base / name), "out": os.fspath(self.pte(name, run)),
+               "builds": os.fspath(self.builds), "url": self.url,
+               "endpoint": self.s3.endpoint.url, "sizes": list(sizes)}
+        cfg.update(kw)
+        return cfg
+
+    def pte(self, name: str, run: str = "") -> Path:
+        return self.base / f"{name}{run}.pte"
+
+    def start(self, cfg: dict, env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env)
+
+    def run(self, name: str, run: str = "", *, env: dict | None = None, **kw: Any
+            ) -> tuple[dict, str]:
+        return result(self.start(self.config(name, run, **kw), env))
+
+    def built(self) -> list[tuple[int, float]]:
+        if not self.builds.exists():
+            return []
+        return [(int(p), float(t)) for p, t in
+                (line.split() for line in self.builds.read_text().splitlines())]
+
+    # -- the bucket, as the test sees it (boto3 directly, not through the tier) --
+
+    def objects(self) -> dict[str, int]:
+        got = self.s3.client.list_objects_v2(Bucket=self.s3.bucket, Prefix=self.prefix)
+        return {o["Key"][len(self.prefix):]: o["Size"] for o in got.get("Contents", [])}
+
+    def pointer(self, key: str) -> tuple[dict, str]:
+        got = self.s3.client.get_object(Bucket=self.s3.bucket, Key=f"{self.prefix}{key}.json")
+        return json.loads(got["Body"].read()), got["ETag"]
+
+    def put(self, name: str, body: bytes) -> None:
+        self.s3.client.put_object(Bucket=self.s3.bucket, Key=f"{self.prefix}{name}", Body=body)
+
+    def get(self, name: str) -> bytes:
+        return self.s3.client.get_object(Bucket=self.s3.bucket,
+                                         Key=f"{self.prefix}{name}")["Body"].read()
+
+    def tier(self) -> Any:
+        from trtet_store.remote.tier import RemoteTier
+
+        return RemoteTier(self.url, endpoint_url=self.s3.endpoint.url, client=self.s3.client)
+
+
+def result(proc: subprocess.Popen, timeout: float = 300) -> tuple[dict, str]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def key_of(res: dict) -> str:
+    return res["events"][0]["key"].rsplit(".e", 1)[0]
+
+
+def outcomes(res: dict) -> list[tuple]:
+    return [(e["outcome"], e["stored"], e["published"]) for e in res["events"]]
+
+
+def wait_for(condition: Any, what: str, timeout: float = 120, procs: tuple = ()) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: a child exited ({p.returncode}): "
+                                     f"{p.stderr.read()[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def machines(here_fs: Path, s3env: Any) -> Machines:
+    return Machines(here_fs, s3env)
+
+
+# -- sharing ---------------------------------------------------------------------------------
+
+
+def test_a_second_machine_builds_nothing_and_downloads_each_engine_byte_once(machines):
+    from trtet_store.testing.proxy import CountingProxy
+
+    size = 12 * MiB
+    a, _ = machines.run("a", sizes=(size,))
+    assert len(a["built"]) == 1 and outcomes(a) == [("miss", True, True)], a["events"]
+    key = key_of(a)
+    pointer, _ = machines.pointer(key)
+    assert pointer["origin"] == a["origin"]
+    assert [f["name"] for f in pointer["files"]] == ["record", "e0"]
+    record_size = next(f["size"] for f in pointer["files"] if f["name"] == "record")
+
+    with CountingProxy.for_url(machines.s3.endpoint.url) as proxy:
+        b, err = machines.run("b", sizes=(size,), endpoint=proxy.endpoint_url)
+        down = proxy.downstream
+    assert b["built"] == [] and [p for p, _ in machines.built()] == [a["pid"]], err[-2000:]
+    assert outcomes(b) == [("remote-hit", None, None)], b["events"]
+    assert b["events"][0]["downloaded"] == size + record_size
+    # Exactly A's engine bytes (B's own build would differ: the seed is the pid).
+    assert engines_in(machines.pte("b")) == a["built"] == engines_in(machines.pte("a"))
+    # Each byte once: the engine and the record, plus requests' headers, pointer, manifest.
+    assert size + record_size <= down < size + record_size + 512 * 1024, down
+    # The download is now B's local entry (downloads/ emptied): a third run is a local hit.
+    assert not any((machines.base / "b" / "downloads").rglob("*.*"))
+    b2, _ = machines.run("b", "2", sizes=(size,))
+    assert outcomes(b2) == [("hit", None, None)]
+    assert engines_in(machines.pte("b", "2")) == a["built"]
+
+
+# -- a race ----------------------------------------------------------------------------------
+
+
+def test_two_machines_starting_one_key_together_run_one_build(machines):
+    procs = []
+    for name in ("a", "b"):
+        cfg = machines.config(name, sleep=2.0, ready=os.fspath(machines.base / f"ready-{name}"),
+                              go=os.fspath(machines.base / "go"))
+        procs.append(machines.start(cfg))
+    wait_for(lambda: all((machines.base / f"ready-{n}").exists() for n in ("a", "b")),
+             "both machines loaded", procs=tuple(procs))
+    (machines.base / "go").touch()  # both released at once
+    (a, _), (b, _) = (result(p) for p in procs)
+    assert len(machines.built()) == 1, machines.built()
+    results = sorted([a, b], key=lambda r: r["events"][0]["outcome"])
+    builder, waiter = results  # "miss" < "remote-hit"
+    assert outcomes(builder) == [("miss", True, True)]
+    assert outcomes(waiter) == [("remote-hit", None, None)]
+    for name in ("a", "b"):
+        assert engines_in(machines.pte(name)) == builder["built"]
+
+
+# -- lease takeover --------------------------------------------------------------------------
+
+
+def test_a_waiter_builds_once_the_killed_builders_lease_expires(machines):
+    ttl = 2.0
+    a = machines.start(machines.config("a", ttl=ttl, block=os.fspath(machines.base / "never")))
+    wait_for(lambda: machines.built() and any(k.endswith(".lease") for k in machines.objects()),
+             "A building under its lease", procs=(a,))
+    lease = next(k for k in machines.objects() if k.endswith(".lease"))
+    a.send_signal(signal.SIGKILL)
+    a.communicate()
+    killed = time.time()
+    b, err = machines.run("b", ttl=ttl)
+    pids = [p for p, _ in machines.built()]
+    assert pids == [a.pid, b["pid"]], pids
+    assert outcomes(b) == [("miss", True, True)]
+    assert "took over the build lease" in err, err[-3000:]
+    # B built only after the lease had stayed unchanged for its ttl on B's clock.
+    assert machines.built()[1][1] - killed >= ttl
+    assert engines_in(machines.pte("b")) == b["built"]
+    assert lease not in machines.objects()  # B released it after publishing
+    assert not machines.pte("a").exists()
+
+
+# -- a kill mid-upload -----------------------------------------------------------------------
+
+
+def test_a_kill_mid_upload_is_never_seen_and_the_next_run_resumes(machines):
+    size = 40 * MiB  # five 8 MiB parts
+    a = machines.start(machines.config("a", sizes=(size,), kill_after=8 * MiB))
+    _, err = a.communicate(timeout=300)
+    assert a.returncode == -signal.SIGKILL, err[-3000:]
+    assert len(machines.built()) == 1
+    # Nothing committed: no pointer, so no machine can see the parts that went up.
+    assert not [k for k in machines.objects() if k.endswith(".json") and k.count("/") == 0]
+    pending = list((machines.base / "a" / "remote-pending").iterdir())
+    assert len(pending) == 1
+    key = pending[0].name
+    assert machines.tier().lookup(key) is None
+
+    # A's next run: a local hit, whose cut publish resumes (what went up is not sent again).
+    a2, _ = machines.run("a", "2", sizes=(size,))
+    assert a2["built"] == [] and outcomes(a2) == [("hit", None, True)], a2["events"]
+    assert len(a2["sent"]) == 1 and a2["sent"][0]["published"]
+    assert 0 < a2["sent"][0]["sent"] <= size - 8 * MiB, a2["sent"]
+    assert not pending[0].exists()
+    # B gets A's engine, built once in all.
+    b, _ = machines.run("b", sizes=(size,))
+    assert outcomes(b) == [("remote-hit", None, None)] and len(machines.built()) == 1
+    assert engines_in(machines.pte("b")) == engines_in(machines.pte("a", "2"))
+    # A third run of A has nothing left to publish.
+    a3, _ = machines.run("a", "3", sizes=(size,))
+    assert outcomes(a3) == [("hit", None, None)] and a3["sent"] == []
+
+
+# -- tampering -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["same-size", "truncated"])
+def test_a_tampered_entry_is_never_served_and_is_replaced(machines, damage):
+    size = 6 * MiB
+    a, _ = machines.run("a", sizes=(size,))
+    key = key_of(a)
+    before, etag = machines.pointer(key)
+    engine_object = f"{before['attempt']}e0"
+    good = machines.get(engine_object)
+    bad = os.urandom(len(good)) if damage == "same-size" else good[: len(good) - MiB]
+    machines.put(engine_object, bad)
+
+    b, err = machines.run("b", sizes=(size,))
+    assert "damaged, never served" in err, err[-3000:]
+    assert len(machines.built()) == 2 and len(b["built"]) == 1
+    assert outcomes(b) == [("miss", True, True)], b["events"]
+    served = engines_in(machines.pte("b"))
+    assert served == b["built"] and served != [xxhash.xxh3_128_hexdigest(bad)]
+    # The damaged entry (only it: If-Match its ETag) was replaced by B's, its objects gone.
+    after, new_etag = machines.pointer(key)
+    assert new_etag != etag and after["origin"] == b["origin"]
+    assert not [k for k in machines.objects() if k.startswith(before["attempt"])]
+    # A third machine is served B's engine.
+    c, _ = machines.run("c", sizes=(size,))
+    assert outcomes(c) == [("remote-hit", None, None)]
+    assert engines_in(machines.pte("c")) == b["built"]
+
+
+# -- a foreign GPU ---------------------------------------------------------------------------
+
+
+def test_another_compute_capability_is_another_key(machines):
+    a, _ = machines.run("a", capability="sm_80")
+    b, _ = machines.run("b", capability="sm_90")
+    assert outcomes(a) == outcomes(b) == [("miss", True, True)]
+    assert len(machines.built()) == 2
+    assert key_of(a).endswith("-sm_80") and key_of(b).endswith("-sm_90")
+    pointers = sorted(k for k in machines.objects() if k.count("/") == 0 and k.endswith(".json"))
+    assert pointers == sorted([f"{key_of(a)}.json", f"{key_of(b)}.json"])
+
+
+def test_an_entry_whose_metadata_names_another_gpu_is_a_miss(machines):
+    a, _ = machines.run("a", capability="sm_90")
+    key = key_of(a)
+    pointer, _ = machines.pointer(key)
+    pointer["metadata"]["record"]["compute_capability"] = "sm_80"
+    machines.put(f"{key}.json", json.dumps(pointer).encode())
+
+    b, err = machines.run("b", capability="sm_90")
+    assert len(b["built"]) == 1 and len(machines.built()) == 2
+    assert outcomes(b)[0][0] == "miss"
+    assert "built for compute capability 'sm_80'; this machine's GPU is 'sm_90'" in err, \
+        err[-3000:]
+    assert engines_in(machines.pte("b")) == b["built"]
+
+
+# -- no server -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("problem", ["unreachable", "credentials", "bucket"])
+def test_without_a_usable_server_the_export_succeeds_locally_with_a_warning(machines, problem):
+    env = dict(os.environ)
+    kw: dict[str, Any] = {}
+    if problem == "unreachable":
+        kw["endpoint"] = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+        why = "EndpointUnreachableError"
+    elif problem == "credentials":
+        env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+        why = "AccessDeniedError"
+    else:
+        kw["url"] = "s3://no-such-bucket-37/engines"
+        why = "BucketNotFoundError"
+    t0 = time.monotonic()
+    a, err = machines.run("a", env=env, **kw)
+    assert time.monotonic() - t0 < 120
+    assert len(a["built"]) == 1 and outcomes(a) == [("miss", True, False)], a["events"]
+    assert why in a["events"][0]["publish_reason"], a["events"][0]["publish_reason"]
+    assert engines_in(machines.pte("a")) == a["built"]
+    warnings = [line for line in err.splitlines()
+                if line.startswith("WARNING") and "going on with the local cache only" in line]
+    assert len(warnings) == 1, err[-3000:]  # warned once
+    # Kept for later: the next run with a server publishes it.
+    assert len(list((machines.base / "a" / "remote-pending").iterdir())) == 1
+    if problem != "bucket":
+        a2, _ = machines.run("a", "2")
+        assert outcomes(a2) == [("hit", None, True)], a2["events"]
+        assert machines.tier().lookup(key_of(a)) is not None
