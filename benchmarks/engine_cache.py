@@ -479,7 +479,24 @@ def ratios(fstype: str, runs: dict[str, list[dict]]) -> str:
             name = f"{a} check" if ka == "load_s" else a
             out.append(f"{name}/{b} {med[0] / med[1]:.2f}x (medians), "
                        f"{best[0] / best[1]:.2f}x (fastest)")
-    return f"{fstype}: " + "; ".join(out)
+    return f"{fstype}: " + ("; ".join(out) or "(no pair of methods to compare)")
+
+
+def overhead(runs: dict[str, list[dict]], engine_bytes: int) -> str:
+    """Per remote method, the median bytes it moved beyond the engines' own bytes.
+
+    What remains is the entry's record, the pointer and manifest JSON, HTTP
+    headers (and, for the docs' cache, the pickle's framing): a figure near
+    0 says each engine byte crossed the wire once.
+    """
+    out = []
+    for m, key in (("remote-hit", "downloaded"), ("pull", "downloaded"),
+                   ("s3-docs", "load_downloaded"), ("publish", "uploaded"),
+                   ("s3-docs", "uploaded")):
+        if runs[m] and key in runs[m][0]:
+            extra = statistics.median(r[key] for r in runs[m]) - engine_bytes
+            out.append(f"{m} {'down' if 'down' in key else 'up'} {extra:+.0f}")
+    return ", ".join(out)
 
 
 def remote_setup(remote: Remote, mnt: Path, size: int, engines: int, bound: int,
@@ -595,12 +612,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(line, flush=True)
                 lines.append(line)
             notes.append(ratios(fstype, runs))
+            over = overhead(runs, engine_bytes)
+            if over:
+                notes.append(f"{fstype}: bytes through the proxy beyond the engines' "
+                             f"{engine_bytes} (median run): {over}")
     tail = ["", "Wall-time ratios:", *(f"- {line}" for line in notes)]
     for line in tail:
         print(line)
     if args.out is not None:
         head = subprocess.run(["git", "-C", os.fspath(HERE.parent), "rev-parse", "--short",
                                "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", os.fspath(HERE.parent), "status", "--short",
+                                "--untracked-files=no"], capture_output=True, text=True).stdout
+        if dirty.strip():  # at the end of the run; others may have edited the tree meanwhile
+            head += " + uncommitted changes to " + ", ".join(
+                line[3:] for line in dirty.splitlines())
         command = " ".join(["benchmarks/engine_cache.py", *argv])
         args.out.write_text("\n".join([
             f"Command: `sudo .venv/bin/python {command}`", "",
