@@ -346,3 +346,132 @@ def test_four_processes_inserting_at_once_keep_the_bound(here_fs, wheel, mod):
     for i in kept:
         assert tuple(ours.check(hash_of(i))) == entry(i, 8 * MiB)  # the child's very entry
     assert os.listdir(directory / "tmp") == []
+
+
+# --- the shared tier (issue 37): two cache directories standing in for two machines -------
+
+
+def shared(directory: Path, s3, *, endpoint: str | None = None, bucket: str | None = None,
+           sm: str = SM):
+    """An adapter on its own EngineCache whose remote tier is the test bucket's ``tt/``."""
+    from trtet_store import EngineCache
+    from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+
+    cache = EngineCache(directory, max_bytes=BOUND, min_free=0,
+                        remote=f"s3://{bucket or s3.bucket}/tt",
+                        endpoint_url=endpoint or s3.endpoint.url)
+    return for_torch_tensorrt(cache, tensorrt_version=TRT, compute_capability=sm)
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(os.fspath(p.relative_to(directory)) for p in directory.rglob("*")
+                  if p.is_file())
+
+
+def _warnings(caplog, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelname == "WARNING" and words in r.getMessage()]
+
+
+def test_a_second_machine_loads_the_first_ones_engine_from_the_bucket(here_fs, mod, s3env):
+    a = shared(here_fs / "a", s3env)
+    a.insert(hash_of(1), entry(1, MiB))
+    assert a.last_put.stored and a.last_remote.action == "published", a.last_remote
+    packed = a.load(hash_of(1))
+    assert a.last_remote.sent == len(packed)
+
+    b = shared(here_fs / "b", s3env)
+    got = b.check(hash_of(1))  # upstream's check: load, then pickle.loads
+    assert tuple(got) == entry(1, MiB)
+    assert (b.last_remote.action, b.last_remote.downloaded) == ("hit", len(packed))
+    assert b.load(hash_of(1)) == packed  # the bytes A's pack made, exactly
+    [info] = b.cache.entries()  # entered in B's own cache, as A put it
+    assert (info.key, info.size, info.metadata) == \
+        (a.key_for(hash_of(1)), len(packed), a.cache.entries()[0].metadata)
+    assert [f for f in _files(b.cache.directory) if "downloads" in f] == []
+    b.last_remote = None
+    assert tuple(b.check(hash_of(1))) == entry(1, MiB)
+    assert b.last_remote is None  # a local hit now: the bucket is not asked again
+    b.insert(hash_of(1), entry(1, MiB))  # B compiled it anyway: the first publisher wins
+    assert b.last_remote.action == "not-published"
+    assert "already in the shared cache" in b.last_remote.reason
+    assert b.check(hash_of(9)) is None and b.last_remote.action == "miss"
+
+
+def _blob_object(s3, adapter, h: str) -> str:
+    key = adapter.key_for(h)
+    [obj] = [o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket,
+                                                          Prefix=f"tt/{key}/")["Contents"]
+             if o["Key"].endswith("/blob")]
+    return obj
+
+
+def test_a_tampered_or_truncated_entry_in_the_bucket_is_a_miss_and_is_replaced(
+        here_fs, mod, s3env, caplog):
+    a = shared(here_fs / "a", s3env)
+    b = shared(here_fs / "b", s3env)
+    for i, damage in ((2, "other bytes"), (3, "truncated")):
+        a.insert(hash_of(i), entry(i, MiB))
+        assert a.last_remote.action == "published"
+        obj = _blob_object(s3env, a, hash_of(i))
+        body = s3env.client.get_object(Bucket=s3env.bucket, Key=obj)["Body"].read()
+        bad = os.urandom(len(body)) if damage == "other bytes" else body[:len(body) // 2]
+        s3env.client.put_object(Bucket=s3env.bucket, Key=obj, Body=bad)
+        caplog.clear()
+        assert b.check(hash_of(i)) is None, damage  # never unpickled, never entered
+        assert b.last_remote.action == "miss" and "damaged" in b.last_remote.reason
+        assert _warnings(caplog, "failed its checks, never served"), damage
+        assert b.cache.entries() == [] if i == 2 else len(b.cache.entries()) == 1
+        assert [f for f in _files(b.cache.directory) if "downloads" in f] == []
+        # The rebuild's save replaces the damaged entry (If-Match its pointer): C gets it.
+        b.insert(hash_of(i), entry(i, MiB))
+        assert b.last_remote.action == "published", (damage, b.last_remote)
+        c = shared(here_fs / f"c{i}", s3env)
+        assert tuple(c.check(hash_of(i))) == entry(i, MiB)
+        assert c.last_remote.action == "hit"
+    assert not s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads")
+
+
+def test_an_entry_for_another_gpu_is_a_miss(here_fs, mod, s3env, caplog):
+    """The key already differs per GPU; an entry whose metadata disagrees is refused too."""
+    from trtet_store.remote.tier import RemoteTier
+
+    b = shared(here_fs / "b", s3env)
+    blob = here_fs / "foreign"
+    blob.write_bytes(mod.BaseEngineCache.pack(*entry(4, MiB)))
+    tier = RemoteTier(f"s3://{s3env.bucket}/tt", endpoint_url=s3env.endpoint.url)
+    done = tier.publish(b.key_for(hash_of(4)), [("blob", blob)], {
+        "kind": "torch_tensorrt.packed", "torch_tensorrt_hash": hash_of(4),
+        "versions": [["tensorrt", TRT]], "compute_capability": "sm_86"})
+    assert done.published
+    assert b.check(hash_of(4)) is None
+    assert b.last_remote.action == "miss" and "'sm_86'" in b.last_remote.reason
+    assert _warnings(caplog, "is not for this machine")
+    assert b.cache.entries() == []
+
+
+def test_no_server_is_a_miss_with_one_warning_and_the_local_cache_works(
+        here_fs, mod, s3env, caplog, monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    cases = [("no server", {"endpoint": f"http://127.0.0.1:{port}"}),
+             ("no bucket", {"bucket": "no-such-bucket-here"}),
+             ("wrong credentials", {})]
+    for n, (what, where) in enumerate(cases):
+        if what == "wrong credentials":
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        ours = shared(here_fs / f"m{n}", s3env, **where)
+        caplog.clear()
+        ours.insert(hash_of(5), entry(5, MiB))  # stored locally; the publish fails
+        assert ours.last_put.stored, what
+        assert ours.last_remote.action == "error", (what, ours.last_remote)
+        assert ours.check(hash_of(6)) is None  # a local miss, the bucket unusable: a miss
+        assert ours.check(hash_of(7)) is None
+        assert tuple(ours.check(hash_of(5))) == entry(5, MiB)  # the local hit, unharmed
+        warned = _warnings(caplog, "the shared tier")
+        assert len(warned) == 1 and "the local cache alone" in warned[0], (what, warned)
+    assert [o["Key"] for o in s3env.client.list_objects_v2(Bucket=s3env.bucket)
+            .get("Contents", [])] == []

@@ -41,8 +41,9 @@ TensorRT and GPU only):
   (logged). A hit is downloaded (fetch's machinery: ranged GETs under
   If-Match, resumable) into ``<cache dir>/downloads/<key>/``, each byte
   checked against the size and xxh3-128 its pointer records, entered in
-  the local cache (``put(..., consume=True)``: a hard link, no second copy)
-  and served as a local hit. A file that fails its check is never served:
+  the local cache (a clone where the filesystem can: no second copy on
+  XFS or btrfs; else a copy, the download removed after) and served as a
+  local hit. A file that fails its check is never served:
   a miss, logged, and the entry is remembered as damaged so that the
   rebuild's ``save`` replaces it (conditionally, that entry only).
 - ``save`` puts locally, then publishes the same bytes (multipart,
@@ -347,7 +348,10 @@ class _Adapter:
             metadata = {"kind": KIND, "torch_tensorrt_hash": entry.metadata.get(
                 "torch_tensorrt_hash"), "versions": [["tensorrt", self.tensorrt_version]],
                 "compute_capability": self.compute_capability}
-            put = self.cache.put(key, path, metadata, consume=True)
+            # Not consume=True: the blob cache refuses to consume a file inside its own
+            # directory (downloads/ is); the put clones where the filesystem can (no
+            # second copy on XFS/btrfs), else copies, and the download is removed after.
+            put = self.cache.put(key, path, metadata)
             if put.stored:
                 return None  # entered: load() serves it as a local hit (pinned, sealed)
             # Not cacheable here (the bound, no room): the verified bytes are served as they are.
