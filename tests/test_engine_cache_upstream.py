@@ -475,3 +475,36 @@ def test_no_server_is_a_miss_with_one_warning_and_the_local_cache_works(
         assert len(warned) == 1 and "the local cache alone" in warned[0], (what, warned)
     assert [o["Key"] for o in s3env.client.list_objects_v2(Bucket=s3env.bucket)
             .get("Contents", [])] == []
+
+
+def test_a_load_waits_for_another_process_placing_the_same_key(here_fs, mod, s3env):
+    """Held build lock = another process of this machine downloading the key: the load
+    waits, then serves that entry locally and asks the bucket nothing (no second download
+    into the same downloads/<key>/)."""
+    import threading
+
+    ours = shared(here_fs / "m", s3env)
+    key = ours.key_for(hash_of(8))
+    first_get = threading.Event()
+    real_get = ours.cache.get
+
+    def get(k, *a, **kw):  # tells the test when the load has missed locally
+        got = real_get(k, *a, **kw)
+        first_get.set()
+        return got
+
+    ours.cache.get = get
+    other = BlobCache(ours.cache.directory, max_bytes=BOUND)  # "the other process"
+    result = []
+    with other.single_flight(key):
+        worker = threading.Thread(target=lambda: result.append(ours.check(hash_of(8))))
+        worker.start()
+        assert first_get.wait(60)
+        blob = here_fs / "placed"  # what the other process downloaded and places
+        blob.write_bytes(mod.BaseEngineCache.pack(*entry(8, MiB)))
+        assert other.put(key, blob, {
+            "kind": "torch_tensorrt.packed", "torch_tensorrt_hash": hash_of(8),
+            "versions": [["tensorrt", TRT]], "compute_capability": SM}).stored
+    worker.join(60)
+    assert not worker.is_alive() and tuple(result[0]) == entry(8, MiB)
+    assert ours.last_remote is None  # the bucket was never asked

@@ -255,7 +255,7 @@ class _Adapter:
         key = self.key_for(hash)
         hit = self.cache.get(key)
         if hit is None and self.remote is not None:
-            data = self._load_remote(key)
+            data = self._load_remote_once(key)
             if data is not None:  # verified, but the local cache could not take it
                 return data
             hit = self.cache.get(key)  # entered by the download, or still a miss
@@ -306,6 +306,24 @@ class _Adapter:
         if [f.get("name") for f in entry.files] != [REMOTE_FILE]:
             return f"its files are {[f.get('name') for f in entry.files]}, not [{REMOTE_FILE!r}]"
         return None
+
+    def _load_remote_once(self, key: str) -> bytes | None:
+        """:meth:`_load_remote` under the key's build lock: one download per key per machine.
+
+        Two processes of this machine missing the same key at once would
+        download into the same ``downloads/<key>/`` (and remove each other's
+        files); the second waits for the first (its flock dies with it) and
+        then finds the entry locally, asking the bucket nothing.
+        """
+        with contextlib.ExitStack() as stack:
+            try:
+                claim = stack.enter_context(self.cache.single_flight(key))
+            except OSError as exc:  # a read-only cache has no lock file to take: unguarded
+                log.debug("engine cache: no build lock for %s (%s)", key, exc)
+                claim = None
+            if claim is not None and claim.hit is not None:
+                return None  # entered meanwhile by another process: load() serves it locally
+            return self._load_remote(key)
 
     def _load_remote(self, key: str) -> bytes | None:
         """The bucket's entry ``key``, downloaded, verified and entered locally; or None."""
