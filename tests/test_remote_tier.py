@@ -124,6 +124,64 @@ def test_a_cut_download_resumes_without_downloading_everything(env: Any,
     assert {n: _sha(p) for n, p in got.paths.items()} == {n: _sha(p) for n, p in files}
 
 
+def _attempt_of(tier: RemoteTier, files: list[tuple[str, Path]]) -> str:
+    from trtet_store.remote.tier.entry import attempt_id, file_digest
+
+    return attempt_id(tier.origin, [{"name": n, "size": file_digest(p)[0],
+                                     "digest": file_digest(p)[1]} for n, p in files])
+
+
+def _publish_raw(env: Any, files: list[tuple[str, Path]], prefix: str, journal: Path) -> None:
+    from trtet_store.remote.upload.config import PublishConfig
+    from trtet_store.remote.upload.send import publish_sources
+    from trtet_store.remote.upload.source import ObjectSource
+
+    publish_sources([ObjectSource.of_file(p, n) for n, p in files],
+                    f"s3://{env.bucket}/{prefix}{files[0][0]}", endpoint_url=env.endpoint.url,
+                    replace=True, config=PublishConfig(journal_dir=journal, index=False))
+
+
+def test_an_upload_complete_before_a_kill_is_committed_without_sending_again(
+        env: Any, tmp_path: Path) -> None:
+    tier = _tier(env)
+    files = _files(tmp_path / "src", b"K")
+    # A run killed between its manifest and its pointer left the attempt complete.
+    _publish_raw(env, files, f"cache/k/{_attempt_of(tier, files)}/", tmp_path / "j0")
+    pub = tier.publish("k", files, {"m": 1})
+    assert pub.published and pub.sent == 0, pub
+    got = tier.download(tier.lookup("k"), tmp_path / "dl")
+    assert {n: _sha(p) for n, p in got.paths.items()} == {n: _sha(p) for n, p in files}
+
+
+def test_a_completed_attempt_of_other_bytes_is_sent_again_not_committed(
+        env: Any, tmp_path: Path) -> None:
+    tier = _tier(env)
+    files = _files(tmp_path / "src", b"K")
+    other = _files(tmp_path / "other", b"not K")
+    _publish_raw(env, other, f"cache/k/{_attempt_of(tier, files)}/", tmp_path / "j0")
+    pub = tier.publish("k", files, {})
+    assert pub.published and pub.sent == sum(p.stat().st_size for _, p in files), pub
+    got = tier.download(tier.lookup("k"), tmp_path / "dl")
+    assert {n: _sha(p) for n, p in got.paths.items()} == {n: _sha(p) for n, p in files}
+
+
+def test_a_publish_cut_midway_resumes_its_upload(env: Any, tmp_path: Path) -> None:
+    tier = _tier(env, concurrency=1)
+    files = _files(tmp_path / "src", b"R", sizes=(11 * MiB, 10))
+
+    def cut(p: Any) -> None:
+        if p.sent >= 8 * MiB:  # the first 8 MiB part is sent
+            raise _Cut
+
+    with pytest.raises(_Cut):
+        tier.publish("r", files, {}, progress=cut)
+    assert tier.lookup("r") is None
+    pub = tier.publish("r", files, {})
+    assert pub.published and 0 < pub.sent <= 11 * MiB + 10 - 8 * MiB, pub
+    got = tier.download(tier.lookup("r"), tmp_path / "dl")
+    assert {n: _sha(p) for n, p in got.paths.items()} == {n: _sha(p) for n, p in files}
+
+
 # --- 2. first wins -------------------------------------------------------------------------
 
 
@@ -289,19 +347,21 @@ def _until(cond: Any, limit: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_released_lease_goes_to_the_waiter(env: Any) -> None:
-    a, b = _lt(env, "a"), _lt(env, "b")
+def test_a_released_lease_goes_to_the_waiter_at_once(env: Any) -> None:
+    a, b = _lt(env, "a", ttl=4.0), _lt(env, "b")
     lease = a.claim("L")
     assert isinstance(lease, Lease) and len(lease.holder) == 32
     doc = json.loads(env.client.get_object(Bucket=env.bucket, Key="cache/L.lease")["Body"].read())
-    assert doc["holder"] == lease.holder and doc["ttl"] == 1.0
+    assert doc["holder"] == lease.holder and doc["ttl"] == 4.0
     w = _Waiter(b, "L")
     w.start()
     _until(lambda: w.waited >= 3)
-    time.sleep(1.5)  # past a ttl: a renewed lease is still not taken over
     assert w.is_alive()
+    released = time.monotonic()
     lease.release()
     w.join(10)
+    # Well before the holder's ttl: the deleted lease, not its expiry, let the waiter in.
+    assert time.monotonic() - released < 2.0
     assert isinstance(w.result, Lease) and w.result.holder != lease.holder
     w.result.release()
     assert _keys(env, "cache/L.lease") == []
@@ -425,13 +485,29 @@ def _orphan(env: Any, tmp_path: Path, key: str, attempt: str, seed: bytes) -> No
                     config=PublishConfig(journal_dir=tmp_path / "jo", index=False))
 
 
+class _CommitsDuringPrune(RemoteTier):
+    """A tier whose entries() listing is followed by a publisher committing ``late``'s pointer."""
+
+    def entries(self) -> list[RemoteEntry]:
+        out = super().entries()
+        from trtet_store.remote.tier.lease import put
+
+        late = RemoteEntry("late", "", time.time(), "d", "elsewhere",
+                           "late/d-00000000000000dd/",
+                           [{"name": "record", "size": 100, "digest": "0" * 32}], {})
+        put(self.s3, self.bucket, "cache/late.json", late.to_json(), if_none_match=True)
+        return out
+
+
 def test_prune_removes_old_entries_orphans_and_dead_leases_never_a_live_attempt(
         env: Any, tmp_path: Path) -> None:
-    tier = _tier(env)
+    tier = _CommitsDuringPrune(f"s3://{env.bucket}/cache", endpoint_url=env.endpoint.url,
+                               origin="a", journal_dir=env.journal_dir)
     small = (100, 10)
     tier.publish("old", _files(tmp_path / "o", b"o", small), {})
     live = tier.publish("live", _files(tmp_path / "l", b"l", small), {}).entry
     _orphan(env, tmp_path, "lost", "b-00000000000000aa", b"x")
+    _orphan(env, tmp_path, "late", "d-00000000000000dd", b"z")  # its pointer comes mid-prune
     _put_raw(env, "cache/dead.lease", b"{}")
     time.sleep(2.2)  # the server's LastModified has a 1 s resolution
     now = time.time()
@@ -440,14 +516,16 @@ def test_prune_removes_old_entries_orphans_and_dead_leases_never_a_live_attempt(
     tier.publish("new", _files(tmp_path / "n", b"n", small), {})
     _orphan(env, tmp_path, "lost", "c-00000000000000bb", b"y")
     before = _keys(env)
-    assert [e.key for e in tier.entries()] == ["live", "new", "old"]
+    assert [e.key for e in RemoteTier.entries(tier)] == ["live", "new", "old"]
 
     want = sorted(["old", "lost/b-00000000000000aa/", "dead.lease"])
     assert sorted(tier.prune(1.5, dry_run=True)) == want
-    assert _keys(env) == before
+    assert _keys(env) == sorted([*before, "cache/late.json"])
+    env.client.delete_object(Bucket=env.bucket, Key="cache/late.json")
     assert sorted(tier.prune(1.5)) == want
     after = _keys(env)
-    assert [e.key for e in tier.entries()] == ["live", "new"]
+    assert [e.key for e in RemoteTier.entries(tier)] == ["late", "live", "new"]
+    assert [k for k in after if k.startswith("cache/late/d-")] != []
     assert not [k for k in after if k.startswith(("cache/old", "cache/lost/b-",
                                                   "cache/dead"))]
     assert [k for k in after if k.startswith(f"cache/{live.attempt}")] == \

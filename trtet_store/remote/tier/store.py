@@ -404,19 +404,27 @@ class RemoteTier:
         config = PublishConfig(concurrency=self.concurrency, journal_dir=self.journal_dir,
                                index=False)
         sent = 0
-        try:
-            report = publish_sources(sources, self._url(adir + first),
-                                     endpoint_url=self.endpoint_url, replace=False,
-                                     config=config, progress=progress)
-            sent = report.bytes_sent
-        except KeyExistsError:
-            # Our own attempt directory is already complete: a run killed between its
-            # manifest and its pointer. Its objects are used if they are still ours.
-            self._check_attempt(key, adir, described)
-        except ConflictError as exc:
-            if isinstance(exc, KeyExistsError):  # pragma: no cover - caught above
-                raise
-            return TierPublish(key, False, f"not published: {exc}", 0, self.lookup(key))
+        for again in (False, True):
+            try:
+                report = publish_sources(sources, self._url(adir + first),
+                                         endpoint_url=self.endpoint_url, replace=False,
+                                         config=config, progress=progress)
+                sent = report.bytes_sent
+            except KeyExistsError:
+                # Our own attempt directory is already complete: a run killed between
+                # its manifest and its pointer. Its objects are committed if they are
+                # still the files we mean; else they are removed and sent again (once).
+                if self._check_attempt(key, adir, described):
+                    break
+                if again:
+                    raise ConflictError(f"{self._url(adir)}: objects of other bytes keep "
+                                        "appearing in our attempt directory", adir) from None
+                continue
+            except ConflictError as exc:
+                # Another publish of this very attempt runs on this machine (its
+                # journal is locked): it commits the pointer, not us.
+                return TierPublish(key, False, f"not published: {exc}", 0, self.lookup(key))
+            break
 
         entry = RemoteEntry(key, "", time.time(), self.origin, socket.gethostname(),
                             f"{key}/{attempt}/", described, dict(metadata))
@@ -441,30 +449,39 @@ class RemoteTier:
             self._remove_attempt(f"{self.prefix}{replace.attempt}")
         return TierPublish(key, True, None, sent, entry)
 
-    def _check_attempt(self, key: str, adir: str, described: list[dict[str, Any]]) -> None:
-        """Our completed attempt directory ``adir`` holds ``described``'s files, else raise."""
+    def _check_attempt(self, key: str, adir: str, described: list[dict[str, Any]]) -> bool:
+        """Whether our completed attempt directory ``adir`` holds ``described``'s files.
+
+        When it does not (other bytes, a manifest that does not parse or names
+        other files, objects of other versions than it names), it is removed,
+        so that a publish can send it again.
+        """
         first = described[0]["name"]
         got = self.s3.get(self.bucket, adir + first + MANIFEST_SUFFIX)
-        if got is None:
-            raise ConflictError(f"{self._url(adir)}: objects exist but no manifest; run "
-                                "prune or remove them", adir)
-        manifest = Manifest.from_json(got[0])
-        names = [o.name for o in manifest.objects]
-        if names != [d["name"] for d in described]:
-            raise ConflictError(f"{self._url(adir)}: its manifest names {names}", adir)
-        for o, d in zip(manifest.objects, described, strict=True):
-            head = self.s3.head(self.bucket, o.key)
-            pieces_ok = len(o.pieces) != 1 or o.pieces[0].xxh3 == d["digest"]
-            if o.size != d["size"] or not pieces_ok or head is None or head.etag != o.etag:
-                # Not the bytes we mean to publish: start the attempt over.
-                log.warning("%s: the completed attempt %s is not ours as it stands; "
-                            "publishing it again", self.url, adir)
-                self._remove_attempt(adir)
-                raise ConflictError(f"{self._url(adir)}: a completed attempt that does not "
-                                    "hold these files was there (removed; publish again)",
-                                    adir)
+        ok = got is not None
+        if ok:
+            try:
+                manifest = Manifest.from_json(got[0])
+            except ManifestError:
+                ok = False
+        if ok:
+            ok = [o.name for o in manifest.objects] == [d["name"] for d in described]
+        if ok:
+            for o, d in zip(manifest.objects, described, strict=True):
+                head = self.s3.head(self.bucket, o.key)
+                # A file is one piece: its xxh3-128 is the file's digest.
+                same = len(o.pieces) == 1 and o.pieces[0].xxh3 == d["digest"]
+                if o.size != d["size"] or not same or head is None or head.etag != o.etag:
+                    ok = False
+                    break
+        if not ok:
+            log.warning("%s: the completed attempt %s does not hold these files as it "
+                        "stands; it is removed and sent again", self.url, adir)
+            self._remove_attempt(adir)
+            return False
         log.info("%s: %s: the upload of %s was complete already; committing it", self.url,
                  key, adir)
+        return True
 
     def _remove_attempt(self, adir: str) -> None:
         """Delete every object under ``adir`` (manifests first), best effort, logged."""
