@@ -763,8 +763,12 @@ class EngineCache:
 
     def _remote_failed(self, what: str, exc: BaseException) -> str:
         """Log a tier problem (a warning once, until the tier works again); the reason."""
+        # Named by its public class (EndpointUnreachableError, AccessDeniedError,
+        # BucketNotFoundError...), not the transport's internal subclass.
+        name = next((c.__name__ for c in type(exc).__mro__
+                     if c.__module__ == "trtet_store.remote.errors"), type(exc).__name__)
         why = f"the shared cache {self.remote.url if self.remote else ''} was not usable " \
-              f"({what}: {type(exc).__name__}: {exc})"
+              f"({what}: {name}: {exc})"
         known = isinstance(exc, OSError) or type(exc).__module__.startswith("trtet_store.remote")
         if self._remote_down is None:
             log.warning("engine cache %s: %s; going on with the local cache only",
