@@ -425,7 +425,7 @@ def test_two_waiters_taking_over_a_stale_lease_at_once_one_gets_it(env: Any) -> 
     stale._stop_renewing()
     barrier = threading.Barrier(2)
     waiters = [_Waiter(_lt(env, o, client=_TakeoverBarrier(barrier, client=env.client)), "S",
-                       timeout=4.0) for o in ("b", "c")]
+                       timeout=3.0) for o in ("b", "c")]
     for w in waiters:
         w.start()
     for w in waiters:
@@ -573,3 +573,32 @@ def test_bad_input_is_refused_before_any_request(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="older_than"):
         tier.prune(-1)
     assert os.listdir(tmp_path) == ["f"]
+
+
+def test_the_tier_sits_above_upload_and_download_and_knows_no_engine() -> None:
+    import ast
+
+    import trtet_store.remote as remote
+    import trtet_store.remote.tier as tier
+
+    root = Path(tier.__file__).resolve().parent.parent
+
+    def imports(path: Path) -> set[str]:
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                out.add(node.module or "")
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+        return out
+
+    for half in ("upload", "download"):
+        for path in (root / half).rglob("*.py"):
+            assert not any("remote.tier" in m for m in imports(path)), path
+    for path in (root / "tier").rglob("*.py"):
+        bad = [m for m in imports(path)
+               if m.split(".")[0] in ("torch", "tensorrt", "executorch")
+               or m.startswith(("trtet_store.cache", "trtet_store.export"))]
+        assert bad == [], (path, bad)
+    for name in tier.__all__:
+        assert getattr(remote, name) is getattr(tier, name), name

@@ -52,6 +52,14 @@ _LAZY = {
     "list_uploads": "trtet_store.remote.upload.unfinished",
     "pending": "trtet_store.remote.upload.unfinished",
     "interrupted": "trtet_store.remote.upload.unfinished",
+    # the shared tier (issue 37): entries and leases above upload and download
+    "Lease": "trtet_store.remote.tier",
+    "LeaseWaitTimeout": "trtet_store.remote.tier",
+    "RemoteEntry": "trtet_store.remote.tier",
+    "RemoteTier": "trtet_store.remote.tier",
+    "TierDownload": "trtet_store.remote.tier",
+    "TierEntryError": "trtet_store.remote.tier",
+    "TierPublish": "trtet_store.remote.tier",
 }
 
 
@@ -85,8 +93,15 @@ __all__ = [
     "PartSizeError",
     "PublishConfig",
     "PublishReport",
+    "Lease",
+    "LeaseWaitTimeout",
+    "RemoteEntry",
     "RemoteError",
+    "RemoteTier",
     "RemoteURLError",
+    "TierDownload",
+    "TierEntryError",
+    "TierPublish",
     "UploadKeptError",
     "abort",
     "compile_and_publish",
