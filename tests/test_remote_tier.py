@@ -509,6 +509,8 @@ def test_prune_removes_old_entries_orphans_and_dead_leases_never_a_live_attempt(
     _orphan(env, tmp_path, "lost", "b-00000000000000aa", b"x")
     _orphan(env, tmp_path, "late", "d-00000000000000dd", b"z")  # its pointer comes mid-prune
     _put_raw(env, "cache/dead.lease", b"{}")
+    held = tier.claim("held")  # ttl 300 s: renewed every 100 s, so unchanged during prune
+    assert isinstance(held, Lease)
     time.sleep(2.2)  # the server's LastModified has a 1 s resolution
     now = time.time()
     _rewrite_created(env, tier, "old", now - 1000)
@@ -531,6 +533,8 @@ def test_prune_removes_old_entries_orphans_and_dead_leases_never_a_live_attempt(
     assert [k for k in after if k.startswith(f"cache/{live.attempt}")] == \
         [k for k in before if k.startswith(f"cache/{live.attempt}")] != []
     assert [k for k in after if k.startswith("cache/lost/c-")] != []
+    assert "cache/held.lease" in after  # a live lease is kept
+    held.release()
     got = tier.download(tier.lookup("live"), tmp_path / "dl")
     assert got.downloaded == live.size
 

@@ -528,7 +528,7 @@ class RemoteTier:
         loser, a killed publisher) goes when its newest object (or open
         upload) is older; it is looked at once more right before, so an
         attempt a pointer names by then is kept. A lease goes when unchanged
-        for longer (its holder is gone; a live one is renewed every ttl/3).
+        for longer and for two of its ttls (a live one is renewed every ttl/3).
 
         Returns
         -------
@@ -563,11 +563,21 @@ class RemoteTier:
                 adir = f"{parts[0]}/{parts[1]}/"
                 newest[adir] = max(newest.get(adir, 0.0), modified)
             elif len(parts) == 1 and rest.endswith(LEASE_SUFFIX) and modified < cutoff:
+                got = self.s3.get(self.bucket, k, limit=1 << 20)
+                if got is None:
+                    continue
+                # A live lease is rewritten every ttl/3: one unchanged for two of its
+                # ttls (and older_than) has no holder left.
+                ttl = (parse_lease(got[0]) or {}).get("ttl")
+                if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+                    ttl = 0.0
+                if modified >= now - 2 * ttl:
+                    continue
                 if not dry_run:
-                    with contextlib.suppress(PreconditionFailed):
-                        head = self.s3.head(self.bucket, k)
-                        if head is not None:
-                            self.s3.delete(self.bucket, k, if_match=head.etag)
+                    try:
+                        self.s3.delete(self.bucket, k, if_match=got[1])
+                    except PreconditionFailed:
+                        continue  # renewed or taken over meanwhile: alive
                 removed.append(rest)
         for u in self.s3.list_uploads(self.bucket, self.prefix):
             parts = u.key[len(self.prefix):].split("/")
