@@ -239,7 +239,7 @@ def test_compile_and_save_with_engine_cache_builds_once_and_says_hit(here_fs, ca
             built.append(len(builder.built))
     finally:
         trt.unregister_engines(list(trt._engines.values()))
-    assert built == [1, 0]
+    assert built == [1, 0], outs
     assert "engine " in outs[0] and ": miss, cached (" in outs[0]
     assert ": hit, " in outs[1]
     assert file_digest(here_fs / "m0.pte") == file_digest(here_fs / "m1.pte")
@@ -465,6 +465,12 @@ def test_compile_and_save_shares_engines_through_engine_cache_remote(here_fs, s3
         "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
         "        (torch.randn(2, 16),)\n")
     url = f"s3://{s3env.bucket}/team"
+    assert main(["compile-and-save", "--no-progress", f"{factory}:make",
+                 os.fspath(here_fs / "x.pte"), "--engine-cache", os.fspath(here_fs / "cache-x"),
+                 "--engine-cache-remote", "s3:/team"]) == 1
+    [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("trtet-store")]
+    assert line.startswith("trtet-store compile-and-save: RemoteURLError: 's3:/team")
+    assert sorted(p.name for p in here_fs.iterdir()) == ["model.py"]  # nothing made
     outs, built = [], []
     try:
         for machine in ("a", "b"):
@@ -478,7 +484,7 @@ def test_compile_and_save_shares_engines_through_engine_cache_remote(here_fs, s3
             built.append(len(builder.built))
     finally:
         trt.unregister_engines(list(trt._engines.values()))
-    assert built == [1, 0]
+    assert built == [1, 0], outs
     assert ": miss, cached (" in outs[0] and ", published" in outs[0], outs[0]
     assert ": remote-hit, 1.0 MiB downloaded, " in outs[1], outs[1]
     assert file_digest(here_fs / "a.pte") == file_digest(here_fs / "b.pte")

@@ -179,7 +179,11 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             if args.engine_cache_remote is None:
                 kwargs["engine_cache"] = EngineCache(args.engine_cache or None)
             else:
-                # A bad URL is refused here, before the build (no request made).
+                from trtet_store.remote.tier import RemoteTier
+
+                # A bad URL is refused here, before the build and before the cache
+                # directory is made (no request is sent).
+                RemoteTier(args.engine_cache_remote, endpoint_url=args.endpoint_url)
                 kwargs["engine_cache"] = EngineCache(
                     args.engine_cache or None, remote=args.engine_cache_remote,
                     endpoint_url=args.endpoint_url)
