@@ -10,7 +10,8 @@ A thin shell over :class:`trtet_store.EngineCache` (``entries``, ``stats``,
     trtet-store cache [--dir DIR] [--json] verify    # exit 1 when a damaged entry was dropped
     trtet-store cache [--dir DIR] [--json] clear
 
-    # the shared tier in a bucket (issue 37); --endpoint-url URL and --no-progress on each
+    # the shared tier in a bucket (issue 37); --endpoint-url URL on each. No progress
+    # bar: EngineCache.push/pull take no progress callback (yet).
     trtet-store cache list --remote s3://BUCKET[/PREFIX]     # key, size, created, host, origin
     trtet-store cache push --remote URL [KEY...]     # publish local builds (default: every one)
     trtet-store cache pull --remote URL KEY...       # download into the local cache
@@ -92,7 +93,6 @@ def _remote_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
                         help="the shared tier: a bucket (and a prefix) every machine uses")
     parser.add_argument("--endpoint-url", default=None,
                         help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def add_parser(sub: Any) -> None:
