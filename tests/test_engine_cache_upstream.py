@@ -508,3 +508,28 @@ def test_a_load_waits_for_another_process_placing_the_same_key(here_fs, mod, s3e
     worker.join(60)
     assert not worker.is_alive() and tuple(result[0]) == entry(8, MiB)
     assert ours.last_remote is None  # the bucket was never asked
+
+
+def test_for_torch_tensorrt_opens_a_shared_cache_and_refuses_remote_twice(here_fs, mod, s3env):
+    from trtet_store import EngineCache
+    from trtet_store.export.trt_engine_cache import for_torch_tensorrt
+    from trtet_store.remote.errors import RemoteURLError
+
+    url, ep = f"s3://{s3env.bucket}/tt", s3env.endpoint.url
+    a = for_torch_tensorrt(here_fs / "a", remote=url, endpoint_url=ep, tensorrt_version=TRT,
+                           compute_capability=SM)
+    assert a.remote is not None and a.remote.url == url
+    a.insert(hash_of(1), entry(1, MiB))
+    assert a.last_remote.action == "published"
+    assert tuple(shared(here_fs / "b", s3env).check(hash_of(1))) == entry(1, MiB)
+    cache = EngineCache(here_fs / "c")
+    with pytest.raises(TypeError, match="remote= applies to a cache opened here"):
+        for_torch_tensorrt(cache, remote=url, tensorrt_version=TRT, compute_capability=SM)
+    with pytest.raises(TypeError, match="endpoint_url= applies to remote="):
+        for_torch_tensorrt(here_fs / "d", endpoint_url=ep, tensorrt_version=TRT,
+                           compute_capability=SM)
+    with pytest.raises(RemoteURLError):
+        for_torch_tensorrt(here_fs / "e", remote="s3:/x", tensorrt_version=TRT,
+                           compute_capability=SM)
+    assert for_torch_tensorrt(cache, tensorrt_version=TRT, compute_capability=SM).remote is None
+    assert not (here_fs / "d").exists()
