@@ -380,12 +380,13 @@ def test_a_holder_that_stops_renewing_is_taken_over_after_its_ttl(env: Any) -> N
 
 
 def test_a_live_lease_makes_a_waiter_time_out(env: Any) -> None:
-    a, b = _lt(env, "a", ttl=0.6), _lt(env, "b", ttl=0.6)
+    # Renewed every 0.5 s: a renewal may lag by up to 1.5 s on a loaded machine.
+    a, b = _lt(env, "a", ttl=1.5), _lt(env, "b", ttl=1.5)
     lease = a.claim("T")
     try:
         start = time.monotonic()
         with pytest.raises(LeaseWaitTimeout):
-            b.claim("T", timeout=2.5)  # four ttls: renewals keep it live
+            b.claim("T", timeout=2.5)  # past its ttl: only renewals keep it live
         assert time.monotonic() - start >= 2.5
         assert not lease.lost
     finally:
@@ -393,7 +394,9 @@ def test_a_live_lease_makes_a_waiter_time_out(env: Any) -> None:
 
 
 def test_a_waiter_returns_the_entry_the_holder_publishes(env: Any, tmp_path: Path) -> None:
-    a, b = _lt(env, "a"), _lt(env, "b")
+    # A long ttl: the publish (hashing, uploading) may starve the renewals on a loaded
+    # machine, and the waiter is to get the entry, not a takeover.
+    a, b = _lt(env, "a", ttl=5.0), _lt(env, "b")
     lease = a.claim("P")
     w = _Waiter(b, "P")
     w.start()
@@ -424,7 +427,9 @@ def test_two_waiters_taking_over_a_stale_lease_at_once_one_gets_it(env: Any) -> 
     stale = a.claim("S")
     stale._stop_renewing()
     barrier = threading.Barrier(2)
-    waiters = [_Waiter(_lt(env, o, client=_TakeoverBarrier(barrier, client=env.client)), "S",
+    # The winner's lease has a ttl of 3 s: renewed every 1 s, live for the loser's wait.
+    waiters = [_Waiter(_lt(env, o, ttl=3.0,
+                           client=_TakeoverBarrier(barrier, client=env.client)), "S",
                        timeout=3.0) for o in ("b", "c")]
     for w in waiters:
         w.start()
@@ -511,20 +516,27 @@ def test_prune_removes_old_entries_orphans_and_dead_leases_never_a_live_attempt(
     _put_raw(env, "cache/dead.lease", b"{}")
     held = tier.claim("held")  # ttl 300 s: renewed every 100 s, so unchanged during prune
     assert isinstance(held, Lease)
-    time.sleep(2.2)  # the server's LastModified has a 1 s resolution
-    now = time.time()
-    _rewrite_created(env, tier, "old", now - 1000)
-    _rewrite_created(env, tier, "live", now)  # fresh pointer, old attempt objects
+    time.sleep(2.5)
+    # Everything above is older than `boundary - 2.5`, everything below younger than
+    # `boundary - 1` (the server's LastModified is truncated to the second). Each prune
+    # cuts at `boundary - 1.5`, whatever time the steps take on a loaded machine.
+    boundary = time.time()
+
+    def older() -> float:
+        return time.time() - boundary + 1.5
+
+    _rewrite_created(env, tier, "old", boundary - 1000)
+    _rewrite_created(env, tier, "live", time.time())  # fresh pointer, old attempt objects
     tier.publish("new", _files(tmp_path / "n", b"n", small), {})
     _orphan(env, tmp_path, "lost", "c-00000000000000bb", b"y")
     before = _keys(env)
     assert [e.key for e in RemoteTier.entries(tier)] == ["live", "new", "old"]
 
     want = sorted(["old", "lost/b-00000000000000aa/", "dead.lease"])
-    assert sorted(tier.prune(1.5, dry_run=True)) == want
+    assert sorted(tier.prune(older(), dry_run=True)) == want
     assert _keys(env) == sorted([*before, "cache/late.json"])
     env.client.delete_object(Bucket=env.bucket, Key="cache/late.json")
-    assert sorted(tier.prune(1.5)) == want
+    assert sorted(tier.prune(older())) == want
     after = _keys(env)
     assert [e.key for e in RemoteTier.entries(tier)] == ["late", "live", "new"]
     assert [k for k in after if k.startswith("cache/late/d-")] != []
