@@ -168,6 +168,25 @@ def test_a_file_of_the_cache_itself_cannot_be_consumed(here_fs: Path) -> None:
     assert cache.get("a").path.read_bytes() == data
 
 
+def test_a_callers_file_inside_the_cache_directory_is_linked_in_and_kept_by_recovery(
+        here_fs: Path) -> None:
+    # The engine cache downloads a remote entry into <cache>/downloads/ (the
+    # cache's filesystem, so that the put links it: no second copy of a
+    # downloaded engine). Only keys/, blobs/, flights/ and tmp/ are the cache's.
+    cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
+    data = content(63, MiB)
+    incoming = cache.directory / "downloads" / "k"
+    incoming.mkdir(parents=True)
+    kept = write(incoming / "other", b"a resumable download's file")
+    result = cache.put("k", write(incoming / "e0", data), consume=True)
+    assert (result.stored, result.placement) == (True, "link")
+    assert not (incoming / "e0").exists()
+    with cache.get("k") as hit:
+        assert hit.path.read_bytes() == data
+    assert cache.recover() == [] and BlobCache(cache.directory, max_bytes=16 * MiB).recovered == []
+    assert kept.read_bytes() == b"a resumable download's file"
+
+
 def test_bad_keys_metadata_and_sources_are_refused_clearly(here_fs: Path) -> None:
     cache = BlobCache(here_fs / "c", max_bytes=MiB)
     src = write(here_fs / "s", b"x" * 100)

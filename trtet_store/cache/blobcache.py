@@ -51,6 +51,7 @@ from trtet_store.cache.layout import (
     check_key,
     default_directory,
     is_blob_name,
+    owned_by_cache,
     private_directory,
     refuse_foreign,
 )
@@ -441,7 +442,7 @@ class BlobCache:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"cache source {src} is not a regular file")
         size = st.st_size
-        if consume and os.path.realpath(src).startswith(os.path.realpath(self.directory) + os.sep):
+        if consume and owned_by_cache(self.directory, src):
             raise ValueError(f"cache source {src} is a file of the cache itself: it cannot be "
                              "consumed (put it without consume=True)")
         if self.read_only:

@@ -25,6 +25,18 @@ from pathlib import Path
 
 SUBDIRS = ("keys", "blobs", "flights", "tmp")
 
+
+def owned_by_cache(directory: Path, path: os.PathLike | str) -> bool:
+    """Whether ``path`` is one of the cache's own files (under one of :data:`SUBDIRS`).
+
+    Other directories inside the cache directory are its callers' (the engine
+    cache downloads remote entries into ``downloads/``, on the cache's
+    filesystem so that a put can link them in): the cache never removes or
+    consumes its own files on a caller's say, and leaves those alone.
+    """
+    real = os.path.realpath(path)
+    return any(real.startswith(os.path.realpath(directory / sub) + os.sep) for sub in SUBDIRS)
+
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
