@@ -402,3 +402,94 @@ def test_without_a_usable_server_the_export_succeeds_locally_with_a_warning(mach
         a2, _ = machines.run("a", "2")
         assert outcomes(a2) == [("hit", None, True)], a2["events"]
         assert machines.tier().lookup(key_of(a)) is not None
+
+
+# -- the API, in this process ----------------------------------------------------------------
+
+
+def test_the_remote_arguments_are_checked_before_anything_is_made(here_fs):
+    from trtet_store import EngineCache
+    from trtet_store.remote import RemoteURLError
+
+    d = here_fs / "cache"
+    with pytest.raises(ValueError, match="endpoint_url is for remote='s3://...'; pass remote="):
+        EngineCache(d, endpoint_url="http://127.0.0.1:9")
+    with pytest.raises(TypeError, match="remote must be an s3:// URL, a RemoteTier or None"):
+        EngineCache(d, remote=42)
+    with pytest.raises(RemoteURLError):
+        EngineCache(d, remote="http://bucket/prefix")
+    with pytest.raises(ValueError, match="lease_ttl must be > 0 seconds, got 0"):
+        EngineCache(d, remote="s3://bucket", lease_ttl=0)
+    with pytest.raises(ValueError, match="wait_timeout must be >= 0 seconds or None, got -1"):
+        EngineCache(d, remote="s3://bucket", wait_timeout=-1)
+    with pytest.raises(TypeError, match="lease_ttl must be seconds"):
+        EngineCache(d, remote="s3://bucket", lease_ttl="5")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'remote_url'"):
+        EngineCache(d, remote_url="s3://bucket")
+    assert not d.exists()  # refused before the directory was made
+    cache = EngineCache(d)
+    for call in (cache.push, cache.remote_entries, lambda: cache.pull(["k"]),
+                 lambda: cache.prune_remote(0)):
+        with pytest.raises(ValueError, match="needs a shared tier: EngineCache"):
+            call()
+
+
+def test_the_origin_is_made_once_and_kept(here_fs, s3env):
+    from trtet_store import EngineCache
+
+    url, endpoint = f"s3://{s3env.bucket}/x", s3env.endpoint.url
+    first = EngineCache(here_fs / "c", remote=url, endpoint_url=endpoint)
+    origin = (here_fs / "c" / "remote-origin").read_text().strip()
+    assert first.remote.origin == origin and len(origin) == 32 and int(origin, 16) >= 0
+    assert EngineCache(here_fs / "c", remote=url, endpoint_url=endpoint).remote.origin == origin
+    assert EngineCache(here_fs / "other", remote=url, endpoint_url=endpoint).remote.origin \
+        != origin  # another machine
+    (here_fs / "c" / "remote-origin").write_text("not hex!\n")
+    fresh = EngineCache(here_fs / "c", remote=url, endpoint_url=endpoint).remote.origin
+    assert fresh != origin and (here_fs / "c" / "remote-origin").read_text().strip() == fresh
+    assert sorted(p.name for p in (here_fs / "c").iterdir() if "origin" in p.name) == \
+        ["remote-origin"]  # no temp file left
+
+
+def test_push_pull_list_and_prune_between_two_caches(here_fs, s3env):
+    import trtet_store
+    from trtet_store.export.engine_cache import RECORD_KIND
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+    url, endpoint = f"s3://{s3env.bucket}/team", s3env.endpoint.url
+    local = trtet_store.EngineCache(here_fs / "a", max_bytes=1 << 30, min_free=0)
+    module, inputs = linear_relu()
+    builder = FakeBuilder(engine_sizes=(3 * MiB,), seeds=(37,))
+    with installed(builder):
+        trtet_store.compile_and_save(module, inputs, here_fs / "a.pte", engine_cache=local)
+    key = next(e.key for e in local.entries() if e.metadata.get("kind") == RECORD_KIND)
+
+    a = trtet_store.EngineCache(here_fs / "a", remote=url, endpoint_url=endpoint)
+    with pytest.raises(ValueError, match=r"not a complete build .*\['trt-nothing'\]"):
+        a.push([key, "trt-nothing"])
+    assert a.remote_entries() == []  # nothing was sent for the good key either
+    [pushed] = a.push()
+    assert pushed.published and pushed.sent >= 3 * MiB
+    [again] = a.push([key])
+    assert not again.published and "already in the shared cache" in again.reason
+    assert again.sent == 0
+    [entry] = a.remote_entries()
+    assert entry.key == key and entry.origin == a.remote.origin
+
+    b = trtet_store.EngineCache(here_fs / "b", remote=url, endpoint_url=endpoint)
+    with pytest.raises(ValueError, match="in neither the engine cache"):
+        b.pull([key, "trt-nothing"])
+    assert b.lookup(key) is None  # checked before anything was downloaded
+    [(got_key, downloaded)] = b.pull([key])
+    assert got_key == key and downloaded == entry.size
+    with b.lookup(key) as cached, local.lookup(key) as mine:
+        assert [h.digest for h in cached.engines] == [h.digest for h in mine.engines]
+        assert cached.record.metadata == mine.record.metadata
+    assert b.pull([key]) == [(key, 0)]  # cached here now: nothing downloaded
+    assert not any((here_fs / "b" / "downloads").rglob("*.*"))
+
+    assert a.prune_remote(3600) == []
+    assert a.prune_remote(0, dry_run=True) == [key]
+    assert [e.key for e in a.remote_entries()] == [key]
+    assert a.prune_remote(0) == [key]
+    assert a.remote_entries() == []

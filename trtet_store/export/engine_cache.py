@@ -325,22 +325,26 @@ class EngineCache:
             if math.isnan(wait_timeout) or wait_timeout < 0:
                 raise ValueError(f"wait_timeout must be >= 0 seconds or None, got "
                                  f"{wait_timeout}")
+        tier: RemoteTier | None = None
+        if isinstance(remote, str):
+            from trtet_store.remote.tier import RemoteTier
+
+            # Made before the directory: a bad URL raises here (RemoteURLError), with no
+            # network and nothing created. A waiter looks at another machine's lease every
+            # 2 s, or a quarter of a short ttl (a takeover is not late by a whole poll).
+            tier = RemoteTier(remote, endpoint_url=endpoint_url, lease_ttl=float(lease_ttl),
+                              poll=min(2.0, lease_ttl / 4))
         self.blobs = BlobCache(directory, max_bytes=max_bytes, min_free=min_free)
         self.lease_ttl = float(lease_ttl)
         self.wait_timeout = wait_timeout
         # The warning given for an unusable tier, until a call works again (warned once).
         self._remote_down: str | None = None
         self.remote: RemoteTier | None = None
-        if isinstance(remote, str):
-            from trtet_store.remote.tier import RemoteTier
-
-            # A bad URL raises here (RemoteURLError), with no network: a mistake, not an outage.
-            # A waiter looks at another machine's lease every 2 s, or a quarter of a
-            # short ttl (so that a takeover is not late by a whole poll).
-            self.remote = RemoteTier(remote, endpoint_url=endpoint_url, origin=self.origin(),
-                                     lease_ttl=self.lease_ttl,
-                                     poll=min(2.0, self.lease_ttl / 4),
-                                     journal_dir=self.directory / REMOTE_JOURNAL)
+        if tier is not None:
+            # This cache's own id and journals: a killed publish's next run resumes.
+            tier.origin = self.origin()
+            tier.journal_dir = self.directory / REMOTE_JOURNAL
+            self.remote = tier
         elif remote is not None:
             self.remote = remote  # its own origin, lease_ttl, journal: the caller's choice
 
