@@ -379,6 +379,23 @@ def test_a_holder_that_stops_renewing_is_taken_over_after_its_ttl(env: Any) -> N
     w.result.release()
 
 
+def test_a_lease_taken_from_its_holder_is_lost_and_its_release_leaves_the_new_one(
+        env: Any) -> None:
+    a = _lt(env, "a", ttl=0.6)
+    lease = a.claim("X")
+    _put_raw(env, "cache/X.lease", b'{"holder": "someone else"}')  # taken over meanwhile
+    _until(lambda: lease.lost)  # the next renewal (If-Match our ETag) finds it
+    lease.release()
+    body = env.client.get_object(Bucket=env.bucket, Key="cache/X.lease")["Body"].read()
+    assert json.loads(body) == {"holder": "someone else"}
+    # Taken over after the last renewal (none in a 60 s ttl): release deletes If-Match ours.
+    slow = _lt(env, "a", ttl=60.0).claim("Y")
+    _put_raw(env, "cache/Y.lease", b'{"holder": "another"}')
+    slow.release()
+    body = env.client.get_object(Bucket=env.bucket, Key="cache/Y.lease")["Body"].read()
+    assert json.loads(body) == {"holder": "another"}
+
+
 def test_a_live_lease_makes_a_waiter_time_out(env: Any) -> None:
     # Renewed every 0.5 s: a renewal may lag by up to 1.5 s on a loaded machine.
     a, b = _lt(env, "a", ttl=1.5), _lt(env, "b", ttl=1.5)

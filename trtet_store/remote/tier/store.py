@@ -439,11 +439,15 @@ class RemoteTier:
             winner = self.lookup(key)
             if winner is None or winner.attempt != entry.attempt:
                 self._remove_attempt(adir)
-            who = f"host {winner.host}, origin {winner.origin}" if winner else "since removed"
-            log.info("%s: %s: another machine published it first (%s); ours is not kept",
-                     self.url, key, who)
-            return TierPublish(key, False, f"another machine published it first ({who})",
-                               sent, winner)
+            if winner is None:
+                why = ("the pointer there is not one this version reads, or was removed "
+                       "meanwhile" if replace is None else
+                       "the entry to replace was replaced or removed meanwhile")
+            else:
+                why = (f"another machine published it first (host {winner.host}, origin "
+                       f"{winner.origin})")
+            log.info("%s: %s: not published: %s; our upload is removed", self.url, key, why)
+            return TierPublish(key, False, why, sent, winner)
         entry.etag = etag
         if replace is not None and replace.attempt != entry.attempt:
             self._remove_attempt(f"{self.prefix}{replace.attempt}")
