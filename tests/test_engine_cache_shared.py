@@ -69,7 +69,7 @@ class Counting(FakeBuilder):
 
 builder = Counting(engine_sizes=tuple(cfg["sizes"]),
                    seeds=tuple(os.getpid() * 10 + i for i in range(len(cfg["sizes"]))))
-cache = trtet_store.EngineCache(cfg["cache"], max_bytes=1 << 30, min_free=0,
+cache = trtet_store.EngineCache(cfg["cache"], max_bytes=cfg.get("max_bytes", 1 << 30), min_free=0,
                                 remote=cfg["url"], endpoint_url=cfg["endpoint"],
                                 lease_ttl=cfg.get("ttl", 300.0))
 module, inputs = linear_relu()
@@ -221,6 +221,17 @@ def test_a_second_machine_builds_nothing_and_downloads_each_engine_byte_once(mac
     b2, _ = machines.run("b", "2", sizes=(size,))
     assert outcomes(b2) == [("hit", None, None)]
     assert engines_in(machines.pte("b", "2")) == a["built"]
+
+
+def test_a_remote_hit_the_local_cache_cannot_take_is_served_from_its_download(machines):
+    size = 4 * MiB
+    a, _ = machines.run("a", sizes=(size,))
+    b, err = machines.run("b", sizes=(size,), max_bytes=2 * MiB)  # the engine is over the bound
+    assert b["built"] == [] and len(machines.built()) == 1, err[-3000:]
+    assert outcomes(b) == [("remote-hit", False, None)], b["events"]
+    assert "larger than the cache's bound" in b["events"][0]["reason"]
+    assert engines_in(machines.pte("b")) == a["built"]
+    assert not any((machines.base / "b" / "downloads").rglob("*.*"))  # served, then removed
 
 
 # -- a race ----------------------------------------------------------------------------------

@@ -26,8 +26,17 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
     class EngineCache:
         def __init__(self, directory: PathLike | str | None = None, *,
                      max_bytes: int = DEFAULT_MAX_BYTES,
-                     min_free: int = DEFAULT_MIN_FREE) -> None
+                     min_free: int = DEFAULT_MIN_FREE,
+                     remote: str | RemoteTier | None = None,   # "s3://bucket/prefix"
+                     endpoint_url: str | None = None, lease_ttl: float = 300.0,
+                     wait_timeout: float | None = None) -> None
         directory: Path; max_bytes: int; min_free: int; blobs: BlobCache
+        remote: RemoteTier | None; lease_ttl: float; wait_timeout: float | None
+        def origin(self) -> str                        # <directory>/remote-origin
+        def push(self, keys: Sequence[str] | None = None) -> list[TierPublish]
+        def pull(self, keys: Sequence[str]) -> list[tuple[str, int]]  # (key, bytes downloaded)
+        def remote_entries(self) -> list[RemoteEntry]
+        def prune_remote(self, older_than: float, *, dry_run: bool = False) -> list[str]
         def key(self, fingerprint: str) -> str        # build_key with this GPU
         def lookup(self, key: str) -> CachedBuild | None        # pinned, complete, checked
         def put_build(self, key: str, built: BuildResult, fingerprint: str, *,
@@ -45,10 +54,28 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
         def close(self) -> None                        # also a context manager
 
     @dataclass class EngineCacheEvent:                 # one per engine, in the export's report
-        engine_id: str; key: str; size: int; outcome: "hit" | "miss"
+        engine_id: str; key: str; size: int; outcome: "hit" | "remote-hit" | "miss"
         placement: str | None   # hit: "clone" | "copy" (cache -> staging);
                                 # miss: the cache put's placement ("clone", "copy", "dedup")
         stored: bool | None; reason: str | None
+        downloaded: int | None; published: bool | None; publish_reason: str | None
+
+The shared tier (``remote=``, :mod:`trtet_store.remote.tier`): a build's
+entry is its files ``record`` and ``e0``, ``e1``... with the pointer metadata
+``{"record": <the record's metadata>, "engines": [<engine i's metadata>]}``,
+exactly what the local cache records. A local miss looks the key up there; a
+remote entry is placed only when its compute capability and versions are
+this machine's, after the tier verified every file (size, xxh3-128), then
+served as a local hit ("remote-hit"). Else the key's lease is claimed (one
+build across machines), the build is cached locally and published (first
+writer wins), the lease released. A damaged or inconsistent entry is never
+served: rebuilt, and replaced (``If-Match`` that entry only). A tier that
+cannot be used is a warning (once, until it works again): the export goes on
+locally, its events say why nothing was published, and a build cached but
+not published (``<directory>/remote-pending/<key>``) is published by the next
+export that hits it. Downloads go to ``<directory>/downloads/<key>/``
+(resumable) and enter the blob cache by a clone where the filesystem allows
+(no second copy), else a copy, then are removed.
 
 ``compile_and_save(..., engine_cache=cache)`` and ``export(...,
 engine_cache=cache)`` take an :class:`EngineCache` (``True``: the default
@@ -269,6 +296,48 @@ class CachedBuild:
         self.close()
 
 
+class _FileHit:
+    """A downloaded, verified file standing in for a cache :class:`Hit` (for build_from_cache)."""
+
+    def __init__(self, path: Path, metadata: dict[str, Any], digest: str) -> None:
+        self.path = path
+        self.metadata = metadata
+        self.digest = digest
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.size = os.fstat(self._fd).st_size
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class _Unplaced(CachedBuild):
+    """A remote entry's download the local cache did not take: served once, then removed."""
+
+    def __init__(self, key: str, entry: RemoteEntry, paths: dict[str, Path],
+                 directory: Path) -> None:
+        digests = {f["name"]: f["digest"] for f in entry.files}
+        hits: list[_FileHit] = []
+        try:
+            for i, meta in enumerate(entry.metadata["engines"]):
+                hits.append(_FileHit(paths[f"e{i}"], meta, digests[f"e{i}"]))
+            record = _FileHit(paths["record"], entry.metadata["record"], digests["record"])
+        except BaseException:
+            for h in hits:
+                h.close()
+            raise
+        super().__init__(key, record, hits)  # type: ignore[arg-type]
+        self.directory = directory
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 class EngineCache:
     """A persistent, per-user cache of TensorRT builds: one build per key for the whole machine.
 
@@ -286,13 +355,31 @@ class EngineCache:
         cache nothing, pass no cache.
     min_free : int
         Bytes every put leaves free on the cache's filesystem.
+    remote : str or RemoteTier, optional
+        The shared tier, ``"s3://bucket/prefix"`` (or a
+        :class:`~trtet_store.remote.tier.RemoteTier` made by the caller, used
+        with its own settings). The URL is checked at once, with no network;
+        the server is first asked by the first lookup, and a server that
+        cannot be used never fails an export (a warning).
+    endpoint_url : str, optional
+        The S3 server of ``remote=`` URL (default: boto3's configuration).
+    lease_ttl : float
+        Seconds a build lease of this cache stays live without its renewal
+        (renewed every third while the build runs); another machine builds
+        when it has not changed for that long.
+    wait_timeout : float, optional
+        Seconds to wait at most for another machine's build (default: as long
+        as its lease lives); then this machine builds too.
 
     Raises
     ------
+    RemoteURLError
+        ``remote`` is not an ``s3://bucket[/prefix]`` URL.
     PermissionError
         The directory (or a file in it) is another user's, or writable by others.
     ValueError, TypeError
-        ``max_bytes`` not a positive int, ``min_free`` negative.
+        ``max_bytes`` not a positive int, ``min_free`` negative; ``lease_ttl``
+        not > 0, ``wait_timeout`` negative; ``endpoint_url`` without a URL.
     OSError
         The directory cannot be created (read-only parent): the message says so.
     """
@@ -630,10 +717,11 @@ class EngineCache:
                 continue
             with self.single_flight(key):
                 cached, downloaded, why = self._download(tier, key, entry)
-                if cached is None:
+                if cached is not None:
+                    cached.close()  # an unplaced download is removed
+                if why is not None:
                     raise RuntimeError(f"{key!r}: {downloaded} bytes downloaded from {tier.url}, "
                                        f"but not cached in {self.directory}: {why}")
-                cached.close()
             out.append((key, downloaded))
         return out
 
@@ -684,16 +772,23 @@ class EngineCache:
                   ) -> tuple[CachedBuild | None, int, str | None]:
         """Download ``entry`` (verified by the tier), cache it, look it up.
 
-        Returns ``(cached build, bytes received, None)``, or ``(None, bytes,
-        why)`` when the local cache did not take it. Raises the tier's errors:
+        Returns ``(cached build, bytes received, None)``; or, when the local
+        cache did not take it (its bound, its room, read-only), ``(the
+        downloaded files as a build, bytes, why)``: they are still verified
+        bytes, served once and removed when the build is closed (a download
+        is never thrown away for a rebuild). ``(None, 0, why)`` when there is
+        nowhere to download to. Raises the tier's errors:
         :class:`TierEntryError` for damaged files (never cached). The
-        download directory is kept on a cut transfer (the next one resumes it)
-        and removed otherwise.
+        download directory is kept on a cut transfer (the next one resumes
+        it) and removed otherwise.
         """
         from trtet_store.remote.tier import TierEntryError
 
         directory = self.directory / DOWNLOADS / key
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            return None, 0, f"cannot download into {directory}: {exc}"
         try:
             got = tier.download(entry, directory)
         except TierEntryError:
@@ -701,11 +796,17 @@ class EngineCache:
             raise
         try:
             why = self._place(key, entry, got.paths)
-        finally:
-            # Consumed (the put linked or cloned each file), or refused: not kept.
+        except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
+            raise
         if why is not None:
-            return None, got.downloaded, why
+            try:
+                return _Unplaced(key, entry, got.paths, directory), got.downloaded, why
+            except BaseException:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise
+        # Placed (each file cloned or copied into the cache): the download is not kept.
+        shutil.rmtree(directory, ignore_errors=True)
         cached = self.lookup(key)
         if cached is None:
             return None, got.downloaded, "cached, then not found again (evicted at once?)"
@@ -1142,9 +1243,13 @@ def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, st
     except Exception as exc:  # noqa: BLE001
         return None, None, cache._remote_failed("download", exc)  # noqa: SLF001
     if cached is None:
-        log.warning("engine cache %s: the shared entry %s was downloaded (%d bytes) but not "
-                    "cached here: %s; building it", cache.directory, key, downloaded, why)
+        log.warning("engine cache %s: the shared entry %s is not usable here: %s; building it",
+                    cache.directory, key, why)
         return None, None, None
+    if why is not None:
+        log.warning("engine cache %s: the shared entry %s was downloaded (%d bytes) but not "
+                    "cached here: %s; served from the download", cache.directory, key,
+                    downloaded, why)
     with cached:
         try:
             built, events = build_from_cache(cached, store, fingerprint)
@@ -1154,6 +1259,8 @@ def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, st
     for i, e in enumerate(events):
         e.outcome = "remote-hit"
         e.downloaded = downloaded if i == 0 else 0
+        if why is not None:
+            e.stored, e.reason = False, why
     log.info("engine cache %s: remote hit %s from %s (host %s): %d bytes downloaded, not built",
              cache.directory, key, tier.url, entry.host, downloaded)
     return (built, events), None, None
