@@ -370,10 +370,14 @@ def test_an_entry_whose_metadata_names_another_gpu_is_a_miss(machines):
 
     b, err = machines.run("b", capability="sm_90")
     assert len(b["built"]) == 1 and len(machines.built()) == 2
-    assert outcomes(b)[0][0] == "miss"
     assert "built for compute capability 'sm_80'; this machine's GPU is 'sm_90'" in err, \
         err[-3000:]
     assert engines_in(machines.pte("b")) == b["built"]
+    # An entry that cannot serve its own key's machines is replaced (If-Match it only).
+    assert outcomes(b) == [("miss", True, True)], b["events"]
+    after, _ = machines.pointer(key)
+    assert after["metadata"]["record"]["compute_capability"] == "sm_90"
+    assert after["origin"] == b["origin"]
 
 
 # -- no server -------------------------------------------------------------------------------
@@ -504,3 +508,36 @@ def test_push_pull_list_and_prune_between_two_caches(here_fs, s3env):
     assert [e.key for e in a.remote_entries()] == [key]
     assert a.prune_remote(0) == [key]
     assert a.remote_entries() == []
+
+
+def test_a_wait_past_wait_timeout_builds_here(here_fs, s3env, caplog):
+    import logging
+
+    import trtet_store
+    from trtet_store.export.engine_cache import RECORD_KIND
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+    url, endpoint = f"s3://{s3env.bucket}/team", s3env.endpoint.url
+    module, inputs = linear_relu()
+    probe = trtet_store.EngineCache(here_fs / "probe", max_bytes=1 << 30, min_free=0)
+    with installed(FakeBuilder(engine_sizes=(MiB,))):
+        trtet_store.compile_and_save(module, inputs, here_fs / "p.pte", engine_cache=probe)
+    key = next(e.key for e in probe.entries() if e.metadata.get("kind") == RECORD_KIND)
+    # Another machine's live lease on the key (its ttl far away).
+    now = time.time()
+    s3env.client.put_object(Bucket=s3env.bucket, Key=f"team/{key}.lease", Body=json.dumps(
+        {"holder": "f" * 32, "host": "elsewhere", "pid": 1, "started": now, "renewed": now,
+         "ttl": 3600}).encode())
+    cache = trtet_store.EngineCache(here_fs / "c", max_bytes=1 << 30, min_free=0, remote=url,
+                                    endpoint_url=endpoint, wait_timeout=0.5)
+    builder = FakeBuilder(engine_sizes=(MiB,))
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, "trtet_store"), installed(builder):
+        report = trtet_store.compile_and_save(module, inputs, here_fs / "c.pte",
+                                              engine_cache=cache)
+    assert time.monotonic() - t0 < 60
+    assert len(builder.built) == 1
+    assert [(e.outcome, e.stored, e.published) for e in report.engine_cache] == \
+        [("miss", True, True)]
+    assert "waited 0.5 s for the build lease of elsewhere" in caplog.text
+    assert cache.remote.lookup(key) is not None
