@@ -522,6 +522,17 @@ def remote_setup(remote: Remote, mnt: Path, size: int, engines: int, bound: int,
     return b, keys[0]
 
 
+def working_tree() -> str:
+    """``HEAD <short>`` and the tracked files changed in the working tree (what a run used)."""
+    root = os.fspath(HERE.parent.parent)
+    head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip() or "?"
+    dirty = subprocess.run(["git", "-C", root, "status", "--short", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.splitlines()
+    return f"HEAD {head}" + (f" + uncommitted changes to {', '.join(d[3:] for d in dirty)}"
+                             if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
@@ -539,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
     args = p.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    tree_start = working_tree()
     methods = [m for m in METHODS if m in args.methods.split(",")]
     unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
@@ -620,18 +632,13 @@ def main(argv: list[str] | None = None) -> int:
     for line in tail:
         print(line)
     if args.out is not None:
-        head = subprocess.run(["git", "-C", os.fspath(HERE.parent), "rev-parse", "--short",
-                               "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", os.fspath(HERE.parent), "status", "--short",
-                                "--untracked-files=no"], capture_output=True, text=True).stdout
-        if dirty.strip():  # at the end of the run; others may have edited the tree meanwhile
-            head += " + uncommitted changes to " + ", ".join(
-                line[3:] for line in dirty.splitlines())
+        tree_end = working_tree()
         command = " ".join(["benchmarks/engine_cache.py", *argv])
         args.out.write_text("\n".join([
             f"Command: `sudo .venv/bin/python {command}`", "",
-            f"Run {started} - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-            f"on the working tree of HEAD {head or '?'}", "", *lines, *tail]) + "\n")
+            f"Run {started} - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; the "
+            f"working tree at the start: {tree_start}; at the end: {tree_end}", "",
+            *lines, *tail]) + "\n")
     return 0
 
 
