@@ -243,6 +243,7 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
     with installed(builder):
         if proxy is not None:
             proxy.reset()
+        read = measure.io_counters()["read_bytes"]
         written = measure.bytes_written()
         start = time.monotonic()
         # As before this issue: the time includes the monitor's sync at its exit (the
@@ -251,6 +252,7 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
             report = trtet_store.compile_and_save(module, inputs, out, engine_cache=cache)
         seconds = time.monotonic() - start
         written = measure.bytes_written() - written
+        read = measure.io_counters()["read_bytes"] - read
         traffic = proxy.counts() if proxy is not None else None
     events = getattr(report, "engine_cache", None) or []
     outcomes = sorted({f"{e.outcome}:{e.placement}" for e in events})
@@ -265,7 +267,7 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
             assert all(getattr(e, "published", None) for e in events), \
                 f"not published: {[getattr(e, 'publish_reason', None) for e in events]}"
     out.unlink()
-    res = {"seconds": seconds, "bytes_written": written,
+    res = {"seconds": seconds, "bytes_written": written, "disk_read": read,
            "peak_extra_disk": mon.peak_extra_bytes, "built": built,
            "outcomes": ",".join(outcomes), "on_disk": disk_usage(cache.directory)}
     if traffic is not None:
@@ -357,18 +359,21 @@ def pull_run(cache, key: str, remote: Remote, mnt: Path) -> dict:
     cache.clear()
     settle(mnt)
     remote.proxy.reset()
+    read = measure.io_counters()["read_bytes"]
     written = measure.bytes_written()
     start = time.monotonic()
     with measure.PeakDiskMonitor(mnt) as mon:
         pulled = cache.pull([key])
     seconds = time.monotonic() - start
     written = measure.bytes_written() - written
+    read = measure.io_counters()["read_bytes"] - read
     traffic = remote.proxy.counts()
     assert [k for k, _n in pulled] == [key] and pulled[0][1] > 0, f"pull gave {pulled}"
     on_disk = disk_usage(cache.directory)
     cache.clear()
-    return {"seconds": seconds, "bytes_written": written, "peak_extra_disk": mon.peak_extra_bytes,
-            "downloaded": traffic["downstream"], "uploaded": traffic["upstream"],
+    return {"seconds": seconds, "bytes_written": written, "disk_read": read,
+            "peak_extra_disk": mon.peak_extra_bytes, "downloaded": traffic["downstream"],
+            "uploaded": traffic["upstream"],
             "reported_downloaded": pulled[0][1], "on_disk": on_disk}
 
 
@@ -615,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {fstype} run {r} {m}: {res['seconds']:.2f} s, wrote "
                               f"{format_mib(res['bytes_written'])}, peak extra disk "
                               f"{format_mib(res['peak_extra_disk'])}{traffic}"
+                              + (f", read from disk {format_mib(res['disk_read'])}"
+                                 if "disk_read" in res else "")
                               + (f" (cache says {format_mib(res['reported_downloaded'])})"
                                  if "reported_downloaded" in res else ""),
                               file=sys.stderr, flush=True)
