@@ -216,6 +216,8 @@ def test_a_second_machine_builds_nothing_and_downloads_each_engine_byte_once(mac
     assert engines_in(machines.pte("b")) == a["built"] == engines_in(machines.pte("a"))
     # Each byte once: the engine and the record, plus requests' headers, pointer, manifest.
     assert size + record_size <= down < size + record_size + 512 * 1024, down
+    # Linked into B's cache, not copied (no second copy of a downloaded engine byte).
+    assert f"downloaded engine 0 of {key} ({size} bytes) cached by link" in err, err[-3000:]
     # The download is now B's local entry (downloads/ emptied): a third run is a local hit.
     assert not any((machines.base / "b" / "downloads").rglob("*.*"))
     b2, _ = machines.run("b", "2", sizes=(size,))

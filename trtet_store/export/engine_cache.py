@@ -74,8 +74,8 @@ cannot be used is a warning (once, until it works again): the export goes on
 locally, its events say why nothing was published, and a build cached but
 not published (``<directory>/remote-pending/<key>``) is published by the next
 export that hits it. Downloads go to ``<directory>/downloads/<key>/``
-(resumable) and enter the blob cache by a clone where the filesystem allows
-(no second copy), else a copy, then are removed.
+(resumable, on the cache's filesystem) and enter the blob cache by a hard
+link (``put(consume=True)``: no second copy of a downloaded engine).
 
 ``compile_and_save(..., engine_cache=cache)`` and ``export(...,
 engine_cache=cache)`` take an :class:`EngineCache` (``True``: the default
@@ -319,12 +319,22 @@ class _Unplaced(CachedBuild):
     """A remote entry's download the local cache did not take: served once, then removed."""
 
     def __init__(self, key: str, entry: RemoteEntry, paths: dict[str, Path],
-                 directory: Path) -> None:
+                 directory: Path, cache: BlobCache) -> None:
         digests = {f["name"]: f["digest"] for f in entry.files}
-        hits: list[_FileHit] = []
+        hits: list[Any] = []
         try:
             for i, meta in enumerate(entry.metadata["engines"]):
-                hits.append(_FileHit(paths[f"e{i}"], meta, digests[f"e{i}"]))
+                if paths[f"e{i}"].exists():
+                    hits.append(_FileHit(paths[f"e{i}"], meta, digests[f"e{i}"]))
+                    continue
+                # Consumed by the cache before a later put was skipped: its entry, pinned.
+                hit = cache.get(_engine_key(key, i))
+                if hit is None or hit.digest != digests[f"e{i}"]:
+                    if hit is not None:
+                        hit.close()
+                    raise FileNotFoundError(errno.ENOENT, f"engine {i} of {key} is neither "
+                                            "downloaded nor cached any more")
+                hits.append(hit)
             record = _FileHit(paths["record"], entry.metadata["record"], digests["record"])
         except BaseException:
             for h in hits:
@@ -801,11 +811,15 @@ class EngineCache:
             raise
         if why is not None:
             try:
-                return _Unplaced(key, entry, got.paths, directory), got.downloaded, why
+                return (_Unplaced(key, entry, got.paths, directory, self.blobs), got.downloaded,
+                        why)
+            except OSError as exc:
+                shutil.rmtree(directory, ignore_errors=True)
+                return None, got.downloaded, f"{why}; and {exc}"
             except BaseException:
                 shutil.rmtree(directory, ignore_errors=True)
                 raise
-        # Placed (each file cloned or copied into the cache): the download is not kept.
+        # Placed (each file linked into the cache): the download directory is not kept.
         shutil.rmtree(directory, ignore_errors=True)
         cached = self.lookup(key)
         if cached is None:
@@ -816,13 +830,15 @@ class EngineCache:
         """Each downloaded file into the blob cache: engines first, the record last."""
         engines = entry.metadata["engines"]
         for i, meta in enumerate(engines):
-            # Not consume=True: the blob cache refuses to consume a file inside its own
-            # directory (downloads/ is). A put clones where the filesystem can (no
-            # second copy on XFS/btrfs), else copies; the download is removed after.
-            result = self.blobs.put(_engine_key(key, i), paths[f"e{i}"], meta)
+            # consume=True: downloads/ is on the cache's filesystem, so the put links the
+            # file in (no second copy of a downloaded engine, on any filesystem); a
+            # skipped put leaves the file where it is.
+            result = self.blobs.put(_engine_key(key, i), paths[f"e{i}"], meta, consume=True)
             if result.skipped:
                 return f"engine {i}: {result.reason}"
-        result = self.blobs.put(key, paths["record"], entry.metadata["record"])
+            log.info("engine cache %s: downloaded engine %d of %s (%d bytes) cached by %s",
+                     self.directory, i, key, result.size, result.placement)
+        result = self.blobs.put(key, paths["record"], entry.metadata["record"], consume=True)
         if result.skipped:
             return f"the record: {result.reason}"
         return None
