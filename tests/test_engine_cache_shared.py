@@ -363,22 +363,30 @@ def test_another_compute_capability_is_another_key(machines):
     assert pointers == sorted([f"{key_of(a)}.json", f"{key_of(b)}.json"])
 
 
-def test_an_entry_whose_metadata_names_another_gpu_is_a_miss(machines):
+@pytest.mark.parametrize("edit", ["capability", "versions"])
+def test_an_entry_whose_metadata_names_another_gpu_is_a_miss(machines, edit):
     a, _ = machines.run("a", capability="sm_90")
     key = key_of(a)
     pointer, _ = machines.pointer(key)
-    pointer["metadata"]["record"]["compute_capability"] = "sm_80"
+    record = pointer["metadata"]["record"]
+    a_record = {**record, "engines": None}
+    if edit == "capability":
+        record["compute_capability"] = "sm_80"
+        said = "built for compute capability 'sm_80'; this machine's GPU is 'sm_90'"
+    else:
+        record["versions"] = [["torch", "0.0.1"] if n == "torch" else [n, v]
+                              for n, v in record["versions"]]
+        said = "it was built with other versions: torch 0.0.1 (here "
     machines.put(f"{key}.json", json.dumps(pointer).encode())
 
     b, err = machines.run("b", capability="sm_90")
     assert len(b["built"]) == 1 and len(machines.built()) == 2
-    assert "built for compute capability 'sm_80'; this machine's GPU is 'sm_90'" in err, \
-        err[-3000:]
+    assert said in err, err[-3000:]
     assert engines_in(machines.pte("b")) == b["built"]
     # An entry that cannot serve its own key's machines is replaced (If-Match it only).
     assert outcomes(b) == [("miss", True, True)], b["events"]
     after, _ = machines.pointer(key)
-    assert after["metadata"]["record"]["compute_capability"] == "sm_90"
+    assert {**after["metadata"]["record"], "engines": None} == a_record  # as B built it
     assert after["origin"] == b["origin"]
 
 
