@@ -551,3 +551,26 @@ def test_a_wait_past_wait_timeout_builds_here(here_fs, s3env, caplog):
         [("miss", True, True)]
     assert "waited 0.5 s for the build lease of elsewhere" in caplog.text
     assert cache.remote.lookup(key) is not None
+
+
+def test_a_failed_build_releases_its_lease_and_publishes_nothing(here_fs, s3env):
+    import trtet_store
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+    class Failing(FakeBuilder):
+        def __call__(self, *args, **kwargs):
+            listed = s3env.client.list_objects_v2(Bucket=s3env.bucket, Prefix="team/")
+            self.seen = [o["Key"] for o in listed.get("Contents", [])]
+            raise RuntimeError("the build failed")
+
+    cache = trtet_store.EngineCache(here_fs / "c", max_bytes=1 << 30, min_free=0,
+                                    remote=f"s3://{s3env.bucket}/team",
+                                    endpoint_url=s3env.endpoint.url)
+    module, inputs = linear_relu()
+    builder = Failing(engine_sizes=(MiB,))
+    with pytest.raises(RuntimeError, match="the build failed"), installed(builder):
+        trtet_store.compile_and_save(module, inputs, here_fs / "c.pte", engine_cache=cache)
+    assert [k.endswith(".lease") for k in builder.seen] == [True]  # built under the lease
+    listed = s3env.client.list_objects_v2(Bucket=s3env.bucket, Prefix="team/")
+    assert listed.get("Contents", []) == []  # released; nothing published
+    assert not (here_fs / "c" / "remote-pending").exists()
