@@ -574,8 +574,11 @@ def test_prune_removes_old_entries_orphans_and_dead_leases_never_a_live_attempt(
 def test_bad_input_is_refused_before_any_request(tmp_path: Path) -> None:
     dead = "http://127.0.0.1:9"  # nothing listens: any request would be refused differently
     for url in ("http://b/p", "s3://", "s3:///p", "s3://b/a//c", "s3://b/../x"):
-        with pytest.raises(RemoteURLError):
+        with pytest.raises(RemoteURLError) as refused:
             RemoteTier(url, endpoint_url=dead)
+        # Said of the URL given (not of a probe key under it), in a tier's words.
+        assert str(refused.value).startswith(repr(url)), refused.value
+        assert "s3://bucket/key" not in str(refused.value), refused.value
     with pytest.raises(ValueError, match="lease_ttl"):
         RemoteTier("s3://bucket", endpoint_url=dead, lease_ttl=0)
     with pytest.raises(ValueError, match="poll"):

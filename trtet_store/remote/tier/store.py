@@ -53,6 +53,7 @@ from trtet_store.remote.errors import (
     ObjectChangedError,
     ObjectNotFoundError,
     RemoteError,
+    RemoteURLError,
 )
 from trtet_store.remote.manifest import MANIFEST_SUFFIX, Manifest
 from trtet_store.remote.s3 import S3, PreconditionFailed
@@ -176,8 +177,15 @@ class RemoteTier:
             raise TypeError(f"url must be a str like 's3://bucket/prefix', not {url!r}")
         # RemoteURL checks the bucket and every segment; a dummy last segment makes a
         # bare bucket (or a prefix) a valid object URL to it.
-        parsed = RemoteURL.parse(url.rstrip("/") + "/x") if url.startswith("s3://") else \
-            RemoteURL.parse(url)
+        try:
+            parsed = RemoteURL.parse(url.rstrip("/") + "/x")
+        except RemoteURLError as exc:
+            # Said of the URL given, not of the probe object under it.
+            why = str(exc).partition(": ")[2].replace("s3://bucket/key",
+                                                      "s3://bucket or s3://bucket/prefix")
+            if not url.startswith("s3://") or url.rstrip("/") == "s3:/":
+                why = "expected s3://bucket or s3://bucket/prefix"
+            raise RemoteURLError(f"{url!r}: {why}") from None
         self.bucket = parsed.bucket
         head = parsed.key[:-1]  # "" or "prefix/"
         self.prefix = head
