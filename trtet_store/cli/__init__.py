@@ -10,10 +10,13 @@ Subcommands::
     trtet-store compile-and-save [MODULE.py:FACTORY] OUT [--method NAME=MODULE.py:FACTORY ...]
                                  [--backend tensorrt|xnnpack] [--backend-config KEY=VALUE ...]
                                  [--publish s3://BUCKET/KEY.pte] [--engine-cache [DIR]]
+                                 [--engine-cache-remote s3://BUCKET[/PREFIX]]
     trtet-store recover DIR [--json] [--abandon]
     trtet-store publish FILE... s3://BUCKET/KEY [--replace] [--resume] [--abort] [--list]
     trtet-store fetch s3://BUCKET/KEY OUT [--reuse OLD.pte]
     trtet-store cache [--dir DIR] [--json] list|stats|prune [--max-bytes N]|verify|clear
+    trtet-store cache [--dir DIR] [--json] list|push [KEY...]|pull KEY...|prune --older-than AGE
+                      --remote s3://BUCKET[/PREFIX] [--endpoint-url URL]
 
 Exit codes: 0 success; 1 the command ran and found a problem (verify found
 errors, a trtet_store method failed in the benchmark, a compile failed);
