@@ -496,23 +496,20 @@ class RemoteTier:
         return True
 
     def _remove_attempt(self, adir: str) -> None:
-        """Delete every object under ``adir`` (manifests first), best effort, logged."""
+        """Delete every object under ``adir`` (manifests first), best effort, logged.
+
+        Called only for an attempt no pointer names any more (a replaced or
+        pruned entry's, a lost race's, an orphan's): its objects have no
+        reader, so they go whatever their ETag. An object someone rewrote
+        (the tampering a replace repairs) would otherwise stay, billed, for
+        good. An attempt directory is its origin's alone, and a replacement
+        never reuses the damaged one's (``-r`` suffix).
+        """
         try:
             keys = self.s3.list_keys(self.bucket, adir, delimiter="")
-            etags: dict[str, str] = {}
-            for k in keys:
-                if k.endswith(MANIFEST_SUFFIX):
-                    got = self.s3.get(self.bucket, k)
-                    if got is not None:
-                        with contextlib.suppress(ManifestError):
-                            etags.update({o.key: o.etag
-                                          for o in Manifest.from_json(got[0]).objects})
             # The manifest first: a directory without it is never taken for complete.
             for k in sorted(keys, key=lambda k: not k.endswith(MANIFEST_SUFFIX)):
-                try:
-                    self.s3.delete(self.bucket, k, if_match=etags.get(k))
-                except PreconditionFailed:
-                    log.info("%s: %s was rewritten since; left alone", self.url, k)
+                self.s3.delete(self.bucket, k)
             for u in self.s3.list_uploads(self.bucket, adir):
                 self.s3.abort(self.bucket, u.key, u.upload_id)
         except RemoteError as exc:
