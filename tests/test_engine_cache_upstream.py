@@ -352,12 +352,12 @@ def test_four_processes_inserting_at_once_keep_the_bound(here_fs, wheel, mod):
 
 
 def shared(directory: Path, s3, *, endpoint: str | None = None, bucket: str | None = None,
-           sm: str = SM):
+           sm: str = SM, max_bytes: int = BOUND):
     """An adapter on its own EngineCache whose remote tier is the test bucket's ``tt/``."""
     from trtet_store import EngineCache
     from trtet_store.export.trt_engine_cache import for_torch_tensorrt
 
-    cache = EngineCache(directory, max_bytes=BOUND, min_free=0,
+    cache = EngineCache(directory, max_bytes=max_bytes, min_free=0,
                         remote=f"s3://{bucket or s3.bucket}/tt",
                         endpoint_url=endpoint or s3.endpoint.url)
     return for_torch_tensorrt(cache, tensorrt_version=TRT, compute_capability=sm)
@@ -384,6 +384,8 @@ def test_a_second_machine_loads_the_first_ones_engine_from_the_bucket(here_fs, m
     got = b.check(hash_of(1))  # upstream's check: load, then pickle.loads
     assert tuple(got) == entry(1, MiB)
     assert (b.last_remote.action, b.last_remote.downloaded) == ("hit", len(packed))
+    # Entered by a hard link of the download (put(consume=True)): no second copy of it.
+    assert b.last_remote.placement == "link", b.last_remote
     assert b.load(hash_of(1)) == packed  # the bytes A's pack made, exactly
     [info] = b.cache.entries()  # entered in B's own cache, as A put it
     assert (info.key, info.size, info.metadata) == \
@@ -396,6 +398,21 @@ def test_a_second_machine_loads_the_first_ones_engine_from_the_bucket(here_fs, m
     assert b.last_remote.action == "not-published"
     assert "already in the shared cache" in b.last_remote.reason
     assert b.check(hash_of(9)) is None and b.last_remote.action == "miss"
+
+
+def test_a_download_the_local_cache_cannot_take_is_served_once_and_removed(
+        here_fs, mod, s3env, caplog):
+    """The put(consume=True) of a remote hit skipped (the entry is over B's bound): the
+    verified download is served as it is, not entered, and downloads/ is left empty."""
+    a = shared(here_fs / "a", s3env)
+    a.insert(hash_of(1), entry(1, MiB))
+    assert a.last_remote.action == "published"
+    b = shared(here_fs / "b", s3env, max_bytes=MiB // 2)
+    assert tuple(b.check(hash_of(1))) == entry(1, MiB)
+    assert (b.last_remote.action, b.last_remote.placement) == ("hit", None), b.last_remote
+    assert b.cache.entries() == []
+    assert [f for f in _files(b.cache.directory) if "downloads" in f] == []
+    assert [w for w in _warnings(caplog, "not stored") if "larger than the cache's bound" in w]
 
 
 def _blob_object(s3, adapter, h: str) -> str:

@@ -41,9 +41,11 @@ TensorRT and GPU only):
   (logged). A hit is downloaded (fetch's machinery: ranged GETs under
   If-Match, resumable) into ``<cache dir>/downloads/<key>/``, each byte
   checked against the size and xxh3-128 its pointer records, entered in
-  the local cache (a clone where the filesystem can: no second copy on
-  XFS or btrfs; else a copy, the download removed after) and served as a
-  local hit. A file that fails its check is never served:
+  the local cache by a hard link (``put(consume=True)``: ``downloads/`` is
+  on the cache's filesystem, so no second copy on any filesystem) and
+  served as a local hit; a download the cache cannot take (its bound, no
+  room) is served from ``downloads/`` once, then removed. A file that
+  fails its check is never served:
   a miss, logged, and the entry is remembered as damaged so that the
   rebuild's ``save`` replaces it (conditionally, that entry only).
 - ``save`` puts locally, then publishes the same bytes (multipart,
@@ -154,6 +156,9 @@ class RemoteOutcome:
     reason: str | None = None
     downloaded: int = 0
     sent: int = 0
+    #: A hit's way into the local cache (PutResult.placement: "link", "copy",
+    #: "clone", "dedup"), or None (not entered: served from the download, or no hit).
+    placement: str | None = None
 
 
 class _Adapter:
@@ -366,11 +371,15 @@ class _Adapter:
             metadata = {"kind": KIND, "torch_tensorrt_hash": entry.metadata.get(
                 "torch_tensorrt_hash"), "versions": [["tensorrt", self.tensorrt_version]],
                 "compute_capability": self.compute_capability}
-            # Not consume=True: the blob cache refuses to consume a file inside its own
-            # directory (downloads/ is); the put clones where the filesystem can (no
-            # second copy on XFS/btrfs), else copies, and the download is removed after.
-            put = self.cache.put(key, path, metadata)
+            # consume=True: downloads/ is the caller's part of the cache directory, on its
+            # filesystem, so the put hard links the file in (no second copy of the engine)
+            # and removes the download once the entry is durable. A skipped put leaves the
+            # file where it is: served below, then removed with the directory.
+            put = self.cache.put(key, path, metadata, consume=True)
             if put.stored:
+                self.last_remote.placement = put.placement
+                log.info("engine cache: downloaded %s (%d bytes) cached by %s", key, put.size,
+                         put.placement)
                 return None  # entered: load() serves it as a local hit (pinned, sealed)
             # Not cacheable here (the bound, no room): the verified bytes are served as they are.
             with open(path, "rb", buffering=0) as f:
