@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -336,6 +337,64 @@ def test_push_list_pull_and_prune_through_a_bucket(built, here_fs, s3env):
     assert [k for k in _bucket_keys(s3env) if k.startswith("team/")] == []
     assert _no_open_uploads(s3env)
     assert _build_entries(a) == local  # the local caches are the bucket's prune's business: no
+
+
+def cli_on_a_terminal(*argv: object) -> tuple[int, str, str]:
+    """``cli`` with stderr on a pseudo-terminal (a real tty): (exit code, stdout, stderr)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    master, slave = pty.openpty()
+    # A new pty is 0 columns wide: tqdm would draw a bar of nothing. 24 x 120, as a terminal.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # the pty's buffer is small: read while the child writes
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every slave end is closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "trtet_store.cli", "cache",
+                               *map(os.fspath, argv)], stdout=subprocess.PIPE, stderr=slave,
+                              text=True, timeout=300, cwd=ROOT)
+    finally:
+        os.close(slave)
+    reader.join(30)
+    os.close(master)
+    return done.returncode, done.stdout, b"".join(chunks).decode(errors="replace")
+
+
+def test_push_and_pull_show_a_bar_on_a_terminal_only(built, here_fs, s3env):
+    """The bar counts bytes across the keys (3 MiB here) on a terminal; none with
+    --no-progress, and none off a terminal (a log gets the report alone)."""
+    a, key = built
+    url, ep = f"s3://{s3env.bucket}/team", ("--endpoint-url", s3env.endpoint.url)
+    rc, out, err = cli_on_a_terminal("push", "--remote", url, *ep, "--dir", a.directory)
+    assert rc == 0 and ": published" in out, (out, err)
+    assert re.search(r"push: 100%\|.*\| (3\.0\dM)/\1 ", err), err  # the record's + 3 MiB
+    rc, out, err = cli_on_a_terminal("pull", "--remote", url, *ep, "--dir", here_fs / "b",
+                                     key)
+    assert rc == 0 and "3.0 MiB downloaded" in out, (out, err)
+    assert re.search(r"pull: 100%\|.*\| (3\.0\dM)/\1 ", err), err  # the record's + 3 MiB
+    rc, out, err = cli_on_a_terminal("pull", "--remote", url, *ep, "--dir", here_fs / "c",
+                                     key, "--no-progress")
+    # (stderr may hold import-time warnings of torch's libraries: only the bar is looked for)
+    assert rc == 0 and "3.0 MiB downloaded" in out, (out, err)
+    assert "pull:" not in err and "B/s" not in err, err
+    done = cli("pull", "--remote", url, *ep, "--dir", here_fs / "d", key)
+    assert done.returncode == 0 and "3.0 MiB downloaded" in done.stdout, done
+    assert "pull:" not in done.stderr and "B/s" not in done.stderr, done.stderr
 
 
 RACE = textwrap.dedent("""

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import xxhash
 
+from trtet_store.io import Progress
 from trtet_store.io.units import MiB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -476,6 +477,17 @@ def test_the_origin_is_made_once_and_kept(here_fs, s3env):
         ["remote-origin"]  # no temp file left
 
 
+def _assert_progress(updates: list, size: int) -> None:
+    """Progress(done, total): total the entry's bytes, done from 0 up to it, never back,
+    with the tier's updates between (not only the start and the end)."""
+    assert updates and all(isinstance(u, Progress) for u in updates), updates
+    assert {u.total for u in updates} == {size}, updates
+    dones = [u.done for u in updates]
+    assert dones[0] == 0 and dones[-1] == size, dones
+    assert dones == sorted(set(dones)), dones
+    assert any(0 < d < size for d in dones), dones
+
+
 def test_push_pull_list_and_prune_between_two_caches(here_fs, s3env):
     import trtet_store
     from trtet_store.export.engine_cache import RECORD_KIND
@@ -493,24 +505,36 @@ def test_push_pull_list_and_prune_between_two_caches(here_fs, s3env):
     with pytest.raises(ValueError, match=r"not a complete build .*\['trt-nothing'\]"):
         a.push([key, "trt-nothing"])
     assert a.remote_entries() == []  # nothing was sent for the good key either
-    [pushed] = a.push()
+    pushing: list = []
+    [pushed] = a.push(progress=pushing.append)
     assert pushed.published and pushed.sent >= 3 * MiB
-    [again] = a.push([key])
+    again_progress: list = []
+    [again] = a.push([key], progress=again_progress.append)
     assert not again.published and "already in the shared cache" in again.reason
     assert again.sent == 0
     [entry] = a.remote_entries()
     assert entry.key == key and entry.origin == a.remote.origin
+    # One Progress(done, total) in bytes across the call: from 0, through the tier's own
+    # updates, to the entry's size; an entry already there is done without a byte sent.
+    _assert_progress(pushing, entry.size)
+    assert again_progress == [Progress(0, entry.size), Progress(entry.size, entry.size)]
 
     b = trtet_store.EngineCache(here_fs / "b", remote=url, endpoint_url=endpoint)
     with pytest.raises(ValueError, match="in neither the engine cache"):
         b.pull([key, "trt-nothing"])
     assert b.lookup(key) is None  # checked before anything was downloaded
-    [(got_key, downloaded)] = b.pull([key])
+    pulling: list = []
+    [(got_key, downloaded)] = b.pull([key], progress=pulling.append)
     assert got_key == key and downloaded == entry.size
+    _assert_progress(pulling, entry.size)
     with b.lookup(key) as cached, local.lookup(key) as mine:
         assert [h.digest for h in cached.engines] == [h.digest for h in mine.engines]
         assert cached.record.metadata == mine.record.metadata
-    assert b.pull([key]) == [(key, 0)]  # cached here now: nothing downloaded
+    nothing: list = []
+    assert b.pull([key], progress=nothing.append) == [(key, 0)]  # cached here: no download
+    assert nothing == [Progress(0, 0)]
+    with pytest.raises(TypeError, match="progress must be a callable"):
+        b.pull([key], progress="bar")
     assert not any((here_fs / "b" / "downloads").rglob("*.*"))
 
     assert a.prune_remote(3600) == []

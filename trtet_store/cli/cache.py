@@ -10,11 +10,11 @@ A thin shell over :class:`trtet_store.EngineCache` (``entries``, ``stats``,
     trtet-store cache [--dir DIR] [--json] verify    # exit 1 when a damaged entry was dropped
     trtet-store cache [--dir DIR] [--json] clear
 
-    # the shared tier in a bucket (issue 37); --endpoint-url URL on each. No progress
-    # bar: EngineCache.push/pull take no progress callback (yet).
+    # the shared tier in a bucket (issue 37); --endpoint-url URL on each. push and pull
+    # show a bar (bytes across the keys) when stderr is a terminal; --no-progress: none.
     trtet-store cache list --remote s3://BUCKET[/PREFIX]     # key, size, created, host, origin
-    trtet-store cache push --remote URL [KEY...]     # publish local builds (default: every one)
-    trtet-store cache pull --remote URL KEY...       # download into the local cache
+    trtet-store cache push --remote URL [KEY...] [--no-progress]   # publish local builds
+    trtet-store cache pull --remote URL KEY... [--no-progress]     # into the local cache
     trtet-store cache prune --remote URL --older-than AGE [--dry-run]   # AGE: 7d, 12h, 30m, 90s
 
 ``list --remote`` and ``prune --remote`` work on the bucket alone: the local
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import mib, report_error, size_arg
+from trtet_store.cli._common import ProgressBar, mib, report_error, size_arg
 
 __all__ = ["add_parser", "cmd_cache", "parse_age"]
 
@@ -128,6 +128,9 @@ def add_parser(sub: Any) -> None:
                            help="with --remote: say what would be removed, remove nothing")
         if name in ("list", "prune", "push", "pull"):
             _remote_options(a, required=name in ("push", "pull"))
+        if name in ("push", "pull"):
+            a.add_argument("--no-progress", action="store_true",
+                           help="no progress bar (there is none when stderr is no terminal)")
         if name == "push":
             a.add_argument("keys", nargs="*", metavar="KEY",
                            help="build keys to publish (default: every local build)")
@@ -360,8 +363,18 @@ def _push_status(p: Any) -> str:
     return "lost race" if p.sent else "already there"
 
 
+def _bar(args: argparse.Namespace, desc: str) -> ProgressBar:
+    """push's or pull's bar: on a terminal only (a log or a pipe gets the report alone)."""
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr: no terminal
+        tty = False
+    return ProgressBar(desc, enabled=tty and not args.no_progress and not args.json)
+
+
 def _push(cache: Any, args: argparse.Namespace) -> int:
-    results = cache.push(args.keys or None)
+    with _bar(args, "push") as bar:  # closed before the report (or the error) is printed
+        results = cache.push(args.keys or None, progress=bar)
     rows = [{"key": p.key, "status": _push_status(p), "published": p.published,
              "reason": p.reason, "sent": p.sent,
              "host": p.entry.host if p.entry is not None else None} for p in results]
@@ -377,7 +390,8 @@ def _push(cache: Any, args: argparse.Namespace) -> int:
 
 
 def _pull(cache: Any, args: argparse.Namespace) -> int:
-    results = cache.pull(args.keys)
+    with _bar(args, "pull") as bar:
+        results = cache.pull(args.keys, progress=bar)
     if args.json:
         print(json.dumps([{"key": k, "downloaded": n} for k, n in results], indent=1))
         return 0

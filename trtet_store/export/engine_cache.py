@@ -33,8 +33,10 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
         directory: Path; max_bytes: int; min_free: int; blobs: BlobCache
         remote: RemoteTier | None; lease_ttl: float; wait_timeout: float | None
         def origin(self) -> str                        # <directory>/remote-origin
-        def push(self, keys: Sequence[str] | None = None) -> list[TierPublish]
-        def pull(self, keys: Sequence[str]) -> list[tuple[str, int]]  # (key, bytes downloaded)
+        def push(self, keys: Sequence[str] | None = None, *,
+                 progress: Callable[[Progress], Any] | None = None) -> list[TierPublish]
+        def pull(self, keys: Sequence[str], *, progress: Callable[[Progress], Any] | None = None
+                 ) -> list[tuple[str, int]]             # (key, bytes downloaded)
         def remote_entries(self) -> list[RemoteEntry]
         def prune_remote(self, older_than: float, *, dry_run: bool = False) -> list[str]
         def key(self, fingerprint: str) -> str        # build_key with this GPU
@@ -101,8 +103,9 @@ import logging
 import math
 import os
 import shutil
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,7 +119,7 @@ from trtet_store.cache import (
     PutResult,
     VerifyReport,
 )
-from trtet_store.io import clone_range
+from trtet_store.io import Progress, clone_range
 from trtet_store.io.units import GiB, MiB
 
 if TYPE_CHECKING:
@@ -216,6 +219,52 @@ def _key_list(keys: Sequence[str], what: str) -> list[str]:
     if not keys:
         raise ValueError(f"{what}() needs at least one key")
     return list(dict.fromkeys(keys))
+
+
+class _Tally:
+    """One :class:`~trtet_store.io.Progress` across the keys of a push or pull.
+
+    The tier reports each key's transfer on its own (publish's
+    ``PublishProgress``, fetch's ``FetchProgress``: ``.done`` of that key's
+    files), from several threads and not always in order; the caller is given
+    bytes across every key of the call, never going back.
+    """
+
+    def __init__(self, callback: Callable[[Progress], Any] | None, total: int) -> None:
+        self.callback = callback
+        self.total = total
+        self.base = 0  # the bytes of the keys settled so far
+        self.done = 0
+        self._lock = threading.Lock()
+        if callback is not None:
+            callback(Progress(0, total))  # the bar appears (and knows its size) at once
+
+    def key(self, size: int) -> Callable[[Any], None] | None:
+        """The tier's progress callback for the next key (``size`` bytes), or None."""
+        if self.callback is None:
+            return None
+        base = self.base
+        return lambda update: self._report(base + min(max(int(update.done), 0), size))
+
+    def settled(self, size: int) -> None:
+        """The key is done, whatever was sent (an entry already there sends nothing)."""
+        self.base += size
+        self._report(self.base)
+
+    def _report(self, done: int) -> None:
+        if self.callback is None:
+            return
+        with self._lock:  # in order: a later update never shows fewer bytes
+            if done <= self.done:
+                return
+            self.done = done
+            self.callback(Progress(done, self.total))
+
+
+def _check_progress(progress: Any, what: str) -> None:
+    if progress is not None and not callable(progress):
+        raise TypeError(f"{what}(): progress must be a callable taking a "
+                        f"trtet_store.Progress(done, total), got {type(progress).__name__}")
 
 
 @dataclass
@@ -641,13 +690,24 @@ class EngineCache:
         """
         return self._tier("prune_remote()").prune(older_than, dry_run=dry_run)
 
-    def push(self, keys: Sequence[str] | None = None) -> list[TierPublish]:
+    def push(self, keys: Sequence[str] | None = None, *,
+             progress: Callable[[Progress], Any] | None = None) -> list[TierPublish]:
         """Publish local builds to the shared tier (default: every complete build cached here).
 
         Each is published from the cache's own files (pinned, checked), with
         its entry's metadata, first writer wins: a key already in the tier is
         reported (``published=False`` with the reason), not replaced. Every
         named key is checked before anything is sent.
+
+        Parameters
+        ----------
+        keys : sequence of str, optional
+            Build keys (default: every complete build cached here).
+        progress : callable, optional
+            Called with a :class:`~trtet_store.io.Progress`: ``total`` is the
+            bytes of every key's files, ``done`` those handled so far (sent,
+            or found already in the tier), never decreasing, ``total`` at the
+            end.
 
         Raises
         ------
@@ -657,21 +717,25 @@ class EngineCache:
             The server's refusal (unreachable, credentials, bucket).
         """
         tier = self._tier("push()")
+        _check_progress(progress, "push")
         if keys is None:
             wanted = sorted(e.key for e in self.entries()
                             if e.metadata.get("kind") == RECORD_KIND)
         else:
             wanted = _key_list(keys, "push")
         missing = []
+        sizes: dict[str, int] = {}
         for key in wanted:
             cached = self.lookup(key)
             if cached is None:
                 missing.append(key)
             else:
-                cached.close()
+                with cached:
+                    sizes[key] = sum(h.size for h in (cached.record, *cached.engines))
         if missing:
             raise ValueError(f"not a complete build in the engine cache {self.directory}: "
                              f"{missing} (list what it holds with `trtet-store cache list`)")
+        tally = _Tally(progress, sum(sizes.values()))
         out = []
         for key in wanted:
             with self.single_flight(key):
@@ -680,16 +744,28 @@ class EngineCache:
                     raise ValueError(f"{key!r} left the engine cache {self.directory} (evicted) "
                                      "before it was pushed")
                 with cached:
-                    result = self._publish_cached(tier, cached)
+                    result = self._publish_cached(tier, cached, progress=tally.key(sizes[key]))
+            tally.settled(sizes[key])
             out.append(result)
         return out
 
-    def pull(self, keys: Sequence[str]) -> list[tuple[str, int]]:
+    def pull(self, keys: Sequence[str], *,
+             progress: Callable[[Progress], Any] | None = None) -> list[tuple[str, int]]:
         """Download shared entries into the local cache; ``(key, bytes downloaded)`` each.
 
         A key already cached here downloads nothing (0). Every key is looked
         up before anything is downloaded. Each entry is verified (sizes,
         digests) before it enters the cache.
+
+        Parameters
+        ----------
+        keys : sequence of str
+            Build keys of the shared tier.
+        progress : callable, optional
+            Called with a :class:`~trtet_store.io.Progress`: ``total`` is the
+            bytes of the entries to download (keys already cached here count
+            nothing), ``done`` those received so far (a resumed download's
+            staged bytes included), never decreasing, ``total`` at the end.
 
         Raises
         ------
@@ -702,6 +778,7 @@ class EngineCache:
             The entry was downloaded but the local cache did not take it (the reason).
         """
         tier = self._tier("pull()")
+        _check_progress(progress, "pull")
         wanted = _key_list(keys, "pull")
         entries: dict[str, RemoteEntry | None] = {}
         for key in wanted:
@@ -719,6 +796,7 @@ class EngineCache:
             if problem is not None:
                 raise ValueError(f"the shared entry {key!r} cannot be used here: {problem}")
             entries[key] = entry
+        tally = _Tally(progress, sum(e.size for e in entries.values() if e is not None))
         out = []
         for key in wanted:
             entry = entries[key]
@@ -726,12 +804,14 @@ class EngineCache:
                 out.append((key, 0))
                 continue
             with self.single_flight(key):
-                cached, downloaded, why = self._download(tier, key, entry)
+                cached, downloaded, why = self._download(tier, key, entry,
+                                                         progress=tally.key(entry.size))
                 if cached is not None:
                     cached.close()  # an unplaced download is removed
                 if why is not None:
                     raise RuntimeError(f"{key!r}: {downloaded} bytes downloaded from {tier.url}, "
                                        f"but not cached in {self.directory}: {why}")
+            tally.settled(entry.size)
             out.append((key, downloaded))
         return out
 
@@ -778,7 +858,8 @@ class EngineCache:
             return "it was built with other versions: " + ", ".join(shown)
         return None
 
-    def _download(self, tier: RemoteTier, key: str, entry: RemoteEntry
+    def _download(self, tier: RemoteTier, key: str, entry: RemoteEntry, *,
+                  progress: Callable[[Any], Any] | None = None
                   ) -> tuple[CachedBuild | None, int, str | None]:
         """Download ``entry`` (verified by the tier), cache it, look it up.
 
@@ -800,7 +881,7 @@ class EngineCache:
         except OSError as exc:
             return None, 0, f"cannot download into {directory}: {exc}"
         try:
-            got = tier.download(entry, directory)
+            got = tier.download(entry, directory, progress=progress)
         except TierEntryError:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -844,13 +925,14 @@ class EngineCache:
         return None
 
     def _publish_cached(self, tier: RemoteTier, cached: CachedBuild, *,
-                        replace: RemoteEntry | None = None) -> TierPublish:
+                        replace: RemoteEntry | None = None,
+                        progress: Callable[[Any], Any] | None = None) -> TierPublish:
         """Publish a cached build from the cache's own (pinned) files, with their metadata."""
         files = [("record", cached.record.path, cached.record.digest)]
         files += [(f"e{i}", hit.path, hit.digest) for i, hit in enumerate(cached.engines)]
         metadata = {"record": dict(cached.record.metadata),
                     "engines": [dict(hit.metadata) for hit in cached.engines]}
-        result = tier.publish(cached.key, files, metadata, replace=replace)
+        result = tier.publish(cached.key, files, metadata, replace=replace, progress=progress)
         self._settled(cached.key, result)
         return result
 
