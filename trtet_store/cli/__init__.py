@@ -16,7 +16,7 @@ Subcommands::
     trtet-store fetch s3://BUCKET/KEY OUT [--reuse OLD.pte]
     trtet-store cache [--dir DIR] [--json] list|stats|prune [--max-bytes N]|verify|clear
     trtet-store cache [--dir DIR] [--json] list|push [KEY...]|pull KEY...|prune --older-than AGE
-                      --remote s3://BUCKET[/PREFIX] [--endpoint-url URL]
+                      --remote s3://BUCKET[/PREFIX] [--endpoint-url URL] [--no-progress]
 
 Exit codes: 0 success; 1 the command ran and found a problem (verify found
 errors, a trtet_store method failed in the benchmark, a compile failed);
