@@ -226,6 +226,19 @@ def test_a_second_machine_builds_nothing_and_downloads_each_engine_byte_once(mac
     assert engines_in(machines.pte("b", "2")) == a["built"]
 
 
+def test_a_remote_hit_cached_in_part_serves_the_linked_engine_from_the_cache(machines):
+    # The state between two puts: engine 0 fits the bound and is linked in (its download
+    # consumed), engine 1 does not. The hit must take engine 0 from the cache entry, not
+    # from the download that is gone, and engine 1 from its download: no build.
+    a, _ = machines.run("a", sizes=(MiB, 4 * MiB))
+    b, err = machines.run("b", sizes=(MiB, 4 * MiB), max_bytes=3 * MiB)
+    assert b["built"] == [] and len(machines.built()) == 1, err[-3000:]
+    assert [e["outcome"] for e in b["events"]] == ["remote-hit", "remote-hit"], b["events"]
+    assert f"downloaded engine 0 of {key_of(a)} ({MiB} bytes) cached by link" in err, err[-3000:]
+    assert engines_in(machines.pte("b")) == a["built"] == engines_in(machines.pte("a"))
+    assert not any((machines.base / "b" / "downloads").rglob("*.*"))
+
+
 def test_a_remote_hit_the_local_cache_cannot_take_is_served_from_its_download(machines):
     size = 4 * MiB
     a, _ = machines.run("a", sizes=(size,))
