@@ -492,6 +492,10 @@ class BlobCache:
                 if isinstance(placement, PutResult):
                     return placement
                 os.fsync(fd)
+            if placement == "link":
+                # The caller's file may be only in the page cache (a blob store's
+                # writer does not sync): its bytes are durable before a record names them.
+                os.fsync(src_fd)
             read_fd = src_fd if placement == "link" else fd
             digest, chunks, got = _digest_fd(read_fd, self.chunk_size)
             if got != size:
