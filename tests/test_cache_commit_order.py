@@ -207,3 +207,38 @@ def test_a_reader_meeting_a_commit_half_way_neither_serves_nor_drops_it(
     seal = commit.points[0].split("/", 1)[1]
     assert commit.points == [f"before blobs/{seal}", f"after blobs/{seal}",
                              "before keys/k.json", "after keys/k.json"], commit.points
+
+
+@pytest.mark.parametrize("reader", ["get", "verify"])
+def test_a_reader_of_the_old_entry_never_drops_the_entry_that_replaced_it(
+        reader: str, here_fs: Path) -> None:
+    """A reader read ``k``'s record (blob A); before it looks at A, a put gives ``k`` blob B
+    and removes A (no hit pins it). The reader finds A gone: a miss, but ``k`` now names B,
+    committed whole, and must stay.
+
+    The put runs from a hook at the reader's next step, its read of A's seal.
+    """
+    cache = BlobCache(here_fs / "c", max_bytes=64 * MiB)
+    old, new = _content(1, MiB + 1), _content(2, MiB + 2)
+    (here_fs / "old").write_bytes(old)
+    (here_fs / "new").write_bytes(new)
+    assert cache.put("k", here_fs / "old").stored
+    other = BlobCache(here_fs / "c", max_bytes=64 * MiB)
+    real = other._read_seal
+    replaced: list[Any] = []
+
+    def replace_first(*args: Any, **kwargs: Any) -> Any:
+        if not replaced:
+            replaced.append(cache.put("k", here_fs / "new"))
+        return real(*args, **kwargs)
+
+    other._read_seal = replace_first  # the seam: this instance only
+    if reader == "get":
+        got = _get_bytes(other, "k")
+        assert got in (None, old, new)
+    else:
+        other.verify()
+    del other._read_seal
+    assert replaced and replaced[0].stored, replaced
+    assert _get_bytes(cache, "k") == new, (
+        f"the entry that replaced the one a reader ({reader}) was reading was dropped")
