@@ -286,6 +286,41 @@ def test_a_publish_that_kept_our_first_object_finishing_before_our_complete(s3en
     _assert_no_uploads_no_journal(s3env, tmp_path / "journal-theirs")
 
 
+def test_a_publish_committing_between_our_last_complete_and_our_manifest(s3env, tmp_path,
+                                                                          monkeypatch):
+    """Issue 45 item 5: only the manifest PUT's ``If-Match`` is left to guard the winner.
+
+    Every Complete of ours has passed its checks when the other publish runs
+    (from a hook right before our manifest PUT): it replaces our completed
+    objects and commits its manifest. Ours must get ConflictError without
+    writing its manifest, and the other's program stays fetchable.
+    """
+    _publish(s3env, _files(tmp_path / "v0", ["model.pte", "w.ptd"]), "p/model.pte")
+    theirs = _files(tmp_path / "theirs", ["model.pte", "w.ptd"])
+    ours = _files(tmp_path / "ours", ["model.pte", "w.ptd"])
+    sources = _contents(ours)
+    real_put_manifest = publish_module._put_manifest
+    landed: list[str] = []
+
+    def lose_the_race_then_put_manifest(*args, **kwargs):
+        if not landed:  # ours: every object completed, our manifest is next
+            landed.append("running")
+            landed[0] = _other_publish(s3env, theirs, tmp_path / "journal-theirs")
+        return real_put_manifest(*args, **kwargs)
+
+    monkeypatch.setattr(publish_module, "_put_manifest", lose_the_race_then_put_manifest)
+    with pytest.raises(ConflictError) as err:
+        _publish(s3env, ours, "p/model.pte", replace=True)
+    monkeypatch.undo()
+    assert landed and landed[0] != "running"
+    _assert_winner_intact(s3env, theirs, landed[0], tmp_path / "got")
+    assert "model.pte.trtet.json was changed by another writer while we published" in \
+        str(err.value)
+    assert _contents(ours) == sources
+    assert _keys(s3env) == ["p/model.pte", "p/model.pte.trtet.json", "p/w.ptd"]
+    _assert_no_uploads_no_journal(s3env, tmp_path / "journal-theirs")
+
+
 def test_an_engine_indexed_in_a_removed_object_is_sent_again(s3env, here_fs):
     """The engine-digest index still points at gpu.ptd after a replace removed it.
 

@@ -310,13 +310,13 @@ class BlobCache:
             return None
         seal = self._read_seal(entry.blob)
         if seal is None or int(seal["size"]) != entry.size:
-            self._drop_key(key, f"its blob {entry.blob} has no valid seal")
+            self._drop_key(key, f"its blob {entry.blob} has no valid seal", entry.blob)
             return None
         path = self._blob(entry.blob)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            self._drop_key(key, f"its blob {path} is gone")
+            self._drop_key(key, f"its blob {path} is gone", entry.blob)
             return None
         try:
             # Blocking: an eviction holds the exclusive lock only to unlink.
@@ -492,6 +492,10 @@ class BlobCache:
                 if isinstance(placement, PutResult):
                     return placement
                 os.fsync(fd)
+            if placement == "link":
+                # The caller's file may be only in the page cache (a blob store's
+                # writer does not sync): its bytes are durable before a record names them.
+                os.fsync(src_fd)
             read_fd = src_fd if placement == "link" else fd
             digest, chunks, got = _digest_fd(read_fd, self.chunk_size)
             if got != size:
@@ -720,14 +724,25 @@ class BlobCache:
             if fd >= 0:
                 os.close(fd)
 
-    def _drop_key(self, key: str, reason: str) -> None:
-        log.warning("engine cache: dropping entry %r: %s", key, reason)
+    def _drop_key(self, key: str, reason: str, blob: str | None = None) -> None:
+        """Drop ``key``'s record (and its blob if no other key names it).
+
+        ``blob`` is the blob the caller found wrong: when the record names
+        another one by the time the lock is held, a put replaced the entry
+        since the caller read it (and removed that blob), and the new entry stays.
+        """
         if self.read_only:
+            log.warning("engine cache: dropping entry %r: %s", key, reason)
             return
         with self._locked():
             entry = None
             with contextlib.suppress(ValueError):
                 entry = self._read_entry(key)
+            if blob is not None and (entry is None or entry.blob != blob):
+                log.info("engine cache: entry %r was replaced while read (%s): kept", key,
+                         reason)
+                return
+            log.warning("engine cache: dropping entry %r: %s", key, reason)
             for p in (self._record(key), self._use(key)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
@@ -868,7 +883,7 @@ class BlobCache:
                 if seal is not None and st is not None:
                     self._drop_blob(entry.blob, f"entry {entry.key!r}: {problem}", st)
                 else:
-                    self._drop_key(entry.key, problem)
+                    self._drop_key(entry.key, problem, entry.blob)
         return VerifyReport(checked=checked, dropped=tuple(dropped))
 
     def recover(self) -> list[Path]:
