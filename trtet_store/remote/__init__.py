@@ -60,6 +60,9 @@ _LAZY = {
     "TierDownload": "trtet_store.remote.tier",
     "TierEntryError": "trtet_store.remote.tier",
     "TierPublish": "trtet_store.remote.tier",
+    "TierSignatureError": "trtet_store.remote.tier",
+    "KeyFileError": "trtet_store.remote.tier",
+    "SigningUnavailableError": "trtet_store.remote.tier",
 }
 
 
@@ -102,6 +105,9 @@ __all__ = [
     "TierDownload",
     "TierEntryError",
     "TierPublish",
+    "TierSignatureError",
+    "KeyFileError",
+    "SigningUnavailableError",
     "UploadKeptError",
     "abort",
     "compile_and_publish",
