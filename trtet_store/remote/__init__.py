@@ -63,6 +63,9 @@ _LAZY = {
     "TierSignatureError": "trtet_store.remote.tier",
     "KeyFileError": "trtet_store.remote.tier",
     "SigningUnavailableError": "trtet_store.remote.tier",
+    "PublicKey": "trtet_store.remote.tier",
+    "SigningKey": "trtet_store.remote.tier",
+    "keygen": "trtet_store.remote.tier",
 }
 
 
@@ -108,11 +111,14 @@ __all__ = [
     "TierSignatureError",
     "KeyFileError",
     "SigningUnavailableError",
+    "PublicKey",
+    "SigningKey",
     "UploadKeptError",
     "abort",
     "compile_and_publish",
     "fetch",
     "interrupted",
+    "keygen",
     "list_uploads",
     "manifest_key",
     "pending",
