@@ -29,7 +29,10 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
                      min_free: int = DEFAULT_MIN_FREE,
                      remote: str | RemoteTier | None = None,   # "s3://bucket/prefix"
                      endpoint_url: str | None = None, lease_ttl: float = 300.0,
-                     wait_timeout: float | None = None) -> None
+                     wait_timeout: float | None = None,
+                     signing_key: PathLike | None = None,           # TRTET_SIGNING_KEY
+                     trusted_keys: Sequence[PathLike] | None = None  # TRTET_TRUSTED_KEYS
+                     ) -> None
         directory: Path; max_bytes: int; min_free: int; blobs: BlobCache
         remote: RemoteTier | None; lease_ttl: float; wait_timeout: float | None
         def origin(self) -> str                        # <directory>/remote-origin
@@ -61,6 +64,7 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
                                 # miss: the cache put's placement ("clone", "copy", "dedup")
         stored: bool | None; reason: str | None
         downloaded: int | None; published: bool | None; publish_reason: str | None
+        remote_reason: str | None   # why the shared entry was not served (refused, damaged)
 
 The shared tier (``remote=``, :mod:`trtet_store.remote.tier`): a build's
 entry is its files ``record`` and ``e0``, ``e1``... with the pointer metadata
@@ -75,7 +79,12 @@ served: rebuilt, and replaced (``If-Match`` that entry only). A tier that
 cannot be used is a warning (once, until it works again): the export goes on
 locally, its events say why nothing was published, and a build cached but
 not published (``<directory>/remote-pending/<key>``) is published by the next
-export that hits it. Downloads go to ``<directory>/downloads/<key>/``
+export that hits it. With ``signing_key=`` every entry published is signed;
+with ``trusted_keys=`` an entry not signed by one of them (unsigned, another
+signer, a pointer changed after signing) is a miss whose ``remote_reason``
+says why, never served, and replaced (``If-Match``) by this cache's signed
+build when it has a signing key (without one, left as it is: our own
+unsigned entry would be refused too). Downloads go to ``<directory>/downloads/<key>/``
 (resumable, on the cache's filesystem) and enter the blob cache by a hard
 link (``put(consume=True)``: no second copy of a downloaded engine).
 
