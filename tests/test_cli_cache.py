@@ -311,8 +311,9 @@ def test_push_list_pull_and_prune_through_a_bucket(built, here_fs, s3env):
     text = cli("list", "--remote", url, *ep)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[0].split() == ["KEY", "SIZE", "CREATED", "HOST", "ORIGIN"]
-    assert lines[1].split()[-1] == origin and lines[-1] == f"1 entries, 3.0 MiB in {url}"
+    assert lines[0].split() == ["KEY", "SIZE", "CREATED", "HOST", "ORIGIN", "SIGNED", "BY"]
+    assert lines[1].split()[-2:] == [origin, "unsigned"]  # no signing key: unsigned
+    assert lines[-1] == f"1 entries, 3.0 MiB in {url}"
 
     b_dir = here_fs / "b"  # machine B: pull creates its cache
     got = cli_json("pull", "--remote", url, *ep, "--dir", b_dir, key)

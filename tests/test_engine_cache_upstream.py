@@ -360,7 +360,9 @@ def shared(directory: Path, s3, *, endpoint: str | None = None, bucket: str | No
     cache = EngineCache(directory, max_bytes=max_bytes, min_free=0,
                         remote=f"s3://{bucket or s3.bucket}/tt",
                         endpoint_url=endpoint or s3.endpoint.url)
-    return for_torch_tensorrt(cache, tensorrt_version=TRT, compute_capability=sm)
+    # No trusted keys here: these tests are about sharing, not trust (test_signed_entries).
+    return for_torch_tensorrt(cache, tensorrt_version=TRT, compute_capability=sm,
+                              trust_bucket_writers=True)
 
 
 def _files(directory: Path) -> list[str]:
@@ -534,7 +536,7 @@ def test_for_torch_tensorrt_opens_a_shared_cache_and_refuses_remote_twice(here_f
 
     url, ep = f"s3://{s3env.bucket}/tt", s3env.endpoint.url
     a = for_torch_tensorrt(here_fs / "a", remote=url, endpoint_url=ep, tensorrt_version=TRT,
-                           compute_capability=SM)
+                           compute_capability=SM, trust_bucket_writers=True)
     assert a.remote is not None and a.remote.url == url
     a.insert(hash_of(1), entry(1, MiB))
     assert a.last_remote.action == "published"
@@ -547,6 +549,6 @@ def test_for_torch_tensorrt_opens_a_shared_cache_and_refuses_remote_twice(here_f
                            compute_capability=SM)
     with pytest.raises(RemoteURLError):
         for_torch_tensorrt(here_fs / "e", remote="s3:/x", tensorrt_version=TRT,
-                           compute_capability=SM)
+                           compute_capability=SM, trust_bucket_writers=True)
     assert for_torch_tensorrt(cache, tensorrt_version=TRT, compute_capability=SM).remote is None
     assert not (here_fs / "d").exists()

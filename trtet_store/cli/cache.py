@@ -17,6 +17,11 @@ A thin shell over :class:`trtet_store.EngineCache` (``entries``, ``stats``,
     trtet-store cache pull --remote URL KEY... [--no-progress]     # into the local cache
     trtet-store cache prune --remote URL --older-than AGE [--dry-run]   # AGE: 7d, 12h, 30m, 90s
 
+    # signed entries (issue 44): list, push and pull with --remote take
+    # --signing-key PATH and --trusted-key PATH (repeatable); default TRTET_SIGNING_KEY,
+    # TRTET_TRUSTED_KEYS, the config file (trtet_store.remote.tier.keyconfig)
+    trtet-store cache keygen PATH    # PATH (private, 0600) + PATH.pub; prints the key id
+
 ``list --remote`` and ``prune --remote`` work on the bucket alone: the local
 directory is neither read nor created. ``push`` and ``pull`` need it (``pull``
 creates it). ``push`` prints, per key, whether it was published, already
@@ -95,6 +100,15 @@ def _remote_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
                         help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
 
 
+def _key_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
+                        help="with --remote: sign the entries published with this ed25519 "
+                        "private key (default: TRTET_SIGNING_KEY or the config file)")
+    parser.add_argument("--trusted-key", type=Path, action="append", default=None,
+                        metavar="PATH", help="with --remote: accept only entries signed by this "
+                        "public key (repeatable; default: TRTET_TRUSTED_KEYS or the config file)")
+
+
 def add_parser(sub: Any) -> None:
     """Register ``cache`` (with its actions) on the ``trtet-store`` subparsers."""
     c = sub.add_parser(
@@ -114,7 +128,9 @@ def add_parser(sub: Any) -> None:
                        ("verify", "re-digest every entry; drop (and report) damaged ones"),
                        ("clear", "remove every entry not in use"),
                        ("push", "publish local builds to the bucket (first wins)"),
-                       ("pull", "download builds from the bucket into the local cache")):
+                       ("pull", "download builds from the bucket into the local cache"),
+                       ("keygen", "write a new ed25519 key pair for signed shared entries: "
+                        "PATH (private, 0600) and PATH.pub; never overwrites")):
         a = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         _common_options(a, suppress=True)
         if name == "prune":
@@ -128,6 +144,11 @@ def add_parser(sub: Any) -> None:
                            help="with --remote: say what would be removed, remove nothing")
         if name in ("list", "prune", "push", "pull"):
             _remote_options(a, required=name in ("push", "pull"))
+        if name in ("list", "push", "pull"):
+            _key_options(a)
+        if name == "keygen":
+            a.add_argument("path", type=Path, metavar="PATH",
+                           help="the private key file to create (the public one: PATH.pub)")
         if name in ("push", "pull"):
             a.add_argument("--no-progress", action="store_true",
                            help="no progress bar (there is none when stderr is no terminal)")
@@ -162,6 +183,9 @@ def _check_remote_args(args: argparse.Namespace) -> int | None:
             return _usage("--dry-run applies to prune --remote")
     if remote is None and getattr(args, "endpoint_url", None) is not None:
         return _usage("--endpoint-url needs --remote s3://BUCKET")
+    if remote is None and (getattr(args, "signing_key", None) is not None
+                           or getattr(args, "trusted_key", None) is not None):
+        return _usage("--signing-key and --trusted-key need --remote s3://BUCKET")
     return None
 
 
@@ -170,6 +194,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from trtet_store import EngineCache
     from trtet_store.cache import default_directory
 
+    if args.action == "keygen":  # no cache directory: a key pair where PATH says
+        return _keygen(args)
     refused = _check_remote_args(args)
     if refused is not None:
         return refused
@@ -180,7 +206,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
             # The URL judged before anything else: no request, no file written.
             from trtet_store.remote.tier import RemoteTier
 
-            tier = RemoteTier(remote, endpoint_url=args.endpoint_url)
+            keys = {"signing_key": getattr(args, "signing_key", None),
+                    "trusted_keys": getattr(args, "trusted_key", None)}
+            tier = RemoteTier(remote, endpoint_url=args.endpoint_url, **keys)
             if args.action in ("list", "prune"):  # the bucket alone: no local directory
                 return REMOTE_ACTIONS[args.action](tier, args)
     except Exception as exc:
@@ -193,7 +221,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
             cache = EngineCache(directory, min_free=0)
         else:
             cache = EngineCache(directory, min_free=0, remote=remote,
-                                endpoint_url=args.endpoint_url)
+                                endpoint_url=args.endpoint_url,
+                                signing_key=tier.signing_key,
+                                trusted_keys=None if tier.trusted_keys is None
+                                else list(tier.trusted_keys.values()))
         return ACTIONS[args.action](cache, args)
     except Exception as exc:
         return report_error(exc, "cache")
@@ -317,14 +348,16 @@ def _clear(cache: Any, args: argparse.Namespace) -> int:
 # --- the shared tier (--remote) -------------------------------------------------------
 
 
-def _remote_row(e: Any) -> dict[str, Any]:
+def _remote_row(e: Any, tier: Any) -> dict[str, Any]:
+    sig = e.signature if isinstance(e.signature, dict) else {}
     return {"key": e.key, "size": e.size, "created": e.created, "host": e.host,
             "origin": e.origin, "attempt": e.attempt, "etag": e.etag, "files": e.files,
-            "metadata": e.metadata}
+            "metadata": e.metadata, "signed_by": sig.get("key"),
+            "refused": tier.signature_problem(e)}
 
 
 def _remote_list(tier: Any, args: argparse.Namespace) -> int:
-    rows = [_remote_row(e) for e in sorted(tier.entries(), key=lambda e: -e.created)]
+    rows = [_remote_row(e, tier) for e in sorted(tier.entries(), key=lambda e: -e.created)]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -332,10 +365,12 @@ def _remote_list(tier: Any, args: argparse.Namespace) -> int:
         print(f"{tier.url}: no entries")
         return 0
     width = max(len("KEY"), *(len(_short(r["key"])) for r in rows))
-    print(f"{'KEY':{width}}  {'SIZE':>11}  {'CREATED':19}  {'HOST':20}  ORIGIN")
+    print(f"{'KEY':{width}}  {'SIZE':>11}  {'CREATED':19}  {'HOST':20}  {'ORIGIN':32}  "
+          "SIGNED BY")
     for r in rows:
+        signed = str(r["signed_by"] or "unsigned") + (" (refused)" if r["refused"] else "")
         print(f"{_short(r['key']):{width}}  {mib(r['size']):>11}  {_when(r['created']):19}  "
-              f"{r['host'] or '-':20}  {r['origin'] or '-'}")
+              f"{r['host'] or '-':20}  {r['origin'] or '-':32}  {signed}")
     print(f"{len(rows)} entries, {mib(sum(r['size'] for r in rows))} in {tier.url}")
     return 0
 
@@ -400,6 +435,22 @@ def _pull(cache: Any, args: argparse.Namespace) -> int:
                                     "already in the local cache (nothing downloaded)"))
     print(f"{len(results)} keys, {mib(sum(n for _, n in results))} downloaded into "
           f"{cache.directory}")
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from trtet_store.remote.tier.signing import keygen
+
+    try:
+        public = keygen(args.path)
+    except Exception as exc:
+        return report_error(exc, "cache")
+    if args.json:
+        print(json.dumps({"private_key": os.fspath(args.path), "public_key": public.source,
+                          "key_id": public.key_id}, indent=1))
+    else:
+        print(f"wrote {args.path} (private key, mode 0600: keep it secret) and {public.source} "
+              f"(public key: give it to trusted_keys); key id {public.key_id}")
     return 0
 
 

@@ -134,6 +134,15 @@ def add_parser(sub: Any) -> None:
              "miss is looked up there and downloaded, verified, instead of built; a build is "
              "published there (first wins). The remote never fails the compile: a warning, "
              "and the local cache alone. --endpoint-url applies")
+    c.add_argument(
+        "--signing-key", type=Path, default=None, metavar="PATH",
+        help="with --engine-cache-remote: sign what is published with this ed25519 private "
+             "key (`trtet-store cache keygen`; default: TRTET_SIGNING_KEY or the config file)")
+    c.add_argument(
+        "--trusted-key", type=Path, action="append", default=None, metavar="PATH",
+        help="with --engine-cache-remote: use only shared entries signed by this public key "
+             "(repeatable; default: TRTET_TRUSTED_KEYS or the config file); others are a "
+             "miss, never served")
     add_s3_options(c)  # --endpoint-url, --json, --no-progress
     c.set_defaults(func=cmd_compile_and_save)
 
@@ -172,6 +181,9 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
     if args.replace_needed:
         kwargs["replace_needed"] = True
+    if args.engine_cache_remote is None and (args.signing_key or args.trusted_key):
+        return fail("compile-and-save", "--signing-key and --trusted-key need "
+                    "--engine-cache-remote s3://BUCKET")
     if args.engine_cache is not None or args.engine_cache_remote is not None:
         from trtet_store import EngineCache
 
@@ -183,10 +195,13 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
 
                 # A bad URL is refused here, before the build and before the cache
                 # directory is made (no request is sent).
-                RemoteTier(args.engine_cache_remote, endpoint_url=args.endpoint_url)
+                tier = RemoteTier(args.engine_cache_remote, endpoint_url=args.endpoint_url,
+                                  signing_key=args.signing_key, trusted_keys=args.trusted_key)
                 kwargs["engine_cache"] = EngineCache(
                     args.engine_cache or None, remote=args.engine_cache_remote,
-                    endpoint_url=args.endpoint_url)
+                    endpoint_url=args.endpoint_url, signing_key=tier.signing_key,
+                    trusted_keys=None if tier.trusted_keys is None
+                    else list(tier.trusted_keys.values()))
         except Exception as exc:
             return report_error(exc, "compile-and-save", out=out)
     bar = ProgressBar("writing", enabled=not args.no_progress, leave=False)
@@ -225,6 +240,8 @@ def _engine_event(e: Any) -> str:
     if published is not None:  # a remote tier was asked: say what became of the build there
         text += ", published" if published else \
             f", not published ({getattr(e, 'publish_reason', None) or 'no reason given'})"
+    if getattr(e, "remote_reason", None):
+        text += f"; the shared entry was not used: {e.remote_reason}"
     return text
 
 

@@ -29,7 +29,10 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
                      min_free: int = DEFAULT_MIN_FREE,
                      remote: str | RemoteTier | None = None,   # "s3://bucket/prefix"
                      endpoint_url: str | None = None, lease_ttl: float = 300.0,
-                     wait_timeout: float | None = None) -> None
+                     wait_timeout: float | None = None,
+                     signing_key: PathLike | None = None,           # TRTET_SIGNING_KEY
+                     trusted_keys: Sequence[PathLike] | None = None  # TRTET_TRUSTED_KEYS
+                     ) -> None
         directory: Path; max_bytes: int; min_free: int; blobs: BlobCache
         remote: RemoteTier | None; lease_ttl: float; wait_timeout: float | None
         def origin(self) -> str                        # <directory>/remote-origin
@@ -61,6 +64,7 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
                                 # miss: the cache put's placement ("clone", "copy", "dedup")
         stored: bool | None; reason: str | None
         downloaded: int | None; published: bool | None; publish_reason: str | None
+        remote_reason: str | None   # why the shared entry was not served (refused, damaged)
 
 The shared tier (``remote=``, :mod:`trtet_store.remote.tier`): a build's
 entry is its files ``record`` and ``e0``, ``e1``... with the pointer metadata
@@ -75,7 +79,12 @@ served: rebuilt, and replaced (``If-Match`` that entry only). A tier that
 cannot be used is a warning (once, until it works again): the export goes on
 locally, its events say why nothing was published, and a build cached but
 not published (``<directory>/remote-pending/<key>``) is published by the next
-export that hits it. Downloads go to ``<directory>/downloads/<key>/``
+export that hits it. With ``signing_key=`` every entry published is signed;
+with ``trusted_keys=`` an entry not signed by one of them (unsigned, another
+signer, a pointer changed after signing) is a miss whose ``remote_reason``
+says why, never served, and replaced (``If-Match``) by this cache's signed
+build when it has a signing key (without one, left as it is: our own
+unsigned entry would be refused too). Downloads go to ``<directory>/downloads/<key>/``
 (resumable, on the cache's filesystem) and enter the blob cache by a hard
 link (``put(consume=True)``: no second copy of a downloaded engine).
 
@@ -300,6 +309,9 @@ class EngineCacheEvent:
     downloaded: int | None = None
     published: bool | None = None
     publish_reason: str | None = None
+    #: Why the shared tier's entry of this key was not served (refused by the trusted
+    #: keys, damaged, built for another GPU), or None (none there, or served).
+    remote_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -429,6 +441,17 @@ class EngineCache:
     wait_timeout : float, optional
         Seconds to wait at most for another machine's build (default: as long
         as its lease lives); then this machine builds too.
+    signing_key : path-like, optional
+        With ``remote=``: an ed25519 private key file (``trtet-store cache
+        keygen``); every entry this cache publishes is signed with it.
+        Default: ``TRTET_SIGNING_KEY``, else the config file's
+        (:mod:`trtet_store.remote.tier.keyconfig`).
+    trusted_keys : sequence of path-like, optional
+        With ``remote=``: public key files; a shared entry not signed by one
+        of them is a miss (``remote_reason`` in its events), never served,
+        and, when this cache signs, replaced by its own signed build
+        (``If-Match`` that entry). Default: ``TRTET_TRUSTED_KEYS``, else the
+        config file's, else none (every entry accepted).
 
     Raises
     ------
@@ -447,8 +470,13 @@ class EngineCache:
                  max_bytes: int = DEFAULT_MAX_BYTES, min_free: int = DEFAULT_MIN_FREE,
                  remote: str | RemoteTier | None = None, endpoint_url: str | None = None,
                  lease_ttl: float = DEFAULT_LEASE_TTL,
-                 wait_timeout: float | None = None) -> None:
+                 wait_timeout: float | None = None, signing_key: Any = None,
+                 trusted_keys: Any = None) -> None:
         # Every argument is checked before the directory is touched or a tier is made.
+        if (signing_key is not None or trusted_keys is not None) and not isinstance(remote, str):
+            raise ValueError("signing_key= and trusted_keys= are for remote='s3://...'; " + (
+                "pass remote= too" if remote is None else
+                "the RemoteTier given has its own (RemoteTier(..., signing_key=, trusted_keys=))"))
         if remote is not None and not isinstance(remote, str):
             from trtet_store.remote.tier import RemoteTier
 
@@ -479,7 +507,8 @@ class EngineCache:
             # network and nothing created. A waiter looks at another machine's lease every
             # 2 s, or a quarter of a short ttl (a takeover is not late by a whole poll).
             tier = RemoteTier(remote, endpoint_url=endpoint_url, lease_ttl=float(lease_ttl),
-                              poll=min(2.0, lease_ttl / 4))
+                              poll=min(2.0, lease_ttl / 4), signing_key=signing_key,
+                              trusted_keys=trusted_keys)
         self.blobs = BlobCache(directory, max_bytes=max_bytes, min_free=min_free)
         self.lease_ttl = float(lease_ttl)
         self.wait_timeout = wait_timeout
@@ -773,7 +802,8 @@ class EngineCache:
             No shared tier, a key in neither cache, or an entry built for
             another GPU or other versions (both values named).
         TierEntryError
-            An entry whose files fail their checks: nothing of it is cached.
+            An entry whose files fail their checks, or (TierSignatureError) one
+            the trusted keys refuse: nothing of it is cached.
         RuntimeError
             The entry was downloaded but the local cache did not take it (the reason).
         """
@@ -792,6 +822,7 @@ class EngineCache:
                 raise ValueError(f"{key!r} is in neither the engine cache {self.directory} nor "
                                  f"the shared tier {tier.url} (list it with `trtet-store cache "
                                  "list --remote`)")
+            tier.check_signature(entry)  # every key's, before anything is downloaded
             problem = self._entry_problem(key, entry)
             if problem is not None:
                 raise ValueError(f"the shared entry {key!r} cannot be used here: {problem}")
@@ -1216,9 +1247,10 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                     return built, events
         replace: RemoteEntry | None = None
         remote_why: str | None = None  # why this build cannot be published
+        remote_reason: str | None = None  # why the tier's entry was not served
         if tier is not None:
-            served, replace, remote_why = _from_remote(cache, tier, key, store, fingerprint,
-                                                       stack)
+            served, replace, remote_why, remote_reason = _from_remote(
+                cache, tier, key, store, fingerprint, stack)
             if served is not None:
                 return served
         if waited > 0.5:
@@ -1251,7 +1283,8 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         events.append(EngineCacheEvent(
             engine.engine_id, _engine_key(key, i), engine.blob.size, "miss",
             r.placement if r is not None and r.stored else None, complete,
-            None if complete else why or "not cached", None, published, publish_reason))
+            None if complete else why or "not cached", None, published, publish_reason,
+            remote_reason))
         if complete:
             log.info("engine cache %s: engine %s of %s built and cached (%s)",
                      cache.directory, engine.engine_id, key, r.placement)
@@ -1264,8 +1297,9 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
 def _from_remote(cache: EngineCache, tier: RemoteTier, key: str, store: BlobStore,
                  fingerprint: str, stack: contextlib.ExitStack,
                  ) -> tuple[tuple[BuildResult, list[EngineCacheEvent]] | None,
-                            RemoteEntry | None, str | None]:
-    """Steps 1 and 2 of :func:`build_cached`: ``(served, replace, why not publishable)``.
+                            RemoteEntry | None, str | None, str | None]:
+    """Steps 1 and 2 of :func:`build_cached`: ``(served, replace, why not publishable,
+    why the tier's entry was not served)``.
 
     ``served`` is the remote hit (None: build). ``replace`` is the damaged or
     unusable entry a publish may replace. A lease taken is released by
@@ -1276,25 +1310,24 @@ def _from_remote(cache: EngineCache, tier: RemoteTier, key: str, store: BlobStor
     try:
         entry = tier.lookup(key)
     except Exception as exc:  # noqa: BLE001 - the remote never fails an export
-        return None, None, cache._remote_failed("lookup", exc)  # noqa: SLF001
+        return None, None, cache._remote_failed("lookup", exc), None  # noqa: SLF001
     cache._remote_ok()  # noqa: SLF001
     if entry is not None:
-        served, replace, why = _take(cache, tier, key, entry, store, fingerprint)
         # A damaged entry is not claimed around (its pointer is there: claim would hand
         # it back): this machine builds, and replaces only that entry.
-        return served, replace, why
+        return _take(cache, tier, key, entry, store, fingerprint)
     try:
         got = tier.claim(key, timeout=cache.wait_timeout,
                          on_wait=_on_wait_logger(cache, key))
     except LeaseWaitTimeout as exc:
         log.warning("engine cache %s: %s; building %s here (the first machine to publish "
                     "it wins)", cache.directory, exc, key)
-        return None, None, None
+        return None, None, None, None
     except Exception as exc:  # noqa: BLE001
-        return None, None, cache._remote_failed("claim", exc)  # noqa: SLF001
+        return None, None, cache._remote_failed("claim", exc), None  # noqa: SLF001
     if isinstance(got, Lease):
         stack.callback(_release, cache, got)
-        return None, None, None
+        return None, None, None, None
     # Another machine published it while we waited.
     return _take(cache, tier, key, got, store, fingerprint)
 
@@ -1323,27 +1356,37 @@ def _release(cache: EngineCache, lease: Lease) -> None:
 
 def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, store: BlobStore,
           fingerprint: str) -> tuple[tuple[BuildResult, list[EngineCacheEvent]] | None,
-                                     RemoteEntry | None, str | None]:
-    """A remote entry made a hit: ``(served, None, None)``; else why it is a miss."""
+                                     RemoteEntry | None, str | None, str | None]:
+    """A remote entry made a hit: ``(served, None, None, None)``; else why it is a miss."""
     from trtet_store.remote.tier import TierEntryError
 
+    # The signature first: nothing else of an entry its keys refuse is believed.
+    refused = tier.signature_problem(entry)
+    if refused is not None:
+        log.warning("engine cache %s: the shared entry %s (from %s, origin %s) is refused, "
+                    "never served: %s; building it here", cache.directory, key, entry.host,
+                    entry.origin, refused)
+        if tier.signing_key is None:  # our replacement would be refused as well
+            return None, None, (f"the shared entry is refused ({refused}) and this cache "
+                                "has no signing key to replace it"), f"refused: {refused}"
+        return None, entry, None, f"refused: {refused}"  # replaced by our signed build
     problem = cache._entry_problem(key, entry)  # noqa: SLF001
     if problem is not None:
         log.warning("engine cache %s: the shared entry %s (from %s, origin %s) is a miss: %s; "
                     "building it here", cache.directory, key, entry.host, entry.origin, problem)
-        return None, entry, None
+        return None, entry, None, problem
     try:
         cached, downloaded, why = cache._download(tier, key, entry)  # noqa: SLF001
     except TierEntryError as exc:
         log.warning("engine cache %s: the shared entry %s is damaged, never served: %s; "
                     "building it here and replacing it", cache.directory, key, exc)
-        return None, entry, None
+        return None, entry, None, f"damaged: {exc}"
     except Exception as exc:  # noqa: BLE001
-        return None, None, cache._remote_failed("download", exc)  # noqa: SLF001
+        return None, None, cache._remote_failed("download", exc), None  # noqa: SLF001
     if cached is None:
         log.warning("engine cache %s: the shared entry %s is not usable here: %s; building it",
                     cache.directory, key, why)
-        return None, None, None
+        return None, None, None, why
     if why is not None:
         log.warning("engine cache %s: the shared entry %s was downloaded (%d bytes) but not "
                     "cached here: %s; served from the download", cache.directory, key,
@@ -1353,7 +1396,7 @@ def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, st
             built, events = build_from_cache(cached, store, fingerprint)
         except (ValueError, OSError) as exc:
             log.warning("engine cache %s: %s; building it again", cache.directory, exc)
-            return None, None, None
+            return None, None, None, str(exc)
     for i, e in enumerate(events):
         e.outcome = "remote-hit"
         e.downloaded = downloaded if i == 0 else 0
@@ -1361,7 +1404,7 @@ def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, st
             e.stored, e.reason = False, why
     log.info("engine cache %s: remote hit %s from %s (host %s): %d bytes downloaded, not built",
              cache.directory, key, tier.url, entry.host, downloaded)
-    return (built, events), None, None
+    return (built, events), None, None, None
 
 
 def _publish_built(cache: EngineCache, tier: RemoteTier, key: str, built: BuildResult,

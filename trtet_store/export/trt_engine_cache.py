@@ -56,13 +56,20 @@ TensorRT and GPU only):
   credentials, a missing bucket or a damaged entry is a warning (logged once
   until the tier works again) and the local cache alone. :attr:`last_remote`
   says what the last ``load``/``save`` did there.
+- Trust (issue 44): upstream's ``check`` unpickles what ``load`` returns, so
+  an entry from the bucket is code from whoever can write it. A shared tier
+  is refused at construction (:class:`UntrustedBucketError`) unless it has
+  trusted keys (``trusted_keys=``, ``TRTET_TRUSTED_KEYS`` or the config file:
+  then an entry not signed by one of them is a miss, never unpickled) or the
+  caller passes ``trust_bucket_writers=True``.
 
 Usage::
 
     from trtet_store.export.trt_engine_cache import for_torch_tensorrt
 
     cache = for_torch_tensorrt()            # or for_torch_tensorrt(trtet_store.EngineCache(...))
-    cache = for_torch_tensorrt(remote="s3://team-bucket/engines")   # shared through a bucket
+    cache = for_torch_tensorrt(remote="s3://team-bucket/engines",   # shared through a bucket
+                               trusted_keys=["ci.pub"], signing_key="ci.key")
     torch_tensorrt.compile(..., cache_built_engines=True, reuse_cached_engines=True,
                            custom_engine_cache=cache)
 """
@@ -88,7 +95,8 @@ from trtet_store.io import try_lock
 
 log = logging.getLogger("trtet_store.cache")
 
-__all__ = ["KIND", "RemoteOutcome", "detect_tensorrt_version", "for_torch_tensorrt"]
+__all__ = ["KIND", "RemoteOutcome", "UntrustedBucketError", "detect_tensorrt_version",
+           "for_torch_tensorrt"]
 
 #: The one file of an adapter entry in the bucket: upstream's packed bytes.
 REMOTE_FILE = "blob"
@@ -98,6 +106,14 @@ KIND = "torch_tensorrt.packed"
 _UPSTREAM = "torch_tensorrt.dynamo._engine_cache"
 _TRT_DIST = re.compile(r"^tensorrt(-cu\d+)?$")
 _CAPABILITY = re.compile(r"(\d+)\.(\d)")
+
+
+class UntrustedBucketError(ValueError):
+    """A shared tier without trusted keys, and ``trust_bucket_writers=True`` not passed.
+
+    Upstream's ``BaseEngineCache.check`` unpickles what ``load`` returns, so
+    whoever can write the bucket could run code on this machine.
+    """
 
 
 def detect_tensorrt_version() -> str:
@@ -333,7 +349,7 @@ class _Adapter:
     def _load_remote(self, key: str) -> bytes | None:
         """The bucket's entry ``key``, downloaded, verified and entered locally; or None."""
         from trtet_store.remote.errors import RemoteError
-        from trtet_store.remote.tier import TierEntryError
+        from trtet_store.remote.tier import TierEntryError, TierSignatureError
 
         tier = self.remote
         directory = self.cache.directory / "downloads" / key
@@ -344,6 +360,7 @@ class _Adapter:
                     self._remote_worked()
                     self.last_remote = RemoteOutcome(key, "miss", "not in the shared cache")
                     return None
+                tier.check_signature(entry)  # before its metadata is believed
                 problem = self._foreign(entry)
                 if problem is not None:  # the key says it cannot be; the metadata is checked too
                     self._remote_worked()
@@ -353,12 +370,17 @@ class _Adapter:
                     return None
                 got = tier.download(entry, directory)
             except TierEntryError as exc:
-                # Damaged or tampered: never served; the rebuild's save replaces it.
-                self._damaged[key] = entry
+                # Damaged, tampered or refused by the trusted keys: never served; the
+                # rebuild's save replaces it (a refused one only when we sign: else our
+                # own entry would be refused as well).
+                refused = isinstance(exc, TierSignatureError)
+                if not refused or tier.signing_key is not None:
+                    self._damaged[key] = entry
                 self._remote_worked()
                 log.warning("engine cache: the shared entry %s failed its checks, never "
-                            "served: %s; a miss (the rebuild replaces it)", key, exc)
-                self.last_remote = RemoteOutcome(key, "miss", f"damaged: {exc}")
+                            "served: %s; a miss", key, exc)
+                self.last_remote = RemoteOutcome(
+                    key, "miss", f"refused: {exc.reason}" if refused else f"damaged: {exc}")
                 return None
             except (RemoteError, OSError) as exc:
                 self._remote_failed(key, "looking up", exc)
@@ -420,6 +442,14 @@ class _Adapter:
                 f"sm={self.compute_capability})")
 
 
+def _refuse_untrusted(url: str) -> None:
+    raise UntrustedBucketError(
+        f"for_torch_tensorrt: the shared tier {url} is refused: Torch-TensorRT unpickles "
+        "cache entries (pickle.loads in BaseEngineCache.check), so anyone who can write that "
+        "bucket could run code here; pass trusted_keys=[PUBLIC_KEY_FILE, ...] (entries "
+        "signed by those keys only: `trtet-store cache keygen`) or trust_bucket_writers=True")
+
+
 _CLASSES: dict[type, type] = {}
 
 
@@ -435,7 +465,9 @@ def _adapter_class(base: type) -> type:
 def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None = None, *,
                        max_bytes: int | None = None, tensorrt_version: str | None = None,
                        compute_capability: str | tuple[int, int] | None = None,
-                       remote: str | None = None, endpoint_url: str | None = None) -> Any:
+                       remote: str | None = None, endpoint_url: str | None = None,
+                       signing_key: Any = None, trusted_keys: Any = None,
+                       trust_bucket_writers: bool = False) -> Any:
     """A ``BaseEngineCache`` for ``torch_tensorrt.compile(..., custom_engine_cache=)``.
 
     Parameters
@@ -459,6 +491,14 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
         own (``cache.remote``); a ``BlobCache`` has none.
     endpoint_url : str, optional
         The S3 endpoint of ``remote`` (default: what boto3 finds).
+    signing_key, trusted_keys : optional
+        Of a cache opened here with ``remote=`` (as EngineCache's; default:
+        ``TRTET_SIGNING_KEY``, ``TRTET_TRUSTED_KEYS``, the config file).
+    trust_bucket_writers : bool
+        A shared tier without trusted keys is refused unless this is True:
+        upstream's ``check`` unpickles entries, so anyone who can write the
+        bucket could run code here. With trusted keys, only entries signed
+        by one of them are ever loaded.
 
     Returns
     -------
@@ -471,6 +511,8 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
         torch-tensorrt is not installed.
     RuntimeError
         No TensorRT or no GPU was found and none was given.
+    UntrustedBucketError
+        A shared tier without trusted keys, and ``trust_bucket_writers`` not True.
     """
     try:
         base = importlib.import_module(_UPSTREAM).BaseEngineCache
@@ -479,6 +521,13 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
                           "install torch-tensorrt") from exc
     if endpoint_url is not None and remote is None:
         raise TypeError("endpoint_url= applies to remote=; no remote was given")
+    if not isinstance(trust_bucket_writers, bool):
+        raise TypeError(f"trust_bucket_writers must be True or False, got "
+                        f"{trust_bucket_writers!r}")
+    if (signing_key is not None or trusted_keys is not None) and remote is None:
+        raise TypeError("signing_key= and trusted_keys= apply to remote=; an EngineCache "
+                        "given brings its own (EngineCache(directory, remote=..., "
+                        "trusted_keys=...))")
     if isinstance(cache, (EngineCache, BlobCache)):
         if max_bytes is not None:
             raise TypeError(f"max_bytes= applies to a cache opened here; the "
@@ -493,12 +542,24 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
     elif cache is None or isinstance(cache, (str, os.PathLike)):
         options: dict[str, Any] = {} if max_bytes is None else {"max_bytes": max_bytes}
         if remote is not None:
-            options.update(remote=remote, endpoint_url=endpoint_url)
+            from trtet_store.remote.tier.keyconfig import resolve_keys
+            from trtet_store.remote.url import RemoteURL
+
+            if isinstance(remote, str):  # a bad URL is refused first, as EngineCache would
+                RemoteURL.parse(remote.rstrip("/") + "/x")
+            # Keys loaded, and the trust refused, before the cache directory is opened.
+            signing, trusted = resolve_keys(signing_key, trusted_keys)
+            if trusted is None and not trust_bucket_writers:
+                _refuse_untrusted(remote)
+            options.update(remote=remote, endpoint_url=endpoint_url, signing_key=signing,
+                           trusted_keys=None if trusted is None else list(trusted.values()))
         opened = EngineCache(cache, **options)
         store, tier = opened.blobs, getattr(opened, "remote", None)
     else:
         raise TypeError(f"cache must be an EngineCache, a BlobCache, a directory or None, got "
                         f"{type(cache).__name__}")
+    if tier is not None and tier.trusted_keys is None and not trust_bucket_writers:
+        _refuse_untrusted(tier.url)
     if tensorrt_version is None:
         tensorrt_version = detect_tensorrt_version()
     elif not isinstance(tensorrt_version, str) or not tensorrt_version:

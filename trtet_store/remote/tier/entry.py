@@ -149,6 +149,10 @@ class RemoteEntry:
         ``{"name", "size", "digest"}`` in publish order (digest: xxh3-128 hex).
     metadata : dict
         The caller's, opaque here.
+    signature : dict or None
+        ``{"key": <key id>, "ed25519": <base64>}`` over :meth:`record` (see
+        :mod:`.signing`), as read: None when the pointer has none. Checked by
+        the tier only when it has trusted keys.
     """
 
     key: str
@@ -159,17 +163,24 @@ class RemoteEntry:
     attempt: str
     files: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    signature: Any = None
 
     @property
     def size(self) -> int:
         """The sum of its files' sizes."""
         return sum(int(f["size"]) for f in self.files)
 
+    def record(self) -> dict[str, Any]:
+        """The pointer's fields without its signature: what a signature covers."""
+        return {"format": FORMAT, "key": self.key, "created": self.created,
+                "origin": self.origin, "host": self.host, "attempt": self.attempt,
+                "files": self.files, "metadata": self.metadata}
+
     def to_json(self) -> bytes:
         """The pointer's bytes (the ETag is the server's, not part of them)."""
-        doc = {"format": FORMAT, "key": self.key, "created": self.created,
-               "origin": self.origin, "host": self.host, "attempt": self.attempt,
-               "files": self.files, "metadata": self.metadata}
+        doc = self.record()
+        if self.signature is not None:
+            doc["signature"] = self.signature
         return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
     @classmethod
@@ -215,4 +226,4 @@ class RemoteEntry:
         if not files or len({f["name"] for f in files}) != len(files):
             raise ValueError("the pointer names no file, or one name twice")
         return cls(doc["key"], etag, float(doc["created"]), doc["origin"], doc["host"],
-                   doc["attempt"], files, doc["metadata"])
+                   doc["attempt"], files, doc["metadata"], doc.get("signature"))

@@ -66,7 +66,9 @@ from trtet_store.remote.tier.entry import (
     file_digest,
     parse_files,
 )
+from trtet_store.remote.tier.keyconfig import resolve_keys
 from trtet_store.remote.tier.lease import Lease, lease_body, new_holder, parse_lease, put
+from trtet_store.remote.tier.signing import TierSignatureError, refusal, sign_entry
 from trtet_store.remote.url import RemoteURL
 
 __all__ = ["LeaseWaitTimeout", "RemoteTier", "TierDownload", "TierPublish"]
@@ -159,6 +161,15 @@ class RemoteTier:
     range_size : int, optional
         Bytes per ranged GET of a download (fetch's default, 32 MiB; at least
         1 MiB). A cut download keeps its complete ranges.
+    signing_key : path-like or SigningKey, optional
+        An ed25519 private key file: every pointer this tier writes is signed
+        (:mod:`.signing`). Default: ``TRTET_SIGNING_KEY``, else the config
+        file's (:mod:`.keyconfig`), else none.
+    trusted_keys : sequence of path-like or PublicKey, optional
+        Public key files: :meth:`download` then refuses (``TierSignatureError``,
+        before a byte is downloaded) every entry not signed by one of them.
+        Default: ``TRTET_TRUSTED_KEYS``, else the config file's, else none
+        (every entry accepted).
 
     Raises
     ------
@@ -172,7 +183,8 @@ class RemoteTier:
     def __init__(self, url: str, *, endpoint_url: str | None = None, client: Any = None,
                  origin: str | None = None, lease_ttl: float = 300.0, poll: float = 2.0,
                  concurrency: int = 4, journal_dir: os.PathLike | str | None = None,
-                 connect_timeout: float = 5.0, range_size: int | None = None) -> None:
+                 connect_timeout: float = 5.0, range_size: int | None = None,
+                 signing_key: Any = None, trusted_keys: Any = None) -> None:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str like 's3://bucket/prefix', not {url!r}")
         # RemoteURL checks the bucket and every segment; a dummy last segment makes a
@@ -216,6 +228,9 @@ class RemoteTier:
                          retries=2, connect_timeout=connect_timeout, read_timeout=60)
         self.endpoint_url = endpoint_url or getattr(
             getattr(self.s3.client, "meta", None), "endpoint_url", None)
+        #: The key every pointer written here is signed with (None: unsigned).
+        #: {key id: PublicKey}: the keys an entry must be signed by (None: any entry).
+        self.signing_key, self.trusted_keys = resolve_keys(signing_key, trusted_keys)
 
     def __repr__(self) -> str:
         return f"RemoteTier({self.url!r}, origin={self.origin!r})"
@@ -279,6 +294,17 @@ class RemoteTier:
                 out.append(entry)
         return out
 
+    def signature_problem(self, entry: RemoteEntry) -> str | None:
+        """Why this tier's trusted keys refuse ``entry`` (None: accepted, or no trusted keys)."""
+        return None if self.trusted_keys is None else refusal(entry, self.trusted_keys)
+
+    def check_signature(self, entry: RemoteEntry) -> None:
+        """Raise :class:`TierSignatureError` when :meth:`signature_problem` has a reason."""
+        why = self.signature_problem(entry)
+        if why is not None:
+            raise TierSignatureError(f"{self.url}: entry {entry.key} is refused: {why}; it is "
+                                     "not used", entry.key, why)
+
     def download(self, entry: RemoteEntry, directory: os.PathLike | str, *,
                  progress: Callable[..., Any] | None = None) -> TierDownload:
         """Download ``entry``'s files into ``directory`` (created), checked against the pointer.
@@ -289,8 +315,14 @@ class RemoteTier:
         be the pointer's. The same directory again continues a cut download
         (and downloads nothing when it is complete).
 
+        With trusted keys, the entry's signature is checked first: the files
+        are then checked against the digests that signature covers.
+
         Raises
         ------
+        TierSignatureError
+            (a TierEntryError) The trusted keys refuse the entry (not signed,
+            another signer, a pointer changed after signing): nothing downloaded.
         TierEntryError
             The entry's files fail a check (replaced, truncated, other bytes,
             a manifest naming other files): its files are removed from
@@ -300,6 +332,7 @@ class RemoteTier:
         """
         if not isinstance(entry, RemoteEntry):
             raise TypeError(f"entry must be a RemoteEntry (from lookup), not {entry!r}")
+        self.check_signature(entry)  # before a byte: entry.files below are the signed ones
         from trtet_store.remote.download.receive import fetch
 
         start = time.monotonic()
@@ -436,6 +469,8 @@ class RemoteTier:
 
         entry = RemoteEntry(key, "", time.time(), self.origin, socket.gethostname(),
                             f"{key}/{attempt}/", described, dict(metadata))
+        if self.signing_key is not None:
+            sign_entry(entry, self.signing_key)
         try:
             if replace is None:
                 etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),

@@ -1,0 +1,158 @@
+"""Where a tier's keys come from: the argument, else the environment, else a config file.
+
+As boto3 takes its settings, each one separately, first found wins:
+
+1. the argument (``signing_key=``, ``trusted_keys=``; the CLI's
+   ``--signing-key``, ``--trusted-key``);
+2. ``TRTET_SIGNING_KEY=PATH``, ``TRTET_TRUSTED_KEYS=PATH[:PATH...]``
+   (an empty variable counts as unset);
+3. the ``[trtet_store]`` section of the config file: ``$TRTET_CONFIG_FILE``,
+   else ``$XDG_CONFIG_HOME/trtet_store/config`` (``~/.config/trtet_store/config``)::
+
+       [trtet_store]
+       signing_key = ~/.config/trtet_store/ci.key
+       trusted_keys = ci.pub:/etc/trtet_store/team.pub
+
+   (``~`` expanded; a relative path is relative to the config file's
+   directory). A config file that others can write is refused, as it names
+   whom to trust.
+
+None anywhere: no signing, and every entry accepted (as before keys).
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trtet_store.remote.tier.signing import (
+    KeyFileError,
+    PublicKey,
+    SigningKey,
+    load_public_key,
+    load_signing_key,
+)
+
+__all__ = ["ENV_CONFIG_FILE", "ENV_SIGNING_KEY", "ENV_TRUSTED_KEYS", "SECTION", "config_file",
+           "resolve_keys"]
+
+ENV_SIGNING_KEY = "TRTET_SIGNING_KEY"
+ENV_TRUSTED_KEYS = "TRTET_TRUSTED_KEYS"
+ENV_CONFIG_FILE = "TRTET_CONFIG_FILE"
+SECTION = "trtet_store"
+
+
+def config_file() -> Path:
+    """The config file's path (it need not exist)."""
+    given = os.environ.get(ENV_CONFIG_FILE)
+    if given:
+        return Path(given).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"),
+                                                             ".config")
+    return Path(base) / "trtet_store" / "config"
+
+
+def _config() -> tuple[dict[str, str], Path]:
+    """The ``[trtet_store]`` section's values (none when there is no file), and its path."""
+    path = config_file()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}, path
+    with open(fd, encoding="utf-8") as f:
+        st = os.fstat(f.fileno())
+        if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), 0):
+            raise KeyFileError(f"config file {path} (uid {st.st_uid}, mode "
+                               f"{stat.S_IMODE(st.st_mode):04o}) can be written by another "
+                               "user, and it names whom to trust; make it yours and chmod go-w")
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string(f.read(1 << 20), source=os.fspath(path))
+        except configparser.Error as exc:
+            raise KeyFileError(f"config file {path}: {exc}".replace("\n", " ")) from None
+    if not parser.has_section(SECTION):
+        return {}, path
+    known = {"signing_key", "trusted_keys"}
+    unknown = sorted(set(parser[SECTION]) - known)
+    if unknown:
+        raise KeyFileError(f"config file {path}: [{SECTION}] has {unknown}; it knows "
+                           f"{sorted(known)}")
+    return dict(parser[SECTION]), path
+
+
+def _paths(text: str, base: Path | None) -> list[Path]:
+    out = []
+    for part in text.split(os.pathsep):
+        part = part.strip()
+        if part:
+            p = Path(part).expanduser()
+            out.append(base / p if base is not None and not p.is_absolute() else p)
+    return out
+
+
+def resolve_keys(signing_key: Any = None, trusted_keys: Any = None
+                 ) -> tuple[SigningKey | None, dict[str, PublicKey] | None]:
+    """``(signing key or None, {key id: public key} or None)``, loaded (see the module doc).
+
+    Parameters
+    ----------
+    signing_key : path-like or SigningKey, optional
+    trusted_keys : sequence of path-like or PublicKey, optional
+        Not empty (an empty list would refuse every entry: pass None to
+        accept unsigned ones).
+
+    Raises
+    ------
+    KeyFileError, FileNotFoundError, SigningUnavailableError
+        A key or the config file cannot be used.
+    TypeError, ValueError
+        An argument of another type; an empty ``trusted_keys``.
+    """
+    config: dict[str, str] | None = None
+    config_path: Path | None = None
+
+    def setting(name: str, env: str) -> tuple[str | None, Path | None]:
+        nonlocal config, config_path
+        value = os.environ.get(env)
+        if value:
+            return value, None
+        if config is None:
+            config, config_path = _config()
+        value = config.get(name)
+        return (value, config_path.parent) if value else (None, None)
+
+    if signing_key is None:
+        text, base = setting("signing_key", ENV_SIGNING_KEY)
+        if text is not None:
+            found = _paths(text, base)
+            signing_key = found[0] if found else None
+    if signing_key is not None and not isinstance(signing_key, SigningKey):
+        if not isinstance(signing_key, (str, os.PathLike)):
+            raise TypeError(f"signing_key must be a path to an ed25519 private key, not "
+                            f"{type(signing_key).__name__}")
+        signing_key = load_signing_key(signing_key)
+    if trusted_keys is None:
+        text, base = setting("trusted_keys", ENV_TRUSTED_KEYS)
+        if text is not None:
+            trusted_keys = _paths(text, base) or None
+    trusted: dict[str, PublicKey] | None = None
+    if trusted_keys is not None:
+        if isinstance(trusted_keys, (str, bytes, os.PathLike, PublicKey)) or \
+                not isinstance(trusted_keys, Sequence):
+            raise TypeError(f"trusted_keys must be a list of public key files, not "
+                            f"{trusted_keys!r}")
+        if not trusted_keys:
+            raise ValueError("trusted_keys is empty: no entry could be accepted; pass None "
+                             "to accept unsigned entries, or the public key files to trust")
+        trusted = {}
+        for k in trusted_keys:
+            if not isinstance(k, PublicKey):
+                if not isinstance(k, (str, os.PathLike)):
+                    raise TypeError(f"each trusted key is a public key file, not {k!r}")
+                k = load_public_key(k)
+            trusted[k.key_id] = k
+    return signing_key, trusted
