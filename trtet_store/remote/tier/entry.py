@@ -18,9 +18,10 @@ from typing import Any
 
 from trtet_store.io import Digester
 from trtet_store.remote.errors import RemoteError
+from trtet_store.remote.jsondoc import loads
 from trtet_store.remote.manifest import MANIFEST_SUFFIX
 
-__all__ = ["FORMAT", "RemoteEntry", "TierEntryError", "attempt_id", "check_key",
+__all__ = ["FORMAT", "DamagedPointer", "RemoteEntry", "TierEntryError", "attempt_id", "check_key",
            "check_origin", "file_digest", "parse_files"]
 
 #: The pointer's format tag; another one is not read.
@@ -129,6 +130,28 @@ def attempt_id(origin: str, files: Sequence[dict[str, Any]]) -> str:
     return f"{origin}-{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
 
 
+@dataclass(frozen=True)
+class DamagedPointer:
+    """A pointer that cannot be read: too large, not JSON, nested too deep, malformed.
+
+    Never served; listed as damaged; the next publish of its key replaces it
+    (``If-Match`` its ETag, so only this version).
+
+    Attributes
+    ----------
+    key, etag : str
+    size : int
+        The pointer object's size in bytes.
+    reason : str
+        Why it cannot be read.
+    """
+
+    key: str
+    etag: str
+    size: int
+    reason: str
+
+
 @dataclass
 class RemoteEntry:
     """A parsed pointer: an entry committed to the shared tier.
@@ -179,13 +202,10 @@ class RemoteEntry:
         Raises
         ------
         ValueError
-            Not JSON, another format, a missing or mistyped field, another
+            Not JSON (or nested too deep), another format, a missing or mistyped field, another
             key, or an attempt directory outside the key's.
         """
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"the pointer is not JSON: {exc}") from None
+        doc = loads(data, "the pointer")
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ValueError(f"not a cache-entry pointer (format {got!r}, expected {FORMAT!r})")

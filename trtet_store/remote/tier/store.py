@@ -55,9 +55,11 @@ from trtet_store.remote.errors import (
     RemoteError,
     RemoteURLError,
 )
+from trtet_store.remote.jsondoc import LEASE_MAX_BYTES, POINTER_MAX_BYTES
 from trtet_store.remote.manifest import MANIFEST_SUFFIX, Manifest
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.tier.entry import (
+    DamagedPointer,
     RemoteEntry,
     TierEntryError,
     attempt_id,
@@ -66,7 +68,15 @@ from trtet_store.remote.tier.entry import (
     file_digest,
     parse_files,
 )
-from trtet_store.remote.tier.lease import Lease, lease_body, new_holder, parse_lease, put
+from trtet_store.remote.tier.lease import (
+    Lease,
+    LeaseWatch,
+    lease_body,
+    new_holder,
+    parse_lease,
+    prunable,
+    put,
+)
 from trtet_store.remote.url import RemoteURL
 
 __all__ = ["LeaseWaitTimeout", "RemoteTier", "TierDownload", "TierPublish"]
@@ -214,6 +224,7 @@ class RemoteTier:
             # costs seconds (the export goes on locally), not botocore's minutes.
             self.s3 = S3(endpoint_url, client=client, max_connections=concurrency + 2,
                          retries=2, connect_timeout=connect_timeout, read_timeout=60)
+        self._told_damaged: set[tuple[str, str]] = set()  # (key, etag) warned about
         self.endpoint_url = endpoint_url or getattr(
             getattr(self.s3.client, "meta", None), "endpoint_url", None)
 
@@ -242,8 +253,11 @@ class RemoteTier:
         """
         self.s3.check_bucket(self.bucket)
 
-    def lookup(self, key: str) -> RemoteEntry | None:
-        """The committed entry of ``key``, or None (none; or a pointer that does not parse, logged).
+    def read_pointer(self, key: str) -> RemoteEntry | DamagedPointer | None:
+        """The pointer of ``key``: its entry, a :class:`DamagedPointer`, or None (none).
+
+        Read only when it is at most :data:`POINTER_MAX_BYTES` (its size is
+        checked before its body), parsed with a depth cap.
 
         Raises
         ------
@@ -251,20 +265,38 @@ class RemoteTier:
             The server could not be asked (unreachable, denied, no bucket).
         """
         check_key(key)
-        got = self.s3.get(self.bucket, self._pointer(key), limit=16 << 20)
+        got = self.s3.get_dated(self.bucket, self._pointer(key), POINTER_MAX_BYTES)
         if got is None:
             return None
-        data, etag = got
+        if got.data is None:
+            return DamagedPointer(key, got.etag, got.size, f"{got.size} bytes, more than the "
+                                  f"{POINTER_MAX_BYTES} a pointer may be; not read")
         try:
-            return RemoteEntry.from_json(data, etag, key)
+            return RemoteEntry.from_json(got.data, got.etag, key)
         except ValueError as exc:
-            log.warning("%s: the pointer of %s does not parse (%s); taken as no entry",
-                        self.url, key, exc)
-            return None
+            return DamagedPointer(key, got.etag, got.size, str(exc))
 
-    def entries(self) -> list[RemoteEntry]:
-        """Every entry whose pointer parses, in key order."""
-        out = []
+    def lookup(self, key: str) -> RemoteEntry | None:
+        """The committed entry of ``key``, or None (none; or a damaged pointer, warned once).
+
+        Raises
+        ------
+        RemoteError
+            The server could not be asked (unreachable, denied, no bucket).
+        """
+        got = self.read_pointer(key)
+        if isinstance(got, DamagedPointer):
+            if (got.key, got.etag) not in self._told_damaged:
+                self._told_damaged.add((got.key, got.etag))
+                log.warning("%s: the pointer of %s cannot be read (%s); taken as no entry, "
+                            "the next publish of it replaces it", self.url, key, got.reason)
+            return None
+        return got
+
+    def listing(self) -> tuple[list[RemoteEntry], list[DamagedPointer]]:
+        """Every entry (pointers that parse) and every damaged pointer, in key order."""
+        out: list[RemoteEntry] = []
+        damaged: list[DamagedPointer] = []
         for k in sorted(self.s3.list_keys(self.bucket, self.prefix)):
             name = k[len(self.prefix):]
             if not name.endswith(POINTER_SUFFIX) or name.endswith(MANIFEST_SUFFIX):
@@ -274,10 +306,16 @@ class RemoteTier:
                 check_key(key)
             except ValueError:
                 continue
-            entry = self.lookup(key)
-            if entry is not None:
-                out.append(entry)
-        return out
+            got = self.read_pointer(key)
+            if isinstance(got, DamagedPointer):
+                damaged.append(got)
+            elif got is not None:
+                out.append(got)
+        return out, damaged
+
+    def entries(self) -> list[RemoteEntry]:
+        """Every entry whose pointer parses, in key order (damaged ones: :meth:`listing`)."""
+        return self.listing()[0]
 
     def download(self, entry: RemoteEntry, directory: os.PathLike | str, *,
                  progress: Callable[..., Any] | None = None) -> TierDownload:
@@ -396,7 +434,10 @@ class RemoteTier:
                 size, digest = file_digest(path)
             described.append({"name": name, "size": size, "digest": digest})
 
-        current = self.lookup(key)
+        current = self.read_pointer(key)
+        # A pointer nobody can read is replaced by the next publisher (If-Match its ETag).
+        damaged = current if isinstance(current, DamagedPointer) else None
+        current = None if damaged is not None else current
         if replace is None and current is not None:
             return TierPublish(key, False, f"already in the shared cache (origin "
                                f"{current.origin}, host {current.host})", 0, current)
@@ -437,12 +478,9 @@ class RemoteTier:
         entry = RemoteEntry(key, "", time.time(), self.origin, socket.gethostname(),
                             f"{key}/{attempt}/", described, dict(metadata))
         try:
-            if replace is None:
-                etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),
-                           if_none_match=True)
-            else:
-                etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),
-                           if_match=replace.etag)
+            pinned = replace.etag if replace is not None else getattr(damaged, "etag", None)
+            etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),
+                       if_none_match=pinned is None, if_match=pinned)
         except PreconditionFailed:
             winner = self.lookup(key)
             if winner is None or winner.attempt != entry.attempt:
@@ -572,19 +610,13 @@ class RemoteTier:
                 adir = f"{parts[0]}/{parts[1]}/"
                 newest[adir] = max(newest.get(adir, 0.0), modified)
             elif len(parts) == 1 and rest.endswith(LEASE_SUFFIX) and modified < cutoff:
-                got = self.s3.get(self.bucket, k, limit=1 << 20)
-                if got is None:
-                    continue
-                # A live lease is rewritten every ttl/3: one unchanged for two of its
-                # ttls (and older_than) has no holder left.
-                ttl = (parse_lease(got[0]) or {}).get("ttl")
-                if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-                    ttl = 0.0
-                if modified >= now - 2 * ttl:
+                got = self.s3.get_dated(self.bucket, k, LEASE_MAX_BYTES)
+                # Dead by the server's clock: unchanged for two of its (capped) ttls.
+                if got is None or not prunable(got, self.lease_ttl):
                     continue
                 if not dry_run:
                     try:
-                        self.s3.delete(self.bucket, k, if_match=got[1])
+                        self.s3.delete(self.bucket, k, if_match=got.etag)
                     except PreconditionFailed:
                         continue  # renewed or taken over meanwhile: alive
                 removed.append(rest)
@@ -644,12 +676,12 @@ class RemoteTier:
         deadline = None if timeout is None else time.monotonic() + timeout
         lkey = self._lease(key)
         holder = new_holder()
-        seen: tuple[str, float] | None = None  # (etag, first seen on our clock)
+        watch = LeaseWatch(f"{self.url}: {key}", self.lease_ttl, deadline)
         while True:
             entry = self.lookup(key)
             if entry is not None:
                 return entry
-            got = self.s3.get(self.bucket, lkey, limit=1 << 20)
+            got = self.s3.get_dated(self.bucket, lkey, LEASE_MAX_BYTES)
             started = time.time()
             if got is None:
                 try:
@@ -659,24 +691,19 @@ class RemoteTier:
                 except PreconditionFailed:
                     continue  # another claimer got there first: look again
                 return self._acquired(key, lkey, holder, etag, started)
-            data, etag = got
-            doc = parse_lease(data) or {}
-            ttl = doc.get("ttl")
-            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
-                ttl = self.lease_ttl
-            now = time.monotonic()
-            if seen is None or seen[0] != etag:
-                seen = (etag, now)
-            elif now - seen[1] > ttl:
+            doc = parse_lease(got.data) or {}
+            dead, ttl, unchanged = watch.look(doc, got.etag, got.age, got.modified)
+            if dead:
                 try:
                     new = put(self.s3, self.bucket, lkey,
-                              lease_body(holder, started, self.lease_ttl, 0), if_match=etag)
+                              lease_body(holder, started, self.lease_ttl, 0),
+                              if_match=got.etag)
                 except PreconditionFailed:
-                    seen = None  # renewed, released or taken by another waiter meanwhile
+                    watch.forget()  # renewed, released or taken by another waiter meanwhile
                     continue
                 log.warning("%s: %s: took over the build lease of %s (pid %s), unchanged for "
                             "%.1f s (its ttl %.1f s)", self.url, key, doc.get("host"),
-                            doc.get("pid"), now - seen[1], ttl)
+                            doc.get("pid"), unchanged, ttl)
                 return self._acquired(key, lkey, holder, new, started)
             if on_wait is not None:
                 on_wait(doc)
@@ -685,7 +712,7 @@ class RemoteTier:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise LeaseWaitTimeout(
-                        f"{self.url}: {key}: waited {timeout} s for the build lease of "
+                        f"{self.url}: {key}: waited {timeout:g} s for the build lease of "
                         f"{doc.get('host', 'another machine')} (pid {doc.get('pid')}); it is "
                         "still renewed")
                 wait = min(wait, left)
