@@ -20,6 +20,7 @@ from trtet_store.io import Digester
 from trtet_store.remote.errors import RemoteError
 from trtet_store.remote.jsondoc import loads
 from trtet_store.remote.manifest import MANIFEST_SUFFIX
+from trtet_store.remote.upload.source import check_regular_file
 
 __all__ = ["FORMAT", "DamagedPointer", "RemoteEntry", "TierEntryError", "attempt_id", "check_key",
            "check_origin", "file_digest", "parse_files"]
@@ -94,8 +95,9 @@ def parse_files(files: Any) -> list[tuple[str, Path, str | None]]:
     Raises
     ------
     TypeError, ValueError
-        Not a sequence of pairs/triples, an empty one, a bad or repeated name,
-        or a path that is not a file.
+        Not a sequence of pairs/triples, an empty one, a bad or repeated name.
+    FileNotFoundError, NotARegularFileError
+        A path with no file, or not a regular file (never opened).
     """
     if isinstance(files, (str, bytes, os.PathLike)) or not isinstance(files, Sequence):
         raise TypeError(f"files must be a sequence of (name, path) pairs, not {files!r}")
@@ -110,8 +112,7 @@ def parse_files(files: Any) -> list[tuple[str, Path, str | None]]:
             raise ValueError(f"file name {name!r} ends in {MANIFEST_SUFFIX}, the suffix of "
                              "manifests")
         path = Path(item[1])
-        if not path.is_file():
-            raise FileNotFoundError(f"{name}: {path} is not a file")
+        check_regular_file(path)
         digest = item[2] if len(item) == 3 else None
         if digest is not None and not (isinstance(digest, str)
                                        and re.fullmatch(r"[0-9a-f]{32}", digest)):

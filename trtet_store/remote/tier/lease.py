@@ -105,9 +105,13 @@ def prunable(dated: Dated, own_ttl: float) -> bool:
     Its age is the server's (Date less Last-Modified); its ttl is capped
     (:func:`capped_ttl`). A live holder rewrites it every ttl/3, and a
     waiter takes over after one ttl: two leave a holder's renewal that was
-    late a margin. An age the server did not give is never prunable.
+    late a margin. A lease with no ttl to read (none of ours: every one
+    carries it) goes once the prune's age bound passes. An age the server
+    did not give is never prunable.
     """
-    ttl, _ = capped_ttl((parse_lease(dated.data) or {}).get("ttl"), own_ttl)
+    ttl, damaged = capped_ttl((parse_lease(dated.data) or {}).get("ttl"), own_ttl)
+    if damaged is not None and ttl == own_ttl:
+        ttl = 0.0
     return dated.age is not None and dated.age > 2 * ttl
 
 
