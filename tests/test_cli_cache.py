@@ -375,6 +375,29 @@ def cli_on_a_terminal(*argv: object) -> tuple[int, str, str]:
     return done.returncode, done.stdout, b"".join(chunks).decode(errors="replace")
 
 
+def test_a_damaged_pointer_is_listed_and_never_breaks_list_or_pull(built, here_fs, s3env):
+    """One pointer nested 100,000 deep beside a good entry: both listed, the good one pulled."""
+    from trtet_store import EngineCache
+
+    a, key = built
+    url, ep = f"s3://{s3env.bucket}/team", ("--endpoint-url", s3env.endpoint.url)
+    assert cli("push", "--remote", url, *ep, "--dir", a.directory).returncode == 0
+    s3env.client.put_object(Bucket=s3env.bucket, Key="team/trt-bad.json",
+                            Body=b"[" * 100_000 + b"]" * 100_000)
+    text = cli("list", "--remote", url, *ep)
+    assert text.returncode == 0, text.stderr
+    assert "RecursionError" not in text.stderr + text.stdout
+    assert "trt-bad: damaged pointer, never used (the pointer nests arrays or objects " \
+        "100000 deep; at most 64 is read); the next build of it replaces it" in text.stdout
+    assert text.stdout.splitlines()[-1] == f"1 entries, 3.0 MiB in {url}"
+    rows = cli_json("list", "--remote", url, *ep)
+    assert [(r["key"], "damaged" in r) for r in rows] == [(key, False), ("trt-bad", True)]
+    got = cli_json("pull", "--remote", url, *ep, "--dir", here_fs / "b", key)
+    assert got == [{"key": key, "downloaded": sum(e.size for e in a.entries())}]
+    b = EngineCache(here_fs / "b", max_bytes=64 * MiB, min_free=0)
+    assert _build_entries(b) == _build_entries(a)
+
+
 def test_push_and_pull_show_a_bar_on_a_terminal_only(built, here_fs, s3env):
     """The bar counts bytes across the keys (3 MiB here) on a terminal; none with
     --no-progress, and none off a terminal (a log gets the report alone)."""
