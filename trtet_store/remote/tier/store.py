@@ -55,7 +55,7 @@ from trtet_store.remote.errors import (
     RemoteError,
     RemoteURLError,
 )
-from trtet_store.remote.jsondoc import LEASE_MAX_BYTES, POINTER_MAX_BYTES
+from trtet_store.remote.jsondoc import POINTER_MAX_BYTES
 from trtet_store.remote.manifest import MANIFEST_SUFFIX, Manifest
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.tier.entry import (
@@ -70,11 +70,6 @@ from trtet_store.remote.tier.entry import (
 )
 from trtet_store.remote.tier.lease import (
     Lease,
-    LeaseWatch,
-    lease_body,
-    new_holder,
-    parse_lease,
-    prunable,
     put,
 )
 from trtet_store.remote.url import RemoteURL
@@ -575,7 +570,8 @@ class RemoteTier:
         loser, a killed publisher) goes when its newest object (or open
         upload) is older; it is looked at once more right before, so an
         attempt a pointer names by then is kept. A lease goes when unchanged
-        for longer and for two of its ttls (a live one is renewed every ttl/3).
+        for longer and for two of its (capped) ttls on the server's clock (a
+        live one is renewed every ttl/3): :func:`.lease.prunable`.
 
         Returns
         -------
@@ -583,63 +579,9 @@ class RemoteTier:
             What was (or, with ``dry_run``, would be) removed: keys of entries,
             ``<key>/<attempt>/`` of attempt directories, ``<key>.lease``.
         """
-        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
-                or not older_than >= 0:
-            raise ValueError(f"older_than must be a number of seconds >= 0, not {older_than!r}")
-        now = time.time()
-        cutoff = now - older_than
-        removed: list[str] = []
-        kept_attempts: set[str] = set()
-        for entry in self.entries():
-            if entry.created < cutoff:
-                if not dry_run:
-                    try:
-                        self.delete(entry)
-                    except ObjectChangedError:
-                        kept_attempts.add(entry.attempt)  # replaced meanwhile: not ours
-                        continue
-                removed.append(entry.key)
-            else:
-                kept_attempts.add(entry.attempt)
-        listing = self.s3.list_dated(self.bucket, self.prefix)
-        newest: dict[str, float] = {}
-        for k, _, modified in listing:
-            rest = k[len(self.prefix):]
-            parts = rest.split("/")
-            if len(parts) == 3:
-                adir = f"{parts[0]}/{parts[1]}/"
-                newest[adir] = max(newest.get(adir, 0.0), modified)
-            elif len(parts) == 1 and rest.endswith(LEASE_SUFFIX) and modified < cutoff:
-                got = self.s3.get_dated(self.bucket, k, LEASE_MAX_BYTES)
-                # Dead by the server's clock: unchanged for two of its (capped) ttls.
-                if got is None or not prunable(got, self.lease_ttl):
-                    continue
-                if not dry_run:
-                    try:
-                        self.s3.delete(self.bucket, k, if_match=got.etag)
-                    except PreconditionFailed:
-                        continue  # renewed or taken over meanwhile: alive
-                removed.append(rest)
-        for u in self.s3.list_uploads(self.bucket, self.prefix):
-            parts = u.key[len(self.prefix):].split("/")
-            if len(parts) == 3:
-                adir = f"{parts[0]}/{parts[1]}/"
-                started = u.initiated.timestamp() if hasattr(u.initiated, "timestamp") else now
-                newest[adir] = max(newest.get(adir, 0.0), started)
-        for adir, modified in sorted(newest.items()):
-            if adir in kept_attempts or modified >= cutoff:
-                continue
-            key = adir.split("/")[0]
-            with contextlib.suppress(ValueError):
-                check_key(key)
-                # Looked at once more: a pointer written since our listing keeps it.
-                current = self.lookup(key)
-                if current is not None and current.attempt == adir:
-                    continue
-                if not dry_run:
-                    self._remove_attempt(f"{self.prefix}{adir}")
-                removed.append(adir)
-        return removed
+        from trtet_store.remote.tier.prune import prune
+
+        return prune(self, older_than, dry_run=dry_run)
 
     # --- leases ----------------------------------------------------------------------
 
@@ -650,8 +592,12 @@ class RemoteTier:
         Loop: an entry -> returned. No lease -> ours (``If-None-Match: *``).
         Another holder's lease -> wait (every ``poll`` s), returning the entry
         as soon as it appears, and taking the lease over (``If-Match`` its
-        ETag: of two waiters one wins) once its ETag has stayed the same for
-        more than its ttl on our clock, or claiming it once it is deleted.
+        ETag: of two waiters one wins) once it is dead: older than its ttl on
+        the server's clock (the answer's Date less its Last-Modified), or its
+        ETag unchanged for its ttl on ours; or claiming it once it is deleted.
+        The ttl a lease claims is capped at twice our ``lease_ttl`` (a
+        damaged one is ours). The wait is logged at WARNING when it starts
+        (holder, until when) and once when it outlasts the lease's ttl.
 
         Parameters
         ----------
@@ -667,56 +613,9 @@ class RemoteTier:
         RemoteError
             The server could not be asked.
         """
-        check_key(key)
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float))
-                                    or not timeout >= 0):
-            raise ValueError(f"timeout must be a number of seconds >= 0 or None, not "
-                             f"{timeout!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        lkey = self._lease(key)
-        holder = new_holder()
-        watch = LeaseWatch(f"{self.url}: {key}", self.lease_ttl, deadline)
-        while True:
-            entry = self.lookup(key)
-            if entry is not None:
-                return entry
-            got = self.s3.get_dated(self.bucket, lkey, LEASE_MAX_BYTES)
-            started = time.time()
-            if got is None:
-                try:
-                    etag = put(self.s3, self.bucket, lkey,
-                               lease_body(holder, started, self.lease_ttl, 0),
-                               if_none_match=True)
-                except PreconditionFailed:
-                    continue  # another claimer got there first: look again
-                return self._acquired(key, lkey, holder, etag, started)
-            doc = parse_lease(got.data) or {}
-            dead, ttl, unchanged = watch.look(doc, got.etag, got.age, got.modified)
-            if dead:
-                try:
-                    new = put(self.s3, self.bucket, lkey,
-                              lease_body(holder, started, self.lease_ttl, 0),
-                              if_match=got.etag)
-                except PreconditionFailed:
-                    watch.forget()  # renewed, released or taken by another waiter meanwhile
-                    continue
-                log.warning("%s: %s: took over the build lease of %s (pid %s), unchanged for "
-                            "%.1f s (its ttl %.1f s)", self.url, key, doc.get("host"),
-                            doc.get("pid"), unchanged, ttl)
-                return self._acquired(key, lkey, holder, new, started)
-            if on_wait is not None:
-                on_wait(doc)
-            wait = self.poll
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise LeaseWaitTimeout(
-                        f"{self.url}: {key}: waited {timeout:g} s for the build lease of "
-                        f"{doc.get('host', 'another machine')} (pid {doc.get('pid')}); it is "
-                        "still renewed")
-                wait = min(wait, left)
-            time.sleep(wait)
+        from trtet_store.remote.tier.claim import claim
+
+        return claim(self, key, timeout=timeout, on_wait=on_wait)
 
     def _acquired(self, key: str, lkey: str, holder: str, etag: str,
                   started: float) -> Lease | RemoteEntry:
