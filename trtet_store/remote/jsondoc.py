@@ -14,11 +14,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from trtet_store.io.units import KiB, MiB
 
-__all__ = ["LEASE_MAX_BYTES", "MANIFEST_MAX_BYTES", "MAX_DEPTH", "POINTER_MAX_BYTES",
+__all__ = ["LEASE_MAX_BYTES", "Dated", "MANIFEST_MAX_BYTES", "MAX_DEPTH", "POINTER_MAX_BYTES",
            "loads"]
 
 #: Deepest nesting of arrays and objects read: ours nest 6 at most (a manifest's
@@ -76,3 +77,26 @@ def loads(data: bytes | str, what: str, *, max_depth: int = MAX_DEPTH) -> Any:
         raise ValueError(f"{what} is not JSON: {exc}") from None
     except RecursionError:  # not reached after the depth check; never let it out
         raise ValueError(f"{what} nests too deep to read") from None
+
+
+@dataclass(frozen=True)
+class Dated:
+    """A small object as :meth:`S3.get_dated` read it.
+
+    ``data`` is None when the object was over the caller's limit (not read).
+    ``modified`` (its Last-Modified) and ``server_now`` (the answer's Date)
+    are both the server's clock, in seconds since the epoch, or None.
+    """
+
+    data: bytes | None
+    etag: str
+    size: int
+    modified: float | None
+    server_now: float | None
+
+    @property
+    def age(self) -> float | None:
+        """Seconds since it was last written, on the server's clock (None: unknown)."""
+        if self.modified is None or self.server_now is None:
+            return None
+        return self.server_now - self.modified

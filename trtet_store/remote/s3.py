@@ -60,7 +60,7 @@ from trtet_store.remote.errors import (
     ObjectNotFoundError,
     RemoteError,
 )
-from trtet_store.remote.jsondoc import MANIFEST_MAX_BYTES
+from trtet_store.remote.jsondoc import MANIFEST_MAX_BYTES, Dated
 from trtet_store.remote.manifest import strip_etag
 
 log = logging.getLogger("trtet_store.remote")
@@ -231,29 +231,6 @@ class ObjectHead:
     checksum_type: str | None
     crc32c: str | None = None
     crc32: str | None = None
-
-
-@dataclass(frozen=True)
-class Dated:
-    """A small object as :meth:`S3.get_dated` read it.
-
-    ``data`` is None when the object was over the caller's limit (not read).
-    ``modified`` (its Last-Modified) and ``server_now`` (the answer's Date)
-    are both the server's clock, in seconds since the epoch, or None.
-    """
-
-    data: bytes | None
-    etag: str
-    size: int
-    modified: float | None
-    server_now: float | None
-
-    @property
-    def age(self) -> float | None:
-        """Seconds since it was last written, on the server's clock (None: unknown)."""
-        if self.modified is None or self.server_now is None:
-            return None
-        return self.server_now - self.modified
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from typing import Any
 
 from trtet_store.remote.checksum import crc64nvme
 from trtet_store.remote.errors import RemoteError
-from trtet_store.remote.jsondoc import loads
+from trtet_store.remote.jsondoc import Dated, loads
 from trtet_store.remote.manifest import crc64nvme_b64
-from trtet_store.remote.s3 import S3, Dated, PreconditionFailed
+from trtet_store.remote.s3 import S3, PreconditionFailed
 
 __all__ = ["Lease", "LeaseWatch", "capped_ttl", "lease_body", "parse_lease", "prunable",
            "put"]
@@ -160,7 +160,7 @@ class LeaseWatch:
                         f" ({capped})" if capped else "", self._until())
         elif not self._told_long and now - self.began > ttl:
             self._told_long = True
-            log.warning("%s: still waiting after %.0f s (more than the lease's ttl, %g s) for "
+            log.warning("%s: still waiting after %.1f s (more than the lease's ttl, %g s) for "
                         "%s, building since %s, its lease renewed until %s; waiting %s",
                         self.where, now - self.began, ttl, self._holder(doc),
                         _when(doc.get("started")), expires, self._until())
