@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trtet_store.io.units import KiB, MiB
+from trtet_store.io import MiB
 
 __all__ = ["LEASE_MAX_BYTES", "Dated", "MANIFEST_MAX_BYTES", "MAX_DEPTH", "POINTER_MAX_BYTES",
            "loads"]
@@ -31,9 +31,9 @@ MAX_DEPTH = 64
 MANIFEST_MAX_BYTES = 16 * MiB
 #: A tier pointer: a few files' names, sizes and digests and the caller's metadata
 #: (an engine cache's record fields, a signature): a few KiB; 256 KiB leaves room.
-POINTER_MAX_BYTES = 256 * KiB
+POINTER_MAX_BYTES = MiB // 4
 #: A build lease: holder, host, pid, three numbers (about 200 bytes).
-LEASE_MAX_BYTES = 4 * KiB
+LEASE_MAX_BYTES = 4096
 
 # A JSON string (escapes included): its brackets are not structure.
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
