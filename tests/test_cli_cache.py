@@ -246,6 +246,54 @@ def test_compile_and_save_with_engine_cache_builds_once_and_says_hit(here_fs, ca
     assert file_digest(here_fs / "m0.pte") == file_digest(here_fs / "m1.pte")
 
 
+def test_compile_and_save_says_when_it_waits_for_another_machines_build(
+        here_fs, s3env, capsys):
+    """Issue 45 item 17: one line on stderr when the wait starts: the holder and until when."""
+    import json as _json
+    import time
+
+    from trtet_store import EngineCache
+    from trtet_store.cli import main
+    from trtet_store.export import tensorrt as trt
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
+
+    factory = here_fs / "model.py"
+    factory.write_text(
+        "import torch\n\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
+        "        (torch.randn(2, 16),)\n")
+    url, ep = f"s3://{s3env.bucket}/team", ["--endpoint-url", s3env.endpoint.url]
+    try:
+        with installed(FakeBuilder(engine_sizes=(ENGINE,))):
+            assert main(["compile-and-save", "--no-progress", f"{factory}:make",
+                         os.fspath(here_fs / "p.pte"), "--engine-cache",
+                         os.fspath(here_fs / "probe")]) == 0
+        probe = EngineCache(here_fs / "probe", max_bytes=64 * MiB, min_free=0)
+        [key] = [e.key for e in probe.entries()
+                 if e.metadata.get("kind") == "trtet_store.tensorrt.build"]
+        capsys.readouterr()
+        now = time.time()  # another machine's lease, fresh, never renewed: 6 s to live
+        s3env.client.put_object(Bucket=s3env.bucket, Key=f"team/{key}.lease", Body=_json.dumps(
+            {"holder": "e" * 32, "host": "builder7", "pid": 4321, "started": now,
+             "renewed": now, "ttl": 6}).encode())
+        with installed(FakeBuilder(engine_sizes=(ENGINE,))):
+            assert main(["compile-and-save", "--no-progress", f"{factory}:make",
+                         os.fspath(here_fs / "m.pte"), "--engine-cache",
+                         os.fspath(here_fs / "c"), "--engine-cache-remote", url, *ep]) == 0
+    finally:
+        trt.unregister_engines(list(trt._engines.values()))
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "builder7" in ln]
+    assert len(lines) == 2, err
+    assert lines[0].startswith(f"trtet-store compile-and-save: warning: {url}: {key} is being "
+                               f"built by holder {'e' * 32} (host builder7, pid 4321); its "
+                               "lease runs until 20"), lines[0]
+    assert "UTC unless renewed; waiting for its entry until 20" in lines[0]
+    assert "took over the build lease of builder7" in lines[1]
+
+
 # --- the shared tier: --remote (issue 37) ---------------------------------------------------
 
 
@@ -374,6 +422,29 @@ def cli_on_a_terminal(*argv: object) -> tuple[int, str, str]:
     reader.join(30)
     os.close(master)
     return done.returncode, done.stdout, b"".join(chunks).decode(errors="replace")
+
+
+def test_a_damaged_pointer_is_listed_and_never_breaks_list_or_pull(built, here_fs, s3env):
+    """One pointer nested 100,000 deep beside a good entry: both listed, the good one pulled."""
+    from trtet_store import EngineCache
+
+    a, key = built
+    url, ep = f"s3://{s3env.bucket}/team", ("--endpoint-url", s3env.endpoint.url)
+    assert cli("push", "--remote", url, *ep, "--dir", a.directory).returncode == 0
+    s3env.client.put_object(Bucket=s3env.bucket, Key="team/trt-bad.json",
+                            Body=b"[" * 100_000 + b"]" * 100_000)
+    text = cli("list", "--remote", url, *ep)
+    assert text.returncode == 0, text.stderr
+    assert "RecursionError" not in text.stderr + text.stdout
+    assert "trt-bad: damaged pointer, never used (the pointer nests arrays or objects " \
+        "100000 deep; at most 64 is read); the next build of it replaces it" in text.stdout
+    assert text.stdout.splitlines()[-1] == f"1 entries, 3.0 MiB in {url}"
+    rows = cli_json("list", "--remote", url, *ep)
+    assert [(r["key"], "damaged" in r) for r in rows] == [(key, False), ("trt-bad", True)]
+    got = cli_json("pull", "--remote", url, *ep, "--dir", here_fs / "b", key)
+    assert got == [{"key": key, "downloaded": sum(e.size for e in a.entries())}]
+    b = EngineCache(here_fs / "b", max_bytes=64 * MiB, min_free=0)
+    assert _build_entries(b) == _build_entries(a)
 
 
 def test_push_and_pull_show_a_bar_on_a_terminal_only(built, here_fs, s3env):

@@ -72,7 +72,8 @@ builder = Counting(engine_sizes=tuple(cfg["sizes"]),
                    seeds=tuple(os.getpid() * 10 + i for i in range(len(cfg["sizes"]))))
 cache = trtet_store.EngineCache(cfg["cache"], max_bytes=cfg.get("max_bytes", 1 << 30), min_free=0,
                                 remote=cfg["url"], endpoint_url=cfg["endpoint"],
-                                lease_ttl=cfg.get("ttl", 300.0))
+                                lease_ttl=cfg.get("ttl", 300.0),
+                                **({"wait_timeout": cfg["wait"]} if "wait" in cfg else {}))
 module, inputs = linear_relu()
 if cfg.get("ready"):  # the barrier: every machine is loaded, then all go at once
     open(cfg["ready"], "w").close()
@@ -466,6 +467,9 @@ def test_the_remote_arguments_are_checked_before_anything_is_made(here_fs):
     with pytest.raises(TypeError, match="unexpected keyword argument 'remote_url'"):
         EngineCache(d, remote_url="s3://bucket")
     assert not d.exists()  # refused before the directory was made
+    # No wait without end by default (issue 44 item 6): an hour, then it builds here.
+    assert EngineCache(d, remote="s3://bucket").wait_timeout == 3600.0
+    assert EngineCache(d, remote="s3://bucket", wait_timeout=None).wait_timeout is None
     cache = EngineCache(d)
     for call in (cache.push, cache.remote_entries, lambda: cache.pull(["k"]),
                  lambda: cache.prune_remote(0)):
@@ -588,6 +592,62 @@ def test_a_wait_past_wait_timeout_builds_here(here_fs, s3env, caplog):
         [("miss", True, True)]
     assert "waited 0.5 s for the build lease of elsewhere" in caplog.text
     assert cache.remote.lookup(key) is not None
+
+
+def _build_key(here_fs) -> str:
+    """The key the CHILD's export builds under (its model, one engine): found by a local build."""
+    import trtet_store
+    from trtet_store.export.engine_cache import RECORD_KIND
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+    module, inputs = linear_relu()
+    probe = trtet_store.EngineCache(here_fs / "probe", max_bytes=1 << 30, min_free=0)
+    with installed(FakeBuilder(engine_sizes=(2 * MiB,))):
+        trtet_store.compile_and_save(module, inputs, here_fs / "probe.pte", engine_cache=probe)
+    return next(e.key for e in probe.entries() if e.metadata.get("kind") == RECORD_KIND)
+
+
+def test_a_lease_claiming_ttl_1e12_holds_an_export_at_most_twice_its_lease_ttl(machines):
+    """Issue 44 item 6: the bucket's ttl is capped; the wait is said on stderr, once; it builds."""
+    key = _build_key(machines.base)
+    ttl = 3.0  # capped at 6 s: B's lowering before its first look fits in it, even loaded
+    ready, go = machines.base / "ready", machines.base / "go"
+    proc = machines.start(machines.config("b", ttl=ttl, wait=60, ready=os.fspath(ready),
+                                          go=os.fspath(go)))
+    wait_for(ready.exists, "B loaded", procs=(proc,))
+    # Written by another writer right before B looks, and never renewed.
+    now = time.time()
+    machines.put(f"{key}.lease", json.dumps(
+        {"holder": "e" * 32, "host": "mallory", "pid": 666, "started": now, "renewed": now,
+         "ttl": 1e12}).encode())
+    go.touch()
+    b, err = result(proc)
+    waited = b["seconds"]
+    assert outcomes(b) == [("miss", True, True)]
+    assert len(b["built"]) == 1
+    # Capped at 2 x 3 s (Last-Modified's second and the lowering before the look added).
+    assert b["seconds"] < 2 * ttl + 4.0, (b["seconds"], waited)
+    lines = [ln for ln in err.splitlines() if "mallory" in ln]
+    assert len(lines) == 2, err[-3000:]
+    assert f"{key} is being built by holder {'e' * 32} (host mallory, pid 666); its lease " \
+        "runs until " in lines[0] and "(its ttl 1e+12 s is capped to 6 s)" in lines[0]
+    assert "waiting for its entry until " in lines[0]
+    assert "took over the build lease of mallory (pid 666)" in lines[1]
+    assert machines.tier().lookup(key) is not None
+    assert f"{key}.lease" not in machines.objects()
+
+
+def test_an_unreadable_pointer_is_replaced_by_the_next_export_with_one_warning(machines):
+    """Issue 44 item 7: not rebuilt on every machine, warned once per export, then a hit."""
+    key = _build_key(machines.base)
+    machines.put(f"{key}.json", b"[" * 3000 + b"]" * 3000)
+    b, err = machines.run("b")
+    assert outcomes(b) == [("miss", True, True)]
+    assert err.count("cannot be read") == 1, err[-3000:]
+    assert machines.tier().lookup(key) is not None
+    c, err = machines.run("c")
+    assert [o[0] for o in outcomes(c)] == ["remote-hit"] and c["built"] == []
+    assert "cannot be read" not in err
 
 
 def test_a_failed_build_releases_its_lease_and_publishes_nothing(here_fs, s3env):

@@ -357,10 +357,17 @@ def _remote_row(e: Any, tier: Any) -> dict[str, Any]:
 
 
 def _remote_list(tier: Any, args: argparse.Namespace) -> int:
-    rows = [_remote_row(e, tier) for e in sorted(tier.entries(), key=lambda e: -e.created)]
+    entries, damaged = tier.listing()
+    rows = [_remote_row(e, tier) for e in sorted(entries, key=lambda e: -e.created)]
+    # A pointer nobody can read is listed, never served; the next publish replaces it.
+    bad = [{"key": d.key, "size": d.size, "damaged": d.reason, "etag": d.etag}
+           for d in damaged]
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows + bad, indent=1))
         return 0
+    for d in bad:
+        print(f"{d['key']}: damaged pointer, never used ({d['damaged']}); the next build "
+              "of it replaces it")
     if not rows:
         print(f"{tier.url}: no entries")
         return 0

@@ -206,8 +206,12 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             return report_error(exc, "compile-and-save", out=out)
     bar = ProgressBar("writing", enabled=not args.no_progress, leave=False)
     kwargs["progress"] = bar  # (done, total) today, an object with .done/.total tomorrow
+    from trtet_store.cli.publish import warnings_shown
+
     try:
-        with bar:  # closed before the error line or the report
+        # The shared cache's warnings (a wait on another machine's build, a tier that
+        # cannot be used) are one line each on stderr, as publish's are.
+        with bar, warnings_shown(args, bar, "compile-and-save"):
             report = compile_and_save(source, inputs, out, **kwargs)
     except Exception as exc:
         return report_error(exc, "compile-and-save", out=out)

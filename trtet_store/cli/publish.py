@@ -85,13 +85,14 @@ class _Warnings(logging.Handler):
     aborted) would go nowhere.
     """
 
-    def __init__(self, bar: ProgressBar) -> None:
+    def __init__(self, bar: ProgressBar, command: str = "publish") -> None:
         super().__init__(logging.WARNING)
         self.bar = bar
+        self.command = command
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = f"trtet-store publish: warning: {record.getMessage()}"
+            line = f"trtet-store {self.command}: warning: {record.getMessage()}"
             if self.bar.bar is not None:
                 self.bar.bar.write(line, file=sys.stderr)
             else:
@@ -101,12 +102,13 @@ class _Warnings(logging.Handler):
 
 
 @contextlib.contextmanager
-def warnings_shown(args: argparse.Namespace, bar: ProgressBar) -> Iterator[None]:
+def warnings_shown(args: argparse.Namespace, bar: ProgressBar,
+                   command: str = "publish") -> Iterator[None]:
     """Print the library's warnings while a command runs, unless ``-v`` logs them already."""
     if getattr(args, "verbose", 0):
         yield
         return
-    handler = _Warnings(bar)
+    handler = _Warnings(bar, command)
     logger = logging.getLogger("trtet_store")
     logger.addHandler(handler)
     try:

@@ -29,7 +29,7 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
                      min_free: int = DEFAULT_MIN_FREE,
                      remote: str | RemoteTier | None = None,   # "s3://bucket/prefix"
                      endpoint_url: str | None = None, lease_ttl: float = 300.0,
-                     wait_timeout: float | None = None,
+                     wait_timeout: float | None = 3600.0,
                      signing_key: PathLike | None = None,           # TRTET_SIGNING_KEY
                      trusted_keys: Sequence[PathLike] | None = None  # TRTET_TRUSTED_KEYS
                      ) -> None
@@ -152,6 +152,11 @@ NO_GPU = "no-gpu"
 
 #: The shared tier's lease on a key: renewed every third of it while the build runs.
 DEFAULT_LEASE_TTL = 300.0
+#: Seconds an export waits at most for another machine's build of its key, then builds
+#: itself. An hour outlasts most TensorRT builds (waiting is cheaper than building
+#: twice) and bounds what a holder that renews but never publishes (a hung build, or a
+#: bucket writer renewing a lease of its own) can cost: an hour, not forever.
+DEFAULT_WAIT_TIMEOUT = 3600.0
 #: In the cache directory: this machine's id in the shared tier (random hex, made once).
 ORIGIN_FILE = "remote-origin"
 #: Remote entries are downloaded into <cache>/downloads/<key>/ (resumable), then cached.
@@ -438,9 +443,12 @@ class EngineCache:
         Seconds a build lease of this cache stays live without its renewal
         (renewed every third while the build runs); another machine builds
         when it has not changed for that long.
-    wait_timeout : float, optional
-        Seconds to wait at most for another machine's build (default: as long
-        as its lease lives); then this machine builds too.
+    wait_timeout : float or None
+        Seconds to wait at most for another machine's build (default
+        :data:`DEFAULT_WAIT_TIMEOUT`, an hour); then this machine builds too,
+        and says so (a warning). None waits as long as the lease is renewed.
+        A lease that is not renewed is taken over after its ttl, at most twice
+        this cache's ``lease_ttl`` whatever ttl the lease claims.
     signing_key : path-like, optional
         With ``remote=``: an ed25519 private key file (``trtet-store cache
         keygen``); every entry this cache publishes is signed with it.
@@ -470,7 +478,7 @@ class EngineCache:
                  max_bytes: int = DEFAULT_MAX_BYTES, min_free: int = DEFAULT_MIN_FREE,
                  remote: str | RemoteTier | None = None, endpoint_url: str | None = None,
                  lease_ttl: float = DEFAULT_LEASE_TTL,
-                 wait_timeout: float | None = None, signing_key: Any = None,
+                 wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT, signing_key: Any = None,
                  trusted_keys: Any = None) -> None:
         # Every argument is checked before the directory is touched or a tier is made.
         if (signing_key is not None or trusted_keys is not None) and not isinstance(remote, str):
@@ -1317,8 +1325,8 @@ def _from_remote(cache: EngineCache, tier: RemoteTier, key: str, store: BlobStor
         # it back): this machine builds, and replaces only that entry.
         return _take(cache, tier, key, entry, store, fingerprint)
     try:
-        got = tier.claim(key, timeout=cache.wait_timeout,
-                         on_wait=_on_wait_logger(cache, key))
+        # The tier says (WARNING) when the wait starts and when it outlasts the lease's ttl.
+        got = tier.claim(key, timeout=cache.wait_timeout)
     except LeaseWaitTimeout as exc:
         log.warning("engine cache %s: %s; building %s here (the first machine to publish "
                     "it wins)", cache.directory, exc, key)
@@ -1330,17 +1338,6 @@ def _from_remote(cache: EngineCache, tier: RemoteTier, key: str, store: BlobStor
         return None, None, None, None
     # Another machine published it while we waited.
     return _take(cache, tier, key, got, store, fingerprint)
-
-
-def _on_wait_logger(cache: EngineCache, key: str) -> Any:
-    told = []
-
-    def on_wait(lease: dict) -> None:
-        if not told:
-            told.append(True)
-            log.info("engine cache %s: %s is being built by %s (pid %s); waiting for its "
-                     "entry", cache.directory, key, lease.get("host"), lease.get("pid"))
-    return on_wait
 
 
 def _release(cache: EngineCache, lease: Lease) -> None:

@@ -17,6 +17,18 @@ class ManifestError(RemoteError, ValueError):
     """A manifest that cannot be read: bad JSON, another format version, or inconsistent."""
 
 
+class NotARegularFileError(RemoteError, ValueError):
+    """A publish source that is not a regular file (a FIFO, a device, a directory, a socket).
+
+    Refused before it is opened (a FIFO is never opened, so nothing blocks)
+    and before anything is sent.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class RemoteURLError(RemoteError, ValueError):
     """A destination that is not ``s3://bucket/key``."""
 

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtet_store.remote.errors import ManifestError
+from trtet_store.remote.jsondoc import MANIFEST_MAX_BYTES, loads
 
 FORMAT = "trtet-store-manifest"
 VERSION = 1
@@ -107,15 +108,24 @@ def named_keys(data: bytes | str) -> frozenset[str]:
     ManifestError
         Not JSON, or no ``objects`` list of entries with a string ``key``.
     """
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"manifest is not JSON: {exc}") from None
+    doc = _parse(data)
     objects = doc.get("objects") if isinstance(doc, dict) else None
     if not isinstance(objects, list) or not all(
             isinstance(o, dict) and isinstance(o.get("key"), str) for o in objects):
         raise ManifestError("manifest has no list of objects with keys")
     return frozenset(o["key"] for o in objects)
+
+
+def _parse(data: bytes | str) -> Any:
+    """The one parse of a manifest's bytes: over :data:`MANIFEST_MAX_BYTES` or nested
+    deeper than :data:`~trtet_store.remote.jsondoc.MAX_DEPTH` is a ManifestError."""
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise ManifestError(f"manifest is {len(data)} bytes, more than the "
+                            f"{MANIFEST_MAX_BYTES} a manifest may be")
+    try:
+        return loads(data, "manifest")
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def crc64nvme_b64(value: int) -> str:
@@ -247,11 +257,7 @@ class Manifest:
             pieces or parts that do not tile the object, parts that break
             S3's rules, a name that is a path, or two objects of one name.
         """
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"manifest is not JSON: {exc}") from None
-        return cls.from_dict(doc)
+        return cls.from_dict(_parse(data))
 
     @classmethod
     def from_dict(cls, doc: Any) -> Manifest:

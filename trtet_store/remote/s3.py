@@ -42,6 +42,7 @@ absence says how to install it.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import http.client
 import logging
 import threading
@@ -54,10 +55,12 @@ from trtet_store.remote.errors import (
     AccessDeniedError,
     BucketNotFoundError,
     EndpointUnreachableError,
+    ManifestError,
     ObjectChangedError,
     ObjectNotFoundError,
     RemoteError,
 )
+from trtet_store.remote.jsondoc import MANIFEST_MAX_BYTES, Dated
 from trtet_store.remote.manifest import strip_etag
 
 log = logging.getLogger("trtet_store.remote")
@@ -401,8 +404,11 @@ class S3:
                           r.get("ChecksumCRC32C"), r.get("ChecksumCRC32"))
 
     def get(self, bucket: str, key: str, if_match: str | None = None,
-            limit: int = 256 << 20) -> tuple[bytes, str] | None:
-        """The whole of a small object (a manifest) and its ETag; None if there is none."""
+            limit: int = MANIFEST_MAX_BYTES) -> tuple[bytes, str] | None:
+        """The whole of a small object (a manifest) and its ETag; None if there is none.
+
+        Over ``limit`` bytes is a ManifestError, raised before the body is read.
+        """
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if if_match:
             kwargs["IfMatch"] = if_match
@@ -413,11 +419,39 @@ class S3:
             return None
         if int(r["ContentLength"]) > limit:
             r["Body"].close()
-            raise RemoteError(f"s3://{bucket}/{key} is {r['ContentLength']} bytes; "
-                              f"expected a small object")
+            raise ManifestError(f"s3://{bucket}/{key} is {r['ContentLength']} bytes, more "
+                                f"than the {limit} a manifest (or another small object) may "
+                                "be; not read")
         with Body(r["Body"], "GetObject", bucket, key, 0, int(r["ContentLength"]), if_match,
                   self.endpoint_url) as body:
             return body.read(), strip_etag(r["ETag"])
+
+    def get_dated(self, bucket: str, key: str, limit: int) -> Dated | None:
+        """A small object (a pointer, a lease) with its ETag and dates; None if there is none.
+
+        Its size is checked before its body is read: an object over ``limit``
+        bytes comes back with ``data=None`` (the body is not read), so that a
+        caller can judge it damaged and still replace it (``If-Match`` its ETag).
+        """
+        try:
+            r = self._call("GetObject", bucket, self.client.get_object, key=key, Bucket=bucket,
+                           Key=key)
+        except ObjectNotFoundError:
+            return None
+        size = int(r["ContentLength"])
+        etag = strip_etag(r["ETag"])
+        modified = r["LastModified"].timestamp() if "LastModified" in r else None
+        served = r.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        server_now = None
+        if served:
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                server_now = email.utils.parsedate_to_datetime(served).timestamp()
+        if size > limit:
+            r["Body"].close()
+            return Dated(None, etag, size, modified, server_now)
+        with Body(r["Body"], "GetObject", bucket, key, 0, size, None,
+                  self.endpoint_url) as body:
+            return Dated(body.read(), etag, size, modified, server_now)
 
     def get_range(self, bucket: str, key: str, start: int, end: int,
                   if_match: str | None = None) -> Body:

@@ -18,9 +18,11 @@ from typing import Any
 
 from trtet_store.io import Digester
 from trtet_store.remote.errors import RemoteError
+from trtet_store.remote.jsondoc import loads
 from trtet_store.remote.manifest import MANIFEST_SUFFIX
+from trtet_store.remote.upload.source import check_regular_file
 
-__all__ = ["FORMAT", "RemoteEntry", "TierEntryError", "attempt_id", "check_key",
+__all__ = ["FORMAT", "DamagedPointer", "RemoteEntry", "TierEntryError", "attempt_id", "check_key",
            "check_origin", "file_digest", "parse_files"]
 
 #: The pointer's format tag; another one is not read.
@@ -93,8 +95,9 @@ def parse_files(files: Any) -> list[tuple[str, Path, str | None]]:
     Raises
     ------
     TypeError, ValueError
-        Not a sequence of pairs/triples, an empty one, a bad or repeated name,
-        or a path that is not a file.
+        Not a sequence of pairs/triples, an empty one, a bad or repeated name.
+    FileNotFoundError, NotARegularFileError
+        A path with no file, or not a regular file (never opened).
     """
     if isinstance(files, (str, bytes, os.PathLike)) or not isinstance(files, Sequence):
         raise TypeError(f"files must be a sequence of (name, path) pairs, not {files!r}")
@@ -109,8 +112,7 @@ def parse_files(files: Any) -> list[tuple[str, Path, str | None]]:
             raise ValueError(f"file name {name!r} ends in {MANIFEST_SUFFIX}, the suffix of "
                              "manifests")
         path = Path(item[1])
-        if not path.is_file():
-            raise FileNotFoundError(f"{name}: {path} is not a file")
+        check_regular_file(path)
         digest = item[2] if len(item) == 3 else None
         if digest is not None and not (isinstance(digest, str)
                                        and re.fullmatch(r"[0-9a-f]{32}", digest)):
@@ -127,6 +129,28 @@ def attempt_id(origin: str, files: Sequence[dict[str, Any]]) -> str:
     canon = json.dumps([[f["name"], f["size"], f["digest"]] for f in files],
                        separators=(",", ":"))
     return f"{origin}-{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
+
+
+@dataclass(frozen=True)
+class DamagedPointer:
+    """A pointer that cannot be read: too large, not JSON, nested too deep, malformed.
+
+    Never served; listed as damaged; the next publish of its key replaces it
+    (``If-Match`` its ETag, so only this version).
+
+    Attributes
+    ----------
+    key, etag : str
+    size : int
+        The pointer object's size in bytes.
+    reason : str
+        Why it cannot be read.
+    """
+
+    key: str
+    etag: str
+    size: int
+    reason: str
 
 
 @dataclass
@@ -190,13 +214,10 @@ class RemoteEntry:
         Raises
         ------
         ValueError
-            Not JSON, another format, a missing or mistyped field, another
+            Not JSON (or nested too deep), another format, a missing or mistyped field, another
             key, or an attempt directory outside the key's.
         """
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"the pointer is not JSON: {exc}") from None
+        doc = loads(data, "the pointer")
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ValueError(f"not a cache-entry pointer (format {got!r}, expected {FORMAT!r})")

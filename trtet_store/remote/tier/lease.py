@@ -12,15 +12,21 @@ existing one are all refused with 412):
 - **take over**: PutObject ``If-Match: <stale etag>`` (of two waiters, one wins);
 - **release**: DeleteObject ``If-Match: <own etag>`` (never another holder's).
 
-A lease is live while its ETag keeps changing. A waiter judges expiry on
-its own monotonic clock: the ETag unchanged for more than the lease's ``ttl``
-since the waiter first saw it. Wall clocks of two machines are never compared.
+A lease is live while the server keeps seeing it rewritten. A waiter judges
+it dead once its age on the server's clock (the answer's Date less its
+Last-Modified) passes its ttl, so a lease dead for long is taken over at
+once; and, as a bound, once its ETag has stayed the same for its ttl on the
+waiter's monotonic clock. Wall clocks of two machines are never compared.
+The ttl a lease claims is the bucket's word: it is capped at twice the
+waiter's own (:func:`capped_ttl`), so no lease holds a waiter for longer.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -30,10 +36,12 @@ from typing import Any
 
 from trtet_store.remote.checksum import crc64nvme
 from trtet_store.remote.errors import RemoteError
+from trtet_store.remote.jsondoc import Dated, loads
 from trtet_store.remote.manifest import crc64nvme_b64
 from trtet_store.remote.s3 import S3, PreconditionFailed
 
-__all__ = ["Lease", "lease_body", "parse_lease", "put"]
+__all__ = ["Lease", "LeaseWatch", "capped_ttl", "lease_body", "parse_lease", "prunable",
+           "put"]
 
 log = logging.getLogger("trtet_store.remote.tier")
 
@@ -53,13 +61,114 @@ def lease_body(holder: str, started: float, ttl: float, beat: int) -> bytes:
                       sort_keys=True).encode()
 
 
-def parse_lease(data: bytes) -> dict[str, Any] | None:
+def parse_lease(data: bytes | None) -> dict[str, Any] | None:
     """The lease's dict, or None when it does not parse (a waiter then uses its own ttl)."""
+    if data is None:
+        return None
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        doc = loads(data, "the lease")
+    except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def capped_ttl(claimed: Any, own: float) -> tuple[float, str | None]:
+    """``(ttl, why it is not the claimed one)``: a lease's ttl bounded by the waiter's ``own``.
+
+    A ttl that is not a positive finite number (a damaged lease; ``Infinity``
+    and ``NaN`` parse as floats) is ``own``; one over ``2 * own`` is
+    ``2 * own``: a bucket writer cannot make a waiter wait longer than that
+    for a lease that is not renewed.
+    """
+    if isinstance(claimed, bool) or not isinstance(claimed, (int, float)) \
+            or not math.isfinite(claimed) or claimed <= 0:
+        return own, f"its ttl {claimed!r} is not a number of seconds; {own:g} s is used"
+    if claimed > 2 * own:
+        return 2 * own, f"its ttl {claimed:g} s is capped to {2 * own:g} s"
+    return float(claimed), None
+
+
+def _when(t: Any) -> str:
+    """A time (seconds since the epoch) as UTC ``YYYY-MM-DD HH:MM:SS``, or ``"?"``."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return "?"
+    try:
+        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+def prunable(dated: Dated, own_ttl: float) -> bool:
+    """Whether prune may remove a lease read as ``dated``: unchanged for two of its ttls.
+
+    Its age is the server's (Date less Last-Modified); its ttl is capped
+    (:func:`capped_ttl`). A live holder rewrites it every ttl/3, and a
+    waiter takes over after one ttl: two leave a holder's renewal that was
+    late a margin. A lease with no ttl to read (none of ours: every one
+    carries it) goes once the prune's age bound passes. An age the server
+    did not give is never prunable.
+    """
+    ttl, damaged = capped_ttl((parse_lease(dated.data) or {}).get("ttl"), own_ttl)
+    if damaged is not None and ttl == own_ttl:
+        ttl = 0.0
+    return dated.age is not None and dated.age > 2 * ttl
+
+
+class LeaseWatch:
+    """A waiter's view of another holder's lease across its looks (:meth:`RemoteTier.claim`).
+
+    Says, at each look, whether the lease is dead (take it over), and logs at
+    WARNING the start of the wait (holder, until when) and, once, a wait
+    longer than the lease's ttl (holder, since when, until when).
+    """
+
+    def __init__(self, where: str, own_ttl: float, deadline: float | None) -> None:
+        self.where = where
+        self.own_ttl = own_ttl
+        self.deadline = deadline  # our monotonic clock, or None
+        self.began = time.monotonic()
+        self._seen: tuple[str, float] | None = None  # (etag, first seen on our clock)
+        self._told_start = False
+        self._told_long = False
+
+    def _holder(self, doc: dict[str, Any]) -> str:
+        return (f"holder {str(doc.get('holder', '?'))[:32]} (host {str(doc.get('host', '?'))[:64]}"
+                f", pid {doc.get('pid', '?')})")
+
+    def _until(self) -> str:
+        if self.deadline is None:
+            return "while its lease is renewed"
+        return f"until {_when(time.time() + self.deadline - time.monotonic())} at most"
+
+    def look(self, doc: dict[str, Any], etag: str, age: float | None,
+             modified: float | None) -> tuple[bool, float, float]:
+        """``(dead, ttl, unchanged for s on our clock)`` of the lease as read now; logs the wait."""
+        ttl, capped = capped_ttl(doc.get("ttl"), self.own_ttl)
+        now = time.monotonic()
+        if self._seen is None or self._seen[0] != etag:
+            self._seen = (etag, now)
+        unchanged = now - self._seen[1]
+        if (age is not None and age > ttl) or unchanged > ttl:
+            return True, ttl, max(unchanged, age or 0.0)
+        expires = _when(modified + ttl) if modified is not None else \
+            _when(time.time() + ttl - unchanged)
+        if not self._told_start:
+            self._told_start = True
+            log.warning("%s is being built by %s; its lease runs until %s unless renewed%s; "
+                        "waiting for its entry %s", self.where, self._holder(doc), expires,
+                        f" ({capped})" if capped else "", self._until())
+        elif not self._told_long and now - self.began > ttl:
+            self._told_long = True
+            log.warning("%s: still waiting after %.1f s (more than the lease's ttl, %g s) for "
+                        "%s, building since %s, its lease renewed until %s; waiting %s",
+                        self.where, now - self.began, ttl, self._holder(doc),
+                        _when(doc.get("started")), expires, self._until())
+        return False, ttl, unchanged
+
+    def forget(self) -> None:
+        """The lease changed hands meanwhile (a lost takeover): judge the next one afresh."""
+        self._seen = None
 
 
 class Lease:
@@ -100,24 +209,36 @@ class Lease:
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                self._beat += 1
-                body = lease_body(self.holder, self._started, self.ttl, self._beat)
-                try:
-                    self.etag = put(self._s3, self._bucket, self._object, body,
-                                    if_match=self.etag)
-                except PreconditionFailed:
-                    self.lost = True
-                    log.warning("the build lease on %s was taken over or removed by another "
-                                "machine (our renewals stopped getting through?); the build "
-                                "goes on, its publish is conditional", self.key)
-                    return
-                except RemoteError as exc:
-                    # A blip: the next beat tries again; a waiter takes over only after
-                    # a whole ttl without a change.
-                    log.info("renewing the build lease on %s failed: %s", self.key, exc)
+            if not self._renew(stopping=self._stop):
+                return
+
+    def renew(self) -> bool:
+        """Rewrite the lease now (``If-Match`` our ETag); False once it is lost (or released).
+
+        The renewal thread calls it every ``ttl / 3``. A network blip is
+        logged and True (the next beat tries again).
+        """
+        return self._renew(None)
+
+    def _renew(self, stopping: threading.Event | None) -> bool:
+        with self._lock:
+            if self._released or self.lost or (stopping is not None and stopping.is_set()):
+                return False
+            self._beat += 1
+            body = lease_body(self.holder, self._started, self.ttl, self._beat)
+            try:
+                self.etag = put(self._s3, self._bucket, self._object, body, if_match=self.etag)
+            except PreconditionFailed:
+                self.lost = True
+                log.warning("the build lease on %s was taken over or removed by another "
+                            "machine (our renewals stopped getting through?); the build "
+                            "goes on, its publish is conditional", self.key)
+                return False
+            except RemoteError as exc:
+                # A blip: the next beat tries again; a waiter takes over only after
+                # a whole ttl without a change.
+                log.info("renewing the build lease on %s failed: %s", self.key, exc)
+            return True
 
     def _stop_renewing(self) -> None:
         """Stop the renewal thread, leaving the lease object as it is (a killed holder's)."""

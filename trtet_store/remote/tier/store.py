@@ -55,9 +55,11 @@ from trtet_store.remote.errors import (
     RemoteError,
     RemoteURLError,
 )
+from trtet_store.remote.jsondoc import POINTER_MAX_BYTES
 from trtet_store.remote.manifest import MANIFEST_SUFFIX, Manifest
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.tier.entry import (
+    DamagedPointer,
     RemoteEntry,
     TierEntryError,
     attempt_id,
@@ -67,7 +69,7 @@ from trtet_store.remote.tier.entry import (
     parse_files,
 )
 from trtet_store.remote.tier.keyconfig import resolve_keys
-from trtet_store.remote.tier.lease import Lease, lease_body, new_holder, parse_lease, put
+from trtet_store.remote.tier.lease import Lease, put
 from trtet_store.remote.tier.signing import TierSignatureError, refusal, sign_entry
 from trtet_store.remote.url import RemoteURL
 
@@ -226,6 +228,7 @@ class RemoteTier:
             # costs seconds (the export goes on locally), not botocore's minutes.
             self.s3 = S3(endpoint_url, client=client, max_connections=concurrency + 2,
                          retries=2, connect_timeout=connect_timeout, read_timeout=60)
+        self._told_damaged: set[tuple[str, str]] = set()  # (key, etag) warned about
         self.endpoint_url = endpoint_url or getattr(
             getattr(self.s3.client, "meta", None), "endpoint_url", None)
         #: The key every pointer written here is signed with (None: unsigned).
@@ -257,8 +260,11 @@ class RemoteTier:
         """
         self.s3.check_bucket(self.bucket)
 
-    def lookup(self, key: str) -> RemoteEntry | None:
-        """The committed entry of ``key``, or None (none; or a pointer that does not parse, logged).
+    def read_pointer(self, key: str) -> RemoteEntry | DamagedPointer | None:
+        """The pointer of ``key``: its entry, a :class:`DamagedPointer`, or None (none).
+
+        Read only when it is at most :data:`POINTER_MAX_BYTES` (its size is
+        checked before its body), parsed with a depth cap.
 
         Raises
         ------
@@ -266,20 +272,38 @@ class RemoteTier:
             The server could not be asked (unreachable, denied, no bucket).
         """
         check_key(key)
-        got = self.s3.get(self.bucket, self._pointer(key), limit=16 << 20)
+        got = self.s3.get_dated(self.bucket, self._pointer(key), POINTER_MAX_BYTES)
         if got is None:
             return None
-        data, etag = got
+        if got.data is None:
+            return DamagedPointer(key, got.etag, got.size, f"{got.size} bytes, more than the "
+                                  f"{POINTER_MAX_BYTES} a pointer may be; not read")
         try:
-            return RemoteEntry.from_json(data, etag, key)
+            return RemoteEntry.from_json(got.data, got.etag, key)
         except ValueError as exc:
-            log.warning("%s: the pointer of %s does not parse (%s); taken as no entry",
-                        self.url, key, exc)
-            return None
+            return DamagedPointer(key, got.etag, got.size, str(exc))
 
-    def entries(self) -> list[RemoteEntry]:
-        """Every entry whose pointer parses, in key order."""
-        out = []
+    def lookup(self, key: str) -> RemoteEntry | None:
+        """The committed entry of ``key``, or None (none; or a damaged pointer, warned once).
+
+        Raises
+        ------
+        RemoteError
+            The server could not be asked (unreachable, denied, no bucket).
+        """
+        got = self.read_pointer(key)
+        if isinstance(got, DamagedPointer):
+            if (got.key, got.etag) not in self._told_damaged:
+                self._told_damaged.add((got.key, got.etag))
+                log.warning("%s: the pointer of %s cannot be read (%s); taken as no entry, "
+                            "the next publish of it replaces it", self.url, key, got.reason)
+            return None
+        return got
+
+    def listing(self) -> tuple[list[RemoteEntry], list[DamagedPointer]]:
+        """Every entry (pointers that parse) and every damaged pointer, in key order."""
+        out: list[RemoteEntry] = []
+        damaged: list[DamagedPointer] = []
         for k in sorted(self.s3.list_keys(self.bucket, self.prefix)):
             name = k[len(self.prefix):]
             if not name.endswith(POINTER_SUFFIX) or name.endswith(MANIFEST_SUFFIX):
@@ -289,10 +313,16 @@ class RemoteTier:
                 check_key(key)
             except ValueError:
                 continue
-            entry = self.lookup(key)
-            if entry is not None:
-                out.append(entry)
-        return out
+            got = self.read_pointer(key)
+            if isinstance(got, DamagedPointer):
+                damaged.append(got)
+            elif got is not None:
+                out.append(got)
+        return out, damaged
+
+    def entries(self) -> list[RemoteEntry]:
+        """Every entry whose pointer parses, in key order (damaged ones: :meth:`listing`)."""
+        return self.listing()[0]
 
     def signature_problem(self, entry: RemoteEntry) -> str | None:
         """Why this tier's trusted keys refuse ``entry`` (None: accepted, or no trusted keys)."""
@@ -429,7 +459,10 @@ class RemoteTier:
                 size, digest = file_digest(path)
             described.append({"name": name, "size": size, "digest": digest})
 
-        current = self.lookup(key)
+        current = self.read_pointer(key)
+        # A pointer nobody can read is replaced by the next publisher (If-Match its ETag).
+        damaged = current if isinstance(current, DamagedPointer) else None
+        current = None if damaged is not None else current
         if replace is None and current is not None:
             return TierPublish(key, False, f"already in the shared cache (origin "
                                f"{current.origin}, host {current.host})", 0, current)
@@ -472,12 +505,9 @@ class RemoteTier:
         if self.signing_key is not None:
             sign_entry(entry, self.signing_key)
         try:
-            if replace is None:
-                etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),
-                           if_none_match=True)
-            else:
-                etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),
-                           if_match=replace.etag)
+            pinned = replace.etag if replace is not None else getattr(damaged, "etag", None)
+            etag = put(self.s3, self.bucket, self._pointer(key), entry.to_json(),
+                       if_none_match=pinned is None, if_match=pinned)
         except PreconditionFailed:
             winner = self.lookup(key)
             if winner is None or winner.attempt != entry.attempt:
@@ -572,7 +602,8 @@ class RemoteTier:
         loser, a killed publisher) goes when its newest object (or open
         upload) is older; it is looked at once more right before, so an
         attempt a pointer names by then is kept. A lease goes when unchanged
-        for longer and for two of its ttls (a live one is renewed every ttl/3).
+        for longer and for two of its (capped) ttls on the server's clock (a
+        live one is renewed every ttl/3): :func:`.lease.prunable`.
 
         Returns
         -------
@@ -580,69 +611,9 @@ class RemoteTier:
             What was (or, with ``dry_run``, would be) removed: keys of entries,
             ``<key>/<attempt>/`` of attempt directories, ``<key>.lease``.
         """
-        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
-                or not older_than >= 0:
-            raise ValueError(f"older_than must be a number of seconds >= 0, not {older_than!r}")
-        now = time.time()
-        cutoff = now - older_than
-        removed: list[str] = []
-        kept_attempts: set[str] = set()
-        for entry in self.entries():
-            if entry.created < cutoff:
-                if not dry_run:
-                    try:
-                        self.delete(entry)
-                    except ObjectChangedError:
-                        kept_attempts.add(entry.attempt)  # replaced meanwhile: not ours
-                        continue
-                removed.append(entry.key)
-            else:
-                kept_attempts.add(entry.attempt)
-        listing = self.s3.list_dated(self.bucket, self.prefix)
-        newest: dict[str, float] = {}
-        for k, _, modified in listing:
-            rest = k[len(self.prefix):]
-            parts = rest.split("/")
-            if len(parts) == 3:
-                adir = f"{parts[0]}/{parts[1]}/"
-                newest[adir] = max(newest.get(adir, 0.0), modified)
-            elif len(parts) == 1 and rest.endswith(LEASE_SUFFIX) and modified < cutoff:
-                got = self.s3.get(self.bucket, k, limit=1 << 20)
-                if got is None:
-                    continue
-                # A live lease is rewritten every ttl/3: one unchanged for two of its
-                # ttls (and older_than) has no holder left.
-                ttl = (parse_lease(got[0]) or {}).get("ttl")
-                if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-                    ttl = 0.0
-                if modified >= now - 2 * ttl:
-                    continue
-                if not dry_run:
-                    try:
-                        self.s3.delete(self.bucket, k, if_match=got[1])
-                    except PreconditionFailed:
-                        continue  # renewed or taken over meanwhile: alive
-                removed.append(rest)
-        for u in self.s3.list_uploads(self.bucket, self.prefix):
-            parts = u.key[len(self.prefix):].split("/")
-            if len(parts) == 3:
-                adir = f"{parts[0]}/{parts[1]}/"
-                started = u.initiated.timestamp() if hasattr(u.initiated, "timestamp") else now
-                newest[adir] = max(newest.get(adir, 0.0), started)
-        for adir, modified in sorted(newest.items()):
-            if adir in kept_attempts or modified >= cutoff:
-                continue
-            key = adir.split("/")[0]
-            with contextlib.suppress(ValueError):
-                check_key(key)
-                # Looked at once more: a pointer written since our listing keeps it.
-                current = self.lookup(key)
-                if current is not None and current.attempt == adir:
-                    continue
-                if not dry_run:
-                    self._remove_attempt(f"{self.prefix}{adir}")
-                removed.append(adir)
-        return removed
+        from trtet_store.remote.tier.prune import prune
+
+        return prune(self, older_than, dry_run=dry_run)
 
     # --- leases ----------------------------------------------------------------------
 
@@ -653,8 +624,12 @@ class RemoteTier:
         Loop: an entry -> returned. No lease -> ours (``If-None-Match: *``).
         Another holder's lease -> wait (every ``poll`` s), returning the entry
         as soon as it appears, and taking the lease over (``If-Match`` its
-        ETag: of two waiters one wins) once its ETag has stayed the same for
-        more than its ttl on our clock, or claiming it once it is deleted.
+        ETag: of two waiters one wins) once it is dead: older than its ttl on
+        the server's clock (the answer's Date less its Last-Modified), or its
+        ETag unchanged for its ttl on ours; or claiming it once it is deleted.
+        The ttl a lease claims is capped at twice our ``lease_ttl`` (a
+        damaged one is ours). The wait is logged at WARNING when it starts
+        (holder, until when) and once when it outlasts the lease's ttl.
 
         Parameters
         ----------
@@ -670,61 +645,9 @@ class RemoteTier:
         RemoteError
             The server could not be asked.
         """
-        check_key(key)
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float))
-                                    or not timeout >= 0):
-            raise ValueError(f"timeout must be a number of seconds >= 0 or None, not "
-                             f"{timeout!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        lkey = self._lease(key)
-        holder = new_holder()
-        seen: tuple[str, float] | None = None  # (etag, first seen on our clock)
-        while True:
-            entry = self.lookup(key)
-            if entry is not None:
-                return entry
-            got = self.s3.get(self.bucket, lkey, limit=1 << 20)
-            started = time.time()
-            if got is None:
-                try:
-                    etag = put(self.s3, self.bucket, lkey,
-                               lease_body(holder, started, self.lease_ttl, 0),
-                               if_none_match=True)
-                except PreconditionFailed:
-                    continue  # another claimer got there first: look again
-                return self._acquired(key, lkey, holder, etag, started)
-            data, etag = got
-            doc = parse_lease(data) or {}
-            ttl = doc.get("ttl")
-            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
-                ttl = self.lease_ttl
-            now = time.monotonic()
-            if seen is None or seen[0] != etag:
-                seen = (etag, now)
-            elif now - seen[1] > ttl:
-                try:
-                    new = put(self.s3, self.bucket, lkey,
-                              lease_body(holder, started, self.lease_ttl, 0), if_match=etag)
-                except PreconditionFailed:
-                    seen = None  # renewed, released or taken by another waiter meanwhile
-                    continue
-                log.warning("%s: %s: took over the build lease of %s (pid %s), unchanged for "
-                            "%.1f s (its ttl %.1f s)", self.url, key, doc.get("host"),
-                            doc.get("pid"), now - seen[1], ttl)
-                return self._acquired(key, lkey, holder, new, started)
-            if on_wait is not None:
-                on_wait(doc)
-            wait = self.poll
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise LeaseWaitTimeout(
-                        f"{self.url}: {key}: waited {timeout} s for the build lease of "
-                        f"{doc.get('host', 'another machine')} (pid {doc.get('pid')}); it is "
-                        "still renewed")
-                wait = min(wait, left)
-            time.sleep(wait)
+        from trtet_store.remote.tier.claim import claim
+
+        return claim(self, key, timeout=timeout, on_wait=on_wait)
 
     def _acquired(self, key: str, lkey: str, holder: str, etag: str,
                   started: float) -> Lease | RemoteEntry:

@@ -588,7 +588,7 @@ def _owners(s3: S3, bucket: str, key: str, mkey: str) -> dict[str, str]:
             continue
         owners[k] = program
         try:
-            got = s3.get(bucket, k, limit=64 * MiB)
+            got = s3.get(bucket, k)
             if got is None:  # removed since the listing
                 continue
             named = named_keys(got[0])

@@ -16,11 +16,48 @@ with. A change raises :class:`~trtet_store.io.SourceChangedError`.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtet_store.io import Blob, ExternalFile, MiB, SourceChangedError
 from trtet_store.remote.checksum import CHUNK_SIZE, PieceDigester
+from trtet_store.remote.errors import NotARegularFileError
+
+
+def check_regular_file(path: Path) -> None:
+    """Raise unless ``path`` is a regular file (a link to one is one), by ``stat``: never opened.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing is there.
+    NotARegularFileError
+        A FIFO, a device (``/dev/zero``), a directory, a socket.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else
+                "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+        raise NotARegularFileError(f"{path} is not a regular file ({kind}): publish reads "
+                                   "files only; give the path of a file", os.fspath(path))
+
+
+def _open_source(path: os.PathLike | str) -> int:
+    """Open a source file to read; O_NONBLOCK so that a FIFO swapped in never blocks us."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise SourceChangedError(path, "the file is gone") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SourceChangedError(path, "it is no longer a regular file")
+    return fd
 
 
 @dataclass
@@ -92,8 +129,7 @@ class ObjectSource:
     def of_file(cls, path: os.PathLike | str, name: str | None = None) -> ObjectSource:
         """A local file as one object (one file piece)."""
         p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"{p} is not a file")
+        check_regular_file(p)
         return cls(name or p.name, [ExternalFile.of(p)])
 
     def read_at(self, offset: int, buf: memoryview) -> None:
@@ -126,10 +162,7 @@ class ObjectSource:
                 continue
             base = getattr(e.piece, "offset", 0) if isinstance(e.piece, ExternalFile) else 0
             path = e.piece.path  # type: ignore[attr-defined]
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise SourceChangedError(path, "the file is gone") from None
+            fd = _open_source(path)
             try:
                 got = 0
                 while got < len(dst):
@@ -203,10 +236,7 @@ class Reader:
         fd = self._fds.get(key)
         if fd is None:
             path = e.piece.path  # type: ignore[attr-defined]
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise SourceChangedError(path, "the file is gone") from None
+            fd = _open_source(path)
             self._fds[key] = fd
         return fd
 
