@@ -184,7 +184,8 @@ class Journal:
         """
         for _ in range(_CREATE_ATTEMPTS):
             fd = fs.calls.open(os.fspath(path),
-                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:

@@ -53,7 +53,9 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
         Without ``create``: the file is missing, or was unlinked or replaced
         before we held its lock.
     """
-    flags = (os.O_RDONLY if readonly else os.O_RDWR) | os.O_CLOEXEC
+    # O_NOFOLLOW: a lock file is never a link (one planted in a shared
+    # directory would make O_CREAT create, or open, a file wherever it points).
+    flags = (os.O_RDONLY if readonly else os.O_RDWR) | os.O_NOFOLLOW | os.O_CLOEXEC
     if create:
         flags |= os.O_CREAT
     while True:
@@ -61,7 +63,7 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
-                same = fs.same_file(os.fstat(fd), os.stat(path))
+                same = fs.same_file(os.fstat(fd), os.lstat(path))
             except FileNotFoundError:
                 same = False
         except BlockingIOError:
