@@ -56,6 +56,9 @@ class UnsafeDirectoryError(StorageError, PermissionError):
         super().__init__(errno.EACCES, f"refusing the {what} {os.fspath(path)}: {problem}; "
                          f"{todo}", os.fspath(path))
 
+    def __str__(self) -> str:  # one line: the path is in the message already
+        return self.strerror
+
 
 def directory_problem(st: os.stat_result, *, allow_sticky: bool) -> str | None:
     """Why a directory with status ``st`` (of its handle, or an ``lstat``) is unsafe, or None."""
@@ -288,21 +291,23 @@ def write_atomic(path: os.PathLike | str, data: bytes, *, mode: int = 0o600,
 STAGING_TODO = "remove it, or pass another staging directory"
 
 
-def staging_directory(path: os.PathLike | str, *, create: bool = True) -> SafeDir:
+def staging_directory(path: os.PathLike | str, *, create: bool = True,
+                      todo: str = STAGING_TODO) -> SafeDir:
     """Open (create 0700) a staging directory, strictly checked: a link, another user's
     directory, or one writable by group or others (sticky or not) is refused.
 
     Raises
     ------
     UnsafeDirectoryError
-        One line naming it and saying what to do.
+        One line naming it and saying what to do (``todo``).
     """
     return SafeDir.open(path, create=create, allow_sticky=False, what="staging directory",
-                        todo=STAGING_TODO)
+                        todo=todo)
 
 
-def check_staging_directory(path: os.PathLike | str) -> None:
-    """Refuse ``path`` as :func:`staging_directory` does, if it exists; create nothing."""
+def check_staging_directory(path: os.PathLike | str, *, todo: str = STAGING_TODO) -> None:
+    """Refuse ``path`` as :func:`staging_directory` does, if it exists (a dangling link
+    included); create nothing."""
     if not os.path.lexists(path):
         return
-    staging_directory(path, create=False).close()
+    staging_directory(path, create=False, todo=todo).close()

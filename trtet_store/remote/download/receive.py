@@ -82,7 +82,13 @@ from trtet_store.remote.download.plan import (
 )
 from trtet_store.remote.download.reader import Reader
 from trtet_store.remote.download.reuse import candidate_files, find_reusable
-from trtet_store.remote.download.staging import Staging, fetch_id, run_key, write_new_file
+from trtet_store.remote.download.staging import (
+    STAGING_TODO,
+    Staging,
+    fetch_id,
+    run_key,
+    write_new_file,
+)
 from trtet_store.remote.download.writer import RangeWriter
 from trtet_store.remote.errors import (
     FetchInterruptedError,
@@ -461,7 +467,7 @@ class _Fetch:
         self.per_object = {}
         # Before anything is read, downloaded or written: a staging directory
         # that is a link, another user's or writable by others is refused.
-        check_staging_directory(self.dest.parent / STAGING_DIR)
+        check_staging_directory(self.dest.parent / STAGING_DIR, todo=STAGING_TODO)
         interrupted = self._journal_exists()
         if interrupted:
             # An earlier fetch of this destination died or failed. If it died

@@ -65,6 +65,11 @@ log = logging.getLogger("trtet_store.remote.download.receive")
 METADATA_KEY = "trtet_fetch"
 
 
+#: What a refused staging directory's message tells the user to do (fetch stages beside
+#: its destination: there is no other staging directory to pass).
+STAGING_TODO = "remove it, or fetch into another directory"
+
+
 def fetch_id(dest: Path) -> str:
     """The id of a fetch into ``dest``: names its journal, lock and staged files."""
     return hashlib.sha256(os.fsencode(dest.absolute())).hexdigest()[:16]
@@ -121,7 +126,7 @@ class Staging:
         for attempt in range(3):
             if directory is not None:
                 directory.close()
-            directory = staging_directory(dest.parent / STAGING_DIR)
+            directory = staging_directory(dest.parent / STAGING_DIR, todo=STAGING_TODO)
             try:
                 # The lock on the file that is at the path now (io.lock): the fetch
                 # before us unlinks its lock file while it holds it, so a lock
@@ -392,7 +397,7 @@ def write_new_file(directory: Path, name: str, data: bytes) -> None:
     The directory is checked as :meth:`Staging.open` checks it and is not
     created: a missing one raises FileNotFoundError.
     """
-    with staging_directory(directory, create=False) as d:
+    with staging_directory(directory, create=False, todo=STAGING_TODO) as d:
         fd = d.create_replacing(name, os.O_WRONLY, 0o600)
         try:
             pwrite_all(fd, data, 0)
