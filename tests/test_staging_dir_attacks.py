@@ -93,7 +93,7 @@ def test_cli_fetch_refuses_a_staging_dir_another_user_made_and_never_writes_its_
         s3env, make_fs):
     """The trial's attack: nobody's .trtet-staging (0755) with the journal's temp name
     linked to a root-only file. root's ``trtet-store fetch`` refuses, before any request."""
-    mnt = make_fs("ext4", 64)
+    mnt = make_fs("ext4", 256)
     shared = shared_dir(mnt)
     home, secret = victim(mnt)
     dest = shared / "model.pte"
@@ -143,7 +143,7 @@ def test_a_staging_dir_that_is_a_link_is_refused_and_nothing_lands_in_its_target
     would fail verification (a byte flipped on every ranged GET) and, through the link,
     leave its .run files, journal and lock there while saying "nothing local was changed":
     it is refused first, with the link named, and nothing is written there."""
-    mnt = make_fs("ext4", 64)
+    mnt = make_fs("ext4", 256)
     shared = shared_dir(mnt)
     home, secret = victim(mnt)
     url = program(s3)
@@ -167,7 +167,7 @@ def test_a_staging_dir_that_is_a_link_is_refused_and_nothing_lands_in_its_target
 
 def test_a_dangling_staging_link_is_refused_before_any_request(s3, make_fs):
     """A link to a name that does not exist yet (fetch would create the target through it)."""
-    mnt = make_fs("ext4", 64)
+    mnt = make_fs("ext4", 256)
     shared = shared_dir(mnt)
     home, _ = victim(mnt)
     url = program(s3)
