@@ -189,7 +189,7 @@ class Journal:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
-                    same = fs.same_file(os.fstat(fd), os.stat(path))
+                    same = fs.same_file(os.fstat(fd), os.lstat(path))
                 except FileNotFoundError:
                     same = False
             except BaseException:

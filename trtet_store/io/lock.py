@@ -52,6 +52,10 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
     FileNotFoundError
         Without ``create``: the file is missing, or was unlinked or replaced
         before we held its lock.
+    OSError
+        ``ELOOP``: the path is a symbolic link (planted where a lock file
+        goes); it is never followed, so a lock never creates or opens a file
+        elsewhere.
     """
     # O_NOFOLLOW: a lock file is never a link (one planted in a shared
     # directory would make O_CREAT create, or open, a file wherever it points).
