@@ -317,3 +317,30 @@ def test_a_dangling_lock_link_in_our_own_staging_creates_nothing_at_its_target(s
     assert caught.value.filename == os.fspath(lock)
     assert state(home) == home_before
     assert not dest.exists()
+
+
+def test_the_publish_journal_refuses_a_linked_directory_and_never_truncates_through_its_lock(
+        tmp_path):
+    from trtet_store.remote.upload.journal import Journal, journal_path
+
+    victim_file = tmp_path / "victim"
+    victim_file.write_bytes(b"keep me\n")
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    linked = tmp_path / "linked"
+    os.symlink(real, linked)
+    j = Journal(journal_path(linked, "b", "k/m.pte"))
+    with pytest.raises(UnsafeDirectoryError, match=f"refusing the publish journal directory "
+                       f"{linked}: it is a symbolic link; remove it, or pass another journal_dir"):
+        j.lock("s3://b/k/m.pte", "k/m.pte")
+    assert os.listdir(real) == []
+    # A lock file that is a hard link to another file (planted in a sticky directory of
+    # ours that others may write to): locked, but its pid line is not written through it.
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    j = Journal(journal_path(sticky, "b", "k/m.pte"))
+    os.link(victim_file, j.lock_path)
+    j.lock("s3://b/k/m.pte", "k/m.pte")
+    j.unlock()
+    assert victim_file.read_bytes() == b"keep me\n"
