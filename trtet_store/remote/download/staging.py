@@ -135,9 +135,13 @@ class Staging:
                 break
             except FileNotFoundError:
                 if attempt == 2:
+                    directory.close()
                     raise
                 # The fetch before us removed the (then empty) staging directory
                 # between our mkdir and our open: make it again.
+            except BaseException:
+                directory.close()
+                raise
         if lock_fd is None:
             directory.close()
             raise ConcurrentWriteError(errno.EBUSY, f"another fetch into {dest} is running; "
