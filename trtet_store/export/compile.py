@@ -23,6 +23,7 @@ from typing import Any
 
 from trtet_store.io import BlobStore, WriteReport
 from trtet_store.io.names import STAGING_DIR
+from trtet_store.io.safedir import staging_directory
 from trtet_store.io.units import PAGE
 
 log = logging.getLogger("trtet_store.compile")
@@ -270,6 +271,9 @@ def compile_and_save(
         _refuse_cache_in(cache.directory, Path(staging))
     own_store = not isinstance(store, BlobStore)
     if own_store:
+        # Before the build: a staging directory that is a link, another user's or
+        # writable by others is refused, and nothing is written in it.
+        staging_directory(path.parent / STAGING_DIR if store is None else store).close()
         store = BlobStore(path.parent / STAGING_DIR if store is None else store)
     edge = None
     written = False

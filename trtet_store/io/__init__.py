@@ -33,6 +33,13 @@ from trtet_store.io.options import UNSET, Progress, WriteOptions, merge_options
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.records import DamagedRecordsError, RecordFile, read_records
 from trtet_store.io.recovery import recover
+from trtet_store.io.safedir import (
+    SafeDir,
+    UnsafeDirectoryError,
+    check_staging_directory,
+    staging_directory,
+    write_atomic,
+)
 from trtet_store.io.units import GiB, MiB
 from trtet_store.io.versioned import (
     VersionedWrite,
@@ -81,6 +88,11 @@ __all__ = [
     "PlacementRecord",
     "Progress",
     "RecordFile",
+    "SafeDir",
+    "UnsafeDirectoryError",
+    "check_staging_directory",
+    "staging_directory",
+    "write_atomic",
     "SourceChangedError",
     "PUBLISH_STAGING_DIR",
     "STAGING_DIR",

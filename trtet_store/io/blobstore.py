@@ -27,7 +27,6 @@ import contextlib
 import errno
 import logging
 import os
-import stat
 import tempfile
 import threading
 import uuid
@@ -41,6 +40,7 @@ from trtet_store.io.blob import Blob, live_blob, register_live
 from trtet_store.io.digests import DEFAULT_CHUNK_SIZE, Digester, file_identity
 from trtet_store.io.lock import try_lock, unlock_file
 from trtet_store.io.orphans import Orphan, collect_stale, list_orphans
+from trtet_store.io.safedir import SafeDir
 from trtet_store.io.sidecar import read_meta, write_meta
 from trtet_store.io.units import format_mib
 
@@ -65,8 +65,8 @@ class BlobWriter:
         self._metadata = metadata
         self._part = names.part_path_of(final)
         # Through fs.calls, like every call of the engine, so fault tests reach it.
-        self._fd = fs.calls.open(os.fspath(self._part),
-                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._fd = fs.calls.open(os.fspath(self._part), os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                 | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         self._digester = Digester(store.chunk_size)
         self._behind = pagecache.DropBehind(self._fd) if store.drop_behind else None
         self._allocated = 0  # the file is allocated (and sized) up to here
@@ -140,22 +140,11 @@ def _private_directory(path: Path) -> Path:
     The default store sits in a shared temporary directory: anyone could
     create the name first (and then read, replace or delete the engines
     staged there), so a directory that is a symlink, not ours, or writable
-    by others is refused rather than used.
+    by others is refused rather than used (the one check of io's
+    :mod:`~trtet_store.io.safedir`, which staging directories share).
     """
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    st = os.lstat(path)
-    problem = None
-    if not stat.S_ISDIR(st.st_mode):
-        problem = "it is not a directory (a symlink?)"
-    elif st.st_uid != os.getuid():
-        problem = f"it is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
-    elif st.st_mode & 0o022:
-        problem = f"it is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
-    if problem:
-        raise PermissionError(errno.EACCES, f"refusing the default blob store {path}: {problem}; "
-                              "remove it, or pass a directory (or set TRTET_STORE_DIR)",
-                              os.fspath(path))
+    SafeDir.open(path, create=True, allow_sticky=False, what="default blob store",
+                 todo="remove it, or pass a directory (or set TRTET_STORE_DIR)").close()
     return path
 
 

@@ -281,7 +281,7 @@ def _probe_on_scratch(key: tuple, directory: Path, attempt, works: str,
     if known is not None:
         return _verdict(known)
     probe = names.probe_path(directory, f"{key[0]}-{uuid.uuid4().hex[:8]}")
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         attempt(fd)
     except OSError as exc:

@@ -184,11 +184,12 @@ class Journal:
         """
         for _ in range(_CREATE_ATTEMPTS):
             fd = fs.calls.open(os.fspath(path),
-                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
-                    same = fs.same_file(os.fstat(fd), os.stat(path))
+                    same = fs.same_file(os.fstat(fd), os.lstat(path))
                 except FileNotFoundError:
                     same = False
             except BaseException:

@@ -52,8 +52,14 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
     FileNotFoundError
         Without ``create``: the file is missing, or was unlinked or replaced
         before we held its lock.
+    OSError
+        ``ELOOP``: the path is a symbolic link (planted where a lock file
+        goes); it is never followed, so a lock never creates or opens a file
+        elsewhere.
     """
-    flags = (os.O_RDONLY if readonly else os.O_RDWR) | os.O_CLOEXEC
+    # O_NOFOLLOW: a lock file is never a link (one planted in a shared
+    # directory would make O_CREAT create, or open, a file wherever it points).
+    flags = (os.O_RDONLY if readonly else os.O_RDWR) | os.O_NOFOLLOW | os.O_CLOEXEC
     if create:
         flags |= os.O_CREAT
     while True:
@@ -61,7 +67,7 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
-                same = fs.same_file(os.fstat(fd), os.stat(path))
+                same = fs.same_file(os.fstat(fd), os.lstat(path))
             except FileNotFoundError:
                 same = False
         except BlockingIOError:

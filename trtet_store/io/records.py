@@ -5,7 +5,11 @@ Git builds its lockfile on its tempfile:
 
 - :meth:`RecordFile.start` writes the first records to a temporary file
   beside the path, fsyncs it, renames it over the path and fsyncs the
-  directory, so the file is either the old one or the new head, whole;
+  directory, so the file is either the old one or the new head, whole. All
+  of it under one checked handle of the directory (:class:`~trtet_store.io.safedir.SafeDir`):
+  the temp file is created ``O_EXCL | O_NOFOLLOW`` (a name planted there,
+  a link to another user's file, is removed, never written through), and
+  the file is reopened to append without following a link;
 - :meth:`RecordFile.append` adds one record with one ``O_APPEND`` write (a
   kill cuts at most that line), raising on a short write, and syncs it when
   asked;
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.io.fs import fsync_dir, pwrite_all
+from trtet_store.io.safedir import SafeDir
 
 
 class DamagedRecordsError(ValueError):
@@ -69,9 +74,12 @@ def read_records(path: os.PathLike | str, *, skip_damaged: bool = False) -> list
         mid-append.
     """
     try:
-        data = Path(path).read_bytes()
+        # Not through a link: a record file is ours, made by RecordFile.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
+    with open(fd, "rb") as f:
+        data = f.read()
     lines = data.split(b"\n")
     records = []
     for i, line in enumerate(lines):
@@ -97,7 +105,10 @@ class RecordFile:
     Parameters
     ----------
     path
-        The file. Its directory is created by :meth:`start` if missing.
+        The file. Its directory is created (0700) by :meth:`start` if missing,
+        and refused (:class:`~trtet_store.io.safedir.UnsafeDirectoryError`)
+        when it is a link, another user's, or writable by others and not
+        sticky.
     mode
         Permission bits of a new file.
     """
@@ -111,23 +122,31 @@ class RecordFile:
     def start(self, records: list[dict[str, Any]]) -> None:
         """Replace the file atomically and durably with ``records``, then open it to append."""
         self.close()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, self.mode)
-        try:
-            pwrite_all(fd, b"".join(_line(r) for r in records), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
-        self.reopen()
+        tmp = self.path.name + ".tmp"
+        with SafeDir.open(self.path.parent, create=True) as d:
+            # A leftover temp file (ours, or a link someone planted) is unlinked
+            # and the name created anew: never truncated, never followed.
+            fd = d.create_replacing(tmp, os.O_WRONLY, self.mode)
+            try:
+                try:
+                    pwrite_all(fd, b"".join(_line(r) for r in records), 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                d.rename(tmp, self.path.name)
+            except BaseException:
+                d.unlink(tmp)
+                raise
+            d.fsync()
+            with self._mutex:
+                self._fd = d.open_existing(self.path.name, os.O_WRONLY | os.O_APPEND)
 
     def reopen(self) -> None:
         """Continue appending to the existing file."""
         with self._mutex:
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                self._fd = os.open(self.path,
+                                   os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def append(self, record: dict[str, Any], *, durable: bool = False) -> None:
         """Append one record (thread-safe); ``durable``: fdatasync it before returning.

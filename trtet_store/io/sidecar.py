@@ -49,7 +49,14 @@ def write_meta(blob_path: os.PathLike | str, *, size: int, identity: Sequence[in
         text = json.dumps(record, separators=(",", ":"))
     except TypeError as exc:
         raise TypeError(f"blob metadata must be JSON-serializable: {exc}") from None
-    fd = fs.calls.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    # A new file, never one that is there (a link planted beside the blob is
+    # not written through): a leftover .part of ours is removed and made anew.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = fs.calls.open(part, flags, 0o644)
+    except FileExistsError:
+        os.unlink(part)
+        fd = fs.calls.open(part, flags, 0o644)
     try:
         try:
             fs.pwrite_all(fd, text.encode(), 0)

@@ -300,7 +300,8 @@ class Transaction:
                 self._host(i, out, host)
             if host is None or out.temp_fd < 0:
                 out.temp_fd = fs.calls.open(os.fspath(out.temp),
-                                            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                            | os.O_CLOEXEC,
                                             0o644)
             self._keep_mode_and_owner(out)
             # Pre-sizing keeps XFS from speculative preallocation past EOF,

@@ -230,7 +230,8 @@ def pinned_version(link: os.PathLike | str, *, attempts: int = 100) -> Iterator[
 def _link_lock(versions: Path, name: str, timeout: float | None) -> Iterator[None]:
     """One versioned writer of a link at a time (the lock file stays: unlinking races)."""
     path = versions / f".{name}.lock"
-    fd = fs.calls.open(os.fspath(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = fs.calls.open(os.fspath(path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o644)
     try:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

@@ -62,6 +62,7 @@ from trtet_store.io import (
     InsufficientSpaceError,
     MiB,
     block_size,
+    check_staging_directory,
     chunk_digest,
     free_bytes,
     fsync_dir,
@@ -81,7 +82,13 @@ from trtet_store.remote.download.plan import (
 )
 from trtet_store.remote.download.reader import Reader
 from trtet_store.remote.download.reuse import candidate_files, find_reusable
-from trtet_store.remote.download.staging import Staging, fetch_id, run_key
+from trtet_store.remote.download.staging import (
+    STAGING_TODO,
+    Staging,
+    fetch_id,
+    run_key,
+    write_new_file,
+)
 from trtet_store.remote.download.writer import RangeWriter
 from trtet_store.remote.errors import (
     FetchInterruptedError,
@@ -458,6 +465,9 @@ class _Fetch:
         # self.downloaded counts on across restarts: every byte received is reported.
         self.reused = self.resumed = 0
         self.per_object = {}
+        # Before anything is read, downloaded or written: a staging directory
+        # that is a link, another user's or writable by others is refused.
+        check_staging_directory(self.dest.parent / STAGING_DIR, todo=STAGING_TODO)
         interrupted = self._journal_exists()
         if interrupted:
             # An earlier fetch of this destination died or failed. If it died
@@ -649,7 +659,7 @@ class _Fetch:
                 continue
             tmp = staging / f"fetch-{fetch_id(self.dest)}-ptd-head.tmp"
             try:
-                tmp.write_bytes(head)
+                write_new_file(staging, tmp.name, head)
                 if set(keys) & read_ptd_keys(tmp):
                     out.append(key.rpartition("/")[2])
             except (OSError, ValueError):

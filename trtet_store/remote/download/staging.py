@@ -24,7 +24,11 @@ Beside the destination, in ``.trtet-staging/`` (the staging directory that
 - ``fetch-<id>.lock``: held (``flock``, taken with :func:`trtet_store.io.lock.try_lock`,
   so only on the file at that path now) while a fetch of this destination runs.
 
-``<id>`` is a digest of the destination's absolute path.
+``<id>`` is a digest of the destination's absolute path, so anyone can
+compute these names: the directory is opened and checked before anything is
+written in it (:func:`trtet_store.io.staging_directory`: a link, another
+user's directory, or one writable by group or others is refused), and every
+file of ours in it is created under that handle with ``O_EXCL | O_NOFOLLOW``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import errno
 import hashlib
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +49,12 @@ from trtet_store.io import (
     BlobStore,
     ConcurrentWriteError,
     RecordFile,
+    SafeDir,
     pwrite_all,
     read_records,
     recover,
     release,
+    staging_directory,
     try_lock,
     unlock_file,
 )
@@ -56,6 +63,11 @@ from trtet_store.remote.download.plan import ObjectPlan, Range, Run
 log = logging.getLogger("trtet_store.remote.download.receive")
 
 METADATA_KEY = "trtet_fetch"
+
+
+#: What a refused staging directory's message tells the user to do (fetch stages beside
+#: its destination: there is no other staging directory to pass).
+STAGING_TODO = "remove it, or fetch into another directory"
 
 
 def fetch_id(dest: Path) -> str:
@@ -80,12 +92,13 @@ class Staging:
     Open it with :meth:`open`; it holds the fetch's lock until :meth:`close`.
     """
 
-    def __init__(self, dest: Path, directory: Path, fid: str, lock_fd: int) -> None:
+    def __init__(self, dest: Path, directory: SafeDir, fid: str, lock_fd: int) -> None:
         self.dest = dest
-        self.directory = directory
+        self.sdir = directory  # the checked handle every file of ours is made under
+        self.directory = directory.path
         self.id = fid
         self.lock_fd = lock_fd
-        self.journal_path = directory / f"fetch-{fid}.journal"
+        self.journal_path = self.directory / f"fetch-{fid}.journal"
         self.store: BlobStore | None = None
         self.runs: dict[tuple[int, int, int], StagedRun] = {}
         self.done: dict[tuple[int, int, int], int] = {}  # (obj, offset, size) -> crc
@@ -103,12 +116,17 @@ class Staging:
         ------
         ConcurrentWriteError
             Another fetch into ``dest`` is running.
+        UnsafeDirectoryError
+            The staging directory is a link, another user's, or writable by
+            others: nothing was written in it.
         """
-        directory = dest.parent / STAGING_DIR
         fid = fetch_id(dest)
-        lock_path = directory / f"fetch-{fid}.lock"
+        lock_path = dest.parent / STAGING_DIR / f"fetch-{fid}.lock"
+        directory = None
         for attempt in range(3):
-            directory.mkdir(exist_ok=True)
+            if directory is not None:
+                directory.close()
+            directory = staging_directory(dest.parent / STAGING_DIR, todo=STAGING_TODO)
             try:
                 # The lock on the file that is at the path now (io.lock): the fetch
                 # before us unlinks its lock file while it holds it, so a lock
@@ -117,15 +135,20 @@ class Staging:
                 break
             except FileNotFoundError:
                 if attempt == 2:
+                    directory.close()
                     raise
                 # The fetch before us removed the (then empty) staging directory
                 # between our mkdir and our open: make it again.
+            except BaseException:
+                directory.close()
+                raise
         if lock_fd is None:
+            directory.close()
             raise ConcurrentWriteError(errno.EBUSY, f"another fetch into {dest} is running; "
                                        "wait for it to finish", os.fspath(dest))
         self = cls(dest, directory, fid, lock_fd)
         try:
-            self.store = BlobStore(directory)
+            self.store = BlobStore(self.directory)
             self._resume_or_start(url, version, plans)
         except BaseException:
             self.close()
@@ -198,12 +221,12 @@ class Staging:
         for path in self.directory.glob(f"fetch-{self.id}-*.run"):
             parts = path.name[:-len(".run")].split("-")[2:]
             key = tuple(int(x) for x in parts) if len(parts) == 3 else None
-            if same_version and key in wanted and key not in self.runs:
+            if same_version and key in wanted and key not in self.runs and \
+                    _own_file(self.sdir, path.name):
                 self.runs[key] = StagedRun(wanted[key], self._adopt(path, wanted[key], url,
                                                                     version))
             else:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                self.sdir.unlink(path.name)  # a link is removed itself, never followed
         for blob in stale:
             origin = blob.origin
             blob.close()  # gives it back to its origin name: remove that too
@@ -222,7 +245,7 @@ class Staging:
         for key, run in wanted.items():
             if key not in self.runs:
                 path = self._origin(run)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                fd = self.sdir.create_replacing(path.name, os.O_WRONLY, 0o644)
                 try:
                     # Allocated now (the preflight counted it): ranges written in
                     # parallel then fill one extent, and XFS reserves nothing more
@@ -236,7 +259,7 @@ class Staging:
                 self.runs[key] = StagedRun(run, self._adopt(path, run, url, version))
         for staged in self.runs.values():
             staged.run = wanted[run_key(staged.run)]
-            staged.fd = os.open(staged.blob.path, os.O_WRONLY | os.O_CLOEXEC)
+            staged.fd = os.open(staged.blob.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         if self.done:
             log.info("%s: resuming: %d ranges (%d bytes) staged by an earlier fetch", self.dest,
                      len(self.done), sum(k[2] for k in self.done))
@@ -272,8 +295,11 @@ class Staging:
 
     def read(self, run: Run, rng: Range) -> bytes:
         path = self.runs[run_key(run)].blob.path
-        with open(path, "rb", buffering=0) as f:
-            return os.pread(f.fileno(), rng.size, rng.offset - run.offset)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, rng.size, rng.offset - run.offset)
+        finally:
+            os.close(fd)
 
     def record(self, rng: Range, crc: int) -> None:
         """Journal a range as written (one ``O_APPEND`` write: a kill cuts at most this line)."""
@@ -312,8 +338,7 @@ class Staging:
         # it leaves lock files that an up-to-date fetch does not clean. A
         # journal a power cut brings back only makes the next fetch clean up.
         self._journal.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.journal_path.unlink()
+        self.sdir.unlink(self.journal_path.name)
 
     def discard(self) -> None:
         """Drop every staged byte and the journal (a version that is no longer wanted)."""
@@ -353,8 +378,32 @@ class Staging:
             self.lock_fd = -1
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # only when empty
+        self.sdir.close()
 
 
 def _inode(path: os.PathLike | str) -> list[int]:
-    st = os.stat(path)
+    st = os.lstat(path)
     return [st.st_dev, st.st_ino]
+
+
+def _own_file(directory: SafeDir, name: str) -> bool:
+    """``name`` is a regular file of ours (a run a fetch of ours left), not a link."""
+    try:
+        st = directory.lstat(name)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def write_new_file(directory: Path, name: str, data: bytes) -> None:
+    """``name`` in the staging ``directory``, created anew (never through a link) with ``data``.
+
+    The directory is checked as :meth:`Staging.open` checks it and is not
+    created: a missing one raises FileNotFoundError.
+    """
+    with staging_directory(directory, create=False, todo=STAGING_TODO) as d:
+        fd = d.create_replacing(name, os.O_WRONLY, 0o600)
+        try:
+            pwrite_all(fd, data, 0)
+        finally:
+            os.close(fd)

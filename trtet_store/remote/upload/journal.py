@@ -30,12 +30,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from trtet_store.io import (
     DamagedRecordsError,
     RecordFile,
+    SafeDir,
     pwrite_all,
     read_records,
     try_lock,
@@ -121,7 +123,11 @@ class Journal:
         """
         if self._lock_fd is not None:
             raise RemoteError(f"publish journal {self.path} is locked already")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The journal directory is ours (made 0700; a link, another user's or
+        # one others may write to without a sticky bit is refused), and the
+        # lock file is opened without following a link.
+        SafeDir.open(self.path.parent, create=True, what="publish journal directory",
+                     todo="remove it, or pass another journal_dir").close()
         fd = try_lock(self.lock_path, create=True)
         if fd is None:
             holder = ""
@@ -133,8 +139,11 @@ class Journal:
                                 "or stop it and publish again to resume its upload", key)
         # Who holds it, for the message above (best effort: the flock is the lock).
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            pwrite_all(fd, f"{os.getpid()}\n".encode(), 0)
+            st = os.fstat(fd)
+            # Only a lock file of ours, of one name: never a hard link to another file.
+            if st.st_uid == os.geteuid() and st.st_nlink == 1 and stat.S_ISREG(st.st_mode):
+                os.ftruncate(fd, 0)
+                pwrite_all(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def unlock(self) -> None:

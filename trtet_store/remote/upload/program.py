@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import PUBLISH_STAGING_DIR, UNSET
+from trtet_store.io import PUBLISH_STAGING_DIR, UNSET, staging_directory
 from trtet_store.remote.report import PublishProgress, PublishReport
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
 from trtet_store.remote.upload.send import publish_sources
@@ -236,7 +236,9 @@ def compile_and_publish(
     # the files compile_and_save would write.
     config = executorch_config(backend_config, backend, segment_alignment)
     directory = publish_staging(store)
-    directory.mkdir(parents=True, exist_ok=True)
+    # Before the build: a link, another user's directory, or one writable by
+    # others is refused, and nothing is written in it.
+    staging_directory(directory).close()
     with BlobStore(directory) as blobs:
         edge = export_program(source, inputs=inputs, store=blobs, **export_kwargs)
         program = edge.to_executorch(config)
