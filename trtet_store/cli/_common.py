@@ -25,9 +25,57 @@ from typing import Any
 
 from trtet_store.io.units import format_mib, parse_size
 
-__all__ = ["ERROR_TABLE", "LOG_INTERVAL", "ErrorContext", "ProgressBar", "add_s3_options",
-           "bar_interval", "explain", "fail", "mib", "one_line", "report_error",
-           "sigterm_as_exit", "size_arg"]
+__all__ = ["ERROR_TABLE", "LOG_INTERVAL", "ErrorContext", "OptionValueError", "Parser",
+           "ProgressBar", "add_s3_options", "bar_interval", "endpoint_url_arg", "explain",
+           "fail", "mib", "one_line", "report_error", "sigterm_as_exit", "size_arg"]
+
+
+class OptionValueError(argparse.ArgumentTypeError):
+    """An option's value refused by a message that says what to give: one line, no usage block.
+
+    Raised by an argparse ``type=`` function; :class:`Parser` prints it as
+    ``trtet-store CMD: argument --OPTION: message`` with exit code 2.
+    """
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but an :class:`OptionValueError` is one line (its subparsers too)."""
+
+    def error(self, message: str) -> Any:  # noqa: D102 - argparse's
+        # argparse raises its ArgumentError inside the `except` of the type function's
+        # error and calls error() inside its own: the type function's error is the context.
+        handled = sys.exc_info()[1]
+        if isinstance(getattr(handled, "__context__", None), OptionValueError):
+            self.exit(2, f"{self.prog}: {message}\n")
+        super().error(message)
+
+
+def endpoint_url_arg(text: str) -> str:
+    """``--endpoint-url``'s value, judged before any request (argparse ``type=``).
+
+    Raises
+    ------
+    OptionValueError
+        Not ``http://host[:port]`` or ``https://host[:port]`` (with an optional path).
+    """
+    from urllib.parse import urlsplit
+
+    why = None
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        why = str(exc)
+    else:
+        if parts.scheme not in ("http", "https"):
+            why = "no http:// or https://" if not parts.scheme else \
+                f"the scheme is {parts.scheme!r}"
+        elif not parts.hostname:
+            why = "no host"
+    if why is not None:
+        raise OptionValueError(f"{text!r} is not an endpoint URL ({why}); give "
+                               "http(s)://host[:port], e.g. http://127.0.0.1:8333")
+    return text
 
 
 def add_s3_options(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +84,8 @@ def add_s3_options(parser: argparse.ArgumentParser) -> None:
     ``--endpoint-url`` (default: what boto3 finds), ``--json`` (print the
     report as JSON) and ``--no-progress``.
     """
-    parser.add_argument("--endpoint-url", default=None,
+    parser.add_argument("--endpoint-url", default=None, type=endpoint_url_arg,
+                        metavar="http(s)://HOST[:PORT]",
                         help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
