@@ -199,11 +199,15 @@ def publish_sources(
     concurrency: int = UNSET,
     journal_dir: os.PathLike | str | None = UNSET,
     index: bool = UNSET,
+    client: S3 | None = None,
 ) -> PublishReport:
     """Publish ``sources`` (the program first) to ``url``; see :func:`trtet_store.publish`.
 
     ``config``, ``replace``/``if_exists`` and the old keywords ``part_size``,
     ``concurrency``, ``journal_dir``, ``index`` are as for ``publish``.
+    ``client``: the :class:`~trtet_store.remote.s3.S3` every call goes through
+    (a shared tier's own, with its credentials); default one made at
+    ``endpoint_url`` the way boto3 finds credentials.
 
     The destination's journal is locked for the whole publish, before it is
     read: a second publish of the same key on this machine (a process or a
@@ -223,7 +227,7 @@ def publish_sources(
         return _publish_locked(sources, dest, journal, endpoint_url=endpoint_url,
                                part_size=cfg.part_size, concurrency=cfg.concurrency,
                                replace=replace, resume=resume, progress=progress,
-                               index=cfg.index)
+                               index=cfg.index, client=client)
     finally:
         journal.unlock()
 
@@ -251,6 +255,7 @@ def _publish_locked(
     resume: bool,
     progress: Callable[[PublishProgress], Any] | None,
     index: bool,
+    client: S3 | None = None,
 ) -> PublishReport:
     """:func:`publish_sources` with its ``journal`` locked."""
     start = time.monotonic()
@@ -270,7 +275,7 @@ def _publish_locked(
         s.check()  # a staged piece not as sealed: refused before any request
     sizes = [choose_part_size(s.size, part_size) for s in sources]
 
-    s3 = S3(endpoint_url, max_connections=concurrency + 2)
+    s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2)
     bucket = dest.bucket
     s3.check_bucket(bucket)
 
