@@ -101,6 +101,7 @@ from trtet_store.remote.upload.journal import (
     journal_path,
 )
 from trtet_store.remote.upload.parts import Part, choose_part_size, plan_parts
+from trtet_store.remote.upload.resume_plan import journaled_part_sizes, plan_difference
 from trtet_store.remote.upload.source import ObjectSource, Reader, piece_digests
 from trtet_store.remote.upload.unfinished import open_uploads
 from trtet_store.remote.url import RemoteURL
@@ -274,6 +275,9 @@ def _publish_locked(
     for s in sources:
         s.check()  # a staged piece not as sealed: refused before any request
     sizes = [choose_part_size(s.size, part_size) for s in sources]
+    records = Journal.read(journal.path)
+    if part_size is None and records and resume:  # no size given: a resume takes the journal's
+        sizes = journaled_part_sizes(records[0], [(s.name, s.size) for s in sources], sizes)
 
     s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2)
     bucket = dest.bucket
@@ -281,11 +285,11 @@ def _publish_locked(
 
     objs = [_Object(s, k, ps, plan_parts(s.size, ps), {}, None)
             for s, k, ps in zip(sources, keys, sizes, strict=True)]
-    records = Journal.read(journal.path)
     state = _resume_state(records, objs) if records and resume else None
     if records and state is None:
-        why = "resume=False" if not resume else "the pieces differ from the journal's plan"
-        log.info("publish %s: an earlier journal's uploads are aborted (%s)", dest, why)
+        why = "resume=False" if not resume else plan_difference(
+            records[0].get("fingerprint"), _fingerprint(objs))
+        log.warning("publish %s: an earlier journal's uploads are aborted (%s)", dest, why)
         _abort_journaled(s3, bucket, records)
         journal.remove()
 
