@@ -375,12 +375,8 @@ def _push_status(p: Any) -> str:
 
 
 def _bar(args: argparse.Namespace, desc: str) -> ProgressBar:
-    """push's or pull's bar: on a terminal only (a log or a pipe gets the report alone)."""
-    try:
-        tty = sys.stderr.isatty()
-    except (AttributeError, ValueError):  # replaced or closed stderr: no terminal
-        tty = False
-    return ProgressBar(desc, enabled=tty and not args.no_progress and not args.json)
+    """push's or pull's bar: on a terminal only, as every command's (ProgressBar's rule)."""
+    return ProgressBar(desc, enabled=not args.no_progress and not args.json)
 
 
 def _push(cache: Any, args: argparse.Namespace) -> int:
