@@ -106,3 +106,10 @@ def test_the_stub_is_refused_in_one_line_where_it_cannot_serve(tmp_path, value, 
     assert done.stdout == ""
     assert sorted(os.listdir(tmp_path)) == ["m.py", "out"]  # no cache, no staging
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_the_stub_is_documented_in_the_commands_help(tmp_path):
+    done = _run(tmp_path, "compile-and-save", "--help", stub=None)
+    assert done.returncode == 0, done.stderr
+    assert f"Test aid: {ENV}=1 builds the engines with the stub TensorRT" in \
+        " ".join(done.stdout.split()), done.stdout

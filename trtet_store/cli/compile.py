@@ -38,6 +38,9 @@ def add_parser(sub: Any) -> None:
         description="Import MODULE.py, call FACTORY() for (module, inputs), and "
         "run trtet_store.compile_and_save(module, inputs, OUT); with --method, one "
         "method per factory in one program.",
+        epilog=f"Test aid: {ENV}=1 builds the engines with the stub TensorRT builder "
+        "(trtet_store.testing.stub_tensorrt: pseudo-random engine bytes, no GPU) and runs "
+        "everything after the build for real, so the engine cache can be tried from a shell.",
     )
     c.add_argument(
         "paths",
