@@ -263,7 +263,7 @@ class TcpProxy:
     """
 
     def __init__(self, target: tuple[str, int], faults: list[Fault] | None = None,
-                 request_rate: float | None = None) -> None:
+                 request_rate: float | None = None, port: int = 0) -> None:
         self.target = target
         self.request_rate = request_rate
         self.faults: list[Fault] = list(faults or [])
@@ -273,7 +273,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
+        self._listener.bind(("127.0.0.1", port))  # a port again: a server back after a stop
         self._listener.listen(64)
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -375,6 +375,10 @@ class TcpProxy:
     def close(self) -> None:
         """Stop accepting and reset every open connection."""
         self._closed.set()
+        with contextlib.suppress(OSError):
+            # Wakes the accept() blocked in _accept: a close alone leaves the port
+            # listening (the kernel keeps the socket while a thread is inside accept).
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:

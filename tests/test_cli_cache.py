@@ -520,9 +520,12 @@ def test_parse_age():
 
     assert [parse_age(t) for t in ("7d", "12h", "30m", "90s", "2w", "1.5h", "0s")] == \
         [7 * 86400, 12 * 3600, 30 * 60, 90, 14 * 86400, 5400, 0]
-    for bad in ("7", "-1d", "7y", "d", "", "1.d", "7 days"):
+    for bad in ("7", "7y", "d", "", "1.d", "7 days", "--1d"):
         with pytest.raises(Exception, match="not an age"):
             parse_age(bad)
+    for negative in ("-1d", "-0.5h"):
+        with pytest.raises(Exception, match="an age cannot be negative"):
+            parse_age(negative)
 
 
 def test_remote_refusals_are_one_line_and_write_nothing(built, here_fs, s3env):
@@ -531,11 +534,13 @@ def test_remote_refusals_are_one_line_and_write_nothing(built, here_fs, s3env):
     before, local = _tree(a.directory), _build_entries(a)
     missing = here_fs / "missing"
 
-    for age in ("7y", "7", "-1d"):  # argparse's refusal: exit 2, the error on one line
+    for age in ("7y", "7", "-1d"):  # refused by name: exit 2, one line
         done = cli("prune", "--remote", url, *ep, f"--older-than={age}", "--dir", a.directory)
         assert done.returncode == 2 and done.stdout == ""
-        [line] = [x for x in done.stderr.splitlines() if "error:" in x]
-        assert f"argument --older-than: not an age: '{age}'; give a number and a unit" in line
+        [line] = done.stderr.splitlines()
+        said = "an age cannot be negative" if age.startswith("-") else "not an age"
+        assert line.startswith(f"trtet-store cache prune: argument --older-than: {said}: "
+                               f"'{age}'; give "), line
 
     for argv, words in (
             (["prune", "--older-than", "7d"], "--older-than prunes the shared tier: give "

@@ -53,7 +53,9 @@ def test_bench_help_still_lists_the_benchmark_options() -> None:
 
 def test_only_cli_bench_names_the_benchmark_and_no_cli_module_the_fixtures() -> None:
     """`grep -rn "trtet_store\\.bench" trtet_store/cli | grep -v cli/bench.py` is empty, and no
-    CLI module imports the benchmark or trtet_store.testing in any spelling."""
+    CLI module imports the benchmark or trtet_store.testing in any spelling, but the one
+    test aid (issue 45 item 13): stub_builder.py imports the stub builder, only under
+    TRTET_STUB_TENSORRT=1."""
     modules = sorted(CLI.glob("*.py"))
     assert {"__init__.py", "_common.py", "bench.py", "verify.py", "compile.py", "recover.py",
             "publish.py", "fetch.py", "sources.py"} <= {p.name for p in modules}
@@ -71,6 +73,8 @@ def test_only_cli_bench_names_the_benchmark_and_no_cli_module_the_fixtures() -> 
             else:
                 continue
             for name in names:
+                if (path.name, name) == ("stub_builder.py", "trtet_store.testing.stub_tensorrt"):
+                    continue  # the test aid, imported inside stub_builder() when asked for
                 if name.startswith("trtet_store.testing") or (
                         name.startswith("trtet_store.bench") and path.name != "bench.py"):
                     imports.append(f"{path.name}: {name}")

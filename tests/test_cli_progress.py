@@ -3,17 +3,68 @@
 An object with ``.done``/``.total`` (publish, fetch, io's Progress), one with
 a ``.phase`` too (the benchmark's BenchProgress), ``(done, total)`` and
 ``(phase, done, total)``: the same bar states for the same updates, a bar
-per phase, and off a terminal few lines (tests/test_cli_errors.py checks the
-at-most-one-line-per-LOG_INTERVAL rule through a real fetch).
+per phase. One rule for every command (issue 45 item 21): a bar only when
+stderr is a terminal, none on a pipe; a terminal that reports size 0x0 gets
+a bar of the default width (tests/test_cli_progress_terminal.py runs the
+commands so).
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import struct
+import sys
+import termios
 from types import SimpleNamespace
 
 import pytest
 
-from trtet_store.cli._common import ProgressBar
+from trtet_store.cli._common import DEFAULT_WIDTH, ProgressBar
+
+
+class Terminal:
+    """sys.stderr on a real pseudo-terminal (24 x 120) while entered; :meth:`drawn` reads it.
+
+    Entered in the test itself: pytest puts its own sys.stderr back between a
+    fixture's setup and the test's call.
+    """
+
+    def __init__(self) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+        os.set_blocking(self.master, False)
+        self.stream = open(slave, "w", buffering=1)  # noqa: SIM115 - closed by close()
+        self.saved = None
+
+    def __enter__(self) -> Terminal:
+        self.saved, sys.stderr = sys.stderr, self.stream
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stderr = self.saved
+
+    def drawn(self) -> str:
+        self.stream.flush()
+        out = b""
+        while True:
+            try:
+                out += os.read(self.master, 65536)
+            except BlockingIOError:
+                return out.decode(errors="replace")
+
+    def close(self) -> None:
+        self.stream.close()
+        os.close(self.master)
+
+
+@pytest.fixture
+def terminal():
+    term = Terminal()
+    yield term
+    term.close()
+
 
 UPDATES = [("stage", 0, 100), ("stage", 40, 100), ("stage", 100, 100),
            ("write", 10, 50), ("write", 50, 50)]
@@ -36,8 +87,8 @@ def _feed(bar: ProgressBar, shape: str) -> list[tuple[str, int, float]]:
 
 
 @pytest.mark.parametrize("shape", ["object with phase", "three arguments"])
-def test_a_phase_gets_its_own_bar_in_either_shape(shape, capsys):
-    with ProgressBar("x", leave=False) as bar:
+def test_a_phase_gets_its_own_bar_in_either_shape(shape, terminal):
+    with terminal, ProgressBar("x", leave=False) as bar:
         seen = _feed(bar, shape)
     assert seen == [("stage", 0, 100), ("stage", 40, 100), ("stage", 100, 100),
                     ("write", 10, 50), ("write", 50, 50)]
@@ -45,8 +96,8 @@ def test_a_phase_gets_its_own_bar_in_either_shape(shape, capsys):
 
 
 @pytest.mark.parametrize("shape", ["object", "two arguments"])
-def test_updates_without_a_phase_drive_one_bar_labelled_by_the_command(shape, capsys):
-    with ProgressBar("fetch") as bar:
+def test_updates_without_a_phase_drive_one_bar_labelled_by_the_command(shape, terminal):
+    with terminal, ProgressBar("fetch") as bar:
         seen = _feed(bar, shape)
     # One bar throughout: it follows the total when it changes (a restarted fetch) and
     # goes back when done does.
@@ -54,15 +105,37 @@ def test_updates_without_a_phase_drive_one_bar_labelled_by_the_command(shape, ca
                     ("fetch", 10, 50), ("fetch", 50, 50)]
 
 
-def test_postfix_and_disabled_and_few_lines_off_a_terminal(capsys):
-    with ProgressBar("publish", lambda p: f"sent {p.sent}") as bar:
+def test_postfix_on_a_terminal_and_nothing_when_disabled(terminal):
+    with terminal, ProgressBar("publish", lambda p: f"sent {p.sent}") as bar:
         for i in range(1, 201):
             bar(SimpleNamespace(done=i, total=200, sent=i))
         assert bar.bar.postfix == "sent 200"
-    err = capsys.readouterr().err
-    draws = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("publish")]
-    assert 1 <= len(draws) <= 3, draws  # stderr is no terminal here: not one per update
-    assert "200/200" in draws[-1] and "sent 200" in draws[-1]
-    off = ProgressBar("publish", enabled=False)
-    off(SimpleNamespace(done=1, total=2))
-    assert off.bar is None and capsys.readouterr().err == ""
+    draws = [line for line in terminal.drawn().replace("\r", "\n").splitlines()
+             if line.startswith("publish")]
+    assert draws and "200/200" in draws[-1] and "sent 200" in draws[-1], draws
+    with terminal:
+        off = ProgressBar("publish", enabled=False)
+        off(SimpleNamespace(done=1, total=2))
+    assert off.bar is None and terminal.drawn() == ""
+
+
+def test_no_bar_off_a_terminal(capsys):
+    """stderr a pipe or a file (capsys): no bar is made, nothing is printed, for any shape."""
+    with ProgressBar("fetch", lambda p: "x") as bar:
+        bar(SimpleNamespace(done=0, total=10))
+        bar(SimpleNamespace(done=10, total=10))
+        bar(5, 10)
+        bar("stage", 10, 10)
+        assert bar.bar is None
+    assert capsys.readouterr().err == ""
+
+
+def test_a_terminal_of_size_zero_gets_a_bar_of_the_default_width(terminal):
+    fcntl.ioctl(terminal.stream.fileno(), termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+    assert os.get_terminal_size(terminal.stream.fileno()).columns == 0
+    with terminal, ProgressBar("fetch") as bar:
+        bar(SimpleNamespace(done=0, total=100))
+        bar(SimpleNamespace(done=100, total=100))
+    lines = [x for x in terminal.drawn().replace("\r", "\n").splitlines() if x.strip()]
+    assert lines and lines[-1].startswith("fetch: 100%|"), lines
+    assert len(lines[-1]) == DEFAULT_WIDTH, lines[-1]

@@ -35,12 +35,14 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 
+from trtet_store import __version__
 from trtet_store.cli import bench, cache, fetch, publish, recover, verify
 from trtet_store.cli import compile as compile_  # the module, not the builtin
-from trtet_store.cli._common import report_error, sigterm_as_exit
+from trtet_store.cli._common import Parser, report_error, sigterm_as_exit
 
 __all__ = ["main", "build_parser"]
 
@@ -50,10 +52,11 @@ COMMANDS = (bench, verify, compile_, recover, cache, fetch, publish)
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``trtet-store`` (exposed for docs and tests)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trtet-store",
         description="Disk-aware storage for TensorRT engines in ExecuTorch programs.",
     )
+    parser.add_argument("--version", action="version", version=f"trtet-store {__version__}")
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="log what the library does (-vv: debug)"
     )
@@ -61,6 +64,30 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         command.add_parser(sub)
     return parser
+
+
+#: Options whose value may look like an option to argparse (``--older-than -1d``).
+_SIGNED_VALUES = ("--older-than",)
+
+
+def _negative_values_joined(argv: Sequence[str] | None) -> list[str]:
+    """``--older-than -1d`` as ``--older-than=-1d``: its type then refuses it by name.
+
+    argparse takes ``-1d`` for an option (it is no plain negative number) and
+    says only "expected one argument".
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        if (args[i] in _SIGNED_VALUES and i + 1 < len(args)
+                and re.match(r"-[\d.]", args[i + 1])):
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_negative_values_joined(argv))
     if extra and getattr(args, "command", None) == "compile-and-save" and \
             not any(e.startswith("-") for e in extra):
         # OUT after an option (`m.py:f --method a=m.py:g OUT`): argparse ends the

@@ -25,9 +25,57 @@ from typing import Any
 
 from trtet_store.io.units import format_mib, parse_size
 
-__all__ = ["ERROR_TABLE", "LOG_INTERVAL", "ErrorContext", "ProgressBar", "add_s3_options",
-           "bar_interval", "explain", "fail", "mib", "one_line", "report_error",
-           "sigterm_as_exit", "size_arg"]
+__all__ = ["DEFAULT_WIDTH", "ERROR_TABLE", "LOG_INTERVAL", "ErrorContext", "OptionValueError",
+           "Parser", "ProgressBar", "add_s3_options", "bar_interval", "endpoint_url_arg", "explain",
+           "fail", "mib", "one_line", "report_error", "sigterm_as_exit", "size_arg"]
+
+
+class OptionValueError(argparse.ArgumentTypeError):
+    """An option's value refused by a message that says what to give: one line, no usage block.
+
+    Raised by an argparse ``type=`` function; :class:`Parser` prints it as
+    ``trtet-store CMD: argument --OPTION: message`` with exit code 2.
+    """
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but an :class:`OptionValueError` is one line (its subparsers too)."""
+
+    def error(self, message: str) -> Any:  # noqa: D102 - argparse's
+        # argparse raises its ArgumentError inside the `except` of the type function's
+        # error and calls error() inside its own: the type function's error is the context.
+        handled = sys.exc_info()[1]
+        if isinstance(getattr(handled, "__context__", None), OptionValueError):
+            self.exit(2, f"{self.prog}: {message}\n")
+        super().error(message)
+
+
+def endpoint_url_arg(text: str) -> str:
+    """``--endpoint-url``'s value, judged before any request (argparse ``type=``).
+
+    Raises
+    ------
+    OptionValueError
+        Not ``http://host[:port]`` or ``https://host[:port]`` (with an optional path).
+    """
+    from urllib.parse import urlsplit
+
+    why = None
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        why = str(exc)
+    else:
+        if parts.scheme not in ("http", "https"):
+            why = "no http:// or https://" if not parts.scheme else \
+                f"the scheme is {parts.scheme!r}"
+        elif not parts.hostname:
+            why = "no host"
+    if why is not None:
+        raise OptionValueError(f"{text!r} is not an endpoint URL ({why}); give "
+                               "http(s)://host[:port], e.g. http://127.0.0.1:8333")
+    return text
 
 
 def add_s3_options(parser: argparse.ArgumentParser) -> None:
@@ -36,10 +84,12 @@ def add_s3_options(parser: argparse.ArgumentParser) -> None:
     ``--endpoint-url`` (default: what boto3 finds), ``--json`` (print the
     report as JSON) and ``--no-progress``.
     """
-    parser.add_argument("--endpoint-url", default=None,
+    parser.add_argument("--endpoint-url", default=None, type=endpoint_url_arg,
+                        metavar="http(s)://HOST[:PORT]",
                         help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (there is none when stderr is no terminal)")
 
 
 def size_arg(text: str) -> int:
@@ -220,19 +270,32 @@ def report_error(exc: BaseException, command: str, *, out: os.PathLike | str | N
 
 # --- progress ---------------------------------------------------------------------------
 
-#: Seconds between a bar's lines when stderr is not a terminal (a log, a pipe):
-#: tqdm redraws up to ten times a second, which a log keeps as hundreds of lines.
+#: Seconds between a bar's lines when stderr is not a terminal. Kept for callers
+#: of :func:`bar_interval`; the bar itself draws only on a terminal.
 LOG_INTERVAL = 5.0
+
+#: A bar's width and the screen's rows on a terminal that reports no size
+#: (``script``, a pty of 0x0); tqdm would draw nothing in 0 rows of 0 columns.
+DEFAULT_WIDTH, DEFAULT_ROWS = 80, 24
 
 
 def bar_interval(file: Any = None) -> float:
     """tqdm's ``mininterval`` for a bar written to ``file`` (default stderr)."""
-    file = sys.stderr if file is None else file
+    return 0.1 if _terminal_columns(sys.stderr if file is None else file) is not None \
+        else LOG_INTERVAL
+
+
+def _terminal_columns(file: Any) -> int | None:
+    """The width ``file``'s terminal reports (0: none reported); None when it is no terminal."""
     try:
-        tty = file.isatty()
+        if not file.isatty():
+            return None
     except (AttributeError, ValueError):
-        tty = False
-    return 0.1 if tty else LOG_INTERVAL
+        return None
+    try:
+        return max(os.get_terminal_size(file.fileno()).columns, 0)
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 class ProgressBar:
@@ -243,9 +306,10 @@ class ProgressBar:
     io's ``Progress``; with a ``.phase`` too, the benchmark's), ``(done,
     total)`` (the old write callback) and ``(phase, done, total)`` (the
     benchmark's old form). A phase gets a bar of its own, a new one when
-    the phase changes. The bar is made at the first update;
-    off a terminal it prints a line every :data:`LOG_INTERVAL` seconds at
-    most (and the last).
+    the phase changes. The bar is made at the first update, and only when
+    stderr is a terminal (tqdm's own rule, ``disable=None``): a pipe or a log
+    gets no bar lines. A terminal that reports no size (0x0: ``script``, a
+    bare pty) gets a bar :data:`DEFAULT_WIDTH` wide, not blank lines.
 
     Parameters
     ----------
@@ -291,13 +355,20 @@ class ProgressBar:
             self.close()
             self._phase = phase
         if self.bar is None:
+            columns = _terminal_columns(sys.stderr)
+            if columns is None:  # not a terminal: no bar at all, for every command alike
+                return
             from tqdm import tqdm
 
-            # Not a terminal: a line every LOG_INTERVAL seconds at most (and the last).
+            # A terminal that reports width 0 would get a bar of width 0 (blank lines):
+            # a fixed width there; else tqdm follows the terminal's size.
+            unsized = columns == 0
             self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
                             desc=phase if phase is not None else self.desc, leave=self.leave,
-                            file=sys.stderr, dynamic_ncols=True,
-                            mininterval=bar_interval(), miniters=1)
+                            file=sys.stderr, disable=None, dynamic_ncols=not unsized,
+                            ncols=DEFAULT_WIDTH if unsized else None,
+                            nrows=DEFAULT_ROWS if unsized else None, mininterval=0.1,
+                            miniters=1)
         bar = self.bar
         if bar.total != total:
             bar.total = total  # a restarted fetch, a phase that learns its size late

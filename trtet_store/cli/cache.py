@@ -50,7 +50,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import ProgressBar, mib, report_error, size_arg
+from trtet_store.cli._common import (
+    OptionValueError,
+    ProgressBar,
+    endpoint_url_arg,
+    mib,
+    report_error,
+    size_arg,
+)
 
 __all__ = ["add_parser", "cmd_cache", "parse_age"]
 
@@ -72,7 +79,7 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
 
 #: ``--older-than`` units, in seconds.
 AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_AGE = re.compile(r"(-?)(\d+(?:\.\d+)?)([smhdw])")
 
 
 def parse_age(text: str) -> float:
@@ -80,15 +87,18 @@ def parse_age(text: str) -> float:
 
     Raises
     ------
-    argparse.ArgumentTypeError
-        Anything else (a bare number, a negative one, another unit): argparse
-        prints it as a usage error, exit code 2.
+    OptionValueError
+        Anything else (a bare number, a negative one, another unit): one
+        line, exit code 2.
     """
     m = _AGE.fullmatch(text.strip())
     if m is None:
-        raise argparse.ArgumentTypeError(
+        raise OptionValueError(
             f"not an age: {text!r}; give a number and a unit: 7d, 12h, 30m, 90s or 2w")
-    return float(m.group(1)) * AGE_UNITS[m.group(2)]
+    if m.group(1):
+        raise OptionValueError(f"an age cannot be negative: {text!r}; give how long ago, "
+                               "e.g. 7d (0s: everything)")
+    return float(m.group(2)) * AGE_UNITS[m.group(3)]
 
 
 def _remote_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -96,7 +106,8 @@ def _remote_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
     parser.add_argument("--remote", required=required, default=None,
                         metavar="s3://BUCKET[/PREFIX]",
                         help="the shared tier: a bucket (and a prefix) every machine uses")
-    parser.add_argument("--endpoint-url", default=None,
+    parser.add_argument("--endpoint-url", default=None, type=endpoint_url_arg,
+                        metavar="http(s)://HOST[:PORT]",
                         help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
 
 
@@ -406,12 +417,8 @@ def _push_status(p: Any) -> str:
 
 
 def _bar(args: argparse.Namespace, desc: str) -> ProgressBar:
-    """push's or pull's bar: on a terminal only (a log or a pipe gets the report alone)."""
-    try:
-        tty = sys.stderr.isatty()
-    except (AttributeError, ValueError):  # replaced or closed stderr: no terminal
-        tty = False
-    return ProgressBar(desc, enabled=tty and not args.no_progress and not args.json)
+    """push's or pull's bar: on a terminal only, as every command's (ProgressBar's rule)."""
+    return ProgressBar(desc, enabled=not args.no_progress and not args.json)
 
 
 def _push(cache: Any, args: argparse.Namespace) -> int:

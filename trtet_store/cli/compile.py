@@ -10,7 +10,9 @@ publishes the program straight from its pieces and writes nothing local.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from trtet_store.cli._common import (
     report_error,
     size_arg,
 )
+from trtet_store.cli.stub_builder import ENV, StubBuilderError, stub_builder
 
 __all__ = ["add_parser", "cmd_compile_and_save"]
 
@@ -35,6 +38,9 @@ def add_parser(sub: Any) -> None:
         description="Import MODULE.py, call FACTORY() for (module, inputs), and "
         "run trtet_store.compile_and_save(module, inputs, OUT); with --method, one "
         "method per factory in one program.",
+        epilog=f"Test aid: {ENV}=1 builds the engines with the stub TensorRT builder "
+        "(trtet_store.testing.stub_tensorrt: pseudo-random engine bytes, no GPU) and runs "
+        "everything after the build for real, so the engine cache can be tried from a shell.",
     )
     c.add_argument(
         "paths",
@@ -153,13 +159,22 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     from trtet_store.cli import sources
 
     try:
+        stub = stub_builder(args.backend)
+    except StubBuilderError as exc:
+        print(f"trtet-store compile-and-save: {exc}", file=sys.stderr)
+        return 2
+    if stub is not None:
+        print(f"trtet-store compile-and-save: {ENV}=1: engines are built by the stub builder "
+              "(a test aid, no TensorRT): the programs hold no runnable engine",
+              file=sys.stderr)
+    try:
         source, inputs, out = sources.compile_source(
             args.paths, args.method, out_optional=args.publish is not None)
         backend_config = sources.backend_config(args.backend_config)
     except Exception as exc:
         return fail("compile-and-save", one_line(exc))
     if out is None:  # --publish without OUT: from the program's pieces, nothing written here
-        return _compile_and_publish(args, source, inputs, backend_config)
+        return _compile_and_publish(args, source, inputs, backend_config, stub)
     kwargs: dict[str, Any] = {"backend": args.backend}
     if backend_config is not None:
         kwargs["backend_config"] = backend_config
@@ -210,8 +225,9 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
 
     try:
         # The shared cache's warnings (a wait on another machine's build, a tier that
-        # cannot be used) are one line each on stderr, as publish's are.
-        with bar, warnings_shown(args, bar, "compile-and-save"):
+        # cannot be used) are one line each on stderr, as publish's are. The bar is
+        # closed before an error or the report.
+        with bar, stub or contextlib.nullcontext(), warnings_shown(args, bar, "compile-and-save"):
             report = compile_and_save(source, inputs, out, **kwargs)
     except Exception as exc:
         return report_error(exc, "compile-and-save", out=out)
@@ -255,7 +271,7 @@ _LOCAL_ONLY = {"etrecord": "--etrecord", "versioned": "--versioned",
 
 
 def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | None,
-                         backend_config: Any) -> int:
+                         backend_config: Any, stub: Any = None) -> int:
     """``compile-and-save --publish URL`` without OUT, over ``remote.compile_and_publish``."""
     from trtet_store import remote
     from trtet_store.cli.publish import print_report, progress_bar
@@ -266,7 +282,7 @@ def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | 
                     "files); --publish without OUT writes none")
     bar = progress_bar(args)
     try:
-        with bar:
+        with bar, stub or contextlib.nullcontext():
             report = remote.compile_and_publish(
                 source, inputs, args.publish, store=args.store, backend=args.backend,
                 backend_config=backend_config, segment_alignment=args.segment_alignment,

@@ -5,10 +5,15 @@ the server's answers once (the same errors a publish gets). What this adds
 is the fetch's reading of them:
 
 - no object (or manifest) is :class:`ObjectNotFoundError`, not ``None``;
-- a request that botocore's own retries did not get through is
-  :class:`FetchInterruptedError` (the fetch adds the command that resumes
+- a request that failed through botocore's own retries (connection refused,
+  reset, 5xx) is tried again with backoff over a bounded time
+  (``retry_window``, :data:`RETRY_WINDOW` seconds for a fetch's own client:
+  a server restarted within that time is waited out; botocore's standard
+  mode spends its 5 attempts in under a second). When the window is spent it
+  is :class:`FetchInterruptedError` (the fetch adds the command that resumes
   it), except a failure to connect before the server ever answered, which
-  is a wrong endpoint (:class:`EndpointUnreachableError`), not a blip;
+  is a wrong endpoint or a server down (:class:`EndpointUnreachableError`);
+  either message says how many tries over how many seconds;
 - a ranged GET is read into the caller's buffer. Its body failing while it
   is read is :class:`~trtet_store.remote.s3.ReadInterrupted`, the one error
   the caller retries by hand (request-level retries are botocore's).
@@ -18,6 +23,8 @@ Nothing here imports boto3 or botocore.
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -27,9 +34,20 @@ from trtet_store.remote.errors import (
     ObjectNotFoundError,
     RemoteError,
 )
-from trtet_store.remote.s3 import S3, ObjectHead, Transient
+from trtet_store.remote.s3 import S3, ObjectHead, ReadInterrupted, Transient, Unreachable
 
 T = TypeVar("T")
+
+#: Seconds a fetch's own client keeps trying a request that failed through botocore's
+#: retries: exponential backoff (:data:`FIRST_DELAY` doubling up to :data:`MAX_DELAY`,
+#: with jitter), as botocore's legacy schedule spread over about this long.
+RETRY_WINDOW = 20.0
+FIRST_DELAY, MAX_DELAY = 0.25, 4.0
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before try ``attempt + 1`` (0-based): doubling, capped, jittered."""
+    return min(MAX_DELAY, FIRST_DELAY * 2 ** attempt) * random.uniform(0.5, 1.0)
 
 
 class Reader:
@@ -41,14 +59,45 @@ class Reader:
         The client (its retries and timeouts are its own).
     bucket : str
         The bucket every call reads.
+    retry_window : float
+        Seconds to keep trying a request that failed through the client's own
+        retries (0: the client's retries alone, for a client the caller made).
     """
 
-    def __init__(self, s3: S3, bucket: str) -> None:
+    def __init__(self, s3: S3, bucket: str, retry_window: float = 0.0) -> None:
         if not isinstance(s3, S3):
             raise TypeError(f"Reader needs a trtet_store.remote.s3.S3, not "
                             f"{type(s3).__name__}; wrap a boto3 client with S3(client=...)")
         self.s3 = s3
         self.bucket = bucket
+        self.retry_window = retry_window
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        """``fn()``, tried again with backoff while it fails through botocore's retries.
+
+        A body cut short (:class:`ReadInterrupted`) is the caller's to retry.
+        Once :attr:`retry_window` is spent, the last failure is raised with
+        the tries and seconds added to its message.
+        """
+        start = time.monotonic()
+        tries = 0
+        while True:
+            try:
+                return fn()
+            except ReadInterrupted:
+                raise
+            except Transient as exc:
+                tries += 1
+                delay = backoff(tries - 1)
+                spent = time.monotonic() - start
+                if spent + delay > self.retry_window:
+                    if self.retry_window <= 0:
+                        raise
+                    said = f"{exc} (gave up after {tries} tries over {spent:.1f} s)"
+                    if isinstance(exc, Unreachable):
+                        raise Unreachable(said, exc.address) from exc
+                    raise type(exc)(said) from exc
+                time.sleep(delay)
 
     @property
     def retries(self) -> int:
@@ -57,7 +106,7 @@ class Reader:
 
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
         try:
-            return fn()
+            return self._retrying(fn)
         except Transient as exc:
             if isinstance(exc, EndpointUnreachableError) and not self.s3.answered:
                 raise  # never answered: a wrong endpoint or a server down, not a blip
@@ -100,7 +149,9 @@ class Reader:
         botocore's retries. A server that answers with other bytes than the
         range asked for is a :class:`RemoteError`.
         """
-        with self.s3.get_range(self.bucket, key, offset, offset + size, etag) as body:
+        opened = self._retrying(
+            lambda: self.s3.get_range(self.bucket, key, offset, offset + size, etag))
+        with opened as body:
             if body.size != size:
                 raise RemoteError(f"s3://{self.bucket}/{key}: asked for bytes {offset}-"
                                   f"{offset + size - 1}, the object ends after {body.size}")

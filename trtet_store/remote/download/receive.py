@@ -80,7 +80,7 @@ from trtet_store.remote.download.plan import (
     plan_object,
     split_run,
 )
-from trtet_store.remote.download.reader import Reader
+from trtet_store.remote.download.reader import RETRY_WINDOW, Reader
 from trtet_store.remote.download.reuse import candidate_files, find_reusable
 from trtet_store.remote.download.staging import (
     STAGING_TODO,
@@ -230,7 +230,9 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
                                 "directory must exist)")
     s3 = client if isinstance(client, S3) else S3(endpoint_url, client=client,
                                                    max_connections=concurrency + 2)
-    reader = Reader(s3, bucket)
+    # Our own client: a server that is restarting is waited out (bounded); a client the
+    # caller made keeps its own retries.
+    reader = Reader(s3, bucket, RETRY_WINDOW if client is None else 0.0)
     job = _Fetch(url, bucket, key, dest, [Path(p).absolute() for p in reuse], reader,
                  concurrency, range_size, progress, attempts, placements)
     job.endpoint_url = endpoint_url or _client_endpoint(s3.client)

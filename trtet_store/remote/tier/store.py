@@ -144,8 +144,7 @@ class RemoteTier:
     endpoint_url : str, optional
         The S3 server (default: what boto3 finds, ``AWS_ENDPOINT_URL``...).
     client : boto3 client or :class:`~trtet_store.remote.s3.S3`, optional
-        Used as it is for every call but the upload's (``publish_sources``
-        makes its own client at the same endpoint, with boto3's credentials).
+        Used as it is for every call, the upload's too.
     origin : str, optional
         This machine's (or cache directory's) id, the start of its attempt
         directories' names. Default: the host name.
@@ -482,7 +481,7 @@ class RemoteTier:
             try:
                 report = publish_sources(sources, self._url(adir + first),
                                          endpoint_url=self.endpoint_url, replace=False,
-                                         config=config, progress=progress)
+                                         config=config, progress=progress, client=self.s3)
                 sent = report.bytes_sent
             except KeyExistsError:
                 # Our own attempt directory is already complete: a run killed between

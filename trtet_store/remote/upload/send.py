@@ -101,6 +101,7 @@ from trtet_store.remote.upload.journal import (
     journal_path,
 )
 from trtet_store.remote.upload.parts import Part, choose_part_size, plan_parts
+from trtet_store.remote.upload.resume_plan import journaled_part_sizes, plan_difference
 from trtet_store.remote.upload.source import ObjectSource, Reader, piece_digests
 from trtet_store.remote.upload.unfinished import open_uploads
 from trtet_store.remote.url import RemoteURL
@@ -199,11 +200,15 @@ def publish_sources(
     concurrency: int = UNSET,
     journal_dir: os.PathLike | str | None = UNSET,
     index: bool = UNSET,
+    client: S3 | None = None,
 ) -> PublishReport:
     """Publish ``sources`` (the program first) to ``url``; see :func:`trtet_store.publish`.
 
     ``config``, ``replace``/``if_exists`` and the old keywords ``part_size``,
     ``concurrency``, ``journal_dir``, ``index`` are as for ``publish``.
+    ``client``: the :class:`~trtet_store.remote.s3.S3` every call goes through
+    (a shared tier's own, with its credentials); default one made at
+    ``endpoint_url`` the way boto3 finds credentials.
 
     The destination's journal is locked for the whole publish, before it is
     read: a second publish of the same key on this machine (a process or a
@@ -223,7 +228,7 @@ def publish_sources(
         return _publish_locked(sources, dest, journal, endpoint_url=endpoint_url,
                                part_size=cfg.part_size, concurrency=cfg.concurrency,
                                replace=replace, resume=resume, progress=progress,
-                               index=cfg.index)
+                               index=cfg.index, client=client)
     finally:
         journal.unlock()
 
@@ -251,6 +256,7 @@ def _publish_locked(
     resume: bool,
     progress: Callable[[PublishProgress], Any] | None,
     index: bool,
+    client: S3 | None = None,
 ) -> PublishReport:
     """:func:`publish_sources` with its ``journal`` locked."""
     start = time.monotonic()
@@ -269,18 +275,21 @@ def _publish_locked(
     for s in sources:
         s.check()  # a staged piece not as sealed: refused before any request
     sizes = [choose_part_size(s.size, part_size) for s in sources]
+    records = Journal.read(journal.path)
+    if part_size is None and records and resume:  # no size given: a resume takes the journal's
+        sizes = journaled_part_sizes(records[0], [(s.name, s.size) for s in sources], sizes)
 
-    s3 = S3(endpoint_url, max_connections=concurrency + 2)
+    s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2)
     bucket = dest.bucket
     s3.check_bucket(bucket)
 
     objs = [_Object(s, k, ps, plan_parts(s.size, ps), {}, None)
             for s, k, ps in zip(sources, keys, sizes, strict=True)]
-    records = Journal.read(journal.path)
     state = _resume_state(records, objs) if records and resume else None
     if records and state is None:
-        why = "resume=False" if not resume else "the pieces differ from the journal's plan"
-        log.info("publish %s: an earlier journal's uploads are aborted (%s)", dest, why)
+        why = "resume=False" if not resume else plan_difference(
+            records[0].get("fingerprint"), _fingerprint(objs))
+        log.warning("publish %s: an earlier journal's uploads are aborted (%s)", dest, why)
         _abort_journaled(s3, bucket, records)
         journal.remove()
 
