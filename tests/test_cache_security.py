@@ -233,6 +233,10 @@ def test_a_previous_release_cache_is_adopted_on_the_first_write_open(here_fs):
     directory = real_cache(here_fs / "cache")
     (directory / TAG_NAME).unlink()
     (directory / "downloads" / ("k" * 16)).mkdir(parents=True)  # the engine cache's own
+    (directory / "remote-pending").mkdir()
+    (directory / "remote-pending" / ("k" * 16)).touch()
+    (directory / "remote-journal").mkdir()
+    (directory / "remote-journal" / f"{'0' * 32}.publish.jsonl").write_bytes(b"{}\n")
     before = snapshot(directory)
     done = cli("--dir", directory, "list", "--json")
     assert done.returncode == 0, done.stderr
@@ -246,10 +250,12 @@ def test_a_previous_release_cache_is_adopted_on_the_first_write_open(here_fs):
 
 
 @pytest.mark.parametrize("unknown", ["notes.txt", "blobs/dataset.csv", "keys/config.json",
-                                     "tmp/run-17.log", "keys/broken.json"])
+                                     "tmp/run-17.log", "keys/broken.json",
+                                     "remote-pending/report.pdf", "downloads/photo.jpg"])
 def test_a_previous_release_cache_with_anything_unknown_in_it_is_refused(here_fs, unknown):
     directory = real_cache(here_fs / "cache")
     (directory / TAG_NAME).unlink()
+    (directory / unknown).parent.mkdir(exist_ok=True)
     (directory / unknown).write_bytes(b"{not json" if unknown == "keys/broken.json" else b"x")
     before = snapshot(directory)
     with pytest.raises(CacheDirectoryError, match=f"it holds {unknown}, which no trtet_store"):

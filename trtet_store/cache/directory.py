@@ -56,6 +56,7 @@ _TAG_TEMP = re.compile(r"\.CACHEDIR\.TAG\.[0-9a-f]{32}")
 #: cache's downloads and shared-tier journals): a legacy cache may hold them.
 CALLER_DIRS = ("downloads", "remote-journal", "remote-pending")
 _TMP_NAME = re.compile(r"[0-9]+-[0-9a-f]{32}")
+_JOURNAL_NAME = re.compile(r"[0-9a-f]{32}\.publish\.[A-Za-z0-9._-]+")
 _RECORD_CAP = 1 << 20
 
 
@@ -257,8 +258,12 @@ def _legacy_child_ok(sfd: int, sub: str, child: str, uid: int) -> bool:
     st = os.lstat(child, dir_fd=sfd)
     if st.st_uid != uid:
         return False
-    if sub in CALLER_DIRS:  # one directory per key
+    if sub == "downloads":  # one directory per key
         return stat.S_ISDIR(st.st_mode) and _is_key(child)
+    if sub == "remote-pending":  # one empty mark per key
+        return stat.S_ISREG(st.st_mode) and st.st_size == 0 and _is_key(child)
+    if sub == "remote-journal":  # publish journals and their locks: <32 hex>.publish.*
+        return stat.S_ISREG(st.st_mode) and _JOURNAL_NAME.fullmatch(child) is not None
     if not stat.S_ISREG(st.st_mode):
         return False
     if sub == "tmp":
