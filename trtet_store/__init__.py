@@ -47,6 +47,7 @@ _LAZY = {
     "save_program": "trtet_store.export.executorch",
     "compile_and_save": "trtet_store.export.compile",
     "EngineCache": "trtet_store.export.engine_cache",
+    "CacheDirectoryError": "trtet_store.cache.directory",
     "export_program": "trtet_store.export.lowering",
     "recover": "trtet_store.io.recovery",
     "publish": "trtet_store.remote.upload.program",
@@ -54,6 +55,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trtet_store.cache.directory import CacheDirectoryError
     from trtet_store.export.compile import compile_and_save
     from trtet_store.export.engine_cache import EngineCache
     from trtet_store.export.executorch import save, save_program, write_tensor_data
@@ -80,6 +82,7 @@ __all__ = [
     "BlobChangedError",
     "BlobInUseError",
     "BlobStore",
+    "CacheDirectoryError",
     "ConcurrentWriteError",
     "EngineCache",
     "ExternalFile",

@@ -5,6 +5,7 @@ Built on :mod:`trtet_store.io`'s public face; it knows nothing of TensorRT
 """
 
 from trtet_store.cache.blobcache import DEFAULT_CHUNK_SIZE, BlobCache, Claim
+from trtet_store.cache.directory import CacheDirectoryError
 from trtet_store.cache.layout import default_directory
 from trtet_store.cache.results import (
     CacheStats,
@@ -18,6 +19,7 @@ from trtet_store.cache.results import (
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "BlobCache",
+    "CacheDirectoryError",
     "CacheStats",
     "CacheWaitTimeout",
     "Claim",

@@ -45,14 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cache.directory import open_cache_directory
 from trtet_store.cache.layout import (
-    SUBDIRS,
     blob_name,
     check_key,
     default_directory,
     is_blob_name,
     owned_by_cache,
-    private_directory,
     refuse_foreign,
 )
 from trtet_store.cache.results import (
@@ -127,9 +126,13 @@ class BlobCache:
     directory : path-like, optional
         The cache directory. Default :func:`default_directory`
         (``$XDG_CACHE_HOME/trtet_store/engines``, else
-        ``~/.cache/trtet_store/engines``), created with mode 0700. A
-        directory (or any file in it) owned by another user, or writable by
-        others, is refused with PermissionError. Created if missing.
+        ``~/.cache/trtet_store/engines``), created with mode 0700 (its
+        missing parents too, whatever the umask) and tagged with a
+        ``CACHEDIR.TAG``. A symbolic link, or an existing directory that is
+        not empty and not a trtet_store cache, is refused with
+        :class:`~trtet_store.cache.CacheDirectoryError`; a directory (or any
+        file in it) owned by another user, or writable by others, with
+        PermissionError.
     max_bytes : int
         The bound: the distinct blobs' sizes (identical bytes counted once)
         never exceed it after a commit. Must be positive (there is no
@@ -139,17 +142,22 @@ class BlobCache:
         leave less.
     chunk_size : int
         The span of each chunk digest recorded with a blob (1 MiB, as io's).
+    read_only : bool
+        Open to look only: nothing is created (no directory, tag, lock or
+        subdirectory), nothing is removed (no recovery, no drop of a damaged
+        entry), hits are not stamped, puts are skipped. A missing directory
+        is FileNotFoundError.
 
     Notes
     -----
-    Opening the cache runs :meth:`recover` (temp files of dead writers,
-    records whose blob is gone, blobs no record references). On a read-only
-    filesystem the cache opens for hits only: puts are skipped with the
-    reason and hits are not stamped.
+    Opening the cache to write runs :meth:`recover` (temp files of dead
+    writers, records whose blob is gone, blobs no record references). On a
+    read-only filesystem the cache opens as with ``read_only=True``.
     """
 
     def __init__(self, directory: os.PathLike | str | None = None, *, max_bytes: int,
-                 min_free: int = 0, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+                 min_free: int = 0, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 read_only: bool = False) -> None:
         for name, value, low in (("max_bytes", max_bytes, 1), ("min_free", min_free, 0),
                                  ("chunk_size", chunk_size, 1)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -165,8 +173,10 @@ class BlobCache:
         self.directory = (default_directory() if directory is None
                           else Path(directory)).absolute()
         try:
-            private_directory(self.directory, create=True)
-        except PermissionError:
+            # A link, another user's directory or one that is not a cache is refused here,
+            # before anything in it is read, created or removed (cache/directory.py).
+            writable = open_cache_directory(self.directory, create=not read_only)
+        except (PermissionError, FileNotFoundError, NotADirectoryError):
             raise
         except OSError as exc:
             if exc.errno not in (errno.EROFS, errno.EACCES):
@@ -174,14 +184,9 @@ class BlobCache:
             raise OSError(exc.errno, f"cannot create the engine cache {self.directory}: "
                           f"{os.strerror(exc.errno)}; pass a writable directory=",
                           os.fspath(self.directory)) from None
-        self.read_only = _read_only(self.directory)
-        for sub in SUBDIRS:
-            path = self.directory / sub
-            if not self.read_only:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(path, 0o700)
-            with contextlib.suppress(FileNotFoundError):
-                refuse_foreign(path, os.stat(path), "directory")
+        self.read_only = not writable
+        # Recovery removes what it does not recognise: only on a write open (never on a
+        # read-only one such as `trtet-store cache list`), in a directory checked above.
         self.recovered: list[Path] = [] if self.read_only else self.recover()
 
     # -- paths ----------------------------------------------------------------
@@ -281,7 +286,11 @@ class BlobCache:
     def _scan(self) -> list[_Entry]:
         """Every readable record (unreadable ones are left to :meth:`recover`)."""
         out = []
-        for name in sorted(os.listdir(self.directory / "keys")):
+        try:
+            names = os.listdir(self.directory / "keys")
+        except FileNotFoundError:  # a read-only open of an empty (adoptable) directory
+            return out
+        for name in sorted(names):
             if not name.endswith(".json"):
                 continue
             key = name[:-5]
@@ -791,6 +800,15 @@ class BlobCache:
         check_key(key)
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
+        if self.read_only:  # nothing to build into, nothing created: the hit, if any
+            claim = Claim(self, key, 0.0)
+            try:
+                claim.hit = self.get(key)
+                yield claim
+            finally:
+                if claim.hit is not None:
+                    claim.hit.close()
+            return
         lock_path = self.directory / "flights" / f"{key}.lock"
         start = time.monotonic()
         if timeout is None:
@@ -951,11 +969,6 @@ class BlobCache:
 
     def __repr__(self) -> str:
         return f"BlobCache({os.fspath(self.directory)!r}, max_bytes={self.max_bytes})"
-
-
-def _read_only(directory: Path) -> bool:
-    st = os.statvfs(directory)
-    return bool(st.f_flag & os.ST_RDONLY) or not os.access(directory, os.W_OK)
 
 
 def _digest_fd(fd: int, chunk_size: int) -> tuple[str, tuple[int, ...], int]:

@@ -2,7 +2,8 @@
 
 ::
 
-    <directory>/            mode 0700, the user's own
+    <directory>/            mode 0700, the user's own (checked in directory.py)
+      CACHEDIR.TAG          the marker: the tagging spec's signature + our format version
       lock                  the cache-wide flock (commits, evictions, recovery)
       keys/<key>.json       an entry's record: key, blob name, size, metadata, created
       keys/<key>.use        its use stamp: mtime = last use, one byte per hit
@@ -16,11 +17,9 @@ Nothing here knows what a key means: the caller hands a hex digest.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
-import stat
 from pathlib import Path
 
 SUBDIRS = ("keys", "blobs", "flights", "tmp")
@@ -79,30 +78,6 @@ def refuse_foreign(path: Path, st: os.stat_result, what: str) -> None:
             f"refusing the engine cache {what} {path}: it is owned by uid {st.st_uid}, not by "
             f"you (uid {uid}); use a cache directory of your own (remove this one, or pass "
             "directory=)", os.fspath(path))
-
-
-def private_directory(path: Path, *, create: bool) -> Path:
-    """Create ``path`` (mode 0700, parents too) or check that it is this user's own directory.
-
-    Refused (PermissionError): a path that is not a directory, a directory
-    owned by another user, one writable by group or others (they could
-    replace entries). Missing and ``create=False``: FileNotFoundError.
-    """
-    if create:
-        with contextlib.suppress(FileExistsError):
-            os.makedirs(path, mode=0o700)
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, f"the engine cache {path} is not a directory",
-                                 os.fspath(path))
-    refuse_foreign(path, st, "directory")
-    if st.st_mode & 0o022:
-        raise PermissionError(
-            errno.EACCES,
-            f"refusing the engine cache directory {path}: it is writable by others (mode "
-            f"{stat.S_IMODE(st.st_mode):o}); chmod 700 it or use another directory",
-            os.fspath(path))
-    return path
 
 
 def blob_name(digest: str, size: int) -> str:

@@ -9,6 +9,7 @@ A thin shell over :class:`trtet_store.EngineCache` (``entries``, ``stats``,
     trtet-store cache [--dir DIR] [--json] prune [--max-bytes N]
     trtet-store cache [--dir DIR] [--json] verify    # exit 1 when a damaged entry was dropped
     trtet-store cache [--dir DIR] [--json] clear
+    trtet-store cache [--dir DIR] [--json] recover   # remove what interrupted writers left
 
     # the shared tier in a bucket (issue 37); --endpoint-url URL on each. push and pull
     # show a bar (bytes across the keys) when stderr is a terminal; --no-progress: none.
@@ -36,6 +37,13 @@ without ``--max-bytes`` prunes to EngineCache's default bound, and ``stats``
 prints the bound this command opened it with. A directory that does not
 exist holds nothing: it is reported, never created. Entries in use by
 another process (a hit being placed) are never evicted or cleared.
+
+``list`` and ``stats`` open the cache read-only: they create nothing (no
+lock, no tag, no subdirectory) and remove nothing. Recovery (temp files of
+dead writers, records without their blob) runs when a writing action opens
+the cache, or on ``recover``, which prints what it removed. A link, or a
+directory that is not a trtet_store cache (no ``CACHEDIR.TAG``, and not
+empty), is refused by every action in one line, before anything is touched.
 """
 
 from __future__ import annotations
@@ -138,6 +146,8 @@ def add_parser(sub: Any) -> None:
                         "(--remote: remove the bucket's entries older than --older-than)"),
                        ("verify", "re-digest every entry; drop (and report) damaged ones"),
                        ("clear", "remove every entry not in use"),
+                       ("recover", "remove what interrupted writers left (temp files, "
+                        "records without their blob) and say what"),
                        ("push", "publish local builds to the bucket (first wins)"),
                        ("pull", "download builds from the bucket into the local cache"),
                        ("keygen", "write a new ed25519 key pair for signed shared entries: "
@@ -229,7 +239,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     try:
         # min_free=0: the CLI only reads, or prunes to a byte bound it is given.
         if remote is None:
-            cache = EngineCache(directory, min_free=0)
+            # list and stats only look: nothing created, nothing removed (no recovery).
+            cache = EngineCache(directory, min_free=0,
+                                read_only=args.action in ("list", "stats"))
         else:
             cache = EngineCache(directory, min_free=0, remote=remote,
                                 endpoint_url=args.endpoint_url,
@@ -356,6 +368,20 @@ def _clear(cache: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover(cache: Any, args: argparse.Namespace) -> int:
+    # Opening to write already ran recovery (its removals are in .recovered); once more
+    # under the lock picks up what a writer that died since left.
+    removed = [*cache.blobs.recovered, *cache.recover()]
+    if args.json:
+        print(json.dumps({"removed": [os.fspath(p) for p in removed]}, indent=1))
+        return 0
+    print(f"{cache.directory}: " + (f"removed {len(removed)} leftover files" if removed
+                                    else "nothing to recover"))
+    for path in removed:
+        print(f"  {os.path.relpath(path, cache.directory)}")
+    return 0
+
+
 # --- the shared tier (--remote) -------------------------------------------------------
 
 
@@ -469,5 +495,5 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 ACTIONS = {"list": _list, "stats": _stats, "prune": _prune, "verify": _verify, "clear": _clear,
-           "push": _push, "pull": _pull}
+           "recover": _recover, "push": _push, "pull": _pull}
 REMOTE_ACTIONS = {"list": _remote_list, "prune": _remote_prune}

@@ -423,8 +423,11 @@ class EngineCache:
         Default ``$XDG_CACHE_HOME/trtet_store/engines`` (else
         ``~/.cache/trtet_store/engines``), mode 0700. A directory, or a file in
         it, owned by another user or writable by others is refused with
-        ``PermissionError``. On a read-only filesystem the cache serves hits
-        and skips every put (with the reason).
+        ``PermissionError``; a symbolic link, or a directory that is neither
+        empty nor a trtet_store cache (no ``CACHEDIR.TAG``), with
+        :class:`~trtet_store.CacheDirectoryError`, before anything in it is
+        touched. On a read-only filesystem the cache serves hits and skips
+        every put (with the reason).
     max_bytes : int
         Bound on the distinct cached bytes (engines and records); least
         recently used entries are evicted to stay within it. Positive: to
@@ -443,6 +446,10 @@ class EngineCache:
         Seconds a build lease of this cache stays live without its renewal
         (renewed every third while the build runs); another machine builds
         when it has not changed for that long.
+    read_only : bool
+        Open to look only (``entries``, ``stats``, hits): nothing in the
+        directory is created or removed, puts are skipped. A missing
+        directory is ``FileNotFoundError``.
     wait_timeout : float or None
         Seconds to wait at most for another machine's build (default
         :data:`DEFAULT_WAIT_TIMEOUT`, an hour); then this machine builds too,
@@ -479,7 +486,7 @@ class EngineCache:
                  remote: str | RemoteTier | None = None, endpoint_url: str | None = None,
                  lease_ttl: float = DEFAULT_LEASE_TTL,
                  wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT, signing_key: Any = None,
-                 trusted_keys: Any = None) -> None:
+                 trusted_keys: Any = None, read_only: bool = False) -> None:
         # Every argument is checked before the directory is touched or a tier is made.
         if (signing_key is not None or trusted_keys is not None) and not isinstance(remote, str):
             raise ValueError("signing_key= and trusted_keys= are for remote='s3://...'; " + (
@@ -517,7 +524,8 @@ class EngineCache:
             tier = RemoteTier(remote, endpoint_url=endpoint_url, lease_ttl=float(lease_ttl),
                               poll=min(2.0, lease_ttl / 4), signing_key=signing_key,
                               trusted_keys=trusted_keys)
-        self.blobs = BlobCache(directory, max_bytes=max_bytes, min_free=min_free)
+        self.blobs = BlobCache(directory, max_bytes=max_bytes, min_free=min_free,
+                               read_only=read_only)
         self.lease_ttl = float(lease_ttl)
         self.wait_timeout = wait_timeout
         # The warning given for an unusable tier, until a call works again (warned once).
