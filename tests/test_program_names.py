@@ -5,12 +5,12 @@ no path, no control character, none of trtet_store's own names. On the real
 SeaweedFS server:
 
 - ``trtet-store publish model.pte NAME s3://...`` (a subprocess, through a
-  counting proxy) with ``.bashrc``, ``.model.pte.trtet-lock``, ``a\\nb.ptd``
+  counting proxy) with ``.bashrc``, ``.w.ptd``, ``.model.pte.trtet-lock``, ``a\\nb.ptd``
   is refused in one line before any request: not a byte through the proxy,
   no object, no multipart upload; ``sub/x.ptd`` as an object's name (the API;
   a path on the command line is published under its file name) likewise.
 - A manifest a bucket writer put there with boto3 (objects of 4 MiB each)
-  naming ``.bashrc``, ``.trtet-staging``, ``.model.pte.trtet-lock``, a name
+  naming ``.bashrc``, ``.cpu.ptd``, ``.trtet-staging``, ``.model.pte.trtet-lock``, a name
   with a newline or an escape sequence, the destination's own name, or a
   directory at the destination: fetch refuses before downloading (the proxy's
   downstream bytes stay far below one object), the directory's listing and
@@ -67,7 +67,7 @@ def proxy(s3):
 # --- publish ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [".bashrc", ".model.pte.trtet-lock", "a\nb.ptd"])
+@pytest.mark.parametrize("name", [".bashrc", ".w.ptd", ".model.pte.trtet-lock", "a\nb.ptd"])
 def test_publish_refuses_a_name_outside_the_set_before_any_request(s3env, tmp_path, proxy,
                                                                    name):
     pte = tmp_path / "model.pte"
@@ -136,6 +136,7 @@ def plant_manifest(s3, prefix: str, names: list[str]) -> str:
 
 BAD = {
     "dotfile": (".bashrc", FileNameError, "starts with a dot"),
+    "hidden-ptd": (".cpu.ptd", FileNameError, "starts with a dot"),
     "staging": (".trtet-staging", FileNameError, "trtet_store's own names"),
     "lock": (".model.pte.trtet-lock", FileNameError, "trtet_store's own names"),
     "newline": ("a\nb.ptd", FileNameError, "control character"),
