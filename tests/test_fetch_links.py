@@ -126,3 +126,20 @@ def test_the_destination_itself_as_a_link_is_written_through_as_documented(s3env
     # Its .ptd files go beside the path given (the link's directory), as regular files.
     assert stat.S_ISREG(os.lstat(here_fs / "cpu.ptd").st_mode)
     assert not (real / "cpu.ptd").exists()
+
+
+def test_a_link_at_an_empty_ptd_name_is_not_up_to_date(s3env, scene):
+    """An empty .ptd's name linked to /dev/null (size 0, like the object) is still replaced."""
+    shared = scene["shared"]
+    pte = os.urandom(MiB + 3)
+    put_program(s3env.client, s3env.bucket, "v1", {"model.pte": (pte, [len(pte)])})
+    fetch(f"s3://{s3env.bucket}/v1/model.pte", shared / "model.pte", client=s3env.client)
+    as_nobody(f"os.symlink('/dev/null', {os.fspath(shared / 'empty.ptd')!r})")
+    put_program(s3env.client, s3env.bucket, "v2", {"model.pte": (pte, [len(pte)]),
+                                                   "empty.ptd": (b"", [0])})
+    report = fetch(f"s3://{s3env.bucket}/v2/model.pte", shared / "model.pte",
+                   client=s3env.client)
+    assert not report.up_to_date
+    st = os.lstat(shared / "empty.ptd")
+    assert stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_uid == 0
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

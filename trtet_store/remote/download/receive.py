@@ -48,6 +48,7 @@ import logging
 import os
 import re
 import shlex
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -701,13 +702,14 @@ class _Fetch:
 
     def _up_to_date(self, plans: list[ObjectPlan], paths: list[Path]) -> bool:
         """Every piece of every object found at its own offset in its own destination file."""
-        for plan, p in zip(plans, paths, strict=True):
+        for i, (plan, p) in enumerate(zip(plans, paths, strict=True)):
             if plan.runs or not plan.spec.pieces and plan.spec.size:
                 return False
-            try:
-                if os.stat(p).st_size != plan.spec.size:
-                    return False
+            try:  # a link at a .ptd name (even to an empty file) is never up to date
+                st = os.stat(p) if i == 0 else os.lstat(p)
             except FileNotFoundError:
+                return False
+            if not stat.S_ISREG(st.st_mode) or st.st_size != plan.spec.size:
                 return False
             if any(r.path != os.fspath(p) or r.source_offset != r.offset for r in plan.reused):
                 return False
