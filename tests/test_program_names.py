@@ -218,3 +218,22 @@ def test_an_honest_program_is_fetched_and_listed(s3env, here_fs):
     assert done.returncode == 0, done
     assert f"  {here_fs / 'cpu.ptd'}: 100 bytes" in done.stdout
     assert (here_fs / "cpu.ptd").read_bytes() == b"w" * 100
+
+
+def test_the_cli_quotes_a_name_from_the_bucket_that_could_split_a_line(s3env):
+    """``publish --list`` prints the bucket's upload keys: one with a newline stays one line."""
+    from trtet_store.cli._shown import shown
+
+    assert shown("/data/cpu.ptd") == "/data/cpu.ptd" and shown("a\nb.ptd") == "'a\\nb.ptd'"
+    key = "evil/a\nb.ptd"
+    upload = s3env.client.create_multipart_upload(Bucket=s3env.bucket, Key=key)
+    try:
+        done = cli("publish", "--list", f"s3://{s3env.bucket}/evil/", "--endpoint-url",
+                   s3env.endpoint.url)
+        assert done.returncode == 0, done
+        lines = done.stdout.splitlines()
+        assert len(lines) == 1 and lines[0].endswith("  'evil/a\\nb.ptd'"), done.stdout
+        assert upload["UploadId"] in lines[0]
+    finally:
+        s3env.client.abort_multipart_upload(Bucket=s3env.bucket, Key=key,
+                                            UploadId=upload["UploadId"])
