@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.cli._common import ProgressBar, add_s3_options, mib, report_error, size_arg
+from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_fetch"]
 
@@ -125,10 +126,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
           f"{mib(report.bytes_reused)}" + (f" ({how})" if how else "")
           + (f", resumed {mib(report.bytes_resumed)}" if report.bytes_resumed else "")
           + f", {report.seconds:.1f} s")
+    # Names from a manifest or the directory, quoted where one could split a line.
     for o in report.objects:
-        print(f"  {o.path}: {o.size} bytes, {o.checksum or 'no checksum'}")
+        print(f"  {shown(o.path)}: {o.size} bytes, {o.checksum or 'no checksum'}")
     for path in report.removed:
-        print(f"  {path}: removed (the previous version's; no longer in the manifest)")
+        print(f"  {shown(path)}: removed (the previous version's; no longer in the manifest)")
     if not report.verified:
         print(f"{prefix}: warning: {report.unverified_reason}", file=sys.stderr)
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.cli._common import ProgressBar, add_s3_options, fail, mib, one_line, size_arg
+from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_publish", "print_interrupted", "print_report", "progress_bar"]
 
@@ -159,8 +160,9 @@ def print_report(report: Any, url: str, as_json: bool) -> None:
     if as_json:
         print(report.to_json())
         return
+    bucket = url[5:].partition("/")[0]
     for o in report.objects:
-        print(f"s3://{url[5:].partition('/')[0]}/{o.key}: {mib(o.size)}, {o.parts} parts "
+        print(f"{shown(f's3://{bucket}/{o.key}')}: {mib(o.size)}, {o.parts} parts "
               f"({o.parts_sent} sent, {o.parts_copied} copied, {o.parts_resumed} resumed), "
               f"CRC64NVME {o.crc64nvme}")
     print(f"manifest {report.manifest_key}; {mib(report.bytes_sent)} sent, "
@@ -176,7 +178,7 @@ def _list(files: list[str], url: str, args: argparse.Namespace) -> int:
         return _fail("--list takes only s3://BUCKET[/PREFIX]")
     uploads = remote.list_uploads(url, endpoint_url=args.endpoint_url)
     for u in uploads:
-        print(f"{u.initiated}  {u.upload_id}  {u.key}")
+        print(f"{u.initiated}  {shown(u.upload_id)}  {shown(u.key)}")  # the bucket's names
     if not uploads:
         print(f"{url}: no unfinished uploads")
     return 0
@@ -189,8 +191,9 @@ def _abort(files: list[str], url: str, args: argparse.Namespace) -> int:
     if files:
         return _fail("--abort takes only s3://BUCKET/KEY")
     aborted = remote.abort(url, endpoint_url=args.endpoint_url, journal_dir=args.journal_dir)
+    bucket = url[5:].partition("/")[0]
     for u in aborted:
-        print(f"aborted {u.upload_id} of s3://{url[5:].partition('/')[0]}/{u.key}")
+        print(f"aborted {shown(u.upload_id)} of {shown(f's3://{bucket}/{u.key}')}")
     if not aborted:
         print(f"{url}: nothing to abort")
     return 0

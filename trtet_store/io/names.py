@@ -73,13 +73,15 @@ def is_dest_lock(name: str) -> bool:
     return name.endswith(DEST_LOCK_SUFFIX)
 
 
-def destination(path: os.PathLike | str) -> Path:
+def destination(path: os.PathLike | str, *, follow_links: bool = True) -> Path:
     """The file a write of ``path`` replaces.
 
-    A symlinked destination updates the file it points to, as open(path, "wb") would.
+    A symlinked destination updates the file it points to, as open(path, "wb")
+    would; with ``follow_links=False`` the link itself is replaced by the new
+    file (a rename over it), and its target is never written.
     """
     p = Path(path).absolute()
-    return Path(os.path.realpath(p)) if p.is_symlink() else p
+    return Path(os.path.realpath(p)) if follow_links and p.is_symlink() else p
 
 
 # -- a transaction's files, beside its destinations -------------------------------------

@@ -371,7 +371,7 @@ def _abandon(journal: Journal, stuck: Outcome) -> Outcome:
             if not path:
                 continue
             try:
-                st = os.stat(path)
+                st = os.lstat(path)  # a backup may be a replaced symlink
             except FileNotFoundError:
                 continue
             short = []

@@ -109,9 +109,10 @@ def unpublish(plan: Plan) -> None:
     for out in plan.outputs:
         if not os.path.exists(out.temp):
             fs.calls.rename(out.dest, out.temp)
-        if out.backup and os.path.exists(out.backup):
+        # lexists/lstat: a backup may be a symlink the write replaced (follow_links=False).
+        if out.backup and os.path.lexists(out.backup):
             try:
-                restored = fs.same_file(os.stat(out.backup), os.stat(out.dest))
+                restored = fs.same_file(os.lstat(out.backup), os.lstat(out.dest))
             except FileNotFoundError:
                 restored = False
             if not restored:  # the backup (the old file) goes back to its name
@@ -214,9 +215,9 @@ def publish(plan: Plan) -> None:
     """Rename every temp file that is still there over its destination, keeping backups."""
     for out in plan.outputs:
         if os.path.exists(out.temp):
-            if out.backup and not os.path.exists(out.backup):
+            if out.backup and not os.path.lexists(out.backup):
                 with contextlib.suppress(FileNotFoundError):
-                    fs.calls.link(out.dest, out.backup)
+                    fs.calls.link(out.dest, out.backup, follow_symlinks=False)
             fs.calls.rename(out.temp, out.dest)
     for parent in sorted({os.path.dirname(o.dest) for o in plan.outputs}):
         fs.fsync_dir(parent)

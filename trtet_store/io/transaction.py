@@ -59,8 +59,10 @@ DEFAULT_CHUNK_SIZE = 64 * MiB
 class _Output:
     """One output while the transaction runs."""
 
-    def __init__(self, dest: Path, layout: Layout) -> None:
+    def __init__(self, dest: Path, layout: Layout, follow_links: bool = True) -> None:
         self.dest = dest
+        # False: a link at dest is replaced, never written through (validate lstats it).
+        self.follow_links = follow_links
         self.layout = layout
         self.temp = dest  # named once the transaction has its token
         self.backup: Path | None = None
@@ -80,7 +82,8 @@ class Transaction:
                  consume: bool, chunk_size: int | str | AutoChunk | None,
                  progress: ProgressCallback | None,
                  placements: Collection[str] | str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None,
+                 follow_links: bool | Sequence[bool] = True) -> None:
         self.auto: AutoChunk | None = None
         if chunk_size == "auto":
             chunk_size = AutoChunk()
@@ -110,7 +113,9 @@ class Transaction:
         self.chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
         # The callback's shape (Progress object or the old (done, total)) is read once here.
         self.progress = progress_caller(progress)
-        self.outputs = [_Output(names.destination(p), Layout(pieces)) for p, pieces in outputs]
+        follow = _per_output(follow_links, len(outputs))
+        self.outputs = [_Output(names.destination(p, follow_links=f), Layout(pieces), f)
+                        for (p, pieces), f in zip(outputs, follow, strict=True)]
         for out in self.outputs:
             out.temp = names.temp_path(out.dest, self.token)
         self.plans: list[ladder.Planned] = []
@@ -179,7 +184,8 @@ class Transaction:
 
     def validate(self) -> None:
         """Refuse bad destinations and sources before touching anything."""
-        olds = validate([(o.dest, o.layout) for o in self.outputs])
+        olds = validate([(o.dest, o.layout) for o in self.outputs],
+                        follow_links=[o.follow_links for o in self.outputs])
         for out, old in zip(self.outputs, olds, strict=True):
             out.old_stat = old
 
@@ -430,8 +436,10 @@ class Transaction:
         self.journal.mark(PUBLISHING)
         for out in self.outputs:
             if out.backup is not None:
+                # The name's own entry (a link stays a link), never its target.
                 with contextlib.suppress(FileNotFoundError):
-                    fs.calls.link(os.fspath(out.dest), os.fspath(out.backup))
+                    fs.calls.link(os.fspath(out.dest), os.fspath(out.backup),
+                                  follow_symlinks=False)
             fs.calls.rename(os.fspath(out.temp), os.fspath(out.dest))
             out.renamed = True
         # The commit point: every new file is in place. What fails from here on
@@ -541,6 +549,17 @@ class Transaction:
             if out.lock_fd >= 0:
                 unlock_file(out.lock_fd, out.lock_path)
                 out.lock_fd = -1
+
+
+def _per_output(follow_links: bool | Sequence[bool], n: int) -> list[bool]:
+    """``follow_links`` as one bool per output (a bool is every output's)."""
+    if isinstance(follow_links, bool):
+        return [follow_links] * n
+    flags = list(follow_links)
+    if len(flags) != n or not all(isinstance(f, bool) for f in flags):
+        raise TypeError(f"follow_links must be True, False or one of them per output "
+                        f"({n}), not {follow_links!r}")
+    return flags
 
 
 def _view(piece: Piece) -> memoryview:

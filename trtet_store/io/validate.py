@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,13 +28,18 @@ def check_pieces(dest: os.PathLike | str, pieces: object) -> None:
                         f"ExternalFile), got a single {type(pieces).__name__}; wrap it: [data]")
 
 
-def validate(outputs: Sequence[tuple[Path, Layout]]) -> list[os.stat_result | None]:
+def validate(outputs: Sequence[tuple[Path, Layout]],
+             follow_links: Sequence[bool] | None = None) -> list[os.stat_result | None]:
     """Refuse bad destinations and sources before touching anything.
 
     Parameters
     ----------
     outputs : sequence of (pathlib.Path, Layout)
         Each destination (resolved) with its layout.
+    follow_links : sequence of bool, optional
+        Per output; False: the destination is looked at with ``lstat``, and a
+        symbolic link there is no old file (it is replaced, never written
+        through: the new file gets no mode or owner from it or its target).
 
     Returns
     -------
@@ -42,7 +48,8 @@ def validate(outputs: Sequence[tuple[Path, Layout]]) -> list[os.stat_result | No
     """
     dests: set[str] = set()
     old: list[os.stat_result | None] = []
-    for dest, _ in outputs:
+    follow = [True] * len(outputs) if follow_links is None else list(follow_links)
+    for (dest, _), follows in zip(outputs, follow, strict=True):
         parent = dest.parent
         if not parent.is_dir():
             raise FileNotFoundError(errno.ENOENT,
@@ -55,16 +62,18 @@ def validate(outputs: Sequence[tuple[Path, Layout]]) -> list[os.stat_result | No
             raise PermissionError(errno.EACCES,
                                   f"cannot write {dest}: its directory is not writable",
                                   os.fspath(parent))
-        if dest.is_dir():
+        st = None
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(dest) if follows else os.lstat(dest)
+        if st is not None and stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, f"cannot write {dest}: it is a "
                                     "directory; give a file name", os.fspath(dest))
         key = os.fspath(dest)
         if key in dests:
             raise ValueError(f"{dest} is named twice among the outputs")
         dests.add(key)
-        st = None
-        with contextlib.suppress(FileNotFoundError):
-            st = os.stat(dest)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            st = None  # a link that the rename replaces: no old file of ours
         old.append(st)
     dest_stats = [(dest, st) for (dest, _), st in zip(outputs, old, strict=True) if st is not None]
     _check_inodes([dest for dest, _ in outputs])

@@ -104,14 +104,23 @@ def write_files(outputs: Sequence[tuple[os.PathLike | str, Iterable[Piece]]], *,
                 chunk_size: int | str | AutoChunk | None = UNSET,
                 progress: ProgressCallback | None = UNSET,
                 placements: Collection[str] | str | None = UNSET,
-                timeout: float | None = UNSET) -> list[WriteReport]:
+                timeout: float | None = UNSET,
+                follow_links: bool | Sequence[bool] = True) -> list[WriteReport]:
     """Write several files as one transaction: all are published, or none changes.
 
     Every output is placed and verified in its temp file before the first
-    rename. Parameters are as for :func:`write_file`.
+    rename. Parameters are as for :func:`write_file`, and:
+
+    follow_links : bool or sequence of bool
+        Per output (one bool: every output). True (default): a destination
+        that is a symbolic link is written through to its target, as
+        ``open(path, "wb")`` would. False: the link itself is replaced by the
+        new file (a rename over it), its target never opened or written,
+        and a dangling link never creates a file at its target. For names
+        the caller did not choose (a fetched program's ``.ptd`` files).
     """
     opts = resolve(options, "write_files", consume=consume, chunk_size=chunk_size,
                    progress=progress, placements=placements, timeout=timeout)
     return Transaction(outputs, consume=opts.consume, chunk_size=opts.chunk_size,
                        progress=opts.progress, placements=opts.placements,
-                       timeout=opts.timeout).run()
+                       timeout=opts.timeout, follow_links=follow_links).run()

@@ -29,6 +29,26 @@ class NotARegularFileError(RemoteError, ValueError):
         self.path = path
 
 
+class FileNameError(ManifestError):
+    """A file name no program may have (see :mod:`trtet_store.remote.filenames`).
+
+    A program's files are its own name and plain ``.ptd`` names: no leading
+    dot, no path, no control character, none of trtet_store's own names.
+    ``publish`` refuses such a name before any request; ``fetch`` refuses a
+    manifest that holds one before any byte is downloaded, with nothing
+    created. A ``ManifestError``: a manifest that names one is not a program.
+
+    Attributes
+    ----------
+    name : str
+        The name refused.
+    """
+
+    def __init__(self, message: str, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
+
 class RemoteURLError(RemoteError, ValueError):
     """A destination that is not ``s3://bucket/key``."""
 

@@ -10,7 +10,8 @@ and a data object that no manifest names is not a published program.
 What it records, per object (:class:`ObjectEntry`):
 
 - ``name``: the file name (``model.pte``, ``model.ptd``, as ``save_program``
-  names them; never a path), and ``key``: the object's full key in the bucket.
+  names them; never a path, never a control character: see
+  :mod:`trtet_store.remote.filenames`), and ``key``: the object's full key in the bucket.
 - ``size``, ``etag`` (as the server returned it, quotes stripped) and
   ``crc64nvme``: the full-object CRC64NVME, base64 of the 8 big-endian bytes,
   exactly the ``ChecksumCRC64NVME`` that HeadObject (``ChecksumMode=ENABLED``)
@@ -63,7 +64,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trtet_store.remote.errors import ManifestError
+from trtet_store.remote.errors import FileNameError, ManifestError
+from trtet_store.remote.filenames import plain_name_problem
 from trtet_store.remote.jsondoc import MANIFEST_MAX_BYTES, loads
 
 FORMAT = "trtet-store-manifest"
@@ -337,8 +339,9 @@ def _validate(m: Manifest) -> None:
 
 def _validate_object(o: ObjectEntry, chunk_size: int) -> None:
     what = f"object {o.name!r}"
-    if not o.name or "/" in o.name or "\\" in o.name or o.name in (".", "..") or "\0" in o.name:
-        raise ManifestError(f"{what}: a name must be a plain file name, not a path")
+    why = plain_name_problem(o.name)
+    if why is not None:
+        raise FileNameError(f"{what}: the name {why}", o.name)
     if not (o.key == o.name or o.key.endswith("/" + o.name)):
         raise ManifestError(f"{what}: key {o.key!r} does not end with its name")
     if o.size < 0:

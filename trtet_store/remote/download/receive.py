@@ -48,6 +48,7 @@ import logging
 import os
 import re
 import shlex
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -98,6 +99,7 @@ from trtet_store.remote.errors import (
     ObjectChangedError,
     ObjectNotFoundError,
 )
+from trtet_store.remote.filenames import check_destination, check_program_names
 from trtet_store.remote.manifest import Manifest, manifest_key
 from trtet_store.remote.report import FetchedObject, FetchProgress, FetchReport
 from trtet_store.remote.s3 import S3, ReadInterrupted, Transient
@@ -131,7 +133,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
           progress: Callable[[FetchProgress], Any] | None = None, if_replaced: str = "restart",
           max_restarts: int = 3, wait_replaced: float = 30.0, attempts: int = 5,
           placements: Sequence[str] | None = None, replace_needed: bool = False,
-          program_only: bool = False) -> FetchReport:
+          program_only: bool = False, names: Sequence[str] | None = None) -> FetchReport:
     """Fetch the program published at ``url`` (or a plain object) into ``path``.
 
     Parameters
@@ -181,6 +183,15 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     program_only : bool
         Fetch a ``.pte`` that has no manifest though it reads data from
         ``.ptd`` files (default: :class:`MissingDataError`, naming them).
+    names : sequence of str, optional
+        The exact file names the manifest must name, in order, for files of
+        the caller's own naming (the shared tier's). Default: a program's
+        closed set, the program's own name and plain ``.ptd`` names
+        (:mod:`trtet_store.remote.filenames`).
+
+    The ``.ptd`` files are written by a rename over their names: a symbolic
+    link there is replaced, never written through (``path`` itself is
+    followed, as ``write_files`` follows a destination).
 
     After a fetch of a newer version, the ``.ptd`` files the previous version
     at ``path`` read from and the new manifest no longer names are removed
@@ -211,6 +222,10 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     FetchVerificationError
         Bytes that kept failing their digests, or a full-object checksum
         that differs; local files untouched.
+    FileNameError, IsADirectoryError
+        A manifest naming a file no program may have, the destination's own
+        name twice, or a directory at a name it writes: before any byte is
+        downloaded, nothing created.
     FetchInterruptedError
         The network kept failing; fetching again continues where it stopped.
     """
@@ -238,6 +253,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     job.endpoint_url = endpoint_url or _client_endpoint(s3.client)
     job.if_replaced = if_replaced
     job.replace_needed, job.program_only = replace_needed, program_only
+    job.names = None if names is None else list(names)
     job.flags = {"replace_needed": replace_needed, "program_only": program_only}
     start = time.monotonic()
     restarts = 0
@@ -376,6 +392,7 @@ class _Fetch:
         self.flags: dict[str, bool] = {}
         self.replace_needed = False
         self.program_only = False
+        self.names: list[str] | None = None  # the caller's own names (fetch(names=))
         self.from_manifest = False  # set by describe()
         self.version = ""
         self.range_retries = 0
@@ -400,7 +417,11 @@ class _Fetch:
         try:
             manifest = Manifest.from_json(raw)
         except ManifestError as exc:
-            raise ManifestError(f"s3://{self.bucket}/{mkey}: {exc}") from None
+            exc.args = (f"s3://{self.bucket}/{mkey}: {exc}",)  # its class kept (FileNameError)
+            raise
+        # A closed set of names, before any HEAD or GET of an object (filenames.py).
+        check_program_names([o.name for o in manifest.objects], f"s3://{self.bucket}/{mkey}",
+                            expected=self.names)
         specs = [ObjectSpec.from_entry(e, manifest.chunk_size) for e in manifest.objects]
         prefix = self.key.rpartition("/")[0]
         for s in specs:
@@ -479,9 +500,14 @@ class _Fetch:
         version, specs, unverified = self.describe()
         self.version = version
         paths = [self.local_path(i, s) for i, s in enumerate(specs)]
+        # What needs only the manifest and an lstat is refused before anything is read.
+        check_destination(self.dest, [s.name for s in specs], self.url)
         plans = []
         for i, spec in enumerate(specs):
-            names = [paths[i], *self.reuse, *(r.parent / spec.name for r in self.reuse)]
+            # (path, follow): names from the manifest are read without following a
+            # link (the write replaces one); path and reuse= are the user's, followed.
+            names = [(paths[i], i == 0), *((r, True) for r in self.reuse),
+                     *((r.parent / spec.name, False) for r in self.reuse)]
             reused = find_reusable(spec, candidate_files(names)) if spec.pieces else []
             plans.append(plan_object(i, spec, reused, self.range_size))
         self.total = sum(s.size for s in specs)
@@ -561,8 +587,11 @@ class _Fetch:
                                                    seg.file_size, plan.spec.chunk_size,
                                                    seg.chunk_digests))
                 outputs.append((paths[i], pieces))
+            # The .ptd names are the manifest's: a link there is replaced, never
+            # written through; the destination itself is followed (documented).
             report.writes = write_files(outputs, consume=True, chunk_size=WRITE_CHUNK,
-                                        placements=self.placements)
+                                        placements=self.placements,
+                                        follow_links=[i == 0 for i in range(len(outputs))])
             stage.remove()
         finally:
             stage.close()
@@ -685,13 +714,14 @@ class _Fetch:
 
     def _up_to_date(self, plans: list[ObjectPlan], paths: list[Path]) -> bool:
         """Every piece of every object found at its own offset in its own destination file."""
-        for plan, p in zip(plans, paths, strict=True):
+        for i, (plan, p) in enumerate(zip(plans, paths, strict=True)):
             if plan.runs or not plan.spec.pieces and plan.spec.size:
                 return False
-            try:
-                if os.stat(p).st_size != plan.spec.size:
-                    return False
+            try:  # a link at a .ptd name (even to an empty file) is never up to date
+                st = os.stat(p) if i == 0 else os.lstat(p)
             except FileNotFoundError:
+                return False
+            if not stat.S_ISREG(st.st_mode) or st.st_size != plan.spec.size:
                 return False
             if any(r.path != os.fspath(p) or r.source_offset != r.offset for r in plan.reused):
                 return False

@@ -16,6 +16,7 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from trtet_store.io import MiB, chunk_digest
 from trtet_store.remote.checksum import combine, crc64nvme
@@ -27,23 +28,37 @@ log = logging.getLogger("trtet_store.remote.download.receive")
 READ_STEP = 8 * MiB
 
 
-def candidate_files(paths: Sequence[os.PathLike | str]) -> list[tuple[str, int]]:
-    """The existing regular files among ``paths``, each once, with their sizes."""
+class Candidate(NamedTuple):
+    """A local file that may hold pieces: its path, size, and whether a link is followed."""
+
+    path: str
+    size: int
+    follow: bool = True
+
+
+def candidate_files(paths: Sequence[tuple[os.PathLike | str, bool]]) -> list[Candidate]:
+    """The existing regular files among ``paths``, each once, with their sizes.
+
+    ``paths`` are ``(path, follow)``: a name that came from a manifest (a
+    ``.ptd`` beside the destination) is not followed (``lstat``, then opened
+    with ``O_NOFOLLOW``): a link there is no earlier version of ours, and the
+    write replaces it.
+    """
     seen: set[tuple[int, int]] = set()
     out = []
-    for p in paths:
+    for p, follow in paths:
         try:
-            st = os.stat(p)
+            st = os.stat(p) if follow else os.lstat(p)
         except OSError:
             continue
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
             continue
         seen.add((st.st_dev, st.st_ino))
-        out.append((os.fspath(Path(p).absolute()), st.st_size))
+        out.append(Candidate(os.fspath(Path(p).absolute()), st.st_size, follow))
     return out
 
 
-def find_reusable(spec: ObjectSpec, candidates: Sequence[tuple[str, int]]) -> list[Reuse]:
+def find_reusable(spec: ObjectSpec, candidates: Sequence[Candidate]) -> list[Reuse]:
     """Every chunk of ``spec`` that one of ``candidates`` holds, as runs of :class:`Reuse`.
 
     Matching is per manifest chunk (``chunk_size`` bytes on each piece's own
@@ -55,8 +70,8 @@ def find_reusable(spec: ObjectSpec, candidates: Sequence[tuple[str, int]]) -> li
     ----------
     spec : ObjectSpec
         The object, with the manifest's pieces (a plain object has none: nothing is reused).
-    candidates : sequence of (path, size)
-        Local files that may hold an earlier version.
+    candidates : sequence of Candidate
+        Local files that may hold an earlier version (:func:`candidate_files`).
     """
     found: list[Reuse] = []
     fds: dict[str, int] = {}
@@ -66,18 +81,33 @@ def find_reusable(spec: ObjectSpec, candidates: Sequence[tuple[str, int]]) -> li
                 found += _reuse_in_piece(spec, piece, candidates, fds)
     finally:
         for fd in fds.values():
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
     log.info("%s: %d of %d bytes found locally, in %d range(s)", spec.name,
              sum(r.size for r in found), spec.size, len(found))
     return found
 
 
-def _reuse_in_piece(spec: ObjectSpec, piece, candidates: Sequence[tuple[str, int]],
+def _open(path: str, follow: bool) -> int:
+    """``path`` opened for reading, or -1 when it is no longer a regular file (or a link
+    where ``follow`` is False): O_NONBLOCK, so a FIFO swapped in never blocks the open."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return -1
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _reuse_in_piece(spec: ObjectSpec, piece, candidates: Sequence[Candidate],
                     fds: dict[str, int]) -> list[Reuse]:
     chunk = spec.chunk_size
     n = len(piece.chunks)
     owner: list[tuple[str, int, int, int] | None] = [None] * n  # (path, size, shift, crc)
-    for path, size in candidates:
+    for path, size, follow in candidates:
         for src_start in dict.fromkeys((piece.offset, piece.offset + size - spec.size)):
             todo = [k for k in range(n) if owner[k] is None]
             if not todo:
@@ -85,7 +115,9 @@ def _reuse_in_piece(spec: ObjectSpec, piece, candidates: Sequence[tuple[str, int
             if src_start < 0:
                 continue
             if path not in fds:
-                fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fds[path] = _open(path, follow)
+            if fds[path] < 0:
+                break  # not the regular file it was a moment ago: not a candidate
             for k in todo:
                 off = k * chunk
                 length = min(chunk, piece.size - off)

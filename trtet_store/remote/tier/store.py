@@ -373,7 +373,7 @@ class RemoteTier:
         try:
             report = fetch(url, paths[names[0]], client=self.s3, if_replaced="error",
                            max_restarts=0, concurrency=self.concurrency,
-                           range_size=self.range_size, progress=progress)
+                           range_size=self.range_size, progress=progress, names=names)
         except (ObjectChangedError, FetchVerificationError, ManifestError,
                 ObjectNotFoundError) as exc:
             self._discard(paths)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.io import PUBLISH_STAGING_DIR, UNSET, staging_directory
+from trtet_store.remote.filenames import check_program_names
 from trtet_store.remote.report import PublishProgress, PublishReport
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
 from trtet_store.remote.upload.send import publish_sources
@@ -23,12 +24,22 @@ from trtet_store.remote.url import RemoteURL
 
 
 def sources_of(source: Any, url: RemoteURL) -> list[ObjectSource]:
-    """The objects ``source`` stands for, the program first, named as they will be published."""
+    """The objects ``source`` stands for, the program first, named as they will be published.
+
+    Raises
+    ------
+    FileNameError
+        A name outside a program's closed set (:mod:`trtet_store.remote.filenames`:
+        the program's own name, and plain ``.ptd`` names), before anything is read
+        or sent.
+    """
+    where = f"publish s3://{url.bucket}/{url.key}"
     if isinstance(source, (str, os.PathLike)):
         source = [source]
     if isinstance(source, (list, tuple)) and source and all(
             isinstance(s, (str, os.PathLike)) for s in source):
         files = [Path(s) for s in source]
+        check_program_names([url.name, *(f.name for f in files[1:])], where)
         objs = [ObjectSource.of_file(files[0], url.name)]
         objs += [ObjectSource.of_file(f) for f in files[1:]]
         return objs
@@ -37,8 +48,10 @@ def sources_of(source: Any, url: RemoteURL) -> list[ObjectSource]:
     from trtet_store.export.executorch import program_layouts  # heavy: ExecuTorch
 
     layouts = program_layouts(source, url.name, consume=False)
-    return [ObjectSource(url.name if i == 0 else Path(path).name, list(pieces))
-            for i, (path, pieces) in enumerate(layouts)]
+    names = [url.name if i == 0 else Path(path).name for i, (path, _) in enumerate(layouts)]
+    check_program_names(names, where)
+    return [ObjectSource(name, list(pieces))
+            for name, (_, pieces) in zip(names, layouts, strict=True)]
 
 
 def publish(
@@ -113,6 +126,10 @@ def publish(
     ------
     RemoteURLError, PartSizeError, TypeError, ValueError
         Bad arguments; nothing was sent.
+    FileNameError
+        A file name no program may have: the program's files are its own
+        name and plain ``.ptd`` names (no leading dot, no path, no control
+        character, none of trtet_store's own names); nothing was sent.
     BucketNotFoundError, AccessDeniedError
         Before anything was created.
     OwnedByOtherProgramError

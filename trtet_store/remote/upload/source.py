@@ -22,7 +22,8 @@ from pathlib import Path
 
 from trtet_store.io import Blob, ExternalFile, MiB, SourceChangedError
 from trtet_store.remote.checksum import CHUNK_SIZE, PieceDigester
-from trtet_store.remote.errors import NotARegularFileError
+from trtet_store.remote.errors import FileNameError, NotARegularFileError
+from trtet_store.remote.filenames import name_problem
 
 
 def check_regular_file(path: Path) -> None:
@@ -115,8 +116,11 @@ class ObjectSource:
     identities: dict[int, tuple[int, ...]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name or self.name in (".", ".."):
-            raise ValueError(f"{self.name!r} is not a plain file name")
+        # Every object's floor (publish checks a program's names against the .ptd rule
+        # too): plain, showable, none of trtet_store's own; before anything is sent.
+        why = name_problem(self.name, program=True)
+        if why is not None:
+            raise FileNameError(f"an object's name {self.name!r} {why}", self.name)
         offset = 0
         self.extents = []
         for i, piece in enumerate(self.pieces):
