@@ -25,6 +25,8 @@ def test_only_the_face_lives_at_the_package_root() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "trtet_store"
-    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py"]
+    # __main__.py is the face too: `python -m trtet_store` is the CLI.
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "__main__.py"]
     assert sorted(p.name for p in (root / "remote").glob("*.py")) == [
-        "__init__.py", "checksum.py", "errors.py", "manifest.py", "report.py", "s3.py", "url.py"]
+        "__init__.py", "checksum.py", "errors.py", "filenames.py", "jsondoc.py", "manifest.py",
+        "report.py", "s3.py", "url.py"]

@@ -250,12 +250,15 @@ def test_a_fifo_a_device_or_a_directory_as_publish_source_is_not_a_regular_file(
 
     prog = tmp_path / "m.pte"
     prog.write_bytes(b"p" * 100)
-    fifo = tmp_path / "pipe"
+    # .ptd names: a program's files are its own name and .ptd names (the name rule
+    # is checked too); the device is reached through a link of such a name.
+    fifo = tmp_path / "pipe.ptd"
     os.mkfifo(fifo)
-    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir.ptd").mkdir()
+    (tmp_path / "zero.ptd").symlink_to("/dev/zero")
     tier = _tier(env)
-    for source, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a device"),
-                         (tmp_path / "adir", "a directory")):
+    for source, kind in ((fifo, "a FIFO"), (tmp_path / "zero.ptd", "a device"),
+                         (tmp_path / "adir.ptd", "a directory")):
         # A FIFO with no writer would block an open forever: it is never opened.
         with pytest.raises(NotARegularFileError, match=f"is not a regular file \\({kind}\\)"):
             publish([prog, source], f"s3://{env.bucket}/p/m.pte",
@@ -263,4 +266,5 @@ def test_a_fifo_a_device_or_a_directory_as_publish_source_is_not_a_regular_file(
         with pytest.raises(NotARegularFileError, match="is not a regular file"):
             tier.publish("k", [("e0", source)], {})
     assert _keys(env, "") == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "m.pte", "pipe"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "adir.ptd", "m.pte", "pipe.ptd", "zero.ptd"]

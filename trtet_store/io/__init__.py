@@ -40,7 +40,7 @@ from trtet_store.io.safedir import (
     staging_directory,
     write_atomic,
 )
-from trtet_store.io.units import GiB, MiB
+from trtet_store.io.units import GiB, MiB, format_mib
 from trtet_store.io.versioned import (
     VersionedWrite,
     current_version,
@@ -82,6 +82,7 @@ __all__ = [
     "GiB",
     "Layout",
     "MiB",
+    "format_mib",
     "Orphan",
     "pinned_version",
     "recover_versions",

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from trtet_store.io.units import format_mib
+from trtet_store.io import format_mib
 from trtet_store.remote.errors import PartSizeError
 from trtet_store.remote.upload.parts import choose_part_size
 
