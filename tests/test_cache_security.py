@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from attacker import NOBODY, as_nobody
 from digests import file_digest
 
 from trtet_store.cache import BlobCache, CacheDirectoryError
@@ -25,7 +26,6 @@ from trtet_store.cache.directory import SIGNATURE, TAG_NAME
 from trtet_store.io import MiB
 
 ROOT = Path(__file__).resolve().parent.parent
-NOBODY = 65534
 
 
 def cli(*argv: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -103,19 +103,7 @@ def test_a_project_directory_is_refused_by_the_api_and_nothing_is_deleted(here_f
 def plant_link(shared: Path, target: Path) -> Path:
     """uid 65534 makes ``shared/cache -> target`` in the 1777 ``shared``."""
     link = shared / "cache"
-    pid = os.fork()
-    if pid == 0:  # the attacker
-        code = 1
-        try:
-            os.setresgid(NOBODY, NOBODY, NOBODY)
-            os.setgroups([])
-            os.setresuid(NOBODY, NOBODY, NOBODY)
-            os.symlink(target, link)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    as_nobody(lambda: os.symlink(target, link))
     assert os.lstat(link).st_uid == NOBODY
     return link
 

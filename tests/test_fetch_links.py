@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from attacker import listing
 from digests import file_digest
 from test_fetch_support import MiB, put_program
 
@@ -41,14 +42,6 @@ def as_nobody(code: str) -> None:
     drop = (f"import os\nos.setgroups([])\nos.setresgid({NOBODY}, {NOBODY}, {NOBODY})\n"
             f"os.setresuid({NOBODY}, {NOBODY}, {NOBODY})\nassert os.geteuid() == {NOBODY}\n")
     subprocess.run([sys.executable, "-c", drop + code], check=True, timeout=60)
-
-
-def listing(directory: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(directory.iterdir()):
-        out[p.name] = ("link " + os.readlink(p) if p.is_symlink() else
-                       file_digest(p) if p.is_file() else "dir")
-    return out
 
 
 @pytest.fixture

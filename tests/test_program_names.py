@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from attacker import listing
 from digests import file_digest
 from test_fetch_support import MiB, b64crc, piece_entries, put_program
 from test_publish import assert_nothing_under
@@ -47,15 +48,6 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trtet_store.cli", *args],
                           capture_output=True, text=True, timeout=300, env=env,
                           cwd=Path(__file__).resolve().parents[1])
-
-
-def listing(directory: Path) -> dict[str, str]:
-    """Every entry (hidden ones too) with its digest: what 'untouched' is checked against."""
-    out = {}
-    for p in sorted(directory.iterdir()):
-        out[p.name] = ("link " + os.readlink(p) if p.is_symlink() else
-                       file_digest(p) if p.is_file() else "dir")
-    return out
 
 
 @pytest.fixture

@@ -15,14 +15,14 @@ connection).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from crash_dying import in_child
+from attacker import NOBODY, as_nobody, shared_dir
+from attacker import tree as state
 from tcp_proxy import Fault
 from test_fetch_support import MiB, engine_bytes, engine_program, put_program
 
@@ -34,24 +34,7 @@ from trtet_store.remote.errors import FetchVerificationError
 from trtet_store.testing.proxy import CountingProxy
 from trtet_store.testing.s3server import S3Endpoint
 
-NOBODY = 65534
 ENGINES = (2 * MiB, MiB + 5)
-
-
-def state(directory: Path) -> dict[str, str]:
-    """Every entry under ``directory`` (links not followed): a digest, a link's target, or 'dir'."""
-    out = {}
-    for root, dirs, files in os.walk(directory):
-        for name in dirs + files:
-            p = Path(root, name)
-            rel = os.fspath(p.relative_to(directory))
-            if p.is_symlink():
-                out[rel] = "-> " + os.readlink(p)
-            elif p.is_dir():
-                out[rel] = "dir"
-            else:
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 def victim(root: Path) -> tuple[Path, Path]:
@@ -63,23 +46,6 @@ def victim(root: Path) -> tuple[Path, Path]:
     secret.write_bytes(b"root:secret-hash:19000:0:99999:7:::\n" * 50)
     os.chmod(secret, 0o600)
     return home, secret
-
-
-def shared_dir(mnt: Path) -> Path:
-    shared = mnt / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o1777)  # like /tmp: anyone creates, only owners remove
-    return shared
-
-
-def as_nobody(fn) -> None:
-    def child() -> None:
-        os.setgroups([])
-        os.setresgid(NOBODY, NOBODY, NOBODY)
-        os.setresuid(NOBODY, NOBODY, NOBODY)
-        fn()
-
-    assert in_child(child) == 0
 
 
 def program(s3, prefix: str = "m") -> str:

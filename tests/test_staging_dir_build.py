@@ -10,12 +10,13 @@ is stubbed at its one seam (trtet_store.testing.stub_tensorrt).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
 
 import pytest
+from attacker import NOBODY
+from attacker import tree as state
 
 import trtet_store
 from trtet_store import UnsafeDirectoryError, remote
@@ -25,18 +26,6 @@ from trtet_store.remote.upload import program
 from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 MiB = 1 << 20
-NOBODY = 65534
-
-
-def state(directory: Path) -> dict[str, str]:
-    out = {}
-    for root, dirs, files in os.walk(directory):
-        for name in dirs + files:
-            p = Path(root, name)
-            rel = os.fspath(p.relative_to(directory))
-            out[rel] = ("-> " + os.readlink(p) if p.is_symlink() else "dir" if p.is_dir()
-                        else hashlib.sha256(p.read_bytes()).hexdigest())
-    return out
 
 
 def plant(staging: Path, case: str, victim: Path) -> str:
