@@ -162,6 +162,8 @@ class BlobCache:
         self.max_bytes = max_bytes
         self.min_free = min_free
         self.chunk_size = chunk_size
+        #: key -> why get() dropped its entry (damaged): what a rebuild's report says.
+        self.dropped: dict[str, str] = {}
         self.directory = (default_directory() if directory is None
                           else Path(directory)).absolute()
         try:
@@ -342,6 +344,7 @@ class BlobCache:
                     self._reseal(entry.blob, seal, st)
             if problem is not None:
                 os.close(fd)
+                self.dropped[key] = problem
                 self._drop_blob(entry.blob, f"entry {key!r}: {problem}", st)
                 return None
         except BaseException:
@@ -722,6 +725,7 @@ class BlobCache:
 
     def _drop_key(self, key: str, reason: str) -> None:
         log.warning("engine cache: dropping entry %r: %s", key, reason)
+        self.dropped[key] = reason
         if self.read_only:
             return
         with self._locked():
