@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,9 +45,14 @@ for i in range(cfg.get("runs", 1)):
             time.sleep(0.02)
     builder = FakeBuilder(engine_sizes=tuple(cfg["sizes"]),
                           seeds=tuple(os.getpid() * 10 + j for j in range(len(cfg["sizes"]))))
-    with installed(builder):
-        report = trtet_store.compile_and_save(module, inputs, f"{cfg['out']}.{i}.pte",
-                                              engine_cache=cache)
+    try:
+        with installed(builder):
+            report = trtet_store.compile_and_save(module, inputs, f"{cfg['out']}.{i}.pte",
+                                                  engine_cache=cache)
+    except Exception as exc:  # the export's refusal, as the caller gets it
+        said = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        runs.append({"built": len(builder.built), "error": f"{type(exc).__name__}: {said}"})
+        break
     runs.append({"built": len(builder.built),
                  "events": [e.to_json() for e in report.engine_cache]})
 print(json.dumps(runs))
@@ -223,3 +229,64 @@ def test_the_cli_says_a_tier_problem_and_a_damaged_rebuild_in_one_line(here_fs, 
     assert ": miss, cached (" in event, second.stdout
     assert "), rebuilt: the cached entry was damaged (engine 0: digest mismatch (first bad " \
            "chunk 0)), not published (" in event, event
+
+
+# -- 19: a cut remote hit says what failed and what happens next -----------------------------
+
+
+def test_a_cut_remote_hit_says_what_failed_and_what_happens_next(here_fs, s3env, tcp_proxy):
+    from tcp_proxy import Fault
+
+    size = 24 * MiB
+    a, _ = finish(child(config(here_fs, s3env, "a", sizes=[size])))
+    key = a[0]["events"][0]["key"].rsplit(".e", 1)[0]
+    # Every response carrying the engine's bytes is cut after 3 MiB: the fetch's retries
+    # are spent, and the download fails part way.
+    proxy = tcp_proxy(s3env.endpoint.url, [Fault(
+        "response", "reset", at=3 * MiB, times=10**6,
+        match=lambda m: m.method == "GET" and m.target.split("?")[0].endswith("/e0"))])
+    b, err = finish(child(config(here_fs, s3env, "b", sizes=[size], endpoint=proxy.url)))
+    assert proxy.fired, "the proxy cut nothing"
+    assert b[0]["built"] == 1, err[-3000:]
+    [line] = said(err)
+    downloads = here_fs / "cache-b" / "downloads" / key
+    assert f": engine cache {here_fs / 'cache-b'}: the shared cache's download of {key} " \
+           "failed (" in line, line
+    assert line.endswith(f"); building locally; the partial download is kept in {downloads} "
+                         "and resumed next time"), line
+    assert " MiB of " in line and "trtet-store fetch" not in line and "run `" not in line, line
+    assert "trtet-store fetch" not in b[0]["events"][0]["publish_reason"]
+    assert any(p.is_file() for p in downloads.rglob("*")), "the partial download was not kept"
+    # The next remote hit (the server reachable again) takes A's engine; the download is gone.
+    c, _ = finish(child(config(here_fs, s3env, "b", sizes=[size], out=os.fspath(here_fs / "c"),
+                               cache=os.fspath(here_fs / "cache-b2"))))
+    assert c[0]["built"] == 0 and c[0]["events"][0]["outcome"] == "remote-hit"
+
+
+# -- 18: no room for the known engine: refused before building ------------------------------
+
+
+def test_no_room_for_the_shared_entrys_engine_refuses_before_building(here_fs, s3env, make_fs):
+    size = 24 * MiB
+    a, _ = finish(child(config(here_fs, s3env, "a", sizes=[size])))
+    mnt = make_fs("ext4", 64)
+    (mnt / "cache").mkdir()
+    fill = mnt / "fill"
+    free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+    with open(fill, "wb") as f:  # leave 16 MiB: less than the engine's 24
+        os.posix_fallocate(f.fileno(), 0, free - 16 * MiB)
+    before = sorted(p.relative_to(mnt) for p in mnt.rglob("*"))
+    b, err = finish(child(config(mnt, s3env, "b", sizes=[size],
+                                 cache=os.fspath(mnt / "cache"))))
+    [run] = b
+    assert run["built"] == 0, run  # the stubbed build never ran
+    error = run.get("error", "")
+    assert error.startswith("InsufficientSpaceError: not enough free space for "), run
+    assert re.search(r": needs \d+\.\d MiB, \d+\.\d MiB available; free \d+\.\d MiB ", error), error
+    assert "the shared cache's entry " in error and "nothing was built" in error, error
+    assert "\n" not in error
+    # Nothing of the build was left staged (no engine written).
+    left = [p for p in mnt.rglob("*") if p.is_file() and p.stat().st_size >= MiB
+            and p != fill]
+    assert left == [], left
+    assert len(sorted(p.relative_to(mnt) for p in mnt.rglob("*"))) >= len(before)
