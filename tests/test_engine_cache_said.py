@@ -36,6 +36,12 @@ if cfg.get("ignore"):  # a user's filter, by the category's public name
     warnings.filterwarnings("ignore", category=trtet_store.SharedCacheWarning)
 cache = trtet_store.EngineCache(cfg["cache"], min_free=0, remote=cfg["url"],
                                 endpoint_url=cfg["endpoint"])
+class Counting(FakeBuilder):  # counts calls: a refused build must not even start
+    calls = 0
+    def __call__(self, *args, **kwargs):
+        Counting.calls += 1
+        return super().__call__(*args, **kwargs)
+
 module, inputs = linear_relu()
 runs = []
 for i in range(cfg.get("runs", 1)):
@@ -43,7 +49,7 @@ for i in range(cfg.get("runs", 1)):
         open(f"{cfg['pause']}.{i}", "w").close()
         while not os.path.exists(f"{cfg['pause']}.go{i}"):
             time.sleep(0.02)
-    builder = FakeBuilder(engine_sizes=tuple(cfg["sizes"]),
+    builder = Counting(engine_sizes=tuple(cfg["sizes"]),
                           seeds=tuple(os.getpid() * 10 + j for j in range(len(cfg["sizes"]))))
     try:
         with installed(builder):
@@ -51,7 +57,8 @@ for i in range(cfg.get("runs", 1)):
                                                   engine_cache=cache)
     except Exception as exc:  # the export's refusal, as the caller gets it
         said = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        runs.append({"built": len(builder.built), "error": f"{type(exc).__name__}: {said}"})
+        runs.append({"built": len(builder.built), "calls": Counting.calls,
+                     "error": f"{type(exc).__name__}: {said}"})
         break
     runs.append({"built": len(builder.built),
                  "events": [e.to_json() for e in report.engine_cache]})
@@ -254,7 +261,9 @@ def test_a_cut_remote_hit_says_what_failed_and_what_happens_next(here_fs, s3env,
            "failed (" in line, line
     assert line.endswith(f"); building locally; the partial download is kept in {downloads} "
                          "and resumed next time"), line
-    assert " MiB of " in line and "trtet-store fetch" not in line and "run `" not in line, line
+    assert "failed (the connection was reset at " in line, line
+    assert " MiB of 24.0 MiB); building locally" in line, line
+    assert "trtet-store fetch" not in line and "run `" not in line, line
     assert "trtet-store fetch" not in b[0]["events"][0]["publish_reason"]
     assert any(p.is_file() for p in downloads.rglob("*")), "the partial download was not kept"
     # The next remote hit (the server reachable again) takes A's engine; the download is gone.
@@ -279,7 +288,7 @@ def test_no_room_for_the_shared_entrys_engine_refuses_before_building(here_fs, s
     b, err = finish(child(config(mnt, s3env, "b", sizes=[size],
                                  cache=os.fspath(mnt / "cache"))))
     [run] = b
-    assert run["built"] == 0, run  # the stubbed build never ran
+    assert run["calls"] == 0, run  # the stubbed build never ran
     error = run.get("error", "")
     assert error.startswith("InsufficientSpaceError: not enough free space for "), run
     assert re.search(r": needs \d+\.\d MiB, \d+\.\d MiB available; free \d+\.\d MiB ", error), error

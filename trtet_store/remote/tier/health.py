@@ -86,6 +86,15 @@ class TierHealth:
         warn(message)
 
 
+#: Substrings of a transport's failure -> what it means to a user, first match wins.
+_PLAIN = (("ConnectionResetError", "the connection was reset"),
+          ("Connection broken", "the connection was closed"),
+          ("IncompleteRead", "the connection was closed"),
+          ("ConnectionRefusedError", "the server refused the connection"),
+          ("Connection refused", "the server refused the connection"),
+          ("timed out", "the server stopped answering"))
+
+
 def download_failed(exc: BaseException, done: int | None, total: int | None) -> str:
     """What failed in a remote hit's download, for a user: never our own fetch command line.
 
@@ -99,6 +108,10 @@ def download_failed(exc: BaseException, done: int | None, total: int | None) -> 
     if "the last with " in cause:  # "<url> bytes a-b: N attempts failed, the last with <why>"
         cause = cause.rsplit("the last with ", 1)[1]
     cause = " ".join(cause.split()).rstrip(".")
+    # The transport's nested exception reprs say one plain thing; say that thing.
+    plain = next((said for needle, said in _PLAIN if needle in cause), None)
+    if plain is not None:
+        cause = plain
     if done is not None and total:
         cause += f" at {format_mib(done)} of {format_mib(total)}"
     return cause
