@@ -277,7 +277,9 @@ class EngineCacheEvent:
     cached engine reached the staging store: ``"clone"`` (shared extents, no
     byte written) or ``"copy"``. For a miss, ``stored`` says whether the cache
     took it, with the put's ``placement`` (``"clone"``, ``"copy"``, ``"link"``,
-    ``"dedup"``) or the ``reason`` it was skipped.
+    ``"dedup"``) or the ``reason`` it was skipped. A miss that rebuilt a
+    damaged entry says so in ``reason`` (``"rebuilt: the cached entry was
+    damaged (engine 0: digest mismatch ...)"``, or the shared entry's damage).
 
     With a shared tier (``EngineCache(remote=...)``): ``downloaded`` is the
     bytes received from the server for the build's entry (every engine and
