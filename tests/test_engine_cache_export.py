@@ -232,6 +232,12 @@ def test_a_damaged_entry_is_rebuilt_never_served(here_fs, damage):
     second = _compile(here_fs / "b.pte", cache, builder)
     assert len(builder.built) == 1
     assert [(e.outcome, e.stored) for e in second.engine_cache] == [("miss", True)]
+    # The event says why it was rebuilt: the cached entry was damaged, and how (issue 45.8).
+    how = {"truncate": "size 2093056, sealed 2097152 (truncated or extended)",
+           "flip": "digest mismatch (first bad chunk 0)",
+           "replace": "digest mismatch (first bad chunk 0)"}[damage.__name__[1:]]
+    assert second.engine_cache[0].reason == \
+        f"rebuilt: the cached entry was damaged (engine 0: {how})"
     assert engines_in(here_fs / "b.pte") == [builder.built[0][1]]
     assert damaged not in engines_in(here_fs / "b.pte")
     # The rebuilt engine is what the cache serves now.

@@ -52,6 +52,7 @@ _LAZY = {
     "recover": "trtet_store.io.recovery",
     "publish": "trtet_store.remote.upload.program",
     "fetch": "trtet_store.remote.download.receive",
+    "SharedCacheWarning": "trtet_store.remote.tier.health",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export.lowering import export as export_program
     from trtet_store.io.recovery import recover
     from trtet_store.remote.download.receive import fetch
+    from trtet_store.remote.tier.health import SharedCacheWarning
     from trtet_store.remote.upload.program import publish
 
 
@@ -92,6 +94,7 @@ __all__ = [
     "NeededByAnotherError",
     "Orphan",
     "Progress",
+    "SharedCacheWarning",
     "SourceChangedError",
     "StorageError",
     "StuckJournalError",

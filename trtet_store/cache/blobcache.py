@@ -170,6 +170,8 @@ class BlobCache:
         self.max_bytes = max_bytes
         self.min_free = min_free
         self.chunk_size = chunk_size
+        #: key -> why get() dropped its entry (damaged): what a rebuild's report says.
+        self.dropped: dict[str, str] = {}
         self.directory = (default_directory() if directory is None
                           else Path(directory)).absolute()
         try:
@@ -351,6 +353,7 @@ class BlobCache:
                     self._reseal(entry.blob, seal, st)
             if problem is not None:
                 os.close(fd)
+                self.dropped[key] = problem
                 self._drop_blob(entry.blob, f"entry {key!r}: {problem}", st)
                 return None
         except BaseException:
@@ -742,6 +745,7 @@ class BlobCache:
         """
         if self.read_only:
             log.warning("engine cache: dropping entry %r: %s", key, reason)
+            self.dropped[key] = reason
             return
         with self._locked():
             entry = None
@@ -752,6 +756,7 @@ class BlobCache:
                          reason)
                 return
             log.warning("engine cache: dropping entry %r: %s", key, reason)
+            self.dropped[key] = reason
             for p in (self._record(key), self._use(key)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)

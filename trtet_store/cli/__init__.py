@@ -38,6 +38,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from trtet_store import __version__
 from trtet_store.cli import bench, cache, fetch, publish, recover, verify
@@ -90,6 +91,28 @@ def _negative_values_joined(argv: Sequence[str] | None) -> list[str]:
     return out
 
 
+@contextlib.contextmanager
+def _warnings_as_lines() -> Any:
+    """A shared tier's warning is one line on stderr (``trtet-store: warning: ...``)."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        from trtet_store.remote.tier.health import SharedCacheWarning
+
+        if issubclass(category, SharedCacheWarning):
+            print(f"trtet-store: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trtet-store`` console script.
 
@@ -114,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             format="%(levelname)s %(name)s: %(message)s",
         )
     try:
-        with sigterm_as_exit():
+        with sigterm_as_exit(), _warnings_as_lines():
             return int(args.func(args))
     except KeyboardInterrupt:
         print("trtet-store: interrupted", file=sys.stderr)

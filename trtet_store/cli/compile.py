@@ -256,6 +256,8 @@ def _engine_event(e: Any) -> str:
                 f"{e.placement}")
     text = f"{e.outcome}, " + (f"cached ({e.placement})" if e.stored
                               else f"not cached ({e.reason})")
+    if e.stored and e.reason:  # a rebuilt damaged entry: how it was damaged
+        text += f", {e.reason}"
     published = getattr(e, "published", None)
     if published is not None:  # a remote tier was asked: say what became of the build there
         text += ", published" if published else \

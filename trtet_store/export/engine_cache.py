@@ -291,7 +291,9 @@ class EngineCacheEvent:
     cached engine reached the staging store: ``"clone"`` (shared extents, no
     byte written) or ``"copy"``. For a miss, ``stored`` says whether the cache
     took it, with the put's ``placement`` (``"clone"``, ``"copy"``, ``"link"``,
-    ``"dedup"``) or the ``reason`` it was skipped.
+    ``"dedup"``) or the ``reason`` it was skipped. A miss that rebuilt a
+    damaged entry says so in ``reason`` (``"rebuilt: the cached entry was
+    damaged (engine 0: digest mismatch ...)"``, or the shared entry's damage).
 
     With a shared tier (``EngineCache(remote=...)``): ``downloaded`` is the
     bytes received from the server for the build's entry (every engine and
@@ -528,8 +530,12 @@ class EngineCache:
                                read_only=read_only)
         self.lease_ttl = float(lease_ttl)
         self.wait_timeout = wait_timeout
-        # The warning given for an unusable tier, until a call works again (warned once).
-        self._remote_down: str | None = None
+        # The tier's trouble, warned once (a SharedCacheWarning too) until it works again.
+        from trtet_store.remote.tier.health import TierHealth
+
+        self._health = TierHealth(log)
+        # Why the last lookup of a key missed an entry it had (damaged), for its events.
+        self._damaged: dict[str, str] = {}
         self.remote: RemoteTier | None = None
         if tier is not None:
             # This cache's own id and journals: a killed publish's next run resumes.
@@ -565,8 +571,12 @@ class EngineCache:
         Damaged blobs are dropped by the blob cache (logged); the build is
         then rebuilt and put again.
         """
+        self._damaged.pop(key, None)
         record = self.blobs.get(key)
         if record is None:
+            if key in self.blobs.dropped:
+                self._damaged[key] = f"the cached entry was damaged (its record: " \
+                                     f"{self.blobs.dropped.pop(key)})"
             return None
         engines: list[Hit] = []
         try:
@@ -582,9 +592,15 @@ class EngineCache:
                 if hit is None:
                     log.warning("engine cache %s: engine %d of %s is gone (evicted or "
                                 "damaged); the build is a miss", self.directory, i, key)
+                    why = self.blobs.dropped.pop(_engine_key(key, i), None)
+                    if why is not None:
+                        self._damaged[key] = f"the cached entry was damaged (engine {i}: {why})"
                     break
                 engines.append(hit)
                 if (hit.size, hit.digest) != (entry.get("size"), entry.get("digest")):
+                    differs = ("digest mismatch with its record" if hit.size == entry.get("size")
+                               else f"size {hit.size}, its record says {entry.get('size')}")
+                    self._damaged[key] = f"the cached entry was damaged (engine {i}: {differs})"
                     log.warning("engine cache %s: engine %d of %s holds other bytes than its "
                                 "record names (%s bytes, digest %s; recorded %s, %s); a miss",
                                 self.directory, i, key, hit.size, hit.digest,
@@ -1011,8 +1027,11 @@ class EngineCache:
             with contextlib.suppress(OSError):
                 os.unlink(self._pending(key))
 
-    def _remote_failed(self, what: str, exc: BaseException) -> str:
-        """Log a tier problem (a warning once, until the tier works again); the reason."""
+    def _remote_failed(self, what: str, exc: BaseException, *, said: str | None = None) -> str:
+        """Say a tier problem (warned once, until the tier works again); the reason.
+
+        ``said`` replaces the whole warning (a failed download says what happens next).
+        """
         # Named by its public class (EndpointUnreachableError, AccessDeniedError,
         # BucketNotFoundError...), not the transport's internal subclass.
         name = next((c.__name__ for c in type(exc).__mro__
@@ -1020,19 +1039,14 @@ class EngineCache:
         why = f"the shared cache {self.remote.url if self.remote else ''} was not usable " \
               f"({what}: {name}: {exc})"
         known = isinstance(exc, OSError) or type(exc).__module__.startswith("trtet_store.remote")
-        if self._remote_down is None:
-            log.warning("engine cache %s: %s; going on with the local cache only",
-                        self.directory, why, exc_info=None if known else exc)
-        else:
-            log.info("engine cache %s: %s", self.directory, why)
-        self._remote_down = why
-        return why
+        self._health.failed(f"engine cache {self.directory}: "
+                            + (said or f"{why}; going on with the local cache only"),
+                            exc_info=None if known else exc)
+        return said or why
 
     def _remote_ok(self) -> None:
-        if self._remote_down is not None:
-            log.info("engine cache %s: the shared cache %s works again", self.directory,
-                        self.remote.url if self.remote else "")
-            self._remote_down = None
+        self._health.worked(f"engine cache {self.directory}: the shared cache "
+                            f"{self.remote.url if self.remote else ''} works again")
 
     def for_torch_tensorrt(self, **kwargs: Any) -> Any:
         """This cache as Torch-TensorRT's ``custom_engine_cache=``; see
@@ -1246,6 +1260,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             log.warning("engine cache %s: lookup of %s failed (%s); a miss",
                         cache.directory, key, exc)
             cached = None
+        damage = cache._damaged.pop(key, None)  # noqa: SLF001 - said in the events
         if cached is not None:
             with cached:
                 try:
@@ -1255,6 +1270,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                     # the blob cache's seal), or an entry that cannot be read: a miss,
                     # never an exception and never served. Nothing was left staged.
                     log.warning("engine cache %s: %s; building it again", cache.directory, exc)
+                    damage = f"the cached entry was damaged ({exc})"
                 else:
                     if tier is not None and os.path.exists(cache._pending(key)):  # noqa: SLF001
                         published, why = _publish_pending(cache, tier, cached)
@@ -1269,6 +1285,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                 cache, tier, key, store, fingerprint, stack)
             if served is not None:
                 return served
+            damage = cache._damaged.pop(key, None) or damage  # noqa: SLF001 - the shared entry's
         if waited > 0.5:
             log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
                      "cache it; building it here", cache.directory, waited, key)
@@ -1299,8 +1316,9 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         events.append(EngineCacheEvent(
             engine.engine_id, _engine_key(key, i), engine.blob.size, "miss",
             r.placement if r is not None and r.stored else None, complete,
-            None if complete else why or "not cached", None, published, publish_reason,
-            remote_reason))
+            "; ".join(filter(None, [damage and f"rebuilt: {damage}",
+                                    None if complete else why or "not cached"])) or None,
+            None, published, publish_reason, remote_reason))
         if complete:
             log.info("engine cache %s: engine %s of %s built and cached (%s)",
                      cache.directory, engine.engine_id, key, r.placement)
@@ -1363,6 +1381,8 @@ def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, st
           fingerprint: str) -> tuple[tuple[BuildResult, list[EngineCacheEvent]] | None,
                                      RemoteEntry | None, str | None, str | None]:
     """A remote entry made a hit: ``(served, None, None, None)``; else why it is a miss."""
+    from trtet_store.export import remote_miss
+    from trtet_store.io import InsufficientSpaceError
     from trtet_store.remote.tier import TierEntryError
 
     # The signature first: nothing else of an entry its keys refuse is believed.
@@ -1380,14 +1400,23 @@ def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, st
         log.warning("engine cache %s: the shared entry %s (from %s, origin %s) is a miss: %s; "
                     "building it here", cache.directory, key, entry.host, entry.origin, problem)
         return None, entry, None, problem
+    seen = remote_miss.LastProgress()
     try:
-        cached, downloaded, why = cache._download(tier, key, entry)  # noqa: SLF001
+        cached, downloaded, why = cache._download(tier, key, entry, progress=seen)  # noqa: SLF001
     except TierEntryError as exc:
-        log.warning("engine cache %s: the shared entry %s is damaged, never served: %s; "
-                    "building it here and replacing it", cache.directory, key, exc)
+        cache._damaged[key] = f"the shared cache's entry was damaged ({exc})"  # noqa: SLF001
+        cache._health.notice(  # noqa: SLF001
+            f"engine cache {cache.directory}: the shared entry {key} is damaged, never "
+            f"served: {exc}; building it here and replacing it")
         return None, entry, None, f"damaged: {exc}"
-    except Exception as exc:  # noqa: BLE001
+    except InsufficientSpaceError as exc:
+        # No room for the download: none for the build either, when the entry's own
+        # sizes say so (refused now, not after hours of building).
+        remote_miss.refuse_build_without_room(key, entry, Path(store.directory), exc)
         return None, None, cache._remote_failed("download", exc), None  # noqa: SLF001
+    except Exception as exc:  # noqa: BLE001
+        said = remote_miss.download_failed(key, exc, seen, cache.directory / DOWNLOADS / key)
+        return None, None, cache._remote_failed("download", exc, said=said), None  # noqa: SLF001
     if cached is None:
         log.warning("engine cache %s: the shared entry %s is not usable here: %s; building it",
                     cache.directory, key, why)

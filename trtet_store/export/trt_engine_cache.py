@@ -193,8 +193,10 @@ class _Adapter:
         self.last_remote: RemoteOutcome | None = None
         # Entries whose files failed their checks, by key: the rebuild replaces them.
         self._damaged: dict[str, Any] = {}
-        # Warn once while the tier fails; say so again once it has worked.
-        self._remote_failing = False
+        # Warn once while the tier fails (a SharedCacheWarning too); again once it works.
+        from trtet_store.remote.tier.health import TierHealth
+
+        self._health = TierHealth(log)
 
     def key_for(self, hash: str) -> str:  # noqa: A002 - upstream's parameter name
         """The cache key of upstream's ``hash`` on this TensorRT and GPU."""
@@ -297,19 +299,13 @@ class _Adapter:
 
     def _remote_failed(self, key: str, what: str, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {exc}"
-        if not self._remote_failing:
-            log.warning("engine cache: the shared tier %s failed %s %s (%s); the local cache "
-                        "alone is used until it works again", self.remote.url, what, key,
-                        reason)
-        else:
-            log.debug("engine cache: the shared tier failed %s %s: %s", what, key, reason)
-        self._remote_failing = True
+        self._health.failed(f"engine cache: the shared tier {self.remote.url} failed {what} "
+                            f"{key} ({reason}); the local cache alone is used until it works "
+                            "again")
         self.last_remote = RemoteOutcome(key, "error", reason)
 
     def _remote_worked(self) -> None:
-        if self._remote_failing:
-            log.warning("engine cache: the shared tier %s works again", self.remote.url)
-        self._remote_failing = False
+        self._health.worked(f"engine cache: the shared tier {self.remote.url} works again")
 
     def _foreign(self, entry: Any) -> str | None:
         """Why the bucket's ``entry`` must not be served here, or None."""
@@ -377,8 +373,8 @@ class _Adapter:
                 if not refused or tier.signing_key is not None:
                     self._damaged[key] = entry
                 self._remote_worked()
-                log.warning("engine cache: the shared entry %s failed its checks, never "
-                            "served: %s; a miss", key, exc)
+                self._health.notice(f"engine cache: the shared entry {key} failed its checks, "
+                                    f"never served: {exc}; a miss (the rebuild replaces it)")
                 self.last_remote = RemoteOutcome(
                     key, "miss", f"refused: {exc.reason}" if refused else f"damaged: {exc}")
                 return None
