@@ -92,6 +92,10 @@ class _Warnings(logging.Handler):
         self.command = command
 
     def emit(self, record: logging.LogRecord) -> None:
+        from trtet_store.remote.tier.health import SAID_AS_WARNING
+
+        if getattr(record, SAID_AS_WARNING, False):
+            return  # a SharedCacheWarning too: main() shows that one
         try:
             line = f"trtet-store {self.command}: warning: {record.getMessage()}"
             if self.bar.bar is not None:

@@ -36,6 +36,9 @@ class SharedCacheWarning(UserWarning):
     """
 
 
+#: A log record's attribute: its message is also a :class:`SharedCacheWarning` (shown once).
+SAID_AS_WARNING = "trtet_said_as_warning"
+
 def warn(message: str) -> None:
     """Issue ``message`` (made one line) as a :class:`SharedCacheWarning` at the caller's line."""
     frame = sys._getframe(1)  # noqa: SLF001 - the first frame outside the package
@@ -57,6 +60,9 @@ class TierHealth:
 
     def __init__(self, logger: logging.Logger) -> None:
         self.log = logger
+        # Each warning's log record is marked as said already (a SharedCacheWarning),
+        # so a handler that prints the library's warnings does not print it twice.
+        self._said = {"extra": {SAID_AS_WARNING: True}}
         #: The problem warned about, until a call works again; None while the tier works.
         self.down: str | None = None
 
@@ -65,7 +71,7 @@ class TierHealth:
         first = self.down is None
         self.down = message
         if first:
-            self.log.warning("%s", message, exc_info=exc_info)
+            self.log.warning("%s", message, exc_info=exc_info, **self._said)
             warn(message)
         else:
             self.log.info("%s", message)
@@ -76,13 +82,13 @@ class TierHealth:
         if self.down is None:
             return False
         self.down = None
-        self.log.warning("%s", message)
+        self.log.warning("%s", message, **self._said)
         warn(message)
         return True
 
     def notice(self, message: str) -> None:
         """A problem of one entry (damaged, foreign), not of the tier: said each time it is met."""
-        self.log.warning("%s", message)
+        self.log.warning("%s", message, **self._said)
         warn(message)
 
 
