@@ -205,3 +205,19 @@ def test_a_staging_link_is_not_followed(here_fs):
                                        "symbolic link: not followed, nothing in it listed; "
                                        "remove it"), done.stderr
         assert snapshot(here_fs) == before
+
+
+def test_names_from_a_journal_are_shown_quoted_one_line_each(here_fs):
+    """A journal's url and dest are data: a newline or an escape in them cannot forge lines."""
+    staging = here_fs / STAGING_DIR
+    staging.mkdir(mode=0o700)
+    dest = "/x/a\nb\x1b[2J.pte"
+    (staging / "fetch-0123456789abcdef.journal").write_text(
+        '{"fetch": 1, "url": "s3://b/k/m.pte", "dest": "/x/a\\nb\\u001b[2J.pte", "version": '
+        '"v", "runs": [[0, 0, 1048576]]}\n')
+    done = cli("recover", here_fs)
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert "\x1b" not in line
+    assert line.startswith(f"interrupted fetch s3://b/k/m.pte -> {dest!r} (0.0 of 1.0 MiB "
+                           "staged, since "), line
