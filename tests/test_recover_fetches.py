@@ -145,7 +145,7 @@ def test_discard_fetches_removes_exactly_the_staged_runs_and_journal(s3, here_fs
     done = cli("recover", here_fs, "--discard-fetches")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"discarded fetch {url_of(s3, 'r2')} -> {dest} (3.0 of 8.0 "
-                                  "MiB staged: 1 run file(s) and its journal removed)"), \
+                                  "MiB staged: 1 staged file(s) and its journal removed)"), \
         done.stdout
     after = snapshot(here_fs)
     assert after == {k: v for k, v in before.items() if k not in ours}
@@ -221,3 +221,33 @@ def test_names_from_a_journal_are_shown_quoted_one_line_each(here_fs):
     assert "\x1b" not in line
     assert line.startswith(f"interrupted fetch s3://b/k/m.pte -> {dest!r} (0.0 of 1.0 MiB "
                            "staged, since "), line
+
+
+def test_discard_fetches_gives_up_a_killed_fetch_s_orphan_blobs_too(s3, here_fs):
+    """A fetch killed with SIGKILL leaves its runs as orphan blobs (not ``.run`` files)."""
+    from test_fetch_resume import kill_after, start_child
+
+    data, sizes = engine_program(92, (8 * MiB,))
+    url = url_of(s3, "r4")
+    put_program(s3.client, s3.bucket, "r4", {"model.pte": (data, sizes)})
+    (here_fs / "model.ptd").write_bytes(b"keep me")
+    proc = start_child(url, here_fs / "model.pte", s3.endpoint)
+    kill_after(proc, 3, 0.0)
+    staging = here_fs / STAGING_DIR
+    assert any(n.endswith(".blob") for n in os.listdir(staging)), os.listdir(staging)
+    listed = cli("recover", here_fs)
+    assert f"interrupted fetch {url} -> {here_fs / 'model.pte'} (" in listed.stdout, listed.stdout
+    assert "staged file(s) of interrupted fetches kept: see the interrupted fetches below" \
+        in listed.stdout, listed.stdout
+    assert "run the same export again" not in listed.stdout, listed.stdout
+    blobs = [n for n in os.listdir(staging) if n.endswith(".blob")]
+    done = cli("recover", here_fs, "--discard-fetches")
+    assert done.returncode == 0, done.stderr
+    assert f"discarded fetch {url} -> {here_fs / 'model.pte'} (" in done.stdout, done.stdout
+    assert f"MiB staged: {len(blobs)} staged file(s) and its journal removed)" in done.stdout, \
+        done.stdout
+    assert sorted(os.listdir(here_fs)) == ["model.ptd"], (
+        sorted(os.listdir(staging)) if staging.exists() else None)
+    assert (here_fs / "model.ptd").read_bytes() == b"keep me"
+    again = cli("recover", here_fs)
+    assert again.stdout.strip() == f"{here_fs}: nothing to recover", again.stdout

@@ -67,6 +67,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
             outs = ", ".join(os.fspath(x) for x in o.outputs) or "-"
             print(f"{o.journal}: {o.action} ({outs})" + (f": {o.detail}" if o.detail else ""))
         orphans = [o for o in outcomes if o.action == "orphan"]
+        fetched = [o for o in orphans if '"trtet_fetch"' in o.detail]
+        orphans = [o for o in orphans if o not in fetched]
+        if fetched:  # a killed fetch's runs: its line below says how to resume or discard it
+            print(f"{len(fetched)} staged file(s) of interrupted fetches kept: see the "
+                  "interrupted fetches below")
         if orphans:
             engines = sum('"trtet_store.tensorrt.' in o.detail for o in orphans)
             print(f"{len(orphans)} staged file(s) of dead or failed runs kept, {engines} of them "
@@ -110,12 +115,12 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
         staged = f"{format_mib(f.staged)[:-4]} of {format_mib(f.total)} staged"
         if args.discard_fetches and not f.running:
             try:
-                discard_fetch(args.dir, f)
+                removed = discard_fetch(args.dir, f)
             except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
                 print(f"trtet-store recover: {exc}", file=sys.stderr)
                 ok = False
                 continue
-            print(f"discarded fetch {what} ({staged}: {len(f.runs)} run file(s) and its "
+            print(f"discarded fetch {what} ({staged}: {removed} staged file(s) and its "
                   "journal removed)")
         elif f.running:
             print(f"fetch {what} is running ({staged}): not discarded; wait for it to finish",

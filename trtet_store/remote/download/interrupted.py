@@ -28,12 +28,14 @@ from pathlib import Path
 
 from trtet_store.io import (
     STAGING_DIR,
+    BlobStore,
     ConcurrentWriteError,
+    SafeDir,
     staging_directory,
     try_lock,
     unlock_file,
 )
-from trtet_store.remote.download.staging import STAGING_TODO
+from trtet_store.remote.download.staging import METADATA_KEY, STAGING_TODO
 
 __all__ = ["InterruptedFetch", "StagingLinkError", "discard_fetch", "interrupted_fetches"]
 
@@ -197,11 +199,37 @@ def _lock_held(dfd: int, name: str) -> bool:
     return False
 
 
-def discard_fetch(directory: os.PathLike | str, fetch: InterruptedFetch) -> None:
-    """Remove ``fetch``'s run files, journal and lock file, holding its lock.
+def _discard_blobs(sdir: SafeDir, fid: str) -> None:
+    """The staged runs a killed fetch left as orphan blobs, taken over and given up.
 
-    Nothing else is touched; the staging directory goes only if that leaves
-    it empty (as a fetch that ends leaves it).
+    As a fetch drops the runs of a version it no longer wants (:mod:`.staging`):
+    adopted, then closed (which gives each back to its ``.run`` name, removed
+    with the others). A pinned one (a write of ours died holding it) is left
+    to ``recover``, which runs first.
+    """
+    if not any(n.endswith(".blob") for n in os.listdir(sdir.fd)):
+        return  # no blob store to open (it would make its lock file)
+    store = BlobStore(sdir.path)
+    try:
+        for orphan in store.orphans():
+            if orphan.pinned or orphan.metadata.get(METADATA_KEY, {}).get("id") != fid:
+                continue
+            store.adopt_orphan(orphan).close()
+    finally:
+        store.close()
+
+
+def discard_fetch(directory: os.PathLike | str, fetch: InterruptedFetch) -> int:
+    """Remove ``fetch``'s staged runs, journal and lock file, holding its lock.
+
+    Its runs are its ``.run`` files and the orphan blobs a killed run of it
+    left. Nothing else is touched; the staging directory goes only if that
+    leaves it empty (as a fetch that ends leaves it).
+
+    Returns
+    -------
+    int
+        How many staged runs were removed.
 
     Raises
     ------
@@ -222,12 +250,16 @@ def discard_fetch(directory: os.PathLike | str, fetch: InterruptedFetch) -> None
                                        "wait for it to finish, then discard again",
                                        os.fspath(fetch.journal))
         try:
+            _discard_blobs(sdir, fetch.id)  # back to their .run names, removed below
+            removed = 0
             prefix = f"fetch-{fetch.id}-"
             for name in os.listdir(sdir.fd):  # the run files there now, under the lock
                 if name.startswith(prefix) and name.endswith(".run"):
                     sdir.unlink(name)  # a link is removed itself, never followed
+                    removed += 1
             sdir.unlink(f"fetch-{fetch.id}.journal")
         finally:
             unlock_file(fd, sdir.path / lock_name)
         with contextlib.suppress(OSError):
             os.rmdir(sdir.path)  # only when empty; rmdir never follows a link
+    return removed
