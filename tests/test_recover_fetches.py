@@ -11,6 +11,7 @@ those of a fetch that holds its lock.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -251,3 +252,12 @@ def test_discard_fetches_gives_up_a_killed_fetch_s_orphan_blobs_too(s3, here_fs)
     assert (here_fs / "model.ptd").read_bytes() == b"keep me"
     again = cli("recover", here_fs)
     assert again.stdout.strip() == f"{here_fs}: nothing to recover", again.stdout
+
+
+def test_recover_json_keeps_stdout_json_and_names_the_fetch_on_stderr(s3, here_fs, tcp_proxy):
+    dest = here_fs / "model.pte"
+    url, _ = cut_fetch(s3, tcp_proxy, dest, "r5")
+    done = cli("recover", here_fs, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+    assert f"interrupted fetch {url} -> {dest} (3.0 of 8.0 MiB staged, since " in done.stderr

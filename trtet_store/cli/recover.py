@@ -108,6 +108,7 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
         print(f"trtet-store recover: {exc.strerror}", file=sys.stderr)
         return False, 0
     ok = True
+    out = sys.stderr if args.json else sys.stdout  # --json's stdout is the JSON alone
     discard = shown(shlex.join(["trtet-store", "recover", os.fspath(args.dir),
                                 "--discard-fetches"]))
     for f in found:
@@ -121,15 +122,15 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
                 ok = False
                 continue
             print(f"discarded fetch {what} ({staged}: {removed} staged file(s) and its "
-                  "journal removed)")
+                  "journal removed)", file=out)
         elif f.running:
             print(f"fetch {what} is running ({staged}): not discarded; wait for it to finish",
-                  file=sys.stderr if args.discard_fetches else sys.stdout)
+                  file=sys.stderr if args.discard_fetches else out)
             ok = ok and not args.discard_fetches
         else:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.since))
             resume = shown(resume_command(f.url, f.dest)) if f.url and f.dest else \
                 "(its journal is damaged: fetch it again)"
             print(f"interrupted fetch {what} ({staged}, since {since}): resume: {resume}; "
-                  f"discard: {discard}")
+                  f"discard: {discard}", file=out)
     return ok, len(found)
