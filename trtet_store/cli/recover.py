@@ -1,8 +1,10 @@
 """``trtet-store recover DIR``: finish or undo the writes a crash interrupted in DIR.
 
-Over :func:`trtet_store.recover`; it also names the publishes of DIR's files
-a crash left open (their journals; no request is made), so an abandoned
-upload is never left billing silently.
+Over :func:`trtet_store.recover`; it also names the fetches into DIR that a
+failure left staged in ``DIR/.trtet-staging`` (with the commands that resume
+or discard them; ``--discard-fetches`` discards them) and the publishes of
+DIR's files a crash left open (their journals; no request is made), so
+neither a staged download nor an abandoned upload is left silently.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_recover"]
 
@@ -33,6 +39,12 @@ def add_parser(sub: Any) -> None:
         help="give up writes that can be neither finished nor rolled back (a file they need "
         "is gone): delete their journals and the temp files they kept, saying what is given up",
     )
+    r.add_argument(
+        "--discard-fetches",
+        action="store_true",
+        help="remove the staged files and journals of the interrupted fetches into DIR "
+        "(never of one that is running)",
+    )
     r.set_defaults(func=cmd_recover)
 
 
@@ -50,20 +62,75 @@ def cmd_recover(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps([o.to_json() for o in outcomes], indent=1))
-    elif not outcomes:
-        print(f"{args.dir}: nothing to recover")
-    else:
+    elif outcomes:
         for o in outcomes:
             outs = ", ".join(os.fspath(x) for x in o.outputs) or "-"
             print(f"{o.journal}: {o.action} ({outs})" + (f": {o.detail}" if o.detail else ""))
         orphans = [o for o in outcomes if o.action == "orphan"]
+        fetched = [o for o in orphans if '"trtet_fetch"' in o.detail]
+        orphans = [o for o in orphans if o not in fetched]
+        if fetched:  # a killed fetch's runs: its line below says how to resume or discard it
+            print(f"{len(fetched)} staged file(s) of interrupted fetches kept: see the "
+                  "interrupted fetches below")
         if orphans:
             engines = sum('"trtet_store.tensorrt.' in o.detail for o in orphans)
             print(f"{len(orphans)} staged file(s) of dead or failed runs kept, {engines} of them "
                   "TensorRT engines or build records: run the same export again to reuse "
                   "them, or remove them with trtet_store.BlobStore(DIR).remove_orphans()")
+    fetches_ok, fetches = _fetches(args)
     from trtet_store.cli.publish import print_interrupted
 
-    print_interrupted(directory=args.dir)  # uploads a crashed publish of DIR's files left open
+    # Uploads a crashed publish of DIR's files left open.
+    publishes = print_interrupted(directory=args.dir)
+    if not args.json and not outcomes and not fetches and not publishes and fetches_ok:
+        print(f"{shown(args.dir)}: nothing to recover")
     stuck = [o for o in outcomes if o.action in ("busy", "damaged", "stuck")]
-    return 1 if stuck else 0
+    return 1 if stuck or not fetches_ok else 0
+
+
+def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
+    """Name (or, with ``--discard-fetches``, discard) DIR's interrupted fetches.
+
+    Returns ``(ok, how many were named)``; not ok when the staging directory
+    is refused or a running fetch was not discarded.
+    """
+    from trtet_store.io import ConcurrentWriteError, UnsafeDirectoryError, format_mib
+    from trtet_store.remote.download.interrupted import (
+        StagingLinkError,
+        discard_fetch,
+        interrupted_fetches,
+    )
+    from trtet_store.remote.download.receive import resume_command
+
+    try:
+        found = interrupted_fetches(args.dir)
+    except StagingLinkError as exc:
+        print(f"trtet-store recover: {exc.strerror}", file=sys.stderr)
+        return False, 0
+    ok = True
+    out = sys.stderr if args.json else sys.stdout  # --json's stdout is the JSON alone
+    discard = shown(shlex.join(["trtet-store", "recover", os.fspath(args.dir),
+                                "--discard-fetches"]))
+    for f in found:
+        what = f"{shown(f.url)} -> {shown(f.dest)}"
+        staged = f"{format_mib(f.staged)[:-4]} of {format_mib(f.total)} staged"
+        if args.discard_fetches and not f.running:
+            try:
+                removed = discard_fetch(args.dir, f)
+            except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
+                print(f"trtet-store recover: {exc}", file=sys.stderr)
+                ok = False
+                continue
+            print(f"discarded fetch {what} ({staged}: {removed} staged file(s) and its "
+                  "journal removed)", file=out)
+        elif f.running:
+            print(f"fetch {what} is running ({staged}): not discarded; wait for it to finish",
+                  file=sys.stderr if args.discard_fetches else out)
+            ok = ok and not args.discard_fetches
+        else:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.since))
+            resume = shown(resume_command(f.url, f.dest)) if f.url and f.dest else \
+                "(its journal is damaged: fetch it again)"
+            print(f"interrupted fetch {what} ({staged}, since {since}): resume: {resume}; "
+                  f"discard: {discard}", file=out)
+    return ok, len(found)
