@@ -107,7 +107,7 @@ def download_failed(exc: BaseException, done: int | None, total: int | None) -> 
     ``done``/``total`` are the bytes the download had accounted for when it
     failed (its last progress), when known.
     """
-    from trtet_store.io.units import format_mib
+    from trtet_store.io import format_mib
 
     cause = getattr(exc, "reason", None) or str(exc)
     cause = cause.split("; run `", 1)[0]  # a fetch's own resume command is not the user's
