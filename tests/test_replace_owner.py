@@ -1,5 +1,5 @@
-"""Issue 44 follow-up: replacing another user's file in a directory others may write to
-does not hand them the new file.
+"""Issue 44 follow-up: replacing another user's file in a sticky directory others may
+write to does not hand them the new file.
 
 Replacing a destination keeps its mode and owner (a root ``save`` over a user's
 file stays the user's, documented). In a directory that group or others may
@@ -7,8 +7,9 @@ write to (mode 1777, like /tmp), anyone can create the destination first: a
 real other uid (a forked child that drops to 65534) makes ``model.pte`` mode
 0666, then root fetches (or writes) over it. The new file must be root's, its
 mode the old one less group/other write, so the attacker cannot rewrite the
-program root is about to run. In a directory only its owner writes, the old
-owner is kept as before.
+program root is about to run. Elsewhere (a directory only its owner writes,
+or a non-sticky one where anyone who may write may replace any file anyway)
+the old owner is kept as before (tests/test_writer_edges.py: a 0777 mount).
 """
 
 from __future__ import annotations

@@ -332,19 +332,22 @@ class Transaction:
     def _keep_mode_and_owner(self, out: _Output) -> None:
         """Give the new file the old one's mode and owner, as an in-place save keeps them.
 
-        Not another user's ownership in a directory that group or others may
-        write to (``/tmp``, a 1777 scratch directory): anyone there can create
-        the destination first, so its owner says nothing about whose the new
-        bytes are. The new file is ours, with the old mode less group/other
-        write and set-id bits.
+        Not another user's ownership in a sticky directory that group or
+        others may write to (``/tmp``, a 1777 scratch directory): anyone there
+        can create the destination first, so its owner says nothing about whose
+        the new bytes are, and only ownership keeps them from rewriting ours.
+        The new file is ours, with the old mode less group/other write and
+        set-id bits. (Without the sticky bit anyone who may write there may
+        replace any file anyway: the owner is kept, as documented.)
         """
         st = out.old_stat
         if st is None:
             return
         mode = stat.S_IMODE(st.st_mode)
-        if st.st_uid != os.geteuid() and os.stat(out.dest.parent).st_mode & 0o022:
-            log.info("%s: not keeping its owner %d:%d (the directory is writable by group "
-                     "or others); the new file is ours", out.dest, st.st_uid, st.st_gid)
+        parent = os.stat(out.dest.parent).st_mode
+        if st.st_uid != os.geteuid() and parent & stat.S_ISVTX and parent & 0o022:
+            log.info("%s: not keeping its owner %d:%d (a sticky directory others may write "
+                     "to); the new file is ours", out.dest, st.st_uid, st.st_gid)
             fs.calls.fchmod(out.temp_fd, mode & 0o755)
             return
         try:
