@@ -26,7 +26,7 @@ from attacker import tree as state
 from tcp_proxy import Fault
 from test_fetch_support import MiB, engine_bytes, engine_program, put_program
 
-from trtet_store import UnsafeDirectoryError
+from trtet_store import UnsafeDirectoryError, UnsafeLockFileError
 from trtet_store.io import STAGING_DIR, RecordFile, SafeDir, read_records, write_atomic
 from trtet_store.remote.download.receive import fetch
 from trtet_store.remote.download.staging import fetch_id
@@ -266,8 +266,8 @@ def test_missing_parents_are_made_0700_whatever_the_umask(tmp_path):
 
 def test_a_dangling_lock_link_in_our_own_staging_creates_nothing_at_its_target(s3, make_fs):
     """A link at the fetch's lock name pointing at a name in root's directory: opening the
-    lock with O_CREAT through it would create that file. The fetch fails (ELOOP), naming the
-    lock, and nothing appears there."""
+    lock with O_CREAT through it would create that file. The fetch fails (UnsafeLockFileError,
+    errno ELOOP), naming the lock and saying to remove it, and nothing appears there."""
     mnt = make_fs("ext4", 256)
     shared = shared_dir(mnt)
     home, _ = victim(mnt)
@@ -278,7 +278,8 @@ def test_a_dangling_lock_link_in_our_own_staging_creates_nothing_at_its_target(s
     lock = staging / f"fetch-{fetch_id(dest)}.lock"
     os.symlink(home / "created-through-the-lock", lock)
     home_before = state(home)
-    with pytest.raises(OSError, match="Too many levels of symbolic links") as caught:
+    with pytest.raises(UnsafeLockFileError, match="it is a symbolic link .*; remove it") \
+            as caught:
         fetch(url, dest, client=s3.client, range_size=MiB)
     assert caught.value.filename == os.fspath(lock)
     assert state(home) == home_before

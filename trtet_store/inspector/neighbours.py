@@ -28,11 +28,18 @@ A neighbour that cannot be read (not a program, truncated, no permission)
 is taken to need every ``.ptd`` of its directory, and the refusal says that
 it could not be read and why: refusing a write costs a rename, replacing
 data a program needs costs the program.
+
+Neighbours are opened without following a link and without blocking
+(:func:`open_neighbour`): in a directory others can write to, a link planted at
+a ``.pte``/``.ptd`` name, or a FIFO (whose open would wait forever for a
+writer), is a file that cannot be read, under the rule above.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -132,6 +139,28 @@ class _Table:
         return out
 
 
+def open_neighbour(path: os.PathLike | str):
+    """Open a neighbour for reading: never through a link, never blocking on a FIFO.
+
+    Raises
+    ------
+    OSError
+        It is a symbolic link (``ELOOP``), not a regular file, or cannot be
+        opened; its message says which (callers treat it as unreadable).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "it is a symbolic link (not followed)",
+                          os.fspath(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "it is not a regular file", os.fspath(path))
+    return os.fdopen(fd, "rb")
+
+
 def _root(buf: bytes) -> _Table:
     return _Table(buf, u32(buf, 0))
 
@@ -189,7 +218,7 @@ def read_program_needs(path: os.PathLike | str) -> ProgramNeeds:
 
 
 def _read_program(needs: ProgramNeeds) -> None:
-    with open(needs.path, "rb") as f:
+    with open_neighbour(needs.path) as f:
         size = os.fstat(f.fileno()).st_size
         head = os.pread(f.fileno(), HEAD_BYTES, 0)
         if len(head) < 8 or head[4:8] != PTE_IDENTIFIER:
@@ -245,7 +274,7 @@ def read_ptd_keys(path: os.PathLike | str) -> set[str]:
     ValueError
         It is not a ``.ptd`` this module can read (the message says why).
     """
-    with open(path, "rb") as f:
+    with open_neighbour(path) as f:
         head = os.pread(f.fileno(), HEAD_BYTES, 0)
         if len(head) < 32 or head[4:8] != PTD_IDENTIFIER or head[8:12] != PTD_HEADER_MAGIC:
             raise ValueError(f"not an ExecuTorch tensor data file (no {PTD_IDENTIFIER!r} "

@@ -16,6 +16,7 @@ from trtet_store.io.errors import (
     SourceChangedError,
     StorageError,
     StuckJournalError,
+    UnsafeLockFileError,
     VerificationError,
 )
 from trtet_store.io.fs import (
@@ -91,6 +92,7 @@ __all__ = [
     "RecordFile",
     "SafeDir",
     "UnsafeDirectoryError",
+    "UnsafeLockFileError",
     "check_staging_directory",
     "staging_directory",
     "write_atomic",

@@ -134,6 +134,22 @@ class ConcurrentWriteError(StorageError, BlockingIOError):
     """
 
 
+class UnsafeLockFileError(StorageError):
+    """A lock file is a symbolic link or not a regular file (planted where a lock goes).
+
+    Its ``errno`` is ``ELOOP`` (as the refused open's was); the message names
+    the file and says to remove it.
+    """
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(errno.ELOOP, f"refusing the lock file {path}: {problem} (trtet_store "
+                         "makes lock files only as regular files); remove it, then try again",
+                         path)
+
+    def __str__(self) -> str:  # one line: the path is in the message already
+        return self.strerror
+
+
 class JournalError(StorageError, ValueError):
     """A journal whose plan line is complete but cannot be read (damaged, or another version).
 

@@ -13,11 +13,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
 
 from trtet_store.io import fs
-from trtet_store.io.errors import ConcurrentWriteError
+from trtet_store.io.errors import ConcurrentWriteError, UnsafeLockFileError
 
 
 def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
@@ -52,18 +53,31 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
     FileNotFoundError
         Without ``create``: the file is missing, or was unlinked or replaced
         before we held its lock.
-    OSError
-        ``ELOOP``: the path is a symbolic link (planted where a lock file
-        goes); it is never followed, so a lock never creates or opens a file
-        elsewhere.
+    UnsafeLockFileError
+        The path is a symbolic link or not a regular file (planted where a
+        lock file goes): it is never followed, so a lock never creates or
+        opens a file elsewhere, and a FIFO never blocks the open.
     """
     # O_NOFOLLOW: a lock file is never a link (one planted in a shared
     # directory would make O_CREAT create, or open, a file wherever it points).
-    flags = (os.O_RDONLY if readonly else os.O_RDWR) | os.O_NOFOLLOW | os.O_CLOEXEC
+    # O_NONBLOCK: a FIFO planted there must not block the open (flock's waiting
+    # is LOCK_NB's business, not the descriptor's).
+    flags = ((os.O_RDONLY if readonly else os.O_RDWR) | os.O_NOFOLLOW | os.O_NONBLOCK
+             | os.O_CLOEXEC)
     if create:
         flags |= os.O_CREAT
     while True:
-        fd = fs.calls.open(os.fspath(path), flags, 0o644)
+        try:
+            fd = fs.calls.open(os.fspath(path), flags, 0o644)
+        except OSError as exc:
+            # ELOOP from O_NOFOLLOW; EACCES where fs.protected_symlinks refuses
+            # another user's link in a sticky directory before O_NOFOLLOW does.
+            if exc.errno in (errno.ELOOP, errno.EACCES) and _is_link(path):
+                raise UnsafeLockFileError(os.fspath(path), "it is a symbolic link") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            release(fd)
+            raise UnsafeLockFileError(os.fspath(path), "it is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
@@ -82,6 +96,13 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
         if not create:
             raise FileNotFoundError(errno.ENOENT, "unlinked or replaced while being locked",
                                     os.fspath(path))
+
+
+def _is_link(path: os.PathLike | str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def release(fd: int) -> None:

@@ -36,6 +36,7 @@ from trtet_store.io.names import (
 )
 from trtet_store.io.orphans import describe_orphan, list_orphans
 from trtet_store.io.replay import complete_placement, finish, publish, undo, unpublish
+from trtet_store.io.safedir import check_staging_directory
 from trtet_store.io.units import format_mib
 
 log = logging.getLogger("trtet_store.recovery")
@@ -79,6 +80,10 @@ class Outcome:
         }
 
 
+#: What a refused staging directory's line tells the user of recover to do.
+RECOVER_STAGING_TODO = "remove it (trtet_store did not make it), then recover again"
+
+
 def recover(directory: os.PathLike | str, *, abandon: bool = False) -> list[Outcome]:
     """Finish or undo every interrupted write whose journal is in ``directory``.
 
@@ -116,8 +121,16 @@ def recover(directory: os.PathLike | str, *, abandon: bool = False) -> list[Outc
     Returns
     -------
     list of Outcome
+
+    Raises
+    ------
+    UnsafeDirectoryError
+        ``directory/.trtet-staging`` is a link, another user's directory, or
+        writable by group or others: nothing is read or written, there or
+        anywhere (a write rolled back would put its sources back in it).
     """
     directory = Path(directory).absolute()
+    check_staging_directory(directory / STAGING_DIR, todo=RECOVER_STAGING_TODO)
     outcomes = []
     # The staging directory compile_and_save uses beside its outputs.
     blob_dirs = {directory, directory / STAGING_DIR}

@@ -330,9 +330,25 @@ class Transaction:
                 self.journal.record_inline_synced(i)
 
     def _keep_mode_and_owner(self, out: _Output) -> None:
-        """Give the new file the old one's mode and owner, as an in-place save keeps them."""
+        """Give the new file the old one's mode and owner, as an in-place save keeps them.
+
+        Not another user's ownership in a sticky directory that group or
+        others may write to (``/tmp``, a 1777 scratch directory): anyone there
+        can create the destination first, so its owner says nothing about whose
+        the new bytes are, and only ownership keeps them from rewriting ours.
+        The new file is ours, with the old mode less group/other write and
+        set-id bits. (Without the sticky bit anyone who may write there may
+        replace any file anyway: the owner is kept, as documented.)
+        """
         st = out.old_stat
         if st is None:
+            return
+        mode = stat.S_IMODE(st.st_mode)
+        parent = os.stat(out.dest.parent).st_mode
+        if st.st_uid != os.geteuid() and parent & stat.S_ISVTX and parent & 0o022:
+            log.info("%s: not keeping its owner %d:%d (a sticky directory others may write "
+                     "to); the new file is ours", out.dest, st.st_uid, st.st_gid)
+            fs.calls.fchmod(out.temp_fd, mode & 0o755)
             return
         try:
             fs.calls.fchown(out.temp_fd, st.st_uid, st.st_gid)
@@ -342,7 +358,7 @@ class Transaction:
             log.info("%s: cannot keep its owner %d:%d (not permitted); the new file is ours",
                      out.dest, st.st_uid, st.st_gid)
         # After the chown, which clears set-id bits.
-        fs.calls.fchmod(out.temp_fd, stat.S_IMODE(st.st_mode))
+        fs.calls.fchmod(out.temp_fd, mode)
 
     def _host(self, i: int, out: _Output, host: PayloadPlan) -> None:
         """Rename the host payload into place as the temp file, and make room before it.
