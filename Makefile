@@ -44,9 +44,22 @@ test: venv
 	$(BIN)/python -m pytest -q --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS)
 
 # The whole suite on both ExecuTorch versions users have (what CI runs).
+# The two runs go side by side: most of the suite waits on servers, subprocesses and
+# disks, so together they take about as long as one (each has its own S3 server on
+# free ports and its own loop mounts). Each run's output is kept in test-logs/ and
+# printed whole when both are done, 1.5.1 first; the target fails if either failed.
+TEST_LOGS := test-logs
 test-all:
-	$(MAKE) test EXECUTORCH=1.5.1
-	$(MAKE) test EXECUTORCH=1.4.1
+	$(MAKE) venv EXECUTORCH=1.5.1
+	$(MAKE) venv EXECUTORCH=1.4.1
+	@mkdir -p $(TEST_LOGS)
+	@echo "test-all: executorch 1.5.1 and 1.4.1 side by side (logs in $(TEST_LOGS)/)"
+	@$(MAKE) --no-print-directory test EXECUTORCH=1.5.1 > $(TEST_LOGS)/executorch-1.5.1.log 2>&1 & a=$$!; \
+	 $(MAKE) --no-print-directory test EXECUTORCH=1.4.1 > $(TEST_LOGS)/executorch-1.4.1.log 2>&1 & b=$$!; \
+	 wait $$a; ra=$$?; wait $$b; rb=$$?; \
+	 echo "=== executorch 1.5.1 (exit $$ra) ==="; cat $(TEST_LOGS)/executorch-1.5.1.log; \
+	 echo "=== executorch 1.4.1 (exit $$rb) ==="; cat $(TEST_LOGS)/executorch-1.4.1.log; \
+	 test $$ra -eq 0 && test $$rb -eq 0
 
 # Long fuzzing and kill variants: tests marked `slow`, which conftest.py
 # skips unless TRTET_LONG=1.
