@@ -145,9 +145,16 @@ def register_engine(blob: Blob, state: EngineState,
 
 
 def unregister_engines(engines: list[Engine]) -> None:
+    """Forget ``engines``; an id registered since by another engine object stays.
+
+    A reused build registers its engines under the recorded ids, which an
+    earlier export's engines had: that export's finalizer (run whenever the
+    garbage collector gets to its program) must not unregister the new ones.
+    """
     with _engines_lock:
         for e in engines:
-            _engines.pop(e.engine_id, None)
+            if _engines.get(e.engine_id) is e:
+                del _engines[e.engine_id]
 
 
 def lookup_engine(engine_id: str) -> Engine:
