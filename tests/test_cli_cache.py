@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import upstream
 from digests import file_digest
+from terminal import run_on_terminal
 
 from trtet_store.io import MiB
 from trtet_store.testing import upstream_engine_cache as uec
@@ -390,38 +391,9 @@ def test_push_list_pull_and_prune_through_a_bucket(built, here_fs, s3env):
 
 def cli_on_a_terminal(*argv: object) -> tuple[int, str, str]:
     """``cli`` with stderr on a pseudo-terminal (a real tty): (exit code, stdout, stderr)."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-    import threading
-
-    master, slave = pty.openpty()
-    # A new pty is 0 columns wide: tqdm would draw a bar of nothing. 24 x 120, as a terminal.
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
-    chunks: list[bytes] = []
-
-    def drain() -> None:  # the pty's buffer is small: read while the child writes
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: every slave end is closed
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        done = subprocess.run([sys.executable, "-m", "trtet_store.cli", "cache",
-                               *map(os.fspath, argv)], stdout=subprocess.PIPE, stderr=slave,
-                              text=True, timeout=300, cwd=ROOT)
-    finally:
-        os.close(slave)
-    reader.join(30)
-    os.close(master)
-    return done.returncode, done.stdout, b"".join(chunks).decode(errors="replace")
+    # 24 x 120, as a terminal.
+    return run_on_terminal([sys.executable, "-m", "trtet_store.cli", "cache",
+                            *map(os.fspath, argv)], size=(24, 120), cwd=ROOT)
 
 
 def test_a_damaged_pointer_is_listed_and_never_breaks_list_or_pull(built, here_fs, s3env):

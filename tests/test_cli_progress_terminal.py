@@ -8,18 +8,14 @@ with stderr a real pseudo-terminal, a bar, and on one that reports size 0x0
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
-import threading
 from pathlib import Path
 
 import pytest
+from terminal import run_on_terminal
 
 from trtet_store.cli._common import DEFAULT_WIDTH
 from trtet_store.io.units import MiB
@@ -39,30 +35,8 @@ def run_on(stderr: str, argv: list, env: dict, size: tuple[int, int] = (0, 0)
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env,
                               cwd=ROOT)
         return done.returncode, done.stderr
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
-    chunks: list[bytes] = []
-
-    def drain() -> None:  # the pty's buffer is small: read while the child writes
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: every slave end is closed
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=slave, text=True,
-                              timeout=300, env=env, cwd=ROOT)
-    finally:
-        os.close(slave)
-    reader.join(30)
-    os.close(master)
-    return done.returncode, b"".join(chunks).decode(errors="replace")
+    code, _out, err = run_on_terminal(command, size=size, cwd=ROOT, env=env)
+    return code, err
 
 
 def _draws(err: str, label: str) -> list[str]:
