@@ -71,6 +71,9 @@ def readme_machine(here_fs: Path, s3: Any, monkeypatch: pytest.MonkeyPatch) -> P
     """The reader's machine: a working directory, a cache home, an S3 endpoint with two buckets."""
     monkeypatch.chdir(here_fs)
     monkeypatch.setenv("XDG_CACHE_HOME", str(here_fs / "xdg-cache"))
+    # Publish journals (keyed by bucket and key) go under XDG_STATE_HOME: the buckets
+    # here have fixed names, and make test-all runs two suites side by side.
+    monkeypatch.setenv("XDG_STATE_HOME", str(here_fs / "xdg-state"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint.url)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.endpoint.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.endpoint.secret_key)
