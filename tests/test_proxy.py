@@ -60,6 +60,43 @@ def test_a_get_object_is_counted_downstream_once(s3: Any) -> None:
         assert 0 < proxy.downstream < HEADERS  # the same kept-alive connection, headers only
 
 
+class _HeldAfterSend:
+    """A socket whose ``send`` delivers, then holds its thread until released.
+
+    Sets up the interleaving CI drew once: the peer has read the bytes and looks at
+    the counter while the pump has not run again since its send.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sent = threading.Event()
+        self.release = threading.Event()
+
+    def send(self, data: Any) -> int:
+        n = self.sock.send(data)
+        self.sent.set()
+        assert self.release.wait(10)
+        return n
+
+
+def test_bytes_a_peer_has_read_are_already_counted(s3: Any) -> None:
+    with CountingProxy.for_url(s3.endpoint.url) as proxy:
+        a, b = socket.socketpair()
+        held = _HeldAfterSend(a)
+        pump = threading.Thread(target=proxy._forward, args=(held, b"x" * 1000, "_downstream"))
+        pump.start()
+        try:
+            assert held.sent.wait(10)
+            assert b.recv(4096) == b"x" * 1000
+            assert proxy.downstream == 1000  # the pump is still held after its send
+        finally:
+            held.release.set()
+            pump.join(10)
+            a.close()
+            b.close()
+        assert proxy.downstream == 1000
+
+
 def test_a_put_object_is_counted_upstream_once(s3: Any) -> None:
     body = os.urandom(2 * MiB + 7)
     server = urlsplit(s3.endpoint.url)

@@ -9,8 +9,10 @@ e.g. a PutObject's body plus request headers). Give a client
 are an independent measure of what it downloaded or uploaded: they do not
 trust the client's own report.
 
-Bytes are counted once forwarded (``sendall`` returned), so a connection cut
-mid-transfer counts what actually went through. Counters are guarded by a
+Bytes are counted as they are handed to the kernel (counted before each
+``send``, so a client that has read them never sees a smaller count; what the
+send did not take is taken back), so a connection cut mid-transfer counts what
+actually went through. Counters are guarded by a
 lock; :meth:`CountingProxy.reset` zeroes them between measurements.
 
 Standard library only (tests and benchmarks use it; nothing in the library
@@ -206,9 +208,7 @@ class CountingProxy:
                     with contextlib.suppress(OSError):
                         dst.shutdown(socket.SHUT_WR)
                     return
-                dst.sendall(data)
-                with self._lock:
-                    setattr(self, counter, getattr(self, counter) + len(data))
+                self._forward(dst, data, counter)
         except OSError:
             # One side failed: end both directions of this connection.
             for s in (src, dst):
@@ -216,6 +216,29 @@ class CountingProxy:
                     s.shutdown(socket.SHUT_RDWR)
         finally:
             self._retire(src, dst, pumps_left)
+
+    def _forward(self, dst: socket.socket, data: bytes, counter: str) -> None:
+        """Send ``data`` to ``dst``, counted before each send and corrected after it.
+
+        Counted first, because the peer may read the bytes and its caller look at the
+        counter before this thread runs again (counted after ``sendall``, a client
+        saw ``downstream == 0`` after its HeadObject answer). What a send did not take
+        is taken back, so a cut connection still counts only what went through.
+        """
+        view = memoryview(data)
+        while view:
+            with self._lock:
+                setattr(self, counter, getattr(self, counter) + len(view))
+            try:
+                sent = dst.send(view)
+            except OSError:
+                with self._lock:
+                    setattr(self, counter, getattr(self, counter) - len(view))
+                raise
+            if sent < len(view):
+                with self._lock:
+                    setattr(self, counter, getattr(self, counter) - (len(view) - sent))
+            view = view[sent:]
 
     def _retire(self, src: socket.socket, dst: socket.socket, pumps_left: list[int]) -> None:
         """Close a connection's two sockets once both of its pumps are done with them."""
