@@ -445,8 +445,8 @@ RACE = textwrap.dedent("""
     import sys
     from pathlib import Path
     from trtet_store.cli import main
-    from trtet_store.remote.tier import RemoteTier
-    from trtet_store.remote.tier import store
+    from trtet_store.cache.tier import RemoteTier
+    from trtet_store.cache.tier import store
 
     url, endpoint, key, other = sys.argv[1:5]
     real, done = store.put, []

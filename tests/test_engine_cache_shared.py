@@ -37,7 +37,7 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                     format="%(levelname)s %(name)s: %(message)s")
 import trtet_store
 from trtet_store.export import engine_cache
-from trtet_store.remote.tier import RemoteTier
+from trtet_store.cache.tier import RemoteTier
 from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
 if cfg.get("capability"):  # this "machine's GPU"
@@ -158,7 +158,7 @@ class Machines:
                                          Key=f"{self.prefix}{name}")["Body"].read()
 
     def tier(self) -> Any:
-        from trtet_store.remote.tier import RemoteTier
+        from trtet_store.cache.tier import RemoteTier
 
         return RemoteTier(self.url, endpoint_url=self.s3.endpoint.url, client=self.s3.client)
 

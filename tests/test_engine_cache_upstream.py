@@ -454,7 +454,7 @@ def test_a_tampered_or_truncated_entry_in_the_bucket_is_a_miss_and_is_replaced(
 
 def test_an_entry_for_another_gpu_is_a_miss(here_fs, mod, s3env, caplog):
     """The key already differs per GPU; an entry whose metadata disagrees is refused too."""
-    from trtet_store.remote.tier import RemoteTier
+    from trtet_store.cache.tier import RemoteTier
 
     b = shared(here_fs / "b", s3env)
     blob = here_fs / "foreign"

@@ -139,7 +139,7 @@ def test_the_remote_layer_imports_nothing_heavy_and_only_io_s_public_face():
                 assert mod == "trtet_store.inspector.neighbours", (name, mod)
             if mod.startswith("trtet_store.io"):
                 assert mod == "trtet_store.io", (name, mod)  # the public face only
-            if mod.startswith("trtet_store.remote.tier"):
+            if mod.startswith("trtet_store.cache.tier"):
                 assert half == "tier", f"{name} imports {mod}"  # nothing below uses the tier
             if half != "tier" and mod.startswith(("trtet_store.remote.upload",
                                                   "trtet_store.remote.download")):

@@ -1,4 +1,4 @@
-"""trtet_store.remote.tier on the real SeaweedFS fixture: publish, download, races, tampering,
+"""trtet_store.cache.tier on the real SeaweedFS fixture: publish, download, races, tampering,
 leases, prune, and a server that is not there.
 
 Every state a test needs (a rival's pointer committed mid-publish, an object
@@ -17,6 +17,13 @@ from typing import Any
 
 import pytest
 
+from trtet_store.cache.tier import (
+    Lease,
+    LeaseWaitTimeout,
+    RemoteEntry,
+    RemoteTier,
+    TierEntryError,
+)
 from trtet_store.remote.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -24,13 +31,6 @@ from trtet_store.remote.errors import (
     RemoteURLError,
 )
 from trtet_store.remote.s3 import S3
-from trtet_store.remote.tier import (
-    Lease,
-    LeaseWaitTimeout,
-    RemoteEntry,
-    RemoteTier,
-    TierEntryError,
-)
 
 MiB = 1 << 20
 
@@ -125,7 +125,7 @@ def test_a_cut_download_resumes_without_downloading_everything(env: Any,
 
 
 def _attempt_of(tier: RemoteTier, files: list[tuple[str, Path]]) -> str:
-    from trtet_store.remote.tier.entry import attempt_id, file_digest
+    from trtet_store.cache.tier.entry import attempt_id, file_digest
 
     return attempt_id(tier.origin, [{"name": n, "size": file_digest(p)[0],
                                      "digest": file_digest(p)[1]} for n, p in files])
@@ -490,7 +490,7 @@ def test_no_server_wrong_credentials_missing_bucket_are_their_errors(env: Any) -
 def _rewrite_created(env: Any, tier: RemoteTier, key: str, created: float) -> None:
     e = tier.lookup(key)
     e.created = created
-    from trtet_store.remote.tier.lease import put
+    from trtet_store.cache.tier.lease import put
 
     put(tier.s3, env.bucket, f"cache/{key}.json", e.to_json(), if_match=e.etag)
 
@@ -512,7 +512,7 @@ class _CommitsDuringPrune(RemoteTier):
 
     def entries(self) -> list[RemoteEntry]:
         out = super().entries()
-        from trtet_store.remote.tier.lease import put
+        from trtet_store.cache.tier.lease import put
 
         late = RemoteEntry("late", "", time.time(), "d", "elsewhere",
                            "late/d-00000000000000dd/",
@@ -613,11 +613,14 @@ def test_bad_input_is_refused_before_any_request(tmp_path: Path) -> None:
 
 def test_the_tier_sits_above_upload_and_download_and_knows_no_engine() -> None:
     import ast
+    import warnings
 
+    import trtet_store.cache as cache
+    import trtet_store.cache.tier as tier
     import trtet_store.remote as remote
-    import trtet_store.remote.tier as tier
 
-    root = Path(tier.__file__).resolve().parent.parent
+    remote_root = Path(remote.__file__).resolve().parent
+    tier_root = Path(tier.__file__).resolve().parent
 
     def imports(path: Path) -> set[str]:
         out = set()
@@ -628,13 +631,23 @@ def test_the_tier_sits_above_upload_and_download_and_knows_no_engine() -> None:
                 out |= {a.name for a in node.names}
         return out
 
-    for half in ("upload", "download"):
-        for path in (root / half).rglob("*.py"):
-            assert not any("remote.tier" in m for m in imports(path)), path
-    for path in (root / "tier").rglob("*.py"):
+    for path in remote_root.rglob("*.py"):
+        assert not any("cache" in m.split(".") for m in imports(path)), path
+    for path in tier_root.rglob("*.py"):
         bad = [m for m in imports(path)
                if m.split(".")[0] in ("torch", "tensorrt", "executorch")
-               or m.startswith(("trtet_store.cache", "trtet_store.export"))]
+               or m.startswith("trtet_store.export")]
         assert bad == [], (path, bad)
     for name in tier.__all__:
-        assert getattr(remote, name) is getattr(tier, name), name
+        if name != "keygen":
+            assert getattr(cache, name) is getattr(tier, name), name
+        # The old home stays one release, warning where the name went.
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            assert getattr(remote, name) is getattr(tier, name), name
+        assert [str(w.message) for w in said] == [
+            f"trtet_store.remote.{name} moved to trtet_store.cache.tier.{name}; import it "
+            "from there (this alias goes in the next release)"], name
+        assert said[0].category is DeprecationWarning and said[0].filename == __file__
+
+

@@ -12,8 +12,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cache.tier import RemoteTier
 from trtet_store.io.units import MiB
-from trtet_store.remote.tier import RemoteTier
 
 
 def _sha(p: Path) -> str:

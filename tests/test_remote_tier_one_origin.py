@@ -15,10 +15,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cache.tier import RemoteEntry, RemoteTier, store
+from trtet_store.cache.tier.entry import attempt_id
 from trtet_store.remote.manifest import Manifest
 from trtet_store.remote.s3 import S3
-from trtet_store.remote.tier import RemoteEntry, RemoteTier, store
-from trtet_store.remote.tier.entry import attempt_id
 
 MiB = 1 << 20
 

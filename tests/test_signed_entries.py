@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def keys(here_fs):
     """Two key pairs: the team's (``team.key``/``.pub``) and the attacker's own (``evil``)."""
-    from trtet_store.remote.tier import keygen
+    from trtet_store.cache.tier import keygen
 
     d = here_fs / "keys"
     d.mkdir(mode=0o700)
@@ -49,8 +49,8 @@ def env_with(**values: object) -> dict:
 
 
 def _sign_with(doc: dict, key_path: Path) -> dict:
-    from trtet_store.remote.tier.entry import RemoteEntry
-    from trtet_store.remote.tier.signing import load_signing_key, sign_entry
+    from trtet_store.cache.tier.entry import RemoteEntry
+    from trtet_store.cache.tier.signing import load_signing_key, sign_entry
 
     entry = RemoteEntry.from_json(json.dumps(doc).encode(), "x")
     sign_entry(entry, load_signing_key(key_path))
@@ -156,8 +156,8 @@ def machines_fixture(here_fs, s3env):
 def test_pull_refuses_before_downloading_and_push_and_prune_keep_signatures(here_fs, s3env,
                                                                             keys, monkeypatch):
     import trtet_store
+    from trtet_store.cache.tier import TierSignatureError
     from trtet_store.export.engine_cache import RECORD_KIND
-    from trtet_store.remote.tier import TierSignatureError
     from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
     monkeypatch.setenv("TRTET_CONFIG_FILE", os.fspath(here_fs / "no-config"))
@@ -198,7 +198,7 @@ def test_pull_refuses_before_downloading_and_push_and_prune_keep_signatures(here
 
 def test_key_arguments_are_checked_before_anything_is_made(here_fs, keys, monkeypatch):
     import trtet_store
-    from trtet_store.remote.tier import KeyFileError, RemoteTier
+    from trtet_store.cache.tier import KeyFileError, RemoteTier
 
     monkeypatch.setenv("TRTET_CONFIG_FILE", os.fspath(here_fs / "no-config"))
     pub = keys["dir"] / "team.key.pub"
@@ -221,7 +221,7 @@ def test_key_arguments_are_checked_before_anything_is_made(here_fs, keys, monkey
 
 
 def test_keys_come_from_the_environment_then_the_config_file(here_fs, keys, monkeypatch):
-    from trtet_store.remote.tier import KeyFileError, RemoteTier
+    from trtet_store.cache.tier import KeyFileError, RemoteTier
 
     d = keys["dir"]
     config = here_fs / "config"
@@ -258,7 +258,7 @@ def test_without_cryptography_keys_say_what_to_install(here_fs, keys):
     code = textwrap.dedent("""
         import sys
         sys.modules["cryptography"] = None  # as if not installed
-        from trtet_store.remote.tier import RemoteTier, SigningUnavailableError
+        from trtet_store.cache.tier import RemoteTier, SigningUnavailableError
         assert RemoteTier("s3://bucket/p").trusted_keys is None  # no keys: no import
         try:
             RemoteTier("s3://bucket/p", trusted_keys=[sys.argv[1]])
@@ -311,7 +311,7 @@ def test_keygen_makes_0600_keys_and_never_overwrites_or_follows_a_link(here_fs):
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(os.lstat(shared / "ci.key").st_mode) == 0o600  # whatever the umask
     assert stat.S_IMODE(os.lstat(shared / "ci.key.pub").st_mode) == 0o644
-    from trtet_store.remote.tier.signing import load_public_key, load_signing_key
+    from trtet_store.cache.tier.signing import load_public_key, load_signing_key
 
     key_id = load_public_key(shared / "ci.key.pub").key_id
     assert load_signing_key(shared / "ci.key").key_id == key_id
@@ -337,7 +337,7 @@ def test_keygen_makes_0600_keys_and_never_overwrites_or_follows_a_link(here_fs):
         os.waitpid(pid, 0)
         assert os.lstat(shared / name).st_uid == 65534
     before = _state(shared, victim)
-    from trtet_store.remote.tier import keygen
+    from trtet_store.cache.tier import keygen
 
     for path in (shared / "a.key", shared / "b.key", shared / "c.key"):
         with pytest.raises(FileExistsError, match="keygen never overwrites"):
@@ -364,8 +364,8 @@ def test_the_adapter_refuses_a_bucket_without_trusted_keys_unless_told(here_fs, 
     from test_engine_cache_upstream import SM, TRT, entry, hash_of
 
     import trtet_store
+    from trtet_store.cache.tier import RemoteTier
     from trtet_store.export.trt_engine_cache import UntrustedBucketError, for_torch_tensorrt
-    from trtet_store.remote.tier import RemoteTier
     from trtet_store.testing import upstream_engine_cache as uec
 
     try:
@@ -451,7 +451,7 @@ def test_cli_keygen_then_compile_push_and_pull_with_keys(here_fs, s3env):
     for name in ("team", "evil"):
         done = _cli("cache", "keygen", k / f"{name}.key", "--json")
         assert done.returncode == 0, done.stderr
-    from trtet_store.remote.tier.signing import load_public_key
+    from trtet_store.cache.tier.signing import load_public_key
 
     team_id = load_public_key(k / "team.key.pub").key_id
     factory = here_fs / "model.py"

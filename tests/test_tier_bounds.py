@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
+from trtet_store.cache.tier import Lease, LeaseWaitTimeout, RemoteTier
+from trtet_store.cache.tier.entry import DamagedPointer
 from trtet_store.remote.errors import ManifestError, NotARegularFileError
 from trtet_store.remote.s3 import S3
-from trtet_store.remote.tier import Lease, LeaseWaitTimeout, RemoteTier
-from trtet_store.remote.tier.entry import DamagedPointer
 from trtet_store.testing.proxy import CountingProxy
 
 MiB = 1 << 20

@@ -53,18 +53,18 @@ _LAZY = {
     "recover": "trtet_store.io.recovery",
     "publish": "trtet_store.remote.upload.program",
     "fetch": "trtet_store.remote.download.receive",
-    "SharedCacheWarning": "trtet_store.remote.tier.health",
+    "SharedCacheWarning": "trtet_store.cache.tier.health",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.cache.directory import CacheDirectoryError
+    from trtet_store.cache.tier.health import SharedCacheWarning
     from trtet_store.export.compile import compile_and_save
     from trtet_store.export.engine_cache import EngineCache
     from trtet_store.export.executorch import save, save_program, write_tensor_data
     from trtet_store.export.lowering import export as export_program
     from trtet_store.io.recovery import recover
     from trtet_store.remote.download.receive import fetch
-    from trtet_store.remote.tier.health import SharedCacheWarning
     from trtet_store.remote.upload.program import publish
 
 

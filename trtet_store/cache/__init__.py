@@ -1,8 +1,12 @@
 """The cache: a bounded, single-flight, crash-safe store of blobs keyed by opaque strings.
 
 Built on :mod:`trtet_store.io`'s public face; it knows nothing of TensorRT
-(``export/`` decides what an engine's key is). See :class:`BlobCache`.
+(``export/`` decides what an engine's key is). See :class:`BlobCache`. Its
+second level, the shared tier in object storage (:mod:`.tier`: entries and
+leases over :mod:`trtet_store.remote`), loads on first use of its names.
 """
+
+from typing import Any
 
 from trtet_store.cache.blobcache import DEFAULT_CHUNK_SIZE, BlobCache, Claim
 from trtet_store.cache.directory import CacheDirectoryError
@@ -15,6 +19,24 @@ from trtet_store.cache.results import (
     PutResult,
     VerifyReport,
 )
+
+# name -> module, imported on first access (PEP 562): the tier loads the remote floor.
+_LAZY = {name: "trtet_store.cache.tier" for name in (
+    "KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry", "RemoteTier",
+    "SigningKey", "SigningUnavailableError", "TierDownload", "TierEntryError", "TierPublish",
+    "TierSignatureError")}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trtet_store.cache' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",

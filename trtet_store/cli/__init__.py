@@ -99,7 +99,7 @@ def _warnings_as_lines() -> Any:
     shown = warnings.showwarning
 
     def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
-        from trtet_store.remote.tier.health import SharedCacheWarning
+        from trtet_store.cache.tier.health import SharedCacheWarning
 
         if issubclass(category, SharedCacheWarning):
             print(f"trtet-store: warning: {message}", file=sys.stderr, flush=True)

@@ -214,12 +214,12 @@ ERROR_TABLE: list[tuple[str, str, Callable[[BaseException, ErrorContext], list[s
         one_line(e)] + ([f"{c.out} and its .ptd files are unchanged"] if c.out else [])),
     # The engine cache's shared tier (issue 37). LeaseWaitTimeout is a TimeoutError, so an
     # OSError: it comes before the OSError row.
-    ("trtet_store.remote.tier", "TierSignatureError", lambda e, c: [
+    ("trtet_store.cache.tier", "TierSignatureError", lambda e, c: [
         f"TierSignatureError: {e} (refused by the trusted keys; never served)"]),
-    ("trtet_store.remote.tier", "TierEntryError", lambda e, c: [
+    ("trtet_store.cache.tier", "TierEntryError", lambda e, c: [
         f"a damaged entry in the shared cache, never served: {e}; the next build replaces "
         "it"]),
-    ("trtet_store.remote.tier", "LeaseWaitTimeout", lambda e, c: [
+    ("trtet_store.cache.tier", "LeaseWaitTimeout", lambda e, c: [
         f"gave up waiting for another machine's build: {e}"]),
     ("builtins", "OSError", lambda e, c: (_no_space(e, c) if getattr(e, "errno", None)
                                           == errno.ENOSPC else [one_line(e)])),

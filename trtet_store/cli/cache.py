@@ -20,7 +20,7 @@ A thin shell over :class:`trtet_store.EngineCache` (``entries``, ``stats``,
 
     # signed entries (issue 44): list, push and pull with --remote take
     # --signing-key PATH and --trusted-key PATH (repeatable); default TRTET_SIGNING_KEY,
-    # TRTET_TRUSTED_KEYS, the config file (trtet_store.remote.tier.keyconfig)
+    # TRTET_TRUSTED_KEYS, the config file (trtet_store.cache.tier.keyconfig)
     trtet-store cache keygen PATH    # PATH (private, 0600) + PATH.pub; prints the key id
 
 ``list --remote`` and ``prune --remote`` work on the bucket alone: the local
@@ -225,7 +225,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     try:
         if remote is not None:
             # The URL judged before anything else: no request, no file written.
-            from trtet_store.remote.tier import RemoteTier
+            from trtet_store.cache.tier import RemoteTier
 
             keys = {"signing_key": getattr(args, "signing_key", None),
                     "trusted_keys": getattr(args, "trusted_key", None)}
@@ -479,7 +479,7 @@ def _pull(cache: Any, args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from trtet_store.remote.tier.signing import keygen
+    from trtet_store.cache.tier.signing import keygen
 
     try:
         public = keygen(args.path)

@@ -206,7 +206,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             if args.engine_cache_remote is None:
                 kwargs["engine_cache"] = EngineCache(args.engine_cache or None)
             else:
-                from trtet_store.remote.tier import RemoteTier
+                from trtet_store.cache.tier import RemoteTier
 
                 # A bad URL is refused here, before the build and before the cache
                 # directory is made (no request is sent).

@@ -92,7 +92,7 @@ class _Warnings(logging.Handler):
         self.command = command
 
     def emit(self, record: logging.LogRecord) -> None:
-        from trtet_store.remote.tier.health import SAID_AS_WARNING
+        from trtet_store.cache.tier.health import SAID_AS_WARNING
 
         if getattr(record, SAID_AS_WARNING, False):
             return  # a SharedCacheWarning too: main() shows that one

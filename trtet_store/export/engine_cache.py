@@ -66,7 +66,7 @@ Public API (stable; the CLI, the Torch-TensorRT adapter and the benchmark use it
         downloaded: int | None; published: bool | None; publish_reason: str | None
         remote_reason: str | None   # why the shared entry was not served (refused, damaged)
 
-The shared tier (``remote=``, :mod:`trtet_store.remote.tier`): a build's
+The shared tier (``remote=``, :mod:`trtet_store.cache.tier`): a build's
 entry is its files ``record`` and ``e0``, ``e1``... with the pointer metadata
 ``{"record": <the record's metadata>, "engines": [<engine i's metadata>]}``,
 exactly what the local cache records. A local miss looks the key up there; a
@@ -134,9 +134,9 @@ from trtet_store.io.units import GiB, MiB
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
+    from trtet_store.cache.tier import Lease, RemoteEntry, RemoteTier, TierPublish
     from trtet_store.export.tensorrt import BuildResult
     from trtet_store.io import Blob, BlobStore
-    from trtet_store.remote.tier import Lease, RemoteEntry, RemoteTier, TierPublish
 
 log = logging.getLogger("trtet_store.engine_cache")
 
@@ -438,7 +438,7 @@ class EngineCache:
         Bytes every put leaves free on the cache's filesystem.
     remote : str or RemoteTier, optional
         The shared tier, ``"s3://bucket/prefix"`` (or a
-        :class:`~trtet_store.remote.tier.RemoteTier` made by the caller, used
+        :class:`~trtet_store.cache.tier.RemoteTier` made by the caller, used
         with its own settings). The URL is checked at once, with no network;
         the server is first asked by the first lookup, and a server that
         cannot be used never fails an export (a warning).
@@ -462,7 +462,7 @@ class EngineCache:
         With ``remote=``: an ed25519 private key file (``trtet-store cache
         keygen``); every entry this cache publishes is signed with it.
         Default: ``TRTET_SIGNING_KEY``, else the config file's
-        (:mod:`trtet_store.remote.tier.keyconfig`).
+        (:mod:`trtet_store.cache.tier.keyconfig`).
     trusted_keys : sequence of path-like, optional
         With ``remote=``: public key files; a shared entry not signed by one
         of them is a miss (``remote_reason`` in its events), never served,
@@ -495,7 +495,7 @@ class EngineCache:
                 "pass remote= too" if remote is None else
                 "the RemoteTier given has its own (RemoteTier(..., signing_key=, trusted_keys=))"))
         if remote is not None and not isinstance(remote, str):
-            from trtet_store.remote.tier import RemoteTier
+            from trtet_store.cache.tier import RemoteTier
 
             if not isinstance(remote, RemoteTier):
                 raise TypeError(f"remote must be an s3:// URL, a RemoteTier or None, got "
@@ -518,7 +518,7 @@ class EngineCache:
                                  f"{wait_timeout}")
         tier: RemoteTier | None = None
         if isinstance(remote, str):
-            from trtet_store.remote.tier import RemoteTier
+            from trtet_store.cache.tier import RemoteTier
 
             # Made before the directory: a bad URL raises here (RemoteURLError), with no
             # network and nothing created. A waiter looks at another machine's lease every
@@ -531,7 +531,7 @@ class EngineCache:
         self.lease_ttl = float(lease_ttl)
         self.wait_timeout = wait_timeout
         # The tier's trouble, warned once (a SharedCacheWarning too) until it works again.
-        from trtet_store.remote.tier.health import TierHealth
+        from trtet_store.cache.tier.health import TierHealth
 
         self._health = TierHealth(log)
         # Why the last lookup of a key missed an entry it had (damaged), for its events.
@@ -936,7 +936,7 @@ class EngineCache:
         download directory is kept on a cut transfer (the next one resumes
         it) and removed otherwise.
         """
-        from trtet_store.remote.tier import TierEntryError
+        from trtet_store.cache.tier import TierEntryError
 
         directory = self.directory / DOWNLOADS / key
         try:
@@ -1339,7 +1339,7 @@ def _from_remote(cache: EngineCache, tier: RemoteTier, key: str, store: BlobStor
     unusable entry a publish may replace. A lease taken is released by
     ``stack`` (after the build's publish).
     """
-    from trtet_store.remote.tier import Lease, LeaseWaitTimeout
+    from trtet_store.cache.tier import Lease, LeaseWaitTimeout
 
     try:
         entry = tier.lookup(key)
@@ -1381,9 +1381,9 @@ def _take(cache: EngineCache, tier: RemoteTier, key: str, entry: RemoteEntry, st
           fingerprint: str) -> tuple[tuple[BuildResult, list[EngineCacheEvent]] | None,
                                      RemoteEntry | None, str | None, str | None]:
     """A remote entry made a hit: ``(served, None, None, None)``; else why it is a miss."""
+    from trtet_store.cache.tier import TierEntryError
     from trtet_store.export import remote_miss
     from trtet_store.io import InsufficientSpaceError
-    from trtet_store.remote.tier import TierEntryError
 
     # The signature first: nothing else of an entry its keys refuse is believed.
     refused = tier.signature_problem(entry)

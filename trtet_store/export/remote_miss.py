@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from trtet_store.io.units import MiB, format_mib
 
 if TYPE_CHECKING:
-    from trtet_store.remote.tier import RemoteEntry
+    from trtet_store.cache.tier import RemoteEntry
 
 __all__ = ["LastProgress", "download_failed", "refuse_build_without_room"]
 
@@ -39,7 +39,7 @@ class LastProgress:
 
 def download_failed(key: str, exc: BaseException, seen: LastProgress, directory: Path) -> str:
     """One line: the shared cache's download of ``key`` failed, why, and what happens next."""
-    from trtet_store.remote.tier.health import download_failed as cause
+    from trtet_store.cache.tier.health import download_failed as cause
 
     kept = bool(seen.done) and directory.is_dir() and any(directory.rglob("*"))
     return (f"the shared cache's download of {key} failed ({cause(exc, seen.done, seen.total)}); "

@@ -32,7 +32,7 @@ there (cloned where the filesystem can, else copied: ext4 writes them twice);
 
 The shared tier (issue 37). When the :class:`~trtet_store.EngineCache` given
 (or opened here with ``remote=``) has a remote tier (``cache.remote``, a
-:class:`trtet_store.remote.tier.RemoteTier` over ``s3://bucket/prefix``),
+:class:`trtet_store.cache.tier.RemoteTier` over ``s3://bucket/prefix``),
 every machine of a team shares the entries, under the same key (so the same
 TensorRT and GPU only):
 
@@ -194,7 +194,7 @@ class _Adapter:
         # Entries whose files failed their checks, by key: the rebuild replaces them.
         self._damaged: dict[str, Any] = {}
         # Warn once while the tier fails (a SharedCacheWarning too); again once it works.
-        from trtet_store.remote.tier.health import TierHealth
+        from trtet_store.cache.tier.health import TierHealth
 
         self._health = TierHealth(log)
 
@@ -344,8 +344,8 @@ class _Adapter:
 
     def _load_remote(self, key: str) -> bytes | None:
         """The bucket's entry ``key``, downloaded, verified and entered locally; or None."""
+        from trtet_store.cache.tier import TierEntryError, TierSignatureError
         from trtet_store.remote.errors import RemoteError
-        from trtet_store.remote.tier import TierEntryError, TierSignatureError
 
         tier = self.remote
         directory = self.cache.directory / "downloads" / key
@@ -538,7 +538,7 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
     elif cache is None or isinstance(cache, (str, os.PathLike)):
         options: dict[str, Any] = {} if max_bytes is None else {"max_bytes": max_bytes}
         if remote is not None:
-            from trtet_store.remote.tier.keyconfig import resolve_keys
+            from trtet_store.cache.tier.keyconfig import resolve_keys
             from trtet_store.remote.url import RemoteURL
 
             if isinstance(remote, str):  # a bad URL is refused first, as EngineCache would

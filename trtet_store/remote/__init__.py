@@ -54,29 +54,31 @@ _LAZY = {
     "list_uploads": "trtet_store.remote.upload.unfinished",
     "pending": "trtet_store.remote.upload.unfinished",
     "interrupted": "trtet_store.remote.upload.unfinished",
-    # the shared tier (issue 37): entries and leases above upload and download
-    "Lease": "trtet_store.remote.tier",
-    "LeaseWaitTimeout": "trtet_store.remote.tier",
-    "RemoteEntry": "trtet_store.remote.tier",
-    "RemoteTier": "trtet_store.remote.tier",
-    "TierDownload": "trtet_store.remote.tier",
-    "TierEntryError": "trtet_store.remote.tier",
-    "TierPublish": "trtet_store.remote.tier",
-    "TierSignatureError": "trtet_store.remote.tier",
-    "KeyFileError": "trtet_store.remote.tier",
-    "SigningUnavailableError": "trtet_store.remote.tier",
-    "PublicKey": "trtet_store.remote.tier",
-    "SigningKey": "trtet_store.remote.tier",
-    "keygen": "trtet_store.remote.tier",
 }
 
 
+# The shared tier moved to trtet_store.cache.tier (the cache's second level);
+# its names stay here for one release, each access warning where to import it.
+_MOVED_TO_CACHE_TIER = frozenset({
+    "KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry", "RemoteTier",
+    "SigningKey", "SigningUnavailableError", "TierDownload", "TierEntryError", "TierPublish",
+    "TierSignatureError", "keygen",
+})
+
+
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _MOVED_TO_CACHE_TIER:
+        import warnings
+
+        warnings.warn(f"trtet_store.remote.{name} moved to trtet_store.cache.tier.{name}; "
+                      "import it from there (this alias goes in the next release)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module("trtet_store.cache.tier"), name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'trtet_store.remote' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
@@ -103,26 +105,13 @@ __all__ = [
     "PartSizeError",
     "PublishConfig",
     "PublishReport",
-    "Lease",
-    "LeaseWaitTimeout",
-    "RemoteEntry",
     "RemoteError",
-    "RemoteTier",
     "RemoteURLError",
-    "TierDownload",
-    "TierEntryError",
-    "TierPublish",
-    "TierSignatureError",
-    "KeyFileError",
-    "SigningUnavailableError",
-    "PublicKey",
-    "SigningKey",
     "UploadKeptError",
     "abort",
     "compile_and_publish",
     "fetch",
     "interrupted",
-    "keygen",
     "list_uploads",
     "manifest_key",
     "pending",

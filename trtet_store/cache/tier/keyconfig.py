@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtet_store.remote.tier.signing import (
+from trtet_store.cache.tier.signing import (
     KeyFileError,
     PublicKey,
     SigningKey,

@@ -12,10 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trtet_store.remote.jsondoc import LEASE_MAX_BYTES
-from trtet_store.remote.s3 import PreconditionFailed
-from trtet_store.remote.tier.entry import RemoteEntry, check_key
-from trtet_store.remote.tier.lease import (
+from trtet_store.cache.tier.entry import RemoteEntry, check_key
+from trtet_store.cache.tier.lease import (
     Lease,
     LeaseWatch,
     lease_body,
@@ -23,9 +21,11 @@ from trtet_store.remote.tier.lease import (
     parse_lease,
     put,
 )
+from trtet_store.remote.jsondoc import LEASE_MAX_BYTES
+from trtet_store.remote.s3 import PreconditionFailed
 
 if TYPE_CHECKING:
-    from trtet_store.remote.tier.store import RemoteTier
+    from trtet_store.cache.tier.store import RemoteTier
 
 __all__ = ["claim"]
 
@@ -33,7 +33,7 @@ __all__ = ["claim"]
 def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
           on_wait: Callable[[dict[str, Any]], None] | None = None) -> Lease | RemoteEntry:
     """:meth:`RemoteTier.claim` (see there)."""
-    from trtet_store.remote.tier.store import LeaseWaitTimeout, log
+    from trtet_store.cache.tier.store import LeaseWaitTimeout, log
 
     check_key(key)
     if timeout is not None and (isinstance(timeout, bool)

@@ -10,9 +10,9 @@ leases, :mod:`.entry` for the pointer, :mod:`.signing` for its signature and
 
 from __future__ import annotations
 
-from trtet_store.remote.tier.entry import RemoteEntry, TierEntryError
-from trtet_store.remote.tier.lease import Lease
-from trtet_store.remote.tier.signing import (
+from trtet_store.cache.tier.entry import RemoteEntry, TierEntryError
+from trtet_store.cache.tier.lease import Lease
+from trtet_store.cache.tier.signing import (
     KeyFileError,
     PublicKey,
     SigningKey,
@@ -20,7 +20,7 @@ from trtet_store.remote.tier.signing import (
     TierSignatureError,
     keygen,
 )
-from trtet_store.remote.tier.store import LeaseWaitTimeout, RemoteTier, TierDownload, TierPublish
+from trtet_store.cache.tier.store import LeaseWaitTimeout, RemoteTier, TierDownload, TierPublish
 
 __all__ = ["KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry",
            "RemoteTier", "SigningKey", "SigningUnavailableError", "TierDownload",

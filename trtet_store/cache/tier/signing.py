@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtet_store.remote.tier.entry import RemoteEntry, TierEntryError
+from trtet_store.cache.tier.entry import RemoteEntry, TierEntryError
 
 __all__ = ["DOMAIN", "KeyFileError", "PublicKey", "SigningKey", "SigningUnavailableError",
            "TierSignatureError", "keygen", "load_public_key", "load_signing_key", "payload",

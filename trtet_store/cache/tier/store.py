@@ -45,6 +45,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cache.tier.entry import (
+    DamagedPointer,
+    RemoteEntry,
+    TierEntryError,
+    attempt_id,
+    check_key,
+    check_origin,
+    file_digest,
+    parse_files,
+)
+from trtet_store.cache.tier.keyconfig import resolve_keys
+from trtet_store.cache.tier.lease import Lease, put
+from trtet_store.cache.tier.signing import TierSignatureError, refusal, sign_entry
 from trtet_store.remote.errors import (
     ConflictError,
     FetchVerificationError,
@@ -58,24 +71,11 @@ from trtet_store.remote.errors import (
 from trtet_store.remote.jsondoc import POINTER_MAX_BYTES
 from trtet_store.remote.manifest import MANIFEST_SUFFIX, Manifest
 from trtet_store.remote.s3 import S3, PreconditionFailed
-from trtet_store.remote.tier.entry import (
-    DamagedPointer,
-    RemoteEntry,
-    TierEntryError,
-    attempt_id,
-    check_key,
-    check_origin,
-    file_digest,
-    parse_files,
-)
-from trtet_store.remote.tier.keyconfig import resolve_keys
-from trtet_store.remote.tier.lease import Lease, put
-from trtet_store.remote.tier.signing import TierSignatureError, refusal, sign_entry
 from trtet_store.remote.url import RemoteURL
 
 __all__ = ["LeaseWaitTimeout", "RemoteTier", "TierDownload", "TierPublish"]
 
-log = logging.getLogger("trtet_store.remote.tier")
+log = logging.getLogger("trtet_store.cache.tier")
 
 POINTER_SUFFIX = ".json"
 LEASE_SUFFIX = ".lease"
@@ -610,7 +610,7 @@ class RemoteTier:
             What was (or, with ``dry_run``, would be) removed: keys of entries,
             ``<key>/<attempt>/`` of attempt directories, ``<key>.lease``.
         """
-        from trtet_store.remote.tier.prune import prune
+        from trtet_store.cache.tier.prune import prune
 
         return prune(self, older_than, dry_run=dry_run)
 
@@ -644,7 +644,7 @@ class RemoteTier:
         RemoteError
             The server could not be asked.
         """
-        from trtet_store.remote.tier.claim import claim
+        from trtet_store.cache.tier.claim import claim
 
         return claim(self, key, timeout=timeout, on_wait=on_wait)
 

@@ -43,7 +43,7 @@ from trtet_store.remote.s3 import S3, PreconditionFailed
 __all__ = ["Lease", "LeaseWatch", "capped_ttl", "lease_body", "parse_lease", "prunable",
            "put"]
 
-log = logging.getLogger("trtet_store.remote.tier")
+log = logging.getLogger("trtet_store.cache.tier")
 
 
 def put(s3: S3, bucket: str, key: str, body: bytes, *, if_none_match: bool = False,

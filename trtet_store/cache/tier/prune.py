@@ -11,21 +11,21 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
+from trtet_store.cache.tier.entry import check_key
+from trtet_store.cache.tier.lease import prunable
 from trtet_store.remote.errors import ObjectChangedError
 from trtet_store.remote.jsondoc import LEASE_MAX_BYTES
 from trtet_store.remote.s3 import PreconditionFailed
-from trtet_store.remote.tier.entry import check_key
-from trtet_store.remote.tier.lease import prunable
 
 if TYPE_CHECKING:
-    from trtet_store.remote.tier.store import RemoteTier
+    from trtet_store.cache.tier.store import RemoteTier
 
 __all__ = ["prune"]
 
 
 def prune(tier: RemoteTier, older_than: float, *, dry_run: bool = False) -> list[str]:
     """:meth:`RemoteTier.prune` (see there)."""
-    from trtet_store.remote.tier.store import LEASE_SUFFIX
+    from trtet_store.cache.tier.store import LEASE_SUFFIX
 
     if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
             or not older_than >= 0:
