@@ -8,6 +8,7 @@ ours) and says the wait out loud.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from trtet_store.cache.tier.entry import RemoteEntry, check_key
 from trtet_store.cache.tier.lease import (
     Lease,
+    LeaseWaitTimeout,
     LeaseWatch,
     lease_body,
     new_holder,
@@ -29,12 +31,12 @@ if TYPE_CHECKING:
 
 __all__ = ["claim"]
 
+log = logging.getLogger("trtet_store.cache.tier")  # the tier's one logger (store.py's)
+
 
 def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
           on_wait: Callable[[dict[str, Any]], None] | None = None) -> Lease | RemoteEntry:
     """:meth:`RemoteTier.claim` (see there)."""
-    from trtet_store.cache.tier.store import LeaseWaitTimeout, log
-
     check_key(key)
     if timeout is not None and (isinstance(timeout, bool)
                                 or not isinstance(timeout, (int, float))

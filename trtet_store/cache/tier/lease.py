@@ -40,10 +40,16 @@ from trtet_store.remote.jsondoc import Dated, loads
 from trtet_store.remote.manifest import crc64nvme_b64
 from trtet_store.remote.s3 import S3, PreconditionFailed
 
-__all__ = ["Lease", "LeaseWatch", "capped_ttl", "lease_body", "parse_lease", "prunable",
-           "put"]
+__all__ = ["LEASE_SUFFIX", "Lease", "LeaseWaitTimeout", "LeaseWatch", "capped_ttl",
+           "lease_body", "parse_lease", "prunable", "put"]
 
 log = logging.getLogger("trtet_store.cache.tier")
+
+LEASE_SUFFIX = ".lease"
+
+
+class LeaseWaitTimeout(TimeoutError):
+    """:meth:`RemoteTier.claim` waited ``timeout`` seconds on another holder's live lease."""
 
 
 def put(s3: S3, bucket: str, key: str, body: bytes, *, if_none_match: bool = False,

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from trtet_store.cache.tier.entry import check_key
-from trtet_store.cache.tier.lease import prunable
+from trtet_store.cache.tier.lease import LEASE_SUFFIX, prunable
 from trtet_store.remote.errors import ObjectChangedError
 from trtet_store.remote.jsondoc import LEASE_MAX_BYTES
 from trtet_store.remote.s3 import PreconditionFailed
@@ -25,8 +25,6 @@ __all__ = ["prune"]
 
 def prune(tier: RemoteTier, older_than: float, *, dry_run: bool = False) -> list[str]:
     """:meth:`RemoteTier.prune` (see there)."""
-    from trtet_store.cache.tier.store import LEASE_SUFFIX
-
     if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
             or not older_than >= 0:
         raise ValueError(f"older_than must be a number of seconds >= 0, not {older_than!r}")

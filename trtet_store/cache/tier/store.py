@@ -56,7 +56,7 @@ from trtet_store.cache.tier.entry import (
     parse_files,
 )
 from trtet_store.cache.tier.keyconfig import resolve_keys
-from trtet_store.cache.tier.lease import Lease, put
+from trtet_store.cache.tier.lease import LEASE_SUFFIX, Lease, LeaseWaitTimeout, put
 from trtet_store.cache.tier.signing import TierSignatureError, refusal, sign_entry
 from trtet_store.remote.errors import (
     ConflictError,
@@ -78,11 +78,6 @@ __all__ = ["LeaseWaitTimeout", "RemoteTier", "TierDownload", "TierPublish"]
 log = logging.getLogger("trtet_store.cache.tier")
 
 POINTER_SUFFIX = ".json"
-LEASE_SUFFIX = ".lease"
-
-
-class LeaseWaitTimeout(TimeoutError):
-    """:meth:`RemoteTier.claim` waited ``timeout`` seconds on another holder's live lease."""
 
 
 @dataclass
