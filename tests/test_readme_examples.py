@@ -14,8 +14,8 @@ buckets of the session's SeaweedFS, found the way boto3 finds an endpoint
 
 A block preceded by ``<!-- skip: next if(...) -->`` is skipped where the
 installed ExecuTorch cannot run it (and counts as skipped, never as passed).
-Shell blocks are command synopses (``[--option]``) and are not run here; the
-CLI has its own tests.
+Shell blocks are command synopses (``[--option]``), not run here: the
+CLI has its own tests, and ``test_readme_synopses.py`` parses each synopsis.
 """
 
 from __future__ import annotations
