@@ -20,22 +20,19 @@ from trtet_store.cache.results import (
     VerifyReport,
 )
 
-# name -> module, imported on first access (PEP 562): the tier loads the remote floor.
-_LAZY = {name: "trtet_store.cache.tier" for name in (
+# The tier's names, imported on first access (PEP 562): the tier loads the remote floor.
+_TIER_NAMES = frozenset({
     "KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry", "RemoteTier",
     "SigningKey", "SigningUnavailableError", "TierDownload", "TierEntryError", "TierPublish",
-    "TierSignatureError")}
+    "TierSignatureError"})
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in _TIER_NAMES:
         raise AttributeError(f"module 'trtet_store.cache' has no attribute {name!r}")
-    import importlib
+    from trtet_store.cache import tier
 
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return getattr(tier, name)
 
 
 __all__ = [
