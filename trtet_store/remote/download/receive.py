@@ -13,10 +13,11 @@ The steps, in order (each a function below or in the module named):
    (:mod:`.plan`).
 3. **Neighbours and preflight.** A ``.ptd`` of the program that another
    ``.pte`` of the directory needs is not replaced (ExecuTorch names them by
-   tag; :mod:`.program`, opt-in ``replace_needed``). The free space the whole fetch needs on the
-   destination's filesystem (downloaded bytes, plus what the final write's
-   placements need) is checked before anything is created; a disk that
-   fills later anyway is an ``InsufficientSpaceError`` too (:mod:`.space`).
+   tag; :mod:`.program`, opt-in ``replace_needed``). The free space the
+   whole fetch needs on the destination's filesystem (downloaded bytes,
+   plus what the final write's placements need) is checked before anything
+   is created; a disk that fills later anyway is an
+   ``InsufficientSpaceError`` too (:mod:`.space`).
 4. **Download.** Ranged GETs in parallel, each with ``If-Match``, each range
    checked against its chunk digests (a bad one is fetched again), written
    into its run's staged blob and journaled (:mod:`.staging`) by one
