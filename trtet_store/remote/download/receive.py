@@ -1,23 +1,23 @@
 """``fetch(url, path)``: a published program (or any object) onto a local disk.
 
-The steps, in order (each a function below):
+The steps, in order (each a function below or in the module named):
 
 1. **Describe.** Read the manifest beside the program (``<key>.trtet.json``);
    without one, HeadObject describes a plain object. HeadObject of every
    object, pinned by the manifest's ETag, checks that it is still the
    version the manifest names, and that its full-object CRC64NVME is the
-   manifest's.
+   manifest's (:mod:`.describe`).
 2. **Delta.** Pieces already in local files (the destination's previous
    version, ``reuse=``) are found by their chunk digests
    (:mod:`.reuse`); the rest is planned as runs and ranges
    (:mod:`.plan`).
 3. **Neighbours and preflight.** A ``.ptd`` of the program that another
    ``.pte`` of the directory needs is not replaced (ExecuTorch names them by
-   tag; :func:`trtet_store.inspector.neighbours.check_neighbours`, opt-in
-   ``replace_needed``). The free space the whole fetch needs on the
-   destination's filesystem (downloaded bytes, plus what the final write's
-   placements need) is checked before anything is created; a disk that
-   fills later anyway is an ``InsufficientSpaceError`` too.
+   tag; :mod:`.program`, opt-in ``replace_needed``). The free space the
+   whole fetch needs on the destination's filesystem (downloaded bytes,
+   plus what the final write's placements need) is checked before anything
+   is created; a disk that fills later anyway is an
+   ``InsufficientSpaceError`` too (:mod:`.space`).
 4. **Download.** Ranged GETs in parallel, each with ``If-Match``, each range
    checked against its chunk digests (a bad one is fetched again), written
    into its run's staged blob and journaled (:mod:`.staging`) by one
@@ -26,14 +26,15 @@ The steps, in order (each a function below):
    still check, whatever its range size, and downloads only the gaps.
 5. **Verify.** The full-object checksum, combined from the ranges' (and the
    reused pieces') CRCs as they streamed, must equal the manifest's and
-   HeadObject's.
+   HeadObject's (:mod:`.verify`).
 6. **Write.** Every file of the program in one ``write_files`` transaction
    (``consume=True``: staged runs are inserted, cloned or moved, reused ranges
    cloned or copied from the old file, which stays intact until the rename).
    Then the previous version's ``.ptd`` files the new manifest no longer
    names are removed, unless a ``.pte`` of the directory needs them. A
    ``.pte`` without a manifest that needs ``.ptd`` files is refused before
-   this step (``program_only`` to fetch it alone).
+   this step (``program_only`` to fetch it alone); both are :mod:`.program`'s
+   rules.
 
 A program replaced mid-fetch fails a GET's ``If-Match`` (412): the fetch
 starts again against the new manifest (``if_replaced="restart"``, the
@@ -42,12 +43,9 @@ default) or raises :class:`ObjectChangedError`; it never mixes versions.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
-import re
-import shlex
 import stat
 import threading
 import time
@@ -59,68 +57,58 @@ from typing import Any
 from trtet_store.io import (
     STAGING_DIR,
     ExternalFile,
-    GiB,
     InsufficientSpaceError,
-    MiB,
-    block_size,
     check_staging_directory,
-    chunk_digest,
     free_bytes,
-    fsync_dir,
     recover,
     write_files,
 )
-from trtet_store.remote.checksum import b64_to_int, crc_functions, int_to_b64
+from trtet_store.remote.checksum import crc_functions
+from trtet_store.remote.download.describe import describe, wait_for_new_version
+from trtet_store.remote.download.options import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_RANGE_SIZE,
+    check_options,
+    client_endpoint,
+    parse_url,
+    resume_command,
+)
 from trtet_store.remote.download.plan import (
     ObjectPlan,
     ObjectSpec,
     Range,
-    Reuse,
     Run,
-    expected_chunks,
     plan_object,
     split_run,
 )
+from trtet_store.remote.download.program import (
+    check_ptds_to_write,
+    data_files_of,
+    refuse_program_without_data,
+    remove_stale,
+)
 from trtet_store.remote.download.reader import RETRY_WINDOW, Reader
 from trtet_store.remote.download.reuse import candidate_files, find_reusable
+from trtet_store.remote.download.space import WRITE_CHUNK, preflight
 from trtet_store.remote.download.staging import (
     STAGING_TODO,
     Staging,
     fetch_id,
-    run_key,
-    write_new_file,
 )
+from trtet_store.remote.download.verify import check_crc, chunks_ok, staged_ok
 from trtet_store.remote.download.writer import RangeWriter
 from trtet_store.remote.errors import (
     FetchInterruptedError,
     FetchVerificationError,
-    ManifestError,
     MissingDataError,
     ObjectChangedError,
-    ObjectNotFoundError,
 )
-from trtet_store.remote.filenames import check_destination, check_program_names
-from trtet_store.remote.manifest import Manifest, manifest_key
+from trtet_store.remote.filenames import check_destination
 from trtet_store.remote.report import FetchedObject, FetchProgress, FetchReport
 from trtet_store.remote.s3 import S3, ReadInterrupted, Transient
-from trtet_store.remote.url import RemoteURL
 
 log = logging.getLogger("trtet_store.remote.download.receive")
 
-DEFAULT_RANGE_SIZE = 32 * MiB
-DEFAULT_CONCURRENCY = 4
-#: The final write's move budget (``write_files(chunk_size=...)``), also what the
-#: preflight reserves for it.
-WRITE_CHUNK = 32 * MiB
-#: Room for the journal, the staged files' sidecars and directory entries.
-SLACK = MiB
-#: The bounds :func:`check_options` holds ``range_size`` and ``concurrency`` to: a
-#: range is at least one manifest chunk (ranges end on chunk boundaries, and a
-#: smaller one would be one GET per few KiB), and memory is ``(concurrency + 2)
-#: x range_size``, so neither may be so large that the buffers cannot be had.
-MIN_RANGE_SIZE = MiB
-MAX_RANGE_SIZE = GiB
-MAX_CONCURRENCY = 256
 
 
 
@@ -250,7 +238,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     reader = Reader(s3, bucket, RETRY_WINDOW if client is None else 0.0)
     job = _Fetch(url, bucket, key, dest, [Path(p).absolute() for p in reuse], reader,
                  concurrency, range_size, progress, attempts, placements)
-    job.endpoint_url = endpoint_url or _client_endpoint(s3.client)
+    job.endpoint_url = endpoint_url or client_endpoint(s3.client)
     job.if_replaced = if_replaced
     job.replace_needed, job.program_only = replace_needed, program_only
     job.names = None if names is None else list(names)
@@ -275,99 +263,11 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
             seen_version = job.version
             log.warning("%s was replaced during the fetch (%s); starting again against the "
                         "new version (restart %d of %d)", url, exc, restarts, max_restarts)
-            job.wait_for_new_version(seen_version, wait_replaced)
+            wait_for_new_version(reader, url, key, seen_version, wait_replaced)
     report.restarts = restarts
     report.retries = reader.retries + job.range_retries
     report.seconds = time.monotonic() - start
     return report
-
-
-def _whole(name: str, value: object, low: int, high: int | None = None,
-           unit: str = "") -> None:
-    # bool is an int to Python, but concurrency=True is a mistake, not 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
-    if value < low or (high is not None and value > high):
-        span = f"at least {low}{unit}" if high is None else f"{low}{unit} to {high}{unit}"
-        raise ValueError(f"{name} must be {span}, not {value}{unit}")
-
-
-def check_options(*, concurrency: int = DEFAULT_CONCURRENCY,
-                  range_size: int = DEFAULT_RANGE_SIZE, attempts: int = 5,
-                  max_restarts: int = 3, wait_replaced: float = 30.0) -> None:
-    """Refuse bad fetch options before anything is read, created or sent.
-
-    The CLI calls it too, so a bad flag is one line, not a traceback from
-    deep inside botocore or a buffer allocation.
-
-    Raises
-    ------
-    TypeError
-        A count that is not an ``int`` (``True`` and ``1.5`` included).
-    ValueError
-        ``concurrency`` or ``attempts`` below 1 (or ``concurrency`` above
-        :data:`MAX_CONCURRENCY`), ``range_size`` outside
-        :data:`MIN_RANGE_SIZE` to :data:`MAX_RANGE_SIZE` (memory is
-        ``(concurrency + 2) x range_size``), a negative ``max_restarts`` or
-        ``wait_replaced``.
-    """
-    _whole("concurrency", concurrency, 1, MAX_CONCURRENCY)
-    if isinstance(range_size, bool) or not isinstance(range_size, int):
-        raise TypeError(f"range_size must be an int (bytes), not {type(range_size).__name__} "
-                        f"({range_size!r})")
-    if not MIN_RANGE_SIZE <= range_size <= MAX_RANGE_SIZE:
-        raise ValueError(f"range_size must be {MIN_RANGE_SIZE >> 20} MiB to "
-                         f"{MAX_RANGE_SIZE >> 20} MiB ({MIN_RANGE_SIZE} to {MAX_RANGE_SIZE} "
-                         f"bytes), not {range_size} bytes")
-    _whole("attempts", attempts, 1)
-    _whole("max_restarts", max_restarts, 0)
-    if isinstance(wait_replaced, bool) or not isinstance(wait_replaced, (int, float)):
-        raise TypeError(f"wait_replaced must be a number of seconds, not "
-                        f"{type(wait_replaced).__name__} ({wait_replaced!r})")
-    if not wait_replaced >= 0:  # NaN too
-        raise ValueError(f"wait_replaced must be at least 0 seconds, not {wait_replaced}")
-
-
-def resume_command(url: str, dest: os.PathLike | str, *,
-                   reuse: Sequence[os.PathLike | str] = (), endpoint_url: str | None = None,
-                   concurrency: int = DEFAULT_CONCURRENCY,
-                   range_size: int = DEFAULT_RANGE_SIZE, if_replaced: str = "restart",
-                   **flags: bool) -> str:
-    """The ``trtet-store fetch`` command that continues a fetch, with every option it had.
-
-    Options at their defaults are left out; every other one is repeated, so
-    the command reaches the same endpoint and plans the same ranges (a resume
-    with other ranges keeps what is staged anyway, but costs a re-read).
-    ``flags`` are boolean options by their API name (``replace_needed=True``
-    becomes ``--replace-needed``), written when true.
-    """
-    words = ["trtet-store", "fetch", url, os.fspath(dest)]
-    for r in reuse:
-        words += ["--reuse", os.fspath(r)]
-    if endpoint_url:
-        words += ["--endpoint-url", endpoint_url]
-    if concurrency != DEFAULT_CONCURRENCY:
-        words += ["--concurrency", str(concurrency)]
-    if range_size != DEFAULT_RANGE_SIZE:
-        words += ["--range-size", str(range_size)]
-    if if_replaced != "restart":
-        words += ["--if-replaced", if_replaced]
-    words += [f"--{name.replace('_', '-')}" for name, on in flags.items() if on]
-    return shlex.join(words)
-
-
-def _client_endpoint(client: Any) -> str | None:
-    """A given client's endpoint, for the resume command (AWS's own needs no flag)."""
-    url = getattr(getattr(client, "meta", None), "endpoint_url", None)
-    if not isinstance(url, str) or ".amazonaws.com" in url:
-        return None
-    return url
-
-
-def parse_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/key`` -> ``(bucket, key)``; anything else is a ``RemoteURLError``."""
-    parsed = RemoteURL.parse(url)
-    return parsed.bucket, parsed.key
 
 
 # --- one attempt at one version ------------------------------------------------------------
@@ -393,7 +293,7 @@ class _Fetch:
         self.replace_needed = False
         self.program_only = False
         self.names: list[str] | None = None  # the caller's own names (fetch(names=))
-        self.from_manifest = False  # set by describe()
+        self.from_manifest = False  # set by run(), from describe()
         self.version = ""
         self.range_retries = 0
         self._mutex = threading.Lock()
@@ -402,82 +302,6 @@ class _Fetch:
         self.resumed = 0
         self.total = 0
         self.per_object: dict[int, int] = {}
-
-    # 1. describe ----------------------------------------------------------------------
-
-    def describe(self) -> tuple[str, list[ObjectSpec], str | None]:
-        """``(version, specs, why unverified)``: from the manifest, or a plain object's HEAD."""
-        mkey = manifest_key(self.key)
-        self.from_manifest = False
-        try:
-            raw, etag = self.reader.get_small(mkey)
-        except ObjectNotFoundError:
-            return self._plain()
-        self.from_manifest = True
-        try:
-            manifest = Manifest.from_json(raw)
-        except ManifestError as exc:
-            exc.args = (f"s3://{self.bucket}/{mkey}: {exc}",)  # its class kept (FileNameError)
-            raise
-        # A closed set of names, before any HEAD or GET of an object (filenames.py).
-        check_program_names([o.name for o in manifest.objects], f"s3://{self.bucket}/{mkey}",
-                            expected=self.names)
-        specs = [ObjectSpec.from_entry(e, manifest.chunk_size) for e in manifest.objects]
-        prefix = self.key.rpartition("/")[0]
-        for s in specs:
-            if s.key.rpartition("/")[0] != prefix:
-                raise ManifestError(f"s3://{self.bucket}/{mkey}: object {s.key!r} is not beside "
-                                    f"the program {self.key!r}")
-        if specs[0].key != self.key:
-            raise ManifestError(f"s3://{self.bucket}/{mkey} is the manifest of {specs[0].key!r}, "
-                                f"not of {self.key!r}")
-        for s in specs:
-            head = self.reader.head(s.key, s.etag)
-            theirs = head.crc64nvme
-            if head.size != s.size or (theirs and theirs != s.checksum[1]):
-                raise FetchVerificationError(
-                    f"s3://{self.bucket}/{s.key}: HeadObject says {head.size} "
-                    f"bytes, CRC64NVME {theirs}; the manifest says {s.size} bytes, "
-                    f"{s.checksum[1]}")
-        return etag, specs, None
-
-    def _plain(self) -> tuple[str, list[ObjectSpec], str | None]:
-        head = self.reader.head(self.key)
-        etag = head.etag
-        checksum, why = None, None
-        kind = head.checksum_type or "FULL_OBJECT"
-        for algorithm in ("crc64nvme", "crc32c", "crc32"):
-            value = getattr(head, algorithm)
-            if value and kind == "FULL_OBJECT":
-                checksum = (algorithm, value)
-                break
-        if checksum is None:
-            why = ("the object has no full-object checksum (uploaded without one, or with a "
-                   "composite multipart checksum): its bytes could not be verified")
-            log.warning("s3://%s/%s: %s", self.bucket, self.key, why)
-        spec = ObjectSpec(self.dest.name, self.key, head.size, etag, checksum)
-        return etag, [spec], why
-
-    def wait_for_new_version(self, old: str, timeout: float) -> None:
-        """Wait (bounded) until the manifest names another version than ``old``.
-
-        A publish replaces the data objects first and the manifest last: in
-        between, the old manifest names objects that are gone.
-        """
-        deadline = time.monotonic() + timeout
-        delay = 0.1
-        while time.monotonic() < deadline:
-            try:
-                _, etag = self.reader.get_small(manifest_key(self.key))
-            except ObjectNotFoundError:
-                etag = None
-            if etag != old:
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-        raise ObjectChangedError(f"{self.url}: its objects changed, but its manifest did not "
-                                 f"within {timeout:.0f} s (a publish in progress, or one that "
-                                 "died before writing its manifest); try again later", self.key)
 
     def local_path(self, i: int, spec: ObjectSpec) -> Path:
         return self.dest if i == 0 else self.dest.parent / spec.name
@@ -497,7 +321,8 @@ class _Fetch:
             # inside its write, finish or undo that write first (the
             # destination's content, and the staged runs, depend on which).
             recover(self.dest.parent)
-        version, specs, unverified = self.describe()
+        self.from_manifest, version, specs, unverified = describe(
+            self.reader, self.bucket, self.key, self.dest, self.names)
         self.version = version
         paths = [self.local_path(i, s) for i, s in enumerate(specs)]
         # What needs only the manifest and an lstat is refused before anything is read.
@@ -532,14 +357,13 @@ class _Fetch:
             # Before anything is written: a .ptd of this program that another
             # .pte of the directory needs (ExecuTorch names them by tag) is not
             # replaced unless asked (invariant 11).
-            from trtet_store.inspector.neighbours import check_neighbours
-
-            check_neighbours(self.dest.parent, [s.name for s in specs[1:]], program=self.dest,
-                             replace_needed=self.replace_needed)
+            check_ptds_to_write(self.dest, [s.name for s in specs[1:]],
+                                replace_needed=self.replace_needed)
             # What the version at the destination now reads from .ptd files: those the
             # new manifest no longer names go once the new files are in place.
-            old_data = _data_files_of(self.dest)
-        needed = self.preflight(plans, paths, resuming=interrupted)
+            old_data = data_files_of(self.dest)
+        needed = preflight(self.dest, self.url, version, plans, self.range_size,
+                           resuming=interrupted)
         try:
             self._stage_and_write(report, plans, paths, version)
         except InsufficientSpaceError:
@@ -556,8 +380,8 @@ class _Fetch:
                 from exc
         if self.from_manifest:
             names = {s.name for s in specs}
-            report.removed = self._remove_stale(
-                [n for n in old_data if n not in names])
+            report.removed = remove_stale(self.dest, self.url,
+                                          [n for n in old_data if n not in names])
         report.bytes_downloaded = self.downloaded
         return report
 
@@ -571,7 +395,8 @@ class _Fetch:
             self.verify(plans, stage)
             if not self.from_manifest and not self.program_only:
                 try:
-                    self._refuse_program_without_data(plans[0], stage)
+                    refuse_program_without_data(self.reader, self.url, self.key, self.dest,
+                                                plans[0], stage)
                 except MissingDataError:
                     stage.discard()  # a refusal leaves nothing behind
                     raise
@@ -596,109 +421,6 @@ class _Fetch:
         finally:
             stage.close()
         self._fill(report, plans, stage.done)
-
-    def _remove_stale(self, names: list[str]) -> list[str]:
-        """Remove the previous version's ``.ptd`` files named in ``names``, unless needed.
-
-        Called once the new files are in place. A file another ``.pte`` of the
-        directory needs (the new one included: the same check as before a
-        write) is kept, and so is one that changed meanwhile into something
-        the check cannot read; a failure to remove is logged, not raised (the
-        new version is complete either way).
-        """
-        from trtet_store.inspector.neighbours import check_neighbours
-        from trtet_store.io import NeededByAnotherError
-
-        removed = []
-        for name in names:
-            path = self.dest.parent / name
-            try:
-                check_neighbours(self.dest.parent, [name], program=None)
-            except NeededByAnotherError as exc:
-                log.info("%s: %s is no longer in %s, but is kept: %s", self.dest, name,
-                         self.url, exc.strerror)
-                continue
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.warning("%s: could not remove %s, which %s no longer names: %s",
-                            self.dest, path, self.url, exc)
-                continue
-            log.info("%s: removed %s (the previous version's; %s no longer names it)",
-                     self.dest, path, self.url)
-            removed.append(os.fspath(path))
-        if removed:
-            with contextlib.suppress(OSError):
-                fsync_dir(self.dest.parent)
-        return removed
-
-    def _refuse_program_without_data(self, plan: ObjectPlan, stage: Staging) -> None:
-        """A plain object that is a ``.pte`` reading data from ``.ptd`` files: refused.
-
-        Without a manifest nothing says which ``.ptd`` files go with the
-        program (a manifest deleted on the server, say), and fetching the
-        ``.pte`` alone would be a program that does not load. What it needs
-        is read from the staged bytes (:mod:`trtet_store.inspector.neighbours`,
-        no torch); the ``.ptd`` objects beside it on the server that hold
-        those keys are named. ``program_only=True`` fetches it anyway.
-        """
-        if not plan.runs or plan.runs[0].offset != 0 or plan.runs[0].size != plan.spec.size:
-            return
-        keys = _keys_needed(stage.runs[run_key(plan.runs[0])].blob.path)
-        if not keys:
-            return
-        holders = self._ptds_holding(keys)
-        shown = ", ".join(repr(k if len(k) <= 24 else k[:16] + "...") for k in keys[:3])
-        more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
-        where = (f"it needs {', '.join(holders)} (beside it on the server)" if holders else
-                 "no .ptd beside it on the server holds them")
-        raise MissingDataError(
-            f"{self.url} has no manifest ({manifest_key(self.key)}), and the program reads "
-            f"{len(keys)} key(s) from .ptd files ({shown}{more}): {where}. Publish it again "
-            "with its .ptd files (trtet-store publish writes the manifest that names them), or "
-            "pass program_only=True (--program-only) to fetch the .pte alone; nothing was "
-            "written", holders, keys)
-
-    def _ptd_head(self, key: str) -> bytes | None:
-        """The header and flatbuffer of the ``.ptd`` object ``key`` (where its keys are)."""
-        head = self.reader.get_prefix(key, 64 << 10)
-        if len(head) < 32:
-            return None
-        end = int.from_bytes(head[16:24], "little") + int.from_bytes(head[24:32], "little")
-        if end > 64 * MiB:
-            return None  # not a header this check reads; the refusal names the keys anyway
-        return head if end <= len(head) else self.reader.get_prefix(key, end)
-
-    def _ptds_holding(self, keys: list[str]) -> list[str]:
-        """Names of the ``.ptd`` objects beside the program that hold any of ``keys``."""
-        from trtet_store.inspector.neighbours import read_ptd_keys
-
-        prefix = self.key.rpartition("/")[0]
-        prefix = f"{prefix}/" if prefix else ""
-        try:
-            names = [k for k in self.reader.list_keys(prefix) if k.endswith(".ptd")]
-        except Exception as exc:  # noqa: BLE001 - the refusal stands; only its detail is lost
-            log.info("%s: could not list the .ptd objects beside it: %r", self.url, exc)
-            return []
-        out = []
-        staging = self.dest.parent / STAGING_DIR
-        for key in names:
-            head = self._ptd_head(key)
-            if head is None:
-                continue
-            tmp = staging / f"fetch-{fetch_id(self.dest)}-ptd-head.tmp"
-            try:
-                write_new_file(staging, tmp.name, head)
-                if set(keys) & read_ptd_keys(tmp):
-                    out.append(key.rpartition("/")[2])
-            except (OSError, ValueError):
-                continue
-            finally:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-        return out
 
     def _tick(self, n: int, obj: int = 0) -> None:
         with self._mutex:
@@ -726,7 +448,7 @@ class _Fetch:
             if any(r.path != os.fspath(p) or r.source_offset != r.offset for r in plan.reused):
                 return False
             try:
-                self._check_crc(plan, {})
+                check_crc(self.bucket, plan, {})
             except FetchVerificationError:
                 return False
         return True
@@ -747,49 +469,6 @@ class _Fetch:
                     report.reused_by[rec.placement] = report.reused_by.get(rec.placement,
                                                                            0) + rec.size
 
-    # 3. preflight -------------------------------------------------------------------
-
-    def preflight(self, plans: list[ObjectPlan], paths: list[Path], *, resuming: bool) -> int:
-        """Refuse, before anything is created, a fetch whose disk cannot hold it.
-
-        Counted on the destination's filesystem: every byte still to download
-        (each range rounded up to whole blocks), the final write's placements
-        (per output, one move budget for its staged runs, two blocks each; every reused
-        range as a copy, since whether the filesystem clones is only known
-        by trying), and slack for journals and sidecars. The old files stay
-        until the rename, so they are not counted as free. A resumed fetch
-        counts only what is missing (its staged bytes are on disk already).
-        """
-        directory = self.dest.parent
-        bs = block_size(directory)
-        done: set[tuple[int, int, int]] = set()
-        if resuming:
-            done = _journaled_ranges(self.dest, self.version)
-        # What a resume keeps is what its journaled ranges cover, whatever this
-        # fetch's range size (see _replan_run); each gap left is rounded up to
-        # whole blocks, plus a block per range it is cut into.
-        download = 0
-        for p in plans:
-            for run in p.runs:
-                for gap in _gaps(run, done):
-                    download += -(-gap // bs) * bs + bs * -(-gap // self.range_size)
-        n_runs = sum(len(p.runs) for p in plans)
-        # write_files budgets each output's staged runs as one move (an insert
-        # may fall back to one), plus two blocks per run.
-        placements = sum(WRITE_CHUNK + 2 * bs * len(p.runs) for p in plans if p.runs)
-        placements += sum(-(-r.size // bs) * bs for p in plans for r in p.reused)
-        needed = download + placements + SLACK + 2 * bs * n_runs
-        available = free_bytes(directory)
-        log.info("%s: preflight: %d bytes to download, %d for the placements, %d free",
-                 self.dest, download, placements, available)
-        if needed > available:
-            raise InsufficientSpaceError(
-                needed, available, self.dest,
-                f"{self.url}: {download} bytes to download and {placements} for placing them; "
-                "nothing was downloaded or created")
-        return needed
-
-    # 4. download ---------------------------------------------------------------------
 
     def download(self, plans: list[ObjectPlan], stage: Staging) -> int:
         """Every range not staged yet, in parallel; returns the bytes kept from a resumed fetch."""
@@ -863,7 +542,7 @@ class _Fetch:
             if offset < covered and kept:
                 stage.forget(rng)
                 continue
-            if self._staged_ok(spec, stage, run, rng, stage.done[(obj, offset, size)]):
+            if staged_ok(spec, stage, run, rng, stage.done[(obj, offset, size)]):
                 kept.append(rng)
                 covered = rng.end
             else:
@@ -880,15 +559,6 @@ class _Fetch:
                 pos = rng.end
         run.ranges = sorted([*kept, *missing], key=lambda r: r.offset)
         return kept, missing
-
-    def _staged_ok(self, spec: ObjectSpec, stage: Staging, run: Run, rng: Range,
-                   crc: int) -> bool:
-        """A range an earlier fetch journaled: trusted only if its bytes still check."""
-        data = stage.read(run, rng)
-        if len(data) != rng.size:
-            return False
-        compute, _ = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
-        return compute(data) == crc and _chunks_ok(spec, rng, memoryview(data))
 
     def _one_range(self, spec: ObjectSpec, run: Run, rng: Range, writer: RangeWriter,
                    stop: threading.Event) -> None:
@@ -917,7 +587,7 @@ class _Fetch:
                             f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
                             f"{rng.end - 1}: {self.attempts} attempts failed, the last "
                             f"with {last}", self.resume_command()) from exc
-                    if not _chunks_ok(spec, rng, view):
+                    if not chunks_ok(spec, rng, view):
                         if attempt < self.attempts:
                             self._retry(spec, rng, "its bytes do not match the manifest's "
                                         "digests", attempt)
@@ -947,117 +617,9 @@ class _Fetch:
     def verify(self, plans: list[ObjectPlan], stage: Staging) -> None:
         for plan in plans:
             try:
-                self._check_crc(plan, stage.done)
+                check_crc(self.bucket, plan, stage.done)
             except FetchVerificationError:
                 if not plan.spec.pieces:
                     # No digests say which range is wrong: none of them is kept.
                     stage.discard()
                 raise
-
-    def _check_crc(self, plan: ObjectPlan, done: dict) -> None:
-        """The full-object checksum, combined in order from every segment's, equals the expected."""
-        spec = plan.spec
-        if spec.checksum is None:
-            return
-        _, combine = crc_functions(spec.checksum[0])
-        crc = None
-        for seg in plan.segments():
-            parts = ([(seg.crc, seg.size)] if isinstance(seg, Reuse) else
-                     [(done[(r.obj, r.offset, r.size)], r.size) for r in seg.ranges])
-            for value, size in parts:
-                crc = value if crc is None else combine(crc, value, size)
-        if crc is None:
-            compute, _ = crc_functions(spec.checksum[0])
-            crc = compute(b"")
-        if crc != b64_to_int(spec.checksum[1]):
-            ours = int_to_b64(crc, spec.checksum[0])
-            raise FetchVerificationError(
-                f"s3://{self.bucket}/{spec.key}: the {spec.checksum[0]} of the bytes fetched is "
-                f"{ours}, the object's is {spec.checksum[1]}; nothing local was changed")
-
-
-def _chunks_ok(spec: ObjectSpec, rng: Range, view: memoryview) -> bool:
-    for off, size, digest in expected_chunks(spec, rng.offset, rng.end):
-        if chunk_digest(view[off - rng.offset: off - rng.offset + size]) != digest:
-            return False
-    return True
-
-
-def _gaps(run: Run, done: set[tuple[int, int, int]]) -> list[int]:
-    """Sizes of the intervals of ``run`` that no journaled range in ``done`` covers."""
-    end = run.offset + run.size
-    spans = sorted((o, o + n) for obj, o, n in done
-                   if obj == run.obj and run.offset <= o and o + n <= end)
-    gaps, pos = [], run.offset
-    for start, stop in [*spans, (end, end)]:
-        if start > pos:
-            gaps.append(start - pos)
-        pos = max(pos, stop)
-    return gaps
-
-
-def _journaled_ranges(dest: Path, version: str) -> set[tuple[int, int, int]]:
-    import json
-
-    path = dest.parent / STAGING_DIR / f"fetch-{fetch_id(dest)}.journal"
-    out: set[tuple[int, int, int]] = set()
-    with contextlib.suppress(OSError, ValueError):
-        lines = path.read_bytes().split(b"\n")
-        if json.loads(lines[0]).get("version") != version:
-            return out
-        for line in lines[1:]:
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                d = json.loads(line)
-                out.add((d["obj"], d["offset"], d["size"]))
-    return out
-
-
-#: An XNNPACK weight key as its flatbuffer stores it: the SHA-256 of the bytes in
-#: 64 hex digits, a u32 length before, a NUL after (as the verifier reads it).
-_XNNPACK_KEY = re.compile(rb"\x40\x00\x00\x00([0-9a-f]{64})\x00")
-
-
-def _keys_needed(path: os.PathLike | str) -> list[str]:
-    """The named-data keys the ``.pte`` at ``path`` reads from ``.ptd`` files, sorted.
-
-    Its external tensors (by name) and the XNNPACK weight keys its delegate
-    blobs name, less what it holds itself; empty for a file that is not a
-    program (a plain object). Read with :mod:`trtet_store.inspector.neighbours`
-    (headers and flatbuffer only, no torch).
-    """
-    from trtet_store.inspector.neighbours import read_program_needs, trt_engine_key
-
-    needs = read_program_needs(path)
-    if needs.unreadable is not None:
-        return []
-    keys = set(needs.external_tensors)
-    for head in needs.delegate_heads:
-        keys.update(m.group(1).decode() for m in _XNNPACK_KEY.finditer(head))
-        engine_key = trt_engine_key(head)
-        if engine_key:
-            keys.add(engine_key)
-    return sorted(keys - needs.own_keys)
-
-
-def _data_files_of(pte: Path) -> list[str]:
-    """Names of the ``.ptd`` files beside ``pte`` that the program there reads keys from.
-
-    Empty when there is no ``pte``, or it cannot be read: then nothing is
-    known to be its data, and nothing is removed as such.
-    """
-    from trtet_store.inspector.neighbours import read_program_needs, read_ptd_keys
-
-    if not pte.is_file():
-        return []
-    needs = read_program_needs(pte)
-    if needs.unreadable is not None:
-        return []
-    out = []
-    for p in sorted(pte.parent.glob("*.ptd")):
-        try:
-            keys = read_ptd_keys(p)
-        except (OSError, ValueError):
-            continue
-        if needs.needed_of(keys):
-            out.append(p.name)
-    return out

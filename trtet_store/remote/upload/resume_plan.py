@@ -1,7 +1,7 @@
 """A resumed publish against its journal's plan: the part sizes it takes, what differs.
 
 A journal's plan fingerprints each object as ``[name, key, size, part_size,
-extents]`` (``send._fingerprint``). A publish given no part size resumes with
+extents]`` (``plan.fingerprint``). A publish given no part size resumes with
 the journal's (a default that changed, or a first run with ``--part-size``,
 must not throw the uploaded parts away); one that differs in something real
 says what, so the log line that announces the restart is a reason, not a
