@@ -330,3 +330,39 @@ def test_the_cli_says_disk_too_small_and_interrupted_with_the_resume_command(
     assert "interrupted" in err
     assert f"trtet-store fetch {url} {out / 'model.pte'}" in err
     assert not (out / "model.pte").exists()
+
+
+# A child that takes a fetch's locks as a fetch does (the fetch lock, then the staging
+# store's), then dies by SIGKILL: the state of a fetch killed between removing its
+# journal and removing its lock files.
+_DIE_HOLDING_LOCKS = """
+import os, signal, sys
+from pathlib import Path
+from trtet_store.io import STAGING_DIR, BlobStore, try_lock
+from trtet_store.remote.download.staging import fetch_id
+dest = Path(sys.argv[1])
+staging = dest.parent / STAGING_DIR
+assert try_lock(staging / f"fetch-{fetch_id(dest)}.lock", create=True) is not None
+store = BlobStore(staging)  # held (a collected store lets its lock go)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_an_up_to_date_fetch_removes_the_lock_files_a_killed_fetch_left(s3, here_fs):
+    import subprocess
+    import sys
+
+    data, sizes = engine_program(3, ENGINES)
+    url = publish_v(s3, data, sizes, b"p" * 100)
+    fetch(url, here_fs / "model.pte", client=s3.client)
+    files = {n: (here_fs / n).read_bytes() for n in ("model.pte", "model.ptd")}
+    (here_fs / ".trtet-staging").mkdir(mode=0o700)
+    child = subprocess.run([sys.executable, "-c", _DIE_HOLDING_LOCKS, str(here_fs / "model.pte")],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == -9, child.stderr
+    left = sorted(os.listdir(here_fs / ".trtet-staging"))
+    assert [n.split("-")[0] for n in left] == [".store", "fetch"], left
+    report = fetch(url, here_fs / "model.pte", client=s3.client)
+    assert report.up_to_date
+    assert listing(here_fs) == ["model.ptd", "model.pte"]
+    assert {n: (here_fs / n).read_bytes() for n in files} == files

@@ -43,6 +43,7 @@ default) or raises :class:`ObjectChangedError`; it never mixes versions.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -56,6 +57,7 @@ from typing import Any
 
 from trtet_store.io import (
     STAGING_DIR,
+    ConcurrentWriteError,
     ExternalFile,
     InsufficientSpaceError,
     check_staging_directory,
@@ -352,6 +354,13 @@ class _Fetch:
                 stage = Staging.open(self.dest, self.url, version, plans)
                 stage.remove()
                 stage.close()
+            elif self._lock_left():
+                # A fetch killed between removing its journal and its lock files left
+                # them: taken and let go, they go (unless a live fetch holds them).
+                with contextlib.suppress(ConcurrentWriteError):
+                    stage = Staging.open(self.dest, self.url, version, plans)
+                    stage.remove()
+                    stage.close()
             return report
         if self.from_manifest:
             # Before anything is written: a .ptd of this program that another
@@ -430,6 +439,9 @@ class _Fetch:
         if self.progress is not None:
             self.progress(FetchProgress(min(self.total, done + self.reused + self.resumed),
                                         self.total, done, self.reused, self.resumed))
+
+    def _lock_left(self) -> bool:
+        return (self.dest.parent / STAGING_DIR / f"fetch-{fetch_id(self.dest)}.lock").exists()
 
     def _journal_exists(self) -> bool:
         return (self.dest.parent / STAGING_DIR / f"fetch-{fetch_id(self.dest)}.journal").exists()
