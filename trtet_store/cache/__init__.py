@@ -8,7 +8,7 @@ leases over :mod:`trtet_store.remote`), loads on first use of its names.
 
 from typing import Any
 
-from trtet_store.cache.blobcache import DEFAULT_CHUNK_SIZE, BlobCache, Claim
+from trtet_store.cache.store import DEFAULT_CHUNK_SIZE, BlobCache, Claim
 from trtet_store.cache.directory import CacheDirectoryError
 from trtet_store.cache.layout import default_directory
 from trtet_store.cache.results import (
