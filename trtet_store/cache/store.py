@@ -9,16 +9,18 @@ Why each piece is shaped as it is:
   size; key records reference it, so identical bytes under two keys are
   stored once. A blob goes when no record references it.
 - **Complete or absent.** Bytes go to a temp file in ``tmp/`` (cloned from
-  the source where the filesystem allows, else ``copy_file_range``; hard
-  linked with ``consume=True``), fsynced, digested, then renamed into
+  the source where the filesystem allows, else copied; hard linked with
+  ``consume=True``), fsynced, digested, then renamed into
   ``blobs/`` and recorded, each step durable before the next is visible.
-  Each temp file is flocked by its writer, so recovery removes only the
-  temp files of dead writers.
+  Each temp file is flocked by its writer (a seal's or a record's is
+  written under the cache-wide lock, with io's ``write_atomic``), so
+  recovery removes only the temp files of dead writers.
 - **One cache-wide lock** (``lock``) serializes commits, evictions and
   recovery, so N processes inserting at once keep the bound: the room is
   checked, made and taken in one critical section. Copies run outside it.
-- **Pins.** A :class:`Hit` holds a shared flock on its blob; eviction takes
-  an exclusive one without waiting and skips an entry it cannot lock.
+- **Pins.** A :class:`Hit` holds a shared flock on its blob; eviction
+  (:mod:`.evict`) takes an exclusive one without waiting and skips an entry
+  it cannot lock.
 - **Use on disk.** A hit appends one byte to ``keys/<key>.use`` and stamps
   its mtime, so "least recently used" is the same for every process (and
   ``hits`` is that file's size).
@@ -26,6 +28,9 @@ Why each piece is shaped as it is:
   (device, inode, size, mtime, ctime) and digests. A hit compares the
   identity (one ``stat``); a changed identity costs a full re-digest, and
   bytes that differ are dropped, logged and never served.
+
+Eviction and prune are in :mod:`.evict`; verify, recover and clear in
+:mod:`.check` (mixins of :class:`BlobCache`).
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cache.check import Checks
 from trtet_store.cache.directory import open_cache_directory
+from trtet_store.cache.evict import Eviction
 from trtet_store.cache.layout import (
     blob_name,
     check_key,
@@ -55,34 +62,29 @@ from trtet_store.cache.layout import (
     refuse_foreign,
 )
 from trtet_store.cache.results import (
-    CacheStats,
     CacheWaitTimeout,
-    EntryInfo,
     Hit,
     PutResult,
-    VerifyReport,
 )
 from trtet_store.io import (
     Blob,
-    Digester,
     MiB,
-    clone_range,
+    UnsafeLockFileError,
+    copy_all,
+    digest_fd,
     file_identity,
-    free_bytes,
     fsync_dir,
+    try_clone,
     try_lock,
     unlock_file,
+    write_atomic,
 )
 
 log = logging.getLogger("trtet_store.cache")
 
 DEFAULT_CHUNK_SIZE = MiB
-_READ = 8 * MiB
 # Errors that make a put a skip, not a failure: the cache is an optimisation.
 _SKIP_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
-# copy_file_range / FICLONERANGE "not here" errors.
-_UNSUPPORTED = frozenset({errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL,
-                          errno.ENOSYS, errno.EPERM, errno.EBADF})
 
 
 @dataclass
@@ -118,7 +120,7 @@ class Claim:
         return self.cache.put(self.key, source, metadata, consume=consume)
 
 
-class BlobCache:
+class BlobCache(Eviction, Checks):
     """A bounded directory of blobs keyed by opaque strings, safe across processes.
 
     Parameters
@@ -224,21 +226,13 @@ class BlobCache:
         return path, fd
 
     def _write_json(self, path: Path, data: Mapping[str, Any]) -> None:
-        """Write ``path`` complete or not at all: temp file, fsync, rename (dir fsync: caller)."""
-        tmp, fd = self._temp()
-        try:
-            payload = json.dumps(data, sort_keys=True).encode()
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-            os.rename(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        finally:
-            os.close(fd)
+        """Write ``path`` complete or not at all (io's :func:`~trtet_store.io.write_atomic`).
+
+        Its temp file is made in ``tmp/``, where recovery removes what a kill
+        left; every caller holds the cache-wide lock, so no recovery runs meanwhile.
+        """
+        write_atomic(path, json.dumps(data, sort_keys=True).encode(),
+                     temp_dir=self.directory / "tmp")
 
     # -- reading records --------------------------------------------------------
 
@@ -325,13 +319,16 @@ class BlobCache:
             return None
         path = self._blob(entry.blob)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # The pin. Blocking: an eviction holds the exclusive lock only to unlink.
+            fd = try_lock(path, create=False, readonly=True, wait=True, shared=True)
         except FileNotFoundError:
-            self._drop_key(key, f"its blob {path} is gone", entry.blob)
+            if not os.path.lexists(path):
+                self._drop_key(key, f"its blob {path} is gone", entry.blob)
+            return None  # else replaced while we waited (a put repaired it): a miss
+        except UnsafeLockFileError:  # a link or a special file, never followed or opened
+            self._drop_key(key, "the blob is not a regular file", entry.blob)
             return None
         try:
-            # Blocking: an eviction holds the exclusive lock only to unlink.
-            fcntl.flock(fd, fcntl.LOCK_SH)
             st = os.fstat(fd)
             refuse_foreign(path, st, "blob")
             # Still the entry? An eviction may have removed it before we locked.
@@ -365,40 +362,6 @@ class BlobCache:
                    chunk_size=int(seal["chunk_size"]), chunk_digests=seal["chunk_digests"],
                    metadata=entry.metadata, created=entry.created, hits=entry.hits,
                    resealed=resealed)
-
-    def _check_blob(self, fd: int, st: os.stat_result, seal: Mapping[str, Any]) -> str | None:
-        """None when the file is as sealed; a reason, or ``"identity"`` (re-digest to tell)."""
-        if not stat.S_ISREG(st.st_mode):
-            return "the blob is not a regular file"
-        if st.st_size != int(seal["size"]):
-            return f"size {st.st_size}, sealed {seal['size']} (truncated or extended)"
-        if file_identity(st) != tuple(seal["identity"]):
-            return "identity"
-        return None
-
-    def _redigest(self, fd: int, seal: Mapping[str, Any]) -> str | None:
-        """Read the whole blob again: None when its digests are the sealed ones."""
-        digest, chunks, size = _digest_fd(fd, int(seal["chunk_size"]))
-        if size != int(seal["size"]):
-            return f"read {size} bytes, sealed {seal['size']}"
-        if digest != seal["digest"] or chunks != tuple(seal["chunk_digests"]):
-            bad = next((i for i, (a, b) in enumerate(zip(chunks, seal["chunk_digests"],
-                                                         strict=False)) if a != b), None)
-            return f"digest mismatch (first bad chunk {bad})"
-        return None
-
-    def _reseal(self, name: str, seal: Mapping[str, Any], st: os.stat_result) -> None:
-        """Record a re-digested blob's new identity (its bytes are the sealed ones)."""
-        if self.read_only:
-            return
-        with self._locked():
-            if self._read_seal(name) is None:
-                return
-            new = dict(seal, identity=list(file_identity(st)),
-                       chunk_digests=list(seal["chunk_digests"]))
-            with contextlib.suppress(OSError):
-                self._write_json(self._seal(name), new)
-        log.info("engine cache blob %s changed identity with the same bytes: resealed", name)
 
     def _stamp(self, key: str) -> None:
         """Record a use on disk: one byte appended (hits) and the mtime set to now (LRU)."""
@@ -509,7 +472,7 @@ class BlobCache:
                 # writer does not sync): its bytes are durable before a record names them.
                 os.fsync(src_fd)
             read_fd = src_fd if placement == "link" else fd
-            digest, chunks, got = _digest_fd(read_fd, self.chunk_size)
+            digest, chunks, got = digest_fd(read_fd, self.chunk_size)
             if got != size:
                 return PutResult(key=key, stored=False, size=size,
                                  reason=f"the source {src} changed size while it was cached "
@@ -540,23 +503,14 @@ class BlobCache:
     def _place(self, src_fd: int, fd: int, size: int, key: str,
                evicted: list[str]) -> str | PutResult:
         """Clone the source into the temp file, else copy it (after making room for it)."""
-        if size:
-            try:
-                clone_range(src_fd, 0, 0, fd, 0)  # length 0: to the source's end
-            except OSError as exc:
-                if exc.errno not in _UNSUPPORTED:
-                    raise
-                os.ftruncate(fd, 0)
-            else:
-                if os.fstat(fd).st_size == size:
-                    return "clone"
-                os.ftruncate(fd, 0)
+        if try_clone(src_fd, fd, size):
+            return "clone"
         with self._locked():
             why, evicted[:] = self._make_room(size, size, exclude=key)
         if why:
             return PutResult(key=key, stored=False, size=size, reason=why,
                              evicted=tuple(evicted))
-        _copy(src_fd, fd, size)
+        copy_all(src_fd, fd, size)
         return "copy"
 
     def _commit(self, key: str, tmp: Path, fd: int, digest: str, chunks: tuple[int, ...],
@@ -629,164 +583,6 @@ class BlobCache:
                                      dict(seal, identity=list(now),
                                           chunk_digests=list(seal["chunk_digests"])))
 
-    # -- eviction -----------------------------------------------------------------
-
-    def _make_room(self, new_bytes: int, new_disk: int, *, exclude: str | None = None,
-                   keep_blob: str | None = None,
-                   bound: int | None = None) -> tuple[str | None, list[str]]:
-        """Under the lock: evict least recently used entries until ``new_bytes`` fit.
-
-        Fits means: the distinct blobs plus ``new_bytes`` stay within the bound,
-        and the filesystem keeps ``min_free`` after ``new_disk`` more bytes.
-        Pinned entries (a hit holds them) are skipped. Returns ``(why not, evicted)``.
-        """
-        bound = self.max_bytes if bound is None else bound
-        entries = self._scan()
-        evicted: list[str] = []
-        pinned = 0
-
-        def used() -> int:
-            return sum({e.blob: e.size for e in entries}.values())
-
-        def problem() -> str | None:
-            total = used()
-            if total + new_bytes > bound:
-                return (f"no room under the bound: {total} bytes cached + {new_bytes} new > "
-                        f"{bound}")
-            free = free_bytes(self.directory)
-            if free - new_disk < self.min_free:
-                return (f"not enough free space: {free} bytes free, {new_disk} needed, "
-                        f"{self.min_free} kept free (min_free)")
-            return None
-
-        for victim in sorted(entries, key=lambda e: (e.last_use_ns, e.key)):
-            if problem() is None:
-                break
-            if victim.key == exclude or victim.blob == keep_blob:
-                continue
-            if self._evict(victim, entries):
-                entries.remove(victim)
-                evicted.append(victim.key)
-            else:
-                pinned += 1
-        why = problem()
-        if why and pinned:
-            why += f" ({pinned} entries in use could not be evicted)"
-        if evicted:
-            log.info("engine cache: evicted %d least recently used entries: %s",
-                     len(evicted), ", ".join(evicted))
-        return why, evicted
-
-    def _evict(self, victim: _Entry, entries: list[_Entry]) -> bool:
-        """Remove one entry unless a hit pins its blob. Under the lock."""
-        path = self._blob(victim.blob)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            fd = -1
-        try:
-            if fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return False
-            # Record first: a kill after this leaves a blob no record references,
-            # which recovery removes; never a record without its bytes being served.
-            for p in (self._record(victim.key), self._use(victim.key)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-            if not any(e.blob == victim.blob and e.key != victim.key for e in entries):
-                for p in (self._seal(victim.blob), path):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(p)
-            return True
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def _remove_blob_if_unreferenced(self, name: str) -> None:
-        if not any(e.blob == name for e in self._scan()):
-            self._remove_blob_unless_pinned(name)
-
-    def _remove_blob_unless_pinned(self, name: str) -> list[Path]:
-        """Under the lock: unlink a blob no record names, and its seal, unless a hit pins it.
-
-        A hit taken just before its key was replaced may still hold the old
-        blob: it stays (with its seal) until a later recovery finds it free.
-        Returns the paths removed.
-        """
-        path = self._blob(name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            fd = -1
-        removed = []
-        try:
-            if fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return []
-            for p in (self._seal(name), path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-                    removed.append(p)
-            return removed
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def _drop_key(self, key: str, reason: str, blob: str | None = None) -> None:
-        """Drop ``key``'s record (and its blob if no other key names it).
-
-        ``blob`` is the blob the caller found wrong: when the record names
-        another one by the time the lock is held, a put replaced the entry
-        since the caller read it (and removed that blob), and the new entry stays.
-        """
-        if self.read_only:
-            log.warning("engine cache: dropping entry %r: %s", key, reason)
-            self.dropped[key] = reason
-            return
-        with self._locked():
-            entry = None
-            with contextlib.suppress(ValueError):
-                entry = self._read_entry(key)
-            if blob is not None and (entry is None or entry.blob != blob):
-                log.info("engine cache: entry %r was replaced while read (%s): kept", key,
-                         reason)
-                return
-            log.warning("engine cache: dropping entry %r: %s", key, reason)
-            self.dropped[key] = reason
-            for p in (self._record(key), self._use(key)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-            if entry is not None:
-                self._remove_blob_if_unreferenced(entry.blob)
-
-    def _drop_blob(self, name: str, reason: str, seen: os.stat_result) -> None:
-        """A blob whose bytes are not the sealed ones: it and every key naming it go.
-
-        ``seen`` is the file found damaged: when another process replaced it
-        since (a put of the same bytes repairs a blob), the new one stays.
-        """
-        log.warning("engine cache: dropping damaged blob %s (never served): %s", name, reason)
-        if self.read_only:
-            return
-        with self._locked():
-            try:
-                if file_identity(os.stat(self._blob(name))) != file_identity(seen):
-                    return
-            except FileNotFoundError:
-                pass
-            for entry in self._scan():
-                if entry.blob == name:
-                    for p in (self._record(entry.key), self._use(entry.key)):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(p)
-            for p in (self._seal(name), self._blob(name)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-
     # -- single flight ------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -832,183 +628,5 @@ class BlobCache:
                 claim.hit.close()
             unlock_file(fd, lock_path)
 
-    # -- listings and maintenance ---------------------------------------------------
-
-    def entries(self) -> list[EntryInfo]:
-        """Every entry, most recently used first (reads records only; no bytes)."""
-        out = []
-        for e in self._scan():
-            seal = self._read_seal(e.blob) or {}
-            out.append(EntryInfo(key=e.key, size=e.size, digest=seal.get("digest", ""),
-                                 last_use=e.last_use_ns / 1e9, hits=e.hits, created=e.created,
-                                 metadata=e.metadata))
-        return sorted(out, key=lambda i: (-i.last_use, i.key))
-
-    def stats(self) -> CacheStats:
-        entries = self._scan()
-        blobs = {e.blob: e.size for e in entries}
-        return CacheStats(directory=self.directory, entries=len(entries), blobs=len(blobs),
-                          bytes=sum(blobs.values()), max_bytes=self.max_bytes,
-                          min_free=self.min_free, free_bytes=free_bytes(self.directory),
-                          hits=sum(e.hits for e in entries), read_only=self.read_only)
-
-    def prune(self, max_bytes: int | None = None) -> list[str]:
-        """Evict least recently used entries down to ``max_bytes`` (default: the bound).
-
-        Also down to where the filesystem keeps ``min_free``.
-
-        Returns the evicted keys. Entries in use are kept (the result may
-        then exceed ``max_bytes``; :meth:`stats` tells).
-        """
-        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(
-                max_bytes, int) or max_bytes < 0):
-            raise ValueError(f"prune's max_bytes must be an int >= 0, got {max_bytes!r}")
-        if self.read_only:
-            raise OSError(errno.EROFS, f"the cache {self.directory} is read-only: cannot prune",
-                          os.fspath(self.directory))
-        with self._locked():
-            _, evicted = self._make_room(0, 0, bound=max_bytes)
-        return evicted
-
-    def clear(self) -> list[str]:
-        """Remove every entry not in use; returns the removed keys."""
-        return self.prune(0)
-
-    def verify(self) -> VerifyReport:
-        """Re-digest every entry in full; drop (and log) each whose bytes are not as sealed."""
-        checked, dropped = 0, []
-        for entry in self._scan():
-            seal = self._read_seal(entry.blob)
-            path = self._blob(entry.blob)
-            problem, st = None, None
-            if seal is None:
-                problem = "no valid seal"
-            else:
-                try:
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    problem = "the blob is gone"
-                else:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_SH)
-                        st = os.fstat(fd)
-                        problem = self._check_blob(fd, st, seal)
-                        if problem in (None, "identity"):
-                            again = self._redigest(fd, seal)
-                            if again is None and problem == "identity":
-                                self._reseal(entry.blob, seal, st)
-                            problem = again
-                    finally:
-                        os.close(fd)
-            checked += 1
-            if problem is not None:
-                dropped.append((entry.key, problem))
-                if seal is not None and st is not None:
-                    self._drop_blob(entry.blob, f"entry {entry.key!r}: {problem}", st)
-                else:
-                    self._drop_key(entry.key, problem, entry.blob)
-        return VerifyReport(checked=checked, dropped=tuple(dropped))
-
-    def recover(self) -> list[Path]:
-        """Clean what interrupted inserts and evictions left; returns the removed paths.
-
-        Temp files of dead writers (their flock is free), records that are
-        unreadable or whose blob or seal is gone, use stamps without a
-        record, seals without a blob, blobs without a seal or without any
-        record, and free single-flight lock files. Runs when the cache opens.
-        Any file owned by another user is refused (PermissionError), never
-        removed.
-        """
-        removed: list[Path] = []
-
-        def rm(path: Path) -> None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-                removed.append(path)
-
-        with self._locked():
-            for sub in ("tmp", "flights"):
-                for name in os.listdir(self.directory / sub):
-                    path = self.directory / sub / name
-                    refuse_foreign(path, os.lstat(path), "file")
-                    try:
-                        fd = try_lock(path, create=False)
-                    except FileNotFoundError:
-                        continue
-                    if fd is not None:  # its writer is gone
-                        rm(path)
-                        os.close(fd)
-            keys, blobs = self.directory / "keys", self.directory / "blobs"
-            for name in os.listdir(keys):
-                refuse_foreign(keys / name, os.lstat(keys / name), "file")
-            for name in os.listdir(blobs):
-                refuse_foreign(blobs / name, os.lstat(blobs / name), "file")
-            referenced: set[str] = set()
-            for name in sorted(os.listdir(keys)):
-                if not name.endswith(".json"):
-                    continue
-                key = name[:-5]
-                try:
-                    entry = self._read_entry(key)
-                except ValueError as exc:
-                    log.warning("engine cache: removing %s", exc)
-                    entry = None
-                if entry is None or self._read_seal(entry.blob) is None or \
-                        not self._blob(entry.blob).exists():
-                    rm(keys / name)
-                    continue
-                referenced.add(entry.blob)
-            for name in os.listdir(keys):
-                if name.endswith(".use") and not (keys / f"{name[:-4]}.json").exists():
-                    rm(keys / name)
-            unreferenced = {name.removesuffix(".json") for name in os.listdir(blobs)} - referenced
-            for name in sorted(unreferenced):
-                removed += self._remove_blob_unless_pinned(name)
-            if removed:
-                fsync_dir(keys)
-                fsync_dir(blobs)
-        if removed:
-            log.info("engine cache %s: recovered, removed %d leftover files", self.directory,
-                     len(removed))
-        return removed
-
     def __repr__(self) -> str:
         return f"BlobCache({os.fspath(self.directory)!r}, max_bytes={self.max_bytes})"
-
-
-def _digest_fd(fd: int, chunk_size: int) -> tuple[str, tuple[int, ...], int]:
-    """Digest a whole open file as io's :class:`Digester` does as a blob is written."""
-    d = Digester(chunk_size)
-    pos = 0
-    step = max(chunk_size, _READ // chunk_size * chunk_size)
-    while data := os.pread(fd, step, pos):
-        d.update(data)
-        pos += len(data)
-    digest, chunks = d.finish()
-    return digest, chunks, d.size
-
-
-def _copy(src_fd: int, dst_fd: int, size: int) -> None:
-    """Copy ``size`` bytes: ``copy_file_range`` (which may share blocks), else read/write."""
-    done = 0
-    try:
-        while done < size:
-            n = os.copy_file_range(src_fd, dst_fd, size - done, done, done)
-            if n == 0:
-                raise OSError(errno.EIO, f"source ended at {done} of {size} bytes")
-            done += n
-        return
-    except OSError as exc:
-        if done or exc.errno not in _UNSUPPORTED:
-            raise
-    while done < size:
-        data = os.pread(src_fd, min(_READ, size - done), done)
-        if not data:
-            raise OSError(errno.EIO, f"source ended at {done} of {size} bytes")
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(dst_fd, view, done)
-            if n <= 0:
-                raise OSError(errno.ENOSPC, "write made no progress")
-            view = view[n:]
-            done += n
