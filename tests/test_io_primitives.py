@@ -274,3 +274,27 @@ def test_write_atomic_makes_its_temp_file_in_temp_dir(make_fs, here_fs):
     with pytest.raises(FileExistsError):
         write_atomic(out / "k.json", b"three", replace=False, temp_dir=tmp)
     assert (out / "k.json").read_bytes() == b"one" and os.listdir(tmp) == []
+
+
+# -- the cache's pin, on try_lock(shared=True) ----------------------------------------------
+
+def test_a_cache_blob_replaced_by_a_link_is_dropped_never_followed(here_fs):
+    """The pin opens the blob with O_NOFOLLOW (try_lock): a link put in blobs/ (here to a
+    file with the very bytes sealed) is dropped as not a regular file, never served, and its
+    target is left as it was."""
+    from trtet_store.cache import BlobCache
+
+    cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
+    data = os.urandom(MiB + 1)
+    (here_fs / "src").write_bytes(data)
+    put = cache.put("k", here_fs / "src")
+    assert put.stored
+    blob = cache.directory / "blobs" / f"{put.digest}-{put.size}"
+    target = here_fs / "elsewhere"
+    target.write_bytes(data)
+    os.unlink(blob)
+    os.symlink(target, blob)
+    assert cache.get("k") is None
+    assert cache.dropped["k"] == "the blob is not a regular file"
+    assert not os.path.lexists(blob) and cache.entries() == []
+    assert file_digest(target) == digest(data)
