@@ -5,8 +5,8 @@ takes a shared ``flock``. A save that prunes that version in between (its
 exclusive ``flock`` is still free then) renames it away and deletes it; the
 reader's lock then holds a directory that is gone. The re-check after the
 lock (does the path still name the directory locked?) resolves the link
-again. The interleaving is forced: a hook on the reader's shared lock runs
-the pruning save first.
+again. The interleaving is forced: a hook on the reader's shared lock (taken
+by io's ``try_lock(shared=True)``) runs the pruning save first.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from __future__ import annotations
 import fcntl
 import os
 
-from trtet_store.io import versioned
+from trtet_store.io import lock
 from trtet_store.io.versioned import current_version, pinned_version, write_versioned
 
 
 class _SaveBeforeSharedLock:
-    """``fcntl`` for versioned.py, whose first shared ``flock`` runs ``save`` first."""
+    """``fcntl`` for io/lock.py, whose first shared ``flock`` runs ``save`` first."""
 
     def __init__(self, save) -> None:
         self.save = save
@@ -44,7 +44,7 @@ def test_a_version_pruned_between_open_and_lock_is_not_pinned(here_fs, monkeypat
     first = _save(here_fs, 1)
     saves = []
     hook = _SaveBeforeSharedLock(lambda: saves.append(_save(here_fs, 2)))
-    monkeypatch.setattr(versioned, "fcntl", hook)
+    monkeypatch.setattr(lock, "fcntl", hook)
     with pinned_version(here_fs / "m") as version:
         assert hook.fired == 1
         # The forced state: the version the reader opened was pruned by the save.

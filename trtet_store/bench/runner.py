@@ -146,7 +146,7 @@ def _run_all(config: BenchConfig, fs: BenchFilesystem, progress: ProgressFn | No
         result.notes.append("tmpfs: /proc/self/io reports 0 bytes written")
     if fs.fstype in ("xfs", "btrfs") and "copy" in config.methods:
         result.notes.append(
-            f"{fs.fstype}: the kernel's copy_file_range shares (reflinks) block-aligned extents "
+            f"{fs.fstype}: the kernel's copy shares (reflinks) block-aligned extents "
             "on its own, so trtet_store's copy costs about as little as a clone here"
         )
     if fs.fstype == "btrfs":

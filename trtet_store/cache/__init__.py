@@ -8,7 +8,6 @@ leases over :mod:`trtet_store.remote`), loads on first use of its names.
 
 from typing import Any
 
-from trtet_store.cache.blobcache import DEFAULT_CHUNK_SIZE, BlobCache, Claim
 from trtet_store.cache.directory import CacheDirectoryError
 from trtet_store.cache.layout import default_directory
 from trtet_store.cache.results import (
@@ -19,6 +18,7 @@ from trtet_store.cache.results import (
     PutResult,
     VerifyReport,
 )
+from trtet_store.cache.store import DEFAULT_CHUNK_SIZE, BlobCache, Claim
 
 # The tier's names, imported on first access (PEP 562): the tier loads the remote floor.
 _TIER_NAMES = frozenset({

@@ -31,11 +31,11 @@ import logging
 import os
 import re
 import stat
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 from trtet_store.cache.layout import SUBDIRS, check_key, is_blob_name, refuse_foreign
+from trtet_store.io import SafeDir
 
 log = logging.getLogger("trtet_store.cache")
 
@@ -50,8 +50,10 @@ TAG_TEXT = (f"{SIGNATURE}\n"
             "# For information about cache directory tags, see https://bford.info/cachedir/\n"
             f"{FORMAT_LINE}{FORMAT}\n")
 # The tag is written to a temp name, then renamed: a concurrent opener that sees the
-# temp alone takes the directory for an empty one, never for a foreign one.
-_TAG_TEMP = re.compile(r"\.CACHEDIR\.TAG\.[0-9a-f]{32}")
+# temp alone takes the directory for an empty one, never for a foreign one. The name is
+# io's write_atomic's (``.CACHEDIR.TAG.<12 hex>.tmp``) or, left by an earlier release,
+# ``.CACHEDIR.TAG.<32 hex>``.
+_TAG_TEMP = re.compile(r"\.CACHEDIR\.TAG\.(?:[0-9a-f]{32}|[0-9a-f]{12}\.tmp)")
 #: Directories that callers of the cache kept in it in the previous release (the engine
 #: cache's downloads and shared-tier journals): a legacy cache may hold them.
 CALLER_DIRS = ("downloads", "remote-journal", "remote-pending")
@@ -148,11 +150,11 @@ def open_cache_directory(path: Path, *, create: bool) -> bool:
                     "pass an empty or new directory for the cache (nothing here was "
                     "changed)")
             if writable:
-                _write_tag(fd)
+                _write_tag(fd, path)
                 log.info("engine cache %s: a cache of the previous release, adopted (%s "
                          "written)", path, TAG_NAME)
         elif writable:
-            _write_tag(fd)
+            _write_tag(fd, path)
         _check_subdirs(path, fd, writable)
     finally:
         os.close(fd)
@@ -188,23 +190,11 @@ def _check_tag(path: Path, fd: int) -> None:
             f"reads ({FORMAT})", "upgrade trtet_store or pass another directory")
 
 
-def _write_tag(fd: int) -> None:
-    """Write the tag complete or not at all: a temp name under the handle, then a rename."""
-    temp = f".{TAG_NAME}.{uuid.uuid4().hex}"
-    tfd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                  0o600, dir_fd=fd)
-    try:
-        try:
-            os.write(tfd, TAG_TEXT.encode())
-            os.fsync(tfd)
-        finally:
-            os.close(tfd)
-        os.rename(temp, TAG_NAME, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp, dir_fd=fd)
-        raise
-    os.fsync(fd)
+def _write_tag(fd: int, path: Path) -> None:
+    """Write the tag complete or not at all, under the handle ``fd`` of ``path``
+    (io's :meth:`~trtet_store.io.SafeDir.write_atomic`: a temp name, then a rename)."""
+    with SafeDir(os.dup(fd), path) as directory:
+        directory.write_atomic(TAG_NAME, TAG_TEXT.encode())
 
 
 def _check_subdirs(path: Path, fd: int, writable: bool) -> None:

@@ -128,7 +128,7 @@ from trtet_store.cache import (
     PutResult,
     VerifyReport,
 )
-from trtet_store.io import Progress, clone_range
+from trtet_store.io import Progress, clone_or_copy
 from trtet_store.io.units import GiB, MiB
 
 if TYPE_CHECKING:
@@ -167,12 +167,9 @@ REMOTE_JOURNAL = "remote-journal"
 #: (the publish was cut or the server was down); the next hit of the key publishes it.
 PENDING = "remote-pending"
 
-# clone_range "not here" errors (the copy follows).
 # What a cache directory can answer that means "no cache here now", never a failed export.
 _CACHE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC,
                            errno.EDQUOT})
-_NO_CLONE = frozenset({errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL,
-                       errno.ENOSYS, errno.EPERM, errno.EBADF})
 
 
 def compute_capability() -> str:
@@ -1085,18 +1082,7 @@ def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any]) -> tuple[Blo
     tmp = store.directory / f"{store.token}-cache{uuid.uuid4().hex[:12]}{BLOB_PART_SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        placement = "copy"
-        if hit.size:
-            try:
-                clone_range(hit.fileno(), 0, 0, fd, 0)  # length 0: to the source's end
-                if os.fstat(fd).st_size == hit.size:
-                    placement = "clone"
-            except OSError as exc:
-                if exc.errno not in _NO_CLONE:
-                    raise
-        if placement == "copy":
-            os.ftruncate(fd, 0)
-            _copy(hit.fileno(), fd, hit.size)
+        placement = clone_or_copy(hit.fileno(), fd, hit.size, what="the cached engine")
         os.close(fd)
         fd = -1
         blob = store.adopt(tmp, metadata=metadata, give_back=False)
@@ -1107,20 +1093,6 @@ def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any]) -> tuple[Blo
             os.unlink(tmp)
         raise
     return blob, placement
-
-
-def _copy(src: int, dst: int, size: int) -> None:
-    offset = 0
-    while offset < size:
-        try:
-            n = os.copy_file_range(src, dst, min(size - offset, 64 * MiB), offset, offset)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            n = os.pwrite(dst, os.pread(src, min(size - offset, 8 * MiB), offset), offset)
-        if n <= 0:
-            raise OSError(errno.EIO, f"the cached engine ended at {offset} of {size} bytes")
-        offset += n
 
 
 def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str,

@@ -4,7 +4,7 @@ Standard library and xxhash only; nothing here knows about programs or engines.
 """
 
 from trtet_store.io.blobstore import Blob, BlobStore
-from trtet_store.io.digests import Digester, chunk_digest, file_identity
+from trtet_store.io.digests import Digester, chunk_digest, digest_fd, digest_file, file_identity
 from trtet_store.io.errors import (
     BlobChangedError,
     BlobInUseError,
@@ -20,12 +20,16 @@ from trtet_store.io.errors import (
     VerificationError,
 )
 from trtet_store.io.fs import (
+    UNSUPPORTED_ERRNOS,
     block_size,
+    clone_or_copy,
     clone_range,
+    copy_all,
     free_bytes,
     fsync_dir,
     online_discard,
     pwrite_all,
+    try_clone,
 )
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.lock import release, try_lock, unlock_file
@@ -69,13 +73,19 @@ __all__ = [
     "ExternalFile",
     "block_size",
     "chunk_digest",
+    "clone_or_copy",
     "clone_range",
+    "copy_all",
+    "digest_fd",
+    "digest_file",
     "file_identity",
     "current_version",
     "free_bytes",
     "fsync_dir",
     "online_discard",
     "pwrite_all",
+    "try_clone",
+    "UNSUPPORTED_ERRNOS",
     "IncompleteJournal",
     "InsufficientSpaceError",
     "JournalError",

@@ -88,17 +88,29 @@ def digest_file(path: Path, chunk_size: int,
         ``(digest, chunk_digests, size)``: the xxh3-128 hex digest, the
         xxh3-64 of each chunk, and the number of bytes read.
     """
-    d = Digester(chunk_size)
     fd = fs.calls.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
     try:
-        step = max(chunk_size, 8 * MiB) // chunk_size * chunk_size
-        pos = 0
-        while chunk := fs.calls.pread(fd, step, pos):
-            d.update(chunk)
-            pos += len(chunk)
+        result = digest_fd(fd, chunk_size)
         if drop_cached:
             pagecache.drop(fd, 0, 0)
     finally:
         fs.calls.close(fd)
+    return result
+
+
+def digest_fd(fd: int, chunk_size: int) -> tuple[str, tuple[int, ...], int]:
+    """Read the open file ``fd`` from its start to its end and digest it as :func:`digest_file`.
+
+    Returns
+    -------
+    tuple
+        ``(digest, chunk_digests, size)``, as :func:`digest_file`.
+    """
+    d = Digester(chunk_size)
+    step = max(chunk_size, 8 * MiB) // chunk_size * chunk_size
+    pos = 0
+    while chunk := fs.calls.pread(fd, step, pos):
+        d.update(chunk)
+        pos += len(chunk)
     digest, chunks = d.finish()
     return digest, chunks, d.size

@@ -454,3 +454,82 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
             return False
         raise
     return True
+
+
+#: Bytes per ``copy_file_range`` call of :func:`copy_all` (a call is not interruptible).
+COPY_STEP = 64 * 1024 * 1024
+#: Bytes per read of :func:`copy_all`'s read/write fallback.
+_COPY_READ = 8 * 1024 * 1024
+
+
+def try_clone(src_fd: int, dst_fd: int, size: int) -> bool:
+    """Share all ``size`` bytes of ``src_fd`` into the empty ``dst_fd`` (``FICLONERANGE``).
+
+    No data is copied and no space is used. Returns False, ``dst_fd`` left
+    empty, where the filesystem cannot (an error of :data:`UNSUPPORTED_ERRNOS`,
+    or the source's length is not ``size``) and for ``size`` 0; any other
+    error is raised.
+    """
+    if not size:
+        return False
+    try:
+        calls.clone_range(src_fd, 0, 0, dst_fd, 0)  # length 0: to the source's end
+    except OSError as exc:
+        if exc.errno not in UNSUPPORTED_ERRNOS:
+            raise
+    else:
+        if os.fstat(dst_fd).st_size == size:
+            return True
+    calls.ftruncate(dst_fd, 0)
+    return False
+
+
+def copy_all(src_fd: int, dst_fd: int, size: int, *, what: str = "source") -> None:
+    """Copy bytes ``[0, size)`` of ``src_fd`` to the same offsets of ``dst_fd``.
+
+    ``copy_file_range`` (which may share blocks, on XFS and btrfs), else, when
+    its first call fails with an error of :data:`UNSUPPORTED_ERRNOS`, reads and
+    writes. A source shorter than ``size`` is EIO (``"<what> ended at N of
+    size bytes"``).
+    """
+    done = 0
+    try:
+        while done < size:
+            n = calls.copy_file_range(src_fd, dst_fd, min(size - done, COPY_STEP), done, done)
+            if n == 0:
+                raise OSError(errno.EIO, f"{what} ended at {done} of {size} bytes")
+            done += n
+        return
+    except OSError as exc:
+        if done or exc.errno not in UNSUPPORTED_ERRNOS:
+            raise
+    while done < size:
+        data = calls.pread(src_fd, min(_COPY_READ, size - done), done)
+        if not data:
+            raise OSError(errno.EIO, f"{what} ended at {done} of {size} bytes")
+        pwrite_all(dst_fd, data, done)
+        done += len(data)
+
+
+def clone_or_copy(src_fd: int, dst_fd: int, size: int, *, what: str = "source") -> str:
+    """``size`` bytes of ``src_fd`` into the empty ``dst_fd``: shared where the filesystem
+    allows (:func:`try_clone`), else copied (:func:`copy_all`).
+
+    Parameters
+    ----------
+    src_fd, dst_fd : int
+        Open for reading, and for writing (not ``O_APPEND``).
+    size : int
+        The bytes to take: the source's length.
+    what : str
+        How a source found shorter than ``size`` is named in the EIO raised.
+
+    Returns
+    -------
+    str
+        ``"clone"`` or ``"copy"``.
+    """
+    if try_clone(src_fd, dst_fd, size):
+        return "clone"
+    copy_all(src_fd, dst_fd, size, what=what)
+    return "copy"

@@ -1,10 +1,11 @@
 """Locks tied to a file's name: the per-destination lock, and the one way to take any of them.
 
 Every lock of the engine (a destination's, a store's, a journal's) is an
-exclusive ``flock`` on a file that someone may unlink: the holder before us,
-a recovery, a collector of dead stores. A lock on an unlinked inode protects
-nothing, so :func:`try_lock` returns a lock only on the file that is at the
-path *now*.
+exclusive ``flock``, and every reader's pin (a cached blob's, a version's) a
+shared one, on a file that someone may unlink: the holder before us, a
+recovery, a collector of dead stores, an eviction. A lock on an unlinked
+inode protects nothing, so :func:`try_lock` returns a lock only on the file
+that is at the path *now*.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from trtet_store.io.errors import ConcurrentWriteError, UnsafeLockFileError
 
 
 def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
-             wait: bool = False) -> int | None:
-    """Open ``path`` and take an exclusive ``flock`` on the very file found there.
+             wait: bool = False, shared: bool = False) -> int | None:
+    """Open ``path`` and take an exclusive (or shared) ``flock`` on the very file found there.
 
     Parameters
     ----------
@@ -41,6 +42,11 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
         another user's may be readable only).
     wait : bool
         Block until the lock is free instead of returning None.
+    shared : bool
+        Take a shared lock: a reader's pin. Any number of shared holders
+        coexist; an exclusive lock is refused (or waits) while one holds, as
+        a shared one is while an exclusive one holds. The path may then also
+        be a directory (a pinned version's), opened with ``readonly``.
 
     Returns
     -------
@@ -54,9 +60,10 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
         Without ``create``: the file is missing, or was unlinked or replaced
         before we held its lock.
     UnsafeLockFileError
-        The path is a symbolic link or not a regular file (planted where a
-        lock file goes): it is never followed, so a lock never creates or
-        opens a file elsewhere, and a FIFO never blocks the open.
+        The path is a symbolic link, or not a regular file (nor, ``shared``,
+        a directory): planted where a lock file goes. It is never followed,
+        so a lock never creates or opens a file elsewhere, and a FIFO never
+        blocks the open.
     """
     # O_NOFOLLOW: a lock file is never a link (one planted in a shared
     # directory would make O_CREAT create, or open, a file wherever it points).
@@ -75,11 +82,13 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
             if exc.errno in (errno.ELOOP, errno.EACCES) and _is_link(path):
                 raise UnsafeLockFileError(os.fspath(path), "it is a symbolic link") from None
             raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or (shared and stat.S_ISDIR(mode))):
             release(fd)
             raise UnsafeLockFileError(os.fspath(path), "it is not a regular file")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                        | (0 if wait else fcntl.LOCK_NB))
             try:
                 same = fs.same_file(os.fstat(fd), os.lstat(path))
             except FileNotFoundError:

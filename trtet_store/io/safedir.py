@@ -221,15 +221,18 @@ class SafeDir:
         os.fsync(self.fd)
 
     def write_atomic(self, name: str, data: bytes, *, mode: int = 0o600,
-                     replace: bool = True) -> None:
+                     replace: bool = True, temp_dir: SafeDir | None = None) -> None:
         """``name`` holds ``data`` whole, durably, or is unchanged.
 
         A fresh temp file (:meth:`create`), fsynced, renamed over ``name``
         (``replace``) or linked to it only if absent (FileExistsError
-        otherwise), then the directory fsynced.
+        otherwise), then the directory fsynced. The temp file is made in
+        ``temp_dir`` (a directory of the same filesystem) when given, so that
+        what a kill leaves is where its owner's recovery looks, else here.
         """
+        where = self if temp_dir is None else temp_dir
         tmp = f".{name}.{uuid.uuid4().hex[:12]}.tmp"
-        fd = self.create(tmp, os.O_WRONLY, mode)
+        fd = where.create(tmp, os.O_WRONLY, mode)
         try:
             try:
                 _write_all(fd, data)
@@ -237,12 +240,13 @@ class SafeDir:
             finally:
                 os.close(fd)
             if replace:
-                self.rename(tmp, name)
+                os.rename(tmp, name, src_dir_fd=where.fd, dst_dir_fd=self.fd)
             else:
-                self.link(tmp, name)
-                self.unlink(tmp)
+                os.link(tmp, name, src_dir_fd=where.fd, dst_dir_fd=self.fd,
+                        follow_symlinks=False)
+                where.unlink(tmp)
         except BaseException:
-            self.unlink(tmp)
+            where.unlink(tmp)
             raise
         self.fsync()
 
@@ -277,15 +281,20 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def write_atomic(path: os.PathLike | str, data: bytes, *, mode: int = 0o600,
-                 replace: bool = True) -> None:
+                 replace: bool = True, temp_dir: os.PathLike | str | None = None) -> None:
     """Write ``data`` to ``path`` atomically and durably, never through a link.
 
-    Its directory is opened and checked as :meth:`SafeDir.open` does
-    (UnsafeDirectoryError), then :meth:`SafeDir.write_atomic`.
+    Its directory (and ``temp_dir``, where the temp file is made if given) is
+    opened and checked as :meth:`SafeDir.open` does (UnsafeDirectoryError),
+    then :meth:`SafeDir.write_atomic`.
     """
     path = Path(path)
     with SafeDir.open(path.parent) as d:
-        d.write_atomic(path.name, data, mode=mode, replace=replace)
+        if temp_dir is None:
+            d.write_atomic(path.name, data, mode=mode, replace=replace)
+            return
+        with SafeDir.open(temp_dir) as t:
+            d.write_atomic(path.name, data, mode=mode, replace=replace, temp_dir=t)
 
 
 STAGING_TODO = "remove it, or pass another staging directory"

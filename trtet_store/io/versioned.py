@@ -50,6 +50,7 @@ from typing import Any
 
 from trtet_store.io import fs
 from trtet_store.io.errors import ConcurrentWriteError
+from trtet_store.io.lock import release, try_lock
 
 log = logging.getLogger("trtet_store.versioned")
 
@@ -207,21 +208,16 @@ def pinned_version(link: os.PathLike | str, *, attempts: int = 100) -> Iterator[
     for _ in range(attempts):
         version = current_version(link)
         try:
-            fd = os.open(version, os.O_RDONLY | os.O_DIRECTORY)
+            fd = try_lock(version, create=False, readonly=True, wait=True, shared=True)
         except FileNotFoundError:
-            continue  # removed after the link moved on: resolve again
+            # Removed after the link moved on, or renamed away for removal while we
+            # waited: resolve again.
+            continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            try:
-                same = os.stat(version).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:
-                continue  # renamed away for removal while we waited
             yield version
             return
         finally:
-            os.close(fd)
+            release(fd)
     raise FileNotFoundError(errno.ENOENT, f"no version of {link} stayed long enough to pin "
                             f"({attempts} attempts)", os.fspath(link))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import Digester
+from trtet_store.io import digest_file
 from trtet_store.remote.errors import RemoteError
 from trtet_store.remote.jsondoc import loads
 from trtet_store.remote.manifest import MANIFEST_SUFFIX
@@ -33,7 +33,7 @@ FORMAT = "trtet-store/cache-entry/1"
 # with delimiter "/" tells pointers, leases and attempt directories apart.
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 
-#: Bytes per read when a file is digested.
+#: The chunk span a file is digested with (the whole file's xxh3-128 does not depend on it).
 _READ = 1 << 20
 
 
@@ -78,15 +78,9 @@ def check_origin(origin: Any) -> str:
 
 
 def file_digest(path: os.PathLike | str) -> tuple[int, str]:
-    """``(size, xxh3-128 hex)`` of the file at ``path``, as :class:`trtet_store.io.Digester`."""
-    d = Digester(_READ)
-    with open(path, "rb") as f:
-        while True:
-            data = f.read(_READ)
-            if not data:
-                break
-            d.update(data)
-    return d.size, d.finish()[0]
+    """``(size, xxh3-128 hex)`` of the file at ``path`` (:func:`trtet_store.io.digest_file`)."""
+    digest, _, size = digest_file(Path(path), _READ, drop_cached=False)
+    return size, digest
 
 
 def parse_files(files: Any) -> list[tuple[str, Path, str | None]]:

@@ -1,0 +1,205 @@
+"""BlobCache's eviction: least recently used entries go, pinned ones stay (a mixin).
+
+Everything here runs under the cache-wide lock (``_locked``), so the room is
+checked, made and taken in one critical section. An entry goes record first:
+a kill after that leaves a blob no record names, which recovery removes;
+never a record whose bytes are gone. A blob a :class:`~trtet_store.cache.Hit`
+pins (a shared ``flock``) is skipped: eviction asks for an exclusive one
+without waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trtet_store.io import file_identity, free_bytes
+
+if TYPE_CHECKING:
+    from trtet_store.cache.store import BlobCache, _Entry
+
+log = logging.getLogger("trtet_store.cache")
+
+
+class Eviction:
+    """:class:`~trtet_store.cache.BlobCache`'s eviction, drops and :meth:`prune`."""
+
+    def _make_room(self: BlobCache, new_bytes: int, new_disk: int, *, exclude: str | None = None,
+                   keep_blob: str | None = None,
+                   bound: int | None = None) -> tuple[str | None, list[str]]:
+        """Under the lock: evict least recently used entries until ``new_bytes`` fit.
+
+        Fits means: the distinct blobs plus ``new_bytes`` stay within the bound,
+        and the filesystem keeps ``min_free`` after ``new_disk`` more bytes.
+        Pinned entries (a hit holds them) are skipped. Returns ``(why not, evicted)``.
+        """
+        bound = self.max_bytes if bound is None else bound
+        entries = self._scan()
+        evicted: list[str] = []
+        pinned = 0
+
+        def used() -> int:
+            return sum({e.blob: e.size for e in entries}.values())
+
+        def problem() -> str | None:
+            total = used()
+            if total + new_bytes > bound:
+                return (f"no room under the bound: {total} bytes cached + {new_bytes} new > "
+                        f"{bound}")
+            free = free_bytes(self.directory)
+            if free - new_disk < self.min_free:
+                return (f"not enough free space: {free} bytes free, {new_disk} needed, "
+                        f"{self.min_free} kept free (min_free)")
+            return None
+
+        for victim in sorted(entries, key=lambda e: (e.last_use_ns, e.key)):
+            if problem() is None:
+                break
+            if victim.key == exclude or victim.blob == keep_blob:
+                continue
+            if self._evict(victim, entries):
+                entries.remove(victim)
+                evicted.append(victim.key)
+            else:
+                pinned += 1
+        why = problem()
+        if why and pinned:
+            why += f" ({pinned} entries in use could not be evicted)"
+        if evicted:
+            log.info("engine cache: evicted %d least recently used entries: %s",
+                     len(evicted), ", ".join(evicted))
+        return why, evicted
+
+    def _evict(self: BlobCache, victim: _Entry, entries: list[_Entry]) -> bool:
+        """Remove one entry unless a hit pins its blob. Under the lock."""
+        path = self._blob(victim.blob)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = -1
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+            # Record first: a kill after this leaves a blob no record references,
+            # which recovery removes; never a record without its bytes being served.
+            for p in (self._record(victim.key), self._use(victim.key)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+            if not any(e.blob == victim.blob and e.key != victim.key for e in entries):
+                for p in (self._seal(victim.blob), path):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(p)
+            return True
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _remove_blob_if_unreferenced(self: BlobCache, name: str) -> None:
+        if not any(e.blob == name for e in self._scan()):
+            self._remove_blob_unless_pinned(name)
+
+    def _remove_blob_unless_pinned(self: BlobCache, name: str) -> list[Path]:
+        """Under the lock: unlink a blob no record names, and its seal, unless a hit pins it.
+
+        A hit taken just before its key was replaced may still hold the old
+        blob: it stays (with its seal) until a later recovery finds it free.
+        Returns the paths removed.
+        """
+        path = self._blob(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = -1
+        removed = []
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return []
+            for p in (self._seal(name), path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+                    removed.append(p)
+            return removed
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _drop_key(self: BlobCache, key: str, reason: str, blob: str | None = None) -> None:
+        """Drop ``key``'s record (and its blob if no other key names it).
+
+        ``blob`` is the blob the caller found wrong: when the record names
+        another one by the time the lock is held, a put replaced the entry
+        since the caller read it (and removed that blob), and the new entry stays.
+        """
+        if self.read_only:
+            log.warning("engine cache: dropping entry %r: %s", key, reason)
+            self.dropped[key] = reason
+            return
+        with self._locked():
+            entry = None
+            with contextlib.suppress(ValueError):
+                entry = self._read_entry(key)
+            if blob is not None and (entry is None or entry.blob != blob):
+                log.info("engine cache: entry %r was replaced while read (%s): kept", key,
+                         reason)
+                return
+            log.warning("engine cache: dropping entry %r: %s", key, reason)
+            self.dropped[key] = reason
+            for p in (self._record(key), self._use(key)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+            if entry is not None:
+                self._remove_blob_if_unreferenced(entry.blob)
+
+    def _drop_blob(self: BlobCache, name: str, reason: str, seen: os.stat_result) -> None:
+        """A blob whose bytes are not the sealed ones: it and every key naming it go.
+
+        ``seen`` is the file found damaged: when another process replaced it
+        since (a put of the same bytes repairs a blob), the new one stays.
+        """
+        log.warning("engine cache: dropping damaged blob %s (never served): %s", name, reason)
+        if self.read_only:
+            return
+        with self._locked():
+            try:
+                if file_identity(os.stat(self._blob(name))) != file_identity(seen):
+                    return
+            except FileNotFoundError:
+                pass
+            for entry in self._scan():
+                if entry.blob == name:
+                    for p in (self._record(entry.key), self._use(entry.key)):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(p)
+            for p in (self._seal(name), self._blob(name)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+
+
+    def prune(self: BlobCache, max_bytes: int | None = None) -> list[str]:
+        """Evict least recently used entries down to ``max_bytes`` (default: the bound).
+
+        Also down to where the filesystem keeps ``min_free``.
+
+        Returns the evicted keys. Entries in use are kept (the result may
+        then exceed ``max_bytes``; :meth:`stats` tells).
+        """
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(
+                max_bytes, int) or max_bytes < 0):
+            raise ValueError(f"prune's max_bytes must be an int >= 0, got {max_bytes!r}")
+        if self.read_only:
+            raise OSError(errno.EROFS, f"the cache {self.directory} is read-only: cannot prune",
+                          os.fspath(self.directory))
+        with self._locked():
+            _, evicted = self._make_room(0, 0, bound=max_bytes)
+        return evicted
