@@ -22,7 +22,8 @@ from trtet_store.cache.results import (
 
 # name -> module, imported on first access (PEP 562): the tier loads the remote floor.
 _LAZY = {name: "trtet_store.cache.tier" for name in (
-    "KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry", "RemoteTier",
+    "ConditionalWritesUnsupportedError", "KeyFileError", "Lease", "LeaseWaitTimeout",
+    "PublicKey", "RemoteEntry", "RemoteTier",
     "SigningKey", "SigningUnavailableError", "TierDownload", "TierEntryError", "TierPublish",
     "TierSignatureError")}
 
