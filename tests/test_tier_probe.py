@@ -1,0 +1,136 @@
+"""The tier's probe of conditional writes (issue 45, item 25), on the SeaweedFS fixture.
+
+A server that ignores ``If-None-Match``/``If-Match`` is SeaweedFS behind
+tests/conditions_proxy.py, which drops those headers from every write and
+signs the request again: the server really never sees them. An honest
+server is SeaweedFS behind the same proxy with nothing dropped, so the
+probe's requests can be counted (each test's bucket is fresh, so each
+``(endpoint, bucket)`` is probed for the first time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conditions_proxy import ConditionsProxy
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = "/.trtet-probe/"
+BOTH = ("if-none-match", "if-match")
+
+
+def proxy(s3: Any, ignore: tuple[str, ...] = ()) -> ConditionsProxy:
+    e = s3.endpoint
+    return ConditionsProxy(e.url, access_key=e.access_key, secret_key=e.secret_key,
+                           region=e.region, ignore=ignore)
+
+
+def bucket_state(s3: Any) -> tuple[dict[str, str], list[str]]:
+    """Every object of the bucket (key -> ETag) and every open multipart upload, read directly."""
+    objects: dict[str, str] = {}
+    for page in s3.client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket):
+        objects.update({o["Key"]: o["ETag"] for o in page.get("Contents", [])})
+    uploads = s3.client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    return objects, sorted(u["Key"] for u in uploads)
+
+
+def files(tmp_path: Path, name: str, size: int = 300_000) -> list[tuple[str, Path]]:
+    out = []
+    for f in ("record", "e0"):
+        p = tmp_path / f"{name}-{f}"
+        p.write_bytes(os.urandom(size))
+        out.append((f, p))
+    return out
+
+
+def tier(url: str, endpoint: str, tmp_path: Path) -> Any:
+    from trtet_store.cache.tier import RemoteTier
+
+    return RemoteTier(url, endpoint_url=endpoint, journal_dir=tmp_path / "journal",
+                      lease_ttl=30)
+
+
+def test_an_honest_server_is_probed_once_per_endpoint_and_bucket(tmp_path, s3env):
+    with proxy(s3env) as px:
+        a = tier(f"s3://{s3env.bucket}/team", px.url, tmp_path)
+        for key in ("k1", "k2", "k3"):
+            assert a.publish(key, files(tmp_path, key), {"key": key}).published
+        # Another tier (another prefix) on the same endpoint and bucket: no second probe.
+        b = tier(f"s3://{s3env.bucket}/other", px.url, tmp_path)
+        assert b.publish("k4", files(tmp_path, "k4"), {}).published
+        lease = b.claim("k5")
+        lease.release()
+        probed = px.seen(PROBE)
+        everything = px.seen()
+    # One probe: create, create again (412), If-Match on a missing key (412), If-Match with
+    # another ETag (412), and the delete of the one object it created.
+    assert [s.method for s in probed] == ["PUT", "PUT", "PUT", "PUT", "DELETE"], probed
+    assert len({s.target.split(PROBE)[1].split("/")[0] for s in probed}) == 1, probed
+    assert probed[0].target.startswith(f"/{s3env.bucket}/team{PROBE}"), probed
+    # ... before the tier's first request for an entry.
+    first_entry = next(i for i, s in enumerate(everything) if "/team/k1" in s.target)
+    assert everything.index(probed[-1]) < first_entry
+    objects, uploads = bucket_state(s3env)
+    assert not [k for k in objects if ".trtet-probe" in k], objects  # never left behind
+    assert uploads == []
+    assert {k for k in objects if k.endswith(".json") and "/" not in k.split("/", 1)[1]} == \
+        {"team/k1.json", "team/k2.json", "team/k3.json", "other/k4.json"}
+
+
+@pytest.mark.parametrize("ignore,broken", [
+    (BOTH, "a second create-only PutObject (If-None-Match: *) of s3://{bucket}/team"
+           "/.trtet-probe/{probe}/created succeeded, not refused with 412"),
+    (("if-match",), "a PutObject If-Match: {etag} of the missing key s3://{bucket}/team"
+                    "/.trtet-probe/{probe}/missing succeeded, not refused"),
+], ids=["ignores-both", "if-match-creates"])
+def test_a_server_ignoring_conditions_gets_nothing_written_and_still_serves_reads(
+        tmp_path, s3env, ignore, broken):
+    from trtet_store.cache.tier import ConditionalWritesUnsupportedError
+    from trtet_store.remote import RemoteError
+
+    url = f"s3://{s3env.bucket}/team"
+    seeded = files(tmp_path, "seeded")
+    assert tier(url, s3env.endpoint.url, tmp_path).publish("seeded", seeded, {"n": 1}).published
+    before = bucket_state(s3env)
+    with proxy(s3env, ignore) as px:
+        t = tier(url, px.url, tmp_path)
+        with pytest.raises(ConditionalWritesUnsupportedError) as refused:
+            t.publish("new", files(tmp_path, "new"), {"n": 2})
+        said = str(refused.value)
+        probed = px.seen(PROBE)
+        # The proxy did drop the headers: the server never saw the probe's conditions.
+        assert any(s.stripped for s in probed), probed
+        name = probed[0].target.split(PROBE)[1].split("/")[0]
+        etag = next((v for s in probed for k, v in s.stripped if k == "if-match"), None)
+        want = (f"{px.url} (bucket {s3env.bucket}) does not honour conditional writes: "
+                + broken.format(bucket=s3env.bucket, probe=name, etag=etag)
+                + f"; nothing is published to {url} and no build lease is claimed there "
+                "(reads still work): use a server that honours If-None-Match and If-Match on "
+                "PutObject")
+        assert said == want, said
+        assert "\n" not in said
+        assert isinstance(refused.value, RemoteError)  # callers' "the tier failed"
+        # Remembered: a lease claim and a second publish are refused without a new probe.
+        with pytest.raises(ConditionalWritesUnsupportedError, match="does not honour"):
+            t.claim("new")
+        with pytest.raises(ConditionalWritesUnsupportedError, match="does not honour"):
+            t.publish("new", files(tmp_path, "new"), {"n": 2})
+        assert px.seen(PROBE) == probed
+        # Nothing of the entry (nor its lease) was written: no write reached /team/new.
+        writes = [s for s in px.seen("/team/new") if s.method in ("PUT", "POST", "DELETE")]
+        assert writes == [], writes
+        # Reads still work through the same server: the seeded entry, byte for byte.
+        entry = t.lookup("seeded")
+        assert entry is not None and entry.metadata == {"n": 1}
+        got = t.download(entry, tmp_path / "down")
+        for name_, path in seeded:
+            assert got.paths[name_].read_bytes() == path.read_bytes()
+    assert bucket_state(s3env) == before  # byte-identical listing: keys and ETags
+
