@@ -134,3 +134,67 @@ def test_a_server_ignoring_conditions_gets_nothing_written_and_still_serves_read
             assert got.paths[name_].read_bytes() == path.read_bytes()
     assert bucket_state(s3env) == before  # byte-identical listing: keys and ETags
 
+
+
+# Two models (two keys) exported by one cache; no logging configured, as a user's script.
+CHILD = r'''
+import json, os, sys
+cfg = json.loads(sys.argv[1])
+import torch
+import trtet_store
+from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+cache = trtet_store.EngineCache(cfg["cache"], min_free=0, remote=cfg["url"],
+                                endpoint_url=cfg["endpoint"])
+torch.manual_seed(0)
+wide = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()).eval()
+runs = []
+for i, (module, inputs) in enumerate([linear_relu(), (wide, (torch.randn(2, 16),))]):
+    builder = FakeBuilder(engine_sizes=(1 << 20,), seeds=(os.getpid() * 10 + i,))
+    with installed(builder):
+        report = trtet_store.compile_and_save(module, inputs, f"{cfg['out']}.{i}.pte",
+                                              engine_cache=cache)
+    runs.append({"built": len(builder.built),
+                 "events": [e.to_json() for e in report.engine_cache]})
+print(json.dumps(runs))
+'''
+
+
+def export_two(tmp_path: Path, url: str, endpoint: str, out: str) -> tuple[list[dict], str]:
+    cfg = {"cache": os.fspath(tmp_path / "cache"), "url": url, "endpoint": endpoint,
+           "out": os.fspath(tmp_path / out)}
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_the_engine_cache_builds_locally_warns_once_and_loses_nothing(here_fs, s3env):
+    url = f"s3://{s3env.bucket}/engines"
+    before = bucket_state(s3env)
+    with proxy(s3env, BOTH) as px:
+        runs, err = export_two(here_fs, url, px.url, "refused")
+    assert [r["built"] for r in runs] == [1, 1], err[-3000:]
+    for run in runs:
+        [event] = run["events"]
+        assert (event["outcome"], event["stored"], event["published"]) == \
+            ("miss", True, False), event
+        assert "(claim: ConditionalWritesUnsupportedError: " in event["publish_reason"], event
+        assert "does not honour conditional writes" in event["publish_reason"], event
+    # Said once (both keys), as the user sees it: one line, never "works again".
+    lines = [line for line in err.splitlines() if "SharedCacheWarning" in line]
+    assert len(lines) == 1, err[-3000:]
+    assert "was not usable (claim: ConditionalWritesUnsupportedError: " in lines[0], lines
+    assert lines[0].endswith("; going on with the local cache only"), lines
+    assert bucket_state(s3env) == before  # no entry, no lease, no probe object
+    # Nothing lost: both builds are cached and kept for publishing; an honest server
+    # (the same bucket, directly) gets them from the next export's local hits.
+    pending = sorted(p.name for p in (here_fs / "cache" / "remote-pending").iterdir())
+    assert len(pending) == 2, pending
+    again, err = export_two(here_fs, url, s3env.endpoint.url, "again")
+    assert [r["built"] for r in again] == [0, 0], err[-3000:]
+    assert [(e["outcome"], e["published"]) for r in again for e in r["events"]] == \
+        [("hit", True), ("hit", True)], again
+    objects, _ = bucket_state(s3env)
+    assert sorted(k for k in objects if k.count("/") == 1 and k.endswith(".json")) == \
+        [f"engines/{k}.json" for k in pending]
