@@ -87,9 +87,11 @@ def test_an_honest_server_is_probed_once_per_endpoint_and_bucket(tmp_path, s3env
 @pytest.mark.parametrize("ignore,broken", [
     (BOTH, "a second create-only PutObject (If-None-Match: *) of s3://{bucket}/team"
            "/.trtet-probe/{probe}/created succeeded, not refused with 412"),
+    (("if-none-match",), "a second create-only PutObject (If-None-Match: *) of s3://{bucket}"
+                         "/team/.trtet-probe/{probe}/created succeeded, not refused with 412"),
     (("if-match",), "a PutObject If-Match: {etag} of the missing key s3://{bucket}/team"
                     "/.trtet-probe/{probe}/missing succeeded, not refused"),
-], ids=["ignores-both", "if-match-creates"])
+], ids=["ignores-both", "creates-twice", "if-match-creates"])
 def test_a_server_ignoring_conditions_gets_nothing_written_and_still_serves_reads(
         tmp_path, s3env, ignore, broken):
     from trtet_store.cache.tier import ConditionalWritesUnsupportedError
