@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conditions_proxy import ConditionsProxy
 
 ROOT = Path(__file__).resolve().parents[1]
