@@ -73,8 +73,10 @@ def test_an_honest_server_is_probed_once_per_endpoint_and_bucket(tmp_path, s3env
     assert [s.method for s in probed] == ["PUT", "PUT", "PUT", "PUT", "DELETE"], probed
     assert len({s.target.split(PROBE)[1].split("/")[0] for s in probed}) == 1, probed
     assert probed[0].target.startswith(f"/{s3env.bucket}/team{PROBE}"), probed
-    # ... before the tier's first request for an entry.
-    first_entry = next(i for i, s in enumerate(everything) if "/team/k1" in s.target)
+    # ... before the tier's first write of an entry (after its first read: the bucket is
+    # there; SeaweedFS would create a missing bucket on a PutObject).
+    first_entry = next(i for i, s in enumerate(everything)
+                       if "/team/k1" in s.target and s.method in ("PUT", "POST"))
     assert everything.index(probed[-1]) < first_entry
     objects, uploads = bucket_state(s3env)
     assert not [k for k in objects if ".trtet-probe" in k], objects  # never left behind
@@ -199,3 +201,32 @@ def test_the_engine_cache_builds_locally_warns_once_and_loses_nothing(here_fs, s
     objects, _ = bucket_state(s3env)
     assert sorted(k for k in objects if k.count("/") == 1 and k.endswith(".json")) == \
         [f"engines/{k}.json" for k in pending]
+
+
+def test_the_cli_push_is_refused_with_one_line(here_fs, s3env):
+    import trtet_store
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+    cache = trtet_store.EngineCache(here_fs / "cache", min_free=0)
+    module, inputs = linear_relu()
+    with installed(FakeBuilder(engine_sizes=(1 << 20,))):
+        trtet_store.compile_and_save(module, inputs, here_fs / "m.pte", engine_cache=cache)
+    local = sorted((e.key, e.size, e.digest) for e in cache.entries())
+    url = f"s3://{s3env.bucket}/team"
+    before = bucket_state(s3env)
+    with proxy(s3env, BOTH) as px:
+        done = subprocess.run([sys.executable, "-m", "trtet_store.cli", "cache", "push",
+                               "--remote", url, "--endpoint-url", px.url,
+                               "--dir", os.fspath(here_fs / "cache")],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("trtet-store")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(
+        f"trtet-store cache: ConditionalWritesUnsupportedError: {px.url} (bucket "
+        f"{s3env.bucket}) does not honour conditional writes: a second create-only PutObject "
+        "(If-None-Match: *) of "), lines
+    assert lines[0].endswith("use a server that honours If-None-Match and If-Match on "
+                             "PutObject"), lines
+    assert bucket_state(s3env) == before
+    assert sorted((e.key, e.size, e.digest) for e in cache.entries()) == local

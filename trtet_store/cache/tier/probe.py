@@ -7,9 +7,11 @@ missing key (MinIO, once) or invert the check (Ceph's POSIX backend, once):
 there the first writer does not win, the last one does, silently.
 
 So before the tier's first write to an endpoint and bucket (a publish, a
-lease claim), :func:`require_conditional_writes` probes the server under the
-tier's prefix, with keys no entry can have (``<prefix>.trtet-probe/<uuid>``:
-an entry's key never starts with a dot):
+lease claim), and after a read there (a missing bucket is said by that read:
+some servers, SeaweedFS among them, create a missing bucket on a PutObject),
+:func:`require_conditional_writes` probes the server under the tier's
+prefix, with keys no entry can have (``<prefix>.trtet-probe/<uuid>/...``: an
+entry's key never starts with a dot):
 
 1. a create-only PutObject (``If-None-Match: *``) of a new key must succeed;
 2. a second create-only PutObject of that key must be refused (412);

@@ -447,7 +447,6 @@ class RemoteTier:
             raise TypeError(f"replace must be the RemoteEntry to replace, not {replace!r}")
         if replace is not None and replace.key != key:
             raise ValueError(f"replace is the entry of {replace.key!r}, not of {key!r}")
-        require_conditional_writes(self)  # before any write: probed once per endpoint, bucket
         described = []
         for name, path, digest in parsed:
             size = path.stat().st_size
@@ -465,6 +464,7 @@ class RemoteTier:
         if replace is not None and (current is None or current.etag != replace.etag):
             return TierPublish(key, False, "the entry to replace was replaced or removed "
                                "meanwhile", 0, current)
+        require_conditional_writes(self)  # before our first write; after a read (the bucket)
         attempt = attempt_id(self.origin, described)
         if replace is not None and replace.attempt == f"{key}/{attempt}/":
             attempt += f"-r{os.urandom(4).hex()}"
