@@ -22,7 +22,8 @@ from trtet_store.cache.store import DEFAULT_CHUNK_SIZE, BlobCache, Claim
 
 # The tier's names, imported on first access (PEP 562): the tier loads the remote floor.
 _TIER_NAMES = frozenset({
-    "KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry", "RemoteTier",
+    "ConditionalWritesUnsupportedError", "KeyFileError", "Lease", "LeaseWaitTimeout",
+    "PublicKey", "RemoteEntry", "RemoteTier",
     "SigningKey", "SigningUnavailableError", "TierDownload", "TierEntryError", "TierPublish",
     "TierSignatureError"})
 

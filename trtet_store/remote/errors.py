@@ -103,6 +103,29 @@ class OwnedByOtherProgramError(KeyExistsError):
         self.owner = owner
 
 
+class ConditionalWritesUnsupportedError(RemoteError):
+    """The server does not honour ``If-None-Match: *`` or ``If-Match`` on PutObject.
+
+    Found out by the shared tier's probe (:mod:`trtet_store.cache.tier.probe`)
+    before its first write to an endpoint and bucket: a second create-only
+    write of one key was not refused (412), or an ``If-Match`` write created
+    a missing key. There, "the first writer wins" would silently become "the
+    last writer wins", so the tier publishes nothing and claims no lease;
+    its reads still work.
+
+    Attributes
+    ----------
+    endpoint : str or None
+        The server.
+    bucket : str
+    """
+
+    def __init__(self, message: str, endpoint: str | None = None, bucket: str = "") -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.bucket = bucket
+
+
 class PartSizeError(RemoteError, ValueError):
     """A part size outside S3's limits, or one that cannot cover the object in 10,000 parts."""
 

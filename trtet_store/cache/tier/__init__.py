@@ -4,8 +4,10 @@ It sits above :mod:`trtet_store.remote.upload` and
 :mod:`trtet_store.remote.download` (neither imports it) and knows no
 TensorRT and no engine cache: files in, files out. See :mod:`.store` for the
 bucket layout and the conditions every write carries, :mod:`.lease` for
-leases, :mod:`.entry` for the pointer, :mod:`.signing` for its signature and
-:mod:`.keyconfig` for where keys come from.
+leases, :mod:`.entry` for the pointer, :mod:`.signing` for its signature,
+:mod:`.keyconfig` for where keys come from and :mod:`.probe` for the check
+that the server honours the conditions (else nothing is written:
+:class:`ConditionalWritesUnsupportedError`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from trtet_store.cache.tier.signing import (
     keygen,
 )
 from trtet_store.cache.tier.store import LeaseWaitTimeout, RemoteTier, TierDownload, TierPublish
+from trtet_store.remote.errors import ConditionalWritesUnsupportedError
 
-__all__ = ["KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry",
+__all__ = ["ConditionalWritesUnsupportedError", "KeyFileError", "Lease", "LeaseWaitTimeout",
+           "PublicKey", "RemoteEntry",
            "RemoteTier", "SigningKey", "SigningUnavailableError", "TierDownload",
            "TierEntryError", "TierPublish", "TierSignatureError", "keygen"]

@@ -3,7 +3,8 @@
 Each look reads the pointer, then the lease with its dates
 (:meth:`~trtet_store.remote.s3.S3.get_dated`); :class:`.lease.LeaseWatch`
 judges it (dead by the server's clock, or unchanged for its capped ttl on
-ours) and says the wait out loud.
+ours) and says the wait out loud. Before a lease is written, the server's
+conditional writes are probed (:mod:`.probe`; once per endpoint and bucket).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from trtet_store.cache.tier.lease import (
     parse_lease,
     put,
 )
+from trtet_store.cache.tier.probe import require_conditional_writes
 from trtet_store.remote.jsondoc import LEASE_MAX_BYTES
 from trtet_store.remote.s3 import PreconditionFailed
 
@@ -54,6 +56,7 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
         got = tier.s3.get_dated(tier.bucket, lkey, LEASE_MAX_BYTES)
         started = time.time()
         if got is None:
+            require_conditional_writes(tier)  # a lease is one conditional write (.probe)
             try:
                 etag = put(tier.s3, tier.bucket, lkey,
                            lease_body(holder, started, tier.lease_ttl, 0),
@@ -64,6 +67,7 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
         doc = parse_lease(got.data) or {}
         dead, ttl, unchanged = watch.look(doc, got.etag, got.age, got.modified)
         if dead:
+            require_conditional_writes(tier)
             try:
                 new = put(tier.s3, tier.bucket, lkey,
                           lease_body(holder, started, tier.lease_ttl, 0),

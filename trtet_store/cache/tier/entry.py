@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from trtet_store.remote.manifest import MANIFEST_SUFFIX
 from trtet_store.remote.upload.source import check_regular_file
 
 __all__ = ["FORMAT", "DamagedPointer", "RemoteEntry", "TierEntryError", "attempt_id", "check_key",
-           "check_origin", "file_digest", "parse_files"]
+           "check_origin", "default_origin", "file_digest", "parse_files"]
 
 #: The pointer's format tag; another one is not read.
 FORMAT = "trtet-store/cache-entry/1"
@@ -75,6 +76,12 @@ def check_key(key: Any) -> str:
 def check_origin(origin: Any) -> str:
     """``origin`` if it can start an attempt directory's name, else a ValueError (TypeError)."""
     return _check_segment("origin", origin)
+
+
+def default_origin() -> str:
+    """The default origin: this host's name, made one key segment."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip(".-") or "host"
+    return name[:100]
 
 
 def file_digest(path: os.PathLike | str) -> tuple[int, str]:

@@ -6,9 +6,13 @@ cache (the engine cache, the Torch-TensorRT adapter) keeps one
 :class:`TierHealth`; its first problem is a log warning *and* a
 :class:`SharedCacheWarning` (shown on stderr by Python's default filters,
 filterable by category), later problems are logged at INFO until a call
-works again, which is said once the same way ("works again").
+works again, which is said once the same way ("works again"). A server that
+ignores conditional writes (:mod:`.probe`) is a lasting problem: its reads
+keep working, so a read that works does not say "works again" (it would
+flip with each next write's refusal); said once per cache.
 
-Standard library only; no TensorRT, no engine cache.
+Standard library only (and the remote floor's errors); no TensorRT, no
+engine cache.
 """
 
 from __future__ import annotations
@@ -65,9 +69,23 @@ class TierHealth:
         self._said = {"extra": {SAID_AS_WARNING: True}}
         #: The problem warned about, until a call works again; None while the tier works.
         self.down: str | None = None
+        #: The problem is the server's for the process (no conditional writes): kept.
+        self.lasting = False
 
-    def failed(self, message: str, *, exc_info: Any = None) -> bool:
-        """A tier call failed: warn the first time (True), else log at INFO (False)."""
+    def failed(self, message: str, *, exc_info: Any = None,
+               cause: BaseException | None = None) -> bool:
+        """A tier call failed: warn the first time (True), else log at INFO (False).
+
+        ``cause`` is the failure (default: the exception being handled, as
+        the caches call this from their ``except`` blocks); a
+        :class:`~trtet_store.remote.errors.ConditionalWritesUnsupportedError`
+        makes the problem lasting (:meth:`worked` does not end it).
+        """
+        from trtet_store.remote.errors import ConditionalWritesUnsupportedError
+
+        cause = sys.exc_info()[1] if cause is None else cause
+        if isinstance(cause, ConditionalWritesUnsupportedError):
+            self.lasting = True
         first = self.down is None
         self.down = message
         if first:
@@ -78,8 +96,11 @@ class TierHealth:
         return first
 
     def worked(self, message: str) -> bool:
-        """A tier call worked: after a warned problem, say ``message`` once (True)."""
-        if self.down is None:
+        """A tier call worked: after a warned problem, say ``message`` once (True).
+
+        Not after a lasting one: the server still ignores conditional writes.
+        """
+        if self.down is None or self.lasting:
             return False
         self.down = None
         self.log.warning("%s", message, **self._said)

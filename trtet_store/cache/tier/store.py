@@ -16,8 +16,8 @@ the old ones in place before the pointer moves.
 
 Every write of the pointer is conditional: ``If-None-Match: *`` for a new
 entry (the first publisher wins), ``If-Match: <etag>`` for the replacement of
-the damaged entry (only that version). SeaweedFS 4.48 honours both on
-PutObject, and ``If-Match`` on DeleteObject (checked against the test server).
+the damaged entry (only that version). A server that ignores either is found
+out once before the first write, which it then refuses (:mod:`.probe`).
 
 Files go up with :func:`trtet_store.remote.upload.send.publish_sources`
 (multipart, CRC64NVME, journal, resume) and come down with
@@ -35,9 +35,9 @@ program's needs are read only from a ``.pte`` (an engine file reads as
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -52,11 +52,13 @@ from trtet_store.cache.tier.entry import (
     attempt_id,
     check_key,
     check_origin,
+    default_origin,
     file_digest,
     parse_files,
 )
 from trtet_store.cache.tier.keyconfig import resolve_keys
 from trtet_store.cache.tier.lease import LEASE_SUFFIX, Lease, LeaseWaitTimeout, put
+from trtet_store.cache.tier.probe import require_conditional_writes
 from trtet_store.cache.tier.signing import TierSignatureError, refusal, sign_entry
 from trtet_store.remote.errors import (
     ConflictError,
@@ -121,12 +123,6 @@ class TierPublish:
     reason: str | None
     sent: int
     entry: RemoteEntry | None = field(default=None)
-
-
-def _safe_origin() -> str:
-    """The default origin: this host's name, made one key segment."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip(".-") or "host"
-    return name[:100]
 
 
 class RemoteTier:
@@ -206,7 +202,7 @@ class RemoteTier:
                 raise ValueError(f"{name} must be more than 0 seconds, not {value}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive int, not {concurrency!r}")
-        self.origin = check_origin(origin) if origin is not None else _safe_origin()
+        self.origin = check_origin(origin) if origin is not None else default_origin()
         self.lease_ttl = float(lease_ttl)
         self.poll = float(poll)
         self.concurrency = concurrency
@@ -424,12 +420,12 @@ class RemoteTier:
 
         Raises
         ------
+        ConditionalWritesUnsupportedError
+            The server ignores ``If-None-Match``/``If-Match`` (:mod:`.probe`): nothing sent.
         RemoteError
             The upload failed (unreachable, denied; an interrupted upload is
             kept for the next publish of the same files to resume).
         """
-        import json
-
         from trtet_store.remote.upload.config import PublishConfig
         from trtet_store.remote.upload.send import publish_sources
         from trtet_store.remote.upload.source import ObjectSource
@@ -463,6 +459,7 @@ class RemoteTier:
         if replace is not None and (current is None or current.etag != replace.etag):
             return TierPublish(key, False, "the entry to replace was replaced or removed "
                                "meanwhile", 0, current)
+        require_conditional_writes(self)  # before our first write; after a read (the bucket)
         attempt = attempt_id(self.origin, described)
         if replace is not None and replace.attempt == f"{key}/{attempt}/":
             attempt += f"-r{os.urandom(4).hex()}"
@@ -636,6 +633,8 @@ class RemoteTier:
         ------
         LeaseWaitTimeout
             ``timeout`` passed with another holder's lease still live.
+        ConditionalWritesUnsupportedError
+            The server ignores ``If-None-Match``/``If-Match`` (:mod:`.probe`): no lease.
         RemoteError
             The server could not be asked.
         """
