@@ -41,7 +41,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,7 @@ from trtet_store.cache.tier.entry import (
 )
 from trtet_store.cache.tier.keyconfig import resolve_keys
 from trtet_store.cache.tier.lease import LEASE_SUFFIX, Lease, LeaseWaitTimeout, put
+from trtet_store.cache.tier.outcomes import TierDownload, TierPublish
 from trtet_store.cache.tier.probe import require_conditional_writes
 from trtet_store.cache.tier.signing import TierSignatureError, refusal, sign_entry
 from trtet_store.remote.errors import (
@@ -80,49 +80,6 @@ __all__ = ["LeaseWaitTimeout", "RemoteTier", "TierDownload", "TierPublish"]
 log = logging.getLogger("trtet_store.cache.tier")
 
 POINTER_SUFFIX = ".json"
-
-
-@dataclass
-class TierDownload:
-    """What :meth:`RemoteTier.download` did.
-
-    Attributes
-    ----------
-    paths : dict of str to Path
-        Each file's name -> its local path (in the directory given).
-    downloaded : int
-        Bytes received from the server (0 when the directory already held the entry).
-    seconds : float
-        Wall time.
-    """
-
-    paths: dict[str, Path]
-    downloaded: int
-    seconds: float
-
-
-@dataclass
-class TierPublish:
-    """What :meth:`RemoteTier.publish` did; losing a race is a result, not an error.
-
-    Attributes
-    ----------
-    key : str
-    published : bool
-        Whether our pointer is the one committed.
-    reason : str or None
-        Why not (another publisher first, an entry already there).
-    sent : int
-        Bytes uploaded.
-    entry : RemoteEntry or None
-        The committed pointer: ours, or the winner's when we lost.
-    """
-
-    key: str
-    published: bool
-    reason: str | None
-    sent: int
-    entry: RemoteEntry | None = field(default=None)
 
 
 class RemoteTier:
