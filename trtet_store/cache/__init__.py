@@ -17,14 +17,16 @@ from trtet_store.cache.results import (
     EntryInfo,
     Hit,
     PutResult,
+    TierOutcome,
     VerifyReport,
 )
+from trtet_store.cache.tiered import TieredCache
 
 # name -> module, imported on first access (PEP 562): the tier loads the remote floor.
 _LAZY = {name: "trtet_store.cache.tier" for name in (
     "KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry", "RemoteTier",
     "SigningKey", "SigningUnavailableError", "TierDownload", "TierEntryError", "TierPublish",
-    "TierSignatureError")}
+    "TierSignatureError", "TIER_ERRORS")}
 
 
 def __getattr__(name: str) -> Any:
@@ -48,6 +50,8 @@ __all__ = [
     "EntryInfo",
     "Hit",
     "PutResult",
+    "TierOutcome",
+    "TieredCache",
     "VerifyReport",
     "default_directory",
 ]

@@ -11,6 +11,7 @@ leases, :mod:`.entry` for the pointer, :mod:`.signing` for its signature and
 from __future__ import annotations
 
 from trtet_store.cache.tier.entry import RemoteEntry, TierEntryError
+from trtet_store.cache.tier.errors import TIER_ERRORS, RemoteError
 from trtet_store.cache.tier.lease import Lease
 from trtet_store.cache.tier.signing import (
     KeyFileError,
@@ -22,6 +23,6 @@ from trtet_store.cache.tier.signing import (
 )
 from trtet_store.cache.tier.store import LeaseWaitTimeout, RemoteTier, TierDownload, TierPublish
 
-__all__ = ["KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry",
-           "RemoteTier", "SigningKey", "SigningUnavailableError", "TierDownload",
-           "TierEntryError", "TierPublish", "TierSignatureError", "keygen"]
+__all__ = ["TIER_ERRORS", "KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey",
+           "RemoteEntry", "RemoteError", "RemoteTier", "SigningKey", "SigningUnavailableError",
+           "TierDownload", "TierEntryError", "TierPublish", "TierSignatureError", "keygen"]
