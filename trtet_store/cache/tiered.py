@@ -45,6 +45,7 @@ from trtet_store.cache.results import TierOutcome
 
 if TYPE_CHECKING:
     from trtet_store.cache.blobcache import BlobCache
+    from trtet_store.cache.results import PutResult
     from trtet_store.cache.tier import RemoteEntry, RemoteTier, TierPublish
 
 __all__ = ["Places", "TierGet", "TieredCache", "Voice", "tier_errors"]
@@ -77,6 +78,12 @@ class Voice:
     works: Callable[[], str]
     #: ``(key, exc) -> line``: one entry failed its checks (damaged, refused), never served.
     damaged: Callable[[str, BaseException], str]
+    #: ``(key, entry, why) -> line``: an entry its trusted keys refuse, never served.
+    refused: Callable[[str, Any, str], str]
+    #: ``(key, entry, problem) -> line``: an entry ``accept`` refused (another GPU...).
+    not_served: Callable[[str, Any, str], str]
+    #: ``(file name, key, put result) -> line or None``: a downloaded file entered (INFO).
+    placed: Callable[[str, str, PutResult], str | None] | None = None
     #: ``(key, exc, seen, directory) -> line``: a remote hit's download failed (optional).
     download_failed: Callable[[str, BaseException, Any, Path], str] | None = None
 
@@ -133,6 +140,9 @@ class TieredCache:
         The second level; None: the local cache alone.
     accept : callable
         ``accept(entry) -> str | None``: why a shared entry must not be served here.
+    places : callable
+        ``places(entry) -> [(file name, local key, metadata), ...]``: where each
+        file of an accepted entry goes in the local cache, in that order.
     voice : Voice
         The caller's words for the tier's trouble.
     name : str
@@ -140,13 +150,14 @@ class TieredCache:
     """
 
     def __init__(self, local: BlobCache, tier: RemoteTier | None,
-                 accept: Callable[[RemoteEntry], str | None], *, voice: Voice,
+                 accept: Callable[[RemoteEntry], str | None], places: Places, *, voice: Voice,
                  name: str, logger: logging.Logger | None = None) -> None:
         from trtet_store.cache.tier.health import TierHealth
 
         self.local = local
         self.tier = tier
         self.accept = accept
+        self.places = places
         self.voice = voice
         self.name = name
         self.log = logger or log
@@ -177,7 +188,7 @@ class TieredCache:
 
     # -- get --------------------------------------------------------------------------------
 
-    def get(self, key: str, places: Places, *, local: Callable[[], Any] | None = None,
+    def get(self, key: str, *, local: Callable[[], Any] | None = None,
             progress: Callable[[Any], Any] | None = None,
             no_room: Callable[[RemoteEntry, BaseException], None] | None = None) -> TierGet:
         """The local hit, else the tier's entry made one (see the module doc).
@@ -198,7 +209,7 @@ class TieredCache:
         self.worked()
         if entry is None:
             return TierGet(outcome=TierOutcome(key, "miss", "not in the shared cache"))
-        return self.take(key, entry, places, lookup, progress=progress, no_room=no_room)
+        return self.take(key, entry, lookup, progress=progress, no_room=no_room)
 
     def refusal(self, key: str, entry: RemoteEntry) -> str | None:
         """Why ``entry`` is not served here (its signature first, then ``accept``), or None.
@@ -209,22 +220,18 @@ class TieredCache:
         """
         assert self.tier is not None
         refused = self.tier.signature_problem(entry)
-        if refused is not None:
-            self.log.warning("%s: the shared entry %s (from %s, origin %s) is refused, never "
-                             "served: %s; building it here", self.name, key, entry.host,
-                             entry.origin, refused)
+        if refused is not None:  # an entry's problem, not the tier's: said each time
+            self.health.notice(self.voice.refused(key, entry, refused))
             if self.tier.signing_key is not None:
                 self.replace[key] = entry
             return f"refused: {refused}"
         problem = self.accept(entry)
         if problem is not None:
-            self.log.warning("%s: the shared entry %s (from %s, origin %s) is a miss: %s; "
-                             "building it here", self.name, key, entry.host, entry.origin,
-                             problem)
+            self.log.warning("%s", self.voice.not_served(key, entry, problem))
             self.replace[key] = entry
         return problem
 
-    def take(self, key: str, entry: RemoteEntry, places: Places, local: Callable[[], Any], *,
+    def take(self, key: str, entry: RemoteEntry, local: Callable[[], Any], *,
              progress: Callable[[Any], Any] | None = None,
              no_room: Callable[[RemoteEntry, BaseException], None] | None = None) -> TierGet:
         """The tier's ``entry`` of ``key`` checked, downloaded, entered and looked up again.
@@ -269,7 +276,11 @@ class TieredCache:
         self.worked()
         outcome = TierOutcome(key, "hit", downloaded=got.downloaded)
         try:
-            why, placement = self._place(key, entry, places, got.paths)
+            why, placement = self._place(key, entry, got.paths)
+        except OSError as exc:  # the local side of the hit (no room, ...): the tier's failure
+            shutil.rmtree(directory, ignore_errors=True)
+            return TierGet(outcome=TierOutcome(key, "error", f"{type(exc).__name__}: {exc}"),
+                           entry=entry, unpublishable=self.failed("download", key, exc))
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -292,19 +303,20 @@ class TieredCache:
                       key, self.tier.url, entry.host, got.downloaded)
         return TierGet(hit, outcome=outcome, entry=entry)
 
-    def _place(self, key: str, entry: RemoteEntry, places: Places, paths: dict[str, Path]
+    def _place(self, key: str, entry: RemoteEntry, paths: dict[str, Path]
                ) -> tuple[str | None, str | None]:
         """Each downloaded file into the local cache, in ``places``' order: (why not, how)."""
         placement = None
-        for name, local_key, metadata in places(entry):
+        for name, local_key, metadata in self.places(entry):
             # consume=True: downloads/ is on the cache's filesystem, so the put links the
             # file in (no second copy); a skipped put leaves the file where it is.
             result = self.local.put(local_key, paths[name], metadata, consume=True)
             if result.skipped:
                 return f"{name}: {result.reason}", None
             placement = placement or result.placement
-            self.log.info("%s: downloaded %s of %s (%d bytes) cached by %s", self.name, name,
-                          key, result.size, result.placement)
+            said = self.voice.placed(name, key, result) if self.voice.placed else None
+            if said is not None:
+                self.log.info("%s", said)
         return None, placement
 
     # -- claim ------------------------------------------------------------------------------
@@ -393,7 +405,7 @@ class TieredCache:
 
     # -- pull -------------------------------------------------------------------------------
 
-    def pull(self, key: str, entry: RemoteEntry, places: Places, local: Callable[[], Any], *,
+    def pull(self, key: str, entry: RemoteEntry, local: Callable[[], Any], *,
              progress: Callable[[Any], Any] | None = None) -> TierGet:
         """Download ``entry`` into the local cache; the tier's errors raised (nothing cached).
 
@@ -410,7 +422,7 @@ class TieredCache:
             raise
         outcome = TierOutcome(key, "hit", downloaded=got.downloaded)
         try:
-            why, outcome.placement = self._place(key, entry, places, got.paths)
+            why, outcome.placement = self._place(key, entry, got.paths)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         if why is not None:

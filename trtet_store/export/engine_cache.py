@@ -201,7 +201,8 @@ class EngineCache:
         self.wait_timeout = wait_timeout
         self.remote: RemoteTier | None = tier if tier is not None else remote
         #: The two-level policy: this cache's local level and its shared tier.
-        self.tiered = TieredCache(self.blobs, self.remote, self._accept, voice=self._voice(),
+        self.tiered = TieredCache(self.blobs, self.remote, self._accept, engine_key.places,
+                                  voice=self._voice(),
                                   name=f"engine cache {self.directory}", logger=log)
         if tier is not None:  # this cache's own id and journals: a killed publish resumes
             self.tiered.adopt_tier(tier)
@@ -379,7 +380,13 @@ class EngineCache:
             failed=failed, works=lambda: f"{prefix}the shared cache {url()} works again",
             damaged=lambda key, exc: f"{prefix}the shared entry {key} is damaged, never "
                                      f"served: {exc}; building it here and replacing it",
-            download_failed=download_failed)
+            refused=lambda key, entry, why: f"{prefix}the shared entry {key} (from {entry.host}, "
+            f"origin {entry.origin}) is refused, never served: {why}; building it here",
+            not_served=lambda key, entry, why: f"{prefix}the shared entry {key} (from "
+            f"{entry.host}, origin {entry.origin}) is a miss: {why}; building it here",
+            placed=lambda name, key, put: None if name == "record" else
+            f"{prefix}downloaded engine {name[1:]} of {key} ({put.size} bytes) cached by "
+            f"{put.placement}", download_failed=download_failed)
 
     def _tier(self, what: str) -> RemoteTier:
         if self.remote is None:
@@ -515,7 +522,7 @@ class EngineCache:
                 out.append((key, 0))
                 continue
             with self.single_flight(key):
-                got = self.tiered.pull(key, entry, engine_key.places, lambda k=key: self.lookup(k),
+                got = self.tiered.pull(key, entry, lambda k=key: self.lookup(k),
                                        progress=tally.key(entry.size))
                 if got.hit is not None:
                     got.hit.close()
@@ -820,7 +827,7 @@ def _from_tier(cache: EngineCache, key: str, store: BlobStore, fingerprint: str,
         # sizes say so (refused now, not after hours of building).
         remote_miss.refuse_build_without_room(key, entry, Path(store.directory), exc)
 
-    got = cache.tiered.get(key, engine_key.places, local=lambda: cache.lookup(key),
+    got = cache.tiered.get(key, local=lambda: cache.lookup(key),
                            no_room=no_room)
     if got.outcome is not None and got.outcome.action == "miss" and got.entry is None:
         # No entry: claim the key's lease; one another machine publishes while we wait
@@ -828,7 +835,7 @@ def _from_tier(cache: EngineCache, key: str, store: BlobStore, fingerprint: str,
         entry, why = cache.tiered.claim(key, stack, timeout=cache.wait_timeout)
         if entry is None:
             return None, why, None, None
-        got = cache.tiered.take(key, entry, engine_key.places, lambda: cache.lookup(key),
+        got = cache.tiered.take(key, entry, lambda: cache.lookup(key),
                                 no_room=no_room)
     return _served(cache, key, got, store, fingerprint)
 
