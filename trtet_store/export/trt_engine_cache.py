@@ -485,8 +485,8 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
     elif cache is None or isinstance(cache, (str, os.PathLike)):
         options: dict[str, Any] = {} if max_bytes is None else {"max_bytes": max_bytes}
         if remote is not None:
+            from trtet_store.cache.tier import RemoteURL
             from trtet_store.cache.tier.keyconfig import resolve_keys
-            from trtet_store.remote.url import RemoteURL
 
             if isinstance(remote, str):  # a bad URL is refused first, as EngineCache would
                 RemoteURL.parse(remote.rstrip("/") + "/x")

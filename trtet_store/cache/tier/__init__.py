@@ -11,7 +11,8 @@ leases, :mod:`.entry` for the pointer, :mod:`.signing` for its signature and
 from __future__ import annotations
 
 from trtet_store.cache.tier.entry import RemoteEntry, TierEntryError
-from trtet_store.cache.tier.errors import TIER_ERRORS, RemoteError
+from trtet_store.cache.tier.errors import TIER_ERRORS as TIER_ERRORS
+from trtet_store.cache.tier.errors import RemoteError as RemoteError
 from trtet_store.cache.tier.lease import Lease
 from trtet_store.cache.tier.signing import (
     KeyFileError,
@@ -22,7 +23,10 @@ from trtet_store.cache.tier.signing import (
     keygen,
 )
 from trtet_store.cache.tier.store import LeaseWaitTimeout, RemoteTier, TierDownload, TierPublish
+from trtet_store.remote.url import RemoteURL as RemoteURL  # s3://bucket[/prefix]
 
-__all__ = ["TIER_ERRORS", "KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey",
-           "RemoteEntry", "RemoteError", "RemoteTier", "SigningKey", "SigningUnavailableError",
-           "TierDownload", "TierEntryError", "TierPublish", "TierSignatureError", "keygen"]
+# Also importable from here, off __all__ (not the tier's classes of the remote face's
+# aliases): TIER_ERRORS and RemoteError (errors.py), RemoteURL (the tier's URL).
+__all__ = ["KeyFileError", "Lease", "LeaseWaitTimeout", "PublicKey", "RemoteEntry",
+           "RemoteTier", "SigningKey", "SigningUnavailableError", "TierDownload",
+           "TierEntryError", "TierPublish", "TierSignatureError", "keygen"]
