@@ -38,10 +38,17 @@ from trtet_store.cache.layout import DOWNLOADS, ORIGIN_FILE, PENDING, REMOTE_JOU
 from trtet_store.cache.tally import Tally, check_progress, key_list
 from trtet_store.cache.tiered import TieredCache, TierGet, Voice
 from trtet_store.export import engine_key
-from trtet_store.export.engine_key import ENGINE_KIND, NO_GPU, RECORD_KIND
+from trtet_store.export.engine_key import (
+    DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MIN_FREE,
+    ENGINE_KIND,
+    NO_GPU,
+    RECORD_KIND,
+)
 from trtet_store.export.engine_record import CachedBuild, EngineCacheEvent, Unplaced
 from trtet_store.io import Progress, clone_range
-from trtet_store.io.units import GiB, MiB
+from trtet_store.io.units import MiB
 
 if TYPE_CHECKING:
     from trtet_store.cache.tier import RemoteEntry, RemoteTier, TierPublish
@@ -50,14 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trtet_store.engine_cache")
 
-#: The default bound: what Torch-TensorRT's DiskEngineCache allows (5 GB) is two
-#: engines of a 7B model; ours defaults to 20 GiB of distinct engine bytes.
-DEFAULT_MAX_BYTES = 20 * GiB
-#: Kept free on the cache's filesystem by default: the cache never fills a disk.
-DEFAULT_MIN_FREE = 1 * GiB
-
-#: The shared tier's lease on a key: renewed every third of it while the build runs.
-DEFAULT_LEASE_TTL = 300.0
 #: Seconds an export waits at most for another machine's build of its key, then builds
 #: itself. An hour outlasts most TensorRT builds (waiting is cheaper than building
 #: twice) and bounds what a holder that renews but never publishes (a hung build, or a

@@ -15,16 +15,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trtet_store.io.units import GiB
+
 if TYPE_CHECKING:
     from trtet_store.cache.tier import RemoteEntry
     from trtet_store.export.tensorrt import BuildResult
 
-__all__ = ["ENGINE_KIND", "NO_GPU", "RECORD_KIND", "build_key", "compute_capability",
-           "engine_key", "entry_problem", "metadata", "places"]
+__all__ = ["DEFAULT_LEASE_TTL", "DEFAULT_MAX_BYTES", "DEFAULT_MIN_FREE", "ENGINE_KIND",
+           "NO_GPU", "RECORD_KIND", "build_key", "compute_capability", "engine_key",
+           "entry_problem", "metadata", "places"]
 
 ENGINE_KIND = "trtet_store.tensorrt.engine"
 RECORD_KIND = "trtet_store.tensorrt.build"
 NO_GPU = "no-gpu"
+
+#: The default bound: what Torch-TensorRT's DiskEngineCache allows (5 GB) is two
+#: engines of a 7B model; ours defaults to 20 GiB of distinct engine bytes.
+DEFAULT_MAX_BYTES = 20 * GiB
+#: Kept free on the cache's filesystem by default: the cache never fills a disk.
+DEFAULT_MIN_FREE = 1 * GiB
+#: The shared tier's lease on a key: renewed every third of it while the build runs.
+DEFAULT_LEASE_TTL = 300.0
 
 
 def compute_capability() -> str:

@@ -86,12 +86,17 @@ from typing import TYPE_CHECKING, Any
 
 from trtet_store.cache import BlobCache, PutResult, TieredCache, TierOutcome
 from trtet_store.cache.tiered import Voice
-from trtet_store.export.engine_key import NO_GPU
+from trtet_store.export.engine_key import (
+    DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MIN_FREE,
+    NO_GPU,
+)
 from trtet_store.export.engine_key import compute_capability as compute_capability_of_this_gpu
 from trtet_store.io import try_lock
 
 if TYPE_CHECKING:
-    from trtet_store.export.engine_cache import EngineCache
+    from trtet_store.export.engine_cache import EngineCache  # annotations only
 
 log = logging.getLogger("trtet_store.cache")
 
@@ -455,8 +460,6 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
     UntrustedBucketError
         A shared tier without trusted keys, and ``trust_bucket_writers`` not True.
     """
-    from trtet_store.export.engine_cache import EngineCache
-
     try:
         base = importlib.import_module(_UPSTREAM).BaseEngineCache
     except ImportError as exc:
@@ -471,7 +474,11 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
         raise TypeError("signing_key= and trusted_keys= apply to remote=; an EngineCache "
                         "given brings its own (EngineCache(directory, remote=..., "
                         "trusted_keys=...))")
-    if isinstance(cache, (EngineCache, BlobCache)):
+    # An EngineCache (or any cache holding a TieredCache) brings its levels; a BlobCache,
+    # its local level alone. Duck-typed: this module never imports engine_cache.
+    levels = getattr(cache, "tiered", None)
+    opened_tier = None
+    if isinstance(levels, TieredCache) or isinstance(cache, BlobCache):
         if max_bytes is not None:
             raise TypeError(f"max_bytes= applies to a cache opened here; the "
                             f"{type(cache).__name__} given has its own bound "
@@ -480,12 +487,12 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
             raise TypeError(f"remote= applies to a cache opened here; open the "
                             f"{type(cache).__name__} as EngineCache(directory, remote=...) "
                             "and pass that")
-        store = cache.blobs if isinstance(cache, EngineCache) else cache
-        tier = getattr(cache, "remote", None) if isinstance(cache, EngineCache) else None
+        store = levels.local if isinstance(levels, TieredCache) else cache
+        tier = levels.tier if isinstance(levels, TieredCache) else None
     elif cache is None or isinstance(cache, (str, os.PathLike)):
-        options: dict[str, Any] = {} if max_bytes is None else {"max_bytes": max_bytes}
+        tier = None
         if remote is not None:
-            from trtet_store.cache.tier import RemoteURL
+            from trtet_store.cache.tier import RemoteTier, RemoteURL
             from trtet_store.cache.tier.keyconfig import resolve_keys
 
             if isinstance(remote, str):  # a bad URL is refused first, as EngineCache would
@@ -494,10 +501,13 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
             signing, trusted = resolve_keys(signing_key, trusted_keys)
             if trusted is None and not trust_bucket_writers:
                 _refuse_untrusted(remote)
-            options.update(remote=remote, endpoint_url=endpoint_url, signing_key=signing,
-                           trusted_keys=None if trusted is None else list(trusted.values()))
-        opened = EngineCache(cache, **options)
-        store, tier = opened.blobs, getattr(opened, "remote", None)
+            # As EngineCache(remote=) makes it: its lease, and a waiter's poll.
+            tier = opened_tier = RemoteTier(
+                remote, endpoint_url=endpoint_url, lease_ttl=DEFAULT_LEASE_TTL,
+                poll=min(2.0, DEFAULT_LEASE_TTL / 4), signing_key=signing,
+                trusted_keys=None if trusted is None else list(trusted.values()))
+        store = BlobCache(cache, max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+                          min_free=DEFAULT_MIN_FREE)
     else:
         raise TypeError(f"cache must be an EngineCache, a BlobCache, a directory or None, got "
                         f"{type(cache).__name__}")
@@ -514,5 +524,8 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
                                "compute_capability= (e.g. 'sm_90') to for_torch_tensorrt()")
     else:
         capability = _capability(compute_capability)
-    return _adapter_class(base)(store, tensorrt_version=tensorrt_version,
+    made = _adapter_class(base)(store, tensorrt_version=tensorrt_version,
                                 compute_capability=capability, remote=tier)
+    if opened_tier is not None:  # this cache's own origin and journals, as EngineCache's
+        made.tiered.adopt_tier(opened_tier)
+    return made
