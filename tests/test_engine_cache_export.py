@@ -415,7 +415,7 @@ def test_export_takes_the_cache_and_a_hit_left_unconsumed_leaves_no_file(here_fs
     module, inputs = linear_relu()
     with installed(MustNotBuild()), trtet_store.BlobStore(staging) as store:
         edge = trtet_store.export.export(module, inputs=inputs, store=store, engine_cache=cache)
-        assert [e.outcome for e in edge._trtet_cache] == ["hit"]  # noqa: SLF001
+        assert [e.outcome for e in edge.trtet_cache] == ["hit"]
         program = edge.to_executorch(ExecutorchBackendConfig(segment_alignment=4096))
         trtet_store.save_program(program, here_fs / "b.pte")  # not consumed: a copy
         del edge, program

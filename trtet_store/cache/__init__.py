@@ -16,16 +16,18 @@ from trtet_store.cache.results import (
     EntryInfo,
     Hit,
     PutResult,
+    TierOutcome,
     VerifyReport,
 )
 from trtet_store.cache.store import DEFAULT_CHUNK_SIZE, BlobCache, Claim
+from trtet_store.cache.tiered import TieredCache
 
 # The tier's names, imported on first access (PEP 562): the tier loads the remote floor.
 _TIER_NAMES = frozenset({
     "ConditionalWritesUnsupportedError", "KeyFileError", "Lease", "LeaseWaitTimeout",
     "PublicKey", "RemoteEntry", "RemoteTier",
     "SigningKey", "SigningUnavailableError", "TierDownload", "TierEntryError", "TierPublish",
-    "TierSignatureError"})
+    "TierSignatureError", "TIER_ERRORS"})
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +48,8 @@ __all__ = [
     "EntryInfo",
     "Hit",
     "PutResult",
+    "TierOutcome",
+    "TieredCache",
     "VerifyReport",
     "default_directory",
 ]

@@ -12,6 +12,12 @@
       flights/<key>.lock    single-flight locks (one builder per key)
       tmp/                  files being written, each flocked by its writer
 
+    The two-level policy's (cache/tiered.py), beside them:
+      downloads/<key>/      a shared entry being downloaded (resumable), then linked in
+      remote-pending/<key>  a build cached here and not yet in the shared tier
+      remote-origin         this cache's id in the shared tier (random hex, made once)
+      remote-journal/       publish journals (a killed publish resumes from its journal)
+
 Nothing here knows what a key means: the caller hands a hex digest.
 """
 
@@ -23,6 +29,16 @@ import re
 from pathlib import Path
 
 SUBDIRS = ("keys", "blobs", "flights", "tmp")
+
+#: Shared entries are downloaded into <cache>/downloads/<key>/ (resumable), then cached.
+DOWNLOADS = "downloads"
+#: <cache>/remote-pending/<key>: a build cached here and not yet in the shared tier
+#: (the publish was cut or the server was down); the next hit of the key publishes it.
+PENDING = "remote-pending"
+#: In the cache directory: this machine's id in the shared tier (random hex, made once).
+ORIGIN_FILE = "remote-origin"
+#: Publish journals (a killed publish resumes from its journal).
+REMOTE_JOURNAL = "remote-journal"
 
 
 def owned_by_cache(directory: Path, path: os.PathLike | str) -> bool:

@@ -170,3 +170,23 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.dropped
+
+
+@dataclass
+class TierOutcome:
+    """What a ``get`` or ``publish`` of the two-level cache did with the shared tier.
+
+    ``action`` is ``"hit"`` (downloaded ``downloaded`` bytes and served),
+    ``"miss"`` (no entry, or a foreign or damaged one: ``reason``),
+    ``"published"``, ``"not-published"`` (``reason``: already there, lost
+    the race, ...) or ``"error"`` (the tier failed: ``reason``; warned).
+    """
+
+    key: str
+    action: str
+    reason: str | None = None
+    downloaded: int = 0
+    sent: int = 0
+    #: A hit's way into the local cache (PutResult.placement: "link", "copy",
+    #: "clone", "dedup"), or None (not entered: served from the download, or no hit).
+    placement: str | None = None

@@ -287,10 +287,10 @@ def compile_and_save(
                       backend=backend, store=store, external_engine_data=external_engine_data,
                       external_weights=external_weights, engine_cache=cache,
                       engine_cache_timeout=engine_cache_timeout, **compile_settings)
-        engines = edge._trtet_staged[0]  # noqa: SLF001
+        engines = edge.trtet_staged[0]
         program = edge.to_executorch(config)
         report = CompileReport(path, engines=_listed_once(engines),
-                               engine_cache=list(getattr(edge, "_trtet_cache", [])))
+                               engine_cache=list(getattr(edge, "trtet_cache", [])))
         etrecord_error = None
         if generate_etrecord:
             report.etrecord = path.with_name(path.stem + "_etrecord.bin")
@@ -319,7 +319,7 @@ def compile_and_save(
         # call (export keeps what it built when it fails itself).
         blobs = engine_reuse.kept(store)
         if edge is not None and not written:
-            staged, records = edge._trtet_staged  # noqa: SLF001
+            staged, records = edge.trtet_staged
             blobs += [*(e.blob for e in staged), *records]
         engine_reuse.keep(store, blobs, own_store=own_store)
         raise
@@ -327,7 +327,7 @@ def compile_and_save(
         if edge is not None:
             from trtet_store.export import tensorrt
 
-            tensorrt.unregister_engines(edge._trtet_staged[0])  # noqa: SLF001
+            tensorrt.unregister_engines(edge.trtet_staged[0])
         del edge
         if own_store:
             store.close()

@@ -197,7 +197,7 @@ class _Counting:
         return self.inner.blob
 
 
-def _engine_entry(engine: tensorrt.Engine) -> dict[str, Any]:
+def engine_entry(engine: tensorrt.Engine) -> dict[str, Any]:
     return {"engine_id": engine.engine_id, "digest": engine.blob.digest,
             "size": engine.blob.size, "state": dataclasses.asdict(engine.state),
             "outputs": [[list(shape), str(dtype).removeprefix("torch.")]
@@ -209,10 +209,10 @@ def _record(store: BlobStore, fingerprint: str, built: tensorrt.BuildResult) -> 
     torch.export.save(built.exported_program, buffer)
     return store.put(buffer.getvalue(), metadata={
         "kind": RECORD_KIND, "fingerprint": fingerprint,
-        "engines": [_engine_entry(e) for e in built.engines]})
+        "engines": [engine_entry(e) for e in built.engines]})
 
 
-def _state(entry: dict[str, Any]) -> tensorrt.EngineState:
+def entry_state(entry: dict[str, Any]) -> tensorrt.EngineState:
     s = entry["state"]  # dataclasses.asdict of the state, lists where it has tuples
     return tensorrt.EngineState(**{
         **s, "input_names": tuple(s["input_names"]), "output_names": tuple(s["output_names"]),
@@ -336,7 +336,7 @@ def reuse(store: BlobStore, fingerprint: str) -> tensorrt.BuildResult | None:
         with open(record_blob.path, "rb") as f:
             exported = torch.export.load(f)
         engines_out = [tensorrt.register_engine(
-            blob, _state(entry),
+            blob, entry_state(entry),
             [(tuple(shape), getattr(torch, dtype)) for shape, dtype in entry["outputs"]],
             engine_id=entry["engine_id"]) for entry, blob in zip(wanted, blobs, strict=True)]
         log.info("build %s: reusing %d staged engines of a previous export (%d bytes) instead "

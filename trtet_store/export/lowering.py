@@ -125,7 +125,7 @@ def export(
         the cache into ``store`` (copied where they share no reflink
         filesystem). A build made here enters it before the program is
         saved; a cache that cannot take it never fails the export (logged,
-        and in the program's ``_trtet_cache`` events). One build per key at a
+        and in the program's ``trtet_cache`` events). One build per key at a
         time across processes: the others wait and take the hit.
     engine_cache_timeout : float, optional
         Seconds to wait for another process building the same engines;
@@ -246,8 +246,8 @@ def export(
             store.close()
         raise
     # The engines (and build records) live as long as the program that names them.
-    edge._trtet_staged = (engines, keep)  # noqa: SLF001
-    edge._trtet_cache = events  # noqa: SLF001
+    edge.trtet_staged = (engines, keep)
+    edge.trtet_cache = events
     weakref.finalize(edge, tensorrt.unregister_engines, list(engines))
     return edge
 

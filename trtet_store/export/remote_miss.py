@@ -19,26 +19,19 @@ from trtet_store.io.units import MiB, format_mib
 if TYPE_CHECKING:
     from trtet_store.cache.tier import RemoteEntry
 
-__all__ = ["LastProgress", "download_failed", "refuse_build_without_room"]
+__all__ = ["download_failed", "refuse_build_without_room"]
 
 #: What a save needs beyond the engines: the program's headers and the writer's slack
 #: (as :func:`~trtet_store.export.engine_cache.save_reserve` counts it).
 _SAVE_SLACK = 2 * MiB
 
 
-class LastProgress:
-    """A download's progress callback that keeps its last ``(done, total)``."""
+def download_failed(key: str, exc: BaseException, seen: Any, directory: Path) -> str:
+    """One line: the shared cache's download of ``key`` failed, why, and what happens next.
 
-    def __init__(self) -> None:
-        self.done: int | None = None
-        self.total: int | None = None
-
-    def __call__(self, update: Any) -> None:
-        self.done, self.total = int(update.done), int(update.total)
-
-
-def download_failed(key: str, exc: BaseException, seen: LastProgress, directory: Path) -> str:
-    """One line: the shared cache's download of ``key`` failed, why, and what happens next."""
+    ``seen`` is the download's last progress (``.done``, ``.total``), as the
+    two-level cache (:mod:`trtet_store.cache.tiered`) keeps it.
+    """
     from trtet_store.cache.tier.health import download_failed as cause
 
     kept = bool(seen.done) and directory.is_dir() and any(directory.rglob("*"))

@@ -31,31 +31,29 @@ there (cloned where the filesystem can, else copied: ext4 writes them twice);
 ``load`` reads the entry into one ``bytes``.
 
 The shared tier (issue 37). When the :class:`~trtet_store.EngineCache` given
-(or opened here with ``remote=``) has a remote tier (``cache.remote``, a
-:class:`trtet_store.cache.tier.RemoteTier` over ``s3://bucket/prefix``),
+(or opened here with ``remote=``) has a remote tier (``cache.remote``),
 every machine of a team shares the entries, under the same key (so the same
-TensorRT and GPU only):
+TensorRT and GPU only), through the two-level policy
+:class:`trtet_store.cache.tiered.TieredCache` (the engine cache's too) with
+this adapter's own ``accept`` (:meth:`_Adapter._foreign`: the kind, TensorRT
+version and compute capability of the entry's metadata):
 
-- ``load`` on a local miss looks the key up in the bucket. An entry whose
-  metadata names another kind, TensorRT or compute capability is a miss
-  (logged). A hit is downloaded (fetch's machinery: ranged GETs under
-  If-Match, resumable) into ``<cache dir>/downloads/<key>/``, each byte
-  checked against the size and xxh3-128 its pointer records, entered in
-  the local cache by a hard link (``put(consume=True)``: ``downloads/`` is
-  on the cache's filesystem, so no second copy on any filesystem) and
-  served as a local hit; a download the cache cannot take (its bound, no
-  room) is served from ``downloads/`` once, then removed. A file that
-  fails its check is never served:
-  a miss, logged, and the entry is remembered as damaged so that the
-  rebuild's ``save`` replaces it (conditionally, that entry only).
-- ``save`` puts locally, then publishes the same bytes (multipart,
-  checksummed, the pointer written last with ``If-None-Match: *``): of two
-  machines the first wins, the other keeps its entry locally and logs that
-  it lost the race.
-- The remote never fails a compile: an unreachable server, refused
-  credentials, a missing bucket or a damaged entry is a warning (logged once
-  until the tier works again) and the local cache alone. :attr:`last_remote`
-  says what the last ``load``/``save`` did there.
+- ``load`` on a local miss is :meth:`TieredCache.get`: the bucket's entry,
+  verified, entered locally by a hard link and served as a local hit; a
+  download the local cache cannot take is served once, then removed; a
+  damaged, refused or foreign entry is a miss, replaced by the rebuild's
+  ``save`` (``If-Match`` that entry only).
+- ``save`` puts locally, then publishes the same bytes
+  (:meth:`TieredCache.publish`). One winner rule at both levels: **the first
+  writer wins**. In the bucket the pointer is written with
+  ``If-None-Match: *``; in the local cache a key already cached keeps its
+  entry (the save is skipped, ``last_put.reason`` says so), under the key's
+  single-flight lock, so two processes saving one key agree with the bucket
+  on whose bytes are served.
+- The remote never fails a compile: the tier's errors
+  (:data:`trtet_store.cache.tier.TIER_ERRORS`) are a warning, once until it
+  works again, and the local cache alone. :attr:`last_remote` (a
+  :class:`~trtet_store.cache.TierOutcome`) says what the last ``load``/``save`` did there.
 - Trust (issue 44): upstream's ``check`` unpickles what ``load`` returns, so
   an entry from the bucket is code from whoever can write it. A shared tier
   is refused at construction (:class:`UntrustedBucketError`) unless it has
@@ -83,15 +81,22 @@ import importlib.metadata
 import logging
 import os
 import re
-import shutil
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trtet_store.cache import BlobCache, PutResult
-from trtet_store.export.engine_cache import NO_GPU, EngineCache
-from trtet_store.export.engine_cache import compute_capability as compute_capability_of_this_gpu
+from trtet_store.cache import BlobCache, PutResult, TieredCache, TierOutcome
+from trtet_store.cache.tiered import Voice
+from trtet_store.export.engine_key import (
+    DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MIN_FREE,
+    NO_GPU,
+)
+from trtet_store.export.engine_key import compute_capability as compute_capability_of_this_gpu
 from trtet_store.io import try_lock
+
+if TYPE_CHECKING:
+    from trtet_store.export.engine_cache import EngineCache  # annotations only
 
 log = logging.getLogger("trtet_store.cache")
 
@@ -157,24 +162,9 @@ def _refuse_extra(method: str, args: tuple, kwargs: dict) -> None:
                         f"got also {', '.join(given)}")
 
 
-@dataclass
-class RemoteOutcome:
-    """What the last ``load`` or ``save`` did with the shared tier.
-
-    ``action`` is ``"hit"`` (downloaded ``downloaded`` bytes and served),
-    ``"miss"`` (no entry, or a foreign or damaged one: ``reason``),
-    ``"published"``, ``"not-published"`` (``reason``: already there, lost
-    the race, ...) or ``"error"`` (the tier failed: ``reason``; warned).
-    """
-
-    key: str
-    action: str
-    reason: str | None = None
-    downloaded: int = 0
-    sent: int = 0
-    #: A hit's way into the local cache (PutResult.placement: "link", "copy",
-    #: "clone", "dedup"), or None (not entered: served from the download, or no hit).
-    placement: str | None = None
+#: What the last ``load`` or ``save`` did with the shared tier (the old name of
+#: :class:`trtet_store.cache.TierOutcome`, kept importable).
+RemoteOutcome = TierOutcome
 
 
 class _Adapter:
@@ -190,13 +180,10 @@ class _Adapter:
         #: The last save's outcome (stored, or skipped with its reason).
         self.last_put: PutResult | None = None
         #: What the last load or save did with the shared tier (None: not asked).
-        self.last_remote: RemoteOutcome | None = None
-        # Entries whose files failed their checks, by key: the rebuild replaces them.
-        self._damaged: dict[str, Any] = {}
-        # Warn once while the tier fails (a SharedCacheWarning too); again once it works.
-        from trtet_store.cache.tier.health import TierHealth
-
-        self._health = TierHealth(log)
+        self.last_remote: TierOutcome | None = None
+        #: The two-level policy (the engine cache's), with this adapter's accept and words.
+        self.tiered = TieredCache(cache, remote, self._foreign, self._places, voice=self._voice(),
+                                  name="engine cache", logger=log)
 
     def key_for(self, hash: str) -> str:  # noqa: A002 - upstream's parameter name
         """The cache key of upstream's ``hash`` on this TensorRT and GPU."""
@@ -251,7 +238,7 @@ class _Adapter:
             metadata = {"kind": KIND, "torch_tensorrt_hash": hash,
                         "versions": [["tensorrt", self.tensorrt_version]],
                         "compute_capability": self.compute_capability}
-            self.last_put = cache.put(key, tmp, metadata)
+            self.last_put = self._put_first(key, tmp, metadata, size)
             if self.remote is not None:
                 # From the temp file, still ours (flocked): the bytes just put. A put the
                 # bound skipped still publishes: other machines may have room for it.
@@ -278,37 +265,53 @@ class _Adapter:
         key = self.key_for(hash)
         hit = self.cache.get(key)
         if hit is None and self.remote is not None:
-            data = self._load_remote_once(key)
-            if data is not None:  # verified, but the local cache could not take it
-                return data
-            hit = self.cache.get(key)  # entered by the download, or still a miss
-        if hit is None:
-            return None
-        with hit:
-            fd = os.dup(hit.fileno())
-            os.lseek(fd, 0, os.SEEK_SET)
-            with open(fd, "rb", buffering=0) as f:  # readall: one bytes, sized by fstat
-                data = f.readall()
-        if len(data) != hit.size:  # the pinned file cannot shrink unless damaged
-            log.warning("engine cache: %s read %d bytes, sealed %d: a miss", hit.key,
-                        len(data), hit.size)
-            return None
-        return data
+            return self._load_remote_once(key)
+        return _read(hit)
+
+    def _put_first(self, key: str, path: os.PathLike | str, metadata: dict[str, Any],
+                   size: int) -> PutResult:
+        """The local put, first writer wins (as the bucket): a key cached keeps its entry.
+
+        The check is a pinned, sealed hit just before the put (no lock file is
+        made: a save killed here leaves only its temp file). Two saves of one
+        key racing inside the same put may both land; both are builds of that
+        key, and the bucket still has one winner.
+        """
+        hit = self.cache.get(key)
+        if hit is not None:
+            hit.close()
+            reason = f"{key} is already cached (the first writer wins: its entry is kept)"
+            log.info("engine cache: torch-tensorrt entry %s not stored: %s", key[:30], reason)
+            return PutResult(key=key, stored=False, size=size, reason=reason)
+        return self.cache.put(key, path, metadata)
 
     # -- the shared tier ------------------------------------------------------------------
 
-    def _remote_failed(self, key: str, what: str, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        self._health.failed(f"engine cache: the shared tier {self.remote.url} failed {what} "
-                            f"{key} ({reason}); the local cache alone is used until it works "
-                            "again")
-        self.last_remote = RemoteOutcome(key, "error", reason)
+    def _voice(self) -> Voice:
+        def url() -> str:
+            return self.remote.url if self.remote is not None else ""
 
-    def _remote_worked(self) -> None:
-        self._health.worked(f"engine cache: the shared tier {self.remote.url} works again")
+        def failed(what: str, key: str, exc: BaseException, said: str | None
+                   ) -> tuple[str, str]:
+            reason = f"{type(exc).__name__}: {exc}"
+            doing = "publishing" if what == "publish" else "looking up"
+            return (f"engine cache: the shared tier {url()} failed {doing} {key} ({reason}); "
+                    "the local cache alone is used until it works again"), reason
+
+        def checks(key: str, why: object) -> str:
+            return (f"engine cache: the shared entry {key} failed its checks, never served: "
+                    f"{why}; a miss (the rebuild replaces it)")
+
+        return Voice(failed=failed, works=lambda: f"engine cache: the shared tier {url()} "
+                     "works again", damaged=checks,
+                     refused=lambda key, entry, why: checks(key, f"refused: {why}"),
+                     not_served=lambda key, entry, why: f"engine cache: the shared entry {key} "
+                     f"is not for this machine ({why}): a miss",
+                     placed=lambda name, key, put: f"engine cache: downloaded {key} "
+                     f"({put.size} bytes) cached by {put.placement}")
 
     def _foreign(self, entry: Any) -> str | None:
-        """Why the bucket's ``entry`` must not be served here, or None."""
+        """Why the bucket's ``entry`` must not be served here, or None (this adapter's accept)."""
         meta = entry.metadata if isinstance(entry.metadata, dict) else {}
         versions = meta.get("versions")
         tensorrt = dict(map(tuple, versions)).get("tensorrt") if isinstance(versions, list) \
@@ -324,8 +327,15 @@ class _Adapter:
             return f"its files are {[f.get('name') for f in entry.files]}, not [{REMOTE_FILE!r}]"
         return None
 
+    def _places(self, entry: Any) -> list[tuple[str, str, dict[str, Any]]]:
+        """The entry's one file, entered under its key with this machine's metadata."""
+        return [(REMOTE_FILE, entry.key, {
+            "kind": KIND, "torch_tensorrt_hash": entry.metadata.get("torch_tensorrt_hash"),
+            "versions": [["tensorrt", self.tensorrt_version]],
+            "compute_capability": self.compute_capability})]
+
     def _load_remote_once(self, key: str) -> bytes | None:
-        """:meth:`_load_remote` under the key's build lock: one download per key per machine.
+        """The bucket's entry under the key's build lock: one download per key per machine.
 
         Two processes of this machine missing the same key at once would
         download into the same ``downloads/<key>/`` (and remove each other's
@@ -339,103 +349,43 @@ class _Adapter:
                 log.debug("engine cache: no build lock for %s (%s)", key, exc)
                 claim = None
             if claim is not None and claim.hit is not None:
-                return None  # entered meanwhile by another process: load() serves it locally
-            return self._load_remote(key)
-
-    def _load_remote(self, key: str) -> bytes | None:
-        """The bucket's entry ``key``, downloaded, verified and entered locally; or None."""
-        from trtet_store.cache.tier import TierEntryError, TierSignatureError
-        from trtet_store.remote.errors import RemoteError
-
-        tier = self.remote
-        directory = self.cache.directory / "downloads" / key
-        try:
-            try:
-                entry = tier.lookup(key)
-                if entry is None:
-                    self._remote_worked()
-                    self.last_remote = RemoteOutcome(key, "miss", "not in the shared cache")
-                    return None
-                tier.check_signature(entry)  # before its metadata is believed
-                problem = self._foreign(entry)
-                if problem is not None:  # the key says it cannot be; the metadata is checked too
-                    self._remote_worked()
-                    log.warning("engine cache: the shared entry %s is not for this machine (%s): "
-                                "a miss", key, problem)
-                    self.last_remote = RemoteOutcome(key, "miss", problem)
-                    return None
-                got = tier.download(entry, directory)
-            except TierEntryError as exc:
-                # Damaged, tampered or refused by the trusted keys: never served; the
-                # rebuild's save replaces it (a refused one only when we sign: else our
-                # own entry would be refused as well).
-                refused = isinstance(exc, TierSignatureError)
-                if not refused or tier.signing_key is not None:
-                    self._damaged[key] = entry
-                self._remote_worked()
-                self._health.notice(f"engine cache: the shared entry {key} failed its checks, "
-                                    f"never served: {exc}; a miss (the rebuild replaces it)")
-                self.last_remote = RemoteOutcome(
-                    key, "miss", f"refused: {exc.reason}" if refused else f"damaged: {exc}")
-                return None
-            except (RemoteError, OSError) as exc:
-                self._remote_failed(key, "looking up", exc)
-                return None
-            self._remote_worked()
-            path = got.paths[REMOTE_FILE]
-            self.last_remote = RemoteOutcome(key, "hit", downloaded=got.downloaded)
-            log.info("engine cache: %s downloaded from the shared tier (%d bytes)", key,
-                     got.downloaded)
-            metadata = {"kind": KIND, "torch_tensorrt_hash": entry.metadata.get(
-                "torch_tensorrt_hash"), "versions": [["tensorrt", self.tensorrt_version]],
-                "compute_capability": self.compute_capability}
-            # consume=True: downloads/ is the caller's part of the cache directory, on its
-            # filesystem, so the put hard links the file in (no second copy of the engine)
-            # and removes the download once the entry is durable. A skipped put leaves the
-            # file where it is: served below, then removed with the directory.
-            put = self.cache.put(key, path, metadata, consume=True)
-            if put.stored:
-                self.last_remote.placement = put.placement
-                log.info("engine cache: downloaded %s (%d bytes) cached by %s", key, put.size,
-                         put.placement)
-                return None  # entered: load() serves it as a local hit (pinned, sealed)
-            # Not cacheable here (the bound, no room): the verified bytes are served as they are.
-            with open(path, "rb", buffering=0) as f:
-                return f.readall()
-        except OSError as exc:  # the local side of a remote hit (no room to download, ...)
-            self._remote_failed(key, "placing", exc)
-            return None
-        finally:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(directory)
+                return _read(self.cache.get(key))  # entered meanwhile by another process
+            got = self.tiered.get(key, local=lambda: self.cache.get(key))
+            self.last_remote = got.outcome
+            if got.download is not None:  # verified, but the local cache could not take it
+                with got.download, open(got.download.paths[REMOTE_FILE], "rb",
+                                        buffering=0) as f:
+                    return f.readall()
+            return _read(got.hit)
 
     def _publish(self, key: str, path: os.PathLike | str, metadata: dict[str, Any],
                  put: PutResult | None) -> None:
         """Publish the bytes at ``path`` under ``key``: first wins; never raises."""
-        from trtet_store.remote.errors import RemoteError
-
         files: list[tuple[Any, ...]] = [(REMOTE_FILE, path)]
         if put is not None and put.stored and put.digest is not None:
             files = [(REMOTE_FILE, path, put.digest)]  # digested by the put: not read again
-        try:
-            done = self.remote.publish(key, files, metadata, replace=self._damaged.get(key))
-        except (RemoteError, OSError) as exc:
-            self._remote_failed(key, "publishing", exc)
-            return
-        self._remote_worked()
-        self._damaged.pop(key, None)
-        if done.published:
-            log.info("engine cache: %s published to the shared tier (%d bytes sent)", key,
-                     done.sent)
-            self.last_remote = RemoteOutcome(key, "published", sent=done.sent)
-        else:
-            log.info("engine cache: %s not published: %s", key, done.reason)
-            self.last_remote = RemoteOutcome(key, "not-published", done.reason, sent=done.sent)
+        self.last_remote, _ = self.tiered.publish(key, files, metadata)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({os.fspath(self.cache.directory)!r}, "
                 f"max_bytes={self.cache.max_bytes}, tensorrt={self.tensorrt_version}, "
                 f"sm={self.compute_capability})")
+
+
+def _read(hit: Any) -> bytes | None:
+    """A pinned hit's bytes as one ``bytes`` (None: no hit, or a file shorter than sealed)."""
+    if hit is None:
+        return None
+    with hit:
+        fd = os.dup(hit.fileno())
+        os.lseek(fd, 0, os.SEEK_SET)
+        with open(fd, "rb", buffering=0) as f:  # readall: one bytes, sized by fstat
+            data = f.readall()
+    if len(data) != hit.size:  # the pinned file cannot shrink unless damaged
+        log.warning("engine cache: %s read %d bytes, sealed %d: a miss", hit.key,
+                    len(data), hit.size)
+        return None
+    return data
 
 
 def _refuse_untrusted(url: str) -> None:
@@ -524,7 +474,11 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
         raise TypeError("signing_key= and trusted_keys= apply to remote=; an EngineCache "
                         "given brings its own (EngineCache(directory, remote=..., "
                         "trusted_keys=...))")
-    if isinstance(cache, (EngineCache, BlobCache)):
+    # An EngineCache (or any cache holding a TieredCache) brings its levels; a BlobCache,
+    # its local level alone. Duck-typed: this module never imports engine_cache.
+    levels = getattr(cache, "tiered", None)
+    opened_tier = None
+    if isinstance(levels, TieredCache) or isinstance(cache, BlobCache):
         if max_bytes is not None:
             raise TypeError(f"max_bytes= applies to a cache opened here; the "
                             f"{type(cache).__name__} given has its own bound "
@@ -533,13 +487,13 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
             raise TypeError(f"remote= applies to a cache opened here; open the "
                             f"{type(cache).__name__} as EngineCache(directory, remote=...) "
                             "and pass that")
-        store = cache.blobs if isinstance(cache, EngineCache) else cache
-        tier = getattr(cache, "remote", None) if isinstance(cache, EngineCache) else None
+        store = levels.local if isinstance(levels, TieredCache) else cache
+        tier = levels.tier if isinstance(levels, TieredCache) else None
     elif cache is None or isinstance(cache, (str, os.PathLike)):
-        options: dict[str, Any] = {} if max_bytes is None else {"max_bytes": max_bytes}
+        tier = None
         if remote is not None:
+            from trtet_store.cache.tier import RemoteTier, RemoteURL
             from trtet_store.cache.tier.keyconfig import resolve_keys
-            from trtet_store.remote.url import RemoteURL
 
             if isinstance(remote, str):  # a bad URL is refused first, as EngineCache would
                 RemoteURL.parse(remote.rstrip("/") + "/x")
@@ -547,10 +501,13 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
             signing, trusted = resolve_keys(signing_key, trusted_keys)
             if trusted is None and not trust_bucket_writers:
                 _refuse_untrusted(remote)
-            options.update(remote=remote, endpoint_url=endpoint_url, signing_key=signing,
-                           trusted_keys=None if trusted is None else list(trusted.values()))
-        opened = EngineCache(cache, **options)
-        store, tier = opened.blobs, getattr(opened, "remote", None)
+            # As EngineCache(remote=) makes it: its lease, and a waiter's poll.
+            tier = opened_tier = RemoteTier(
+                remote, endpoint_url=endpoint_url, lease_ttl=DEFAULT_LEASE_TTL,
+                poll=min(2.0, DEFAULT_LEASE_TTL / 4), signing_key=signing,
+                trusted_keys=None if trusted is None else list(trusted.values()))
+        store = BlobCache(cache, max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+                          min_free=DEFAULT_MIN_FREE)
     else:
         raise TypeError(f"cache must be an EngineCache, a BlobCache, a directory or None, got "
                         f"{type(cache).__name__}")
@@ -567,5 +524,8 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
                                "compute_capability= (e.g. 'sm_90') to for_torch_tensorrt()")
     else:
         capability = _capability(compute_capability)
-    return _adapter_class(base)(store, tensorrt_version=tensorrt_version,
+    made = _adapter_class(base)(store, tensorrt_version=tensorrt_version,
                                 compute_capability=capability, remote=tier)
+    if opened_tier is not None:  # this cache's own origin and journals, as EngineCache's
+        made.tiered.adopt_tier(opened_tier)
+    return made

@@ -1,0 +1,134 @@
+"""What an engine build's key and entries are: compute capability, build key, kinds, checks.
+
+The cache (``cache/``) knows no TensorRT: this module says what its keys and
+metadata mean for an engine build. The build key is
+``trt-<fingerprint>-<capability>``; a build is the entries ``<key>.e<i>``
+(engine ``i``'s bytes) and ``<key>`` (the build record, written last); a
+shared entry is the files ``record``, ``e0``, ``e1``... with the pointer
+metadata ``{"record": ..., "engines": [...]}``. :func:`entry_problem` is the
+engine cache's ``accept``: an entry is served only on the GPU and versions
+it was built for. Both the engine cache and the Torch-TensorRT adapter import
+this module (neither imports the other at import time).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trtet_store.io.units import GiB
+
+if TYPE_CHECKING:
+    from trtet_store.cache.tier import RemoteEntry
+    from trtet_store.export.tensorrt import BuildResult
+
+__all__ = ["DEFAULT_LEASE_TTL", "DEFAULT_MAX_BYTES", "DEFAULT_MIN_FREE", "ENGINE_KIND",
+           "NO_GPU", "RECORD_KIND", "build_key", "compute_capability", "engine_key",
+           "entry_problem", "metadata", "places"]
+
+ENGINE_KIND = "trtet_store.tensorrt.engine"
+RECORD_KIND = "trtet_store.tensorrt.build"
+NO_GPU = "no-gpu"
+
+#: The default bound: what Torch-TensorRT's DiskEngineCache allows (5 GB) is two
+#: engines of a 7B model; ours defaults to 20 GiB of distinct engine bytes.
+DEFAULT_MAX_BYTES = 20 * GiB
+#: Kept free on the cache's filesystem by default: the cache never fills a disk.
+DEFAULT_MIN_FREE = 1 * GiB
+#: The shared tier's lease on a key: renewed every third of it while the build runs.
+DEFAULT_LEASE_TTL = 300.0
+
+
+def compute_capability() -> str:
+    """The GPU's compute capability as ``sm_<major><minor>`` (device 0), or ``"no-gpu"``.
+
+    Part of every key: an engine is built for one GPU architecture, and a
+    cache shared between machines must never hand it to another.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return NO_GPU
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def build_key(fingerprint: str, capability: str | None = None) -> str:
+    """The cache key of a build: ``trt-<fingerprint>-<capability>``."""
+    if capability is None:
+        capability = compute_capability()
+    return f"trt-{fingerprint}-{capability}"
+
+
+def engine_key(key: str, index: int) -> str:
+    """The local cache key of engine ``index`` of the build ``key``."""
+    return f"{key}.e{index}"
+
+
+def metadata(key: str, built: BuildResult, fingerprint: str, capability: str | None = None
+             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """What a build's entries carry: each engine's metadata, and the record's.
+
+    The same dicts go into the local cache and into a shared entry's pointer
+    (``{"record": ..., "engines": [...]}``), so a downloaded entry is cached
+    exactly as a local build is.
+    """
+    from trtet_store.export import engine_reuse
+
+    if capability is None:
+        capability = compute_capability()
+    engines = [{"kind": ENGINE_KIND, "build": key, "engine_id": engine.engine_id,
+                "compute_capability": capability} for engine in built.engines]
+    record = {"kind": RECORD_KIND, "fingerprint": fingerprint, "compute_capability": capability,
+              "versions": [list(v) for v in engine_reuse.build_versions()],
+              "engines": [engine_reuse.engine_entry(e) for e in built.engines]}
+    return engines, record
+
+
+def places(entry: RemoteEntry) -> list[tuple[str, str, dict[str, Any]]]:
+    """Where a shared build's files go in the local cache: the engines, then the record."""
+    key = entry.key
+    out = [(f"e{i}", engine_key(key, i), meta)
+           for i, meta in enumerate(entry.metadata["engines"])]
+    return [*out, ("record", key, entry.metadata["record"])]
+
+
+def entry_problem(entry: RemoteEntry, capability: str | None = None) -> str | None:
+    """Why the shared ``entry`` must not be placed on this machine (None: it may).
+
+    Its metadata must be an engine build's, its files those of that build,
+    and its compute capability and versions this machine's: an engine is
+    never placed on a GPU (or a TensorRT) it was not built for. ``capability``:
+    this machine's (default :func:`compute_capability`).
+    """
+    meta = entry.metadata if isinstance(entry.metadata, dict) else {}
+    record, engines = meta.get("record"), meta.get("engines")
+    if not isinstance(record, dict) or record.get("kind") != RECORD_KIND or \
+            not isinstance(engines, list) or \
+            not all(isinstance(e, dict) and e.get("kind") == ENGINE_KIND for e in engines) \
+            or not isinstance(record.get("engines"), list) \
+            or len(record["engines"]) != len(engines):
+        return "its metadata is not an engine build's (record and engines)"
+    names = sorted(str(f.get("name")) for f in entry.files)
+    want = sorted(["record", *(f"e{i}" for i in range(len(engines)))])
+    if names != want:
+        return f"its files are {names}, a build of {len(engines)} engine(s) has {want}"
+    here = compute_capability() if capability is None else capability
+    for what, value in [("the record", record.get("compute_capability")),
+                        *((f"engine {i}", e.get("compute_capability"))
+                          for i, e in enumerate(engines))]:
+        if value != here:
+            return (f"{what} was built for compute capability {value!r}; this machine's "
+                    f"GPU is {here!r}")
+    from trtet_store.export import engine_reuse
+
+    mine = {str(n): str(v) for n, v in engine_reuse.build_versions()}
+    try:
+        theirs = {str(n): str(v) for n, v in record.get("versions") or []}
+    except (TypeError, ValueError):
+        return f"its versions {record.get('versions')!r} cannot be read"
+    if theirs != mine:
+        differ = sorted(set(mine) | set(theirs))
+        shown = [f"{n} {theirs.get(n, '(none)')} (here {mine.get(n, '(none)')})"
+                 for n in differ if theirs.get(n) != mine.get(n)]
+        return "it was built with other versions: " + ", ".join(shown)
+    return None
