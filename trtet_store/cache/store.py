@@ -601,32 +601,27 @@ class BlobCache(Eviction, Checks):
         check_key(key)
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
-        if self.read_only:  # nothing to build into, nothing created: the hit, if any
-            claim = Claim(self, key, 0.0)
-            try:
-                claim.hit = self.get(key)
-                yield claim
-            finally:
-                if claim.hit is not None:
-                    claim.hit.close()
-            return
         lock_path = self.directory / "flights" / f"{key}.lock"
         start = time.monotonic()
-        if timeout is None:
+        fd = None
+        if self.read_only:
+            pass  # nothing to build into, nothing created: the hit, if any
+        elif timeout is None:
             fd = try_lock(lock_path, create=True, wait=True)
         else:
             while (fd := try_lock(lock_path, create=True)) is None:
                 if time.monotonic() - start >= timeout:
                     raise CacheWaitTimeout(key, time.monotonic() - start, lock_path)
                 time.sleep(0.02)
-        claim = Claim(self, key, time.monotonic() - start)
+        claim = Claim(self, key, 0.0 if fd is None else time.monotonic() - start)
         try:
             claim.hit = self.get(key)
             yield claim
         finally:
             if claim.hit is not None:
                 claim.hit.close()
-            unlock_file(fd, lock_path)
+            if fd is not None:
+                unlock_file(fd, lock_path)
 
     def __repr__(self) -> str:
         return f"BlobCache({os.fspath(self.directory)!r}, max_bytes={self.max_bytes})"

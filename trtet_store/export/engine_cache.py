@@ -4,12 +4,12 @@ What an engine build's key and record are lives in :mod:`.engine_key` and
 :mod:`.engine_record` (``cache/`` knows no TensorRT); this module is
 :class:`EngineCache`, a :class:`~trtet_store.cache.tiered.TieredCache` (the
 local :class:`~trtet_store.cache.BlobCache`, then the shared tier) with the
-build record, and the export's side of it: :func:`build_cached` turns a hit
-into staged engines (cloned where the filesystems allow, else copied) and
-puts a miss's engines, then its record, into the cache before the consuming
-save, keeping that save its room (:func:`save_reserve`). A cache that cannot
-take an entry, or a shared tier that cannot be used, never fails an export.
-See DESIGN.md, "The cache".
+build record. The export's side of it is :mod:`.engine_build`:
+:func:`~.engine_build.build_cached` turns a hit into staged engines (cloned
+where the filesystems allow, else copied) and puts a miss's engines, then its
+record, into the cache before the consuming save, keeping that save its room.
+A cache that cannot take an entry, or a shared tier that cannot be used, never
+fails an export. See DESIGN.md, "The cache".
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import errno
 import logging
 import math
 import os
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,7 @@ from trtet_store.cache import (
 )
 from trtet_store.cache.layout import DOWNLOADS, ORIGIN_FILE, PENDING, REMOTE_JOURNAL
 from trtet_store.cache.tally import Tally, check_progress, key_list
-from trtet_store.cache.tiered import TieredCache, TierGet, Voice
+from trtet_store.cache.tiered import TieredCache, Voice
 from trtet_store.export import engine_key
 from trtet_store.export.engine_key import (
     DEFAULT_LEASE_TTL,
@@ -46,14 +45,12 @@ from trtet_store.export.engine_key import (
     NO_GPU,
     RECORD_KIND,
 )
-from trtet_store.export.engine_record import CachedBuild, EngineCacheEvent, Unplaced
-from trtet_store.io import Progress, clone_or_copy
-from trtet_store.io.units import MiB
+from trtet_store.export.engine_record import CachedBuild, EngineCacheEvent, tier_files
+from trtet_store.io import Progress
 
 if TYPE_CHECKING:
     from trtet_store.cache.tier import RemoteEntry, RemoteTier, TierPublish
     from trtet_store.export.tensorrt import BuildResult
-    from trtet_store.io import Blob, BlobStore
 
 log = logging.getLogger("trtet_store.engine_cache")
 
@@ -64,7 +61,7 @@ log = logging.getLogger("trtet_store.engine_cache")
 DEFAULT_WAIT_TIMEOUT = 3600.0
 
 # What a cache directory can answer that means "no cache here now", never a failed export.
-_CACHE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC,
+CACHE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC,
                            errno.EDQUOT})
 
 
@@ -457,7 +454,8 @@ class EngineCache:
                     raise ValueError(f"{key!r} left the engine cache {self.directory} (evicted) "
                                      "before it was pushed")
                 with cached:
-                    result = self.tiered.push(key, *_files(cached), progress=tally.key(sizes[key]))
+                    result = self.tiered.push(key, *tier_files(cached),
+                                              progress=tally.key(sizes[key]))
             tally.settled(sizes[key])
             out.append(result)
         return out
@@ -554,332 +552,6 @@ def resolve(engine_cache: EngineCache | bool | None) -> EngineCache | None:
 
 
 # -- export's side: a hit becomes staged engines, a miss enters the cache -----------------
-
-def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any]) -> tuple[Blob, str]:
-    """A staged blob holding ``hit``'s bytes: cloned where the filesystem allows, else copied.
-
-    Written as a ``.blob.part`` of ``store``'s own token (so a kill mid-copy
-    leaves what the next open of the store removes), then adopted by rename,
-    never given back anywhere. Returns the blob and ``"clone"`` or ``"copy"``.
-    """
-    from trtet_store.io.names import BLOB_PART_SUFFIX
-
-    tmp = store.directory / f"{store.token}-cache{uuid.uuid4().hex[:12]}{BLOB_PART_SUFFIX}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        placement = clone_or_copy(hit.fileno(), fd, hit.size, what="the cached engine")
-        os.close(fd)
-        fd = -1
-        blob = store.adopt(tmp, metadata=metadata, give_back=False)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return blob, placement
-
-
-def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str,
-                     ) -> tuple[BuildResult, list[EngineCacheEvent]]:
-    """The build a lowering needs, from a hit: engines staged in ``store``, none built.
-
-    Engines are registered under their recorded ids (the recorded program's
-    placeholders name them). A staged copy is checked against the record's
-    digest (it is read once to digest it): one that differs raises
-    :class:`ValueError` and nothing is left staged.
-    """
-    import torch
-
-    from trtet_store.export import engine_reuse, tensorrt
-
-    staged: dict[str, tuple[Blob, str]] = {}
-    engines: list[tensorrt.Engine] = []
-    events: list[EngineCacheEvent] = []
-    record_blob = None
-    try:
-        for i, (entry, hit) in enumerate(zip(cached.entries, cached.engines, strict=True)):
-            first = entry["digest"] not in staged
-            if first:
-                staged[entry["digest"]] = stage_hit(store, hit, {
-                    "kind": engine_reuse.ENGINE_KIND, "fingerprint": fingerprint})
-            blob, placement = staged[entry["digest"]]
-            if first and blob.digest != entry["digest"]:
-                raise ValueError(f"engine {i} of cache entry {cached.key}: staged bytes digest "
-                                 f"{blob.digest}, recorded {entry['digest']}")
-            engines.append(tensorrt.register_engine(
-                blob, engine_reuse.entry_state(entry),
-                [(tuple(shape), getattr(torch, dtype)) for shape, dtype in entry["outputs"]],
-                engine_id=entry["engine_id"]))
-            events.append(EngineCacheEvent(entry["engine_id"], _engine_key(cached.key, i),
-                                           blob.size, "hit", placement if first else "shared"))
-        with open(cached.record.path, "rb") as f:
-            record_bytes = f.read()
-        record_blob = store.put(record_bytes, metadata={
-            "kind": engine_reuse.RECORD_KIND, "fingerprint": fingerprint,
-            "engines": cached.entries})
-        program = cached.exported_program()
-    except BaseException:
-        tensorrt.unregister_engines(engines)
-        for blob, _ in staged.values():
-            blob.close()
-        if record_blob is not None:
-            record_blob.close()
-        raise
-    for e in events:
-        log.info("engine cache %s: hit %s, engine %s (%d bytes) placed by %s, not built",
-                 cached.record.path.parent.parent, e.key, e.engine_id, e.size, e.placement)
-    return tensorrt.BuildResult(program, engines, record_blob), events
-
-
-def save_reserve(engines: list[Any]) -> int:
-    """What a consuming save of ``engines`` may still need on the staging filesystem.
-
-    The most any placement needs: a copy needs every engine's bytes, a move
-    or an insert the writer's move budget (its ``chunk_size``, 64 MiB by
-    default), a clone a block; plus 2 MiB for the program's headers and the
-    writer's slack. A cache on that filesystem keeps this much free on top
-    of ``min_free``, so that its copy never makes the save fail: the peak of a
-    miss is then the staged engines, the cache's copy (none where it
-    clones) and the program's headers, with this much left free.
-    """
-    from trtet_store.io.transaction import DEFAULT_CHUNK_SIZE
-
-    engine_bytes = sum({e.blob.digest: e.blob.size for e in engines}.values())
-    return max(engine_bytes, DEFAULT_CHUNK_SIZE) + 2 * MiB
-
-
-def _clones(engines: list[Any], cache_dir: Path) -> bool:
-    """Whether the cache's puts of ``engines`` will be clones (they take no room then)."""
-    from trtet_store.io import fs
-    from trtet_store.io.errors import PlacementUnavailable
-
-    if not engines:
-        return True
-    try:
-        fs.probe_clone(Path(engines[0].blob.path), cache_dir / "tmp")
-    except (PlacementUnavailable, OSError):
-        return False
-    return True
-
-
-def _same_filesystem(a: Path, b: Path) -> bool:
-    try:
-        return os.stat(a).st_dev == os.stat(b).st_dev
-    except OSError:
-        return True  # unknown: assume they compete for the same room
-
-
-def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: str, *,
-                 timeout: float | None = None) -> tuple[BuildResult, list[EngineCacheEvent]]:
-    """A lowering's build through the cache: a hit, or ``build()`` then a put, one per key.
-
-    ``build`` is called with no argument and returns the staged
-    :class:`~trtet_store.export.tensorrt.BuildResult` (with its record). The
-    key's single-flight lock is held over the lookup, the build and the put,
-    so concurrent exports of one model build it once and the others hit.
-    A cache problem while putting never fails the export: it is logged and
-    reported (``stored=False`` with the reason). With a shared tier, a local
-    miss asks it (:meth:`TieredCache.get`), else builds under the key's lease
-    (:meth:`TieredCache.claim`) and publishes (:meth:`TieredCache.publish`);
-    a build cached here but not published is published by the next export
-    that hits it.
-    """
-    key = cache.key(fingerprint)
-    tiered = cache.tiered
-    with contextlib.ExitStack() as stack:
-        waited = 0.0
-        try:
-            waited = stack.enter_context(cache.single_flight(key, timeout=timeout)).waited
-        except OSError as exc:
-            if isinstance(exc, TimeoutError) or \
-                    exc.errno not in _CACHE_ERRNOS | {errno.ENOENT}:
-                raise
-            # e.g. a read-only cache: it can still serve hits, with no lock to share.
-            log.warning("engine cache %s: no single-flight lock for %s (%s); going on "
-                        "without it", cache.directory, key, exc)
-        try:
-            cached = cache.lookup(key)
-        except OSError as exc:
-            if exc.errno not in _CACHE_ERRNOS and exc.errno != errno.EIO:
-                raise
-            log.warning("engine cache %s: lookup of %s failed (%s); a miss",
-                        cache.directory, key, exc)
-            cached = None
-        damage = cache.damage(key)
-        if cached is not None:
-            with cached:
-                try:
-                    built, events = build_from_cache(cached, store, fingerprint)
-                except (ValueError, OSError) as exc:
-                    # Bytes that are not what the record names (a second check behind
-                    # the blob cache's seal), or an entry that cannot be read: a miss,
-                    # never an exception and never served. Nothing was left staged.
-                    log.warning("engine cache %s: %s; building it again", cache.directory, exc)
-                    damage = f"the cached entry was damaged ({exc})"
-                else:
-                    if cache.remote is not None and tiered.pending(key):
-                        log.info("engine cache %s: %s is cached here but not yet in the shared "
-                                 "cache %s; publishing it", cache.directory, key,
-                                 cache.remote.url)
-                        published, why = _publish(cache, cached)
-                        for e in events:
-                            e.published, e.publish_reason = published, why
-                    return built, events
-        remote_why: str | None = None  # why this build cannot be published
-        remote_reason: str | None = None  # why the tier's entry was not served
-        if cache.remote is not None:
-            served, remote_why, remote_reason, shared_damage = _from_tier(
-                cache, key, store, fingerprint, stack)
-            if served is not None:
-                return served
-            damage = shared_damage or damage
-        if waited > 0.5:
-            log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
-                     "cache it; building it here", cache.directory, waited, key)
-        built = build()
-        reserve = 0
-        if _same_filesystem(cache.directory, Path(store.directory)) and \
-                not _clones(built.engines, cache.directory):
-            reserve = save_reserve(built.engines)
-        try:
-            results = cache.put_build(key, built, fingerprint, reserve=reserve)
-        except Exception as exc:  # the cache is an optimisation: never the export's failure
-            log.warning("engine cache %s: the build %s was not cached: %s",
-                        cache.directory, key, exc)
-            results = [PutResult(key=key, stored=False, size=0,
-                                 reason=f"{type(exc).__name__}: {exc}")]
-        complete = len(results) == len(built.engines) + 1 and all(r.stored for r in results)
-        published: bool | None = None
-        publish_reason: str | None = None
-        if cache.remote is not None:
-            # Under the lease still (the stack releases it after this): waiters see the
-            # entry appear before the lease goes.
-            if complete:
-                tiered.mark_pending(key)  # until the tier holds an entry for it
-            if remote_why is not None:
-                published, publish_reason = False, remote_why
-            elif built.record is None:
-                published, publish_reason = False, "the build has no record to publish"
-            elif complete:
-                published, publish_reason = _publish(cache, None, key=key)
-            else:
-                published, publish_reason = _publish(cache, None, key=key, staged=(
-                    built, fingerprint))
-    why = next((r.reason for r in results if r.skipped), None)
-    events = []
-    for i, engine in enumerate(built.engines):
-        r = results[i] if i < len(results) else None
-        events.append(EngineCacheEvent(
-            engine.engine_id, _engine_key(key, i), engine.blob.size, "miss",
-            r.placement if r is not None and r.stored else None, complete,
-            "; ".join(filter(None, [damage and f"rebuilt: {damage}",
-                                    None if complete else why or "not cached"])) or None,
-            None, published, publish_reason, remote_reason))
-        if complete:
-            log.info("engine cache %s: engine %s of %s built and cached (%s)",
-                     cache.directory, engine.engine_id, key, r.placement)
-        else:
-            log.warning("engine cache %s: engine %s of %s built and not cached: %s",
-                        cache.directory, engine.engine_id, key, why)
-    return built, events
-
-
-def _from_tier(cache: EngineCache, key: str, store: BlobStore, fingerprint: str,
-               stack: contextlib.ExitStack,
-               ) -> tuple[tuple[BuildResult, list[EngineCacheEvent]] | None, str | None,
-                          str | None, str | None]:
-    """A local miss asks the tier: ``(served, why not publishable, why the tier's entry
-    was not served, the shared entry's damage)``; a lease taken is released by ``stack``."""
-    from trtet_store.export import remote_miss
-
-    def no_room(entry: RemoteEntry, exc: BaseException) -> None:
-        # No room for the download: none for the build either, when the entry's own
-        # sizes say so (refused now, not after hours of building).
-        remote_miss.refuse_build_without_room(key, entry, Path(store.directory), exc)
-
-    got = cache.tiered.get(key, local=lambda: cache.lookup(key),
-                           no_room=no_room)
-    if got.outcome is not None and got.outcome.action == "miss" and got.entry is None:
-        # No entry: claim the key's lease; one another machine publishes while we wait
-        # is taken as a remote hit.
-        entry, why = cache.tiered.claim(key, stack, timeout=cache.wait_timeout)
-        if entry is None:
-            return None, why, None, None
-        got = cache.tiered.take(key, entry, lambda: cache.lookup(key),
-                                no_room=no_room)
-    return _served(cache, key, got, store, fingerprint)
-
-
-def _served(cache: EngineCache, key: str, got: TierGet, store: BlobStore, fingerprint: str,
-            ) -> tuple[tuple[BuildResult, list[EngineCacheEvent]] | None, str | None,
-                       str | None, str | None]:
-    """The tier's answer made a remote hit, or why it is a miss (see :func:`_from_tier`)."""
-    outcome = got.outcome
-    reason = outcome.reason if outcome is not None and outcome.action == "miss" else None
-    damage = None
-    if reason is not None and reason.startswith("damaged: "):
-        damage = f"the shared cache's entry was damaged ({reason.removeprefix('damaged: ')})"
-    if got.hit is None and got.download is None:
-        if got.why is not None:
-            log.warning("engine cache %s: the shared entry %s is not usable here: %s; "
-                        "building it", cache.directory, key, got.why)
-            reason = got.why
-        if outcome is not None and outcome.action == "miss" and got.entry is None:
-            reason = None  # nothing there: nothing to say
-        return None, got.unpublishable, reason, damage
-    try:
-        cached = got.hit if got.hit is not None else Unplaced(got.download, cache.blobs)
-    except OSError as exc:
-        if got.download is not None:
-            got.download.close()
-        return None, None, f"{got.why}; and {exc}", None
-    downloaded = outcome.downloaded if outcome is not None else 0
-    with cached:
-        try:
-            built, events = build_from_cache(cached, store, fingerprint)
-        except (ValueError, OSError) as exc:
-            log.warning("engine cache %s: %s; building it again", cache.directory, exc)
-            return None, None, str(exc), None
-    for i, e in enumerate(events):
-        e.outcome = "remote-hit"
-        e.downloaded = downloaded if i == 0 else 0
-        if got.why is not None:
-            e.stored, e.reason = False, got.why
-    return (built, events), None, None, None
-
-
-def _publish(cache: EngineCache, cached: CachedBuild | None, *, key: str | None = None,
-             staged: tuple[BuildResult, str] | None = None) -> tuple[bool, str | None]:
-    """Publish a build (first writer wins): cached here (pinned files) or only staged."""
-    tiered = cache.tiered
-    if staged is not None:
-        built, fingerprint = staged
-        engine_meta, record_meta = engine_key.metadata(key, built, fingerprint,
-                                                       compute_capability())
-        record = built.record
-        files = [("record", Path(record.path), record.digest)]
-        files += [(f"e{i}", Path(e.blob.path), e.blob.digest)
-                  for i, e in enumerate(built.engines)]
-        outcome, _ = tiered.publish(key, files, {"record": record_meta, "engines": engine_meta})
-    else:
-        if cached is None:
-            cached = cache.lookup(key)
-            if cached is None:
-                exc = OSError(errno.ENOENT, f"the build {key} left the local cache at once")
-                return False, tiered.failed("publish", key, exc)
-        with cached:
-            outcome, _ = tiered.publish(cached.key, *_files(cached))
-    return outcome.action == "published", outcome.reason
-
-
-def _files(cached: CachedBuild) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
-    """A cached build's files (its pinned paths and digests) and its entry's metadata."""
-    files = [("record", cached.record.path, cached.record.digest)]
-    files += [(f"e{i}", hit.path, hit.digest) for i, hit in enumerate(cached.engines)]
-    return files, {"record": dict(cached.record.metadata),
-                   "engines": [dict(hit.metadata) for hit in cached.engines]}
-
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

@@ -162,3 +162,11 @@ class Unplaced(CachedBuild):
     def close(self) -> None:
         super().close()
         self.download.close()
+
+
+def tier_files(cached: CachedBuild) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+    """A cached build's files (its pinned paths and digests) and its entry's metadata."""
+    files = [("record", cached.record.path, cached.record.digest)]
+    files += [(f"e{i}", hit.path, hit.digest) for i, hit in enumerate(cached.engines)]
+    return files, {"record": dict(cached.record.metadata),
+                   "engines": [dict(hit.metadata) for hit in cached.engines]}

@@ -376,9 +376,9 @@ def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any],
                  fingerprint, len(first.engines))
         return tensorrt.BuildResult(program, first.engines, first.record)
     elif cache is not None:
-        from trtet_store.export import engine_cache
+        from trtet_store.export import engine_build
 
-        built, found = engine_cache.build_cached(
+        built, found = engine_build.build_cached(
             cache, lambda: engine_reuse.build_or_reuse(
                 method.program, method.args, method.kwargs, store, settings,
                 fingerprint=fingerprint),

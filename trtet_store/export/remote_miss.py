@@ -1,6 +1,6 @@
 """A remote hit that did not happen: what the user is told, and when not to build at all.
 
-:func:`trtet_store.export.engine_cache.build_cached` downloads a shared
+:func:`trtet_store.export.engine_build.build_cached` downloads a shared
 entry before it would build. When that download fails, this module says
 what failed and what happens next (never the fetch's own resume command:
 the engine cache resumes it by itself), and refuses the build when the
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["download_failed", "refuse_build_without_room"]
 
 #: What a save needs beyond the engines: the program's headers and the writer's slack
-#: (as :func:`~trtet_store.export.engine_cache.save_reserve` counts it).
+#: (as :func:`~trtet_store.export.engine_build.save_reserve` counts it).
 _SAVE_SLACK = 2 * MiB
 
 
