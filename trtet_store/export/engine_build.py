@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtet_store.cache import PutResult
 from trtet_store.export import engine_cache, engine_key
 from trtet_store.export.engine_cache import CACHE_ERRNOS, log
 from trtet_store.export.engine_record import (
@@ -28,7 +29,7 @@ from trtet_store.io import clone_or_copy
 from trtet_store.io.units import MiB
 
 if TYPE_CHECKING:
-    from trtet_store.cache import Hit, PutResult
+    from trtet_store.cache import Hit
     from trtet_store.cache.tier import RemoteEntry
     from trtet_store.cache.tiered import TierGet
     from trtet_store.export.engine_cache import EngineCache

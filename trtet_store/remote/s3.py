@@ -375,6 +375,17 @@ class S3:
         self._seen(r)
         return r
 
+    def _on_object(self, what: str, fn: Any, bucket: str, key: str, *,
+                   if_match: str | None = None, if_none_match: bool = False,
+                   **kwargs: Any) -> Any:
+        """``fn`` on one object (Bucket, Key), with ``IfMatch`` / ``IfNoneMatch: *`` when asked."""
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        if if_match:
+            kwargs["IfMatch"] = if_match
+        return self._call(what, bucket, fn, key=key, etag=if_match, Bucket=bucket, Key=key,
+                          **kwargs)
+
     # --- buckets and objects ---------------------------------------------------------
 
     def check_bucket(self, bucket: str) -> None:
@@ -391,12 +402,9 @@ class S3:
 
         With ``if_match``, another version is :class:`PreconditionFailed`.
         """
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "ChecksumMode": "ENABLED"}
-        if if_match:
-            kwargs["IfMatch"] = if_match
         try:
-            r = self._call("HeadObject", bucket, self.client.head_object, key=key,
-                           etag=if_match, **kwargs)
+            r = self._on_object("HeadObject", self.client.head_object, bucket, key,
+                                if_match=if_match, ChecksumMode="ENABLED")
         except ObjectNotFoundError:
             return None
         return ObjectHead(int(r["ContentLength"]), strip_etag(r["ETag"]),
@@ -409,12 +417,9 @@ class S3:
 
         Over ``limit`` bytes is a ManifestError, raised before the body is read.
         """
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
-        if if_match:
-            kwargs["IfMatch"] = if_match
         try:
-            r = self._call("GetObject", bucket, self.client.get_object, key=key,
-                           etag=if_match, **kwargs)
+            r = self._on_object("GetObject", self.client.get_object, bucket, key,
+                                if_match=if_match)
         except ObjectNotFoundError:
             return None
         if int(r["ContentLength"]) > limit:
@@ -466,11 +471,8 @@ class S3:
         if not 0 <= start < end:
             raise ValueError(f"get_range needs 0 <= start < end, not [{start}, {end})")
         last = end - 1
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{last}"}
-        if if_match:
-            kwargs["IfMatch"] = if_match
-        r = self._call("GetObject", bucket, self.client.get_object, key=key, etag=if_match,
-                       **kwargs)
+        r = self._on_object("GetObject", self.client.get_object, bucket, key,
+                            if_match=if_match, Range=f"bytes={start}-{last}")
         size = int(r.get("ContentLength", -1))
         answered = str(r.get("ContentRange", ""))
         total = answered.rpartition("/")[2]
@@ -488,14 +490,9 @@ class S3:
             if_none_match: bool = False, if_match: str | None = None,
             content_type: str = "application/json") -> str:
         """PutObject with its CRC64NVME, conditional; returns the ETag."""
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Body": body,
-                                  "ChecksumCRC64NVME": crc64nvme, "ContentType": content_type}
-        if if_none_match:
-            kwargs["IfNoneMatch"] = "*"
-        if if_match:
-            kwargs["IfMatch"] = if_match
-        r = self._call("PutObject", bucket, self.client.put_object, key=key,
-                       etag=if_match, **kwargs)
+        r = self._on_object("PutObject", self.client.put_object, bucket, key,
+                            if_match=if_match, if_none_match=if_none_match, Body=body,
+                            ChecksumCRC64NVME=crc64nvme, ContentType=content_type)
         return strip_etag(r["ETag"])
 
     def delete(self, bucket: str, key: str, if_match: str | None = None) -> None:
@@ -504,12 +501,9 @@ class S3:
         A key already gone is not an error; any other refusal is a :class:`RemoteError`
         (a server without conditional deletes answers one, and nothing is deleted).
         """
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
-        if if_match:
-            kwargs["IfMatch"] = if_match
         with contextlib.suppress(ObjectNotFoundError):
-            self._call("DeleteObject", bucket, self.client.delete_object, key=key,
-                       etag=if_match, **kwargs)
+            self._on_object("DeleteObject", self.client.delete_object, bucket, key,
+                            if_match=if_match)
 
     def list_keys(self, bucket: str, prefix: str, delimiter: str = "/") -> list[str]:
         """The keys right under ``prefix`` (all pages; not below the next ``delimiter``)."""
@@ -608,15 +602,10 @@ class S3:
             if crc:
                 entry["ChecksumCRC64NVME"] = crc
             listed.append(entry)
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "UploadId": upload_id,
-                                  "MultipartUpload": {"Parts": listed},
-                                  "ChecksumCRC64NVME": crc64nvme, "ChecksumType": "FULL_OBJECT"}
-        if if_none_match:
-            kwargs["IfNoneMatch"] = "*"
-        if if_match:
-            kwargs["IfMatch"] = if_match
-        r = self._call("CompleteMultipartUpload", bucket,
-                       self.client.complete_multipart_upload, key=key, etag=if_match, **kwargs)
+        r = self._on_object("CompleteMultipartUpload", self.client.complete_multipart_upload,
+                            bucket, key, if_match=if_match, if_none_match=if_none_match,
+                            UploadId=upload_id, MultipartUpload={"Parts": listed},
+                            ChecksumCRC64NVME=crc64nvme, ChecksumType="FULL_OBJECT")
         return strip_etag(r["ETag"])
 
     def abort(self, bucket: str, key: str, upload_id: str) -> None:
