@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtet_store.cache.downloads import downloads_bytes, remove_unheld
 from trtet_store.cache.layout import refuse_foreign
 from trtet_store.cache.results import CacheStats, EntryInfo, VerifyReport
 from trtet_store.io import (
@@ -92,10 +93,14 @@ class Checks:
         return CacheStats(directory=self.directory, entries=len(entries), blobs=len(blobs),
                           bytes=sum(blobs.values()), max_bytes=self.max_bytes,
                           min_free=self.min_free, free_bytes=free_bytes(self.directory),
-                          hits=sum(e.hits for e in entries), read_only=self.read_only)
+                          hits=sum(e.hits for e in entries), read_only=self.read_only,
+                          downloads_bytes=downloads_bytes(self.directory))
 
     def clear(self: BlobCache) -> list[str]:
-        """Remove every entry not in use; returns the removed keys."""
+        """Remove every entry not in use, and every partial download no download holds.
+
+        Returns the removed keys (the downloads removed and kept: :attr:`swept`).
+        """
         return self.prune(0)
 
     def verify(self: BlobCache) -> VerifyReport:
@@ -135,13 +140,17 @@ class Checks:
                     self._drop_key(entry.key, problem, entry.blob)
         return VerifyReport(checked=checked, dropped=tuple(dropped))
 
-    def recover(self: BlobCache) -> list[Path]:
+    def recover(self: BlobCache, *, downloads: bool = True) -> list[Path]:
         """Clean what interrupted inserts and evictions left; returns the removed paths.
 
         Temp files of dead writers (their flock is free), records that are
         unreadable or whose blob or seal is gone, use stamps without a
         record, seals without a blob, blobs without a seal or without any
-        record, and free single-flight lock files. Runs when the cache opens.
+        record, and free single-flight lock files; with ``downloads``, each
+        partial download in ``downloads/`` no live download holds (its
+        directory is in the result; what was kept is in :attr:`swept`).
+        Runs when the cache opens, without ``downloads``: a cut remote hit
+        keeps its partial download for the next hit of the key to resume.
         Any file owned by another user is refused (PermissionError), never
         removed.
         """
@@ -153,6 +162,9 @@ class Checks:
                 removed.append(path)
 
         with self._locked():
+            if downloads:
+                self.swept = remove_unheld(self.directory)
+                removed += self.swept.removed
             for sub in ("tmp", "flights"):
                 for name in os.listdir(self.directory / sub):
                     path = self.directory / sub / name

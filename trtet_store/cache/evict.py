@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trtet_store.cache.downloads import remove_unheld
 from trtet_store.io import file_identity, free_bytes
 
 if TYPE_CHECKING:
@@ -192,7 +193,9 @@ class Eviction:
         Also down to where the filesystem keeps ``min_free``.
 
         Returns the evicted keys. Entries in use are kept (the result may
-        then exceed ``max_bytes``; :meth:`stats` tells).
+        then exceed ``max_bytes``; :meth:`stats` tells). Partial downloads
+        no live download holds go too (:mod:`.downloads`; what went and
+        what was kept is in :attr:`swept`).
         """
         if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(
                 max_bytes, int) or max_bytes < 0):
@@ -201,5 +204,6 @@ class Eviction:
             raise OSError(errno.EROFS, f"the cache {self.directory} is read-only: cannot prune",
                           os.fspath(self.directory))
         with self._locked():
+            self.swept = remove_unheld(self.directory)
             _, evicted = self._make_room(0, 0, bound=max_bytes)
         return evicted

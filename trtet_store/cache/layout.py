@@ -13,7 +13,10 @@
       tmp/                  files being written, each flocked by its writer
 
     The two-level policy's (cache/tiered.py), beside them:
-      downloads/<key>/      a shared entry being downloaded (resumable), then linked in
+      downloads/<key>/      a shared entry being downloaded (resumable), then linked in; a cut
+                            one is kept for the next hit to resume (stats counts it; clear,
+                            prune and recover remove it once no fetch holds its lock:
+                            cache/downloads.py)
       remote-pending/<key>  a build cached here and not yet in the shared tier
       remote-origin         this cache's id in the shared tier (random hex, made once)
       remote-journal/       publish journals (a killed publish resumes from its journal)

@@ -158,6 +158,9 @@ class CacheStats:
     free_bytes: int
     hits: int
     read_only: bool
+    #: Bytes on disk under ``downloads/``: remote hits being downloaded, or cut off
+    #: mid-way and kept for the next hit to resume (``clear`` removes those no one holds).
+    downloads_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from typing import Any
 
 from trtet_store.cache.check import Checks
 from trtet_store.cache.directory import open_cache_directory
+from trtet_store.cache.downloads import DownloadSweep
 from trtet_store.cache.evict import Eviction
 from trtet_store.cache.layout import (
     blob_name,
@@ -191,7 +192,10 @@ class BlobCache(Eviction, Checks):
         self.read_only = not writable
         # Recovery removes what it does not recognise: only on a write open (never on a
         # read-only one such as `trtet-store cache list`), in a directory checked above.
-        self.recovered: list[Path] = [] if self.read_only else self.recover()
+        #: The last clear, prune or recover's sweep of partial downloads (cache/downloads.py).
+        self.swept = DownloadSweep()
+        # Not the partial downloads here: the next remote hit of their key resumes them.
+        self.recovered: list[Path] = [] if self.read_only else self.recover(downloads=False)
 
     # -- paths ----------------------------------------------------------------
 

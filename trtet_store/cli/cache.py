@@ -323,8 +323,28 @@ def _stats(cache: Any, args: argparse.Namespace) -> int:
     print(f"bytes:      {mib(s.bytes)} of a {mib(s.max_bytes)} bound (this command's; each "
           "program opens the cache with its own)")
     print(f"hits:       {s.hits}")
+    print(f"downloads:  {mib(s.downloads_bytes)} in downloads/ (remote hits being downloaded, "
+          "or cut off and kept to resume; clear removes those no download holds)")
     print(f"free:       {mib(s.free_bytes)} on its filesystem")
     return 0
+
+
+def _swept(cache: Any) -> dict[str, Any]:
+    """The last clear/prune/recover's partial downloads: removed (and bytes), kept held."""
+    sweep = cache.blobs.swept
+    return {"downloads_removed": [os.fspath(p) for p in sweep.removed],
+            "downloads_removed_bytes": sweep.removed_bytes,
+            "downloads_held": [os.fspath(p) for p in sweep.held]}
+
+
+def _print_swept(cache: Any) -> None:
+    sweep = cache.blobs.swept
+    if sweep.removed:
+        print(f"removed {len(sweep.removed)} partial downloads no download holds "
+              f"({mib(sweep.removed_bytes)})")
+    for path in sweep.held:
+        print(f"kept the partial download {path}: a download running in another process "
+              "holds it (run this again once it is done)")
 
 
 def _prune(cache: Any, args: argparse.Namespace) -> int:
@@ -333,12 +353,13 @@ def _prune(cache: Any, args: argparse.Namespace) -> int:
     s = cache.stats()
     if args.json:
         print(json.dumps({"evicted": evicted, "bytes": s.bytes, "max_bytes": target,
-                          "entries": s.entries}, indent=1))
+                          "entries": s.entries, **_swept(cache)}, indent=1))
         return 0
     print(f"evicted {len(evicted)} entries; {s.entries} left, {mib(s.bytes)} "
           f"(bound {mib(target)})" + (" : entries in use were kept" if s.bytes > target else ""))
     for key in evicted:
         print(f"  {key}")
+    _print_swept(cache)
     return 0
 
 
@@ -361,10 +382,11 @@ def _clear(cache: Any, args: argparse.Namespace) -> int:
     removed = cache.clear()
     left = cache.stats().entries
     if args.json:
-        print(json.dumps({"removed": removed, "left": left}, indent=1))
+        print(json.dumps({"removed": removed, "left": left, **_swept(cache)}, indent=1))
     else:
         print(f"removed {len(removed)} entries" +
               (f"; {left} in use by another process kept" if left else ""))
+        _print_swept(cache)
     return 0
 
 
@@ -373,12 +395,17 @@ def _recover(cache: Any, args: argparse.Namespace) -> int:
     # under the lock picks up what a writer that died since left.
     removed = [*cache.blobs.recovered, *cache.recover()]
     if args.json:
-        print(json.dumps({"removed": [os.fspath(p) for p in removed]}, indent=1))
+        held = [os.fspath(p) for p in cache.blobs.swept.held]
+        print(json.dumps({"removed": [os.fspath(p) for p in removed], "downloads_held": held},
+                         indent=1))
         return 0
     print(f"{cache.directory}: " + (f"removed {len(removed)} leftover files" if removed
                                     else "nothing to recover"))
     for path in removed:
         print(f"  {os.path.relpath(path, cache.directory)}")
+    for path in cache.blobs.swept.held:
+        print(f"kept the partial download {path}: a download running in another process "
+              "holds it (run this again once it is done)")
     return 0
 
 

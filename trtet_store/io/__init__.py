@@ -33,7 +33,12 @@ from trtet_store.io.fs import (
 )
 from trtet_store.io.layout import ExternalFile, Layout
 from trtet_store.io.lock import release, try_lock, unlock_file
-from trtet_store.io.names import PUBLISH_STAGING_DIR, STAGING_DIR
+from trtet_store.io.names import (
+    FETCH_LOCK_PREFIX,
+    FETCH_LOCK_SUFFIX,
+    PUBLISH_STAGING_DIR,
+    STAGING_DIR,
+)
 from trtet_store.io.options import UNSET, Progress, WriteOptions, merge_options
 from trtet_store.io.orphans import Orphan
 from trtet_store.io.records import DamagedRecordsError, RecordFile, read_records
@@ -107,6 +112,8 @@ __all__ = [
     "staging_directory",
     "write_atomic",
     "SourceChangedError",
+    "FETCH_LOCK_PREFIX",
+    "FETCH_LOCK_SUFFIX",
     "PUBLISH_STAGING_DIR",
     "STAGING_DIR",
     "StorageError",

@@ -31,6 +31,11 @@ STORE_LOCK_PREFIX = ".store-"
 STORE_LOCK_SUFFIX = ".lock"
 # The store the exporter stages engines in, beside the output.
 STAGING_DIR = ".trtet-staging"
+# A fetch's lock in its staging directory, ``fetch-<id>.lock`` (remote/download/staging.py
+# takes it; the engine cache's sweep of partial downloads tests it: a lock nobody holds
+# means no live download is using the directory).
+FETCH_LOCK_PREFIX = "fetch-"
+FETCH_LOCK_SUFFIX = ".lock"
 # Where compile-and-publish stages its engines (kept there when the publish fails).
 PUBLISH_STAGING_DIR = ".trtet-publish-staging"
 

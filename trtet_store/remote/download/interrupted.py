@@ -35,7 +35,7 @@ from trtet_store.io import (
     try_lock,
     unlock_file,
 )
-from trtet_store.remote.download.staging import METADATA_KEY, STAGING_TODO
+from trtet_store.remote.download.staging import METADATA_KEY, STAGING_TODO, fetch_lock_name
 
 __all__ = ["InterruptedFetch", "StagingLinkError", "discard_fetch", "interrupted_fetches"]
 
@@ -172,7 +172,7 @@ def _read_one(dfd: int, staging: Path, fid: str, names: list[str]) -> Interrupte
         id=fid, url=str(head.get("url", "")), dest=str(head.get("dest", "")),
         staged=min(sum(size for _, _, size in done), total) if total else 0, total=total,
         since=st.st_mtime, journal=staging / name, runs=runs,
-        running=_lock_held(dfd, f"fetch-{fid}.lock"))
+        running=_lock_held(dfd, fetch_lock_name(fid)))
 
 
 def _regular(dfd: int, name: str) -> bool:
@@ -241,7 +241,7 @@ def discard_fetch(directory: os.PathLike | str, fetch: InterruptedFetch) -> int:
     """
     with staging_directory(Path(directory) / STAGING_DIR, create=False,
                            todo=STAGING_TODO) as sdir:
-        lock_name = f"fetch-{fetch.id}.lock"
+        lock_name = fetch_lock_name(fetch.id)
         # The lock of the file at the path now (io.lock's protocol), as a fetch takes it:
         # no fetch can start on these files while we remove them.
         fd = try_lock(sdir.path / lock_name, create=True)

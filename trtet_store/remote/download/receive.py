@@ -96,6 +96,7 @@ from trtet_store.remote.download.staging import (
     STAGING_TODO,
     Staging,
     fetch_id,
+    fetch_lock_name,
 )
 from trtet_store.remote.download.verify import check_crc, chunks_ok, staged_ok
 from trtet_store.remote.download.writer import RangeWriter
@@ -441,7 +442,7 @@ class _Fetch:
                                         self.total, done, self.reused, self.resumed))
 
     def _lock_left(self) -> bool:
-        return (self.dest.parent / STAGING_DIR / f"fetch-{fetch_id(self.dest)}.lock").exists()
+        return (self.dest.parent / STAGING_DIR / fetch_lock_name(fetch_id(self.dest))).exists()
 
     def _journal_exists(self) -> bool:
         return (self.dest.parent / STAGING_DIR / f"fetch-{fetch_id(self.dest)}.journal").exists()

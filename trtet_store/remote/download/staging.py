@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtet_store.io import (
+    FETCH_LOCK_PREFIX,
+    FETCH_LOCK_SUFFIX,
     STAGING_DIR,
     Blob,
     BlobStore,
@@ -73,6 +75,11 @@ STAGING_TODO = "remove it, or fetch into another directory"
 def fetch_id(dest: Path) -> str:
     """The id of a fetch into ``dest``: names its journal, lock and staged files."""
     return hashlib.sha256(os.fsencode(dest.absolute())).hexdigest()[:16]
+
+
+def fetch_lock_name(fid: str) -> str:
+    """The file a fetch of id ``fid`` holds locked while it runs (io.names' pattern)."""
+    return f"{FETCH_LOCK_PREFIX}{fid}{FETCH_LOCK_SUFFIX}"
 
 
 def run_key(run: Run) -> tuple[int, int, int]:
@@ -121,7 +128,7 @@ class Staging:
             others: nothing was written in it.
         """
         fid = fetch_id(dest)
-        lock_path = dest.parent / STAGING_DIR / f"fetch-{fid}.lock"
+        lock_path = dest.parent / STAGING_DIR / fetch_lock_name(fid)
         directory = None
         for attempt in range(3):
             if directory is not None:
@@ -372,7 +379,7 @@ class Staging:
                 # released (io.lock's protocol): a fetch that opened the old file
                 # meanwhile finds it gone from the path once it gets its lock, and
                 # takes the file that is there instead (try_lock), so no two hold.
-                unlock_file(self.lock_fd, self.directory / f"fetch-{self.id}.lock")
+                unlock_file(self.lock_fd, self.directory / fetch_lock_name(self.id))
             else:
                 release(self.lock_fd)
             self.lock_fd = -1
