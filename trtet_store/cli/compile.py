@@ -66,26 +66,14 @@ def add_parser(sub: Any) -> None:
         help="an ExecutorchBackendConfig field for to_executorch (repeat), e.g. "
         "segment_alignment=4096, extract_delegate_segments=true",
     )
-    c.add_argument(
-        "--external-weights",
-        default=None,
-        metavar="NAME",
-        help="weights of what TensorRT leaves to other partitioners in NAME.ptd",
-    )
+    # (argparse's default is None: only other defaults are given)
+    c.add_argument("--external-weights", metavar="NAME",
+                   help="weights of what TensorRT leaves to other partitioners in NAME.ptd")
     c.add_argument("--backend", default="tensorrt", help="tensorrt (default) or xnnpack")
-    c.add_argument(
-        "--external-engine-data",
-        default=None,
-        metavar="NAME",
-        help="put engines (xnnpack: weights) in NAME.ptd beside OUT",
-    )
-    c.add_argument(
-        "--segment-alignment",
-        type=size_arg,
-        default=None,
-        metavar="N",
-        help="segment alignment of the program (4096: page-aligned payloads)",
-    )
+    c.add_argument("--external-engine-data", metavar="NAME",
+                   help="put engines (xnnpack: weights) in NAME.ptd beside OUT")
+    c.add_argument("--segment-alignment", type=size_arg, metavar="N",
+                   help="segment alignment of the program (4096: page-aligned payloads)")
     c.add_argument("--etrecord", action="store_true", help="also write OUT_etrecord.bin")
     c.add_argument(
         "--store",

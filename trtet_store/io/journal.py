@@ -28,7 +28,7 @@ import xxhash
 
 from trtet_store.io import fs, names
 from trtet_store.io.errors import IncompleteJournal, JournalError
-from trtet_store.io.lock import release, try_lock
+from trtet_store.io.lock import lock_the_file_at, release, try_lock
 from trtet_store.io.units import MiB
 
 VERSION = 1
@@ -187,11 +187,7 @@ class Journal:
                                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
-                    same = fs.same_file(os.fstat(fd), os.lstat(path))
-                except FileNotFoundError:
-                    same = False
+                same = lock_the_file_at(fd, path, fcntl.LOCK_EX)
             except BaseException:
                 release(fd)
                 with contextlib.suppress(OSError):

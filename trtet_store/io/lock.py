@@ -87,12 +87,8 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
             release(fd)
             raise UnsafeLockFileError(os.fspath(path), "it is not a regular file")
         try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-                        | (0 if wait else fcntl.LOCK_NB))
-            try:
-                same = fs.same_file(os.fstat(fd), os.lstat(path))
-            except FileNotFoundError:
-                same = False
+            same = lock_the_file_at(fd, path, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                                    | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             release(fd)
             return None
@@ -105,6 +101,20 @@ def try_lock(path: os.PathLike | str, *, create: bool, readonly: bool = False,
         if not create:
             raise FileNotFoundError(errno.ENOENT, "unlinked or replaced while being locked",
                                     os.fspath(path))
+
+
+def lock_the_file_at(fd: int, path: os.PathLike | str, operation: int) -> bool:
+    """``flock(fd, operation)``, then whether ``fd`` is still the file at ``path``.
+
+    A lock taken on a file that its holder unlinked (or a collector replaced)
+    while we waited guards nothing anyone can find: the caller drops it and
+    takes the file that is there now. ``BlockingIOError`` (``LOCK_NB``) passes.
+    """
+    fcntl.flock(fd, operation)
+    try:
+        return fs.same_file(os.fstat(fd), os.lstat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _is_link(path: os.PathLike | str) -> bool:
