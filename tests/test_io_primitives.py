@@ -153,6 +153,15 @@ class _Holder:
         assert self.proc.wait(30) == 0
 
 
+def answer_of(path: Path, mode: str) -> str:
+    """What another process is answered when it asks for ``path``'s lock now (then it lets go)."""
+    holder = _Holder(path, mode)
+    try:
+        return holder.answer
+    finally:
+        holder.stop()
+
+
 def test_shared_holders_coexist_and_an_exclusive_one_is_refused(here_fs):
     path = here_fs / "pin"
     path.write_bytes(b"")
@@ -162,15 +171,11 @@ def test_shared_holders_coexist_and_an_exclusive_one_is_refused(here_fs):
         other = _Holder(path, "shared")
         assert other.answer == "held"  # a second reader, in another process, pins it too
         try:
-            writer = _Holder(path, "exclusive")
-            assert writer.answer == "refused"
-            writer.stop()
+            assert answer_of(path, "exclusive") == "refused"
         finally:
             other.stop()
         # Our own pin still holds after the other reader left.
-        writer = _Holder(path, "exclusive")
-        assert writer.answer == "refused"
-        writer.stop()
+        assert answer_of(path, "exclusive") == "refused"
     finally:
         release(fd)
     writer = _Holder(path, "exclusive")
@@ -189,12 +194,8 @@ def test_a_directory_is_pinned_shared_as_a_version_is(here_fs):
     fd = try_lock(version, create=False, readonly=True, shared=True)
     assert fd is not None
     try:
-        reader = _Holder(version, "shared")
-        assert reader.answer == "held"
-        reader.stop()
-        pruner = _Holder(version, "directory")
-        assert pruner.answer == "refused"
-        pruner.stop()
+        assert answer_of(version, "shared") == "held"
+        assert answer_of(version, "directory") == "refused"
     finally:
         release(fd)
     pruner = _Holder(version, "directory")
