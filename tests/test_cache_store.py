@@ -242,6 +242,30 @@ def test_an_entry_replaced_by_another_file_of_its_size_is_a_miss(damaged, here_f
     assert cache.entries() == []
 
 
+@pytest.mark.parametrize("plant", ["fifo", "link"])
+def test_a_blob_replaced_by_a_fifo_or_link_is_dropped_without_opening_it(
+        damaged, here_fs, plant) -> None:
+    """get() refuses the plant; dropping the key then unlinks it as it is: a FIFO never
+    blocks the drop (it holds the cache's lock), a link's target is never opened."""
+    import threading
+
+    cache, blob, _ = damaged
+    outside = write(here_fs / "outside", b"not the cache's")
+    os.unlink(blob)
+    if plant == "fifo":
+        os.mkfifo(blob)
+    else:
+        os.symlink(outside, blob)
+    got: list = []
+    getter = threading.Thread(target=lambda: got.append(cache.get("k")), daemon=True)
+    getter.start()
+    getter.join(10)
+    assert not getter.is_alive(), "get() blocked on the planted FIFO"
+    assert got == [None] and cache.entries() == [] and not os.path.lexists(blob)
+    assert outside.read_bytes() == b"not the cache's"
+    assert leftovers(cache) == []
+
+
 def test_same_bytes_under_a_new_identity_are_resealed_and_served(damaged, here_fs) -> None:
     cache, blob, data = damaged
     copy = write(here_fs / "copy", data)  # e.g. restored from a backup: a new inode

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtet_store.cache.downloads import remove_unheld
-from trtet_store.io import file_identity, free_bytes
+from trtet_store.io import UnsafeLockFileError, file_identity, free_bytes, try_lock
 
 if TYPE_CHECKING:
     from trtet_store.cache.store import BlobCache, _Entry
@@ -79,16 +78,10 @@ class Eviction:
     def _evict(self: BlobCache, victim: _Entry, entries: list[_Entry]) -> bool:
         """Remove one entry unless a hit pins its blob. Under the lock."""
         path = self._blob(victim.blob)
+        fd = _hold_blob(path)
+        if fd is None:
+            return False
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            fd = -1
-        try:
-            if fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return False
             # Record first: a kill after this leaves a blob no record references,
             # which recovery removes; never a record without its bytes being served.
             for p in (self._record(victim.key), self._use(victim.key)):
@@ -115,17 +108,11 @@ class Eviction:
         Returns the paths removed.
         """
         path = self._blob(name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            fd = -1
+        fd = _hold_blob(path)
+        if fd is None:
+            return []
         removed = []
         try:
-            if fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return []
             for p in (self._seal(name), path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
@@ -207,3 +194,16 @@ class Eviction:
             self.swept = remove_unheld(self.directory)
             _, evicted = self._make_room(0, 0, bound=max_bytes)
         return evicted
+
+
+def _hold_blob(path: Path) -> int | None:
+    """Lock a blob about to be unlinked, exclusively and never waiting: None while a hit pins it.
+
+    ``-1`` when there is nothing to hold: the blob is gone, or it is a link or a
+    special file planted in ``blobs/`` (never followed, and a FIFO never blocks:
+    io's :func:`try_lock`), which the caller unlinks as it is.
+    """
+    try:
+        return try_lock(path, create=False, readonly=True)
+    except (FileNotFoundError, UnsafeLockFileError):
+        return -1
