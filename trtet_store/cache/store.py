@@ -74,7 +74,6 @@ from trtet_store.io import (
     copy_all,
     digest_fd,
     file_identity,
-    fsync_dir,
     try_clone,
     try_lock,
     unlock_file,
@@ -373,13 +372,14 @@ class BlobCache(Eviction, Checks):
             return
         path = self._use(key)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                         | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
             try:
                 os.write(fd, b"h")
+                now = time.time_ns()
+                os.utime(fd, ns=(now, now))
             finally:
                 os.close(fd)
-            now = time.time_ns()
-            os.utime(path, ns=(now, now))
         except OSError as exc:  # a use not recorded costs LRU precision, never a hit
             log.debug("could not stamp the use of %s: %s", key, exc)
 
@@ -538,17 +538,21 @@ class BlobCache(Eviction, Checks):
             os.rename(tmp, self._blob(name))
             seal = {"size": size, "digest": digest, "chunk_size": self.chunk_size,
                     "chunk_digests": list(chunks), "identity": list(file_identity(os.fstat(fd)))}
+            # write_atomic fsyncs blobs/ after the seal's rename: the blob's own entry,
+            # renamed in before it, is durable with it, before the record names it.
             self._write_json(self._seal(name), seal)
-            fsync_dir(self.directory / "blobs")
         now = time.time()
+        # The use stamp first: the record's write_atomic then fsyncs keys/ for both
+        # (a kill between them leaves a .use no record names, which recovery removes).
+        use = os.open(self._use(key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                      | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        try:
+            stamp = int(now * 1e9)
+            os.utime(use, ns=(stamp, stamp))
+        finally:
+            os.close(use)
         self._write_json(self._record(key), {"key": key, "blob": name, "size": size,
                                              "created": now, "metadata": meta})
-        use = os.open(self._use(key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                      0o600)
-        os.close(use)
-        stamp = int(now * 1e9)
-        os.utime(self._use(key), ns=(stamp, stamp))
-        fsync_dir(self.directory / "keys")
         if old is not None and old.blob != name:
             self._remove_blob_if_unreferenced(old.blob)
         return PutResult(key=key, stored=True, size=size, placement=placement,
