@@ -34,7 +34,15 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from trtet_store.cache.layout import SUBDIRS, check_key, is_blob_name, refuse_foreign
+from trtet_store.cache.layout import (
+    DOWNLOADS,
+    PENDING,
+    REMOTE_JOURNAL,
+    SUBDIRS,
+    check_key,
+    is_blob_name,
+    refuse_foreign,
+)
 from trtet_store.io import SafeDir
 
 log = logging.getLogger("trtet_store.cache")
@@ -56,7 +64,7 @@ TAG_TEXT = (f"{SIGNATURE}\n"
 _TAG_TEMP = re.compile(r"\.CACHEDIR\.TAG\.(?:[0-9a-f]{32}|[0-9a-f]{12}\.tmp)")
 #: Directories that callers of the cache kept in it in the previous release (the engine
 #: cache's downloads and shared-tier journals): a legacy cache may hold them.
-CALLER_DIRS = ("downloads", "remote-journal", "remote-pending")
+CALLER_DIRS = (DOWNLOADS, REMOTE_JOURNAL, PENDING)
 _TMP_NAME = re.compile(r"[0-9]+-[0-9a-f]{32}")
 _JOURNAL_NAME = re.compile(r"[0-9a-f]{32}\.publish\.[A-Za-z0-9._-]+")
 _RECORD_CAP = 1 << 20
