@@ -189,3 +189,29 @@ def test_the_api_removes_an_unheld_partial_and_says_it(here_fs, s3env, tcp_proxy
     assert not partial.exists() and cache.stats().downloads_bytes == 0
     out = _cli(directory, "clear")  # nothing left: nothing said about downloads
     assert out.returncode == 0 and "partial" not in out.stdout, out.stdout
+
+
+def test_a_partial_download_that_cannot_be_removed_is_said_and_stays_one_to_retry(
+        make_fs, caplog) -> None:
+    """A file the sweep cannot unlink (immutable) stops it half-way: said, no exception,
+    and the staging directory goes last, so the next sweep still finds a partial download."""
+    from trtet_store.cache import BlobCache
+    from trtet_store.cache.downloads import downloads_bytes, remove_unheld
+
+    mnt = make_fs("ext4", 64)
+    cache = BlobCache(mnt / "c", max_bytes=16 * MiB)
+    partial = cache.directory / "downloads" / "k"
+    (partial / STAGING_DIR).mkdir(parents=True, mode=0o700)
+    (partial / STAGING_DIR / f"{FETCH_LOCK_PREFIX}0123{FETCH_LOCK_SUFFIX}").write_bytes(b"")
+    (partial / STAGING_DIR / "fetch-0123-0-0-1048576.run").write_bytes(b"r" * MiB)
+    stuck = partial / "record"
+    stuck.write_bytes(b"s" * 4096)
+    subprocess.run(["chattr", "+i", stuck], check=True)
+    try:
+        sweep = remove_unheld(cache.directory)
+        assert sweep.removed == [] and "could not remove the partial download" in caplog.text
+        assert (partial / STAGING_DIR).is_dir() and downloads_bytes(cache.directory) > MiB
+    finally:
+        subprocess.run(["chattr", "-i", stuck], check=True)
+    sweep = remove_unheld(cache.directory)
+    assert sweep.removed == [partial] and not partial.exists()

@@ -59,7 +59,10 @@ def _partials(directory: Path) -> list[Path]:
     out = []
     for name in names:
         path = root / name
-        st = os.lstat(path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # a hit that finished meanwhile removed its own download
         if not stat.S_ISDIR(st.st_mode):
             continue
         refuse_foreign(path, st, "download directory")
@@ -71,8 +74,8 @@ def _partials(directory: Path) -> list[Path]:
 def disk_bytes(path: Path) -> int:
     """The bytes ``path``'s files occupy on disk (allocated blocks; links not followed)."""
     total = 0
-    for top, dirs, files in os.walk(path):
-        for name in [*dirs, *files]:
+    for top, _, files in os.walk(path):  # links to directories are not entered
+        for name in files:
             with contextlib.suppress(FileNotFoundError):
                 st = os.lstat(os.path.join(top, name))
                 if stat.S_ISREG(st.st_mode):
@@ -93,6 +96,18 @@ def _fetch_locks(staging: Path) -> list[Path]:
         return []
     return [staging / n for n in sorted(names)
             if n.startswith(FETCH_LOCK_PREFIX) and n.endswith(FETCH_LOCK_SUFFIX)]
+
+
+def _remove(path: Path) -> None:
+    """Remove a download directory, its staging directory last: one that fails half-way
+    still holds it, so it stays a partial download that the next sweep retries."""
+    for name in sorted(os.listdir(path), key=lambda n: n == STAGING_DIR):
+        child = path / name
+        if stat.S_ISDIR(os.lstat(child).st_mode):
+            shutil.rmtree(child)
+        else:
+            os.unlink(child)
+    os.rmdir(path)
 
 
 def remove_unheld(directory: Path) -> DownloadSweep:
@@ -123,10 +138,14 @@ def remove_unheld(directory: Path) -> DownloadSweep:
                             "in another process holds it", path)
                 continue
             size = disk_bytes(path)
-            shutil.rmtree(path, ignore_errors=True)
-            if not os.path.lexists(path):
-                sweep.removed.append(path)
-                sweep.removed_bytes += size
+            try:
+                _remove(path)
+            except OSError as exc:  # said, and the directory stays a partial one to retry
+                log.warning("engine cache: could not remove the partial download %s: %s",
+                            path, exc)
+                continue
+            sweep.removed.append(path)
+            sweep.removed_bytes += size
         finally:
             for fd in fds:
                 release(fd)
