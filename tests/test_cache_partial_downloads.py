@@ -144,6 +144,34 @@ def test_a_cut_hit_is_counted_and_the_next_hit_resumes_it(here_fs, s3env, tcp_pr
     assert not partial.exists() and c.stats().downloads_bytes == 0
 
 
+def test_a_cut_pull_keeps_its_partial_download_and_the_next_pull_resumes_it(
+        here_fs, s3env, tcp_proxy):
+    from tcp_proxy import Fault
+
+    from trtet_store.remote import RemoteError
+
+    a = _cache(here_fs / "a", s3env, s3env.endpoint.url)
+    files, meta = _entry(here_fs / "src")
+    key = "k15"
+    assert a.tiered.publish(key, files, meta)[0].action == "published"
+    proxy = tcp_proxy(s3env.endpoint.url, [Fault(
+        "response", "reset", at=3 * MiB, skip=2, times=10**6,
+        match=lambda m: m.method == "GET" and m.target.split("?")[0].endswith("/e0"))])
+    b = _cache(here_fs / "b", s3env, proxy.url)
+    with pytest.raises(RemoteError):
+        b.pull([key])
+    partial = here_fs / "b" / "downloads" / key
+    assert (partial / STAGING_DIR).is_dir(), "the cut pull threw its partial download away"
+    watch = tcp_proxy(s3env.endpoint.url)
+    c = _cache(here_fs / "b", s3env, watch.url)
+    entry = c.tiered.tier.lookup(key)
+    got = c.tiered.pull(key, entry, lambda: c.blobs.get(key))  # the stand-in record's level
+    assert got.hit is not None and got.outcome.action == "hit", got.outcome
+    got.hit.close()
+    assert watch.body_bytes[("response", "GET")] < SIZE - 2 * RANGE + MiB
+    assert not partial.exists()
+
+
 @pytest.mark.parametrize("action", ["clear", "prune", "recover"])
 def test_clear_prune_recover_remove_an_unheld_partial_and_keep_a_held_one(
         here_fs, s3env, tcp_proxy, action):

@@ -262,11 +262,13 @@ class TieredCache:
             self.health.notice(self.voice.damaged(key, exc))
             return TierGet(outcome=TierOutcome(key, "miss", f"damaged: {exc}"), entry=entry)
         except InsufficientSpaceError as exc:
+            _keep_for_resume(directory)
             if no_room is not None:
                 no_room(entry, exc)
             return TierGet(outcome=TierOutcome(key, "error", str(exc)), entry=entry,
                            unpublishable=self.failed("download", key, exc))
         except self._errors as exc:
+            _keep_for_resume(directory)
             said = None
             if self.voice.download_failed is not None:
                 said = self.voice.download_failed(key, exc, seen, directory)
@@ -412,13 +414,18 @@ class TieredCache:
         The caller checked it first (:meth:`check`); ``download`` in the
         result is the verified files the local cache did not take.
         """
+        from trtet_store.cache.tier import TierEntryError
+
         assert self.tier is not None
         directory = self.directory / DOWNLOADS / key
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             got = self.tier.download(entry, directory, progress=progress)
+        except TierEntryError:
+            shutil.rmtree(directory, ignore_errors=True)  # damaged: nothing to resume
+            raise
         except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
+            _keep_for_resume(directory)  # a cut pull resumes like a cut hit
             raise
         outcome = TierOutcome(key, "hit", downloaded=got.downloaded)
         try:
@@ -518,3 +525,9 @@ def origin(directory: Path, name: str, logger: logging.Logger) -> str:
                     os.unlink(tmp)
     return made or uuid.uuid4().hex
 
+
+def _keep_for_resume(directory: Path) -> None:
+    """A cut download keeps what it staged (the next hit or pull resumes it); an empty
+    directory (cut before anything was staged) is not left behind."""
+    with contextlib.suppress(OSError):
+        directory.rmdir()
