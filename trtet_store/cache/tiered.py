@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtet_store.cache.layout import DOWNLOADS, ORIGIN_FILE, PENDING, REMOTE_JOURNAL
 from trtet_store.cache.results import TierOutcome
+from trtet_store.io import write_atomic
 
 if TYPE_CHECKING:
     from trtet_store.cache.blobcache import BlobCache
@@ -496,33 +497,20 @@ def origin(directory: Path, name: str, logger: logging.Logger) -> str:
         if text is not None and _is_origin(text):
             return text
         made = uuid.uuid4().hex
-        tmp: Path | None = directory / f".{ORIGIN_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, made.encode("ascii") + b"\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if text is None:
-                try:
-                    os.link(tmp, path)  # never replaces another process's origin
-                except FileExistsError:
-                    continue  # read the winner's
-            else:  # a damaged file (not hex): replaced, once
-                logger.warning("%s: %s held %r, not an origin id; replaced", name, path,
-                               text[:40])
-                os.replace(tmp, path)
-                tmp = None
-            return made
+            # Complete, fsynced, and its directory entry durable (a killed publish resumes
+            # under this id); linked only if absent: never replaces another process's
+            # origin. A damaged file (not hex) is replaced, once.
+            write_atomic(path, made.encode("ascii") + b"\n", replace=text is not None)
+        except FileExistsError:
+            continue  # read the winner's
         except OSError as exc:
             logger.warning("%s: cannot keep an origin id in %s (%s); a new one for this "
                            "process (its publishes will not resume)", name, path, exc)
             return made
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+        if text is not None:
+            logger.warning("%s: %s held %r, not an origin id; replaced", name, path, text[:40])
+        return made
     return made or uuid.uuid4().hex
 
 
