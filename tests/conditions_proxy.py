@@ -54,11 +54,16 @@ class ConditionsProxy:
     ignore : tuple of str
         The condition headers (lower case: ``"if-none-match"``, ``"if-match"``)
         removed from PUT, POST and DELETE; ``()``: none (a counting pass-through).
+    refuse : bool
+        Answer a write that carries a condition header ``501 NotImplemented``
+        (an S3 error document) instead of forwarding it: a server that does
+        not implement conditional writes and says so.
     """
 
     def __init__(self, target_url: str, *, access_key: str, secret_key: str, region: str,
-                 ignore: tuple[str, ...] = ()) -> None:
+                 ignore: tuple[str, ...] = (), refuse: bool = False) -> None:
         parts = urlsplit(target_url)
+        self.refuse = refuse
         self.target = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.credentials = (access_key, secret_key, region)
         if not set(ignore) <= set(CONDITIONS):
@@ -137,6 +142,17 @@ class _Handler(BaseHTTPRequestHandler):
                                         [(k, v) for k, v in headers
                                          if k.lower() not in owner.ignore], body)
         owner._record(Seen(self.command, self.path, stripped))
+        if owner.refuse and self.command in _WRITES and \
+                any(k.lower() in CONDITIONS for k, _ in headers):
+            error = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented'
+                     b'</Code><Message>A header you provided implies functionality that is '
+                     b'not implemented</Message></Error>')
+            self.send_response_only(501, "Not Implemented")
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
         conn = http.client.HTTPConnection(*owner.target, timeout=120)
         try:
             conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)

@@ -93,6 +93,7 @@ CASES = [
         "RequestTimeout", "RequestTimeTooSkewed", "OperationAborted")],
     (client_error("", 503), Transient),
     (client_error("SomethingNew", 501), Transient),
+    (client_error("NotImplemented", 501), RemoteError),  # the same on every retry
     (client_error("InvalidRange", 416), RemoteError),
     (NoCredentialsError(), AccessDeniedError),
     (EndpointConnectionError(endpoint_url="http://127.0.0.1:1/b/k"), Unreachable),

@@ -25,10 +25,10 @@ PROBE = "/.trtet-probe/"
 BOTH = ("if-none-match", "if-match")
 
 
-def proxy(s3: Any, ignore: tuple[str, ...] = ()) -> ConditionsProxy:
+def proxy(s3: Any, ignore: tuple[str, ...] = (), refuse: bool = False) -> ConditionsProxy:
     e = s3.endpoint
     return ConditionsProxy(e.url, access_key=e.access_key, secret_key=e.secret_key,
-                           region=e.region, ignore=ignore)
+                           region=e.region, ignore=ignore, refuse=refuse)
 
 
 def bucket_state(s3: Any) -> tuple[dict[str, str], list[str]]:
@@ -170,6 +170,22 @@ def export_two(tmp_path: Path, url: str, endpoint: str, out: str) -> tuple[list[
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_a_server_that_answers_not_implemented_is_a_verdict_remembered_once(tmp_path, s3env):
+    """501 NotImplemented for a conditional write (said, not ignored) is the same on every
+    try: the probe's verdict, remembered; not a transient failure probed again each call."""
+    from trtet_store.cache.tier import ConditionalWritesUnsupportedError
+
+    url = f"s3://{s3env.bucket}/team"
+    before = bucket_state(s3env)
+    with proxy(s3env, refuse=True) as px:
+        t = tier(url, px.url, tmp_path)
+        for _ in range(2):
+            with pytest.raises(ConditionalWritesUnsupportedError, match="NotImplemented"):
+                t.publish("new", files(tmp_path, "new"), {"n": 2})
+        assert [s.method for s in px.seen(PROBE)] == ["PUT"]  # one probe, one request
+    assert bucket_state(s3env) == before
 
 
 def test_the_engine_cache_builds_locally_warns_once_and_loses_nothing(here_fs, s3env):

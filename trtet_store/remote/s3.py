@@ -187,6 +187,10 @@ def translate(exc: BaseException, what: str, bucket: str, key: str | None = None
                 f"asked for{version}; it was replaced meanwhile", key or "")
         if code in _BAD_DIGEST:
             return BadDigest(f"{what} {url}: {code}")
+        if code == "NotImplemented":  # a 501 that says what it is: a header or call this
+            return RemoteError(  # server lacks, the same on every retry
+                f"{what} {url}{at} was refused: NotImplemented (this server does not "
+                "implement a header or feature the call uses)")
         if code in _RETRY or status >= 500:
             cls = ReadInterrupted if reading else Transient
             return cls(f"{what} {url}: {said}")

@@ -127,15 +127,21 @@ def probe(s3: S3, bucket: str, prefix: str, endpoint: str | None = None) -> str 
     folder = f"{prefix}{PROBE_DIR}{uuid.uuid4().hex}"
     first, missing = f"{folder}/created", f"{folder}/missing"
     at = f"{endpoint or 'the S3 server'} (bucket {bucket})"
-    made: list[str] = []
+    made: list[str] = [first]  # before the PUT: a reset after the server stored it still deletes it
     try:
         try:
             etag = put(s3, bucket, first, b"trtet-store conditional-write probe 1\n",
                        if_none_match=True)
         except PreconditionFailed:
+            made.clear()  # not ours: never deleted
             return (f"{at} does not honour conditional writes: a create-only PutObject "
                     f"(If-None-Match: *) of the new key s3://{bucket}/{first} was refused (412)")
-        made.append(first)
+        except _NOT_A_VERDICT:
+            raise
+        except RemoteError as exc:  # the header itself refused (NotImplemented, ...)
+            made.clear()
+            return (f"{at} does not honour conditional writes: a create-only PutObject "
+                    f"(If-None-Match: *) of s3://{bucket}/{first} was refused otherwise ({exc})")
         why = _refused(s3, bucket, first, b"trtet-store conditional-write probe 2\n",
                        made, if_none_match=True)
         if why is not None:
@@ -167,19 +173,28 @@ def probe(s3: S3, bucket: str, prefix: str, endpoint: str | None = None) -> str 
 def _refused(s3: S3, bucket: str, key: str, body: bytes, made: list[str], *,
              if_none_match: bool = False, if_match: str | None = None,
              missing_ok: bool = False) -> str | None:
-    """None if the conditional PutObject was refused as it must be, else what happened."""
+    """None if the conditional PutObject was refused as it must be, else what happened.
+
+    A new ``key`` joins ``made`` before the PUT (a reset after the server stored it
+    still has it deleted) and leaves it when the server refused the PUT (nothing made).
+    """
+    added = key not in made
+    if added:
+        made.append(key)
     try:
         put(s3, bucket, key, body, if_none_match=if_none_match, if_match=if_match)
     except PreconditionFailed:
-        return None
+        why = None
     except ObjectNotFoundError:
-        if missing_ok:  # AWS answers a missing key's If-Match with 404 NoSuchKey
-            return None
-        raise
+        if not missing_ok:
+            raise
+        why = None  # AWS answers a missing key's If-Match with 404 NoSuchKey
     except _NOT_A_VERDICT:
         raise
     except RemoteError as exc:  # a refusal of the header itself (NotImplemented...)
-        return f"was refused otherwise ({exc})"
-    if key not in made:
-        made.append(key)
-    return "succeeded"
+        why = f"was refused otherwise ({exc})"
+    else:
+        return "succeeded"
+    if added:
+        made.remove(key)
+    return why
