@@ -366,3 +366,39 @@ def test_an_up_to_date_fetch_removes_the_lock_files_a_killed_fetch_left(s3, here
     assert report.up_to_date
     assert listing(here_fs) == ["model.ptd", "model.pte"]
     assert {n: (here_fs / n).read_bytes() for n in files} == files
+
+
+_HOLD_THE_FETCH_LOCK = """
+import sys
+from pathlib import Path
+from trtet_store.io import STAGING_DIR, try_lock
+from trtet_store.remote.download.staging import fetch_id
+dest = Path(sys.argv[1])
+assert try_lock(dest.parent / STAGING_DIR / f"fetch-{fetch_id(dest)}.lock", create=True)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_up_to_date_fetch_is_not_failed_by_a_lock_a_live_fetch_holds(s3, here_fs):
+    """The tidy of a dead fetch's locks meets a live one's: the up-to-date fetch still
+    succeeds and leaves them; once that fetch is gone, the next one tidies."""
+    import subprocess
+    import sys
+
+    data, sizes = engine_program(4, ENGINES)
+    url = publish_v(s3, data, sizes, b"q" * 100)
+    fetch(url, here_fs / "model.pte", client=s3.client)
+    (here_fs / ".trtet-staging").mkdir(mode=0o700)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_THE_FETCH_LOCK,
+                               str(here_fs / "model.pte")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert fetch(url, here_fs / "model.pte", client=s3.client).up_to_date
+        assert os.listdir(here_fs / ".trtet-staging") != []
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    assert fetch(url, here_fs / "model.pte", client=s3.client).up_to_date
+    assert listing(here_fs) == ["model.ptd", "model.pte"]

@@ -43,7 +43,6 @@ default) or raises :class:`ObjectChangedError`; it never mixes versions.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -57,7 +56,6 @@ from typing import Any
 
 from trtet_store.io import (
     STAGING_DIR,
-    ConcurrentWriteError,
     ExternalFile,
     InsufficientSpaceError,
     check_staging_directory,
@@ -351,15 +349,20 @@ class _Fetch:
             log.info("%s: %s already holds version %s", self.url, self.dest, version)
             report.up_to_date = True
             self._fill(report, plans, {})
-            if interrupted:  # its staged runs and journal are of no use now
-                stage = Staging.open(self.dest, self.url, version, plans)
-                stage.remove()
-                stage.close()
-            elif self._lock_left():
-                # A fetch killed between removing its journal and its lock files left
-                # them: taken and let go, they go (unless a live fetch holds them).
-                with contextlib.suppress(ConcurrentWriteError):
+            if interrupted or self._lock_left():
+                # An interrupted fetch's staged runs and journal are of no use now; or a
+                # fetch killed between removing its journal and its lock files left
+                # them: taken and let go, they go. Only the first may fail this fetch:
+                # tidying a dead fetch's locks (a live one holds them, a full disk)
+                # never fails a destination that is already right.
+                try:
                     stage = Staging.open(self.dest, self.url, version, plans)
+                except OSError as exc:
+                    if interrupted:
+                        raise
+                    log.info("%s: the lock files a killed fetch left in %s stay (%s)",
+                             self.url, self.dest.parent / STAGING_DIR, exc)
+                else:
                     stage.remove()
                     stage.close()
             return report

@@ -342,7 +342,7 @@ class Staging:
         """After the write published: the journal goes (the blobs were consumed)."""
         # Not RecordFile.remove: its directory fsync would widen the window
         # between this unlink and close()'s lock removal, and a fetch killed in
-        # it leaves lock files that an up-to-date fetch does not clean. A
+        # it leaves lock files that only the next fetch's tidy removes. A
         # journal a power cut brings back only makes the next fetch clean up.
         self._journal.close()
         self.sdir.unlink(self.journal_path.name)
