@@ -67,13 +67,6 @@ class Tally:
             self.callback(Progress(done, self.total))
 
 
-def _check_progress(progress: Any, what: str) -> None:
-    if progress is not None and not callable(progress):
-        raise TypeError(f"{what}(): progress must be a callable taking a "
-                        f"trtet_store.Progress(done, total), got {type(progress).__name__}")
-
-
-
 def check_progress(progress: Any, what: str) -> None:
     """TypeError unless ``progress`` is None or callable."""
     if progress is not None and not callable(progress):

@@ -36,7 +36,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +118,6 @@ class Download:
     paths: dict[str, Path]
     entry: Any
     downloaded: int = 0
-    consumed: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -176,7 +175,7 @@ class TieredCache:
     def failed(self, what: str, key: str, exc: BaseException, *, said: str | None = None) -> str:
         """Say a tier failure (warned once until it works again); return its reason."""
         line, reason = self.voice.failed(what, key, exc, said)
-        self.health.failed(line)
+        self.health.failed(line, cause=exc)
         return reason
 
     def worked(self) -> None:

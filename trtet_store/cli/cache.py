@@ -342,7 +342,11 @@ def _print_swept(cache: Any) -> None:
     if sweep.removed:
         print(f"removed {len(sweep.removed)} partial downloads no download holds "
               f"({mib(sweep.removed_bytes)})")
-    for path in sweep.held:
+    _print_kept(sweep.held)
+
+
+def _print_kept(held: list[Path]) -> None:
+    for path in held:
         print(f"kept the partial download {path}: a download running in another process "
               "holds it (run this again once it is done)")
 
@@ -403,9 +407,7 @@ def _recover(cache: Any, args: argparse.Namespace) -> int:
                                     else "nothing to recover"))
     for path in removed:
         print(f"  {os.path.relpath(path, cache.directory)}")
-    for path in cache.blobs.swept.held:
-        print(f"kept the partial download {path}: a download running in another process "
-              "holds it (run this again once it is done)")
+    _print_kept(cache.blobs.swept.held)
     return 0
 
 

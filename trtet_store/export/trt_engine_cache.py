@@ -47,9 +47,10 @@ version and compute capability of the entry's metadata):
   (:meth:`TieredCache.publish`). One winner rule at both levels: **the first
   writer wins**. In the bucket the pointer is written with
   ``If-None-Match: *``; in the local cache a key already cached keeps its
-  entry (the save is skipped, ``last_put.reason`` says so), under the key's
-  single-flight lock, so two processes saving one key agree with the bucket
-  on whose bytes are served.
+  entry (the save is skipped, ``last_put.reason`` says so): a sealed hit
+  looked up just before the put, not a lock (a save killed there leaves only
+  its temp file), so two saves racing inside one put may both land locally;
+  the bucket still has one winner.
 - The remote never fails a compile: the tier's errors
   (:data:`trtet_store.cache.tier.TIER_ERRORS`) are a warning, once until it
   works again, and the local cache alone. :attr:`last_remote` (a

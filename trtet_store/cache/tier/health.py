@@ -72,18 +72,17 @@ class TierHealth:
         #: The problem is the server's for the process (no conditional writes): kept.
         self.lasting = False
 
-    def failed(self, message: str, *, exc_info: Any = None,
-               cause: BaseException | None = None) -> bool:
+    def failed(self, message: str, *, cause: BaseException | None,
+               exc_info: Any = None) -> bool:
         """A tier call failed: warn the first time (True), else log at INFO (False).
 
-        ``cause`` is the failure (default: the exception being handled, as
-        the caches call this from their ``except`` blocks); a
+        ``cause`` is the failure, given by the caller (never guessed from the
+        exception being handled); a
         :class:`~trtet_store.remote.errors.ConditionalWritesUnsupportedError`
         makes the problem lasting (:meth:`worked` does not end it).
         """
         from trtet_store.remote.errors import ConditionalWritesUnsupportedError
 
-        cause = sys.exc_info()[1] if cause is None else cause
         if isinstance(cause, ConditionalWritesUnsupportedError):
             self.lasting = True
         first = self.down is None
