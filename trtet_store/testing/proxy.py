@@ -227,18 +227,18 @@ class CountingProxy:
         """
         view = memoryview(data)
         while view:
-            with self._lock:
-                setattr(self, counter, getattr(self, counter) + len(view))
+            self._add(counter, len(view))
             try:
                 sent = dst.send(view)
             except OSError:
-                with self._lock:
-                    setattr(self, counter, getattr(self, counter) - len(view))
+                self._add(counter, -len(view))
                 raise
-            if sent < len(view):
-                with self._lock:
-                    setattr(self, counter, getattr(self, counter) - (len(view) - sent))
+            self._add(counter, sent - len(view))
             view = view[sent:]
+
+    def _add(self, counter: str, n: int) -> None:
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + n)
 
     def _retire(self, src: socket.socket, dst: socket.socket, pumps_left: list[int]) -> None:
         """Close a connection's two sockets once both of its pumps are done with them."""
@@ -270,7 +270,7 @@ class CountingProxy:
             socks = list(self._socks)
             threads = list(self._threads)
         for s in socks:
-            # shutdown wakes a pump blocked in recv/sendall on it; its finally closes it.
+            # shutdown wakes a pump blocked in recv/send on it; its finally closes it.
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
         stuck = []

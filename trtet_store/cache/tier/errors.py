@@ -17,7 +17,6 @@ from trtet_store.remote.errors import RemoteError
 TIER_ERRORS: tuple[type[BaseException], ...] = (RemoteError, OSError)
 
 
-
 def public_name(exc: BaseException) -> str:
     """The name of ``exc``'s public class (EndpointUnreachableError, AccessDeniedError...),
     not a transport's internal subclass."""
@@ -25,4 +24,4 @@ def public_name(exc: BaseException) -> str:
                  if c.__module__ == RemoteError.__module__), type(exc).__name__)
 
 
-__all__ = ["TIER_ERRORS", "RemoteError", "public_name"]
+__all__ = ["TIER_ERRORS", "public_name"]
