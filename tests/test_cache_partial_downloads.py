@@ -70,11 +70,9 @@ def _entry(directory: Path) -> tuple[list[tuple[str, Path]], dict]:
             {"record": record, "engines": engines})
 
 
-def _cut_hit(here_fs: Path, s3env: Any, tcp_proxy: Any) -> tuple[Path, str, Path]:
-    """A publishes; B's hit gets two ranges of e0, then every response is cut at 3 MiB.
-
-    Returns ``(B's directory, the key, B's partial download)``.
-    """
+def _behind_a_cut(here_fs: Path, s3env: Any, tcp_proxy: Any) -> tuple[EngineCache, str, Any]:
+    """A publishes ``k15``; B's cache reaches the server through a proxy that lets two
+    ranges of e0 through, then cuts every response at 3 MiB. ``(B, key, proxy)``."""
     from tcp_proxy import Fault
 
     a = _cache(here_fs / "a", s3env, s3env.endpoint.url)
@@ -84,7 +82,15 @@ def _cut_hit(here_fs: Path, s3env: Any, tcp_proxy: Any) -> tuple[Path, str, Path
     proxy = tcp_proxy(s3env.endpoint.url, [Fault(
         "response", "reset", at=3 * MiB, skip=2, times=10**6,
         match=lambda m: m.method == "GET" and m.target.split("?")[0].endswith("/e0"))])
-    b = _cache(here_fs / "b", s3env, proxy.url)
+    return _cache(here_fs / "b", s3env, proxy.url), key, proxy
+
+
+def _cut_hit(here_fs: Path, s3env: Any, tcp_proxy: Any) -> tuple[Path, str, Path]:
+    """A publishes; B's hit gets two ranges of e0, then every response is cut at 3 MiB.
+
+    Returns ``(B's directory, the key, B's partial download)``.
+    """
+    b, key, proxy = _behind_a_cut(here_fs, s3env, tcp_proxy)
     got = b.tiered.get(key)
     assert proxy.fired, "the proxy cut nothing"
     assert got.hit is None and got.outcome.action == "error", got.outcome
@@ -146,18 +152,9 @@ def test_a_cut_hit_is_counted_and_the_next_hit_resumes_it(here_fs, s3env, tcp_pr
 
 def test_a_cut_pull_keeps_its_partial_download_and_the_next_pull_resumes_it(
         here_fs, s3env, tcp_proxy):
-    from tcp_proxy import Fault
-
     from trtet_store.remote import RemoteError
 
-    a = _cache(here_fs / "a", s3env, s3env.endpoint.url)
-    files, meta = _entry(here_fs / "src")
-    key = "k15"
-    assert a.tiered.publish(key, files, meta)[0].action == "published"
-    proxy = tcp_proxy(s3env.endpoint.url, [Fault(
-        "response", "reset", at=3 * MiB, skip=2, times=10**6,
-        match=lambda m: m.method == "GET" and m.target.split("?")[0].endswith("/e0"))])
-    b = _cache(here_fs / "b", s3env, proxy.url)
+    b, key, _ = _behind_a_cut(here_fs, s3env, tcp_proxy)
     with pytest.raises(RemoteError):
         b.pull([key])
     partial = here_fs / "b" / "downloads" / key
