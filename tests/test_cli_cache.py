@@ -9,6 +9,7 @@ entries and the build record) and an entry of the Torch-TensorRT adapter
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -247,9 +248,9 @@ def test_compile_and_save_with_engine_cache_builds_once_and_says_hit(here_fs, ca
     assert file_digest(here_fs / "m0.pte") == file_digest(here_fs / "m1.pte")
 
 
-def test_compile_and_save_says_when_it_waits_for_another_machines_build(
-        here_fs, s3env, capsys):
-    """Issue 45 item 17: one line on stderr when the wait starts: the holder and until when."""
+def _wait_for_builder7(here_fs, s3env, capsys, terminal=None) -> tuple[str, str, str]:
+    """compile-and-save while "builder7" holds the key's lease (6 s ttl, never renewed):
+    ``(the remote URL, the key, what stderr got)``; stderr on ``terminal`` if given."""
     import json as _json
     import time
 
@@ -279,13 +280,21 @@ def test_compile_and_save_says_when_it_waits_for_another_machines_build(
         s3env.client.put_object(Bucket=s3env.bucket, Key=f"team/{key}.lease", Body=_json.dumps(
             {"holder": "e" * 32, "host": "builder7", "pid": 4321, "started": now,
              "renewed": now, "ttl": 6}).encode())
-        with installed(FakeBuilder(engine_sizes=(ENGINE,))):
-            assert main(["compile-and-save", "--no-progress", f"{factory}:make",
+        with installed(FakeBuilder(engine_sizes=(ENGINE,))), \
+                terminal or contextlib.nullcontext():
+            assert main(["compile-and-save", f"{factory}:make",
                          os.fspath(here_fs / "m.pte"), "--engine-cache",
                          os.fspath(here_fs / "c"), "--engine-cache-remote", url, *ep]) == 0
     finally:
         trt.unregister_engines(list(trt._engines.values()))
-    err = capsys.readouterr().err
+    return url, key, terminal.drawn() if terminal is not None else capsys.readouterr().err
+
+
+def test_compile_and_save_says_when_it_waits_for_another_machines_build(
+        here_fs, s3env, capsys):
+    """Issue 45 item 17: one line on stderr when the wait starts: the holder and until when;
+    off a terminal no progress line (only the two warnings name the holder)."""
+    url, key, err = _wait_for_builder7(here_fs, s3env, capsys)
     lines = [ln for ln in err.splitlines() if "builder7" in ln]
     assert len(lines) == 2, err
     assert lines[0].startswith(f"trtet-store compile-and-save: warning: {url}: {key} is being "
@@ -293,6 +302,29 @@ def test_compile_and_save_says_when_it_waits_for_another_machines_build(
                                "lease runs until 20"), lines[0]
     assert "UTC unless renewed; waiting for its entry until 20" in lines[0]
     assert "took over the build lease of builder7" in lines[1]
+
+
+def test_on_a_terminal_the_wait_is_a_line_that_counts_and_goes(here_fs, s3env, capsys):
+    """Issue 45 item 17: on a terminal, a line redrawn at each look (the seconds waited, the
+    holder, the key), erased when the lease is taken over; the warnings above it."""
+    from test_cli_progress import Terminal
+
+    terminal = Terminal()
+    try:
+        url, key, drawn = _wait_for_builder7(here_fs, s3env, capsys, terminal)
+    finally:
+        terminal.close()
+    draws = re.findall(r"waiting (\d+):(\d\d) for builder7 \(pid 4321\) to build (\S+)", drawn)
+    assert len(draws) >= 2, drawn  # a look every 2 s over a 6 s lease
+    assert {k for _, _, k in draws} == {key}
+    waited = [60 * int(m) + int(s) for m, s, _ in draws]
+    assert waited == sorted(waited) and waited[-1] >= 4, waited
+    # The warnings are whole lines (the line cleared first, as above a bar); when the wait
+    # is over its line is erased, not left on screen.
+    assert f"warning: {url}: {key} is being built by holder" in drawn
+    assert re.search(r"\r {20,}\rtrtet-store compile-and-save: warning: [^\r]*took over the "
+                     r"build lease of builder7", drawn), drawn
+    assert re.match(r"waiting [^\r]*\r {20,}\r", drawn[drawn.rindex("waiting "):]), drawn
 
 
 # --- the shared tier: --remote (issue 37) ---------------------------------------------------

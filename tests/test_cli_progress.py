@@ -139,3 +139,33 @@ def test_a_terminal_of_size_zero_gets_a_bar_of_the_default_width(terminal):
     lines = [x for x in terminal.drawn().replace("\r", "\n").splitlines() if x.strip()]
     assert lines and lines[-1].startswith("fetch: 100%|"), lines
     assert len(lines[-1]) == DEFAULT_WIDTH, lines[-1]
+
+
+def _wait(waited: float, over: bool = False):
+    from trtet_store.cache.tier import LeaseWait
+
+    return LeaseWait("trt-k", "h" * 32, "builder7", 42, None, waited, over)
+
+
+def test_a_wait_is_a_line_of_its_own_and_the_next_bar_is_a_bar(terminal, capsys):
+    """Issue 45 item 17: the wait's line counts the seconds; a later update gets a real bar."""
+    with terminal, ProgressBar("writing", leave=False) as bar:
+        bar.waiting(_wait(3))
+        bar.waiting(_wait(65))
+        assert bar.bar.desc == "waiting 1:05 for builder7 (pid 42) to build trt-k"
+        bar(SimpleNamespace(done=1, total=2))  # the wait ended without saying so: a new bar
+        assert (bar.bar.desc, bar.bar.n, bar.bar.total) == ("writing", 1, 2)
+        assert bar.bar.bar_format != "{desc}"
+        bar.waiting(_wait(1, over=True))  # the end of a wait no longer shown: the bar stays
+        assert bar.bar is not None and bar.bar.desc == "writing"
+    drawn = terminal.drawn()
+    assert "waiting 0:03 for builder7 (pid 42) to build trt-k" in drawn
+    assert "waiting 1:05 for builder7" in drawn
+    with terminal, ProgressBar("writing") as bar:
+        bar.waiting(_wait(3))
+        bar.waiting(_wait(5, over=True))
+        assert bar.bar is None
+    with ProgressBar("writing") as bar:  # off a terminal (capsys): nothing
+        bar.waiting(_wait(3))
+        assert bar.bar is None
+    assert capsys.readouterr().err == ""

@@ -579,9 +579,11 @@ def test_a_wait_past_wait_timeout_builds_here(here_fs, s3env, caplog):
     s3env.client.put_object(Bucket=s3env.bucket, Key=f"team/{key}.lease", Body=json.dumps(
         {"holder": "f" * 32, "host": "elsewhere", "pid": 1, "started": now, "renewed": now,
          "ttl": 3600}).encode())
-    cache = trtet_store.EngineCache(here_fs / "c", max_bytes=1 << 30, min_free=0, remote=url,
-                                    endpoint_url=endpoint, wait_timeout=0.5)
     builder = FakeBuilder(engine_sizes=(MiB,))
+    waits = []  # (what on_wait was given, builds begun by then)
+    cache = trtet_store.EngineCache(
+        here_fs / "c", max_bytes=1 << 30, min_free=0, remote=url, endpoint_url=endpoint,
+        wait_timeout=0.5, on_wait=lambda w: waits.append((w, len(builder.built))))
     t0 = time.monotonic()
     with caplog.at_level(logging.INFO, "trtet_store"), installed(builder):
         report = trtet_store.compile_and_save(module, inputs, here_fs / "c.pte",
@@ -591,6 +593,14 @@ def test_a_wait_past_wait_timeout_builds_here(here_fs, s3env, caplog):
     assert [(e.outcome, e.stored, e.published) for e in report.engine_cache] == \
         [("miss", True, True)]
     assert "waited 0.5 s for the build lease of elsewhere" in caplog.text
+    # Issue 45 item 17: the API's wait callback: each look, then its end, before the build.
+    seen = [(w.key, w.holder, w.host, w.pid, w.since, w.over, built) for w, built in waits]
+    assert len(seen) >= 2 and seen[-1] == (key, "f" * 32, "elsewhere", 1, now, True, 0), seen
+    assert set(seen[:-1]) == {(key, "f" * 32, "elsewhere", 1, now, False, 0)}, seen
+    waited = [w.waited for w, _ in waits]
+    assert waited == sorted(waited) and waited[0] >= 0 and waited[-1] >= 0.5, waited
+    with pytest.raises(TypeError, match="on_wait must be callable or None, got int"):
+        trtet_store.EngineCache(here_fs / "c", remote=url, on_wait=1)
     assert cache.remote.lookup(key) is not None
 
 

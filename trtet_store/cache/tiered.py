@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from trtet_store.io import write_atomic
 if TYPE_CHECKING:
     from trtet_store.cache.blobcache import BlobCache
     from trtet_store.cache.results import PutResult
-    from trtet_store.cache.tier import RemoteEntry, RemoteTier, TierPublish
+    from trtet_store.cache.tier import LeaseWait, RemoteEntry, RemoteTier, TierPublish
 
 __all__ = ["Places", "TierGet", "TieredCache", "Voice", "tier_errors"]
 
@@ -323,19 +324,35 @@ class TieredCache:
 
     # -- claim ------------------------------------------------------------------------------
 
-    def claim(self, key: str, stack: contextlib.ExitStack, *, timeout: float | None
+    def claim(self, key: str, stack: contextlib.ExitStack, *, timeout: float | None,
+              on_wait: Callable[[LeaseWait], Any] | None = None,
               ) -> tuple[RemoteEntry | None, str | None]:
         """The key's lease around a build: ``(entry published meanwhile, why not publishable)``.
 
         A lease taken is released by ``stack`` (after the build's publish,
         so waiters see the entry before the lease goes). Another machine's
         build that outlasts ``timeout`` is said, and this one builds too.
+        ``on_wait`` gets a :class:`~trtet_store.cache.tier.LeaseWait` at each
+        look at another holder's lease, and one with ``over=True`` when the
+        wait ends, however it ends.
         """
-        from trtet_store.cache.tier import Lease, LeaseWaitTimeout
+        from trtet_store.cache.tier import Lease, LeaseWait, LeaseWaitTimeout
 
         assert self.tier is not None
+        began = time.monotonic()
+        last: list[dict[str, Any]] = []  # the holder's lease at the last look, once there is one
+
+        def look(doc: dict[str, Any]) -> None:
+            last[:] = [doc]
+            if on_wait is not None:
+                on_wait(LeaseWait.of(key, doc, time.monotonic() - began))
+
         try:
-            got = self.tier.claim(key, timeout=timeout)
+            try:
+                got = self.tier.claim(key, timeout=timeout, on_wait=look)
+            finally:  # the wait's line closes before anything about its end is said
+                if last and on_wait is not None:
+                    on_wait(LeaseWait.of(key, last[0], time.monotonic() - began, over=True))
         except LeaseWaitTimeout as exc:
             self.log.warning("%s: %s; building %s here (the first machine to publish it wins)",
                              self.name, exc, key)

@@ -298,6 +298,10 @@ def _terminal_columns(file: Any) -> int | None:
         return 0
 
 
+#: The phase of a :meth:`ProgressBar.waiting` line (no API phase is spelled so).
+_WAIT = "\0wait"
+
+
 class ProgressBar:
     """The CLI's one progress bar: tqdm (bytes) over an API's progress updates.
 
@@ -351,8 +355,8 @@ class ProgressBar:
             obj = update
             done, total = update.done, update.total
             phase = getattr(update, "phase", None)  # the benchmark's BenchProgress has one
-        if phase is not None and phase != self._phase:
-            self.close()
+        if (phase is not None and phase != self._phase) or self._phase == _WAIT:
+            self.close()  # a new phase, or the end of a wait's line: a bar of its own
             self._phase = phase
         if self.bar is None:
             columns = _terminal_columns(sys.stderr)
@@ -376,6 +380,35 @@ class ProgressBar:
             bar.set_postfix_str(self.postfix(obj), refresh=False)
         if done != bar.n:
             bar.update(done - bar.n)  # prints only once mininterval has passed
+
+    def waiting(self, wait: Any) -> None:
+        """A line for a wait on another machine's build (a ``LeaseWait`` of the tier).
+
+        Redrawn at each look (the seconds waited, the holder), on a terminal
+        only; erased when the wait is over. A warning logged meanwhile is
+        written above it, as above a bar.
+        """
+        if not self.enabled:
+            return
+        if wait.over:
+            if self._phase == _WAIT:
+                self.close()
+            return
+        if self.bar is None or self._phase != _WAIT:
+            self.close()
+            columns = _terminal_columns(sys.stderr)
+            if columns is None:
+                return
+            from tqdm import tqdm
+
+            self._phase = _WAIT
+            self.bar = tqdm(total=None, bar_format="{desc}", leave=False, file=sys.stderr,
+                            disable=None, dynamic_ncols=columns != 0,
+                            ncols=DEFAULT_WIDTH if columns == 0 else None)
+        minutes, seconds = divmod(int(wait.waited), 60)
+        self.bar.set_description_str(
+            f"waiting {minutes}:{seconds:02d} for {wait.host} (pid {wait.pid}) to build "
+            f"{wait.key}", refresh=True)
 
     def close(self) -> None:
         """Close the bar (idempotent)."""

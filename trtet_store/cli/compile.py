@@ -187,6 +187,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     if args.engine_cache_remote is None and (args.signing_key or args.trusted_key):
         return fail("compile-and-save", "--signing-key and --trusted-key need "
                     "--engine-cache-remote s3://BUCKET")
+    bar = ProgressBar("writing", enabled=not args.no_progress, leave=False)
     if args.engine_cache is not None or args.engine_cache_remote is not None:
         from trtet_store import EngineCache
 
@@ -204,10 +205,9 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
                     args.engine_cache or None, remote=args.engine_cache_remote,
                     endpoint_url=args.endpoint_url, signing_key=tier.signing_key,
                     trusted_keys=None if tier.trusted_keys is None
-                    else list(tier.trusted_keys.values()))
+                    else list(tier.trusted_keys.values()), on_wait=bar.waiting)
         except Exception as exc:
             return report_error(exc, "compile-and-save", out=out)
-    bar = ProgressBar("writing", enabled=not args.no_progress, leave=False)
     kwargs["progress"] = bar  # (done, total) today, an object with .done/.total tomorrow
     from trtet_store.cli.publish import warnings_shown
 

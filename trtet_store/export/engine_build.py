@@ -286,7 +286,8 @@ def _from_tier(cache: EngineCache, key: str, store: BlobStore, fingerprint: str,
     if got.outcome is not None and got.outcome.action == "miss" and got.entry is None:
         # No entry: claim the key's lease; one another machine publishes while we wait
         # is taken as a remote hit.
-        entry, why = cache.tiered.claim(key, stack, timeout=cache.wait_timeout)
+        entry, why = cache.tiered.claim(key, stack, timeout=cache.wait_timeout,
+                                        on_wait=cache.on_wait)
         if entry is None:
             return None, why, None, None
         got = cache.tiered.take(key, entry, lambda: cache.lookup(key),

@@ -49,7 +49,7 @@ from trtet_store.export.engine_record import CachedBuild, EngineCacheEvent, tier
 from trtet_store.io import Progress
 
 if TYPE_CHECKING:
-    from trtet_store.cache.tier import RemoteEntry, RemoteTier, TierPublish
+    from trtet_store.cache.tier import LeaseWait, RemoteEntry, RemoteTier, TierPublish
     from trtet_store.export.tensorrt import BuildResult
 
 log = logging.getLogger("trtet_store.engine_cache")
@@ -131,6 +131,12 @@ class EngineCache:
         and, when this cache signs, replaced by its own signed build
         (``If-Match`` that entry). Default: ``TRTET_TRUSTED_KEYS``, else the
         config file's, else none (every entry accepted).
+    on_wait : callable, optional
+        With ``remote=``: called with a :class:`~trtet_store.cache.tier.LeaseWait`
+        at each look (every 2 s) while an export waits for another machine's
+        build of its key (holder, host, pid, since when, seconds waited), and
+        once more with ``over=True`` when the wait ends. The CLI draws a line
+        from it on a terminal; the wait's start is also logged at WARNING.
 
     Raises
     ------
@@ -150,7 +156,8 @@ class EngineCache:
                  remote: str | RemoteTier | None = None, endpoint_url: str | None = None,
                  lease_ttl: float = DEFAULT_LEASE_TTL,
                  wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT, signing_key: Any = None,
-                 trusted_keys: Any = None, read_only: bool = False) -> None:
+                 trusted_keys: Any = None, read_only: bool = False,
+                 on_wait: Callable[[LeaseWait], Any] | None = None) -> None:
         # Every argument is checked before the directory is touched or a tier is made.
         if (signing_key is not None or trusted_keys is not None) and not isinstance(remote, str):
             raise ValueError("signing_key= and trusted_keys= are for remote='s3://...'; " + (
@@ -178,6 +185,8 @@ class EngineCache:
             if math.isnan(wait_timeout) or wait_timeout < 0:
                 raise ValueError(f"wait_timeout must be >= 0 seconds or None, got "
                                  f"{wait_timeout}")
+        if on_wait is not None and not callable(on_wait):
+            raise TypeError(f"on_wait must be callable or None, got {type(on_wait).__name__}")
         tier: RemoteTier | None = None
         if isinstance(remote, str):
             from trtet_store.cache.tier import RemoteTier
@@ -192,6 +201,7 @@ class EngineCache:
                                read_only=read_only)
         self.lease_ttl = float(lease_ttl)
         self.wait_timeout = wait_timeout
+        self.on_wait = on_wait
         self.remote: RemoteTier | None = tier if tier is not None else remote
         #: The two-level policy: this cache's local level and its shared tier.
         self.tiered = TieredCache(self.blobs, self.remote, self._accept, engine_key.places,

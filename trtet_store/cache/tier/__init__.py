@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from trtet_store.cache.tier.entry import RemoteEntry, TierEntryError
 from trtet_store.cache.tier.errors import TIER_ERRORS as TIER_ERRORS
-from trtet_store.cache.tier.lease import Lease
+from trtet_store.cache.tier.lease import Lease, LeaseWait
 from trtet_store.cache.tier.signing import (
     KeyFileError,
     PublicKey,
@@ -29,7 +29,7 @@ from trtet_store.remote.url import RemoteURL as RemoteURL  # s3://bucket[/prefix
 
 # Also importable from here, off __all__ (not the tier's classes of the remote face's
 # aliases): TIER_ERRORS (errors.py), RemoteURL (the tier's URL).
-__all__ = ["ConditionalWritesUnsupportedError", "KeyFileError", "Lease", "LeaseWaitTimeout",
-           "PublicKey", "RemoteEntry",
+__all__ = ["ConditionalWritesUnsupportedError", "KeyFileError", "Lease", "LeaseWait",
+           "LeaseWaitTimeout", "PublicKey", "RemoteEntry",
            "RemoteTier", "SigningKey", "SigningUnavailableError", "TierDownload",
            "TierEntryError", "TierPublish", "TierSignatureError", "keygen"]

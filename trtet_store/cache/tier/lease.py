@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from trtet_store.remote.checksum import crc64nvme
 from trtet_store.remote.errors import RemoteError
@@ -119,6 +119,37 @@ def prunable(dated: Dated, own_ttl: float) -> bool:
     if damaged is not None and ttl == own_ttl:
         ttl = 0.0
     return dated.age is not None and dated.age > 2 * ttl
+
+
+class LeaseWait(NamedTuple):
+    """One look at another holder's lease while waiting for its build (``on_wait``).
+
+    Given at each look (every ``poll`` s) while the wait goes on, and once
+    more with ``over=True`` when it ends (the entry appeared, the lease was
+    taken over, or the wait timed out), so that a progress line can close.
+    """
+
+    key: str
+    #: The holder's id, host and pid, as its lease says (``"?"`` where it says nothing).
+    holder: str
+    host: str
+    pid: Any
+    #: When the holder started its build (its clock, epoch seconds), or None.
+    since: float | None
+    #: Seconds waited so far, on this machine's monotonic clock.
+    waited: float
+    over: bool = False
+
+    @classmethod
+    def of(cls, key: str, doc: dict[str, Any], waited: float, over: bool = False
+           ) -> LeaseWait:
+        """The wait as a lease's JSON ``doc`` (:func:`parse_lease`) tells it."""
+        since = doc.get("started")
+        return cls(key, str(doc.get("holder", "?"))[:32], str(doc.get("host", "?"))[:64],
+                   doc.get("pid", "?"),
+                   float(since) if isinstance(since, (int, float)) and not isinstance(
+                       since, bool) and math.isfinite(since) else None,
+                   waited, over)
 
 
 class LeaseWatch:
