@@ -7,6 +7,7 @@ from trtet_store.io.blobstore import Blob, BlobStore
 from trtet_store.io.digests import (
     Digester,
     Digests,
+    InOrderDigest,
     bytes_digested,
     chunk_digest,
     digest_fd,
@@ -84,6 +85,7 @@ __all__ = [
     "DamagedRecordsError",
     "Digester",
     "Digests",
+    "InOrderDigest",
     "ExternalFile",
     "block_size",
     "bytes_digested",

@@ -346,7 +346,7 @@ class BlobStore:
             if known is not None and blob.digest != known[0]:
                 blob.close()
                 raise ValueError(f"cannot adopt {src}: its bytes digest {blob.digest}, the "
-                                 f"caller said {known[0]}; nothing was adopted")
+                                 f"caller said {known[0]}; nothing was adopted") from None
             return blob
         try:
             if self.drop_behind:

@@ -134,6 +134,48 @@ class Digester:
         return self.total.hexdigest(), tuple(self.chunks)
 
 
+class InOrderDigest:
+    """xxh3-128 of a file whose ranges arrive from several threads, taken in offset order.
+
+    Each thread holding a range's bytes (in memory, just received) calls
+    :meth:`add`, which waits until every earlier byte was added: the file is
+    digested as it arrives, never read back. ``counted=False`` when these
+    bytes were counted already by the same pass (a download's chunk check of
+    the same buffer).
+    """
+
+    def __init__(self, size: int, *, counted: bool = False) -> None:
+        self.size = size
+        self._counted = counted
+        self._hasher = xxhash.xxh3_128()
+        self._next = 0
+        self._turn = threading.Condition()
+
+    def add(self, offset: int, data: bytes | bytearray | memoryview,
+            stop: threading.Event | None = None) -> bool:
+        """Digest ``data``, the bytes at ``offset``, once all before them are in.
+
+        Returns False (nothing digested) when ``stop`` is set while waiting.
+        """
+        with self._turn:
+            while self._next != offset:
+                if (stop is not None and stop.is_set()) or offset < self._next:
+                    return False
+                self._turn.wait(0.1)
+            view = memoryview(data).cast("B")
+            self._hasher.update(view)
+            if not self._counted:
+                _count(len(view))
+            self._next += len(view)
+            self._turn.notify_all()
+        return True
+
+    def digest(self) -> str | None:
+        """The xxh3-128 hex of the whole file, or None unless all ``size`` bytes were added."""
+        with self._turn:
+            return self._hasher.hexdigest() if self._next == self.size else None
+
+
 def chunk_digest(data: bytes | memoryview) -> int:
     """The per-chunk digest recorded in :attr:`Blob.chunk_digests`."""
     _count(len(data) if isinstance(data, bytes) else memoryview(data).nbytes)
