@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import ExternalFile
+from trtet_store.io import Digests, ExternalFile, file_identity
 
 
 class CacheWaitTimeout(TimeoutError):
@@ -51,11 +51,18 @@ class Hit:
         Hits recorded before this one.
     resealed : bool
         The file's identity had changed and a full re-digest found the same bytes.
+    identity : tuple of int
+        The blob's sealed identity (device, inode, size, mtime, ctime), which
+        the file had when this hit was made (:meth:`unchanged` asks again).
+    verified : bool
+        The hit re-read the whole blob and found its sealed digests
+        (``get(verify="full")``, or a changed identity).
     """
 
     def __init__(self, *, key: str, path: Path, fd: int, size: int, digest: str,
                  chunk_size: int, chunk_digests: tuple[int, ...], metadata: dict[str, Any],
-                 created: float, hits: int, resealed: bool) -> None:
+                 created: float, hits: int, resealed: bool,
+                 identity: tuple[int, ...] = (), verified: bool = False) -> None:
         self.key = key
         self.path = path
         self._fd = fd
@@ -67,6 +74,21 @@ class Hit:
         self.created = created
         self.hits = hits
         self.resealed = resealed
+        self.identity = tuple(identity)
+        self.verified = verified
+
+    def unchanged(self) -> bool:
+        """Whether the pinned file still has its sealed identity (one ``fstat``).
+
+        What makes :meth:`digests` true of bytes read or cloned from it: ask
+        after reading them (a write, truncate or replacement in between
+        changes the identity).
+        """
+        return bool(self.identity) and file_identity(os.fstat(self.fileno())) == self.identity
+
+    def digests(self) -> Digests:
+        """The sealed digests of the hit's bytes, checked by the hit (identity, or a re-read)."""
+        return Digests(self.digest, self.size, self.chunk_size, tuple(self.chunk_digests))
 
     def fileno(self) -> int:
         """The open, read-only descriptor of the blob (valid until :meth:`close`)."""

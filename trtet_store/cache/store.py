@@ -69,6 +69,7 @@ from trtet_store.cache.results import (
 )
 from trtet_store.io import (
     Blob,
+    Digests,
     MiB,
     UnsafeLockFileError,
     copy_all,
@@ -85,6 +86,23 @@ log = logging.getLogger("trtet_store.cache")
 DEFAULT_CHUNK_SIZE = MiB
 # Errors that make a put a skip, not a failure: the cache is an optimisation.
 _SKIP_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+#: What a hit trusts (``BlobCache.get(verify=)``, ``EngineCache(verify=)``): its seal, or a
+#: full re-read of its bytes.
+VERIFY_MODES = ("seal", "full")
+
+
+def check_verify(verify: object) -> str:
+    """``verify`` if it is one of :data:`VERIFY_MODES`; TypeError or ValueError otherwise."""
+    if not isinstance(verify, str):
+        raise TypeError(f"verify must be one of {', '.join(map(repr, VERIFY_MODES))}, got "
+                        f"{type(verify).__name__} {verify!r}")
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be 'seal' (trust a hit whose file identity is the one "
+                         f"it was sealed with: no byte read) or 'full' (re-read and re-digest "
+                         f"every hit), got {verify!r}")
+    return verify
 
 
 @dataclass
@@ -115,9 +133,9 @@ class Claim:
         self.hit: Hit | None = None
 
     def put(self, source: os.PathLike | str | Blob, metadata: Mapping[str, Any] | None = None,
-            *, consume: bool = False) -> PutResult:
+            *, consume: bool = False, digests: Digests | None = None) -> PutResult:
         """:meth:`BlobCache.put` under this claim's key."""
-        return self.cache.put(self.key, source, metadata, consume=consume)
+        return self.cache.put(self.key, source, metadata, consume=consume, digests=digests)
 
 
 class BlobCache(Eviction, Checks):
@@ -301,14 +319,22 @@ class BlobCache(Eviction, Checks):
 
     # -- get --------------------------------------------------------------------
 
-    def get(self, key: str) -> Hit | None:
+    def get(self, key: str, *, verify: str = "seal") -> Hit | None:
         """The entry under ``key``, pinned, or None.
 
         An entry whose blob no longer matches its seal (size; identity, then
         a full re-digest; the digest) is dropped, logged, and None is
         returned: it is never served. A hit records its use on disk.
+
+        ``verify``: what a hit trusts (:data:`VERIFY_MODES`). ``"seal"``: the
+        blob's identity (device, inode, size, mtime, ctime) is the one it was
+        sealed with, so its bytes are the sealed ones; no byte is read.
+        ``"full"``: the whole blob is read and digested again as well (what
+        a media error that changes no identity needs; ``verify()`` does it
+        for every entry).
         """
         check_key(key)
+        check_verify(verify)
         try:
             entry = self._read_entry(key)
         except ValueError as exc:
@@ -344,11 +370,12 @@ class BlobCache(Eviction, Checks):
             if not same:
                 os.close(fd)
                 return None
-            resealed = False
+            resealed = verified = False
             problem = self._check_blob(fd, st, seal)
-            if problem == "identity":
+            if problem == "identity" or (problem is None and verify == "full"):
+                changed, verified = problem == "identity", True
                 problem = self._redigest(fd, seal)
-                if problem is None:
+                if problem is None and changed:
                     resealed = True
                     self._reseal(entry.blob, seal, st)
             if problem is not None:
@@ -364,7 +391,7 @@ class BlobCache(Eviction, Checks):
         return Hit(key=key, path=path, fd=fd, size=entry.size, digest=seal["digest"],
                    chunk_size=int(seal["chunk_size"]), chunk_digests=seal["chunk_digests"],
                    metadata=entry.metadata, created=entry.created, hits=entry.hits,
-                   resealed=resealed)
+                   resealed=resealed, identity=file_identity(st), verified=verified)
 
     def _stamp(self, key: str) -> None:
         """Record a use on disk: one byte appended (hits) and the mtime set to now (LRU)."""
@@ -386,7 +413,8 @@ class BlobCache(Eviction, Checks):
     # -- put ----------------------------------------------------------------------
 
     def put(self, key: str, source: os.PathLike | str | Blob,
-            metadata: Mapping[str, Any] | None = None, *, consume: bool = False) -> PutResult:
+            metadata: Mapping[str, Any] | None = None, *, consume: bool = False,
+            digests: Digests | None = None) -> PutResult:
         """Store ``source``'s bytes under ``key``; a bound, space or permission problem is a skip.
 
         Parameters
@@ -403,6 +431,14 @@ class BlobCache(Eviction, Checks):
             filesystem it is hard linked in (no byte copied) and removed once
             the entry is durable; a :class:`~trtet_store.io.Blob` is released.
             Left as it was when the entry is skipped.
+        digests : Digests, optional
+            The source's digests, computed or checked by the caller (a
+            download checked as it arrived), with the identity of the file
+            they were taken of: trusted while the file keeps that identity
+            (checked before and after its bytes enter), so the put reads
+            nothing. A :class:`~trtet_store.io.Blob` source with digests
+            brings its own. Without them (or once the file changed), the
+            entered bytes are read and digested once.
 
         Returns
         -------
@@ -410,6 +446,9 @@ class BlobCache(Eviction, Checks):
             ``stored``, or skipped with ``reason`` (also logged).
         """
         check_key(key)
+        if digests is not None and not isinstance(digests, Digests):
+            raise TypeError(f"digests must be a trtet_store.io.Digests, got "
+                            f"{type(digests).__name__}")
         meta = dict(metadata or {})
         try:
             json.dumps(meta)
@@ -431,7 +470,7 @@ class BlobCache(Eviction, Checks):
             return self._skip(key, size, f"{size} bytes is larger than the cache's bound "
                               f"of {self.max_bytes} bytes")
         try:
-            result = self._put(key, src, size, meta, consume, source)
+            result = self._put(key, src, size, meta, consume, source, digests)
         except OSError as exc:
             if exc.errno not in _SKIP_ERRNOS:
                 raise
@@ -448,11 +487,15 @@ class BlobCache(Eviction, Checks):
         return PutResult(key=key, stored=False, size=size, reason=reason)
 
     def _put(self, key: str, src: Path, size: int, meta: dict[str, Any],
-             consume: bool, source: os.PathLike | str | Blob) -> PutResult:
+             consume: bool, source: os.PathLike | str | Blob,
+             digests: Digests | None) -> PutResult:
         src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
         tmp: Path | None = None
         fd = -1
         try:
+            # The digests this put may trust, if the file is still the one they were
+            # taken of (checked again once its bytes are in).
+            known = self._known(source, digests, os.fstat(src_fd))
             placement = None
             evicted: list[str] = []  # to make room for a copy, before the commit
             if consume:
@@ -476,19 +519,27 @@ class BlobCache(Eviction, Checks):
                 # writer does not sync): its bytes are durable before a record names them.
                 os.fsync(src_fd)
             read_fd = src_fd if placement == "link" else fd
-            digest, chunks, got = digest_fd(read_fd, self.chunk_size)
+            if known is not None and self._still(known, os.fstat(src_fd), placement):
+                # The bytes that entered are the file's, which is still the one the
+                # digests were taken of: nothing is read back (issue 42).
+                digest, chunks, got = known.digest, known.chunk_digests, known.size
+            else:
+                digest, chunks, got = digest_fd(read_fd, self.chunk_size)
             if got != size:
                 return PutResult(key=key, stored=False, size=size,
                                  reason=f"the source {src} changed size while it was cached "
                                  f"({size} -> {got} bytes)")
-            if isinstance(source, Blob) and source.has_digests and \
-                    source.chunk_size == self.chunk_size and \
-                    (source.digest, tuple(source.chunk_digests)) != (digest, chunks):
-                # The staged blob's own seal disagrees: its file changed since it was
-                # written. Caching it would serve bytes nobody built.
+            claimed = digests or (Digests(source.digest, source.size, source.chunk_size,
+                                          tuple(source.chunk_digests))
+                                  if isinstance(source, Blob) and source.has_digests else None)
+            if claimed is not None and (
+                    claimed.digest != digest or
+                    claimed.chunks_for(self.chunk_size) not in (None, tuple(chunks))):
+                # The staged blob's own seal (or the caller's check) disagrees: its file
+                # changed since. Caching it would serve bytes nobody built.
                 return PutResult(key=key, stored=False, size=size,
-                                 reason=f"the blob {src} no longer holds the bytes it was "
-                                 "sealed with")
+                                 reason=f"the {'blob' if isinstance(source, Blob) else 'file'} "
+                                 f"{src} no longer holds the bytes it was sealed with")
             with self._locked():
                 result = self._commit(key, tmp, read_fd, digest, chunks, size, meta, placement)
             if result.stored and result.placement != "dedup":
@@ -503,6 +554,33 @@ class BlobCache(Eviction, Checks):
             if fd >= 0:
                 os.close(fd)
             os.close(src_fd)
+
+    def _known(self, source: os.PathLike | str | Blob, digests: Digests | None,
+               st: os.stat_result) -> Digests | None:
+        """The digests a put may take instead of reading: given, or a sealed Blob's.
+
+        Only with chunk digests of the cache's span (a seal needs them), and
+        only for the file they were taken of (its identity now).
+        """
+        if digests is None and isinstance(source, Blob) and source.has_digests:
+            digests = Digests(source.digest, source.size, source.chunk_size,
+                              tuple(source.chunk_digests), tuple(source.identity))
+        if digests is None or digests.identity is None or \
+                digests.chunks_for(self.chunk_size) is None:
+            return None
+        if file_identity(st) != tuple(digests.identity) or digests.size != st.st_size:
+            log.debug("cache put: %s changed since its digests were taken; digesting it", st)
+            return None
+        return digests
+
+    @staticmethod
+    def _still(known: Digests, st: os.stat_result, placement: str) -> bool:
+        """Whether the source kept the digests' identity while its bytes entered.
+
+        A hard link changes the inode's ctime and nothing else.
+        """
+        n = 4 if placement == "link" else 5
+        return file_identity(st)[:n] == tuple(known.identity or ())[:n]
 
     def _place(self, src_fd: int, fd: int, size: int, key: str,
                evicted: list[str]) -> str | PutResult:

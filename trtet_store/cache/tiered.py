@@ -37,7 +37,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from trtet_store.cache.blobcache import BlobCache
     from trtet_store.cache.results import PutResult
     from trtet_store.cache.tier import LeaseWait, RemoteEntry, RemoteTier, TierPublish
+    from trtet_store.io import Digests
 
 __all__ = ["Places", "TierGet", "TieredCache", "Voice", "tier_errors"]
 
@@ -119,6 +120,8 @@ class Download:
     paths: dict[str, Path]
     entry: Any
     downloaded: int = 0
+    #: Each file's digests as it arrived (with its identity then): see TierDownload.
+    digests: dict[str, Digests] = field(default_factory=dict)
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -279,7 +282,7 @@ class TieredCache:
         self.worked()
         outcome = TierOutcome(key, "hit", downloaded=got.downloaded)
         try:
-            why, placement = self._place(key, entry, got.paths)
+            why, placement = self._place(key, entry, got.paths, got.digests)
         except OSError as exc:  # the local side of the hit (no room, ...): the tier's failure
             shutil.rmtree(directory, ignore_errors=True)
             return TierGet(outcome=TierOutcome(key, "error", f"{type(exc).__name__}: {exc}"),
@@ -295,7 +298,8 @@ class TieredCache:
                              "here: %s; served from the download", self.name, key,
                              got.downloaded, why)
             return TierGet(download=Download(key, directory, dict(got.paths), entry,
-                                             got.downloaded), why=why, outcome=outcome,
+                                             got.downloaded, dict(got.digests)),
+                           why=why, outcome=outcome,
                            entry=entry)
         shutil.rmtree(directory, ignore_errors=True)  # linked into the cache: not kept
         hit = local()
@@ -306,14 +310,16 @@ class TieredCache:
                       key, self.tier.url, entry.host, got.downloaded)
         return TierGet(hit, outcome=outcome, entry=entry)
 
-    def _place(self, key: str, entry: RemoteEntry, paths: dict[str, Path]
-               ) -> tuple[str | None, str | None]:
+    def _place(self, key: str, entry: RemoteEntry, paths: dict[str, Path],
+               digests: dict[str, Digests]) -> tuple[str | None, str | None]:
         """Each downloaded file into the local cache, in ``places``' order: (why not, how)."""
         placement = None
         for name, local_key, metadata in self.places(entry):
             # consume=True: downloads/ is on the cache's filesystem, so the put links the
-            # file in (no second copy); a skipped put leaves the file where it is.
-            result = self.local.put(local_key, paths[name], metadata, consume=True)
+            # file in (no second copy); a skipped put leaves the file where it is. With
+            # the digests taken as the bytes arrived: the put reads nothing.
+            result = self.local.put(local_key, paths[name], metadata, consume=True,
+                                    digests=digests.get(name))
             if result.skipped:
                 return f"{name}: {result.reason}", None
             placement = placement or result.placement
@@ -446,7 +452,7 @@ class TieredCache:
             raise
         outcome = TierOutcome(key, "hit", downloaded=got.downloaded)
         try:
-            why, outcome.placement = self._place(key, entry, got.paths)
+            why, outcome.placement = self._place(key, entry, got.paths, got.digests)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         if why is not None:

@@ -129,6 +129,12 @@ def add_parser(sub: Any) -> None:
              "published there (first wins). The remote never fails the compile: a warning, "
              "and the local cache alone. --endpoint-url applies")
     c.add_argument(
+        "--engine-cache-verify", choices=("seal", "full"), default=None,
+        help="what an engine cache hit trusts (implies --engine-cache): seal (default) serves "
+             "a cached engine whose file is unchanged since it was sealed (device, inode, "
+             "size, mtime, ctime) without reading it; full reads and digests every hit "
+             "again. `trtet-store cache verify` scrubs the whole cache")
+    c.add_argument(
         "--signing-key", type=Path, default=None, metavar="PATH",
         help="with --engine-cache-remote: sign what is published with this ed25519 private "
              "key (`trtet-store cache keygen`; default: TRTET_SIGNING_KEY or the config file)")
@@ -188,12 +194,14 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         return fail("compile-and-save", "--signing-key and --trusted-key need "
                     "--engine-cache-remote s3://BUCKET")
     bar = ProgressBar("writing", enabled=not args.no_progress, leave=False)
-    if args.engine_cache is not None or args.engine_cache_remote is not None:
+    if args.engine_cache is not None or args.engine_cache_remote is not None or \
+            args.engine_cache_verify is not None:
         from trtet_store import EngineCache
 
+        verify = args.engine_cache_verify or "seal"
         try:
             if args.engine_cache_remote is None:
-                kwargs["engine_cache"] = EngineCache(args.engine_cache or None)
+                kwargs["engine_cache"] = EngineCache(args.engine_cache or None, verify=verify)
             else:
                 from trtet_store.cache.tier import RemoteTier
 
@@ -205,7 +213,8 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
                     args.engine_cache or None, remote=args.engine_cache_remote,
                     endpoint_url=args.endpoint_url, signing_key=tier.signing_key,
                     trusted_keys=None if tier.trusted_keys is None
-                    else list(tier.trusted_keys.values()), on_wait=bar.waiting)
+                    else list(tier.trusted_keys.values()), verify=verify,
+                    on_wait=bar.waiting)
         except Exception as exc:
             return report_error(exc, "compile-and-save", out=out)
     kwargs["progress"] = bar  # (done, total) today, an object with .done/.total tomorrow

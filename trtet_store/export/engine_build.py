@@ -25,7 +25,7 @@ from trtet_store.export.engine_record import (
     Unplaced,
     tier_files,
 )
-from trtet_store.io import clone_or_copy
+from trtet_store.io import Digests, clone_or_copy
 from trtet_store.io.units import MiB
 
 if TYPE_CHECKING:
@@ -38,12 +38,19 @@ if TYPE_CHECKING:
 
 __all__ = ["build_cached", "build_from_cache", "save_reserve", "stage_hit"]
 
-def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any]) -> tuple[Blob, str]:
+def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any], *,
+              verify: str = "seal") -> tuple[Blob, str]:
     """A staged blob holding ``hit``'s bytes: cloned where the filesystem allows, else copied.
 
     Written as a ``.blob.part`` of ``store``'s own token (so a kill mid-copy
     leaves what the next open of the store removes), then adopted by rename,
     never given back anywhere. Returns the blob and ``"clone"`` or ``"copy"``.
+
+    The blob is adopted with the hit's sealed digests, read from nothing,
+    when the hit's file still has its sealed identity after the clone or
+    copy (so the bytes taken are the sealed ones) and, with ``verify="full"``,
+    the hit re-read them (:attr:`Hit.verified`). Otherwise it is adopted
+    without digests, and read once when its digest is asked for.
     """
     from trtet_store.io.names import BLOB_PART_SUFFIX
 
@@ -53,7 +60,8 @@ def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any]) -> tuple[Blo
         placement = clone_or_copy(hit.fileno(), fd, hit.size, what="the cached engine")
         os.close(fd)
         fd = -1
-        blob = store.adopt(tmp, metadata=metadata, give_back=False)
+        blob = store.adopt(tmp, metadata=metadata, give_back=False,
+                           digests=_trusted_digests(hit, verify))
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -63,13 +71,24 @@ def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any]) -> tuple[Blo
     return blob, placement
 
 
-def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str,
-                     ) -> tuple[BuildResult, list[EngineCacheEvent]]:
+def _trusted_digests(hit: Any, verify: str) -> Digests | None:
+    """The hit's digests, if its bytes just taken are provably the ones they describe."""
+    if verify == "full" and not getattr(hit, "verified", False):
+        return None
+    unchanged = getattr(hit, "unchanged", None)
+    if unchanged is None or not unchanged():
+        return None
+    return hit.digests()
+
+
+def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str, *,
+                     verify: str = "seal") -> tuple[BuildResult, list[EngineCacheEvent]]:
     """The build a lowering needs, from a hit: engines staged in ``store``, none built.
 
     Engines are registered under their recorded ids (the recorded program's
-    placeholders name them). A staged copy is checked against the record's
-    digest (it is read once to digest it): one that differs raises
+    placeholders name them). A staged engine is checked against the record's
+    digest: with the hit's sealed digests (no byte read, see
+    :func:`stage_hit`), else by reading it once. One that differs raises
     :class:`ValueError` and nothing is left staged.
     """
     import torch
@@ -85,7 +104,8 @@ def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str,
             first = entry["digest"] not in staged
             if first:
                 staged[entry["digest"]] = stage_hit(store, hit, {
-                    "kind": engine_reuse.ENGINE_KIND, "fingerprint": fingerprint})
+                    "kind": engine_reuse.ENGINE_KIND, "fingerprint": fingerprint},
+                    verify=verify)
             blob, placement = staged[entry["digest"]]
             if first and blob.digest != entry["digest"]:
                 raise ValueError(f"engine {i} of cache entry {cached.key}: staged bytes digest "
@@ -193,7 +213,8 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         if cached is not None:
             with cached:
                 try:
-                    built, events = build_from_cache(cached, store, fingerprint)
+                    built, events = build_from_cache(cached, store, fingerprint,
+                                                     verify=cache.hit_verify)
                 except (ValueError, OSError) as exc:
                     # Bytes that are not what the record names (a second check behind
                     # the blob cache's seal), or an entry that cannot be read: a miss,
@@ -321,7 +342,7 @@ def _served(cache: EngineCache, key: str, got: TierGet, store: BlobStore, finger
     downloaded = outcome.downloaded if outcome is not None else 0
     with cached:
         try:
-            built, events = build_from_cache(cached, store, fingerprint)
+            built, events = build_from_cache(cached, store, fingerprint, verify=cache.hit_verify)
         except (ValueError, OSError) as exc:
             log.warning("engine cache %s: %s; building it again", cache.directory, exc)
             return None, None, str(exc), None

@@ -34,6 +34,7 @@ from trtet_store.cache import (
     VerifyReport,
 )
 from trtet_store.cache.layout import DOWNLOADS, ORIGIN_FILE, PENDING, REMOTE_JOURNAL
+from trtet_store.cache.store import check_verify
 from trtet_store.cache.tally import Tally, check_progress, key_list
 from trtet_store.cache.tiered import TieredCache, Voice
 from trtet_store.export import engine_key
@@ -137,6 +138,14 @@ class EngineCache:
         build of its key (holder, host, pid, since when, seconds waited), and
         once more with ``over=True`` when the wait ends. The CLI draws a line
         from it on a terminal; the wait's start is also logged at WARNING.
+    verify : {"seal", "full"}
+        What a hit trusts. ``"seal"`` (default): a cached engine whose file
+        identity (device, inode, size, mtime, ctime) is the one it was sealed
+        with is served without reading it (any write, truncate or replace
+        changes the identity, and such an entry is re-digested, and dropped
+        and rebuilt if its bytes differ). ``"full"``: every hit is read and
+        digested again, which also catches a media error that changes no
+        identity (``trtet-store cache verify`` scrubs the whole cache so).
 
     Raises
     ------
@@ -146,7 +155,8 @@ class EngineCache:
         The directory (or a file in it) is another user's, or writable by others.
     ValueError, TypeError
         ``max_bytes`` not a positive int, ``min_free`` negative; ``lease_ttl``
-        not > 0, ``wait_timeout`` negative; ``endpoint_url`` without a URL.
+        not > 0, ``wait_timeout`` negative; ``endpoint_url`` without a URL;
+        ``verify`` not ``"seal"`` or ``"full"``.
     OSError
         The directory cannot be created (read-only parent): the message says so.
     """
@@ -157,8 +167,11 @@ class EngineCache:
                  lease_ttl: float = DEFAULT_LEASE_TTL,
                  wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT, signing_key: Any = None,
                  trusted_keys: Any = None, read_only: bool = False,
+                 verify: str = "seal",
                  on_wait: Callable[[LeaseWait], Any] | None = None) -> None:
         # Every argument is checked before the directory is touched or a tier is made.
+        #: What a hit trusts, ``verify=`` ("seal" or "full").
+        self.hit_verify = check_verify(verify)
         if (signing_key is not None or trusted_keys is not None) and not isinstance(remote, str):
             raise ValueError("signing_key= and trusted_keys= are for remote='s3://...'; " + (
                 "pass remote= too" if remote is None else
@@ -240,7 +253,7 @@ class EngineCache:
         then rebuilt and put again.
         """
         self._damaged.pop(key, None)
-        record = self.blobs.get(key)
+        record = self.blobs.get(key, verify=self.hit_verify)
         if record is None:
             if key in self.blobs.dropped:
                 self._damaged[key] = f"the cached entry was damaged (its record: " \
@@ -256,7 +269,7 @@ class EngineCache:
                 record.close()
                 return None
             for i, entry in enumerate(wanted):
-                hit = self.blobs.get(_engine_key(key, i))
+                hit = self.blobs.get(_engine_key(key, i), verify=self.hit_verify)
                 if hit is None:
                     log.warning("engine cache %s: engine %d of %s is gone (evicted or "
                                 "damaged); the build is a miss", self.directory, i, key)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtet_store.export.engine_key import engine_key
+from trtet_store.io import Digests, file_identity
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -112,15 +113,29 @@ class CachedBuild:
 class _FileHit:
     """A downloaded, verified file standing in for a cache :class:`Hit` (for build_from_cache)."""
 
-    def __init__(self, path: Path, metadata: dict[str, Any], digest: str) -> None:
+    def __init__(self, path: Path, metadata: dict[str, Any], digest: str,
+                 digests: Digests | None = None) -> None:
         self.path = path
         self.metadata = metadata
         self.digest = digest
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self.size = os.fstat(self._fd).st_size
+        # As the download digested the bytes, with the file's identity then.
+        self._digests = digests if digests is not None and digests.digest == digest else None
 
     def fileno(self) -> int:
         return self._fd
+
+    def unchanged(self) -> bool:
+        """Whether the file is still the one the download digested (one ``fstat``)."""
+        d = self._digests
+        return d is not None and d.identity is not None and \
+            file_identity(os.fstat(self._fd)) == tuple(d.identity)
+
+    def digests(self) -> Digests:
+        assert self._digests is not None
+        return Digests(self._digests.digest, self._digests.size, self._digests.chunk_size,
+                       self._digests.chunk_digests)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -142,7 +157,8 @@ class Unplaced(CachedBuild):
         try:
             for i, meta in enumerate(entry.metadata["engines"]):
                 if paths[f"e{i}"].exists():
-                    hits.append(_FileHit(paths[f"e{i}"], meta, digests[f"e{i}"]))
+                    hits.append(_FileHit(paths[f"e{i}"], meta, digests[f"e{i}"],
+                                         download.digests.get(f"e{i}")))
                     continue
                 hit = cache.get(engine_key(key, i))
                 if hit is None or hit.digest != digests[f"e{i}"]:

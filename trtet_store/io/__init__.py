@@ -4,7 +4,16 @@ Standard library and xxhash only; nothing here knows about programs or engines.
 """
 
 from trtet_store.io.blobstore import Blob, BlobStore
-from trtet_store.io.digests import Digester, chunk_digest, digest_fd, digest_file, file_identity
+from trtet_store.io.digests import (
+    Digester,
+    Digests,
+    InOrderDigest,
+    bytes_digested,
+    chunk_digest,
+    digest_fd,
+    digest_file,
+    file_identity,
+)
 from trtet_store.io.errors import (
     BlobChangedError,
     BlobInUseError,
@@ -75,8 +84,11 @@ __all__ = [
     "ConcurrentWriteError",
     "DamagedRecordsError",
     "Digester",
+    "Digests",
+    "InOrderDigest",
     "ExternalFile",
     "block_size",
+    "bytes_digested",
     "chunk_digest",
     "clone_or_copy",
     "clone_range",

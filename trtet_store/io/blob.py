@@ -228,6 +228,9 @@ class Blob:
         self.check_identity()
         if size != self.size:
             raise BlobChangedError(self.path, f"read {size} bytes, sealed {self.size}")
+        if self._digest is not None and digest != self._digest:
+            # Adopted with a digest its holder vouched for: the bytes are not those.
+            raise BlobChangedError(self.path, f"digest {digest}, adopted as {self._digest}")
         self._digest, self._chunk_digests = digest, chunks
         with contextlib.suppress(OSError):
             self.store._write_meta(self)

@@ -37,7 +37,7 @@ from typing import Any
 
 from trtet_store.io import fs, names, pagecache
 from trtet_store.io.blob import Blob, live_blob, register_live
-from trtet_store.io.digests import DEFAULT_CHUNK_SIZE, Digester, file_identity
+from trtet_store.io.digests import DEFAULT_CHUNK_SIZE, Digester, Digests, file_identity
 from trtet_store.io.lock import try_lock, unlock_file
 from trtet_store.io.orphans import Orphan, collect_stale, list_orphans
 from trtet_store.io.safedir import SafeDir
@@ -298,7 +298,8 @@ class BlobStore:
         return w.blob
 
     def adopt(self, path: os.PathLike | str, *,
-              metadata: Mapping[str, Any] | None = None, give_back: bool = True) -> Blob:
+              metadata: Mapping[str, Any] | None = None, give_back: bool = True,
+              digests: Digests | None = None) -> Blob:
         """Take ownership of an existing regular file, without reading it.
 
         On the store's filesystem the file is renamed into the store (O(1),
@@ -315,6 +316,16 @@ class BlobStore:
         rolls back therefore never costs the adopted file. ``give_back=False``:
         the file is the store's from now on (a scratch file the caller made
         for it), deleted when the blob is released, like a written blob.
+
+        ``digests``: the file's :class:`~trtet_store.io.Digests`, known to the
+        caller without reading it (a clone of a file whose identity still
+        matched its seal): recorded as the blob's, so neither a placement nor
+        :attr:`Blob.digest` reads the file for them. Refused (ValueError)
+        when the file's size, or its identity where they name one, is not
+        theirs. Chunk digests of another span than the store's
+        ``chunk_size`` are not taken (a placement that reads the bytes
+        computes its own). Where the file is copied in, the copy's digest
+        must be theirs, else ValueError and nothing is adopted.
         """
         self._check_open()
         src = Path(path).absolute()
@@ -323,6 +334,7 @@ class BlobStore:
             raise ValueError(f"cannot adopt {src}: not a regular file")
         if live_blob(st) is not None:
             raise ValueError(f"cannot adopt {src}: it is already a live blob's file")
+        known = _known_digests(digests, st, self.chunk_size, src)
         dest = self._next_path()
         try:
             fs.calls.rename(os.fspath(src), os.fspath(dest))
@@ -330,7 +342,12 @@ class BlobStore:
             if exc.errno != errno.EXDEV:
                 raise
             log.info("adopt %s: other filesystem than %s, copying", src, self.directory)
-            return self._copy_in(src, metadata)
+            blob = self._copy_in(src, metadata)
+            if known is not None and blob.digest != known[0]:
+                blob.close()
+                raise ValueError(f"cannot adopt {src}: its bytes digest {blob.digest}, the "
+                                 f"caller said {known[0]}; nothing was adopted") from None
+            return blob
         try:
             if self.drop_behind:
                 # Drops only what is cached (no read): ext4's insert would
@@ -340,7 +357,8 @@ class BlobStore:
                     pagecache.drop(fd, 0, 0)
                 finally:
                     fs.calls.close(fd)
-            return self._register(dest, st.st_size, None, self.chunk_size, None,
+            digest, chunks = known if known is not None else (None, None)
+            return self._register(dest, st.st_size, digest, self.chunk_size, chunks,
                                   origin=os.fspath(src) if give_back else None,
                                   metadata=metadata)
         except BaseException:
@@ -457,6 +475,26 @@ class BlobStore:
 
     def __repr__(self) -> str:
         return f"BlobStore({os.fspath(self.directory)!r}, blobs={len(self.blobs())})"
+
+
+def _known_digests(digests: Digests | None, st: os.stat_result, chunk_size: int,
+                   src: Path) -> tuple[str, tuple[int, ...] | None] | None:
+    """``adopt``'s ``digests=`` checked against the file: ``(digest, chunk digests)``, or None.
+
+    Chunk digests of another span than ``chunk_size`` are dropped: a
+    placement checks chunks of the blob's own span.
+    """
+    if digests is None:
+        return None
+    if not isinstance(digests, Digests):
+        raise TypeError(f"digests must be a trtet_store.io.Digests, got {type(digests).__name__}")
+    if digests.size != st.st_size:
+        raise ValueError(f"cannot adopt {src}: {st.st_size} bytes, its digests are of "
+                         f"{digests.size}; nothing was adopted")
+    if digests.identity is not None and tuple(digests.identity) != file_identity(st):
+        raise ValueError(f"cannot adopt {src}: it changed since its digests were taken "
+                         "(its identity differs); nothing was adopted")
+    return digests.digest, digests.chunks_for(chunk_size)
 
 
 def _lock_own_file(lock_path: Path) -> int:

@@ -5,11 +5,17 @@ xxh3-128 of the whole stream, for reports, and one xxh3-64 of each
 ``chunk_size`` chunk, which a placement checks the payload against chunk by
 chunk. Its *identity* (:func:`file_identity`) is what a zero-copy placement,
 which never reads the bytes, checks instead.
+
+Every byte digested here is counted (:func:`bytes_digested`): a digest is
+computed once per byte that enters the machine, and the count's delta over
+one export is how tests (and benchmarks) see that no layer read it again.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
@@ -19,6 +25,28 @@ from trtet_store.io.units import MiB
 
 DEFAULT_CHUNK_SIZE = MiB
 
+# Bytes digested by this process, every digest path of io together (see bytes_digested).
+_digested = 0
+_digested_mutex = threading.Lock()
+
+
+def _count(n: int) -> None:
+    global _digested
+    with _digested_mutex:
+        _digested += n
+
+
+def bytes_digested() -> int:
+    """Bytes this process has digested so far, through any of io's digest paths.
+
+    :class:`Digester` (a blob's writer, :func:`digest_fd`, :func:`digest_file`,
+    an adopted file's first use) and :func:`chunk_digest` (a placement's or a
+    download's check) all count here. Take the difference of two calls to
+    measure one operation (other threads' digests count too).
+    """
+    with _digested_mutex:
+        return _digested
+
 
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     """The identity a blob is sealed with: device, inode, size, mtime_ns, ctime_ns.
@@ -27,6 +55,48 @@ def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     them, and comparing them costs one ``stat``, whatever the file's size.
     """
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class Digests:
+    """A file's digests, known without reading it: what a layer that computed or
+    checked them hands to the next, so that no layer reads the bytes again.
+
+    Attributes
+    ----------
+    digest : str
+        xxh3-128 hex of the whole file (as :class:`Digester`).
+    size : int
+        Its length in bytes.
+    chunk_size : int
+        The span each of ``chunk_digests`` covers.
+    chunk_digests : tuple of int or None
+        xxh3-64 of each chunk, or None when not known.
+    identity : tuple of int or None
+        :func:`file_identity` of the file the digests were taken of, when it
+        is that file: a receiver trusts them only while the file still has it.
+        None: the digests describe the bytes, wherever they are now (a clone
+        just made of a file whose identity matched its seal).
+    """
+
+    digest: str
+    size: int
+    chunk_size: int
+    chunk_digests: tuple[int, ...] | None = None
+    identity: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.digest, str) or len(self.digest) != 32:
+            raise ValueError(f"Digests.digest must be an xxh3-128 hex digest, got "
+                             f"{self.digest!r}")
+        if self.chunk_digests is not None and \
+                len(self.chunk_digests) != -(-self.size // self.chunk_size):
+            raise ValueError(f"{len(self.chunk_digests)} chunk digests for {self.size} bytes "
+                             f"in chunks of {self.chunk_size}")
+
+    def chunks_for(self, chunk_size: int) -> tuple[int, ...] | None:
+        """The chunk digests if they are of ``chunk_size`` chunks, else None."""
+        return self.chunk_digests if self.chunk_size == chunk_size else None
 
 
 class Digester:
@@ -45,6 +115,7 @@ class Digester:
         view = memoryview(data).cast("B")
         self.total.update(view)
         self.size += len(view)
+        _count(len(view))
         while len(view):
             take = min(len(view), self.chunk_size - self._fill)
             self._chunk.update(view[:take])
@@ -63,8 +134,51 @@ class Digester:
         return self.total.hexdigest(), tuple(self.chunks)
 
 
+class InOrderDigest:
+    """xxh3-128 of a file whose ranges arrive from several threads, taken in offset order.
+
+    Each thread holding a range's bytes (in memory, just received) calls
+    :meth:`add`, which waits until every earlier byte was added: the file is
+    digested as it arrives, never read back. ``counted=False`` when these
+    bytes were counted already by the same pass (a download's chunk check of
+    the same buffer).
+    """
+
+    def __init__(self, size: int, *, counted: bool = False) -> None:
+        self.size = size
+        self._counted = counted
+        self._hasher = xxhash.xxh3_128()
+        self._next = 0
+        self._turn = threading.Condition()
+
+    def add(self, offset: int, data: bytes | bytearray | memoryview,
+            stop: threading.Event | None = None) -> bool:
+        """Digest ``data``, the bytes at ``offset``, once all before them are in.
+
+        Returns False (nothing digested) when ``stop`` is set while waiting.
+        """
+        with self._turn:
+            while self._next != offset:
+                if (stop is not None and stop.is_set()) or offset < self._next:
+                    return False
+                self._turn.wait(0.1)
+            view = memoryview(data).cast("B")
+            self._hasher.update(view)
+            if not self._counted:
+                _count(len(view))
+            self._next += len(view)
+            self._turn.notify_all()
+        return True
+
+    def digest(self) -> str | None:
+        """The xxh3-128 hex of the whole file, or None unless all ``size`` bytes were added."""
+        with self._turn:
+            return self._hasher.hexdigest() if self._next == self.size else None
+
+
 def chunk_digest(data: bytes | memoryview) -> int:
     """The per-chunk digest recorded in :attr:`Blob.chunk_digests`."""
+    _count(len(data) if isinstance(data, bytes) else memoryview(data).nbytes)
     return xxhash.xxh3_64_intdigest(data)
 
 

@@ -127,9 +127,18 @@ class FetchedObject:
     bytes_reused: int = 0
     reused_from: list[str] = field(default_factory=list)
     placements: dict[str, int] = field(default_factory=dict)  # placement -> bytes
+    #: xxh3-128 hex of the object's bytes, digested as they arrived (never read back),
+    #: when every byte of it arrived in this fetch; else None (resumed, reused, up to date).
+    digest: str | None = None
+    #: With ``digest``: the span and xxh3-64 of each chunk the bytes were checked
+    #: against (the manifest's, when one piece covers the object), else None.
+    chunk_size: int | None = None
+    chunk_digests: tuple[int, ...] | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d.pop("chunk_digests")  # one per MiB: not for a report
+        return d
 
 
 @dataclass

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import digest_file
+from trtet_store.io import Digests, digest_file, file_identity
 from trtet_store.remote.errors import RemoteError
 from trtet_store.remote.jsondoc import loads
 from trtet_store.remote.manifest import MANIFEST_SUFFIX
 from trtet_store.remote.upload.source import check_regular_file
 
 __all__ = ["FORMAT", "DamagedPointer", "RemoteEntry", "TierEntryError", "attempt_id", "check_key",
-           "check_origin", "default_origin", "file_digest", "parse_files"]
+           "check_origin", "default_origin", "file_digest", "file_digests", "parse_files"]
 
 #: The pointer's format tag; another one is not read.
 FORMAT = "trtet-store/cache-entry/1"
@@ -88,6 +88,17 @@ def file_digest(path: os.PathLike | str) -> tuple[int, str]:
     """``(size, xxh3-128 hex)`` of the file at ``path`` (:func:`trtet_store.io.digest_file`)."""
     digest, _, size = digest_file(Path(path), _READ, drop_cached=False)
     return size, digest
+
+
+def file_digests(path: os.PathLike | str) -> Digests:
+    """:class:`~trtet_store.io.Digests` of the file at ``path``, read once (1 MiB chunks).
+
+    With the identity of the file as it was opened and read.
+    """
+    before = file_identity(os.stat(path))
+    digest, chunks, size = digest_file(Path(path), _READ, drop_cached=False)
+    after = file_identity(os.stat(path))
+    return Digests(digest, size, _READ, chunks, after if after == before else None)
 
 
 def parse_files(files: Any) -> list[tuple[str, Path, str | None]]:

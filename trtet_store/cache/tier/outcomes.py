@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtet_store.cache.tier.entry import RemoteEntry
+from trtet_store.io import Digests
 
 __all__ = ["TierDownload", "TierPublish"]
 
@@ -22,11 +23,17 @@ class TierDownload:
         Bytes received from the server (0 when the directory already held the entry).
     seconds : float
         Wall time.
+    digests : dict of str to Digests
+        Each file's digests as its bytes arrived (checked against the
+        pointer, with the identity of the file just after), for the local
+        cache to take without reading it again; a file resumed or already
+        there was read once to check it, and has them too.
     """
 
     paths: dict[str, Path]
     downloaded: int
     seconds: float
+    digests: dict[str, Digests] = field(default_factory=dict)
 
 
 @dataclass

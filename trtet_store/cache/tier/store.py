@@ -53,6 +53,7 @@ from trtet_store.cache.tier.entry import (
     check_origin,
     default_origin,
     file_digest,
+    file_digests,
     parse_files,
 )
 from trtet_store.cache.tier.keyconfig import resolve_keys
@@ -60,6 +61,7 @@ from trtet_store.cache.tier.lease import LEASE_SUFFIX, Lease, LeaseWaitTimeout, 
 from trtet_store.cache.tier.outcomes import TierDownload, TierPublish
 from trtet_store.cache.tier.probe import require_conditional_writes
 from trtet_store.cache.tier.signing import TierSignatureError, refusal, sign_entry
+from trtet_store.io import Digests, MiB, file_identity
 from trtet_store.remote.errors import (
     ConflictError,
     FetchVerificationError,
@@ -74,6 +76,9 @@ from trtet_store.remote.jsondoc import POINTER_MAX_BYTES
 from trtet_store.remote.manifest import MANIFEST_SUFFIX, Manifest
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.url import RemoteURL
+
+#: The chunk span named with a digest that came without chunk digests (any will do).
+_CHUNK = MiB
 
 __all__ = ["LeaseWaitTimeout", "RemoteTier", "TierDownload", "TierPublish"]
 
@@ -332,15 +337,21 @@ class RemoteTier:
             self._discard(paths)
             raise TierEntryError(f"{self.url}: entry {entry.key}'s manifest names {got}, its "
                                  f"pointer {names}; it is not used", entry.key)
+        digests = {o.name: _arrived(o) for o in report.objects}
         for f in entry.files:
-            size, digest = file_digest(paths[f["name"]])
+            # Digested as the bytes arrived (never read back); a file resumed from a
+            # cut download, or already complete, is read once here.
+            got = digests.get(f["name"]) or file_digests(paths[f["name"]])
+            digests[f["name"]] = got
+            size, digest = got.size, got.digest
             if size != f["size"] or digest != f["digest"]:
                 self._discard(paths)
                 raise TierEntryError(
                     f"{self.url}: entry {entry.key}, file {f['name']}: {size} bytes with "
                     f"xxh3-128 {digest}, the pointer says {f['size']} bytes, {f['digest']}; "
                     "it is not used", entry.key, f["name"])
-        return TierDownload(paths, report.bytes_downloaded, time.monotonic() - start)
+        return TierDownload(paths, report.bytes_downloaded, time.monotonic() - start,
+                            {n: d for n, d in digests.items() if d is not None})
 
     @staticmethod
     def _discard(paths: Mapping[str, Path]) -> None:
@@ -613,3 +624,18 @@ class RemoteTier:
             lease.release()
             return entry
         return lease
+
+
+def _arrived(obj: Any) -> Digests | None:
+    """A fetched object's digests as its bytes arrived, with its file's identity now; or None."""
+    if obj.digest is None:
+        return None
+    try:
+        st = os.stat(obj.path)
+    except FileNotFoundError:
+        return None
+    if st.st_size != obj.size:
+        return None
+    chunk_size = obj.chunk_size or _CHUNK
+    return Digests(obj.digest, obj.size, chunk_size,
+                   obj.chunk_digests if obj.chunk_size else None, file_identity(st))

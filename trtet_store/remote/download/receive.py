@@ -57,6 +57,7 @@ from typing import Any
 from trtet_store.io import (
     STAGING_DIR,
     ExternalFile,
+    InOrderDigest,
     InsufficientSpaceError,
     check_staging_directory,
     free_bytes,
@@ -303,6 +304,8 @@ class _Fetch:
         self.resumed = 0
         self.total = 0
         self.per_object: dict[int, int] = {}
+        #: Objects digested as they arrive (every byte downloaded by this attempt).
+        self.in_order: dict[int, InOrderDigest] = {}
 
     def local_path(self, i: int, spec: ObjectSpec) -> Path:
         return self.dest if i == 0 else self.dest.parent / spec.name
@@ -405,6 +408,7 @@ class _Fetch:
         try:
             report.bytes_resumed = self.download(plans, stage)
             self.resumed = report.bytes_resumed
+            self._digests(report, plans)
             self.verify(plans, stage)
             if not self.from_manifest and not self.program_only:
                 try:
@@ -434,6 +438,16 @@ class _Fetch:
         finally:
             stage.close()
         self._fill(report, plans, stage.done)
+
+    def _digests(self, report: FetchReport, plans: list[ObjectPlan]) -> None:
+        """Each object's digests taken as it arrived (see :attr:`FetchedObject.digest`)."""
+        for i, (obj, plan) in enumerate(zip(report.objects, plans, strict=True)):
+            digester = self.in_order.get(i)
+            obj.digest = digester.digest() if digester is not None else None
+            pieces = plan.spec.pieces
+            if obj.digest is not None and len(pieces) == 1 and pieces[0].offset == 0 and \
+                    pieces[0].size == plan.spec.size:
+                obj.chunk_size, obj.chunk_digests = plan.spec.chunk_size, tuple(pieces[0].chunks)
 
     def _tick(self, n: int, obj: int = 0) -> None:
         with self._mutex:
@@ -496,6 +510,15 @@ class _Fetch:
                 resumed += sum(r.size for r in kept)
                 todo += [(plan.spec, run, rng) for rng in missing]
         self.resumed = resumed
+        self.in_order = {}
+        for obj, plan in enumerate(plans):
+            # Digested as it arrives when every byte of it is downloaded now: the
+            # ranges, each checked by a GET thread, are added in offset order.
+            spec = plan.spec
+            mine = sum(rng.size for s, _, rng in todo if rng.obj == obj)
+            if spec.size and mine == spec.size and not plan.reused_bytes:
+                checked = sum(p.size for p in spec.pieces) == spec.size
+                self.in_order[obj] = InOrderDigest(spec.size, counted=checked)
         self._tick(0)
         if not todo:
             return resumed
@@ -613,6 +636,9 @@ class _Fetch:
                             f"did not match the manifest's chunk digests in {self.attempts} "
                             "attempts; nothing local was changed")
                     crc = compute(view)
+                    digester = self.in_order.get(rng.obj)
+                    if digester is not None:
+                        digester.add(rng.offset, view, stop)
                     view.release()
                     break
             writer.submit(run, rng, buf, crc)
