@@ -66,6 +66,7 @@ import time
 from pathlib import Path
 
 from trtet_store.bench import measure
+from trtet_store.io import bytes_digested
 from trtet_store.io.units import MiB, format_mib
 
 HERE = Path(__file__).resolve()
@@ -245,6 +246,7 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
             proxy.reset()
         read = measure.io_counters()["read_bytes"]
         written = measure.bytes_written()
+        digested = bytes_digested()
         start = time.monotonic()
         # As before this issue: the time includes the monitor's sync at its exit (the
         # bytes a run wrote reach the disk within its time).
@@ -253,6 +255,7 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
         seconds = time.monotonic() - start
         written = measure.bytes_written() - written
         read = measure.io_counters()["read_bytes"] - read
+        digested = bytes_digested() - digested
         traffic = proxy.counts() if proxy is not None else None
     events = getattr(report, "engine_cache", None) or []
     outcomes = sorted({f"{e.outcome}:{e.placement}" for e in events})
@@ -268,7 +271,7 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
                 f"not published: {[getattr(e, 'publish_reason', None) for e in events]}"
     out.unlink()
     res = {"seconds": seconds, "bytes_written": written, "disk_read": read,
-           "peak_extra_disk": mon.peak_extra_bytes, "built": built,
+           "digested": digested, "peak_extra_disk": mon.peak_extra_bytes, "built": built,
            "outcomes": ",".join(outcomes), "on_disk": disk_usage(cache.directory)}
     if traffic is not None:
         res["downloaded"] = traffic["downstream"]
@@ -361,18 +364,21 @@ def pull_run(cache, key: str, remote: Remote, mnt: Path) -> dict:
     remote.proxy.reset()
     read = measure.io_counters()["read_bytes"]
     written = measure.bytes_written()
+    digested = bytes_digested()
     start = time.monotonic()
     with measure.PeakDiskMonitor(mnt) as mon:
         pulled = cache.pull([key])
     seconds = time.monotonic() - start
     written = measure.bytes_written() - written
     read = measure.io_counters()["read_bytes"] - read
+    digested = bytes_digested() - digested
     traffic = remote.proxy.counts()
     assert [k for k, _n in pulled] == [key] and pulled[0][1] > 0, f"pull gave {pulled}"
     on_disk = disk_usage(cache.directory)
     cache.clear()
     return {"seconds": seconds, "bytes_written": written, "disk_read": read,
-            "peak_extra_disk": mon.peak_extra_bytes, "downloaded": traffic["downstream"],
+            "digested": digested, "peak_extra_disk": mon.peak_extra_bytes,
+            "downloaded": traffic["downstream"],
             "uploaded": traffic["upstream"],
             "reported_downloaded": pulled[0][1], "on_disk": on_disk}
 
@@ -452,8 +458,10 @@ def summarize(fstype: str, runs: dict[str, list[dict]]) -> list[str]:
                               for k in ("downloaded", "uploaded"))
         lines.append(f"| {fstype} | {m}{f' ({note})' if note else ''} | {med(m, 'seconds'):.2f}"
                      f"{split} | {best(m, 'seconds'):.2f} |{traffic} "
-                     f"{format_mib(med(m, 'bytes_written'))} "
-                     f"| {format_mib(med(m, 'peak_extra_disk'))} | {rss} "
+                     f"{format_mib(med(m, 'bytes_written'))} | "
+                     + " | ".join(format_mib(med(m, k)) if k in runs[m][0] else "-"
+                                  for k in ("disk_read", "digested"))
+                     + f" | {format_mib(med(m, 'peak_extra_disk'))} | {rss} "
                      f"| {format_mib(med(m, 'on_disk'))} |")
     return lines
 
@@ -462,7 +470,8 @@ def header(remote: bool) -> list[str]:
     cols = ["filesystem", "method", "wall s (median)", "fastest s"]
     if remote:
         cols += ["downloaded (proxy)", "uploaded (proxy)"]
-    cols += ["bytes written", "peak extra disk", "peak RSS extra save / load", "on disk after"]
+    cols += ["bytes written", "read from disk", "digested", "peak extra disk",
+             "peak RSS extra save / load", "on disk after"]
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
 
 
