@@ -324,7 +324,14 @@ class Summary:
             self._loaded = False
 
     def _snapshot(self) -> None:
-        """Write every key as one line (io's write_atomic), then the marker."""
+        """Write every key as one line (io's write_atomic), then the marker.
+
+        An empty cache with no summary gets none (nothing to trust; a check
+        then costs one listing of an empty ``keys/``).
+        """
+        if not self._rows and not os.path.lexists(self.path):
+            self._loaded = False
+            return
         gen = random.randrange(1, 1 << 24)  # a new lineage: an old copy never matches
         line = json.dumps({"summary": FORMAT, "gen": gen,
                            "entries": {k: list(r) for k, r in self._rows.items()}},
