@@ -136,7 +136,8 @@ class Summary:
     def _load(self, st: os.stat_result) -> None:
         """Read what the file adds to our state: its new lines, or all of it if replaced."""
         tail = self._loaded and st.st_ino == self._ino and st.st_size > self._offset
-        with open(self.path, "rb") as f:
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
             if os.fstat(f.fileno()).st_ino != st.st_ino:
                 raise _Untrusted("replaced while read")
             if tail:
@@ -298,7 +299,15 @@ class Summary:
             self._append({"drop": key})
 
     def _append(self, change: dict) -> None:
-        """One line, then the marker; a failure leaves the old marker: the next check rebuilds."""
+        """One line, then the marker; a failure leaves the old marker: the next check rebuilds.
+
+        With no file loaded (none yet: an empty cache's first put; or a failed
+        write) the whole state is written as a snapshot instead, so the next
+        check loads it rather than reading every record again.
+        """
+        if not self._loaded:
+            self._snapshot(empty_too=True)
+            return
         line = json.dumps({"gen": self._gen + 1, **change}, separators=(",", ":")).encode() \
             + b"\n"
         try:
@@ -323,13 +332,13 @@ class Summary:
                      exc)
             self._loaded = False
 
-    def _snapshot(self) -> None:
+    def _snapshot(self, *, empty_too: bool = False) -> None:
         """Write every key as one line (io's write_atomic), then the marker.
 
         An empty cache with no summary gets none (nothing to trust; a check
-        then costs one listing of an empty ``keys/``).
+        then costs one listing of an empty ``keys/``), unless ``empty_too``.
         """
-        if not self._rows and not os.path.lexists(self.path):
+        if not empty_too and not self._rows and not os.path.lexists(self.path):
             self._loaded = False
             return
         gen = random.randrange(1, 1 << 24)  # a new lineage: an old copy never matches
