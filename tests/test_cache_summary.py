@@ -183,3 +183,22 @@ def test_a_kill_between_the_records_and_the_summary_is_seen(
     assert _used(records) <= bound and _believed(live) == records
     fresh = BlobCache(live.directory, max_bytes=bound)
     assert _believed(fresh) == records
+
+
+# -- the marker on each filesystem --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fstype,mib", [("ext4", 64), ("xfs", 300), ("btrfs", 114),
+                                        ("tmpfs", 16)])
+def test_the_marker_holds_on_each_filesystem_so_nothing_is_rebuilt(make_fs, fstype: str,
+                                                                     mib: int) -> None:
+    """keys/ keeps the marker's nanoseconds: no put, and no later open, reads every record."""
+    mnt = make_fs(fstype, mib)
+    cache = BlobCache(mnt / "c", max_bytes=4 * SIZE)
+    _fill(cache, mnt, 1)  # an empty cache has no summary: its first put "rebuilds" from none
+    rebuilds = cache._summary.rebuilds
+    _fill(cache, mnt, 5, first=1)  # two evictions among them
+    again = BlobCache(cache.directory, max_bytes=4 * SIZE)
+    assert (cache._summary.rebuilds - rebuilds, again._summary.rebuilds) == (0, 0)
+    assert _believed(again) == _records(again) and set(_records(again)) == {"k2", "k3", "k4",
+                                                                              "k5"}
