@@ -562,7 +562,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, of {','.join(METHODS)}")
     p.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
+    p.add_argument("--put-scaling", type=int, metavar="N",
+                   help="instead: a put's cost against the entry count (put_scaling)")
     args = p.parse_args(argv)
+    if args.put_scaling:
+        return put_scaling(args.put_scaling, args.filesystems.split(","))
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     tree_start = working_tree()
     methods = [m for m in METHODS if m in args.methods.split(",")]
@@ -655,6 +659,72 @@ def main(argv: list[str] | None = None) -> int:
             f"Run {started} - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; the "
             f"working tree at the start: {tree_start}; at the end: {tree_end}", "",
             *lines, *tail]) + "\n")
+    return 0
+
+
+def put_scaling(n: int, filesystems: list[str], size: int = 4096) -> int:
+    """A put's cost against the entry count (issue 42 item 4): medians, in ms.
+
+    On each filesystem (a loop image, as root), one ``BlobCache`` process:
+    ``n`` puts of distinct ``size``-byte entries (the first 100 and the last
+    100 timed), 100 gets, then 20 puts into the full cache (each evicts one)
+    and 20 ``prune`` calls that each evict one. Uses only the public face,
+    so the same command times another release (``PYTHONPATH`` at its tree).
+
+        sudo .venv/bin/python benchmarks/engine_cache.py --put-scaling 2000 --filesystems ext4
+    """
+    import random
+
+    from trtet_store.cache import BlobCache
+    from trtet_store.testing.loopfs import FilesystemFactory
+
+    def ms(times: list[float]) -> str:
+        return f"{statistics.median(times) * 1e3:.2f}"
+
+    rng = random.Random(0)
+    print(f"{n} entries of {size} bytes; median ms: first 100 puts, last 100 puts, get, "
+          "a put that evicts 1, a prune that evicts 1")
+    with FilesystemFactory() as factory:
+        for fstype in filesystems:
+            mnt = factory.make(fstype, max(300 if fstype == "xfs" else 64,
+                                           (n + 200) * (size + 8192) // MiB * 2))
+            try:
+                src = mnt / "src"
+                src.mkdir()
+                cache = BlobCache(mnt / "cache", max_bytes=(n + 100) * size, min_free=0)
+                puts = []
+                for i in range(n):
+                    path = src / f"{i}"
+                    path.write_bytes(rng.randbytes(size))
+                    t = time.perf_counter()
+                    assert cache.put(f"k{i:06d}", path).stored
+                    puts.append(time.perf_counter() - t)
+                gets = []
+                for i in rng.sample(range(n), 100):
+                    t = time.perf_counter()
+                    hit = cache.get(f"k{i:06d}")
+                    gets.append(time.perf_counter() - t)
+                    assert hit is not None
+                    hit.close()
+                full = BlobCache(mnt / "cache", max_bytes=n * size, min_free=0)
+                evicting = []
+                for i in range(n, n + 20):
+                    path = src / f"{i}"
+                    path.write_bytes(rng.randbytes(size))
+                    t = time.perf_counter()
+                    done = full.put(f"k{i:06d}", path)
+                    evicting.append(time.perf_counter() - t)
+                    assert done.stored and len(done.evicted) == 1, done
+                prunes = []
+                for j in range(20):
+                    t = time.perf_counter()
+                    gone = full.prune((n - 1 - j) * size)
+                    prunes.append(time.perf_counter() - t)
+                    assert len(gone) == 1, gone
+                print(f"{fstype}: {ms(puts[:100])}, {ms(puts[-100:])}, {ms(gets)}, "
+                      f"{ms(evicting)}, {ms(prunes)}", flush=True)
+            finally:
+                factory.release(mnt)
     return 0
 
 

@@ -220,6 +220,7 @@ def test_a_previous_release_cache_is_adopted_on_the_first_write_open(here_fs):
     """A cache of the release before the tag: our exact layout, records that parse."""
     directory = real_cache(here_fs / "cache")
     (directory / TAG_NAME).unlink()
+    (directory / "summary").unlink()  # nor the summary: that release wrote none
     (directory / "downloads" / ("k" * 16)).mkdir(parents=True)  # the engine cache's own
     (directory / "remote-pending").mkdir()
     (directory / "remote-pending" / ("k" * 16)).touch()
@@ -243,6 +244,7 @@ def test_a_previous_release_cache_is_adopted_on_the_first_write_open(here_fs):
 def test_a_previous_release_cache_with_anything_unknown_in_it_is_refused(here_fs, unknown):
     directory = real_cache(here_fs / "cache")
     (directory / TAG_NAME).unlink()
+    (directory / "summary").unlink()  # nor the summary: that release wrote none
     (directory / unknown).parent.mkdir(exist_ok=True)
     (directory / unknown).write_bytes(b"{not json" if unknown == "keys/broken.json" else b"x")
     before = snapshot(directory)

@@ -182,6 +182,7 @@ class Checks:
             for name in os.listdir(blobs):
                 refuse_foreign(blobs / name, os.lstat(blobs / name), "file")
             referenced: set[str] = set()
+            rows = {}  # what the summary must say (cache/summary.py)
             for name in sorted(os.listdir(keys)):
                 if not name.endswith(".json"):
                     continue
@@ -196,6 +197,7 @@ class Checks:
                     rm(keys / name)
                     continue
                 referenced.add(entry.blob)
+                rows[key] = (entry.blob, entry.size, entry.last_use_ns)
             for name in os.listdir(keys):
                 if name.endswith(".use") and not (keys / f"{name[:-4]}.json").exists():
                     rm(keys / name)
@@ -205,6 +207,9 @@ class Checks:
             if removed:
                 fsync_dir(keys)
                 fsync_dir(blobs)
+            # Every record was just read: the summary is kept if it says the same, else
+            # written anew (after a power cut nothing else tells an unsynced line).
+            self._summary.agree(rows)
         if removed:
             log.info("engine cache %s: recovered, removed %d leftover files", self.directory,
                      len(removed))

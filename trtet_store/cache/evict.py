@@ -21,7 +21,7 @@ from trtet_store.cache.downloads import remove_unheld
 from trtet_store.io import UnsafeLockFileError, file_identity, free_bytes, try_lock
 
 if TYPE_CHECKING:
-    from trtet_store.cache.store import BlobCache, _Entry
+    from trtet_store.cache.store import BlobCache
 
 log = logging.getLogger("trtet_store.cache")
 
@@ -37,37 +37,50 @@ class Eviction:
         Fits means: the distinct blobs plus ``new_bytes`` stay within the bound,
         and the filesystem keeps ``min_free`` after ``new_disk`` more bytes.
         Pinned entries (a hit holds them) are skipped. Returns ``(why not, evicted)``.
+
+        Reads no record but the victims' use stamps: the used bytes and the
+        order come from the summary (:mod:`.summary`), checked against the
+        records' directory first. ``statvfs`` runs once, and again after a
+        victim only while free space is what is short.
         """
         bound = self.max_bytes if bound is None else bound
-        entries = self._scan()
+        summary = self._summary
         evicted: list[str] = []
         pinned = 0
-
-        def used() -> int:
-            return sum({e.blob: e.size for e in entries}.values())
+        free: int | None = None
 
         def problem() -> str | None:
-            total = used()
+            nonlocal free
+            total = summary.used_bytes()
             if total + new_bytes > bound:
                 return (f"no room under the bound: {total} bytes cached + {new_bytes} new > "
                         f"{bound}")
-            free = free_bytes(self.directory)
+            if free is None:
+                free = free_bytes(self.directory)
             if free - new_disk < self.min_free:
-                return (f"not enough free space: {free} bytes free, {new_disk} needed, "
-                        f"{self.min_free} kept free (min_free)")
+                short = (f"not enough free space: {free} bytes free, {new_disk} needed, "
+                         f"{self.min_free} kept free (min_free)")
+                free = None  # an eviction may free some: look again after it
+                return short
             return None
 
-        for victim in sorted(entries, key=lambda e: (e.last_use_ns, e.key)):
-            if problem() is None:
-                break
-            if victim.key == exclude or victim.blob == keep_blob:
-                continue
-            if self._evict(victim, entries):
-                entries.remove(victim)
-                evicted.append(victim.key)
-            else:
-                pinned += 1
         why = problem()
+        if why is not None:
+            candidates = summary.least_recent(self._last_use)
+            try:
+                for key in candidates:
+                    row = summary.row(key)
+                    if row is None or key == exclude or row[0] == keep_blob:
+                        continue
+                    if self._evict(key, row[0]):
+                        evicted.append(key)
+                    else:
+                        pinned += 1
+                    why = problem()
+                    if why is None:
+                        break
+            finally:
+                candidates.close()
         if why and pinned:
             why += f" ({pinned} entries in use could not be evicted)"
         if evicted:
@@ -75,29 +88,41 @@ class Eviction:
                      len(evicted), ", ".join(evicted))
         return why, evicted
 
-    def _evict(self: BlobCache, victim: _Entry, entries: list[_Entry]) -> bool:
+    def _last_use(self: BlobCache, key: str) -> int | None:
+        """The key's use stamp (mtime of ``keys/<key>.use``), or None without one."""
+        try:
+            return os.stat(self._use(key)).st_mtime_ns
+        except OSError:
+            return None
+
+    def _evict(self: BlobCache, key: str, blob: str) -> bool:
         """Remove one entry unless a hit pins its blob. Under the lock."""
-        path = self._blob(victim.blob)
+        path = self._blob(blob)
         fd = _hold_blob(path)
         if fd is None:
             return False
         try:
             # Record first: a kill after this leaves a blob no record references,
             # which recovery removes; never a record without its bytes being served.
-            for p in (self._record(victim.key), self._use(victim.key)):
+            for p in (self._record(key), self._use(key)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
-            if not any(e.blob == victim.blob and e.key != victim.key for e in entries):
-                for p in (self._seal(victim.blob), path):
+            if self._summary.refs(blob) <= 1:
+                for p in (self._seal(blob), path):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(p)
+            self._summary.drop(key)
             return True
         finally:
             if fd >= 0:
                 os.close(fd)
 
     def _remove_blob_if_unreferenced(self: BlobCache, name: str) -> None:
-        if not any(e.blob == name for e in self._scan()):
+        """Under the lock: unlink blob ``name`` (unless pinned) if no record names it.
+
+        The summary tells (every record change is in it, or it is rebuilt).
+        """
+        if self._summary.refs(name) == 0:
             self._remove_blob_unless_pinned(name)
 
     def _remove_blob_unless_pinned(self: BlobCache, name: str) -> list[Path]:
@@ -146,6 +171,7 @@ class Eviction:
             for p in (self._record(key), self._use(key)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
+            self._summary.drop(key)
             if entry is not None:
                 self._remove_blob_if_unreferenced(entry.blob)
 
@@ -164,11 +190,12 @@ class Eviction:
                     return
             except FileNotFoundError:
                 pass
-            for entry in self._scan():
+            for entry in self._scan():  # rare (a damaged blob): the records, not the summary
                 if entry.blob == name:
                     for p in (self._record(entry.key), self._use(entry.key)):
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(p)
+                    self._summary.drop(entry.key)
             for p in (self._seal(name), self._blob(name)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)

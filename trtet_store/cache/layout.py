@@ -5,6 +5,10 @@
     <directory>/            mode 0700, the user's own (checked in directory.py)
       CACHEDIR.TAG          the marker: the tagging spec's signature + our format version
       lock                  the cache-wide flock (commits, evictions, recovery)
+      summary               what the bound needs (each key's blob, size, last use): a snapshot
+                            line, then one line per change; trusted only while keys/'s mtime is
+                            the marker its last line set, else rebuilt from the records
+                            (cache/summary.py)
       keys/<key>.json       an entry's record: key, blob name, size, metadata, created
       keys/<key>.use        its use stamp: mtime = last use, one byte per hit
       blobs/<name>          the bytes, content addressed (<xxh3-128 hex>-<size>)
@@ -32,6 +36,9 @@ import re
 from pathlib import Path
 
 SUBDIRS = ("keys", "blobs", "flights", "tmp")
+
+#: <cache>/summary: the used bytes and last-use order the bound needs (cache/summary.py).
+SUMMARY = "summary"
 
 #: Shared entries are downloaded into <cache>/downloads/<key>/ (resumable), then cached.
 DOWNLOADS = "downloads"

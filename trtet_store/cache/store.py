@@ -67,6 +67,7 @@ from trtet_store.cache.results import (
     Hit,
     PutResult,
 )
+from trtet_store.cache.summary import Summary
 from trtet_store.io import (
     Blob,
     Digests,
@@ -211,6 +212,9 @@ class BlobCache(Eviction, Checks):
         # read-only one such as `trtet-store cache list`), in a directory checked above.
         #: The last clear, prune or recover's sweep of partial downloads (cache/downloads.py).
         self.swept = DownloadSweep()
+        #: The used bytes and last-use order the bound needs (cache/summary.py).
+        self._summary = Summary(self.directory, lambda: (
+            (e.key, e.blob, e.size, e.last_use_ns) for e in self._scan()))
         # Not the partial downloads here: the next remote hit of their key resumes them.
         self.recovered: list[Path] = [] if self.read_only else self.recover(downloads=False)
 
@@ -232,6 +236,7 @@ class BlobCache(Eviction, Checks):
     def _locked(self) -> Iterator[None]:
         """The cache-wide lock: commits, evictions, drops and recovery run under it."""
         fd = try_lock(self.directory / "lock", create=True, wait=True)
+        self._summary.begin()  # others may have changed the records since we last held it
         try:
             yield
         finally:
@@ -631,6 +636,7 @@ class BlobCache(Eviction, Checks):
             os.close(use)
         self._write_json(self._record(key), {"key": key, "blob": name, "size": size,
                                              "created": now, "metadata": meta})
+        self._summary.put(key, name, size, stamp)  # after the record: a kill between rebuilds
         if old is not None and old.blob != name:
             self._remove_blob_if_unreferenced(old.blob)
         return PutResult(key=key, stored=True, size=size, placement=placement,
