@@ -81,6 +81,11 @@ def metadata(key: str, built: BuildResult, fingerprint: str, capability: str | N
     record = {"kind": RECORD_KIND, "fingerprint": fingerprint, "compute_capability": capability,
               "versions": [list(v) for v in engine_reuse.build_versions()],
               "engines": [engine_reuse.engine_entry(e) for e in built.engines]}
+    parts = engine_reuse.key_parts_of(fingerprint)
+    if parts is not None:
+        # Each part's digest, so that a later miss can name what changed (and the
+        # structure key, for a refit).
+        record["key_parts"] = parts.to_json()
     return engines, record
 
 
