@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import trtet_store
-from trtet_store.export import engine_reuse
+from trtet_store.export import engine_key, engine_reuse
 from trtet_store.export.engine_key import RECORD_KIND
 from trtet_store.io.units import MiB
 from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
@@ -107,3 +107,51 @@ def test_the_build_record_keeps_its_key_parts(here_fs):
     assert kept["digests"] == parts.digests
     assert kept["structure"] == parts.structure
     assert kept["versions"] == parts.versions and kept["gpu"] == parts.gpu
+
+
+# -- a miss says why (issue 46 item 6) ----------------------------------------------------
+
+def _export(here_fs, module, inputs, **settings):
+    cache = trtet_store.EngineCache(here_fs / "cache", max_bytes=1 << 30, min_free=0)
+    with installed(FakeBuilder(engine_sizes=(1 * MiB,))):
+        report = trtet_store.compile_and_save(module, inputs, here_fs / "model.pte",
+                                              engine_cache=cache, **settings)
+    [event] = report.engine_cache
+    return event
+
+
+def test_a_miss_names_the_part_that_changed_and_a_hit_names_none(here_fs, monkeypatch):
+    module, inputs = linear_relu()
+    first = _export(here_fs, module, inputs)
+    assert first.outcome == "miss" and first.missed_because == engine_key.NOTHING_CLOSE
+    assert _export(here_fs, module, inputs).missed_because is None  # a hit
+    with torch.no_grad():
+        module[0].bias.add_(1)
+    assert _export(here_fs, module, inputs).missed_because == "weights changed"
+    assert _export(here_fs, module, (torch.randn(4, 16),)).missed_because == \
+        "input shapes changed"
+    assert _export(here_fs, module, inputs, optimization_level=5).missed_because == \
+        "settings changed: optimization_level"
+    real = engine_reuse.build_versions()
+    monkeypatch.setattr(engine_reuse, "build_versions",
+                        lambda: [*real, ("tensorrt", "10.14.1")])
+    because = _export(here_fs, module, inputs).missed_because
+    assert because == "versions changed: tensorrt (none) -> 10.14.1"
+
+
+def test_another_model_is_nothing_close(here_fs):
+    module, inputs = linear_relu()
+    _export(here_fs, module, inputs)
+    other = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    torch.nn.init.ones_(other[0].weight)
+    event = _export(here_fs, torch.nn.Sequential(other, torch.nn.Sigmoid()), inputs)
+    assert event.missed_because == engine_key.NOTHING_CLOSE
+
+
+def test_the_cli_prints_why_an_engine_missed():
+    from trtet_store.cli.compile import _engine_event
+    from trtet_store.export.engine_record import EngineCacheEvent
+
+    event = EngineCacheEvent("e0", "trt-x-sm_90.e0", 10, "miss", "clone", True,
+                             missed_because="weights changed")
+    assert _engine_event(event) == "miss, cached (clone); missed because weights changed"

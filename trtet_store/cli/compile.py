@@ -252,6 +252,8 @@ def _engine_event(e: Any) -> str:
             f", not published ({getattr(e, 'publish_reason', None) or 'no reason given'})"
     if getattr(e, "remote_reason", None):
         text += f"; the shared entry was not used: {e.remote_reason}"
+    if getattr(e, "missed_because", None):
+        text += f"; missed because {e.missed_because}"
     return text
 
 
