@@ -153,5 +153,7 @@ def test_the_cli_prints_why_an_engine_missed():
     from trtet_store.export.engine_record import EngineCacheEvent
 
     event = EngineCacheEvent("e0", "trt-x-sm_90.e0", 10, "miss", "clone", True,
-                             missed_because="weights changed")
-    assert _engine_event(event) == "miss, cached (clone); missed because weights changed"
+                             published=True, missed_because="weights changed")
+    # Before what became of it in the shared tier: the line still ends with it.
+    assert _engine_event(event) == \
+        "miss, cached (clone), missed because weights changed, published"
