@@ -255,6 +255,8 @@ def _engine_event(e: Any) -> str:
                               else f"not cached ({e.reason})")
     if e.stored and e.reason:  # a rebuilt damaged entry: how it was damaged
         text += f", {e.reason}"
+    if getattr(e, "missed_because", None):  # what differs from the closest cached build
+        text += f", missed because {e.missed_because}"
     published = getattr(e, "published", None)
     if published is not None:  # a remote tier was asked: say what became of the build there
         text += ", published" if published else \

@@ -241,6 +241,8 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         if waited > 0.5:
             log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
                      "cache it; building it here", cache.directory, waited, key)
+        # Issue 46 item 6: what differs from the closest cached build (metadata only).
+        because = _missed_because(cache, key, fingerprint)
         built = build()
         reserve = 0
         if _same_filesystem(cache.directory, Path(store.directory)) and \
@@ -279,7 +281,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             r.placement if r is not None and r.stored else None, complete,
             "; ".join(filter(None, [damage and f"rebuilt: {damage}",
                                     None if complete else why or "not cached"])) or None,
-            None, published, publish_reason, remote_reason))
+            None, published, publish_reason, remote_reason, because))
         if complete:
             log.info("engine cache %s: engine %s of %s built and cached (%s)",
                      cache.directory, engine.engine_id, key, r.placement)
@@ -287,6 +289,15 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             log.warning("engine cache %s: engine %s of %s built and not cached: %s",
                         cache.directory, engine.engine_id, key, why)
     return built, events
+
+
+def _missed_because(cache: EngineCache, key: str, fingerprint: str) -> str | None:
+    """Why ``key`` missed (:func:`engine_key.missed_because`); None when the cache can't say."""
+    try:
+        return engine_key.missed_because(cache.entries(), key, fingerprint)
+    except OSError as exc:
+        log.warning("engine cache %s: cannot say why %s missed: %s", cache.directory, key, exc)
+        return None
 
 
 def _from_tier(cache: EngineCache, key: str, store: BlobStore, fingerprint: str,

@@ -13,6 +13,7 @@ this module (neither imports the other at import time).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from trtet_store.io.units import GiB
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_LEASE_TTL", "DEFAULT_MAX_BYTES", "DEFAULT_MIN_FREE", "ENGINE_KIND",
            "NO_GPU", "RECORD_KIND", "build_key", "compute_capability", "engine_key",
-           "entry_problem", "metadata", "places"]
+           "entry_problem", "metadata", "missed_because", "places"]
 
 ENGINE_KIND = "trtet_store.tensorrt.engine"
 RECORD_KIND = "trtet_store.tensorrt.build"
@@ -81,6 +82,11 @@ def metadata(key: str, built: BuildResult, fingerprint: str, capability: str | N
     record = {"kind": RECORD_KIND, "fingerprint": fingerprint, "compute_capability": capability,
               "versions": [list(v) for v in engine_reuse.build_versions()],
               "engines": [engine_reuse.engine_entry(e) for e in built.engines]}
+    parts = engine_reuse.key_parts_of(fingerprint)
+    if parts is not None:
+        # Each part's digest, so that a later miss can name what changed (and the
+        # structure key, for a refit).
+        record["key_parts"] = parts.to_json()
     return engines, record
 
 
@@ -132,3 +138,76 @@ def entry_problem(entry: RemoteEntry, capability: str | None = None) -> str | No
                  for n in differ if theirs.get(n) != mine.get(n)]
         return "it was built with other versions: " + ", ".join(shown)
     return None
+
+
+#: How a miss names each differing part of its key (item 6 of issue 46).
+_PART_CHANGED = {"graph": "graph changed", "weight_layout": "weight names, shapes or dtypes "
+                 "changed", "weights": "weights changed", "inputs": "input shapes changed"}
+NOTHING_CLOSE = "the cache holds no build close to this one"
+
+
+def missed_because(entries: Iterable[Any], key: str, fingerprint: str) -> str | None:
+    """Why the build ``key`` missed: the parts that differ from the closest cached build.
+
+    ``entries``: the cache's entries (their ``key`` and ``metadata``; only the
+    metadata is read, never an engine byte). The closest build is the record,
+    other than ``key``'s own, whose key parts differ in the fewest parts.
+    ``"weights changed"``, ``"settings changed: optimization_level"``,
+    ``"versions changed: tensorrt 10.13 -> 10.14"``...; :data:`NOTHING_CLOSE`
+    when no record has key parts or the closest is another model (graph and
+    weights both differ); None when this process does not know the parts of
+    ``fingerprint``.
+    """
+    from trtet_store.export import engine_reuse
+
+    mine = engine_reuse.key_parts_of(fingerprint)
+    if mine is None:
+        return None
+    prefix = f"trt-{fingerprint}-"
+    here = key[len(prefix):] if key.startswith(prefix) else compute_capability()
+    best: tuple[int, str] | None = None
+    for entry in entries:
+        meta = entry.metadata if isinstance(entry.metadata, dict) else {}
+        theirs = meta.get("key_parts")
+        if entry.key == key or meta.get("kind") != RECORD_KIND or not isinstance(theirs, dict) \
+                or not isinstance(theirs.get("digests"), dict):
+            continue
+        differ = [p for p in engine_reuse.KEY_PARTS
+                  if theirs["digests"].get(p) != mine.digests[p]]
+        capability = meta.get("compute_capability")
+        if capability != here:
+            differ.append("capability")
+        if best is None or len(differ) < best[0]:
+            best = (len(differ), _said(differ, mine, theirs, capability, here))
+    return NOTHING_CLOSE if best is None else best[1]
+
+
+def _said(differ: list[str], mine: Any, theirs: dict[str, Any], capability: Any,
+          here: str) -> str:
+    if not differ:
+        return "a build of the same key parts is cached under another key"
+    if "graph" in differ and "weights" in differ:
+        return NOTHING_CLOSE
+    said = []
+    for part in differ:
+        if part == "settings":
+            old = theirs.get("settings") if isinstance(theirs.get("settings"), dict) else {}
+            keys = sorted(k for k in set(old) | set(mine.settings)
+                          if old.get(k) != mine.settings.get(k))
+            said.append("settings changed" + (": " + ", ".join(keys) if keys else ""))
+        elif part == "versions":
+            try:
+                old = {str(n): str(v) for n, v in theirs.get("versions") or []}
+            except (TypeError, ValueError):
+                old = {}
+            new = {str(n): str(v) for n, v in mine.versions}
+            shown = [f"{n} {old.get(n, '(none)')} -> {new.get(n, '(none)')}"
+                     for n in sorted(set(old) | set(new)) if old.get(n) != new.get(n)]
+            said.append("versions changed" + (": " + ", ".join(shown) if shown else ""))
+        elif part == "gpu":
+            said.append(f"GPU changed: {theirs.get('gpu')} -> {mine.gpu}")
+        elif part == "capability":
+            said.append(f"compute capability changed: {capability} -> {here}")
+        else:
+            said.append(_PART_CHANGED[part])
+    return "; ".join(said)

@@ -65,6 +65,10 @@ class EngineCacheEvent:
     #: Why the shared tier's entry of this key was not served (refused by the trusted
     #: keys, damaged, built for another GPU), or None (none there, or served).
     remote_reason: str | None = None
+    #: A local miss: the parts of its key that differ from the closest cached build
+    #: (``"weights changed"``, ``"settings changed: optimization_level"``, ...), or that
+    #: the cache holds nothing close (:func:`~trtet_store.export.engine_key.missed_because`).
+    missed_because: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -89,39 +89,145 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.detach().cpu().contiguous().view(torch.uint8).numpy()).cast("B")
 
 
-def build_fingerprint(exported_program: ExportedProgram, arg_inputs: tuple,
-                      kwarg_inputs: dict | None, settings: dict[str, Any]) -> str:
-    """What makes two builds the same: graph, ranges, weights, input specs, settings, versions, GPU.
+#: The parts of a build's key, in the order the full fingerprint hashes their digests.
+KEY_PARTS = ("graph", "weight_layout", "weights", "inputs", "settings", "versions", "gpu")
+#: The parts that are not the weight bytes: a change elsewhere needs a build, not a refit.
+STRUCTURE_PARTS = tuple(p for p in KEY_PARTS if p != "weights")
 
-    Weights are hashed, not compared by name (xxh3, a few GB/s). Settings are
-    compared by ``repr``: one whose repr differs between runs (an object
-    without one) only costs a rebuild. The range constraints are in: two
-    exports whose graphs print alike but whose dynamic dimensions are bounded
-    differently build different engines (their optimization profiles differ).
+
+@dataclass(frozen=True)
+class KeyParts:
+    """One build's key, part by part (see :func:`build_key_parts`).
+
+    Attributes
+    ----------
+    digests : dict
+        Part name (:data:`KEY_PARTS`) -> xxh3-128 hex digest of that part.
+    settings : dict
+        Setting name -> xxh3-64 hex digest of its ``repr``: which setting changed.
+    versions : list
+        ``[name, version]`` of each distribution the build depends on.
+    gpu : str
+        The GPU's name (``"no cuda"`` without one).
     """
+
+    digests: dict[str, str]
+    settings: dict[str, str]
+    versions: list[list[str]]
+    gpu: str
+
+    @property
+    def full(self) -> str:
+        """The build fingerprint: every part, weight bytes included."""
+        return _combined(self.digests, KEY_PARTS)
+
+    @property
+    def structure(self) -> str:
+        """Every part but the weight bytes: what an engine refit from new weights keeps."""
+        return _combined(self.digests, STRUCTURE_PARTS)
+
+    def to_json(self) -> dict[str, Any]:
+        """What a build record keeps of its key, so that a later miss can say what changed."""
+        return {"digests": dict(self.digests), "structure": self.structure,
+                "settings": dict(self.settings), "versions": [list(v) for v in self.versions],
+                "gpu": self.gpu}
+
+
+def _combined(digests: dict[str, str], parts: tuple[str, ...]) -> str:
     h = xxhash.xxh3_128()
+    for part in parts:
+        h.update(f"{part}={digests[part]}\0".encode())
+    return h.hexdigest()
 
-    def add(text: object) -> None:
-        h.update(repr(text).encode())
-        h.update(b"\0")
 
-    add(str(exported_program.graph_module.graph))
-    add(exported_program.graph_signature)
-    add(sorted((str(k), str(v)) for k, v in exported_program.range_constraints.items()))
+class _PartHash:
+    """One part's running hash: ``repr`` of each item, NUL-separated, raw bytes as given."""
+
+    def __init__(self) -> None:
+        self._h = xxhash.xxh3_128()
+
+    def add(self, text: object) -> None:
+        self._h.update(repr(text).encode())
+        self._h.update(b"\0")
+
+    def update(self, data: memoryview) -> None:
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+# Parts of the fingerprints computed in this process, so that the build record made
+# later from a fingerprint alone (engine_key.metadata) can keep its parts.
+_PARTS_OF: dict[str, KeyParts] = {}
+_PARTS_KEPT = 256
+
+
+def key_parts_of(fingerprint: str) -> KeyParts | None:
+    """The parts of ``fingerprint`` if this process computed it (:func:`build_key_parts`)."""
+    return _PARTS_OF.get(fingerprint)
+
+
+def build_key_parts(exported_program: ExportedProgram, arg_inputs: tuple,
+                    kwarg_inputs: dict | None, settings: dict[str, Any]) -> KeyParts:
+    """What makes two builds the same, part by part: graph, weights, inputs, settings, ...
+
+    - ``graph``: the graph's text (its nodes with their arguments, so its
+      edges), its signature and its range constraints (two exports whose
+      graphs print alike but whose dynamic dimensions are bounded differently
+      build different engines: their optimization profiles differ);
+    - ``weight_layout``: each parameter's, buffer's and constant's name,
+      shape and dtype (so the widths of the layers), a non-tensor constant's
+      ``repr``;
+    - ``weights``: the tensors' bytes (xxh3, a few GB/s; hashed once);
+    - ``inputs``: the example inputs' shapes, dtypes and devices;
+    - ``settings``: the compile settings, compared by ``repr`` (one whose
+      repr differs between runs only costs a rebuild);
+    - ``versions``: torch, Torch-TensorRT and every TensorRT wheel;
+    - ``gpu``: the GPU's name.
+    """
+    graph, layout, weights, inputs = _PartHash(), _PartHash(), _PartHash(), _PartHash()
+    graph.add(str(exported_program.graph_module.graph))
+    graph.add(exported_program.graph_signature)
+    graph.add(sorted((str(k), str(v)) for k, v in exported_program.range_constraints.items()))
     for name, value in sorted({**exported_program.state_dict,
                                **exported_program.constants}.items()):
-        add(name)
+        layout.add(name)
         if isinstance(value, torch.Tensor):
-            add((tuple(value.shape), value.dtype))
-            h.update(_tensor_bytes(value))
+            layout.add((tuple(value.shape), value.dtype))
+            weights.add(name)
+            weights.update(_tensor_bytes(value))
         else:
-            add(value)
+            layout.add(value)
     for x in torch.utils._pytree.tree_leaves((arg_inputs, kwarg_inputs or {})):
-        add((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else x)
-    add(sorted((k, repr(v)) for k, v in settings.items()))
-    add(build_versions())
-    add(torch.cuda.get_device_name() if torch.cuda.is_available() else "no cuda")
-    return h.hexdigest()
+        inputs.add((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor)
+                   else x)
+    setting_reprs = sorted((str(k), repr(v)) for k, v in settings.items())
+    versions = build_versions()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no cuda"
+
+    def digest(item: object) -> str:
+        h = _PartHash()
+        h.add(item)
+        return h.hexdigest()
+
+    parts = KeyParts(
+        digests={"graph": graph.hexdigest(), "weight_layout": layout.hexdigest(),
+                 "weights": weights.hexdigest(), "inputs": inputs.hexdigest(),
+                 "settings": digest(setting_reprs), "versions": digest(versions),
+                 "gpu": digest(gpu)},
+        settings={k: xxhash.xxh3_64_hexdigest(r.encode()) for k, r in setting_reprs},
+        versions=[list(v) for v in versions], gpu=gpu)
+    if len(_PARTS_OF) >= _PARTS_KEPT:
+        _PARTS_OF.pop(next(iter(_PARTS_OF)))
+    _PARTS_OF[parts.full] = parts
+    return parts
+
+
+def build_fingerprint(exported_program: ExportedProgram, arg_inputs: tuple,
+                      kwarg_inputs: dict | None, settings: dict[str, Any]) -> str:
+    """The full key of a build: every part of :func:`build_key_parts`, weight bytes included."""
+    return build_key_parts(exported_program, arg_inputs, kwarg_inputs, settings).full
 
 
 class _TaggingStore:

@@ -447,6 +447,84 @@ def build_engines(exported_program: ExportedProgram, arg_inputs: tuple,
     return stage_compiled(compiled, arg_inputs, kwarg_inputs, store)
 
 
+class RefitError(RuntimeError):
+    """A refit whose engine must not be used: a weight left unset, or TensorRT refused it.
+
+    The caller builds instead (issue 46): a refit's result is all or nothing.
+    """
+
+
+def refittable(settings: dict[str, Any]) -> bool:
+    """Whether a build with these compile settings makes an engine that may be refit.
+
+    Torch-TensorRT's meaning (``dynamo/_settings.py``): ``immutable_weights``
+    defaults to True (weights baked in, no refit); an engine built with
+    ``refit_identical_engine_weights=True`` may only be refit with the very
+    weights it was built with (TensorRT calls anything else "unpredictable"),
+    so it is never refit with other weights.
+    """
+    return settings.get("immutable_weights", True) is False and \
+        settings.get("refit_identical_engine_weights", False) is not True
+
+
+def refit_engine(engine_path: os.PathLike | str, exported_program: ExportedProgram,
+                 arg_inputs: tuple, kwarg_inputs: dict | None, settings: dict[str, Any],
+                 writer: Any) -> None:
+    """Refit the refittable engine at ``engine_path`` with ``exported_program``'s weights.
+
+    This is the refit seam beside :func:`build_engines` (CPU tests replace
+    it with :class:`~trtet_store.testing.stub_tensorrt.FakeRefitter`). It
+    needs tensorrt, torch_tensorrt and a CUDA device, and is not run here:
+    written against TensorRT's ``trt.Refitter`` and Torch-TensorRT's
+    ``dynamo._refit.construct_refit_mapping`` (the interpreter's map from
+    the engine's weight names to the new tensors, as
+    ``_refit_single_trt_engine_with_gm`` uses it), for a program lowered to
+    one engine. The refit engine is serialized with ``INCLUDE_REFIT`` (it
+    stays refittable) and written to ``writer`` (a store writer).
+
+    Raises
+    ------
+    RefitError
+        The engine does not deserialize, a weight of the engine has no new
+        value (the refitter's missing weights are not empty), or
+        ``refit_cuda_engine()`` returned False. Nothing was written then.
+    """
+    import dataclasses as _dc
+
+    import tensorrt as trt
+    import torch_tensorrt  # noqa: F401 - registers the tensorrt ops
+    from torch_tensorrt.dynamo._refit import construct_refit_mapping
+    from torch_tensorrt.dynamo._settings import CompilationSettings
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    with open(engine_path, "rb") as f:
+        # TensorRT deserializes from memory: the one copy a refit holds.
+        engine = trt.Runtime(logger).deserialize_cuda_engine(f.read())
+    if engine is None:
+        raise RefitError(f"TensorRT could not deserialize the engine {os.fspath(engine_path)}")
+    known = {f.name for f in _dc.fields(CompilationSettings)}
+    compile_settings = CompilationSettings(**{k: v for k, v in settings.items() if k in known})
+    inputs = [*arg_inputs, *(kwarg_inputs or {}).values()]
+    mapping = construct_refit_mapping(exported_program.module(), inputs, compile_settings)
+    refitter = trt.Refitter(engine, logger)
+    for name in refitter.get_all_weights():
+        if name not in mapping:
+            continue  # left unset: get_missing_weights says so below
+        weight, dtype = mapping[name]
+        refitter.set_named_weights(name, trt.Weights(dtype, weight.ctypes.data, weight.size),
+                                   trt.TensorLocation.HOST)
+    missing = list(refitter.get_missing_weights())
+    if missing:
+        raise RefitError(f"{len(missing)} weight(s) of the engine have no new value: "
+                         f"{missing[:5]}")
+    if not refitter.refit_cuda_engine():
+        raise RefitError("TensorRT's refit_cuda_engine() returned False")
+    config = engine.create_serialization_config()
+    config.flags &= ~(1 << int(trt.SerializationFlag.EXCLUDE_WEIGHTS))
+    config.flags |= 1 << int(trt.SerializationFlag.INCLUDE_REFIT)
+    writer.write(memoryview(engine.serialize_with_config(config)))
+
+
 #: Torch-TensorRT's modules that hold an engine (C++ and Python runtimes).
 _TRT_MODULE_CLASSES = ("TorchTensorRTModule", "PythonTorchTensorRTModule")
 

@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import xxhash
@@ -135,14 +136,73 @@ def linear_relu() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
     return module, (torch.randn(2, 16),)
 
 
+#: What starts every engine :class:`FakeRefitter` writes, before the new weights' digest.
+REFIT_MAGIC = b"trtet-fake-refit\0"
+_REFIT_HEADER = len(REFIT_MAGIC) + 32  # the magic, then an xxh3-128 hex digest
+
+
+def weights_digest(exported_program: Any) -> str:
+    """xxh3-128 of a program's tensors (names and bytes, in name order): the refit's input."""
+    h = xxhash.xxh3_128()
+    for name, value in sorted({**exported_program.state_dict,
+                               **exported_program.constants}.items()):
+        if isinstance(value, torch.Tensor):
+            h.update(name.encode() + b"\0")
+            h.update(memoryview(value.detach().cpu().contiguous().view(torch.uint8).numpy()
+                                ).cast("B"))
+    return h.hexdigest()
+
+
+@dataclass
+class FakeRefitter:
+    """Callable with the refit seam's signature (:func:`~trtet_store.export.tensorrt.refit_engine`).
+
+    The engine it writes is :data:`REFIT_MAGIC`, the new weights' digest
+    (:func:`weights_digest`), then the structure engine's bytes (without the
+    header of an earlier fake refit), streamed a MiB at a time: a test
+    computes what a refit must produce with :meth:`expected`. ``fail``: raise
+    :class:`~trtet_store.export.tensorrt.RefitError` with that text instead
+    (as a refit that left a weight unset), before writing anything.
+    """
+
+    fail: str | None = None
+    refits: list = field(default_factory=list)  # (engine path, weights digest)
+
+    def __call__(self, engine_path, exported_program, arg_inputs, kwarg_inputs, settings,
+                 writer) -> None:
+        from trtet_store.export.tensorrt import RefitError
+
+        if self.fail is not None:
+            raise RefitError(self.fail)
+        digest = weights_digest(exported_program)
+        with open(engine_path, "rb") as f:
+            head = f.read(_REFIT_HEADER)
+            writer.write(REFIT_MAGIC + digest.encode())
+            if not head.startswith(REFIT_MAGIC):
+                writer.write(head)
+            while chunk := f.read(MiB):
+                writer.write(chunk)
+        self.refits.append((str(engine_path), digest))
+
+    @staticmethod
+    def expected(structure_engine: bytes, exported_program: Any) -> bytes:
+        """The engine a refit of ``structure_engine`` with the program's weights writes."""
+        body = structure_engine[_REFIT_HEADER:] \
+            if structure_engine.startswith(REFIT_MAGIC) else structure_engine
+        return REFIT_MAGIC + weights_digest(exported_program).encode() + body
+
+
 @contextlib.contextmanager
-def installed(builder: FakeBuilder) -> Iterator[FakeBuilder]:
-    """Put ``builder`` at the seam (and skip the CUDA check) for the duration."""
+def installed(builder: FakeBuilder, *, refitter: FakeRefitter | None = None
+              ) -> Iterator[FakeBuilder]:
+    """Put ``builder`` (and ``refitter``) at the seams, skip the CUDA check, for the duration."""
     from trtet_store.export import tensorrt
 
-    saved = tensorrt.build_engines, tensorrt.check_available
+    saved = tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine
     tensorrt.build_engines, tensorrt.check_available = builder, lambda: None
+    if refitter is not None:
+        tensorrt.refit_engine = refitter
     try:
         yield builder
     finally:
-        tensorrt.build_engines, tensorrt.check_available = saved
+        tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine = saved
