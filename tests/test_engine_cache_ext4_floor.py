@@ -8,12 +8,12 @@ a ``syncfs`` (every byte the call dirtied, whoever wrote it back):
 - a warm hit: the program's copy, placed straight from the cached file:
   one copy.
 
-Today (HEAD of this branch) a cold build writes 2.5 copies (the cache copies
-the staged engine, the program then inserts one engine and moves the other)
-and a warm hit 1.5 (the hit is copied to staging, then inserted and moved):
-``benchmarks/ext4_floor.py`` prints the steps. Until the fix lands both tests
-are strict xfails: they fail as they should, and turn into a failure to
-notice (XPASS) once the floor is reached.
+A warm hit is at its floor: the save copies straight from the cached file
+(``engine_build.share_hit``); it wrote 1.5 copies when the hit was copied
+to staging first and then inserted and moved. A cold build still writes 2.5
+copies (the cache copies the staged engine, then the program inserts one
+engine and moves the other): ``benchmarks/ext4_floor.py`` prints the steps.
+Its test is a strict xfail until that fix lands (an XPASS then says so).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ ENGINE_BYTES = ENGINES * ENGINE_MIB * 2**20
 #: The program's headers, the cache's records, seals and use stamps, ext4's journal.
 SLACK = 4 * 2**20
 
-NOT_YET = pytest.mark.xfail(strict=True, reason="issue 42 item 5: ext4 not yet at its copy "
-                            "floor (cold 2.5 copies, warm 1.5; benchmarks/ext4_floor.py)")
+NOT_YET = pytest.mark.xfail(strict=True, reason="issue 42 item 5: a cold build on ext4 is not "
+                            "yet at its copy floor (2.5 copies; benchmarks/ext4_floor.py)")
 
 
 def _written(mnt: Path, cache) -> int:
@@ -72,7 +72,6 @@ def test_cold_build_on_ext4_writes_two_copies_of_the_engines(ext4_cache) -> None
         f"a cold build wrote {written / ENGINE_BYTES:.2f} copies of the engines (floor 2)"
 
 
-@NOT_YET
 def test_warm_hit_on_ext4_writes_one_copy_of_the_engines(ext4_cache) -> None:
     mnt, cache = ext4_cache
     _written(mnt, cache)  # the cold build fills the cache
