@@ -33,24 +33,36 @@ uploaded are the proxy's counts, headers included, not the client's report):
   local hit (a clone on XFS, a copy on ext4);
 - ``pull``: ``cache.pull([key])`` alone on the emptied local cache (the
   tier's fetch into the cache, no export);
+- ``download``: boto3's ``download_file`` of the same entry's objects (the
+  tier's bucket layout, ``<prefix><key>/<attempt>/<name>``) into a directory
+  on the same filesystem, default ``TransferConfig``, nothing verified: what
+  a plain S3 client pays for the bytes;
 - ``s3-docs``: Torch-TensorRT's documented ``S3EngineCache`` example
   (``put_object``/``get_object`` of upstream's pickled entry,
   ``docsrc/tutorials/resource_memory/engine_cache.rst``; only an
   ``endpoint_url`` added), over upstream's ``insert`` (``pack`` + ``put_object``)
   in one process and ``check`` (``get_object`` + ``unpack``) in a fresh one.
 
-Measured: wall time, bytes the process wrote (``/proc/<pid>/io``
-write_bytes), peak extra disk (``statvfs`` polled), bytes on disk after, and
-for upstream/adapter the peak RSS above the process's RSS before the step
-(the engines themselves are in memory before an insert, as torch-tensorrt
-holds them). The stubbed TensorRT build (``trtet_store.testing.stub_tensorrt``)
-takes the time of writing pseudo-random bytes, not hours: ``cold`` is a lower
-bound. Medians and fastest runs, and their ratios.
+Measured (see :class:`Costs`): wall time; bytes the process wrote
+(``/proc/self/io`` write_bytes); bytes the loop device read and wrote
+(``/sys/block/<loop>/stat``, every file under the mount dropped from the page
+cache before the method and a ``syncfs`` after it, so reads are real and
+writes counted); peak extra disk (``statvfs`` polled); peak RSS above the
+process's RSS before the method (``VmHWM`` reset by ``/proc/self/clear_refs``;
+for upstream/adapter/s3-docs, run in children, each child's own, the engines
+in memory before an insert, as torch-tensorrt holds them); bytes on disk
+after. ``--engine-mib 256,1024,4096`` runs every method at each size in turn
+and ends with the warm hit's time and reads per size. The stubbed TensorRT
+build (``trtet_store.testing.stub_tensorrt``) takes the time of writing
+pseudo-random bytes, not hours: ``cold`` is a lower bound. Medians and
+fastest runs, and their ratios.
 
     sudo .venv/bin/python benchmarks/engine_cache.py                      # 2 x 1 GiB, 5 runs
     sudo .venv/bin/python benchmarks/engine_cache.py --engine-mib 64 --repeat 2
     sudo .venv/bin/python benchmarks/engine_cache.py \\
-        --methods cold,warm,publish,remote-hit,pull,s3-docs --out benchmarks/engine_cache_remote.md
+        --methods cold,warm,publish,remote-hit,pull,download,s3-docs \\
+        --out benchmarks/engine_cache_remote.md
+    sudo .venv/bin/python benchmarks/engine_cache.py --methods cold,warm --engine-mib 256,1024,4096
 """
 
 from __future__ import annotations
@@ -95,6 +107,52 @@ def disk_usage(path: Path) -> int:
             with contextlib.suppress(FileNotFoundError):  # removed meanwhile
                 total += os.lstat(os.path.join(root, name)).st_blocks * 512
     return total
+
+
+class Costs:
+    """What one method cost besides its wall time: bytes written and read, peak RSS.
+
+    - ``bytes_written``: ``write_bytes`` of ``/proc/self/io`` (this process's
+      dirtied pages; a child's are not in it);
+    - ``dev_read``, ``dev_written``: the loop device's sectors read and
+      written (``/sys/block/<loop>/stat``) from entry to a ``syncfs`` at exit:
+      every reader and writer of the benchmark's filesystem, children and the
+      kernel's writeback included, and nothing of other filesystems (the S3
+      server keeps its data under ``/tmp``). On entry every file under the
+      mount is synced and dropped from the page cache (``POSIX_FADV_DONTNEED``
+      per file, not a global ``drop_caches`` that would slow the machine's
+      other work), so a read is a real read of the device;
+    - ``peak_rss``: this process's ``VmHWM`` after resetting it
+      (``/proc/self/clear_refs``, 5) on entry, minus ``VmRSS`` then: the
+      growth over the process's baseline (its imports done), per method in
+      one process. A method run in children reports the children's own;
+    - ``digested``: the bytes io digested in this process meanwhile
+      (``trtet_store.io.bytes_digested``): a warm hit's should be 0, a miss's
+      and a remote hit's one per engine byte (issue 42).
+    """
+
+    def __init__(self, mnt: Path) -> None:
+        self.mnt = mnt
+        self.figures: dict[str, int] = {}
+
+    def __enter__(self) -> Costs:
+        measure.drop_file_pages(self.mnt)
+        self._dev = measure.device_io(self.mnt)
+        self._written = measure.bytes_written()
+        measure.reset_peak_rss()
+        self._rss = measure.current_rss_bytes()
+        self._digested = bytes_digested()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        measure.syncfs(self.mnt)
+        dev = measure.device_io(self.mnt)
+        self.figures = {"bytes_written": measure.bytes_written() - self._written,
+                        "peak_rss": measure.peak_rss_bytes() - self._rss,
+                        "digested": bytes_digested() - self._digested}
+        if dev is not None and self._dev is not None:
+            self.figures["dev_read"] = dev[0] - self._dev[0]
+            self.figures["dev_written"] = dev[1] - self._dev[1]
 
 
 # -- upstream's cache and our adapter, each step in a child process --------------------------
@@ -206,16 +264,22 @@ def upstream_run(kind: str, mnt: Path, size: int, engines: int) -> dict:
     directory = mnt / f"{kind}-cache"
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(mode=0o700)
-    save = run_child(kind, "save", directory, size, engines)
-    on_disk = disk_usage(directory)
-    load = run_child(kind, "load", directory, size, engines)
+    with Costs(mnt) as costs:
+        save = run_child(kind, "save", directory, size, engines)
+        on_disk = disk_usage(directory)
+        load = run_child(kind, "load", directory, size, engines)
     shutil.rmtree(directory)
-    return {"save_s": save["seconds"], "load_s": load["seconds"],
+    return {**device_figures(costs), "save_s": save["seconds"], "load_s": load["seconds"],
             "seconds": save["seconds"] + load["seconds"],
             "save_rss": save["peak_rss_extra"], "load_rss": load["peak_rss_extra"],
             "bytes_written": save["bytes_written"] + load["bytes_written"],
             "peak_extra_disk": max(save["peak_extra_disk"], load["peak_extra_disk"]),
             "on_disk": on_disk}
+
+
+def device_figures(costs: Costs) -> dict[str, int]:
+    """The device's figures of a method run in children (theirs are in their own rows)."""
+    return {k: v for k, v in costs.figures.items() if k.startswith("dev_")}
 
 
 # -- compile_and_save through the cache, in this process ----------------------------------------
@@ -241,21 +305,15 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
     inputs = (torch.randn(2, 16),)
     out = mnt / "model.pte"
     builder = FakeBuilder(engine_sizes=(size,) * engines)
-    with installed(builder):
+    with installed(builder), Costs(mnt) as costs:
         if proxy is not None:
             proxy.reset()
-        read = measure.io_counters()["read_bytes"]
-        written = measure.bytes_written()
-        digested = bytes_digested()
         start = time.monotonic()
         # As before this issue: the time includes the monitor's sync at its exit (the
         # bytes a run wrote reach the disk within its time).
         with measure.PeakDiskMonitor(mnt) as mon:
             report = trtet_store.compile_and_save(module, inputs, out, engine_cache=cache)
         seconds = time.monotonic() - start
-        written = measure.bytes_written() - written
-        read = measure.io_counters()["read_bytes"] - read
-        digested = bytes_digested() - digested
         traffic = proxy.counts() if proxy is not None else None
     events = getattr(report, "engine_cache", None) or []
     outcomes = sorted({f"{e.outcome}:{e.placement}" for e in events})
@@ -270,8 +328,8 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
             assert all(getattr(e, "published", None) for e in events), \
                 f"not published: {[getattr(e, 'publish_reason', None) for e in events]}"
     out.unlink()
-    res = {"seconds": seconds, "bytes_written": written, "disk_read": read,
-           "digested": digested, "peak_extra_disk": mon.peak_extra_bytes, "built": built,
+    res = {"seconds": seconds, **costs.figures,
+           "peak_extra_disk": mon.peak_extra_bytes, "built": built,
            "outcomes": ",".join(outcomes), "on_disk": disk_usage(cache.directory)}
     if traffic is not None:
         res["downloaded"] = traffic["downstream"]
@@ -361,26 +419,52 @@ def pull_run(cache, key: str, remote: Remote, mnt: Path) -> dict:
     """``cache.pull([key])`` alone on an emptied local cache: the tier's fetch into the cache."""
     cache.clear()
     settle(mnt)
-    remote.proxy.reset()
-    read = measure.io_counters()["read_bytes"]
-    written = measure.bytes_written()
-    digested = bytes_digested()
-    start = time.monotonic()
-    with measure.PeakDiskMonitor(mnt) as mon:
-        pulled = cache.pull([key])
-    seconds = time.monotonic() - start
-    written = measure.bytes_written() - written
-    read = measure.io_counters()["read_bytes"] - read
-    digested = bytes_digested() - digested
-    traffic = remote.proxy.counts()
+    with Costs(mnt) as costs:
+        remote.proxy.reset()
+        start = time.monotonic()
+        with measure.PeakDiskMonitor(mnt) as mon:
+            pulled = cache.pull([key])
+        seconds = time.monotonic() - start
+        traffic = remote.proxy.counts()
     assert [k for k, _n in pulled] == [key] and pulled[0][1] > 0, f"pull gave {pulled}"
     on_disk = disk_usage(cache.directory)
     cache.clear()
-    return {"seconds": seconds, "bytes_written": written, "disk_read": read,
-            "digested": digested, "peak_extra_disk": mon.peak_extra_bytes,
-            "downloaded": traffic["downstream"],
+    return {"seconds": seconds, **costs.figures,
+            "peak_extra_disk": mon.peak_extra_bytes, "downloaded": traffic["downstream"],
             "uploaded": traffic["upstream"],
             "reported_downloaded": pulled[0][1], "on_disk": on_disk}
+
+
+def download_run(remote: Remote, objects: list[str], mnt: Path) -> dict:
+    """boto3's ``download_file`` of the entry's objects (the tier's layout), through the proxy.
+
+    Its default ``TransferConfig`` (ranged GETs on 10 threads above 8 MiB),
+    into a fresh directory on the benchmark's filesystem, then a ``syncfs``
+    within the time (as every method's bytes reach the disk within its
+    time); nothing is verified or digested, nothing enters a cache.
+    """
+    import shutil
+
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=remote.proxy.endpoint_url,
+                          config=Config(s3={"addressing_style": "path"}))
+    directory = fresh_dir(mnt / "boto3-download")
+    settle(mnt)
+    with Costs(mnt) as costs:
+        remote.proxy.reset()
+        start = time.monotonic()
+        with measure.PeakDiskMonitor(mnt) as mon:
+            for i, key in enumerate(objects):
+                client.download_file(remote.bucket, key, os.fspath(directory / f"{i}"))
+        seconds = time.monotonic() - start
+        traffic = remote.proxy.counts()
+    on_disk = disk_usage(directory)
+    shutil.rmtree(directory)
+    return {"seconds": seconds, **costs.figures, "peak_extra_disk": mon.peak_extra_bytes,
+            "downloaded": traffic["downstream"], "uploaded": traffic["upstream"],
+            "on_disk": on_disk}
 
 
 def s3_docs_run(remote: Remote, mnt: Path, size: int, engines: int) -> dict:
@@ -393,15 +477,16 @@ def s3_docs_run(remote: Remote, mnt: Path, size: int, engines: int) -> dict:
     env = {"TRTET_BENCH_BUCKET": remote.bucket, "TRTET_BENCH_PREFIX": prefix,
            "TRTET_BENCH_ENDPOINT": remote.proxy.endpoint_url}
     remote.proxy.reset()
-    save = run_child("s3-docs", "save", directory, size, engines, env)
-    sent = remote.proxy.reset()
-    load = run_child("s3-docs", "load", directory, size, engines, env)
-    got = remote.proxy.reset()
+    with Costs(mnt) as costs:
+        save = run_child("s3-docs", "save", directory, size, engines, env)
+        sent = remote.proxy.reset()
+        load = run_child("s3-docs", "load", directory, size, engines, env)
+        got = remote.proxy.reset()
     objects = remote.objects(prefix)
     assert len(objects) == engines, f"the docs' cache left {objects}"
     remote.remove(prefix)
     shutil.rmtree(directory)
-    return {"save_s": save["seconds"], "load_s": load["seconds"],
+    return {**device_figures(costs), "save_s": save["seconds"], "load_s": load["seconds"],
             "seconds": save["seconds"] + load["seconds"],
             "save_rss": save["peak_rss_extra"], "load_rss": load["peak_rss_extra"],
             "bytes_written": save["bytes_written"] + load["bytes_written"],
@@ -425,7 +510,7 @@ def settle(mnt: Path) -> None:
 # -- the table -------------------------------------------------------------------------------
 
 LOCAL = ("cold", "warm", "upstream", "adapter")
-REMOTE = ("publish", "remote-hit", "pull", "s3-docs")
+REMOTE = ("publish", "remote-hit", "pull", "download", "s3-docs")
 METHODS = LOCAL + REMOTE
 
 
@@ -434,7 +519,7 @@ def order(run: int, methods: list[str]) -> list[str]:
     return list(methods) if run % 2 == 0 else list(reversed(methods))
 
 
-def summarize(fstype: str, runs: dict[str, list[dict]]) -> list[str]:
+def summarize(fstype: str, engines: str, runs: dict[str, list[dict]]) -> list[str]:
     lines = []
     remote = any(runs[m] for m in REMOTE)
 
@@ -444,42 +529,69 @@ def summarize(fstype: str, runs: dict[str, list[dict]]) -> list[str]:
     def best(m: str, k: str) -> float:
         return min(r[k] for r in runs[m])
 
+    def mib(m: str, k: str) -> str:
+        return format_mib(med(m, k)) if k in runs[m][0] else "-"
+
     for m in METHODS:
         if not runs[m]:
             continue
         rss = (f"{format_mib(med(m, 'save_rss'))} / {format_mib(med(m, 'load_rss'))}"
-               if "save_rss" in runs[m][0] else "-")
+               if "save_rss" in runs[m][0] else mib(m, "peak_rss"))
         split = (f" (save {med(m, 'save_s'):.2f} + load {med(m, 'load_s'):.2f})"
                  if "save_s" in runs[m][0] else "")
         note = runs[m][0].get("outcomes", "")
         traffic = ""
         if remote:
-            traffic = "".join(f" {format_mib(med(m, k))} |" if k in runs[m][0] else " - |"
-                              for k in ("downloaded", "uploaded"))
-        lines.append(f"| {fstype} | {m}{f' ({note})' if note else ''} | {med(m, 'seconds'):.2f}"
-                     f"{split} | {best(m, 'seconds'):.2f} |{traffic} "
-                     f"{format_mib(med(m, 'bytes_written'))} | "
-                     + " | ".join(format_mib(med(m, k)) if k in runs[m][0] else "-"
-                                  for k in ("disk_read", "digested"))
-                     + f" | {format_mib(med(m, 'peak_extra_disk'))} | {rss} "
-                     f"| {format_mib(med(m, 'on_disk'))} |")
+            traffic = "".join(f" {mib(m, k)} |" for k in ("downloaded", "uploaded"))
+        lines.append(f"| {fstype} | {engines} | {m}{f' ({note})' if note else ''} "
+                     f"| {med(m, 'seconds'):.2f}{split} | {best(m, 'seconds'):.2f} |{traffic} "
+                     f"{mib(m, 'bytes_written')} | {mib(m, 'dev_written')} "
+                     f"| {mib(m, 'dev_read')} | {mib(m, 'digested')} "
+                     f"| {format_mib(med(m, 'peak_extra_disk'))} "
+                     f"| {rss} | {format_mib(med(m, 'on_disk'))} |")
     return lines
 
 
 def header(remote: bool) -> list[str]:
-    cols = ["filesystem", "method", "wall s (median)", "fastest s"]
+    cols = ["filesystem", "engines", "method", "wall s (median)", "fastest s"]
     if remote:
         cols += ["downloaded (proxy)", "uploaded (proxy)"]
-    cols += ["bytes written", "read from disk", "digested", "peak extra disk",
-             "peak RSS extra save / load", "on disk after"]
+    cols += ["written (process)", "written (device)", "read (device)", "digested",
+             "peak extra disk",
+             "peak RSS extra (save / load)", "on disk after"]
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+
+def by_size(warm: dict[tuple[str, int], list[dict]]) -> list[str]:
+    """The warm hit at each engine size, per filesystem: time, reads, and the time's ratio
+    to the smallest size's (medians, fastest in brackets)."""
+    lines = ["| filesystem | engines | warm hit s (median) | fastest s | read (device) "
+             "| written (device) | x smallest size (medians) | x smallest (fastest) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for fstype in dict.fromkeys(f for f, _ in warm):
+        sizes = sorted(mib for f, mib in warm if f == fstype and warm[(f, mib)])
+        if not sizes:
+            continue
+        base = warm[(fstype, sizes[0])]
+        m0 = statistics.median(r["seconds"] for r in base)
+        b0 = min(r["seconds"] for r in base)
+        for mib in sizes:
+            rs = warm[(fstype, mib)]
+            med = statistics.median(r["seconds"] for r in rs)
+            fast = min(r["seconds"] for r in rs)
+            read = statistics.median(r.get("dev_read", 0) for r in rs)
+            wrote = statistics.median(r.get("dev_written", 0) for r in rs)
+            lines.append(f"| {fstype} | {mib} MiB | {med:.2f} | {fast:.2f} | {format_mib(read)} "
+                         f"| {format_mib(wrote)} | {med / m0:.2f}x | {fast / b0:.2f}x |")
+    return lines
 
 
 #: Wall-time ratios printed: (numerator, denominator, which time of each).
 RATIOS = (("cold", "warm", "seconds"), ("upstream", "adapter", "seconds"),
           ("cold", "remote-hit", "seconds"), ("remote-hit", "warm", "seconds"),
           ("publish", "cold", "seconds"), ("s3-docs", "remote-hit", "seconds"),
-          ("s3-docs", "pull", "load_s"))
+          ("s3-docs", "pull", "load_s"), ("remote-hit", "download", "seconds"),
+          ("remote-hit", "pull", "seconds"), ("pull", "download", "seconds"))
 
 
 def ratios(fstype: str, runs: dict[str, list[dict]]) -> str:
@@ -505,6 +617,7 @@ def overhead(runs: dict[str, list[dict]], engine_bytes: int) -> str:
     """
     out = []
     for m, key in (("remote-hit", "downloaded"), ("pull", "downloaded"),
+                   ("download", "downloaded"),
                    ("s3-docs", "load_downloaded"), ("publish", "uploaded"),
                    ("s3-docs", "uploaded")):
         if runs[m] and key in runs[m][0]:
@@ -517,12 +630,13 @@ def remote_setup(remote: Remote, mnt: Path, size: int, engines: int, bound: int,
                  fstype: str):
     """Machine A builds and publishes under ``hits-<fs>/``; machine B's cache, emptied, to pull it.
 
-    Returns machine B's cache and the entry's key. Machine A's directory is
-    removed (another machine's disk).
+    Returns machine B's cache, the entry's key and its objects' keys in the
+    bucket (``<prefix><key>/<attempt>/<name>``, what ``download`` fetches).
+    Machine A's directory is removed (another machine's disk).
     """
     import shutil
 
-    prefix = f"hits-{fstype}/"
+    prefix = f"hits-{fstype}-{size // MiB}/"
     remote.remove(prefix)
     a = fresh_dir(mnt / "machine-a")
     res = compile_run(remote.cache(a, prefix, bound), mnt, size, engines, cold=False,
@@ -531,9 +645,10 @@ def remote_setup(remote: Remote, mnt: Path, size: int, engines: int, bound: int,
           f"uploaded {format_mib(res['uploaded'])}", file=sys.stderr, flush=True)
     shutil.rmtree(a)
     b = remote.cache(fresh_dir(mnt / "machine-b"), prefix, bound)
-    keys = [e.key for e in b.remote_entries()]
-    assert len(keys) == 1, f"the bucket holds {keys} under {prefix}"
-    return b, keys[0]
+    entries = b.remote_entries()
+    assert len(entries) == 1, f"the bucket holds {[e.key for e in entries]} under {prefix}"
+    objects = [f"{prefix}{entries[0].attempt}{f['name']}" for f in entries[0].files]
+    return b, entries[0].key, objects
 
 
 def working_tree() -> str:
@@ -547,6 +662,70 @@ def working_tree() -> str:
                              if dirty else "")
 
 
+def engine_sizes(text: str) -> list[int]:
+    """``--engine-mib``: one size or several, comma-separated (MiB per engine)."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes in MiB, comma-separated: {text!r}") from None
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"sizes must be positive: {text!r}")
+    return sizes
+
+
+def run_size(remote: Remote | None, factory, fstype: str, mib: int, engines: int,
+             methods: list[str], repeat: int) -> dict[str, list[dict]]:
+    """Every method at one engine size on a fresh filesystem, alternating, ``repeat`` runs."""
+    from trtet_store import EngineCache
+
+    size = mib * MiB
+    bound = engines * size + 256 * MiB
+    # Staging + cache + program (cold, ext4: three copies at the peak), the other
+    # methods' caches (each emptied after its run) and machine B's, plus room to spare.
+    mnt = factory.make(fstype, 6 * engines * mib + 1024)
+    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    label = f"{fstype} {engines} x {mib} MiB"
+    try:
+        cache = EngineCache(mnt / "engine-cache", max_bytes=bound, min_free=0)
+        if remote is not None and {"remote-hit", "pull", "download"} & set(methods):
+            machine_b, key, objects = remote_setup(remote, mnt, size, engines, bound, fstype)
+        for r in range(repeat):
+            for m in order(r, methods):
+                if m == "warm" and "cold" not in methods:
+                    continue
+                settle(mnt)
+                if m in ("cold", "warm"):
+                    res = compile_run(cache, mnt, size, engines, cold=m == "cold")
+                elif m in ("upstream", "adapter"):
+                    res = upstream_run(m, mnt, size, engines)
+                elif m == "publish":
+                    res = publish_run(remote, mnt, size, engines, bound)
+                elif m == "remote-hit":
+                    res = remote_hit_run(machine_b, remote, mnt, size, engines)
+                elif m == "pull":
+                    res = pull_run(machine_b, key, remote, mnt)
+                elif m == "download":
+                    res = download_run(remote, objects, mnt)
+                else:
+                    res = s3_docs_run(remote, mnt, size, engines)
+                runs[m].append(res)
+                traffic = (f", down {format_mib(res['downloaded'])} up "
+                           f"{format_mib(res['uploaded'])}" if "downloaded" in res else "")
+                print(f"  {label} run {r} {m}: {res['seconds']:.2f} s, wrote "
+                      f"{format_mib(res['bytes_written'])} (device "
+                      f"{format_mib(res.get('dev_written', 0))}), read from disk "
+                      f"{format_mib(res.get('dev_read', 0))}, peak extra disk "
+                      f"{format_mib(res['peak_extra_disk'])}{traffic}"
+                      + (f", peak RSS +{format_mib(res['peak_rss'])}" if "peak_rss" in res
+                         else "")
+                      + (f" (cache says {format_mib(res['reported_downloaded'])})"
+                         if "reported_downloaded" in res else ""),
+                      file=sys.stderr, flush=True)
+    finally:
+        factory.release(mnt)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
@@ -555,7 +734,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--filesystems", default="xfs,ext4")
-    p.add_argument("--engine-mib", type=int, default=1024)
+    p.add_argument("--engine-mib", type=engine_sizes, default=[1024],
+                   help="MiB per engine; several, comma-separated (256,1024,4096), run one "
+                   "after another in this run, with the warm hit's figures per size at the end")
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5, help="runs of each method (>= 5 for the "
                    "README's table; fewer to try it)")
@@ -573,21 +754,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
         p.error(f"unknown methods {sorted(unknown)}; known: {','.join(METHODS)}")
-    from trtet_store import EngineCache
     from trtet_store.testing.loopfs import FilesystemFactory
 
-    size = args.engine_mib * MiB
-    engine_bytes = args.engines * size
-    bound = engine_bytes + 256 * MiB
+    measure.return_freed_buffers()  # each peak RSS sees only what is live in its method
     remote_methods = [m for m in methods if m in REMOTE]
-    # Staging + cache + program (cold, ext4: three copies at the peak), the other
-    # methods' caches (each emptied after its run) and machine B's, plus room to spare.
-    image_mib = 6 * args.engines * args.engine_mib + 1024
-    lines = [f"{args.engines} x {args.engine_mib} MiB stubbed engines, {args.repeat} runs each, "
-             f"alternating; medians (fastest)", *header(bool(remote_methods))]
+    lines = [f"{args.engines} x {','.join(map(str, args.engine_mib))} MiB stubbed engines, "
+             f"{args.repeat} runs each, alternating; medians (fastest)",
+             *header(bool(remote_methods))]
     for line in lines:
         print(line, flush=True)
     notes: list[str] = []
+    warm: dict[tuple[str, int], list[dict]] = {}
     with contextlib.ExitStack() as stack:
         remote = None
         if remote_methods:
@@ -602,53 +779,23 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.pop(var, None)
             remote = Remote(server, proxy)
         factory = stack.enter_context(FilesystemFactory())
-        for fstype in args.filesystems.split(","):
-            mnt = factory.make(fstype, image_mib)
-            runs: dict[str, list[dict]] = {m: [] for m in METHODS}
-            try:
-                cache = EngineCache(mnt / "engine-cache", max_bytes=bound, min_free=0)
-                if remote is not None and {"remote-hit", "pull"} & set(methods):
-                    machine_b, key = remote_setup(remote, mnt, args.engine_mib * MiB,
-                                                  args.engines, bound, fstype)
-                for r in range(args.repeat):
-                    for m in order(r, methods):
-                        if m == "warm" and "cold" not in methods:
-                            continue
-                        settle(mnt)
-                        if m in ("cold", "warm"):
-                            res = compile_run(cache, mnt, size, args.engines, cold=m == "cold")
-                        elif m in ("upstream", "adapter"):
-                            res = upstream_run(m, mnt, size, args.engines)
-                        elif m == "publish":
-                            res = publish_run(remote, mnt, size, args.engines, bound)
-                        elif m == "remote-hit":
-                            res = remote_hit_run(machine_b, remote, mnt, size, args.engines)
-                        elif m == "pull":
-                            res = pull_run(machine_b, key, remote, mnt)
-                        else:
-                            res = s3_docs_run(remote, mnt, size, args.engines)
-                        runs[m].append(res)
-                        traffic = (f", down {format_mib(res['downloaded'])} up "
-                                   f"{format_mib(res['uploaded'])}" if "downloaded" in res else "")
-                        print(f"  {fstype} run {r} {m}: {res['seconds']:.2f} s, wrote "
-                              f"{format_mib(res['bytes_written'])}, peak extra disk "
-                              f"{format_mib(res['peak_extra_disk'])}{traffic}"
-                              + (f", read from disk {format_mib(res['disk_read'])}"
-                                 if "disk_read" in res else "")
-                              + (f" (cache says {format_mib(res['reported_downloaded'])})"
-                                 if "reported_downloaded" in res else ""),
-                              file=sys.stderr, flush=True)
-            finally:
-                factory.release(mnt)
-            for line in summarize(fstype, runs):
-                print(line, flush=True)
-                lines.append(line)
-            notes.append(ratios(fstype, runs))
-            over = overhead(runs, engine_bytes)
-            if over:
-                notes.append(f"{fstype}: bytes through the proxy beyond the engines' "
-                             f"{engine_bytes} (median run): {over}")
+        for mib in args.engine_mib:
+            for fstype in args.filesystems.split(","):
+                runs = run_size(remote, factory, fstype, mib, args.engines, methods,
+                                args.repeat)
+                warm[(fstype, mib)] = runs["warm"]
+                for line in summarize(fstype, f"{args.engines} x {mib} MiB", runs):
+                    print(line, flush=True)
+                    lines.append(line)
+                notes.append(f"{args.engines} x {mib} MiB " + ratios(fstype, runs))
+                over = overhead(runs, args.engines * mib * MiB)
+                if over:
+                    notes.append(f"{fstype}, {args.engines} x {mib} MiB: bytes through the "
+                                 f"proxy beyond the engines' {args.engines * mib * MiB} (median "
+                                 f"run): {over}")
     tail = ["", "Wall-time ratios:", *(f"- {line}" for line in notes)]
+    if any(warm.values()):
+        tail += ["", "The warm hit by engine size:", *by_size(warm)]
     for line in tail:
         print(line)
     if args.out is not None:

@@ -32,6 +32,8 @@ __all__ = [
     "drop_caches",
     "free_bytes",
     "device_bytes_written",
+    "device_io",
+    "drop_file_pages",
     "io_counters",
     "peak_rss_bytes",
     "quiesce",
@@ -440,6 +442,51 @@ def device_bytes_written(path: str | os.PathLike[str]) -> int | None:
             return int(f.read().split()[6]) * 512  # sectors written
     except (OSError, IndexError, ValueError):
         return None
+
+
+def device_io(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(bytes read, bytes written)`` so far by the block device mounted at ``path``, or None.
+
+    From ``/sys/block/<dev>/stat`` (sectors of 512 bytes): what reached the
+    device, from any process or kernel thread (writeback, a child process),
+    which ``/proc/self/io`` of one process does not see. Sync first to count
+    writes still dirty in the page cache.
+    """
+    from trtet_store.testing import loopfs
+
+    source = loopfs.mount_source(path)
+    if not source or not source.startswith("/dev/"):
+        return None
+    try:
+        with open(f"/sys/block/{os.path.basename(source)}/stat", encoding="ascii") as f:
+            fields = f.read().split()
+        return int(fields[2]) * 512, int(fields[6]) * 512
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def drop_file_pages(path: str | os.PathLike[str]) -> None:
+    """Flush ``path``'s filesystem and drop every file's cached pages under it.
+
+    ``syncfs``, then ``posix_fadvise(DONTNEED)`` per regular file: the next
+    read of any of them reaches the device, and other filesystems' caches
+    (other processes' work on a shared machine) are left alone, as a global
+    ``drop_caches`` would not.
+    """
+    syncfs(path)
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW
+                             | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:  # removed meanwhile, a socket, a link
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
 
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from trtet_store.export.tensorrt import BuildResult
     from trtet_store.io import Blob, BlobStore
 
-__all__ = ["build_cached", "build_from_cache", "save_reserve", "stage_hit"]
+__all__ = ["build_cached", "build_from_cache", "save_reserve", "share_hit", "stage_hit"]
 
 def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any], *,
               verify: str = "seal") -> tuple[Blob, str]:
@@ -81,6 +81,35 @@ def _trusted_digests(hit: Any, verify: str) -> Digests | None:
     return hit.digests()
 
 
+def share_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any], *,
+              verify: str = "seal") -> tuple[Blob, str]:
+    """``hit`` as a staged blob at the least bytes written: cloned, else the cached file itself.
+
+    Where the cache's file clones into ``store``, :func:`stage_hit` (the save
+    then consumes the clone, 0 bytes). Elsewhere (ext4, another filesystem) a
+    copy into the store would be written again by the save (1.5 copies on
+    ext4: one engine inserted, the others moved): the blob is the cached file
+    itself (:meth:`BlobStore.share`, pinned until the blob is released, with
+    the hit's sealed digests), which the save copies once and never consumes.
+    Only a blob cache's own hit is shared, and only while its file has its
+    sealed identity (and, with ``verify="full"``, was re-read): a download
+    served without entering the cache is removed after the lookup, so it is
+    staged as before.
+    """
+    from trtet_store.cache import Hit as CacheHit
+    from trtet_store.io import fs
+    from trtet_store.io.errors import PlacementUnavailable
+
+    try:
+        fs.probe_clone(Path(hit.path), Path(store.directory))
+    except (PlacementUnavailable, OSError):
+        if isinstance(hit, CacheHit) and _trusted_digests(hit, verify) is not None:
+            return store.share(hit.path, hit.fileno(), digest=hit.digest,
+                               chunk_size=hit.chunk_size, chunk_digests=hit.chunk_digests,
+                               metadata=metadata), "copy"
+    return stage_hit(store, hit, metadata, verify=verify)
+
+
 def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str, *,
                      verify: str = "seal") -> tuple[BuildResult, list[EngineCacheEvent]]:
     """The build a lowering needs, from a hit: engines staged in ``store``, none built.
@@ -103,7 +132,7 @@ def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str, *,
         for i, (entry, hit) in enumerate(zip(cached.entries, cached.engines, strict=True)):
             first = entry["digest"] not in staged
             if first:
-                staged[entry["digest"]] = stage_hit(store, hit, {
+                staged[entry["digest"]] = share_hit(store, hit, {
                     "kind": engine_reuse.ENGINE_KIND, "fingerprint": fingerprint},
                     verify=verify)
             blob, placement = staged[entry["digest"]]

@@ -117,6 +117,9 @@ class Blob:
         self.metadata = dict(metadata or {})
         self._state = {"give_back": origin}
         self._consumed = False
+        #: The file is another owner's (a cache's entry, see BlobStore.share): placed by
+        #: clone or copy only, never consumed, never deleted; releasing the blob unpins it.
+        self.shared = False
         # Writes of this process using the blob now: -1 while a consuming one has it.
         self._claims = 0
         self._claim_mutex = threading.Lock()
@@ -251,8 +254,12 @@ class Blob:
         (an export that failed after hours of build): the file stays in the
         store's directory and, once the store is closed, is an orphan there,
         listed by :meth:`BlobStore.orphans`, reusable by a later build, removed
-        only by :meth:`BlobStore.remove_orphans` or its age limit.
+        only by :meth:`BlobStore.remove_orphans` or its age limit. A shared blob's
+        file is its owner's, kept by it: keeping it only unpins it.
         """
+        if self.shared:
+            self.close()
+            return
         self._finalizer.detach()
 
     def mark_consumed(self) -> None:

@@ -55,6 +55,12 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
 
 
+
+def _close_quietly(fd: int) -> None:
+    """A shared blob's finalizer: close its pin (already closed is fine)."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
 class BlobWriter:
     """Streams bytes into a new blob; see :meth:`BlobStore.writer`."""
 
@@ -366,6 +372,37 @@ class BlobStore:
                 os.rename(dest, src)
             _unlink_quietly(names.meta_path_of(dest))
             raise
+
+    def share(self, path: os.PathLike | str, fd: int, *, digest: str, chunk_size: int,
+              chunk_digests: tuple[int, ...],
+              metadata: Mapping[str, Any] | None = None) -> Blob:
+        """A blob of a file another owner keeps (a cache's entry), placed from where it is.
+
+        Nothing is copied or read: a write places it by clone or copy, never
+        by move or insert (it is never consumed), and releasing the blob never
+        deletes the file. ``fd`` is an open descriptor of ``path`` whose lock
+        pins it with its owner (a cache hit's): it is duplicated, and the
+        duplicate (so the pin) is held until the blob is released. The
+        digests are the owner's, checked by it (the file's identity is
+        recorded now and checked by every placement).
+        """
+        self._check_open()
+        pin = os.dup(fd)
+        try:
+            st = os.fstat(pin)
+            if not os.path.samestat(st, os.stat(path)):
+                raise ValueError(f"cannot share {path}: the descriptor is another file")
+            blob = Blob(self, Path(path), st.st_size, digest, chunk_size, tuple(chunk_digests),
+                        identity=file_identity(st), metadata=metadata)
+        except BaseException:
+            os.close(pin)
+            raise
+        blob._finalizer.detach()  # never its file's deleter: releasing it closes the pin
+        blob._finalizer = weakref.finalize(blob, _close_quietly, pin)
+        blob.shared = True
+        self._blobs[os.fspath(path)] = blob
+        register_live(blob)
+        return blob
 
     def _copy_in(self, src: Path, metadata: Mapping[str, Any] | None) -> Blob:
         with self.writer(metadata=metadata) as w, open(src, "rb") as f:

@@ -80,7 +80,7 @@ def choose_placements(outputs: Sequence[tuple[Path, Layout]], *, allowed: Collec
                 identity=list(piece.identity) if isinstance(piece, Blob) else None,
                 consumed=placement in ("move", "insert") or (
                     placement == "clone" and consume and isinstance(piece, Blob)
-                    and n_uses == 1))
+                    and not piece.shared and n_uses == 1))
             plans.append((ext, plan))
             log.info("%s: piece %d (%d bytes from %s) by %s: %s", dest, ext.index,
                      ext.size, plan.source, placement, reason)
@@ -158,6 +158,9 @@ def _choose(dest: Path, ext: Extent, uses: int, allowed: Collection[str],
             no_clone = f"no clone: {exc.reason}"
     if isinstance(piece, ExternalFile):
         return "copy", f"not owned by a blob store, so only copied; {no_clone}"
+    if piece.shared:
+        return "copy", f"the blob's file is shared with its owner (a cache), never consumed; " \
+                       f"{no_clone}"
     if not consume:
         return "copy", f"consume=False: sources are left intact; {no_clone}"
     if uses > 1:

@@ -284,8 +284,11 @@ class Transaction:
                 inline=inline, payloads=[p for _, p in self.plans[i]]))
         first = self.outputs[0]
         path = names.journal_path(first.dest, self.token)
+        # A shared blob's directory is its owner's (a cache's, maybe read-only): it is
+        # pinned by its owner's lock, never consumed, so no pin of ours goes there.
         pin_dirs = sorted({os.path.dirname(p.source) for plans in self.plans
-                           for ext, p in plans if isinstance(ext.piece, Blob)})
+                           for ext, p in plans
+                           if isinstance(ext.piece, Blob) and not ext.piece.shared})
         pins = [names.pin_path(d, self.token) for d in pin_dirs]
         plan = Plan(token=self.token, outputs=outputs, pins=pins)
         self.journal = Journal.create(path, plan)
