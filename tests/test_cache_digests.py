@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from test_engine_cache_export import _flip, _truncate
 
 import trtet_store
 from trtet_store.cache import BlobCache
@@ -87,19 +88,7 @@ def test_an_unknown_verify_mode_is_refused_before_the_directory_is_made(here_fs)
 
 # -- damage: never served, in either mode ---------------------------------------------------
 
-
-def _truncate(path: Path) -> None:
-    os.truncate(path, path.stat().st_size - 4096)
-
-
-def _flip(path: Path) -> None:
-    st = path.stat()
-    with open(path, "r+b") as f:
-        f.seek(12345)
-        b = f.read(1)
-        f.seek(12345)
-        f.write(bytes([b[0] ^ 0xFF]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime
+# _truncate and _flip (same size and mtime) are test_engine_cache_export's.
 
 
 def _rewrite(path: Path) -> None:
