@@ -270,8 +270,9 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         if waited > 0.5:
             log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
                      "cache it; building it here", cache.directory, waited, key)
-        # Issue 46 item 6: what differs from the closest cached build (metadata only).
-        because = _missed_because(cache, key, fingerprint)
+        # Issue 46 item 6: what differs from the closest cached build (metadata only);
+        # a damaged entry of this very key says why itself (the rebuild's reason).
+        because = _missed_because(cache, key, fingerprint) if damage is None else None
         built = build()
         reserve = 0
         if _same_filesystem(cache.directory, Path(store.directory)) and \
