@@ -258,8 +258,13 @@ with factory if mode == "with" else contextlib.nullcontext():
 
 
 def _wait_until_dead(pid: int) -> None:
-    """Wait for a process that is not our child to end (gone, or a zombie of its parent)."""
-    for _ in range(200):
+    """Wait for a process that is not our child to end (gone, or a zombie of its parent).
+
+    A hang guard, not a speed bound: as the parent's ``wait(timeout=60)``. Ten seconds
+    was too few in CI, where both suites share two cores and a disk that stalls.
+    """
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:

@@ -125,13 +125,13 @@ def test_a_lease_dead_for_longer_than_its_ttl_is_taken_over_at_once(env: Any) ->
     assert isinstance(dead, Lease)
     dead._stop_renewing()  # a killed holder: its lease stays as it was
     time.sleep(4.5)  # dead for more than its ttl, on the server's clock
-    start = time.monotonic()
-    got = _tier(env, "w", lease_ttl=2.0).claim("D", timeout=30)
-    took = time.monotonic() - start
+    looks: list[dict] = []
+    got = _tier(env, "w", lease_ttl=2.0).claim("D", timeout=30, on_wait=looks.append)
     assert isinstance(got, Lease) and got.holder != dead.holder
     got.release()
-    # At the first look: not a whole ttl more on the waiter's own clock.
-    assert took < 1.0, took
+    # At the first look: no wait for a whole ttl more on the waiter's own clock (a
+    # count of looks, not a wall-clock bound: this machine stalls).
+    assert looks == []
 
 
 def test_prune_keeps_a_lease_renewed_within_two_ttls_and_its_holder_renews_it(

@@ -24,7 +24,7 @@ from trtet_store.cache.tiered import TieredCache
 
 # The tier's names, imported on first access (PEP 562): the tier loads the remote floor.
 _TIER_NAMES = frozenset({
-    "ConditionalWritesUnsupportedError", "KeyFileError", "Lease", "LeaseWaitTimeout",
+    "ConditionalWritesUnsupportedError", "KeyFileError", "Lease", "LeaseWait", "LeaseWaitTimeout",
     "PublicKey", "RemoteEntry", "RemoteTier",
     "SigningKey", "SigningUnavailableError", "TierDownload", "TierEntryError", "TierPublish",
     "TierSignatureError", "TIER_ERRORS"})
