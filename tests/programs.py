@@ -221,6 +221,24 @@ def named_data_program(
         del _PENDING[token]
 
 
+
+# A model factory file for the CLI's `FILE:make` argument: a small MLP, seeded.
+MODEL_FACTORY = """\
+import torch
+
+def make():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\
+        (torch.randn(2, 16),)
+"""
+
+
+def write_model_factory(directory: os.PathLike | str) -> Path:
+    """Write :data:`MODEL_FACTORY` as ``directory/model.py``; pass ``f"{path}:make"`` to the CLI."""
+    path = Path(directory) / "model.py"
+    path.write_text(MODEL_FACTORY)
+    return path
+
 def write_payload_file(path: os.PathLike | str, size: int, seed: int = 0) -> Path:
     """Write ``size`` pseudo-random bytes (deterministic in ``seed``) to ``path``."""
     rng = random.Random(seed)

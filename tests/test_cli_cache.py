@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import upstream
 from digests import file_digest
+from programs import write_model_factory
 from terminal import run_on_terminal
 
 from trtet_store.io import MiB
@@ -222,13 +223,7 @@ def test_compile_and_save_with_engine_cache_builds_once_and_says_hit(here_fs, ca
     from trtet_store.export import tensorrt as trt
     from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
-    factory = here_fs / "model.py"
-    factory.write_text(
-        "import torch\n\n"
-        "def make():\n"
-        "    torch.manual_seed(0)\n"
-        "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
-        "        (torch.randn(2, 16),)\n")
+    factory = write_model_factory(here_fs)
     cache = here_fs / "cache"
     outs, built = [], []
     try:
@@ -259,13 +254,7 @@ def _wait_for_builder7(here_fs, s3env, capsys, terminal=None) -> tuple[str, str,
     from trtet_store.export import tensorrt as trt
     from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
-    factory = here_fs / "model.py"
-    factory.write_text(
-        "import torch\n\n"
-        "def make():\n"
-        "    torch.manual_seed(0)\n"
-        "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
-        "        (torch.randn(2, 16),)\n")
+    factory = write_model_factory(here_fs)
     url, ep = f"s3://{s3env.bucket}/team", ["--endpoint-url", s3env.endpoint.url]
     try:
         with installed(FakeBuilder(engine_sizes=(ENGINE,))):
@@ -597,13 +586,7 @@ def test_compile_and_save_shares_engines_through_engine_cache_remote(here_fs, s3
     from trtet_store.export import tensorrt as trt
     from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
-    factory = here_fs / "model.py"
-    factory.write_text(
-        "import torch\n\n"
-        "def make():\n"
-        "    torch.manual_seed(0)\n"
-        "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
-        "        (torch.randn(2, 16),)\n")
+    factory = write_model_factory(here_fs)
     url = f"s3://{s3env.bucket}/team"
     assert main(["compile-and-save", "--no-progress", f"{factory}:make",
                  os.fspath(here_fs / "x.pte"), "--engine-cache", os.fspath(here_fs / "cache-x"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from programs import MODEL_FACTORY
 
 from trtet_store.io.units import MiB
 
@@ -73,12 +74,6 @@ from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 with installed(FakeBuilder(engine_sizes=(2 << 20,))):
     sys.exit(main(sys.argv[1:]))
 '''
-
-MODEL = ("import torch\n\n"
-         "def make():\n"
-         "    torch.manual_seed(0)\n"
-         "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
-         "        (torch.randn(2, 16),)\n")
 
 
 def child(cfg: dict, env: dict | None = None) -> subprocess.Popen:
@@ -203,7 +198,7 @@ def test_a_tampered_shared_entry_is_warned_and_its_rebuild_says_why(here_fs, s3e
 def test_the_cli_says_a_tier_problem_and_a_damaged_rebuild_in_one_line(here_fs, s3env):
     from trtet_store.export.engine_cache import EngineCache
 
-    (here_fs / "model.py").write_text(MODEL)
+    (here_fs / "model.py").write_text(MODEL_FACTORY)
     cache = here_fs / "cache"
 
     def cli(out: str) -> subprocess.CompletedProcess:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from programs import write_model_factory
 from test_engine_cache_shared import Machines, engines_in, key_of, outcomes
 
 from trtet_store.io.units import MiB
@@ -454,13 +455,7 @@ def test_cli_keygen_then_compile_push_and_pull_with_keys(here_fs, s3env):
     from trtet_store.cache.tier.signing import load_public_key
 
     team_id = load_public_key(k / "team.key.pub").key_id
-    factory = here_fs / "model.py"
-    factory.write_text(
-        "import torch\n\n"
-        "def make():\n"
-        "    torch.manual_seed(0)\n"
-        "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), \\\n"
-        "        (torch.randn(2, 16),)\n")
+    factory = write_model_factory(here_fs)
     url, ep = f"s3://{s3env.bucket}/team", ("--endpoint-url", s3env.endpoint.url)
     outs = []
     for machine, keys in (("a", ("--signing-key", k / "team.key", "--trusted-key",
