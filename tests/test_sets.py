@@ -289,28 +289,39 @@ def test_two_publishers_one_wins_the_other_conflicts_and_the_winner_is_fetchable
             assert (here_fs / "fetched" / name / f.name).read_bytes() == f.read_bytes()
 
 
-@pytest.mark.parametrize("how", ["publish", "put"])
-def test_a_blob_rewritten_with_the_same_size_is_refused_by_its_digest(s3env, here_fs, how):
+@pytest.mark.parametrize("how", ["publish", "put", "no-server-checksum"])
+def test_a_blob_rewritten_with_the_same_size_is_refused_by_its_digest(s3env, here_fs, how,
+                                                                     monkeypatch):
     members = four_members(here_fs / "pub")
     publish(members, s3env)
     shared = xxh(members["a"][1])
     key = blob_key("llm/v3/", shared)
     bad = write(here_fs / "bad.bin", SHARED, 31337)
-    if how == "publish":  # the blob and its own manifest rewritten together, consistently
+    if how != "put":  # the blob and its own manifest rewritten together, consistently
         publish_sources([ObjectSource.of_file(bad, shared)], RemoteURL(s3env.bucket, key),
                         endpoint_url=s3env.endpoint.url, replace=True,
                         journal_dir=s3env.journal_dir)
     else:  # only the object, with a plain PUT
         s3env.client.put_object(Bucket=s3env.bucket, Key=key, Body=bad.read_bytes(),
                                 ChecksumAlgorithm="CRC64NVME")
+    if how == "no-server-checksum":
+        # A server that keeps no CRC64NVME: HeadObject cannot tell, the xxh3-128 must.
+        import dataclasses
+
+        from trtet_store.remote.s3 import S3
+
+        head = S3.head
+        monkeypatch.setattr(S3, "head", lambda self, *a, **k: None if (h := head(
+            self, *a, **k)) is None else dataclasses.replace(h, crc64nvme=None))
     out = here_fs / "machine" / "a"
     out.parent.mkdir()
     out.mkdir()
     (out / "model.pte").write_bytes(b"the old version")
     with pytest.raises(FetchVerificationError) as caught:
         fetch_set(url_of(s3env), out, "a", endpoint_url=s3env.endpoint.url)
-    print(caught.value)
     assert shared in str(caught.value)
+    if how == "no-server-checksum":
+        assert "xxh3-128" in str(caught.value)
     # Nothing placed, nothing of the bad bytes kept in the store.
     assert sorted(os.listdir(out)) == ["model.pte"]
     assert (out / "model.pte").read_bytes() == b"the old version"
@@ -405,3 +416,31 @@ def test_the_set_manifest_is_canonical_json(s3env, here_fs):
     doc = json.loads(body)
     assert doc["format"] == "trtet-store-set" and doc["version"] == 1
     assert body == (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def test_programs_of_the_export_share_their_ptd_in_the_bucket(s3env, here_fs):
+    """Members given as programs (stub TensorRT engines, XNNPACK weights in cpu.ptd)."""
+    from test_publish import build_program
+
+    with trtet_store.BlobStore(here_fs / "staging") as store:
+        members = {f"sm{n}": Member(build_program(store, (MiB, MiB), (n, n + 1)),
+                                    compute_capability=f"{n // 10}.{n % 10}")
+                   for n in (80, 89)}
+        report = publish(members, s3env)
+        assert report.members == {"sm80": ["sm80.pte", "cpu.ptd"],
+                                  "sm89": ["sm89.pte", "cpu.ptd"]}
+        saved = {}
+        for name, m in members.items():
+            saved[name] = here_fs / "saved" / name
+            saved[name].mkdir(parents=True)
+            trtet_store.save_program(m.source, saved[name] / f"{name}.pte")
+    ptd = (saved["sm80"] / "cpu.ptd").read_bytes()
+    assert ptd == (saved["sm89"] / "cpu.ptd").read_bytes()
+    assert report.bytes_distinct == report.bytes_files - len(ptd)
+    manifest, _ = read_set(_s3(s3env), s3env.bucket, "llm/v3/")
+    assert manifest.members["sm89"].metadata["executorch"]  # the installed one
+    got = fetch_set(url_of(s3env), here_fs / "out", machine=Machine("8.9"),
+                    endpoint_url=s3env.endpoint.url)
+    assert got.member == "sm89"
+    for f in ("sm89.pte", "cpu.ptd"):
+        assert (here_fs / "out" / f).read_bytes() == (saved["sm89"] / f).read_bytes()
