@@ -19,7 +19,13 @@ What it records (canonical JSON, sorted keys)::
      "members": {"sm89": {"metadata": {"compute_capability": "8.9", ...},
                           "files": [{"name": "model.pte", "blob": "<hex>",
                                      "size": 123, "crc64nvme": "...",
-                                     "chunks": [...]}, ...]}}}
+                                     "chunks": [...]}, ...]}},
+     "removing": {"<hex>": "<etag>"}}
+
+``removing`` lists the blobs the replaced version named and this one does
+not, with the ETag they had: the publish that commits this manifest removes
+them right after; one killed before its clean-up leaves the list here, and
+the next publish of the set finishes it.
 
 Each member's files are in runtime order (the ``.pte`` first, its ``.ptd``
 files beside it under their own names); ``chunks`` are the xxh3-64 of each
@@ -108,6 +114,8 @@ class SetManifest:
     blobs: dict[str, BlobEntry]
     chunk_size: int
     version: int = VERSION
+    #: Blobs of the replaced version to remove after this commit, with their ETags.
+    removing: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -116,7 +124,8 @@ class SetManifest:
         """The canonical JSON bytes (sorted keys, no spaces, one trailing newline)."""
         doc = {"format": FORMAT, "version": self.version, "chunk_size": self.chunk_size,
                "blobs": {k: b.to_dict() for k, b in self.blobs.items()},
-               "members": {k: m.to_dict() for k, m in self.members.items()}}
+               "members": {k: m.to_dict() for k, m in self.members.items()},
+               "removing": dict(self.removing)}
         return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
     @classmethod
@@ -152,7 +161,11 @@ class SetManifest:
                                         _str(f, "crc64nvme"), tuple(_chunks(f)))
                               for f in _list(m, "files"))
                 members[name] = MemberEntry(files, dict(_dict(m, "metadata")))
-            return cls(members, blobs, _int(doc, "chunk_size"))
+            removing = doc.get("removing", {})
+            if not isinstance(removing, dict) or not all(
+                    isinstance(v, str) for v in removing.values()):
+                raise ManifestError("set manifest field 'removing' is not a map of ETags")
+            return cls(members, blobs, _int(doc, "chunk_size"), removing=dict(removing))
         except ManifestError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -232,6 +245,10 @@ def _validate(m: SetManifest) -> None:
                 raise ManifestError(f"member {name!r}: {f.name} has {len(f.chunks)} chunk "
                                     f"digests for {f.size} bytes")
             named.add(f.blob)
+    for digest in m.removing:
+        if not _HEX128.fullmatch(digest) or digest in m.blobs:
+            raise ManifestError(f"blob {digest!r} to remove is no blob name, or one the set "
+                                "names")
     unnamed = set(m.blobs) - named
     if unnamed:
         raise ManifestError(f"the set lists blobs no member names: {sorted(unnamed)[:3]}")

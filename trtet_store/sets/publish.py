@@ -25,7 +25,10 @@ The steps, in order:
    concurrent publish's clean-up removed is sent again); then the replaced
    manifest's blobs that no member names any more are removed (manifest
    first, then the object at the ETag recorded), unless the set manifest
-   changed since our commit (the newer publish tidies its own base).
+   changed since our commit (the newer publish tidies its own base). The
+   new manifest lists them (``removing``) before they go: a publish killed
+   between its commit and its clean-up leaves them there, and the next
+   publish of the set removes them.
 
 Not removed: blobs a publisher uploaded before losing the commit race (no
 manifest names them; a later publish of the same bytes finds them present).
@@ -246,19 +249,20 @@ def publish_set(
     report.bytes_distinct = sum(f.size for f in distinct.values())
     blobs = _send_blobs(s3, bucket, prefix, distinct, cfg, resume, report)
 
-    # 3. commit
+    # 3. commit, with what the replaced version alone named (and what a publish killed
+    # before its clean-up left to remove) recorded, so a kill after the commit leaks nothing
+    removing = _to_remove(s3, bucket, prefix, old, set(blobs))
     manifest = SetManifest(
         members={n: MemberEntry(tuple(FileEntry(fn, f.digest, f.size, f.crc64nvme, f.chunks)
                                       for fn, f in files[n]), wanted[n][1])
                  for n in wanted},
-        blobs=blobs, chunk_size=CHUNK_SIZE)
+        blobs=blobs, chunk_size=CHUNK_SIZE, removing=removing)
     report.manifest_etag = _commit(s3, bucket, skey, manifest.to_json(), base_etag)
 
     # 4. check, then tidy what the replaced version alone named
     _recheck(s3, bucket, prefix, manifest, distinct, cfg, resume)
-    if old is not None:
-        report.removed = _remove_unnamed(s3, bucket, prefix, skey, report.manifest_etag,
-                                         old, manifest)
+    report.removed = _remove_unnamed(s3, bucket, prefix, skey, report.manifest_etag,
+                                     manifest)
     log.info("published the set s3://%s/%s: %d member(s), %d bytes of files in %d distinct "
              "bytes: %d uploaded, %d copied server-side, %d present already, %d blob(s) "
              "removed", bucket, prefix, len(wanted), report.bytes_files,
@@ -439,10 +443,24 @@ def _recheck(s3: S3, bucket: str, prefix: str, manifest: SetManifest,
         _upload(s3, bucket, key, distinct[digest], cfg, resume, None)
 
 
+def _to_remove(s3: S3, bucket: str, prefix: str, old: SetManifest | None,
+               named: set[str]) -> dict[str, str]:
+    """``{blob: etag}`` the new manifest will have removed: the replaced version's blobs it
+    no longer names, and those a publish killed before its clean-up left, still there."""
+    if old is None:
+        return {}
+    out = {d: b.etag for d, b in old.blobs.items() if d not in named}
+    for digest, etag in old.removing.items():
+        if digest not in named and digest not in out and \
+                s3.head(bucket, blob_key(prefix, digest)) is not None:
+            out[digest] = etag
+    return out
+
+
 def _remove_unnamed(s3: S3, bucket: str, prefix: str, skey: str, ours: str,
-                    old: SetManifest, new: SetManifest) -> list[str]:
-    """The replaced version's blobs that the new manifest no longer names, removed."""
-    gone = sorted(set(old.blobs) - set(new.blobs))
+                    new: SetManifest) -> list[str]:
+    """The blobs ``new.removing`` lists, removed (each only at the ETag recorded)."""
+    gone = sorted(new.removing)
     if not gone:
         return []
     head = s3.head(bucket, skey)
@@ -454,13 +472,15 @@ def _remove_unnamed(s3: S3, bucket: str, prefix: str, skey: str, ours: str,
     for digest in gone:
         key = blob_key(prefix, digest)
         head = s3.head(bucket, key)
-        if head is not None and head.etag != old.blobs[digest].etag:
+        if head is None:
+            continue  # removed already (by the publish that recorded it, killed after)
+        if head.etag != new.removing[digest]:
             log.info("s3://%s/%s changed since the replaced set named it; kept", bucket, key)
             continue
         try:
             # The blob's manifest first: no manifest ever names a missing object.
             s3.delete(bucket, manifest_key(key))
-            s3.delete(bucket, key, if_match=old.blobs[digest].etag)
+            s3.delete(bucket, key, if_match=new.removing[digest])
         except PreconditionFailed:
             log.info("s3://%s/%s changed since the replaced set named it; kept", bucket, key)
             continue
