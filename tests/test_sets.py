@@ -171,7 +171,8 @@ def test_fetching_member_b_where_a_is_held_downloads_only_b_s_own_bytes(s3env, h
     for name in ("a", "b"):
         assert (root / name / "model.pte").read_bytes() == members[name][0].read_bytes()
         assert (root / name / "foundation.ptd").read_bytes() == members[name][1].read_bytes()
-        assert sorted(os.listdir(root / name)) == ["foundation.ptd", "model.pte"]
+        assert sorted(os.listdir(root / name)) == [".trtet-set.json", "foundation.ptd",
+                                                   "model.pte"]
     assert sum(report.placed.values()) == SHARED + OWN
     # The store holds each blob once, read-only, and nothing else.
     store = root / ".trtet-blobs"
@@ -384,7 +385,8 @@ def test_hard_links_are_opt_in_and_read_only(s3env, here_fs):
         st = os.stat(root / name / "foundation.ptd")
         assert st.st_ino == os.stat(blob).st_ino and stat.S_IMODE(st.st_mode) == 0o444
     assert os.stat(blob).st_nlink == 3
-    assert sorted(os.listdir(root / "a")) == ["foundation.ptd", "model.pte"]
+    assert sorted(os.listdir(root / "a")) == [".trtet-set.json", "foundation.ptd",
+                                              "model.pte"]
     # The default places no link: its own inode.
     plain = fetch_set(url_of(s3env), root / "c", "c", endpoint_url=s3env.endpoint.url)
     assert "link" not in plain.placed
@@ -421,7 +423,7 @@ def test_the_set_manifest_is_canonical_json(s3env, here_fs):
     assert body == (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def test_programs_of_the_export_share_their_ptd_in_the_bucket(s3env, here_fs):
+def test_programs_of_the_export_share_their_ptd_in_the_bucket(s3env, here_fs, capsys):
     """Members given as programs (stub TensorRT engines, XNNPACK weights in cpu.ptd)."""
     from test_publish import build_program
 
@@ -447,3 +449,33 @@ def test_programs_of_the_export_share_their_ptd_in_the_bucket(s3env, here_fs):
     assert got.member == "sm89"
     for f in ("sm89.pte", "cpu.ptd"):
         assert (here_fs / "out" / f).read_bytes() == (saved["sm89"] / f).read_bytes()
+    from trtet_store.cli import main
+
+    assert main(["verify", str(here_fs / "out" / "sm89.pte"), "--data",
+                 str(here_fs / "out" / "cpu.ptd")]) == 0
+    assert "sm89.pte, cpu.ptd are the files it was released with" in capsys.readouterr().out
+
+
+def test_a_fetched_member_s_ptd_is_bound_to_its_pte_by_digest(s3env, here_fs, capsys):
+    """``verify`` names a .ptd beside a fetched member that is not the one it was released with."""
+    from trtet_store.cli import main
+    from trtet_store.sets import verify_member
+
+    members = four_members(here_fs / "pub")
+    publish(members, s3env)
+    out = here_fs / "machine" / "a"
+    out.parent.mkdir()
+    fetch_set(url_of(s3env), out, "a", endpoint_url=s3env.endpoint.url)
+    check = verify_member(out)
+    assert check.ok and check.member == "a" and check.files == ["model.pte", "foundation.ptd"]
+    # A foundation.ptd of the same size and other bytes (another release's, say).
+    write(out / "foundation.ptd", SHARED, 4040)
+    check = verify_member(out)
+    assert not check.ok and len(check.problems) == 1
+    assert check.problems[0].startswith("foundation.ptd: not the file member 'a' was released "
+                                        "with") and "from byte 0" in check.problems[0]
+    assert main(["verify", str(out / "model.pte")]) == 1
+    assert "foundation.ptd: not the file member 'a'" in capsys.readouterr().out
+    (out / "foundation.ptd").unlink()
+    assert verify_member(out).problems == ["foundation.ptd: missing (the member was released "
+                                           "with it)"]

@@ -16,6 +16,7 @@ from trtet_store.sets.fetch import fetch_set, read_set
 from trtet_store.sets.machine import Machine, NoMemberFitsError, pick_member
 from trtet_store.sets.manifest import SET_KEY, SetManifest, blob_key
 from trtet_store.sets.publish import Member, publish_set
+from trtet_store.sets.record import MemberCheck, verify_member
 from trtet_store.sets.report import SetFetchReport, SetPublishReport
 from trtet_store.sets.store import ContentStore
 
@@ -24,6 +25,7 @@ __all__ = [
     "ContentStore",
     "Machine",
     "Member",
+    "MemberCheck",
     "NoMemberFitsError",
     "SetFetchReport",
     "SetManifest",
@@ -33,4 +35,5 @@ __all__ = [
     "pick_member",
     "publish_set",
     "read_set",
+    "verify_member",
 ]

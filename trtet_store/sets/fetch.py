@@ -18,7 +18,9 @@ The steps, in order:
    preflight, journal, chunk-digest verification against the set manifest,
    and atomic rename; every file changes or none. From the store by
    reflink where the filesystem can, copied elsewhere; with ``link=True``,
-   hard links to the store's read-only (0444) blobs (:mod:`.place`).
+   hard links to the store's read-only (0444) blobs (:mod:`.place`). The
+   member record (:mod:`.record`: which files, with which digests) goes in
+   with them, for ``verify``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from trtet_store.sets.machine import Machine, pick_member
 from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key
 from trtet_store.sets.place import place_files
 from trtet_store.sets.publish import parse_set_url
+from trtet_store.sets.record import RECORD, record_bytes
 from trtet_store.sets.report import SetFetchReport
 from trtet_store.sets.store import STORE_DIR, ContentStore
 
@@ -130,7 +133,7 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         raise FileNotFoundError(f"{target.parent} is not a directory (the destination's "
                                 "parent must exist)")
     s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2)
-    manifest, _ = read_set(s3, bucket, prefix)
+    manifest, version = read_set(s3, bucket, prefix)
 
     picked = member is None
     if member is None:
@@ -158,9 +161,11 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         report.bytes_downloaded += cas.download(
             s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
             concurrency=concurrency, range_size=range_size)
+    record = record_bytes(where, member, version, entry, manifest.chunk_size)
     report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, f.chunks)
                                          for f in entry.files],
-                                manifest.chunk_size, link=link, placements=placements)
+                                manifest.chunk_size, link=link, placements=placements,
+                                record=(RECORD, record))
     log.info("%s: member %r in %s: %d bytes, %d downloaded, %d in the store already; "
              "placed %s", where, member, target, report.bytes_total, report.bytes_downloaded,
              report.bytes_in_store, report.placed)

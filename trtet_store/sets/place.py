@@ -26,7 +26,7 @@ import errno
 import os
 from pathlib import Path
 
-from trtet_store.io import ExternalFile, digest_file, fsync_dir, write_files
+from trtet_store.io import ExternalFile, digest_file, fsync_dir, write_atomic, write_files
 from trtet_store.remote.errors import FetchVerificationError
 
 #: One placed file: (runtime name, the store's blob, size, chunk digests).
@@ -34,16 +34,24 @@ Placed = tuple[str, Path, int, tuple[int, ...]]
 
 
 def place_files(directory: Path, files: list[Placed], chunk_size: int, *, link: bool,
-                placements: list[str] | None = None) -> dict[str, int]:
-    """Place ``files`` (the ``.pte`` first) in ``directory``; bytes placed, by how."""
+                placements: list[str] | None = None,
+                record: tuple[str, bytes] | None = None) -> dict[str, int]:
+    """Place ``files`` (the ``.pte`` first) in ``directory``, with ``record`` (a name and
+    its bytes) written in the same transaction; bytes placed, by how."""
     if link:
-        return _link(directory, files, chunk_size)
-    outputs = [(directory / name, [ExternalFile(src, size, 0, size, chunk_size, chunks)])
-               for name, src, size, chunks in files]
+        placed = _link(directory, files, chunk_size)
+        if record is not None:
+            write_atomic(directory / record[0], record[1], mode=0o644)
+        return placed
+    outputs: list[tuple[Path, list]] = [
+        (directory / name, [ExternalFile(src, size, 0, size, chunk_size, chunks)])
+        for name, src, size, chunks in files]
+    if record is not None:
+        outputs.append((directory / record[0], [record[1]]))
     # The names are the manifest's: a link there is replaced, never written through.
     reports = write_files(outputs, consume=False, placements=placements, follow_links=False)
     placed: dict[str, int] = {}
-    for w in reports:
+    for w in reports[:len(files)]:
         for rec in w.placements:
             placed[rec.placement] = placed.get(rec.placement, 0) + rec.size
     return placed
