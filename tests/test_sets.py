@@ -479,3 +479,25 @@ def test_a_fetched_member_s_ptd_is_bound_to_its_pte_by_digest(s3env, here_fs, ca
     (out / "foundation.ptd").unlink()
     assert verify_member(out).problems == ["foundation.ptd: missing (the member was released "
                                            "with it)"]
+
+
+def test_another_member_fetched_into_the_directory_removes_only_the_previous_one_s_files(
+        s3env, here_fs):
+    src = here_fs / "src"
+    shared = write(src / "shared.ptd", MiB, 1)
+    members = {"x": [write(src / "x.pte", MiB, 2), shared],
+               "y": [write(src / "y.pte", MiB, 3), shared, write(src / "extra.ptd", MiB, 4)]}
+    publish(members, s3env)
+    out = here_fs / "out"
+    fetch_set(url_of(s3env), out, "y", endpoint_url=s3env.endpoint.url)
+    (out / "notes.txt").write_text("the user's own")
+    report = fetch_set(url_of(s3env), out, "x", endpoint_url=s3env.endpoint.url)
+    assert sorted(report.removed) == [str(out / "extra.ptd"), str(out / "y.pte")]
+    assert sorted(os.listdir(out)) == [".trtet-set.json", "notes.txt", "shared.ptd", "x.pte"]
+    # A file of the previous member changed since it was placed is someone's: kept.
+    fetch_set(url_of(s3env), out, "y", endpoint_url=s3env.endpoint.url)
+    with open(out / "extra.ptd", "r+b") as f:
+        f.write(b"edited")
+    report = fetch_set(url_of(s3env), out, "x", endpoint_url=s3env.endpoint.url)
+    assert report.removed == [str(out / "y.pte")]
+    assert (out / "extra.ptd").read_bytes().startswith(b"edited")

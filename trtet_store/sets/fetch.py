@@ -40,7 +40,7 @@ from trtet_store.sets.machine import Machine, pick_member
 from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key
 from trtet_store.sets.place import place_files
 from trtet_store.sets.publish import parse_set_url
-from trtet_store.sets.record import RECORD, record_bytes
+from trtet_store.sets.record import RECORD, read_record, record_bytes, remove_unlisted
 from trtet_store.sets.report import SetFetchReport
 from trtet_store.sets.store import STORE_DIR, ContentStore
 
@@ -162,10 +162,14 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
             s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
             concurrency=concurrency, range_size=range_size)
     record = record_bytes(where, member, version, entry, manifest.chunk_size)
+    previous = read_record(target)
     report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, f.chunks)
                                          for f in entry.files],
                                 manifest.chunk_size, link=link, placements=placements,
                                 record=(RECORD, record))
+    # The previous member's files this one does not name (another member fetched into the
+    # same directory, or a version that dropped a .ptd): ours by the record, so removed.
+    report.removed = remove_unlisted(target, previous, {f.name for f in entry.files})
     log.info("%s: member %r in %s: %d bytes, %d downloaded, %d in the store already; "
              "placed %s", where, member, target, report.bytes_total, report.bytes_downloaded,
              report.bytes_in_store, report.placed)

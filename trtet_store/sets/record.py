@@ -13,6 +13,7 @@ there), so a ``.ptd`` swapped, rewritten or damaged since is named.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from typing import Any
 from trtet_store.io import digest_file
 from trtet_store.remote.jsondoc import loads
 from trtet_store.sets.manifest import MemberEntry
+
+log = logging.getLogger("trtet_store.sets")
 
 #: The record's name beside the files (one of trtet_store's own names: never a program's).
 RECORD = ".trtet-set.json"
@@ -55,6 +58,48 @@ class MemberCheck:
     def to_json(self) -> dict[str, Any]:
         return {"directory": str(self.directory), "set": self.set, "member": self.member,
                 "files": self.files, "problems": self.problems, "ok": self.ok}
+
+
+def read_record(directory: os.PathLike | str) -> dict[str, Any] | None:
+    """The record beside a member's files, or None where there is none (or none readable)."""
+    try:
+        doc = loads((Path(directory) / RECORD).read_bytes(), "the member record")
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(
+        doc.get("files"), list) and isinstance(doc.get("chunk_size"), int)
+    return doc if ok else None
+
+
+def remove_unlisted(directory: Path, old: dict[str, Any] | None, keep: set[str]) -> list[str]:
+    """Remove the files the previous member's record lists and the new member does not.
+
+    Only a file still byte for byte what was placed (its size and xxh3-128
+    as recorded) is removed: one changed since is someone's, and stays.
+    Called once the new files and record are in place; a failure is logged.
+    """
+    removed: list[str] = []
+    if old is None:
+        return removed
+    for f in old["files"]:
+        name = f.get("name") if isinstance(f, dict) else None
+        if not isinstance(name, str) or name in keep or "/" in name or name in ("", ".", ".."):
+            continue
+        path = directory / name
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != f.get("size") or \
+                    digest_file(path, old["chunk_size"], False)[0] != f.get("xxh3"):
+                log.info("%s: kept (changed since the previous member placed it)", path)
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("%s: the previous member's file could not be removed: %s", path, exc)
+            continue
+        removed.append(os.fspath(path))
+    return removed
 
 
 def verify_member(directory: os.PathLike | str) -> MemberCheck:

@@ -74,6 +74,9 @@ class SetFetchReport:
     placed : dict
         Bytes placed from the store, by how: ``clone`` (reflink: no new disk),
         ``copy``, ``link`` (hard link, opt-in).
+    removed : list of str
+        The previous member's files (by its record) this member does not
+        name, removed after the new files were in place.
     """
 
     url: str
@@ -85,6 +88,7 @@ class SetFetchReport:
     bytes_downloaded: int = 0
     bytes_in_store: int = 0
     placed: dict[str, int] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
