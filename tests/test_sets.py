@@ -501,3 +501,20 @@ def test_another_member_fetched_into_the_directory_removes_only_the_previous_one
     report = fetch_set(url_of(s3env), out, "x", endpoint_url=s3env.endpoint.url)
     assert report.removed == [str(out / "y.pte")]
     assert (out / "extra.ptd").read_bytes().startswith(b"edited")
+
+
+def test_a_member_that_cannot_fit_is_refused_before_any_download(s3env, here_fs, make_fs,
+                                                                  proxy):
+    src = here_fs / "src"
+    members = {"big": [write(src / "big.pte", 24 * MiB, 1), write(src / "w.ptd", 24 * MiB, 2)]}
+    publish(members, s3env)
+    mnt = make_fs("ext4", 48)  # room for one of the two blobs, not both
+    (mnt / "old").mkdir()
+    (mnt / "old" / "big.pte").write_bytes(b"the old version")
+    proxy.reset()
+    with pytest.raises(trtet_store.InsufficientSpaceError, match="nothing was downloaded"):
+        fetch_set(url_of(s3env), mnt / "old", "big", endpoint_url=proxy.endpoint_url)
+    assert proxy.downstream < MiB
+    assert sorted(os.listdir(mnt / "old")) == ["big.pte"]
+    assert (mnt / "old" / "big.pte").read_bytes() == b"the old version"
+    assert os.listdir(mnt / ".trtet-blobs") == []

@@ -29,6 +29,7 @@ import logging
 import os
 from pathlib import Path
 
+from trtet_store.io import InsufficientSpaceError, free_bytes
 from trtet_store.remote.download.options import (
     DEFAULT_CONCURRENCY,
     DEFAULT_RANGE_SIZE,
@@ -150,14 +151,26 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     cas = ContentStore(store if store is not None else target.parent / STORE_DIR)
     report = SetFetchReport(where, member, picked, [target / f.name for f in entry.files],
                             cas.root, bytes_total=entry.size)
-    seen = set()
+    seen, missing = set(), []
     for f in entry.files:
         if f.blob in seen:
             continue
         seen.add(f.blob)
         if cas.holds(f.blob, f.size):
             report.bytes_in_store += f.size
-            continue
+        else:
+            missing.append(f)
+    # Every blob the store lacks, before the first is downloaded: one that cannot fit is
+    # refused here, not after the others took the disk (each fetch checks its own again,
+    # and the placement its own before it creates anything).
+    needed = sum(f.size for f in missing)
+    available = free_bytes(cas.root)
+    if needed > available:
+        raise InsufficientSpaceError(
+            needed, available, cas.root,
+            f"{where}: member {member!r} needs {needed} bytes of blobs the store lacks; "
+            "nothing was downloaded")
+    for f in missing:
         report.bytes_downloaded += cas.download(
             s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
             concurrency=concurrency, range_size=range_size)
