@@ -505,14 +505,20 @@ def test_another_member_fetched_into_the_directory_removes_only_the_previous_one
 
 def test_a_member_that_cannot_fit_is_refused_before_any_download(s3env, here_fs, make_fs,
                                                                   proxy):
+    from trtet_store.io import free_bytes
+
+    mnt = make_fs("ext4", 128)
+    free = free_bytes(mnt)
+    # Each blob alone fits a fetch (its bytes + 33 MiB of placement room), both do not.
+    first, second = free - 40 * MiB, 45 * MiB
     src = here_fs / "src"
-    members = {"big": [write(src / "big.pte", 24 * MiB, 1), write(src / "w.ptd", 24 * MiB, 2)]}
+    members = {"big": [write(src / "big.pte", first, 1), write(src / "w.ptd", second, 2)]}
     publish(members, s3env)
-    mnt = make_fs("ext4", 48)  # room for one of the two blobs, not both
     (mnt / "old").mkdir()
     (mnt / "old" / "big.pte").write_bytes(b"the old version")
     proxy.reset()
-    with pytest.raises(trtet_store.InsufficientSpaceError, match="nothing was downloaded"):
+    with pytest.raises(trtet_store.InsufficientSpaceError,
+                       match="blobs the store lacks; nothing was downloaded"):
         fetch_set(url_of(s3env), mnt / "old", "big", endpoint_url=proxy.endpoint_url)
     assert proxy.downstream < MiB
     assert sorted(os.listdir(mnt / "old")) == ["big.pte"]
