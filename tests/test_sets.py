@@ -524,3 +524,14 @@ def test_a_member_that_cannot_fit_is_refused_before_any_download(s3env, here_fs,
     assert sorted(os.listdir(mnt / "old")) == ["big.pte"]
     assert (mnt / "old" / "big.pte").read_bytes() == b"the old version"
     assert os.listdir(mnt / ".trtet-blobs") == []
+
+
+def test_importing_the_set_room_loads_neither_boto3_nor_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, trtet_store.sets; print(sorted(m for m in ('torch', 'boto3', "
+            "'botocore', 'executorch', 'awscrt') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]"
