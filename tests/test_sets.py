@@ -20,6 +20,7 @@ import xxhash
 import trtet_store
 from trtet_store.io.units import MiB
 from trtet_store.remote import ConflictError, FetchVerificationError, KeyExistsError
+from trtet_store.remote.upload.config import PublishConfig
 from trtet_store.remote.upload.send import publish_sources
 from trtet_store.remote.upload.source import ObjectSource
 from trtet_store.remote.url import RemoteURL
@@ -535,3 +536,38 @@ def test_importing_the_set_room_loads_neither_boto3_nor_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]"
+
+
+def test_two_publishers_at_once_one_wins_and_readers_get_the_winner_s_set(s3env, here_fs):
+    """Two threads publish two different sets to one new prefix at the same instant."""
+    import threading
+
+    sets = [{n: [write(here_fs / f"s{k}" / n / "model.pte", MiB, 100 * k + i),
+                 write(here_fs / f"s{k}" / "f.ptd", 2 * MiB, k)] for i, n in enumerate("ab")}
+            for k in range(2)]
+    for trial in range(3):
+        outcome: list[str] = ["", ""]
+        barrier = threading.Barrier(2)
+
+        def one(k: int, trial: int = trial, outcome: list[str] = outcome,
+                barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                publish_set(sets[k], url_of(s3env, f"race{trial}/"),
+                            endpoint_url=s3env.endpoint.url,
+                            config=PublishConfig(journal_dir=here_fs / f"journal{k}"))
+                outcome[k] = "won"
+            except ConflictError:
+                outcome[k] = "conflict"
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcome) == ["conflict", "won"], outcome
+        winner = outcome.index("won")
+        out = here_fs / f"out{trial}"
+        fetch_set(url_of(s3env, f"race{trial}/"), out, "b", endpoint_url=s3env.endpoint.url)
+        for f in sets[winner]["b"]:
+            assert (out / f.name).read_bytes() == f.read_bytes()
