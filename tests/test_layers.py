@@ -11,6 +11,7 @@ counts as an import of the module ``pkg.name`` where that is a file, else of
   and ``cache.*``: the local cache knows files and bytes, no S3, no TensorRT.
 - ``cache/tier/`` may use the remote floor and its halves, never ``export``.
 - ``export/`` never imports ``remote``: engines reach the bucket through the cache.
+- ``sets/`` imports only ``trtet_store.io``'s face, ``remote`` and ``sets.*``.
 - The one documented edge from ``remote`` to ``export``: ``remote/upload/program.py``
   (``publish`` of an unsaved program lowers it through ``export``).
 """
@@ -162,3 +163,13 @@ def test_remote_reaches_export_only_through_publish_of_an_unsaved_program(
     edges = sorted(m for m, imports in graph.items() if _within(m, "trtet_store.remote")
                    and any(_within(i, "trtet_store.export") for i in imports))
     assert edges == ["trtet_store.remote.upload.program"]
+
+
+def test_the_set_room_uses_only_io_s_face_remote_and_itself(graph: dict[str, set[str]]) -> None:
+    """``sets/`` (issue 47) rides io's face and remote; never export, cache or the CLI."""
+    bad = {m: sorted(i for i in imports if not (i == "trtet_store.io"
+                                                or _within(i, "trtet_store.remote")
+                                                or _within(i, "trtet_store.sets")))
+           for m, imports in graph.items() if _within(m, "trtet_store.sets")}
+    assert {m: b for m, b in bad.items() if b} == {}
+    assert any(_within(m, "trtet_store.sets") for m in graph)

@@ -53,6 +53,10 @@ _LAZY = {
     "recover": "trtet_store.io.recovery",
     "publish": "trtet_store.remote.upload.program",
     "fetch": "trtet_store.remote.download.receive",
+    "publish_set": "trtet_store.sets.publish",
+    "fetch_set": "trtet_store.sets.fetch",
+    "SetMember": "trtet_store.sets.publish",
+    "NoMemberFitsError": "trtet_store.sets.machine",
     "SharedCacheWarning": "trtet_store.cache.tier.health",
 }
 
@@ -66,6 +70,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.io.recovery import recover
     from trtet_store.remote.download.receive import fetch
     from trtet_store.remote.upload.program import publish
+    from trtet_store.sets.fetch import fetch_set
+    from trtet_store.sets.machine import NoMemberFitsError
+    from trtet_store.sets.publish import Member as SetMember
+    from trtet_store.sets.publish import publish_set
 
 
 def __getattr__(name: str) -> Any:
@@ -74,7 +82,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'trtet_store' has no attribute {name!r}")
     import importlib
 
-    attr = "export" if name == "export_program" else name
+    attr = {"export_program": "export", "SetMember": "Member"}.get(name, name)
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
@@ -93,8 +101,10 @@ __all__ = [
     "InsufficientSpaceError",
     "JournalError",
     "NeededByAnotherError",
+    "NoMemberFitsError",
     "Orphan",
     "Progress",
+    "SetMember",
     "SharedCacheWarning",
     "SourceChangedError",
     "StorageError",
@@ -107,7 +117,9 @@ __all__ = [
     "compile_and_save",
     "export_program",
     "fetch",
+    "fetch_set",
     "publish",
+    "publish_set",
     "recover",
     "save",
     "save_program",

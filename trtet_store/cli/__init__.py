@@ -14,6 +14,10 @@ Subcommands::
     trtet-store recover DIR [--json] [--abandon]
     trtet-store publish FILE... s3://BUCKET/KEY [--replace] [--resume] [--abort] [--list]
     trtet-store fetch s3://BUCKET/KEY OUT [--reuse OLD.pte]
+    trtet-store publish-set s3://BUCKET/PREFIX/ --member NAME FILE.pte [FILE.ptd...] ...
+                            [--needs NAME cc=8.9,tensorrt=10.3.0] [--replace]
+    trtet-store fetch-set s3://BUCKET/PREFIX/ DIR [--member NAME] [--store DIR] [--link]
+                          [--compute-capability X.Y] [--tensorrt VERSION]
     trtet-store cache [--dir DIR] [--json] list|stats|prune [--max-bytes N]|verify|clear
     trtet-store cache [--dir DIR] [--json] list|push [KEY...]|pull KEY...|prune --older-than AGE
                       --remote s3://BUCKET[/PREFIX] [--endpoint-url URL] [--no-progress]
@@ -41,14 +45,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtet_store import __version__
-from trtet_store.cli import bench, cache, fetch, publish, recover, verify
+from trtet_store.cli import bench, cache, fetch, publish, recover, sets, verify
 from trtet_store.cli import compile as compile_  # the module, not the builtin
 from trtet_store.cli._common import Parser, report_error, sigterm_as_exit
 
 __all__ = ["main", "build_parser"]
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (bench, verify, compile_, recover, cache, fetch, publish)
+COMMANDS = (bench, verify, compile_, recover, cache, fetch, publish, sets)
 
 
 def build_parser() -> argparse.ArgumentParser:

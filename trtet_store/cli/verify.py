@@ -3,7 +3,9 @@
 ``inspect`` prints the layout of a ``.pte`` or ``.ptd`` (no payload bytes
 read); ``verify`` checks it structurally (with ``--data`` the ``.ptd`` and the
 keys the program needs from it, with ``--run`` a runtime load, with
-``--engine-digest`` each TensorRT engine's digest). Exit 1 on any error found.
+``--engine-digest`` each TensorRT engine's digest; for a set member that
+``fetch_set`` placed, the files beside it against the digests it was released
+with). Exit 1 on any error found.
 """
 
 from __future__ import annotations
@@ -98,8 +100,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"trtet-store verify: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
+    member = _set_member(args.file)
+    if isinstance(member, str):
+        print(f"trtet-store verify: {member}", file=sys.stderr)
+        return 1
     if args.json:
-        print(json.dumps(result.to_json(), indent=1))
+        doc = result.to_json()
+        if member is not None:
+            doc["set_member"] = member.to_json()
+        print(json.dumps(doc, indent=1))
     else:
         print(format_verify(result))
-    return 0 if result.ok else 1
+        if member is not None:
+            print(f"set member {member.member!r} of {member.set}: " + (
+                f"{', '.join(member.files)} are the files it was released with"
+                if member.ok else "; ".join(member.problems)))
+    return 0 if result.ok and (member is None or member.ok) else 1
+
+
+def _set_member(pte: Path) -> Any:
+    """The set member check of ``pte``'s directory (a member ``fetch_set`` placed there,
+    whose program is ``pte``), None where there is none, or a line saying why it failed."""
+    from trtet_store.sets.record import RECORD, verify_member
+
+    if not (pte.parent / RECORD).is_file():
+        return None
+    try:
+        check = verify_member(pte.parent)
+    except (OSError, ValueError) as exc:
+        return f"{pte.parent / RECORD}: {exc}"
+    return check if check.files and check.files[0] == pte.name else None

@@ -1,0 +1,195 @@
+"""Artifact sets (issue 47): bytes in the bucket, on the wire and on disk; per program vs set.
+
+On one SeaweedFS ``weed mini`` on loopback, every request through the
+counting proxy (``trtet_store.testing.proxy``: bytes each way, not the
+client's own count), with stub files of random bytes standing in for the
+programs (``--foundation`` shared, ``--own`` per member):
+
+(a) four LoRA members sharing a foundation ``.ptd``: the bucket's bytes when
+    each is published under its own prefix (today) and as one set; then the
+    disk used by fetching all four, on XFS (reflinks) and on ext4 (copies);
+(b) three GPU kinds (engines ``--own`` each, shared CPU data ``--foundation``):
+    the bucket's bytes, per-program vs set;
+(c) a re-publish after one member's engine is rebuilt: bytes sent;
+(d) a machine holding member A fetches member B: bytes received;
+(e) ``fetch_set`` of one member against ``fetch`` of the same program
+    published alone, alternating, ``--repeat`` times: median time ratio.
+
+Disk is ``statvfs`` used bytes on a dedicated loop filesystem (as root), so
+shared extents count once::
+
+    sudo .venv/bin/python benchmarks/artifact_sets.py [--foundation 1G] [--own 64M] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import trtet_store
+from trtet_store.bench.config import size_arg
+from trtet_store.remote.upload.config import PublishConfig
+from trtet_store.testing.loopfs import FilesystemFactory
+from trtet_store.testing.proxy import CountingProxy
+from trtet_store.testing.s3server import running_server
+
+MiB = 1 << 20
+
+
+def write(path: Path, size: int, seed: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rnd = random.Random(seed)
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(64 * MiB, left)
+            f.write(rnd.randbytes(n))
+            left -= n
+    return path
+
+
+def held(client, bucket: str, prefix: str) -> int:
+    return sum(o["Size"] for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=prefix) for o in page.get("Contents", []))
+
+
+def used(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _target(got: int, bound: int) -> str:
+    return f"<= {mib(bound)}: {'met' if got <= bound else 'MISSED'}"
+
+
+def mib(n: float) -> str:
+    return f"{n / MiB:,.1f} MiB"
+
+
+def _time_ratio(bucket: str, endpoint: str, mnt: Path, fstype: str,
+                repeat: int) -> tuple[str, str, str, str]:
+    """(e): ``fetch_set`` of sm90 (an empty store) against ``fetch`` of it alone, alternating."""
+    url1 = f"s3://{bucket}/gpu-per/sm90/model.pte"
+    times: dict[str, list[float]] = {"fetch": [], "fetch_set": []}
+    for i in range(repeat):
+        for kind in times:
+            out = mnt / f"e-{kind}-{i}"
+            out.mkdir()
+            start = time.monotonic()
+            if kind == "fetch":
+                trtet_store.fetch(url1, out / "model.pte", endpoint_url=endpoint)
+            else:
+                trtet_store.fetch_set(f"s3://{bucket}/gpu/", out / "m", "sm90",
+                                      store=out / "store", endpoint_url=endpoint)
+            times[kind].append(time.monotonic() - start)
+            shutil.rmtree(out)
+    fs, f = statistics.median(times["fetch_set"]), statistics.median(times["fetch"])
+    return (f"(e) fetch_set / fetch time, {fstype}, {repeat} runs", "", f"{fs / f:.2f}x",
+            f"<= 1.10x: {'met' if fs / f <= 1.10 else 'MISSED'} (medians {fs:.2f} s / "
+            f"{f:.2f} s)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--foundation", type=size_arg, default=1 << 30)
+    p.add_argument("--own", type=size_arg, default=64 * MiB)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    F, E = args.foundation, args.own  # noqa: N806 - the issue's letters (W, E)
+    work = Path(tempfile.mkdtemp(prefix="trtet-sets-bench-", dir="/var/tmp"))
+    rows: list[tuple[str, str, str, str]] = []
+    try:
+        with running_server() as server, CountingProxy.for_url(server.endpoint.url) as px:
+            os.environ.update(server.endpoint.environ())
+            client = server.endpoint.client(read_timeout=300)
+            bucket = server.new_bucket("bench")
+            cfg = PublishConfig(journal_dir=work / "journal")
+            ep = px.endpoint_url
+            foundation = write(work / "src" / "foundation.ptd", F, 1)
+            lora = {f"lora{i}": [write(work / "src" / f"lora{i}" / "model.pte", E, 10 + i),
+                                 foundation] for i in range(4)}
+            # (a) in the bucket
+            for name, files in lora.items():
+                trtet_store.publish(files, f"s3://{bucket}/per/{name}/model.pte",
+                                    endpoint_url=ep, config=cfg)
+            per = held(client, bucket, "per/")
+            trtet_store.publish_set(lora, f"s3://{bucket}/lora/", endpoint_url=ep, config=cfg)
+            got = held(client, bucket, "lora/")
+            rows.append(("(a) bucket, 4 LoRA members", mib(per), mib(got),
+                         _target(got, F + 4 * E + MiB)))
+            # (a) on disk
+            factory = FilesystemFactory()
+            try:
+                for fstype in ("xfs", "ext4"):
+                    mnt = factory.make(fstype, max(600, 2 * (4 * (F + E)) // MiB + 256))
+                    before = used(mnt)
+                    report = None
+                    for name in lora:
+                        report = trtet_store.fetch_set(f"s3://{bucket}/lora/", mnt / name, name,
+                                                       endpoint_url=ep)
+                    disk = used(mnt) - before
+                    how = ", ".join(sorted(report.placed)) if report else ""
+                    rows.append((f"(a) disk after 4 fetches, {fstype} ({how})",
+                                 mib(4 * (F + E)), mib(disk),
+                                 f"bound {mib(F + 4 * E + MiB)}: "
+                                 f"{'met' if disk <= F + 4 * E + MiB else 'not met (copies)'}"))
+                    factory.release(mnt)
+            finally:
+                factory.close()
+            # (b) three GPU kinds
+            gpus = {f"sm{cc}": trtet_store.SetMember(
+                [write(work / "src" / f"sm{cc}" / "model.pte", E, cc), foundation],
+                compute_capability=f"{cc // 10}.{cc % 10}") for cc in (80, 89, 90)}
+            for name, m in gpus.items():
+                trtet_store.publish(m.source, f"s3://{bucket}/gpu-per/{name}/model.pte",
+                                    endpoint_url=ep, config=cfg)
+            per = held(client, bucket, "gpu-per/")
+            trtet_store.publish_set(gpus, f"s3://{bucket}/gpu/", endpoint_url=ep, config=cfg)
+            got = held(client, bucket, "gpu/")
+            rows.append(("(b) bucket, 3 GPU kinds", mib(per), mib(got),
+                         _target(got, F + 3 * E + MiB)))
+            # (c) one engine rebuilt
+            write(gpus["sm89"].source[0], E, 999)
+            px.reset()
+            trtet_store.publish_set(gpus, f"s3://{bucket}/gpu/", endpoint_url=ep, config=cfg,
+                                    if_exists="replace")
+            sent = px.upstream
+            rows.append(("(c) re-publish, one engine rebuilt: sent", "", mib(sent),
+                         f"<= {mib(E + MiB)}: {'met' if sent <= E + MiB else 'MISSED'}"))
+            # (d) holding A, fetch B
+            machine = work / "machine"
+            machine.mkdir()
+            trtet_store.fetch_set(f"s3://{bucket}/gpu/", machine / "a", "sm80", endpoint_url=ep)
+            px.reset()
+            trtet_store.fetch_set(f"s3://{bucket}/gpu/", machine / "b", "sm89", endpoint_url=ep)
+            got = px.downstream
+            rows.append(("(d) holding A, fetch B: received", "", mib(got),
+                         f"<= {mib(E + MiB)}: {'met' if got <= E + MiB else 'MISSED'}"))
+            # (e) fetch_set of one member vs fetch of the same program alone, per filesystem
+            factory = FilesystemFactory()
+            try:
+                for fstype in ("xfs", "ext4"):
+                    mnt = factory.make(fstype, max(600, 4 * (F + E) // MiB + 256))
+                    rows.append(_time_ratio(bucket, server.endpoint.url, mnt, fstype,
+                                            args.repeat))
+                    factory.release(mnt)
+            finally:
+                factory.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nartifact sets: foundation/shared {mib(F)}, own/engine {mib(E)} each; SeaweedFS on "
+          "loopback, bytes through the counting proxy")
+    print(f"{'what':<44} {'per program':>14} {'set':>12}  target")
+    for what, per, got, target in rows:
+        print(f"{what:<44} {per:>14} {got:>12}  {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

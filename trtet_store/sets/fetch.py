@@ -1,0 +1,192 @@
+"""``fetch_set(url, dest, member=None)``: one member of a set onto this machine.
+
+The steps, in order:
+
+1. **Read the set manifest** and **pick the member**: ``member=`` when
+   given (always wins), else the one this machine runs
+   (:func:`~trtet_store.sets.machine.pick_member`, on
+   :meth:`Machine.detect` unless ``machine=`` is given); none or two
+   equally: :class:`~trtet_store.sets.machine.NoMemberFitsError`, listing
+   every member and what it needs. Names are checked (the runtime's closed
+   set) before anything is downloaded or created.
+2. **Download what the store lacks**: each of the member's blobs that the
+   local content store (:mod:`.store`) does not hold, with ``fetch``'s
+   preflight, ranged GETs, resume and verification, checked against the
+   digest that names it.
+3. **Place** the member's files under the runtime's names (the ``.pte`` and
+   its ``.ptd`` files side by side) in one ``write_files`` transaction: its
+   preflight, journal, chunk-digest verification against the set manifest,
+   and atomic rename; every file changes or none. From the store by
+   reflink where the filesystem can, copied elsewhere; with ``link=True``,
+   hard links to the store's read-only (0444) blobs (:mod:`.place`). The
+   member record (:mod:`.record`: which files, with which digests) goes in
+   with them, for ``verify``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from trtet_store.io import InsufficientSpaceError, free_bytes
+from trtet_store.remote.download.options import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_RANGE_SIZE,
+    check_options,
+)
+from trtet_store.remote.errors import ObjectNotFoundError
+from trtet_store.remote.s3 import S3
+from trtet_store.sets.machine import Machine, pick_member
+from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key
+from trtet_store.sets.place import place_files
+from trtet_store.sets.publish import parse_set_url
+from trtet_store.sets.record import RECORD, read_record, record_bytes, remove_unlisted
+from trtet_store.sets.report import SetFetchReport
+from trtet_store.sets.store import STORE_DIR, ContentStore
+
+log = logging.getLogger("trtet_store.sets")
+
+
+def read_set(s3: S3, bucket: str, prefix: str) -> tuple[SetManifest, str]:
+    """The committed set manifest under ``prefix`` and its ETag.
+
+    Raises
+    ------
+    ObjectNotFoundError
+        No set there.
+    ManifestError
+        One this version cannot read.
+    """
+    key = prefix + SET_KEY
+    got = s3.get(bucket, key, limit=SET_MAX_BYTES)
+    if got is None:
+        raise ObjectNotFoundError(f"no set at s3://{bucket}/{prefix} (no {SET_KEY}); "
+                                  "publish one with publish_set")
+    return SetManifest.from_json(got[0]), got[1]
+
+
+def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
+              machine: Machine | None = None, store: os.PathLike | str | None = None,
+              link: bool = False, endpoint_url: str | None = None, client: S3 | None = None,
+              concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
+              placements: list[str] | None = None) -> SetFetchReport:
+    """Fetch one member of the set at ``url`` into the directory ``dest``.
+
+    Parameters
+    ----------
+    url : str
+        ``s3://bucket/prefix/``, as :func:`~trtet_store.sets.publish_set` took it.
+    dest : path-like
+        The directory the member's files go into, under their runtime names
+        (created when its parent exists). A previous version there is
+        replaced atomically, all files at once.
+    member : str, optional
+        The member to fetch; always wins. Default: the one this machine runs.
+    machine : Machine, optional
+        The facts the pick is made on (default :meth:`Machine.detect`).
+    store : path-like, optional
+        The local content store (default ``dest/../.trtet-blobs``); put it on
+        ``dest``'s filesystem for reflinks.
+    link : bool
+        Place by hard link to the store's blobs: no new disk on any
+        filesystem, and the files are read-only (0444): a program writing
+        one in place (ExecuTorch's ``save`` truncates in place) would change
+        every name sharing the inode, the store's and other members' too.
+    endpoint_url, client
+        The server (as ``fetch``).
+    concurrency, range_size
+        Ranged GETs in flight and bytes per GET (as ``fetch``).
+    placements : list of str, optional
+        Limit the placements (``clone``, ``copy``), for tests and benchmarks.
+
+    Returns
+    -------
+    SetFetchReport
+
+    Raises
+    ------
+    NoMemberFitsError
+        No ``member`` given and none (or two equally) fits this machine;
+        nothing downloaded or created.
+    KeyError
+        ``member`` is not in the set; the message lists the members.
+    FetchVerificationError
+        A blob on the server is not the one the set names (size, CRC64NVME,
+        xxh3-128), or a placed file does not match the set's chunk digests;
+        the destination unchanged.
+    InsufficientSpaceError
+        Before downloading or placing, as ``fetch`` and ``write_files``.
+    FetchInterruptedError
+        The network kept failing: fetch again to resume.
+    """
+    if member is not None and not isinstance(member, str):
+        raise TypeError(f"member must be a str or None, not {member!r}")
+    if machine is not None and not isinstance(machine, Machine):
+        raise TypeError(f"machine must be a Machine, not {type(machine).__name__}")
+    if not isinstance(link, bool):
+        raise TypeError(f"link must be True or False, not {link!r}")
+    check_options(concurrency=concurrency, range_size=range_size)
+    bucket, prefix = parse_set_url(url)
+    where = f"s3://{bucket}/{prefix}"
+    target = Path(dest).absolute()
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"{target.parent} is not a directory (the destination's "
+                                "parent must exist)")
+    s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2)
+    manifest, version = read_set(s3, bucket, prefix)
+
+    picked = member is None
+    if member is None:
+        member = pick_member({n: m.metadata for n, m in manifest.members.items()},
+                             machine if machine is not None else Machine.detect(), where)
+    elif member not in manifest.members:
+        raise KeyError(f"{where} has no member {member!r}; its members: "
+                       f"{sorted(manifest.members)}")
+    entry = manifest.members[member]
+    log.info("%s: fetching member %r (%s)", where, member,
+             "picked for this machine" if picked else "asked for")
+
+    target.mkdir(exist_ok=True)
+    cas = ContentStore(store if store is not None else target.parent / STORE_DIR)
+    report = SetFetchReport(where, member, picked, [target / f.name for f in entry.files],
+                            cas.root, bytes_total=entry.size)
+    seen, missing = set(), []
+    for f in entry.files:
+        if f.blob in seen:
+            continue
+        seen.add(f.blob)
+        if cas.holds(f.blob, f.size):
+            report.bytes_in_store += f.size
+        else:
+            missing.append(f)
+    # Every blob the store lacks, before the first is downloaded: one that cannot fit is
+    # refused here, not after the others took the disk (each fetch checks its own again,
+    # and the placement its own before it creates anything).
+    needed = sum(f.size for f in missing)
+    available = free_bytes(cas.root)
+    if needed > available:
+        raise InsufficientSpaceError(
+            needed, available, cas.root,
+            f"{where}: member {member!r} needs {needed} bytes of blobs the store lacks; "
+            "nothing was downloaded")
+    for f in missing:
+        report.bytes_downloaded += cas.download(
+            s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
+            concurrency=concurrency, range_size=range_size)
+    record = record_bytes(where, member, version, entry, manifest.chunk_size)
+    previous = read_record(target)
+    report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, f.chunks)
+                                         for f in entry.files],
+                                manifest.chunk_size, link=link, placements=placements,
+                                record=(RECORD, record))
+    # The previous member's files this one does not name (another member fetched into the
+    # same directory, or a version that dropped a .ptd): ours by the record, so removed.
+    report.removed = remove_unlisted(target, previous, {f.name for f in entry.files})
+    log.info("%s: member %r in %s: %d bytes, %d downloaded, %d in the store already; "
+             "placed %s", where, member, target, report.bytes_total, report.bytes_downloaded,
+             report.bytes_in_store, report.placed)
+    return report
+
+
+__all__ = ["fetch_set", "read_set"]

@@ -1,0 +1,88 @@
+"""A member's files from the local store, under the runtime's names: one transaction.
+
+By default one :func:`~trtet_store.io.write_files` transaction (preflight,
+journal, each file checked against the set's chunk digests, atomic renames,
+rollback): cloned (reflink) from the store where the filesystem can, so the
+bytes are on disk once and a write to one name never reaches another (the
+filesystem copies on write); copied elsewhere. The store's blob is never
+consumed.
+
+``link=True`` places hard links to the store's read-only (0444) blobs
+instead: no new disk on any filesystem, at the price of one inode for every
+name: a program that writes one in place (ExecuTorch's own ``save``
+truncates in place) would change the store and every member sharing it,
+which the mode bits refuse to anyone but root. Each blob is checked against
+the set's chunk digests first; the links are made under temporary names
+and renamed over the runtime's names (the ``.ptd`` files first, the
+``.pte`` last), so a name holds its old file or the new one, never a torn
+one; unlike the transaction, a crash between two renames can leave some
+names new and some old.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from trtet_store.io import ExternalFile, digest_file, fsync_dir, write_atomic, write_files
+from trtet_store.remote.errors import FetchVerificationError
+
+#: One placed file: (runtime name, the store's blob, size, chunk digests).
+Placed = tuple[str, Path, int, tuple[int, ...]]
+
+
+def place_files(directory: Path, files: list[Placed], chunk_size: int, *, link: bool,
+                placements: list[str] | None = None,
+                record: tuple[str, bytes] | None = None) -> dict[str, int]:
+    """Place ``files`` (the ``.pte`` first) in ``directory``, with ``record`` (a name and
+    its bytes) written in the same transaction; bytes placed, by how."""
+    if link:
+        placed = _link(directory, files, chunk_size)
+        if record is not None:
+            write_atomic(directory / record[0], record[1], mode=0o644)
+        return placed
+    outputs: list[tuple[Path, list]] = [
+        (directory / name, [ExternalFile(src, size, 0, size, chunk_size, chunks)])
+        for name, src, size, chunks in files]
+    if record is not None:
+        outputs.append((directory / record[0], [record[1]]))
+    # The names are the manifest's: a link there is replaced, never written through.
+    reports = write_files(outputs, consume=False, placements=placements, follow_links=False)
+    placed: dict[str, int] = {}
+    for w in reports[:len(files)]:
+        for rec in w.placements:
+            placed[rec.placement] = placed.get(rec.placement, 0) + rec.size
+    return placed
+
+
+def _link(directory: Path, files: list[Placed], chunk_size: int) -> dict[str, int]:
+    for name, src, size, chunks in files:
+        _, got, n = digest_file(src, chunk_size, False)
+        if n != size or tuple(got) != tuple(chunks):
+            raise FetchVerificationError(f"{src}: the store's blob for {name} does not match "
+                                         "the set's digests; remove it and fetch again")
+    made: list[tuple[Path, Path]] = []
+    try:
+        for name, src, _, _ in files:
+            tmp = directory / f".{name}.trtet-link-{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            try:
+                os.link(src, tmp)
+            except OSError as exc:
+                if exc.errno == errno.EXDEV:
+                    raise OSError(errno.EXDEV, f"link=True needs the store ({src.parent}) on "
+                                  f"the destination's filesystem ({directory}); pass store= "
+                                  "a directory there, or place without links", src) from None
+                raise
+            made.append((tmp, directory / name))
+        for tmp, final in [*made[1:], made[0]]:  # the program last
+            os.replace(tmp, final)
+        fsync_dir(directory)
+    finally:
+        for tmp, _ in made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return {"link": sum(size for _, _, size, _ in files)}

@@ -1,0 +1,495 @@
+"""``publish_set(members, url)``: a release of many programs, each distinct file once.
+
+The steps, in order:
+
+1. **Read the sources** (nothing sent): each member's files as
+   :func:`~trtet_store.remote.upload.program.sources_of` makes them for
+   ``publish`` (saved files, or a program's pieces), digested once here:
+   xxh3-128 of the whole file (its blob name), xxh3-64 per MiB (the set
+   manifest's ``chunks``), CRC64NVME. Local file pieces are re-planned with
+   their piece digests, so a file changed between this pass and its upload
+   is refused by the upload (``SourceChangedError``), never published under
+   a name that is not its digest.
+2. **Blobs**: each distinct file goes to ``<prefix>blobs/<hex>`` through
+   :func:`~trtet_store.remote.upload.send.publish_sources` (multipart,
+   per-part and full-object CRC64NVME, the resumable journal, conditional
+   Complete, its own ``<hex>.trtet.json``), unless the bucket holds it
+   already: its manifest names one object of the same size and CRC64NVME,
+   and HeadObject agrees. Two publishers of one blob: the second's
+   conflict finds the first's blob present, and takes it.
+3. **Commit**: the set manifest (:mod:`.manifest`), last, with
+   ``If-None-Match: *`` for a new set or ``If-Match`` of the version read
+   in step 1; a refusal is :class:`~trtet_store.remote.errors.ConflictError`
+   and the other writer's set stays as it is.
+4. **Check and tidy**: every blob the new manifest names is HEADed (one a
+   concurrent publish's clean-up removed is sent again); then the replaced
+   manifest's blobs that no member names any more are removed (manifest
+   first, then the object at the ETag recorded), unless the set manifest
+   changed since our commit (the newer publish tidies its own base). The
+   new manifest lists them (``removing``) before they go: a publish killed
+   between its commit and its clean-up leaves them there, and the next
+   publish of the set removes them.
+
+Not removed: blobs a publisher uploaded before losing the commit race (no
+manifest names them; a later publish of the same bytes finds them present).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trtet_store.io import UNSET, Digester, ExternalFile, MiB
+from trtet_store.remote.checksum import CHUNK_SIZE, crc64nvme
+from trtet_store.remote.errors import (
+    ConflictError,
+    KeyExistsError,
+    ManifestError,
+    RemoteError,
+    RemoteURLError,
+)
+from trtet_store.remote.manifest import Manifest, crc64nvme_b64, manifest_key
+from trtet_store.remote.s3 import S3, PreconditionFailed
+from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
+from trtet_store.remote.upload.program import sources_of
+from trtet_store.remote.upload.send import publish_sources
+from trtet_store.remote.upload.source import ObjectSource
+from trtet_store.remote.url import RemoteURL
+from trtet_store.sets.machine import check_metadata
+from trtet_store.sets.manifest import (
+    METADATA_KEYS,
+    SET_KEY,
+    SET_MAX_BYTES,
+    BlobEntry,
+    FileEntry,
+    MemberEntry,
+    SetManifest,
+    blob_key,
+    member_name_problem,
+)
+from trtet_store.sets.report import SetPublishReport
+
+log = logging.getLogger("trtet_store.sets")
+
+#: Bytes read at a time by the digest pass.
+READ_STEP = 8 * MiB
+
+
+@dataclass(frozen=True)
+class Member:
+    """A member's program with what its engines need (all optional).
+
+    Parameters
+    ----------
+    source : ExecutorchProgramManager, path-like, or sequence of path-like
+        What :func:`trtet_store.publish` takes.
+    compute_capability : str, optional
+        The GPU its TensorRT engines were built for (``"8.9"``); None: no GPU engine.
+    tensorrt, executorch : str, optional
+        The versions that built it. ``executorch`` defaults to the installed
+        one for a program (not for saved files, whose maker is not known).
+    version_compatible : bool
+        Engines built ``VERSION_COMPATIBLE`` (run on this TensorRT or later).
+    hardware_compatibility : {"ampere_plus"}, optional
+        Engines built with ``HardwareCompatibilityLevel.AMPERE_PLUS``.
+    """
+
+    source: Any
+    compute_capability: str | None = None
+    tensorrt: str | None = None
+    executorch: str | None = None
+    version_compatible: bool = False
+    hardware_compatibility: str | None = None
+
+    def metadata(self) -> dict[str, Any]:
+        meta = {k: getattr(self, k) for k in METADATA_KEYS}
+        return {k: v for k, v in meta.items() if v is not None and v is not False}
+
+
+@dataclass
+class _File:
+    """One member file as read: its source, digests, and runtime name."""
+
+    source: ObjectSource
+    digest: str
+    chunks: tuple[int, ...]
+    crc64nvme: str
+
+    @property
+    def size(self) -> int:
+        return self.source.size
+
+
+def parse_set_url(url: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of ``s3://bucket/prefix/`` (the prefix ends in ``/``, or is empty).
+
+    Raises
+    ------
+    RemoteURLError
+        Not ``s3://bucket/...``, or a key segment that is empty, ``.`` or ``..``.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str like 's3://bucket/models/v3/', not "
+                        f"{type(url).__name__}")
+    if not url.startswith("s3://"):
+        raise RemoteURLError(f"{url!r}: expected s3://bucket/prefix/")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    prefix = prefix.rstrip("/")
+    # RemoteURL's checks of the bucket and the segments, on a key under the prefix.
+    RemoteURL.parse(f"s3://{bucket}/{prefix + '/' if prefix else ''}{SET_KEY}")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def publish_set(
+    members: Mapping[str, Any],
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    config: PublishConfig | None = None,
+    if_exists: str = "error",
+    resume: bool = True,
+    client: S3 | None = None,
+) -> SetPublishReport:
+    """Publish a set of programs under one prefix, each distinct file once.
+
+    Parameters
+    ----------
+    members : mapping of str to source or Member
+        Member name -> what :func:`trtet_store.publish` takes (saved files:
+        the ``.pte`` first, its ``.ptd`` files after; or a program), or a
+        :class:`Member` with what its engines need. A program's ``.pte`` is
+        named ``<member>.pte``; saved files keep their names.
+    url : str
+        ``s3://bucket/prefix/``: the set's prefix.
+    endpoint_url : str, optional
+        The S3-compatible server (as ``publish``).
+    config : PublishConfig, optional
+        How each blob is sent (part size, concurrency, journal directory,
+        engine-digest index), as ``publish``.
+    if_exists : {"error", "replace"}
+        When the set exists: ``"error"`` raises :class:`KeyExistsError`
+        (before anything is sent); ``"replace"`` replaces it (``If-Match``).
+    resume : bool
+        Resume an interrupted upload of a blob from its journal (default).
+    client : S3, optional
+        The client every call goes through (default: one at ``endpoint_url``).
+
+    Returns
+    -------
+    SetPublishReport
+
+    Raises
+    ------
+    TypeError, ValueError, RemoteURLError, FileNameError
+        Bad arguments (a member name that is not a plain name, a file name
+        no program may have, unreadable metadata); nothing sent.
+    KeyExistsError
+        The set exists and ``if_exists="error"``; nothing sent.
+    ConflictError
+        Another publisher committed the set after this one read it; its set
+        stays, ours was not committed (the blobs we sent stay, unnamed).
+    SourceChangedError
+        A file changed while it was read or sent.
+    UploadKeptError, ChecksumMismatchError
+        As ``publish``: publish the set again to resume.
+    """
+    cfg = config_of(config, "publish_set")
+    replace = replace_of(UNSET, if_exists, "publish_set")
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume must be True or False, not {resume!r}")
+    if not isinstance(members, Mapping) or not members:
+        raise TypeError("members must be a non-empty mapping of member name -> program")
+    bucket, prefix = parse_set_url(url)
+    where = f"publish_set s3://{bucket}/{prefix}"
+    wanted = {}
+    for name, value in members.items():
+        why = member_name_problem(name)
+        if why is not None:
+            raise ValueError(f"{where}: member name {name!r} {why}")
+        member = value if isinstance(value, Member) else Member(value)
+        meta = member.metadata()
+        if "executorch" not in meta and not _is_files(member.source):
+            meta["executorch"] = _installed_executorch()
+        check_metadata(meta, name)
+        wanted[name] = (member.source, meta)
+
+    s3 = client if client is not None else S3(endpoint_url,
+                                              max_connections=cfg.concurrency + 2)
+    s3.check_bucket(bucket)
+    skey = prefix + SET_KEY
+    got = s3.get(bucket, skey, limit=SET_MAX_BYTES)
+    base_etag, old = None, None
+    if got is not None:
+        if not replace:
+            raise KeyExistsError(f"the set s3://{bucket}/{skey} exists; pass "
+                                 "if_exists='replace' to publish a new version", skey)
+        base_etag = got[1]
+        try:
+            old = SetManifest.from_json(got[0])
+        except ManifestError as exc:
+            log.warning("%s: the set manifest there cannot be read (%s); its blobs are not "
+                        "removed", where, exc)
+
+    # 1. read every file once (nothing sent yet)
+    files: dict[str, list[tuple[str, _File]]] = {}
+    for name, (source, _) in wanted.items():
+        files[name] = [(s.name, _read(s)) for s in _sources(source, bucket, prefix, name)]
+    distinct: dict[str, _File] = {}
+    for entries in files.values():
+        for _, f in entries:
+            distinct.setdefault(f.digest, f)
+
+    # 2. blobs
+    report = SetPublishReport(f"s3://{bucket}/{prefix}", skey, "",
+                              {n: [fn for fn, _ in e] for n, e in files.items()})
+    report.bytes_files = sum(f.size for e in files.values() for _, f in e)
+    report.bytes_distinct = sum(f.size for f in distinct.values())
+    blobs = _send_blobs(s3, bucket, prefix, distinct, cfg, resume, report)
+
+    # 3. commit, with what the replaced version alone named (and what a publish killed
+    # before its clean-up left to remove) recorded, so a kill after the commit leaks nothing
+    removing = _to_remove(s3, bucket, prefix, old, set(blobs))
+    manifest = SetManifest(
+        members={n: MemberEntry(tuple(FileEntry(fn, f.digest, f.size, f.crc64nvme, f.chunks)
+                                      for fn, f in files[n]), wanted[n][1])
+                 for n in wanted},
+        blobs=blobs, chunk_size=CHUNK_SIZE, removing=removing)
+    report.manifest_etag = _commit(s3, bucket, skey, manifest.to_json(), base_etag)
+
+    # 4. check, then tidy what the replaced version alone named
+    _recheck(s3, bucket, prefix, manifest, distinct, cfg, resume)
+    report.removed = _remove_unnamed(s3, bucket, prefix, skey, report.manifest_etag,
+                                     manifest)
+    log.info("published the set s3://%s/%s: %d member(s), %d bytes of files in %d distinct "
+             "bytes: %d uploaded, %d copied server-side, %d present already, %d blob(s) "
+             "removed", bucket, prefix, len(wanted), report.bytes_files,
+             report.bytes_distinct, report.bytes_uploaded, report.bytes_copied,
+             report.bytes_present, len(report.removed))
+    return report
+
+
+def _is_files(source: Any) -> bool:
+    if isinstance(source, (str, os.PathLike)):
+        return True
+    return isinstance(source, (list, tuple)) and all(
+        isinstance(s, (str, os.PathLike)) for s in source)
+
+
+def _installed_executorch() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("executorch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _sources(source: Any, bucket: str, prefix: str, member: str) -> list[ObjectSource]:
+    """The member's objects, named as the runtime reads them (publish's own rules)."""
+    if _is_files(source):
+        first = source if isinstance(source, (str, os.PathLike)) else source[0]
+        name = os.path.basename(os.fspath(first))
+    else:
+        name = f"{member}.pte"
+    return sources_of(source, RemoteURL(bucket, f"{prefix}{name}"))
+
+
+def _read(source: ObjectSource) -> _File:
+    """Digest ``source`` once: the whole file's xxh3-128 and per-MiB xxh3-64, its CRC64NVME.
+
+    Each local file piece is planned again with the chunk digests of its
+    bytes now, so the upload refuses it if it changes before it is sent.
+    """
+    source.check()
+    whole = Digester(CHUNK_SIZE)
+    crc = 0
+    buf = memoryview(bytearray(READ_STEP))
+    pieces = []
+    for e in source.extents:
+        own = Digester(CHUNK_SIZE) if isinstance(e.piece, ExternalFile) else None
+        pos = 0
+        while pos < e.size:
+            n = min(READ_STEP, e.size - pos)
+            view = buf[:n]
+            source.read_at(e.offset + pos, view)
+            whole.update(view)
+            crc = crc64nvme(view, crc)
+            if own is not None:
+                own.update(view)
+            pos += n
+        if own is not None:
+            p = e.piece
+            pieces.append(ExternalFile(p.path, p.size, p.offset, p.file_size, CHUNK_SIZE,
+                                       own.finish()[1]))
+        else:
+            pieces.append(e.piece)
+    digest, chunks = whole.finish()
+    return _File(ObjectSource(source.name, pieces), digest, tuple(chunks), crc64nvme_b64(crc))
+
+
+# --- 2. blobs --------------------------------------------------------------------------------
+
+
+def _present(s3: S3, bucket: str, key: str, f: _File) -> BlobEntry | None:
+    """The blob at ``key`` when the bucket holds ``f``'s bytes there, committed; else None."""
+    got = s3.get(bucket, manifest_key(key))
+    if got is None:
+        return None
+    try:
+        m = Manifest.from_json(got[0])
+    except ManifestError:
+        return None
+    o = m.objects[0]
+    if len(m.objects) != 1 or o.key != key or o.size != f.size or o.crc64nvme != f.crc64nvme:
+        return None
+    head = s3.head(bucket, key)
+    if head is None or head.etag != o.etag or head.size != f.size or \
+            (head.crc64nvme is not None and head.crc64nvme != f.crc64nvme):
+        return None
+    return BlobEntry(f.size, o.etag, f.crc64nvme)
+
+
+def _upload(s3: S3, bucket: str, key: str, f: _File, cfg: PublishConfig,
+            resume: bool, report: SetPublishReport | None) -> BlobEntry:
+    """Publish one blob with publish's machinery; a rival's identical blob is taken."""
+    blob = ObjectSource(f.digest, list(f.source.pieces))
+    try:
+        # replace=True: a key of our digest holding other bytes (or no manifest) is ours to
+        # repair; the Complete is still conditional on the version read.
+        rep = publish_sources([blob], RemoteURL(bucket, key), client=s3, config=cfg,
+                              replace=True, resume=resume)
+    except ConflictError:
+        entry = _present(s3, bucket, key, f)
+        if entry is None:
+            raise
+        log.info("s3://%s/%s: another publisher sent the same blob meanwhile; taken", bucket,
+                 key)
+        if report is not None:
+            report.bytes_present += f.size
+            report.blobs_present.append(f.digest)
+        return entry
+    if rep.checksum != f.crc64nvme:
+        raise RemoteError(f"s3://{bucket}/{key}: published with CRC64NVME {rep.checksum}, "
+                          f"its bytes read {f.crc64nvme}")
+    if report is not None:
+        report.bytes_uploaded += rep.bytes_sent
+        report.bytes_copied += rep.bytes_copied
+        report.bytes_present += rep.bytes_unchanged
+        report.blobs_uploaded.append(f.digest)
+    return BlobEntry(f.size, rep.objects[0].etag, f.crc64nvme)
+
+
+def _send_blobs(s3: S3, bucket: str, prefix: str, distinct: dict[str, _File],
+                cfg: PublishConfig, resume: bool,
+                report: SetPublishReport) -> dict[str, BlobEntry]:
+    """Every distinct file in the bucket: found present, or published."""
+    blobs = {}
+    for digest, f in distinct.items():
+        key = blob_key(prefix, digest)
+        entry = _present(s3, bucket, key, f)
+        if entry is not None:
+            report.bytes_present += f.size
+            report.blobs_present.append(digest)
+        else:
+            entry = _upload(s3, bucket, key, f, cfg, resume, report)
+        blobs[digest] = entry
+    return blobs
+
+
+# --- 3. commit, 4. check and tidy --------------------------------------------------------------
+
+
+def _commit(s3: S3, bucket: str, key: str, body: bytes, base: str | None) -> str:
+    """The set manifest, conditional on the version read; its ETag."""
+    crc = crc64nvme_b64(crc64nvme(body))
+    try:
+        etag = s3.put(bucket, key, body, crc, if_none_match=base is None, if_match=base)
+    except PreconditionFailed:
+        got = s3.get(bucket, key, limit=SET_MAX_BYTES)
+        if got is not None and got[0] == body:  # ours: its answer was lost and retried
+            return got[1]
+        raise ConflictError(f"the set s3://{bucket}/{key} was "
+                            f"{'written' if base is None else 'changed'} by another publisher "
+                            "after this one read it; it was not overwritten (publish again, "
+                            "with if_exists='replace')", key) from None
+    # A server that checks the condition apart from the write (SeaweedFS) may let a rival's
+    # put land right after ours: what is there now is what readers follow.
+    got = s3.get(bucket, key, limit=SET_MAX_BYTES)
+    if got is None or got[0] != body:
+        raise ConflictError(f"the set s3://{bucket}/{key} was replaced by another publisher "
+                            "right after our write; theirs stays", key)
+    return etag
+
+
+def _recheck(s3: S3, bucket: str, prefix: str, manifest: SetManifest,
+             distinct: dict[str, _File], cfg: PublishConfig, resume: bool) -> None:
+    """Every blob the committed manifest names is there; one removed meanwhile is sent again.
+
+    A publish that replaced the set just before ours removed the blobs its
+    base alone named: one of them we found present may be gone.
+    """
+    for digest, entry in manifest.blobs.items():
+        key = blob_key(prefix, digest)
+        head = s3.head(bucket, key)
+        if head is not None and head.size == entry.size and (
+                head.crc64nvme is None or head.crc64nvme == entry.crc64nvme) and \
+                s3.head(bucket, manifest_key(key)) is not None:
+            continue
+        log.warning("s3://%s/%s was removed after it was found present; sending it again",
+                    bucket, key)
+        _upload(s3, bucket, key, distinct[digest], cfg, resume, None)
+
+
+def _to_remove(s3: S3, bucket: str, prefix: str, old: SetManifest | None,
+               named: set[str]) -> dict[str, str]:
+    """``{blob: etag}`` the new manifest will have removed: the replaced version's blobs it
+    no longer names, and those a publish killed before its clean-up left, still there."""
+    if old is None:
+        return {}
+    out = {d: b.etag for d, b in old.blobs.items() if d not in named}
+    for digest, etag in old.removing.items():
+        if digest not in named and digest not in out and \
+                s3.head(bucket, blob_key(prefix, digest)) is not None:
+            out[digest] = etag
+    return out
+
+
+def _remove_unnamed(s3: S3, bucket: str, prefix: str, skey: str, ours: str,
+                    new: SetManifest) -> list[str]:
+    """The blobs ``new.removing`` lists, removed (each only at the ETag recorded)."""
+    gone = sorted(new.removing)
+    if not gone:
+        return []
+    head = s3.head(bucket, skey)
+    if head is None or head.etag != ours:
+        log.info("s3://%s/%s changed since our commit; the newer publish removes what it "
+                 "replaced", bucket, skey)
+        return []
+    removed = []
+    for digest in gone:
+        key = blob_key(prefix, digest)
+        head = s3.head(bucket, key)
+        if head is None:
+            continue  # removed already (by the publish that recorded it, killed after)
+        if head.etag != new.removing[digest]:
+            log.info("s3://%s/%s changed since the replaced set named it; kept", bucket, key)
+            continue
+        try:
+            # The blob's manifest first: no manifest ever names a missing object.
+            s3.delete(bucket, manifest_key(key))
+            s3.delete(bucket, key, if_match=new.removing[digest])
+        except PreconditionFailed:
+            log.info("s3://%s/%s changed since the replaced set named it; kept", bucket, key)
+            continue
+        except RemoteError as exc:
+            log.warning("s3://%s/%s could not be removed (%s); it stays, unnamed", bucket,
+                        key, exc)
+            continue
+        removed.append(digest)
+    return removed
+
+
+__all__ = ["Member", "parse_set_url", "publish_set"]

@@ -1,0 +1,118 @@
+"""The local content store: every blob a machine holds for any set, once, named by its digest.
+
+A directory of files named by their xxh3-128 (``<store>/<hex>``), read-only
+(0444) once complete. A blob is downloaded into it by
+:func:`trtet_store.fetch` (ranged GETs checked against the blob's own
+manifest, resumable from the store's ``.trtet-staging``, written by an
+atomic rename), then checked against the digest that names it, so a name
+in the store is always its bytes' digest. Members are placed from here
+(:mod:`.place`); a blob another member or another set brought is not
+downloaded again.
+
+Where it lives: ``store=`` of :func:`~trtet_store.sets.fetch_set`, by
+default ``.trtet-blobs`` beside the destination directory (its parent), so
+that sets fetched into sibling directories share it and, on one filesystem,
+a reflink places a file with no new disk.
+
+Why not the engine cache's blob store (``trtet_store.cache``, also named by
+xxh3-128): the set room uses only io's and remote's faces (the cache is a
+sibling, not a floor); the cache evicts under a byte budget and lives where
+builds stage (often another filesystem than the destination, where a clone
+cannot reach); and a blob here must stay while a member placed by hard link
+shares its inode. Both stores keep the same discipline (complete or absent,
+named by the digest, checked on use), so one can adopt the other's files
+later without a re-download.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from pathlib import Path
+
+from trtet_store.io import MiB, digest_file, staging_directory
+from trtet_store.remote.errors import FetchVerificationError, ObjectChangedError
+from trtet_store.remote.s3 import S3
+
+log = logging.getLogger("trtet_store.sets")
+
+#: The default store's name, beside the destination directory.
+STORE_DIR = ".trtet-blobs"
+STORE_TODO = ("remove it or pass store= a directory of your own (0700, not a link, "
+              "owned by you)")
+
+
+class ContentStore:
+    """A directory of blobs named by their xxh3-128 hex digest.
+
+    Parameters
+    ----------
+    root : path-like
+        The directory; created 0700 if missing. A link, another user's
+        directory or one others may write to is refused
+        (:class:`~trtet_store.UnsafeDirectoryError`).
+    """
+
+    def __init__(self, root: os.PathLike | str) -> None:
+        self.root = Path(root).absolute()
+        staging_directory(self.root, todo=STORE_TODO).close()
+
+    def path(self, digest: str) -> Path:
+        return self.root / digest
+
+    def holds(self, digest: str, size: int) -> bool:
+        """Whether a complete blob of this digest and size is here (one ``lstat``).
+
+        Its bytes are checked when it is placed (chunk digests of the set).
+        """
+        try:
+            st = os.lstat(self.path(digest))
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == size
+
+    def download(self, s3: S3, bucket: str, key: str, digest: str, size: int,
+                 crc64nvme: str, *, concurrency: int, range_size: int) -> int:
+        """Fetch the blob at ``key`` into the store; the bytes downloaded.
+
+        Checked three ways: HeadObject's size and CRC64NVME against the set
+        manifest's before a byte is asked for; every range against the blob
+        manifest's chunk digests as it arrives (``fetch``); the whole file's
+        xxh3-128 against ``digest`` before it is kept.
+
+        Raises
+        ------
+        FetchVerificationError
+            The object is not the one the set was published with (another
+            size or CRC64NVME, another version than its manifest names), or
+            its bytes are not ``digest``: nothing kept in the store.
+        """
+        from trtet_store.remote.download.receive import fetch
+
+        where = f"s3://{bucket}/{key}"
+        head = s3.head(bucket, key)
+        if head is None or head.size != size or (head.crc64nvme is not None
+                                                 and head.crc64nvme != crc64nvme):
+            got = "gone" if head is None else f"{head.size} bytes, CRC64NVME {head.crc64nvme}"
+            raise FetchVerificationError(f"{where}: the set names a blob of {size} bytes, "
+                                         f"CRC64NVME {crc64nvme}; the server holds {got}. "
+                                         "Refused: publish the set again")
+        dest = self.path(digest)
+        try:
+            rep = fetch(f"s3://{bucket}/{key}", dest, client=s3, names=[digest],
+                        if_replaced="error", concurrency=concurrency, range_size=range_size)
+        except ObjectChangedError as exc:
+            raise FetchVerificationError(f"{where} is not the version its manifest names "
+                                         f"({exc}); refused: publish the set again") from exc
+        got = rep.objects[0].digest
+        if got is None:  # resumed: not every byte passed this call's digest
+            got = digest_file(dest, MiB, False)[0]
+        if got != digest:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(dest)
+            raise FetchVerificationError(f"{where}: its bytes' xxh3-128 is {got}, not the "
+                                         f"{digest} the set names; refused, nothing kept")
+        os.chmod(dest, 0o444)  # a blob is never written again (and links to it are 0444)
+        return rep.bytes_downloaded
