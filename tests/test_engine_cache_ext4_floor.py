@@ -105,3 +105,36 @@ def test_warm_hit_on_ext4_writes_one_copy_of_the_engines(ext4_cache) -> None:
     written = _written(mnt, cache)
     assert written <= ENGINE_BYTES + SLACK, \
         f"a warm hit wrote {written / ENGINE_BYTES:.2f} copies of the engines (floor 1)"
+
+
+def test_a_build_cached_in_part_is_staged_again_and_kept_when_the_save_fails(make_fs) -> None:
+    """Engine 0 is linked into the cache, engine 1 finds no room (engine 0 is pinned): the
+    build is not cached whole, so engine 0 is staged again from the cache, and a save
+    that fails keeps both engines staged for the next call (DESIGN.md invariant 9)."""
+    from test_export_keeps_engines import AfterBuild, engines_in, staged_engines
+
+    import trtet_store
+    from trtet_store.io.names import STAGING_DIR
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+    mnt = make_fs("ext4", 256)
+    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=20 * 2**20, min_free=0)
+    out = mnt / "model.pte"
+    sizes = (16 * 2**20, 12 * 2**20)
+    module, inputs = linear_relu()
+    builder = AfterBuild(out.mkdir, engine_sizes=sizes)  # the output goes bad after the build
+    with installed(builder), pytest.raises(IsADirectoryError):
+        trtet_store.compile_and_save(module, inputs, out, engine_cache=cache)
+    digests = sorted(d for _, d in builder.built)
+    assert sorted(staged_engines(mnt / STAGING_DIR).values()) == digests
+    (e0,) = cache.entries()  # engine 0 only: no record, so no hit
+    with cache.blobs.get(e0.key) as hit:
+        assert hit.path.stat().st_nlink == 1  # the cache's own inode, not a staged name
+    out.rmdir()
+    again = FakeBuilder(engine_sizes=sizes)
+    with installed(again):
+        report = trtet_store.compile_and_save(module, inputs, out, engine_cache=cache)
+    assert again.built == []  # the failed call's engines were reused
+    assert engines_in(out) == digests
+    assert [(e.outcome, e.stored) for e in report.engine_cache] == \
+        [("miss", False), ("miss", False)]  # still no room for engine 1: not cached whole

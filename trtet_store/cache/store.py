@@ -515,11 +515,14 @@ class BlobCache(Eviction, Checks):
         src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
         tmp: Path | None = None
         fd = -1
+        # A link removed again (the entry skipped) changes the source's ctime only: a
+        # staged blob that had its sealed identity before is sealed again after.
+        reseal = isinstance(source, Blob) and consume and source.identity_matches()
+        placement = None
         try:
             # The digests this put may trust, if the file is still the one they were
             # taken of (checked again once its bytes are in).
             known = self._known(source, digests, os.fstat(src_fd))
-            placement = None
             evicted: list[str] = []  # to make room for a copy, before the commit
             if consume:
                 # A hard link of the source, locked first so recovery never takes it.
@@ -582,6 +585,8 @@ class BlobCache(Eviction, Checks):
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+                if placement == "link" and reseal and not source.closed:
+                    source.reseal()
             if fd >= 0:
                 os.close(fd)
             os.close(src_fd)
