@@ -4,7 +4,11 @@
 :class:`~trtet_store.export.engine_cache.EngineCache` is given: the local cache,
 then the shared tier (:class:`~trtet_store.cache.tiered.TieredCache`), else the
 build under the key's lease, cached before the consuming save and published.
-A hit's engines are cloned into the staging store (:func:`stage_hit`), else copied.
+A hit's engines are cloned into the staging store (:func:`stage_hit`), else
+shared from the cache (:func:`share_hit`). A miss's engines are cloned into the
+cache; where the staging filesystem is the cache's and cannot clone (ext4) they
+are hard linked in and the save copies them from there (2 copies in all: the
+build's and the program's, issue 42 item 5).
 """
 
 from __future__ import annotations

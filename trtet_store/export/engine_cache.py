@@ -6,8 +6,10 @@ What an engine build's key and record are lives in :mod:`.engine_key` and
 local :class:`~trtet_store.cache.BlobCache`, then the shared tier) with the
 build record. The export's side of it is :mod:`.engine_build`:
 :func:`~.engine_build.build_cached` turns a hit into staged engines (cloned
-where the filesystems allow, else copied) and puts a miss's engines, then its
-record, into the cache before the consuming save, keeping that save its room.
+where the filesystems allow, else the cache's file shared) and puts a miss's
+engines, then its record, into the cache before the consuming save, keeping
+that save its room (cloned; on a staging filesystem that cannot clone, hard
+linked and then shared, so the save copies each engine once).
 A cache that cannot take an entry, or a shared tier that cannot be used, never
 fails an export. See DESIGN.md, "The cache".
 """
