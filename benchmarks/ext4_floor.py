@@ -4,7 +4,10 @@
 Issue 42, item 5: on ext4 a cold ``compile_and_save`` of 2 x 1 GiB through the
 engine cache wrote 5,120 MiB (the floor: the cache's copy and the
 program's, 4,096 MiB) and a warm hit 3,072 MiB (the floor: the program's
-copy, 2,048 MiB). This runs both on a dedicated ext4 loop (as root) and
+copy, 2,048 MiB). Both are at their floor now: a warm hit's save copies
+straight from the cached file, and a cold build's engines enter the cache by
+hard link (``cache put`` writes only records) and the save copies them once
+from there (``program write``: one copy). This runs both on a dedicated ext4 loop (as root) and
 counts the loop device's sectors written and read (``/sys/block/<loop>/stat``)
 around each step, after a ``syncfs`` at both ends of the step, so every byte
 a step dirtied is counted in that step (the syncs change the time, not the

@@ -107,6 +107,39 @@ def test_a_staged_blob_is_consumed_into_the_cache(here_fs: Path) -> None:
     assert leftovers(cache) == []
 
 
+def test_a_pinned_put_hands_back_its_entry_pinned_and_eviction_skips_it(here_fs: Path) -> None:
+    """``put(consume=True, pin=True)``: the caller's only copy went into the cache; the entry
+    comes back as a hit (sealed identity, digests, no byte read), which no eviction takes."""
+    from trtet_store.io import bytes_digested
+
+    cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)
+    data = content(9, 3 * MiB + 5)
+    with BlobStore(here_fs / "staging") as store:
+        blob = store.put(data)
+        digested = bytes_digested()
+        r = cache.put("k", blob, {"fp": "abc"}, consume=True, pin=True)
+        assert bytes_digested() == digested  # the blob's own digests, the entry's seal
+        assert r.stored and r.placement == "link" and blob.consumed
+        hit = r.hit
+        assert hit is not None and not hit.closed and hit.path == blob_of(cache, "k")
+        assert hit.unchanged() and hit.digest == r.digest and hit.metadata == {"fp": "abc"}
+        assert hit.path.stat().st_nlink == 1  # the cache's own inode now
+        assert cache.prune(0) == []  # pinned: kept
+        hit.close()
+        assert cache.prune(0) == ["k"]
+        # Skipped after the link was made (no room under the bound): the staged blob is
+        # its own file again, sealed with its new ctime (a save would refuse it otherwise).
+        small = BlobCache(here_fs / "small", max_bytes=4 * MiB)
+        small.put("pinned", write(here_fs / "p", content(10, 3 * MiB)))
+        held = small.get("pinned")
+        other = store.put(content(11, 2 * MiB))
+        r = small.put("k", other, consume=True, pin=True)
+        held.close()
+        assert r.skipped and r.hit is None and not other.consumed
+        assert other.identity_matches() and other.path.stat().st_nlink == 1
+    assert leftovers(cache) == [] and leftovers(small) == []
+
+
 def test_the_same_bytes_again_under_a_key_are_kept_and_a_damaged_blob_is_repaired(
         here_fs: Path) -> None:
     cache = BlobCache(here_fs / "c", max_bytes=16 * MiB)

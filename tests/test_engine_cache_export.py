@@ -186,8 +186,10 @@ def test_on_ext4_a_hit_is_one_copy_and_no_build(make_fs):
     size = 32 * MiB
     cache = trtet_store.EngineCache(mnt / "cache", max_bytes=128 * MiB, min_free=0)
     cold = _compile(mnt / "cold.pte", cache, FakeBuilder(engine_sizes=(size,)))
+    # The cache takes the staged engine by hard link; the save copies it from there.
     assert [(e.outcome, e.stored, e.placement) for e in cold.engine_cache] == \
-        [("miss", True, "copy")]
+        [("miss", True, "link")]
+    assert set(cold.placements) == {"copy"}, cold.placements
     before = _used(mnt)
     warm = _compile(mnt / "warm.pte", cache, MustNotBuild())
     grew = _used(mnt) - before
@@ -370,17 +372,18 @@ def test_keywords_are_checked_and_the_callers_cache_is_unchanged(here_fs):
 
 
 def test_the_cache_never_takes_the_room_the_save_needs(make_fs):
-    mnt = make_fs("ext4", 192)
-    size = 16 * MiB
-    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=64 * MiB, min_free=0)
-    # Free once the engine is staged: its copy (16 MiB) and 60 MiB more. The copy fits,
-    # but the consuming save budgets 64 MiB + slack (an insert as the move it may fall
-    # back to): with the cache's copy taken it would fail. So the put is skipped with
-    # the reason, and the export succeeds.
+    mnt = make_fs("ext4", 320)
+    size = 96 * MiB
+    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=128 * MiB, min_free=0)
+    # Free once the engine is staged: 80 MiB. The cache would take the staged engine by
+    # hard link (no room), but the save then copies it from the cache's file (96 MiB,
+    # which does not fit), where without the entry it inserts the staged engine (its
+    # budget: a 64 MiB move, which fits). So the put is skipped with the reason, and the
+    # export succeeds.
     st = os.statvfs(mnt)
     filler = mnt / "filler"
     with open(filler, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (2 * size + 60 * MiB))
+        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (size + 80 * MiB))
     builder = FakeBuilder(engine_sizes=(size,))
     report = _compile(mnt / "m.pte", cache, builder)
     (event,) = report.engine_cache
@@ -388,7 +391,26 @@ def test_the_cache_never_takes_the_room_the_save_needs(make_fs):
     assert "not enough free space" in event.reason
     assert engines_in(mnt / "m.pte") == [builder.built[0][1]]
     assert cache.entries() == []
-    assert (cache.max_bytes, cache.min_free) == (64 * MiB, 0)  # the caller's object as it was
+    assert (cache.max_bytes, cache.min_free) == (128 * MiB, 0)  # the caller's object as it was
+
+
+def test_on_ext4_the_cache_links_the_engine_where_a_copy_would_not_fit(make_fs):
+    mnt = make_fs("ext4", 192)
+    size = 16 * MiB
+    cache = trtet_store.EngineCache(mnt / "cache", max_bytes=64 * MiB, min_free=0)
+    # Free once the engine is staged: 16 MiB and 60 MiB more. A copy into the cache would
+    # leave the consuming save less than its 64 MiB move budget; a hard link takes no
+    # room, and the save's copy from the cache (16 MiB) fits.
+    st = os.statvfs(mnt)
+    with open(mnt / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (2 * size + 60 * MiB))
+    builder = FakeBuilder(engine_sizes=(size,))
+    report = _compile(mnt / "m.pte", cache, builder)
+    assert [(e.outcome, e.stored, e.placement) for e in report.engine_cache] == \
+        [("miss", True, "link")]
+    assert engines_in(mnt / "m.pte") == [builder.built[0][1]]
+    assert engines_in(mnt / "m.pte") == [xxhash.xxh3_128_hexdigest(
+        _cached_engine(cache, report.engine_cache[0].key).read_bytes())]
 
 
 def test_on_xfs_a_nearly_full_disk_still_caches_by_clone(make_fs):

@@ -138,7 +138,8 @@ class PutResult:
     filesystem) or ``dedup`` (identical bytes already stored, under another key
     or this one: nothing was written).
     ``evicted`` names the entries evicted to make room; ``digest`` is the
-    stored bytes' xxh3-128.
+    stored bytes' xxh3-128. ``hit`` is the stored entry, pinned, when the put
+    was asked for it (``put(..., pin=True)``): the caller closes it.
     """
 
     key: str
@@ -148,6 +149,7 @@ class PutResult:
     placement: str | None = None
     evicted: tuple[str, ...] = ()
     digest: str | None = None
+    hit: Hit | None = field(default=None, compare=False, repr=False)
 
     @property
     def skipped(self) -> bool:

@@ -419,7 +419,7 @@ class BlobCache(Eviction, Checks):
 
     def put(self, key: str, source: os.PathLike | str | Blob,
             metadata: Mapping[str, Any] | None = None, *, consume: bool = False,
-            digests: Digests | None = None) -> PutResult:
+            digests: Digests | None = None, pin: bool = False) -> PutResult:
         """Store ``source``'s bytes under ``key``; a bound, space or permission problem is a skip.
 
         Parameters
@@ -444,6 +444,12 @@ class BlobCache(Eviction, Checks):
             nothing. A :class:`~trtet_store.io.Blob` source with digests
             brings its own. Without them (or once the file changed), the
             entered bytes are read and digested once.
+        pin : bool
+            Hand the stored entry back pinned, as ``result.hit`` (a
+            :class:`Hit` the caller closes), pinned under the cache-wide lock
+            of the commit: no eviction comes between the entry's commit and
+            the pin. What a caller that consumed its only copy of the bytes
+            into the cache needs to go on using them.
 
         Returns
         -------
@@ -451,6 +457,8 @@ class BlobCache(Eviction, Checks):
             ``stored``, or skipped with ``reason`` (also logged).
         """
         check_key(key)
+        if not isinstance(pin, bool):
+            raise TypeError(f"pin must be a bool, got {type(pin).__name__}")
         if digests is not None and not isinstance(digests, Digests):
             raise TypeError(f"digests must be a trtet_store.io.Digests, got "
                             f"{type(digests).__name__}")
@@ -474,18 +482,28 @@ class BlobCache(Eviction, Checks):
         if size > self.max_bytes:
             return self._skip(key, size, f"{size} bytes is larger than the cache's bound "
                               f"of {self.max_bytes} bytes")
+        pins: list[int] = []
         try:
-            result = self._put(key, src, size, meta, consume, source, digests)
-        except OSError as exc:
-            if exc.errno not in _SKIP_ERRNOS:
-                raise
-            return self._skip(key, size, f"{os.strerror(exc.errno)} while caching "
-                              f"({exc.filename or self.directory})")
-        if result.skipped:
-            log.warning("engine cache: %s not stored: %s", key, result.reason)
-        elif consume:
-            self._consume(source, src, blob_name(result.digest, size))
-        return result
+            try:
+                result = self._put(key, src, size, meta, consume, source, digests,
+                                   pins if pin else None)
+            except OSError as exc:
+                if exc.errno not in _SKIP_ERRNOS:
+                    raise
+                return self._skip(key, size, f"{os.strerror(exc.errno)} while caching "
+                                  f"({exc.filename or self.directory})")
+            if result.skipped:
+                log.warning("engine cache: %s not stored: %s", key, result.reason)
+            elif consume:
+                self._consume(source, src, blob_name(result.digest, size))
+            if pins:
+                # After the consume: its reseal (a removed link changes the ctime) is the
+                # identity the hit is sealed with.
+                result = dataclasses.replace(result, hit=self._pinned(key, result, pins.pop()))
+            return result
+        finally:
+            for fd in pins:
+                os.close(fd)
 
     def _skip(self, key: str, size: int, reason: str) -> PutResult:
         log.warning("engine cache: %s not stored: %s", key, reason)
@@ -493,15 +511,18 @@ class BlobCache(Eviction, Checks):
 
     def _put(self, key: str, src: Path, size: int, meta: dict[str, Any],
              consume: bool, source: os.PathLike | str | Blob,
-             digests: Digests | None) -> PutResult:
+             digests: Digests | None, pins: list[int] | None) -> PutResult:
         src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
         tmp: Path | None = None
         fd = -1
+        # A link removed again (the entry skipped) changes the source's ctime only: a
+        # staged blob that had its sealed identity before is sealed again after.
+        reseal = isinstance(source, Blob) and consume and source.identity_matches()
+        placement = None
         try:
             # The digests this put may trust, if the file is still the one they were
             # taken of (checked again once its bytes are in).
             known = self._known(source, digests, os.fstat(src_fd))
-            placement = None
             evicted: list[str] = []  # to make room for a copy, before the commit
             if consume:
                 # A hard link of the source, locked first so recovery never takes it.
@@ -547,6 +568,14 @@ class BlobCache(Eviction, Checks):
                                  f"{src} no longer holds the bytes it was sealed with")
             with self._locked():
                 result = self._commit(key, tmp, read_fd, digest, chunks, size, meta, placement)
+                if pins is not None and result.stored:
+                    if placement == "link":
+                        # Our exclusive lock is on the blob's very inode: it would block the
+                        # pin. Dropped under the cache-wide lock, which every eviction
+                        # needs, so nothing can evict the entry before it is pinned.
+                        fcntl.flock(src_fd, fcntl.LOCK_UN)
+                    pins.append(try_lock(self._blob(blob_name(digest, size)), create=False,
+                                         readonly=True, wait=True, shared=True))
             if result.stored and result.placement != "dedup":
                 tmp = None  # renamed into blobs/
             if evicted:
@@ -556,9 +585,39 @@ class BlobCache(Eviction, Checks):
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+                if placement == "link" and reseal and not source.closed:
+                    source.reseal()
             if fd >= 0:
                 os.close(fd)
             os.close(src_fd)
+
+    def _pinned(self, key: str, result: PutResult, fd: int) -> Hit:
+        """The entry ``result`` stored, as a hit on ``fd`` (its pin, taken at the commit).
+
+        Its identity is the seal's as it is now (after a consume's reseal), so
+        :meth:`Hit.unchanged` says whether the file is still the sealed one.
+        An entry replaced or dropped since (a damaged blob another process
+        found) gets no identity: its digests are never trusted, and its
+        bytes stay readable through the pinned descriptor.
+        """
+        try:
+            name = blob_name(result.digest, result.size)
+            seal = self._read_seal(name)
+            entry = None
+            with contextlib.suppress(ValueError):
+                entry = self._read_entry(key)
+            sealed = seal is not None and entry is not None and entry.blob == name
+            return Hit(key=key, path=self._blob(name), fd=fd, size=result.size,
+                       digest=result.digest,
+                       chunk_size=int(seal["chunk_size"]) if sealed else self.chunk_size,
+                       chunk_digests=seal["chunk_digests"] if sealed else (),
+                       metadata=entry.metadata if entry is not None else {},
+                       created=entry.created if entry is not None else time.time(),
+                       hits=entry.hits if entry is not None else 0, resealed=False,
+                       identity=seal["identity"] if sealed else ())
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _known(self, source: os.PathLike | str | Blob, digests: Digests | None,
                st: os.stat_result) -> Digests | None:

@@ -4,7 +4,11 @@
 :class:`~trtet_store.export.engine_cache.EngineCache` is given: the local cache,
 then the shared tier (:class:`~trtet_store.cache.tiered.TieredCache`), else the
 build under the key's lease, cached before the consuming save and published.
-A hit's engines are cloned into the staging store (:func:`stage_hit`), else copied.
+A hit's engines are cloned into the staging store (:func:`stage_hit`), else
+shared from the cache (:func:`share_hit`). A miss's engines are cloned into the
+cache; where the staging filesystem is the cache's and cannot clone (ext4) they
+are hard linked in and the save copies them from there (2 copies in all: the
+build's and the program's, issue 42 item 5).
 """
 
 from __future__ import annotations
@@ -275,11 +279,17 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         because = _missed_because(cache, key, fingerprint) if damage is None else None
         built = build()
         reserve = 0
+        link = False
         if _same_filesystem(cache.directory, Path(store.directory)) and \
                 not _clones(built.engines, cache.directory):
+            # No clone (ext4): a copy into the cache and the save's insert or move
+            # would write 1.5 copies more. The cache takes the staged engines by hard
+            # link instead (0 bytes), and the save copies them once from its files:
+            # the build's copy and the program's, the floor (issue 42 item 5).
             reserve = save_reserve(built.engines)
+            link = True
         try:
-            results = cache.put_build(key, built, fingerprint, reserve=reserve)
+            results = cache.put_build(key, built, fingerprint, reserve=reserve, consume=link)
         except Exception as exc:  # the cache is an optimisation: never the export's failure
             log.warning("engine cache %s: the build %s was not cached: %s",
                         cache.directory, key, exc)

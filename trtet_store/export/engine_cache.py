@@ -6,8 +6,10 @@ What an engine build's key and record are lives in :mod:`.engine_key` and
 local :class:`~trtet_store.cache.BlobCache`, then the shared tier) with the
 build record. The export's side of it is :mod:`.engine_build`:
 :func:`~.engine_build.build_cached` turns a hit into staged engines (cloned
-where the filesystems allow, else copied) and puts a miss's engines, then its
-record, into the cache before the consuming save, keeping that save its room.
+where the filesystems allow, else the cache's file shared) and puts a miss's
+engines, then its record, into the cache before the consuming save, keeping
+that save its room (cloned; on a staging filesystem that cannot clone, hard
+linked and then shared, so the save copies each engine once).
 A cache that cannot take an entry, or a shared tier that cannot be used, never
 fails an export. See DESIGN.md, "The cache".
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import errno
 import logging
 import math
@@ -300,14 +303,27 @@ class EngineCache:
     # -- puts ---------------------------------------------------------------------
 
     def put_build(self, key: str, built: BuildResult, fingerprint: str, *,
-                  reserve: int = 0) -> list[PutResult]:
+                  reserve: int = 0, consume: bool = False) -> list[PutResult]:
         """Cache ``built``'s engines, then its record (the commit point of the build).
 
-        Nothing is consumed: each staged engine is cloned into the cache where
-        the filesystems allow, else copied. ``reserve`` bytes are kept free on
-        top of ``min_free`` (the room the save still needs). A skipped engine
-        skips the record (a record names every engine). Never raises for a
-        bound, space or permission problem: the results say why.
+        Without ``consume`` nothing is consumed: each staged engine is cloned
+        into the cache where the filesystems allow, else copied. ``reserve``
+        bytes are kept free on top of ``min_free`` (the room the save still
+        needs). A skipped engine skips the record (a record names every
+        engine). Never raises for a bound, space or permission problem: the
+        results say why.
+
+        ``consume=True`` (the staging store shares the cache's filesystem and
+        cannot clone into it, e.g. ext4): each staged engine is hard linked
+        into the cache (no byte written; the cache's entry is its own inode
+        once the staged name is gone), and the engine's blob becomes the
+        cache's file, pinned and shared (:func:`.engine_build.share_hit`):
+        the save copies it once and never consumes it, so the program's file
+        is never the cache's. When the build is not cached whole (an engine
+        or the record skipped, or an error), each engine already taken is
+        staged again from the cache (:func:`.engine_build.stage_hit`): the
+        build stays the staging store's, kept for the next call if the save
+        fails (DESIGN.md invariant 9), as without ``consume``.
 
         Returns
         -------
@@ -322,16 +338,29 @@ class EngineCache:
             cache.min_free = self.blobs.min_free + reserve
         engine_meta, record_meta = engine_key.metadata(key, built, fingerprint,
                                                        compute_capability())
+        if len({id(e.blob) for e in built.engines}) < len(built.engines):
+            consume = False  # one blob for two engines: the first put would consume both
         results: list[PutResult] = []
-        for i, engine in enumerate(built.engines):
-            result = cache.put(_engine_key(key, i), engine.blob, engine_meta[i])
-            results.append(result)
-            if result.skipped:
+        taken: list[tuple[Any, Hit]] = []  # (engine, its entry pinned), consumed into the cache
+        try:
+            for i, engine in enumerate(built.engines):
+                result = cache.put(_engine_key(key, i), engine.blob, engine_meta[i],
+                                   consume=consume, pin=consume)
+                if result.hit is not None:
+                    taken.append((engine, result.hit))
+                    result = dataclasses.replace(result, hit=None)
+                results.append(result)
+                if result.skipped:
+                    return results
+            if built.record is None:
                 return results
-        if built.record is None:
+            results.append(cache.put(key, built.record, record_meta))
             return results
-        results.append(cache.put(key, built.record, record_meta))
-        return results
+        finally:
+            if taken:
+                whole = len(results) == len(built.engines) + (built.record is not None) and \
+                    all(r.stored for r in results)
+                _place_taken(taken, whole)
 
     # -- single flight and maintenance -----------------------------------------------
 
@@ -592,3 +621,32 @@ __all__ = [
     "build_key",
     "compute_capability",
 ]
+
+
+def _place_taken(taken: list[tuple[Any, Hit]], whole: bool) -> None:
+    """Give each engine consumed into the cache its blob again, from its pinned entry.
+
+    ``whole``: the build is cached with its record, so the cache keeps it for
+    the next call: the blob is the cache's file, shared (the save copies it
+    once). Otherwise the bytes are staged again (the store's own blob, kept
+    if the save fails; a copy, cloned where it can be), or shared where that
+    copy fails (no room): they are never lost to the export. Each engine has
+    its own blob here (:meth:`EngineCache.put_build` takes none twice).
+    """
+    from trtet_store.export import engine_build
+
+    try:
+        for engine, hit in taken:
+            store, metadata = engine.blob.store, engine.blob.metadata
+            if not whole:
+                try:
+                    engine.blob, _ = engine_build.stage_hit(store, hit, metadata)
+                    continue
+                except OSError as exc:
+                    log.warning("engine cache: engine %s could not be staged again from %s "
+                                "(%s); placed from the cache's file", engine.engine_id,
+                                hit.path, exc)
+            engine.blob, _ = engine_build.share_hit(store, hit, metadata)
+    finally:
+        for _, hit in taken:
+            hit.close()

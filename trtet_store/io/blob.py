@@ -219,8 +219,16 @@ class Blob:
         return True
 
     def reseal(self) -> None:
-        """Record the file's identity again, after a rollback of our own put it back."""
+        """Record the file's identity again, after a rollback of our own put it back.
+
+        In the sidecar too (a file of our own store): an orphan whose sidecar
+        names another identity is never trusted, so a kill after our own link
+        and unlink (which change only the ctime) would cost the build.
+        """
         self.identity = file_identity(os.stat(self.path))
+        if not self.shared and not self.closed:
+            with contextlib.suppress(OSError):
+                self.store._write_meta(self)
 
     def ensure_digests(self) -> None:
         """Read the file once to compute its digests, checking it is still as sealed."""
