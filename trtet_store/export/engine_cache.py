@@ -244,8 +244,12 @@ class EngineCache:
 
     # -- hits ---------------------------------------------------------------------
 
-    def lookup(self, key: str) -> CachedBuild | None:
+    def lookup(self, key: str, *, kind: str = RECORD_KIND) -> CachedBuild | None:
         """The complete build under ``key``, every entry pinned and checked, or None.
+
+        ``kind``: the record's kind (a build's, or a structure entry's for a
+        refit, :data:`~trtet_store.export.engine_refit.STRUCTURE_KIND`); a
+        record of another kind is a miss.
 
         A record whose engines are missing, or whose engine entries hold other
         bytes than it recorded (size, digest), is a miss: never served.
@@ -263,9 +267,9 @@ class EngineCache:
         try:
             meta = record.metadata
             wanted = meta.get("engines")
-            if meta.get("kind") != RECORD_KIND or not isinstance(wanted, list):
-                log.warning("engine cache %s: entry %s is not a build record; a miss",
-                            self.directory, key)
+            if meta.get("kind") != kind or not isinstance(wanted, list):
+                log.warning("engine cache %s: entry %s is not a %s record; a miss",
+                            self.directory, key, kind)
                 record.close()
                 return None
             for i, entry in enumerate(wanted):
