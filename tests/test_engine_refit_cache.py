@@ -272,3 +272,13 @@ def test_eight_processes_exporting_one_fine_tune_make_one_refit(here_fs):
     expected = FakeRefitter.expected(structure_engine, torch.export.export(module, inputs))
     for i in range(8):
         assert engine_bytes(here_fs / f"b{i}.pte") == [expected]
+
+
+def test_the_cli_line_of_a_refit_says_what_it_wrote_and_took():
+    from trtet_store.cli.compile import _engine_event
+    from trtet_store.export.engine_record import EngineCacheEvent
+
+    event = EngineCacheEvent("e0", "trt-x-sm_90.e0", 3 * MiB, "refit", "clone", True,
+                             missed_because="weights changed", written=3 * MiB, seconds=1.25)
+    assert _engine_event(event) == \
+        "refit (3.0 MiB written, 1.2 s), cached (clone), missed because weights changed"
