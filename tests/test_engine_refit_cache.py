@@ -282,3 +282,34 @@ def test_the_cli_line_of_a_refit_says_what_it_wrote_and_took():
                              missed_because="weights changed", written=3 * MiB, seconds=1.25)
     assert _engine_event(event) == \
         "refit (3.0 MiB written, 1.2 s), cached (clone), missed because weights changed"
+
+
+def test_a_program_with_weights_outside_its_engines_keeps_no_structure_entry(here_fs):
+    # A partial compile leaves CPU operators with weights: a refit of the engines alone
+    # would ship the old ones beside the new engines.
+    module, inputs = linear_relu()
+    builder, refitter = FakeBuilder(engine_sizes=(MiB,), cpu_tail=4), FakeRefitter()
+    _export(here_fs, "a", module, inputs, builder, refitter, **REFITTABLE)
+    assert engine_refit.STRUCTURE_KIND not in _kinds(here_fs)
+    _fine_tune(module)
+    report = _export(here_fs, "b", module, inputs, builder, refitter, **REFITTABLE)
+    assert [e.outcome for e in report.engine_cache] == ["miss"] and refitter.refits == []
+
+
+@pytest.mark.parametrize(("refit", "settings", "refused"), [
+    ({"refittable": True, "settings": {"immutable_weights": False}}, REFITTABLE, None),
+    ({"refittable": True, "settings": {"immutable_weights": False}}, {},
+     "the export's settings make no refittable engine"),
+    ({"refittable": True, "settings": {}}, REFITTABLE,
+     "the structure entry is not a refittable build"),
+    ({"refittable": True, "settings": {"immutable_weights": False,
+                                       "refit_identical_engine_weights": True}}, REFITTABLE,
+     "the structure entry is not a refittable build"),
+    ({"refittable": False, "settings": {"immutable_weights": False}}, REFITTABLE,
+     "the structure entry is not a refittable build"),
+    (None, REFITTABLE, "the structure entry is not a refittable build"),
+])
+def test_the_refit_gate_reads_both_the_entry_and_the_export(refit, settings, refused):
+    # Behind the structure key (which holds the settings): an entry whose record does not
+    # say it was built refittable is never refit, whatever the export asks.
+    assert engine_refit._refuse({"refit": refit}, settings) == refused
