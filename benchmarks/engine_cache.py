@@ -366,16 +366,22 @@ def _measured_export(module, inputs, out: Path, cache, mnt: Path, builder, refit
             "on_disk": disk_usage(cache.directory)}, report
 
 
-def refit_run(cache, mnt: Path, size: int, engines: int) -> tuple[dict, dict]:
+def refit_run(mnt: Path, size: int, engines: int) -> tuple[dict, dict]:
     """Export A (refittable settings, not measured), change every weight, export B, B again.
 
-    Returns the figures of B (must refit every engine and build none) and of
-    B again (must hit: no refit, no build).
+    On a cache of its own (``refit-cache``, room for two builds: A's full
+    entry and its structure entry, the same bytes, and B's), removed at the
+    end, so the cold and warm methods' cache is left as it was. Returns the
+    figures of B (must refit every engine and build none) and of B again
+    (must hit: no refit, no build).
     """
     import torch
 
+    from trtet_store import EngineCache
     from trtet_store.testing.stub_tensorrt import FakeBuilder, FakeRefitter
 
+    cache = EngineCache(mnt / "refit-cache", max_bytes=2 * engines * size + 256 * MiB,
+                        min_free=0)
     cache.clear()
     settle(mnt)
     torch.manual_seed(0)
@@ -402,6 +408,7 @@ def refit_run(cache, mnt: Path, size: int, engines: int) -> tuple[dict, dict]:
     outcomes = [e.outcome for e in report.engine_cache]
     assert outcomes == ["hit"] * engines and len(refitter.refits) == engines, outcomes
     again.update(built=0, refits=0)
+    cache.clear()  # room for the next run's methods; measured above ("on disk after")
     return b, again
 
 
@@ -763,7 +770,7 @@ def run_size(remote: Remote | None, factory, fstype: str, mib: int, engines: int
                 if m in ("cold", "warm"):
                     res = compile_run(cache, mnt, size, engines, cold=m == "cold")
                 elif m == "refit":
-                    res, again = refit_run(cache, mnt, size, engines)
+                    res, again = refit_run(mnt, size, engines)
                     runs["refit-again"].append(again)
                 elif m in ("upstream", "adapter"):
                     res = upstream_run(m, mnt, size, engines)
