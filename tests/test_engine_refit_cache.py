@@ -313,3 +313,26 @@ def test_the_refit_gate_reads_both_the_entry_and_the_export(refit, settings, ref
     # Behind the structure key (which holds the settings): an entry whose record does not
     # say it was built refittable is never refit, whatever the export asks.
     assert engine_refit._refuse({"refit": refit}, settings) == refused
+
+
+def test_on_xfs_a_refit_writes_the_new_engines_once(make_fs):
+    # The refit's output is the one copy: the cache and the .pte take it by clone.
+    from trtet_store.bench import measure
+
+    mnt = make_fs("xfs", 600)
+    engine_mib, engines = 32, 2
+    engine_bytes = engines * engine_mib * MiB
+    module, inputs = linear_relu()
+    builder = FakeBuilder(engine_sizes=(engine_mib * MiB,) * engines)
+    _export(mnt, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    _fine_tune(module)
+    refitter = FakeRefitter()
+    measure.syncfs(mnt)
+    before = measure.device_io(mnt)
+    report = _export(mnt, "b", module, inputs, builder, refitter, **REFITTABLE)
+    measure.syncfs(mnt)
+    written = measure.device_io(mnt)[1] - before[1]
+    assert [e.outcome for e in report.engine_cache] == ["refit"] * engines
+    assert [e.placement for e in report.engine_cache] == ["clone"] * engines
+    assert written <= engine_bytes + 4 * MiB, \
+        f"a refit wrote {written / engine_bytes:.2f} copies of the engines (floor 1)"
