@@ -159,8 +159,16 @@ def test_new_weights_with_refittable_settings_are_refit_then_a_clone(here_fs):
     assert [e.outcome for e in third.engine_cache] == ["hit"]
     assert len(builder.built) == 1 and len(refitter.refits) == 1
     assert engine_bytes(here_fs / "b2.pte") == [expected]
-    # One structure entry (the first build's), two full entries (A built, B refit).
+    # One structure entry (the first build's), two full entries (A built, B refit); B's
+    # record names the structure it was refit from, and `cache list` shows the kinds.
     assert _kinds(here_fs) == [RECORD_KIND, RECORD_KIND, engine_refit.STRUCTURE_KIND]
+    from trtet_store.cli.cache import _rows
+
+    rows = {r["key"]: r for r in _rows(_cache(here_fs))}
+    b_key = event.key.removesuffix(".e0")
+    assert rows[b_key]["metadata"]["refit_from"].startswith("trt-s-")
+    assert rows[rows[b_key]["metadata"]["refit_from"]]["kind"] == "structure"
+    assert rows[first.engine_cache[0].key.removesuffix(".e0")]["kind"] == "build"
     _no_stray_files(here_fs / "store", here_fs / "cache")
 
 

@@ -291,7 +291,8 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                 not _clones(built.engines, cache.directory):
             reserve = save_reserve(built.engines)
         try:
-            results = cache.put_build(key, built, fingerprint, reserve=reserve)
+            results = cache.put_build(key, built, fingerprint, reserve=reserve, record_extra=(
+                {"refit_from": refitted.structure} if refitted is not None else None))
         except Exception as exc:  # the cache is an optimisation: never the export's failure
             log.warning("engine cache %s: the build %s was not cached: %s",
                         cache.directory, key, exc)

@@ -304,7 +304,8 @@ class EngineCache:
     # -- puts ---------------------------------------------------------------------
 
     def put_build(self, key: str, built: BuildResult, fingerprint: str, *,
-                  reserve: int = 0) -> list[PutResult]:
+                  reserve: int = 0, record_extra: dict[str, Any] | None = None
+                  ) -> list[PutResult]:
         """Cache ``built``'s engines, then its record (the commit point of the build).
 
         Nothing is consumed: each staged engine is cloned into the cache where
@@ -312,6 +313,8 @@ class EngineCache:
         top of ``min_free`` (the room the save still needs). A skipped engine
         skips the record (a record names every engine). Never raises for a
         bound, space or permission problem: the results say why.
+        ``record_extra``: more fields of the record's metadata (a refit's
+        ``refit_from``, the structure key it was refit from).
 
         Returns
         -------
@@ -326,6 +329,7 @@ class EngineCache:
             cache.min_free = self.blobs.min_free + reserve
         engine_meta, record_meta = engine_key.metadata(key, built, fingerprint,
                                                        compute_capability())
+        record_meta.update(record_extra or {})
         results: list[PutResult] = []
         for i, engine in enumerate(built.engines):
             result = cache.put(_engine_key(key, i), engine.blob, engine_meta[i])
