@@ -329,7 +329,7 @@ def test_on_xfs_a_refit_writes_the_new_engines_once(make_fs):
 
     mnt = make_fs("xfs", 600)
     engine_mib, engines = 32, 2
-    engine_bytes = engines * engine_mib * MiB
+    total = engines * engine_mib * MiB
     module, inputs = linear_relu()
     builder = FakeBuilder(engine_sizes=(engine_mib * MiB,) * engines)
     _export(mnt, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
@@ -342,5 +342,102 @@ def test_on_xfs_a_refit_writes_the_new_engines_once(make_fs):
     written = measure.device_io(mnt)[1] - before[1]
     assert [e.outcome for e in report.engine_cache] == ["refit"] * engines
     assert [e.placement for e in report.engine_cache] == ["clone"] * engines
-    assert written <= engine_bytes + 4 * MiB, \
-        f"a refit wrote {written / engine_bytes:.2f} copies of the engines (floor 1)"
+    assert written <= total + 4 * MiB, \
+        f"a refit wrote {written / total:.2f} copies of the engines (floor 1)"
+
+
+def _device_written(mnt: Path, run) -> tuple[int, object]:
+    from trtet_store.bench import measure
+
+    measure.syncfs(mnt)
+    before = measure.device_io(mnt)
+    out = run()
+    measure.syncfs(mnt)
+    return measure.device_io(mnt)[1] - before[1], out
+
+
+def test_on_ext4_a_refit_writes_two_copies_the_cache_links_the_refit(make_fs):
+    # No clone: the refit's output enters the cache by hard link and the .pte copies it
+    # from the cache's file (two copies; a put by copy, then an insert and a move, wrote 2.5).
+    mnt = make_fs("ext4", 640)
+    engine_mib, engines = 32, 2
+    total = engines * engine_mib * MiB
+    module, inputs = linear_relu()
+    builder = FakeBuilder(engine_sizes=(engine_mib * MiB,) * engines)
+    _export(mnt, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    structure_engines = engine_bytes(mnt / "a.pte")
+    _fine_tune(module)
+    written, report = _device_written(mnt, lambda: _export(
+        mnt, "b", module, inputs, builder, FakeRefitter(), **REFITTABLE))
+    assert [(e.outcome, e.placement) for e in report.engine_cache] == [("refit", "link")] * 2
+    assert written <= 2 * total + 4 * MiB, \
+        f"a refit wrote {written / total:.2f} copies of the engines (floor 2)"
+    program = torch.export.export(module, inputs)
+    assert engine_bytes(mnt / "b.pte") == [FakeRefitter.expected(e, program)
+                                           for e in structure_engines]
+    assert _cache(mnt).verify().ok
+    _no_stray_files(mnt / "store", mnt / "cache")
+    again = _export(mnt, "b2", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    assert [e.outcome for e in again.engine_cache] == ["hit"] * 2
+    assert engine_bytes(mnt / "b2.pte") == engine_bytes(mnt / "b.pte")
+
+
+def test_a_linked_refit_the_cache_lets_go_of_at_once_is_copied_back_not_lost(here_fs,
+                                                                             monkeypatch):
+    # Another process's eviction between the put and our pin: the bytes come back from our
+    # own descriptor of the file the cache took.
+    from trtet_store.cache import BlobCache
+
+    module, inputs = linear_relu()
+    builder = FakeBuilder(engine_sizes=(2 * MiB,))
+    _export(here_fs, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    [structure_engine] = engine_bytes(here_fs / "a.pte")
+    _fine_tune(module)
+    gone = _full_key(module, inputs, REFITTABLE) + ".e0"
+    real_get = BlobCache.get
+
+    def get(self, key, **kw):
+        if key == gone:
+            return None
+        return real_get(self, key, **kw)
+
+    monkeypatch.setattr(BlobCache, "get", get)
+    from trtet_store.export import engine_build
+
+    monkeypatch.setattr(engine_build, "_clones", lambda engines, cache_dir: False)
+    report = _export(here_fs, "b", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    assert [(e.outcome, e.placement) for e in report.engine_cache] == [("refit", "link")]
+    program = torch.export.export(module, inputs)
+    assert engine_bytes(here_fs / "b.pte") == [FakeRefitter.expected(structure_engine, program)]
+    _no_stray_files(here_fs / "store", here_fs / "cache")
+
+
+def test_a_cache_failing_after_it_took_a_linked_refit_never_fails_the_export(here_fs,
+                                                                            monkeypatch):
+    # The engines went in by link (their staged files given up), then the record's put
+    # raised: the save still finds every engine (the cache's files, shared).
+    from trtet_store.cache import BlobCache
+    from trtet_store.export import engine_build
+
+    module, inputs = linear_relu()
+    builder = FakeBuilder(engine_sizes=(2 * MiB,))
+    _export(here_fs, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    [structure_engine] = engine_bytes(here_fs / "a.pte")
+    _fine_tune(module)
+    record = _full_key(module, inputs, REFITTABLE)
+    real_put = BlobCache.put
+
+    def put(self, key, *args, **kw):
+        if key == record:
+            raise RuntimeError("planted: the record's put failed")
+        return real_put(self, key, *args, **kw)
+
+    monkeypatch.setattr(BlobCache, "put", put)
+    monkeypatch.setattr(engine_build, "_clones", lambda engines, cache_dir: False)
+    report = _export(here_fs, "b", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    [event] = report.engine_cache
+    assert (event.outcome, event.stored) == ("refit", False)
+    assert "planted: the record's put failed" in event.reason
+    program = torch.export.export(module, inputs)
+    assert engine_bytes(here_fs / "b.pte") == [FakeRefitter.expected(structure_engine, program)]
+    _no_stray_files(here_fs / "store", here_fs / "cache")

@@ -287,12 +287,19 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         because = _missed_because(cache, key, fingerprint) if damage is None else None
         built = refitted.built if refitted is not None else build()
         reserve = 0
+        link = False
         if _same_filesystem(cache.directory, Path(store.directory)) and \
                 not _clones(built.engines, cache.directory):
             reserve = save_reserve(built.engines)
+            link = True
         try:
-            results = cache.put_build(key, built, fingerprint, reserve=reserve, record_extra=(
-                {"refit_from": refitted.structure} if refitted is not None else None))
+            if refitted is not None:
+                # Where the cache cannot clone, a refit's engines enter it by link and
+                # the save copies them from there: two copies, not 2.5.
+                results = engine_refit.cache_refit(cache, key, refitted, fingerprint, store,
+                                                   reserve=reserve, link=link)
+            else:
+                results = cache.put_build(key, built, fingerprint, reserve=reserve)
         except Exception as exc:  # the cache is an optimisation: never the export's failure
             log.warning("engine cache %s: the build %s was not cached: %s",
                         cache.directory, key, exc)

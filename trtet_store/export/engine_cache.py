@@ -304,17 +304,21 @@ class EngineCache:
     # -- puts ---------------------------------------------------------------------
 
     def put_build(self, key: str, built: BuildResult, fingerprint: str, *,
-                  reserve: int = 0, record_extra: dict[str, Any] | None = None
-                  ) -> list[PutResult]:
+                  reserve: int = 0, record_extra: dict[str, Any] | None = None,
+                  consume: bool = False) -> list[PutResult]:
         """Cache ``built``'s engines, then its record (the commit point of the build).
 
-        Nothing is consumed: each staged engine is cloned into the cache where
-        the filesystems allow, else copied. ``reserve`` bytes are kept free on
+        Unless ``consume``, nothing is consumed: each staged engine is cloned
+        into the cache where the filesystems allow, else copied. ``reserve``
+        bytes are kept free on
         top of ``min_free`` (the room the save still needs). A skipped engine
         skips the record (a record names every engine). Never raises for a
         bound, space or permission problem: the results say why.
         ``record_extra``: more fields of the record's metadata (a refit's
-        ``refit_from``, the structure key it was refit from).
+        ``refit_from``, the structure key it was refit from). ``consume``:
+        each engine's staged blob is given up to the cache (hard linked in
+        where they share a filesystem, then released; left as it was when
+        its put is skipped); the record never is.
 
         Returns
         -------
@@ -332,7 +336,8 @@ class EngineCache:
         record_meta.update(record_extra or {})
         results: list[PutResult] = []
         for i, engine in enumerate(built.engines):
-            result = cache.put(_engine_key(key, i), engine.blob, engine_meta[i])
+            result = cache.put(_engine_key(key, i), engine.blob, engine_meta[i],
+                               consume=consume)
             results.append(result)
             if result.skipped:
                 return results

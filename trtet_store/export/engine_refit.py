@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -66,8 +67,8 @@ if TYPE_CHECKING:
     from trtet_store.export.tensorrt import BuildResult
     from trtet_store.io import BlobStore
 
-__all__ = ["STRUCTURE_KIND", "Refitted", "RefitSource", "keep_structure", "refit_cached",
-           "source", "structure_key"]
+__all__ = ["STRUCTURE_KIND", "Refitted", "RefitSource", "cache_refit", "keep_structure",
+           "refit_cached", "source", "structure_key"]
 
 log = logging.getLogger("trtet_store.engine_cache")
 
@@ -279,3 +280,70 @@ def _refit(structure: CachedBuild, store: BlobStore, fingerprint: str, refit: Re
         log.info("engine %s refit from %s engine %d (%d bytes, %.2f s), not built",
                  engine.engine_id, skey, i, written[i], seconds[i])
     return Refitted(built, written, seconds, skey)
+
+
+# -- caching a refit ------------------------------------------------------------------------
+
+def cache_refit(cache: EngineCache, key: str, refitted: Refitted, fingerprint: str,
+                store: BlobStore, *, reserve: int = 0, link: bool = False) -> list[PutResult]:
+    """Put a refit's build under its full key; with ``link``, at one copy of the engines.
+
+    ``link`` (the cache shares the staging filesystem and cannot clone, e.g.
+    ext4): each refit engine is given up to the cache by hard link (no byte
+    copied) and the save then copies it straight from the cache's file
+    (:func:`~.engine_build.share_hit`): the refit's output and the program's
+    copy, two copies, where a put by copy and a consuming save wrote 2.5. An
+    engine whose put is skipped stays staged as it was. Our own descriptor
+    of each staged file is held over the put, so that an entry evicted
+    before it is pinned is not lost: its bytes are copied back into staging
+    from that descriptor. Otherwise (a clone, or another filesystem) the
+    put is :meth:`EngineCache.put_build`'s, the staged engines kept.
+    """
+    extra = {"refit_from": refitted.structure}
+    built = refitted.built
+    if not link:
+        return cache.put_build(key, built, fingerprint, reserve=reserve, record_extra=extra)
+    held: list[int] = []
+    try:
+        for engine in built.engines:
+            held.append(os.open(engine.blob.path, os.O_RDONLY | os.O_CLOEXEC))
+        digests = [engine.blob.digest for engine in built.engines]  # known: no read
+        try:
+            return cache.put_build(key, built, fingerprint, reserve=reserve,
+                                   record_extra=extra, consume=True)
+        finally:  # the save needs every engine, whatever became of the put
+            for i, engine in enumerate(built.engines):
+                if engine.blob.consumed:  # else skipped or never tried: staged as it was
+                    engine.blob = _from_cache(cache, key, i, digests[i], store, held[i],
+                                              dict(engine.blob.metadata))
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def _from_cache(cache: EngineCache, key: str, i: int, digest: str, store: BlobStore,
+                fd: int, metadata: dict[str, Any]) -> Any:
+    """Engine ``i`` the cache just took, staged for the save: its cached file shared, or,
+    when it is no longer there, a copy from ``fd`` (our descriptor of the file it took)."""
+    from trtet_store.export import engine_build
+
+    hit = cache.blobs.get(engine_key.engine_key(key, i), verify=cache.hit_verify)
+    if hit is not None:
+        with hit:
+            if hit.digest == digest:
+                return engine_build.share_hit(store, hit, metadata, verify=cache.hit_verify)[0]
+    log.warning("engine cache %s: engine %d of %s left the cache as soon as it was put; "
+                "copying it back into staging", cache.directory, i, key)
+    return _restage(store, fd, metadata)
+
+
+def _restage(store: BlobStore, fd: int, metadata: dict[str, Any]) -> Any:
+    """A staged blob of the bytes behind ``fd`` (a file the cache took and let go of)."""
+    from trtet_store.io.units import MiB
+
+    with store.writer(metadata=metadata) as w:
+        offset = 0
+        while chunk := os.pread(fd, 8 * MiB, offset):
+            w.write(chunk)
+            offset += len(chunk)
+    return w.blob
