@@ -18,7 +18,9 @@ The policy of an export (:func:`~.engine_build.build_cached` calls this module):
    export's weights (:func:`~.tensorrt.refit_engine`, streamed into the
    staging store through its digesting writer: no second copy, no re-read),
    check it (:func:`~.tensorrt.check_refit`), and cache the result under the
-   full key, so the next identical export is a clone;
+   full key, so the next identical export is a clone (where the cache cannot
+   clone, by hard link, the save then copying from the cache's file:
+   :func:`cache_refit`);
 3. else build (and keep the structure entry when the settings allow a refit).
 
 All of it runs under the full key's single-flight claim, the one a build
