@@ -15,7 +15,13 @@ methods, ``--repeat`` runs each:
   process, ``check`` (``load`` + ``unpack``) in a fresh one, as a later
   compile would;
 - ``adapter``: the same two steps through our ``for_torch_tensorrt`` adapter
-  (upstream's ``insert``/``check`` over our ``save``/``load``).
+  (upstream's ``insert``/``check`` over our ``save``/``load``);
+- ``refit`` (issue 46): on an emptied cache, export A with
+  ``immutable_weights=False`` (not measured: a build, kept under its full key
+  and as the structure entry), change every weight, export B (measured: no
+  build, each engine refit by the stub's ``FakeRefitter``, which streams the
+  structure engine's bytes behind a header, so its time is a lower bound);
+  ``refit-again`` is B once more (a clone hit: no refit, no build).
 
 The shared tier (issue 37), on one SeaweedFS server
 (``trtet_store.testing.s3server``, started here, its data under ``/tmp``),
@@ -339,6 +345,73 @@ def compile_run(cache, mnt: Path, size: int, engines: int, *, cold: bool,
     return res
 
 
+# -- new weights, same engine: a refit (issue 46) --------------------------------------------
+
+def _measured_export(module, inputs, out: Path, cache, mnt: Path, builder, refitter,
+                     **settings) -> tuple[dict, object]:
+    """One ``compile_and_save`` through ``cache`` with the stub seams, its costs measured."""
+    import trtet_store
+    from trtet_store.testing.stub_tensorrt import installed
+
+    with installed(builder, refitter=refitter), Costs(mnt) as costs:
+        start = time.monotonic()
+        with measure.PeakDiskMonitor(mnt) as mon:
+            report = trtet_store.compile_and_save(module, inputs, out, engine_cache=cache,
+                                                  **settings)
+        seconds = time.monotonic() - start
+    out.unlink()
+    events = getattr(report, "engine_cache", None) or []
+    return {"seconds": seconds, **costs.figures, "peak_extra_disk": mon.peak_extra_bytes,
+            "outcomes": ",".join(sorted({f"{e.outcome}:{e.placement}" for e in events})),
+            "on_disk": disk_usage(cache.directory)}, report
+
+
+def refit_run(mnt: Path, size: int, engines: int) -> tuple[dict, dict]:
+    """Export A (refittable settings, not measured), change every weight, export B, B again.
+
+    On a cache of its own (``refit-cache``, room for two builds: A's full
+    entry and its structure entry, the same bytes, and B's), removed at the
+    end, so the cold and warm methods' cache is left as it was. Returns the
+    figures of B (must refit every engine and build none) and of B again
+    (must hit: no refit, no build).
+    """
+    import torch
+
+    from trtet_store import EngineCache
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, FakeRefitter
+
+    cache = EngineCache(mnt / "refit-cache", max_bytes=2 * engines * size + 256 * MiB,
+                        min_free=0)
+    cache.clear()
+    settle(mnt)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+    inputs = (torch.randn(2, 16),)
+    builder, refitter = FakeBuilder(engine_sizes=(size,) * engines), FakeRefitter()
+    settings = {"immutable_weights": False}
+    _measured_export(module, inputs, mnt / "a.pte", cache, mnt, builder, refitter, **settings)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(1.0)  # a fine-tune that changed every weight
+    settle(mnt)
+    b, report = _measured_export(module, inputs, mnt / "b.pte", cache, mnt, builder, refitter,
+                                 **settings)
+    assert len(builder.built) == engines and len(refitter.refits) == engines, \
+        f"B built {len(builder.built) - engines}, refit {len(refitter.refits)}: " \
+        f"{[(e.outcome, e.reason) for e in report.engine_cache]}"
+    b.update(built=0, refits=len(refitter.refits),
+             refit_written=sum(e.written or 0 for e in report.engine_cache),
+             refit_seconds=sum(e.seconds or 0.0 for e in report.engine_cache))
+    settle(mnt)
+    again, report = _measured_export(module, inputs, mnt / "b.pte", cache, mnt, builder,
+                                     refitter, **settings)
+    outcomes = [e.outcome for e in report.engine_cache]
+    assert outcomes == ["hit"] * engines and len(refitter.refits) == engines, outcomes
+    again.update(built=0, refits=0)
+    cache.clear()  # room for the next run's methods; measured above ("on disk after")
+    return b, again
+
+
 # -- the shared tier (issue 37) ------------------------------------------------------------
 
 class Remote:
@@ -509,7 +582,7 @@ def settle(mnt: Path) -> None:
 
 # -- the table -------------------------------------------------------------------------------
 
-LOCAL = ("cold", "warm", "upstream", "adapter")
+LOCAL = ("cold", "warm", "upstream", "adapter", "refit", "refit-again")
 REMOTE = ("publish", "remote-hit", "pull", "download", "s3-docs")
 METHODS = LOCAL + REMOTE
 
@@ -691,11 +764,14 @@ def run_size(remote: Remote | None, factory, fstype: str, mib: int, engines: int
             machine_b, key, objects = remote_setup(remote, mnt, size, engines, bound, fstype)
         for r in range(repeat):
             for m in order(r, methods):
-                if m == "warm" and "cold" not in methods:
-                    continue
+                if (m == "warm" and "cold" not in methods) or m == "refit-again":
+                    continue  # (refit-again is measured by refit's run)
                 settle(mnt)
                 if m in ("cold", "warm"):
                     res = compile_run(cache, mnt, size, engines, cold=m == "cold")
+                elif m == "refit":
+                    res, again = refit_run(mnt, size, engines)
+                    runs["refit-again"].append(again)
                 elif m in ("upstream", "adapter"):
                     res = upstream_run(m, mnt, size, engines)
                 elif m == "publish":

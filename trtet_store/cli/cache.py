@@ -71,7 +71,7 @@ __all__ = ["add_parser", "cmd_cache", "parse_age"]
 
 #: The kinds of entries, as the metadata names them, and how ``list`` shows them.
 KINDS = {"trtet_store.tensorrt.engine": "engine", "trtet_store.tensorrt.build": "build",
-         "torch_tensorrt.packed": "torch-tensorrt"}
+         "trtet_store.tensorrt.structure": "structure", "torch_tensorrt.packed": "torch-tensorrt"}
 
 
 def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:

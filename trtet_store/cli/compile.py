@@ -244,7 +244,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
 
 
 def _engine_event(e: Any) -> str:
-    """One engine's cache outcome: local hit, remote hit (bytes downloaded), or built."""
+    """One engine's cache outcome: local hit, remote hit (bytes downloaded), refit, or built."""
     if e.outcome == "hit":
         return f"hit, {e.placement}"
     if e.outcome == "remote-hit":
@@ -253,6 +253,10 @@ def _engine_event(e: Any) -> str:
                 f"{e.placement}")
     text = f"{e.outcome}, " + (f"cached ({e.placement})" if e.stored
                               else f"not cached ({e.reason})")
+    if e.outcome == "refit" and getattr(e, "written", None) is not None:
+        # What the refit cost instead of a build: its engine's bytes, its seconds.
+        text = f"refit ({mib(e.written)} written, {e.seconds:.1f} s), " + \
+            text.removeprefix("refit, ")
     if e.stored and e.reason:  # a rebuilt damaged entry: how it was damaged
         text += f", {e.reason}"
     if getattr(e, "missed_because", None):  # what differs from the closest cached build

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from trtet_store.cache.tier import RemoteEntry
     from trtet_store.cache.tiered import TierGet
     from trtet_store.export.engine_cache import EngineCache
+    from trtet_store.export.engine_refit import RefitSource
     from trtet_store.export.tensorrt import BuildResult
     from trtet_store.io import Blob, BlobStore
 
@@ -207,7 +208,8 @@ def _same_filesystem(a: Path, b: Path) -> bool:
 
 
 def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: str, *,
-                 timeout: float | None = None) -> tuple[BuildResult, list[EngineCacheEvent]]:
+                 timeout: float | None = None, refit: RefitSource | None = None,
+                 ) -> tuple[BuildResult, list[EngineCacheEvent]]:
     """A lowering's build through the cache: a hit, or ``build()`` then a put, one per key.
 
     ``build`` is called with no argument and returns the staged
@@ -220,7 +222,15 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
     (:meth:`TieredCache.claim`) and publishes (:meth:`TieredCache.publish`);
     a build cached here but not published is published by the next export
     that hits it.
+
+    ``refit`` (:func:`.engine_refit.source`, given when the settings make a
+    refittable engine): a local miss with a structure entry of the same
+    structure key is refit from it instead of built (under the same claim,
+    before the shared tier is asked), and a build is kept as the structure
+    entry of later fine-tunes (:mod:`.engine_refit`).
     """
+    from trtet_store.export import engine_refit
+
     key = cache.key(fingerprint)
     tiered = cache.tiered
     with contextlib.ExitStack() as stack:
@@ -263,21 +273,23 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                         for e in events:
                             e.published, e.publish_reason = published, why
                     return built, events
+        # Issue 46 item 4: new weights of a cached refittable structure are refit, not built.
+        refitted, refit_why = engine_refit.refit_cached(cache, fingerprint, refit, store)
         remote_why: str | None = None  # why this build cannot be published
         remote_reason: str | None = None  # why the tier's entry was not served
-        if cache.remote is not None:
+        if refitted is None and cache.remote is not None:
             served, remote_why, remote_reason, shared_damage = _from_tier(
                 cache, key, store, fingerprint, stack)
             if served is not None:
                 return served
             damage = shared_damage or damage
-        if waited > 0.5:
+        if waited > 0.5 and refitted is None:
             log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
                      "cache it; building it here", cache.directory, waited, key)
         # Issue 46 item 6: what differs from the closest cached build (metadata only);
         # a damaged entry of this very key says why itself (the rebuild's reason).
         because = _missed_because(cache, key, fingerprint) if damage is None else None
-        built = build()
+        built = refitted.built if refitted is not None else build()
         reserve = 0
         link = False
         if _same_filesystem(cache.directory, Path(store.directory)) and \
@@ -289,13 +301,18 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             reserve = save_reserve(built.engines)
             link = True
         try:
-            results = cache.put_build(key, built, fingerprint, reserve=reserve, consume=link)
+            # A refit's record says which structure it was refit from.
+            extra = {"refit_from": refitted.structure} if refitted is not None else None
+            results = cache.put_build(key, built, fingerprint, reserve=reserve, consume=link,
+                                      record_extra=extra)
         except Exception as exc:  # the cache is an optimisation: never the export's failure
             log.warning("engine cache %s: the build %s was not cached: %s",
                         cache.directory, key, exc)
             results = [PutResult(key=key, stored=False, size=0,
                                  reason=f"{type(exc).__name__}: {exc}")]
         complete = len(results) == len(built.engines) + 1 and all(r.stored for r in results)
+        if refitted is None and refit is not None:
+            engine_refit.keep_structure(cache, key, built, fingerprint, refit, reserve=reserve)
         published: bool | None = None
         publish_reason: str | None = None
         if cache.remote is not None:
@@ -314,20 +331,25 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                     built, fingerprint))
     why = next((r.reason for r in results if r.skipped), None)
     events = []
+    made = "refit" if refitted is not None else "built"
     for i, engine in enumerate(built.engines):
         r = results[i] if i < len(results) else None
         events.append(EngineCacheEvent(
-            engine.engine_id, engine_key.engine_key(key, i), engine.blob.size, "miss",
+            engine.engine_id, engine_key.engine_key(key, i), engine.blob.size,
+            "refit" if refitted is not None else "miss",
             r.placement if r is not None and r.stored else None, complete,
-            "; ".join(filter(None, [damage and f"rebuilt: {damage}",
+            "; ".join(filter(None, [refit_why and f"{refit_why}; built instead",
+                                    damage and f"rebuilt: {damage}",
                                     None if complete else why or "not cached"])) or None,
-            None, published, publish_reason, remote_reason, because))
+            None, published, publish_reason, remote_reason, because,
+            refitted.written[i] if refitted is not None else None,
+            refitted.seconds[i] if refitted is not None else None))
         if complete:
-            log.info("engine cache %s: engine %s of %s built and cached (%s)",
-                     cache.directory, engine.engine_id, key, r.placement)
+            log.info("engine cache %s: engine %s of %s %s and cached (%s)",
+                     cache.directory, engine.engine_id, key, made, r.placement)
         else:
-            log.warning("engine cache %s: engine %s of %s built and not cached: %s",
-                        cache.directory, engine.engine_id, key, why)
+            log.warning("engine cache %s: engine %s of %s %s and not cached: %s",
+                        cache.directory, engine.engine_id, key, made, why)
     return built, events
 
 

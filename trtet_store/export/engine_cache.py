@@ -247,8 +247,12 @@ class EngineCache:
 
     # -- hits ---------------------------------------------------------------------
 
-    def lookup(self, key: str) -> CachedBuild | None:
+    def lookup(self, key: str, *, kind: str = RECORD_KIND) -> CachedBuild | None:
         """The complete build under ``key``, every entry pinned and checked, or None.
+
+        ``kind``: the record's kind (a build's, or a structure entry's for a
+        refit, :data:`~trtet_store.export.engine_refit.STRUCTURE_KIND`); a
+        record of another kind is a miss.
 
         A record whose engines are missing, or whose engine entries hold other
         bytes than it recorded (size, digest), is a miss: never served.
@@ -266,9 +270,9 @@ class EngineCache:
         try:
             meta = record.metadata
             wanted = meta.get("engines")
-            if meta.get("kind") != RECORD_KIND or not isinstance(wanted, list):
-                log.warning("engine cache %s: entry %s is not a build record; a miss",
-                            self.directory, key)
+            if meta.get("kind") != kind or not isinstance(wanted, list):
+                log.warning("engine cache %s: entry %s is not a %s record; a miss",
+                            self.directory, key, kind)
                 record.close()
                 return None
             for i, entry in enumerate(wanted):
@@ -303,7 +307,8 @@ class EngineCache:
     # -- puts ---------------------------------------------------------------------
 
     def put_build(self, key: str, built: BuildResult, fingerprint: str, *,
-                  reserve: int = 0, consume: bool = False) -> list[PutResult]:
+                  reserve: int = 0, consume: bool = False,
+                  record_extra: dict[str, Any] | None = None) -> list[PutResult]:
         """Cache ``built``'s engines, then its record (the commit point of the build).
 
         Without ``consume`` nothing is consumed: each staged engine is cloned
@@ -325,6 +330,9 @@ class EngineCache:
         build stays the staging store's, kept for the next call if the save
         fails (DESIGN.md invariant 9), as without ``consume``.
 
+        ``record_extra``: more fields of the record's metadata (a refit's
+        ``refit_from``, the structure key it was refit from).
+
         Returns
         -------
         list of PutResult
@@ -338,6 +346,7 @@ class EngineCache:
             cache.min_free = self.blobs.min_free + reserve
         engine_meta, record_meta = engine_key.metadata(key, built, fingerprint,
                                                        compute_capability())
+        record_meta.update(record_extra or {})
         if len({id(e.blob) for e in built.engines}) < len(built.engines):
             consume = False  # one blob for two engines: the first put would consume both
         results: list[PutResult] = []

@@ -33,11 +33,16 @@ class EngineCacheEvent:
 
     ``outcome`` is ``"hit"`` (not built: taken from the local cache),
     ``"remote-hit"`` (not built: downloaded from the shared tier, then placed
-    as a local hit) or ``"miss"`` (built). For a hit, ``placement`` is how the
-    cached engine reached the staging store: ``"clone"`` (shared extents, no
-    byte written) or ``"copy"``. For a miss, ``stored`` says whether the cache
-    took it, with the put's ``placement`` (``"clone"``, ``"copy"``, ``"link"``,
-    ``"dedup"``) or the ``reason`` it was skipped. A miss that rebuilt a
+    as a local hit), ``"refit"`` (not built: the cached refittable engine of
+    the same structure refit with the new weights, then cached under the full
+    key like a build; ``written`` and ``seconds`` say what it cost) or
+    ``"miss"`` (built). A build after a refit that failed says why in
+    ``reason`` (``"refit failed: RefitError: ...; built instead"``). For a
+    hit, ``placement`` is how the cached engine reached the staging store:
+    ``"clone"`` (shared extents, no byte written) or ``"copy"``. For a miss,
+    ``stored`` says whether the cache took it, with the put's ``placement``
+    (``"clone"``, ``"copy"``, ``"link"``, ``"dedup"``) or the ``reason`` it
+    was skipped. A miss that rebuilt a
     damaged entry says so in ``reason`` (``"rebuilt: the cached entry was
     damaged (engine 0: digest mismatch ...)"``, or the shared entry's damage).
 
@@ -69,6 +74,10 @@ class EngineCacheEvent:
     #: (``"weights changed"``, ``"settings changed: optimization_level"``, ...), or that
     #: the cache holds nothing close (:func:`~trtet_store.export.engine_key.missed_because`).
     missed_because: str | None = None
+    #: A refit (``outcome == "refit"``, issue 46): the bytes the refit wrote for this
+    #: engine (into the staging store, digested as they went) and the seconds it took.
+    written: int | None = None
+    seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -376,13 +376,14 @@ def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any],
                  fingerprint, len(first.engines))
         return tensorrt.BuildResult(program, first.engines, first.record)
     elif cache is not None:
-        from trtet_store.export import engine_build
+        from trtet_store.export import engine_build, engine_refit
 
         built, found = engine_build.build_cached(
             cache, lambda: engine_reuse.build_or_reuse(
                 method.program, method.args, method.kwargs, store, settings,
                 fingerprint=fingerprint),
-            store, fingerprint, timeout=cache_timeout)
+            store, fingerprint, timeout=cache_timeout,
+            refit=engine_refit.source(method.program, method.args, method.kwargs, settings))
         if events is not None:
             events += found
         by_fingerprint[fingerprint] = built

@@ -525,6 +525,23 @@ def refit_engine(engine_path: os.PathLike | str, exported_program: ExportedProgr
     writer.write(memoryview(engine.serialize_with_config(config)))
 
 
+def check_refit(engine_path: os.PathLike | str, exported_program: ExportedProgram
+                ) -> str | None:
+    """Why the engine a refit wrote at ``engine_path`` must not be used, or None.
+
+    The seam's second half (the stub's checks the header it writes: the
+    refit took these very weights). For the real TensorRT the refit's own
+    checks are the ones that count (:func:`refit_engine` raises when a
+    weight is left unset or ``refit_cuda_engine()`` is False, and the engine
+    it writes is TensorRT's own serialization): here only an empty engine is
+    refused, so that the check costs no read of the engine's bytes (the
+    store's writer digested them as they were written).
+    """
+    if os.stat(engine_path).st_size == 0:
+        return "the refit wrote an empty engine"
+    return None
+
+
 #: Torch-TensorRT's modules that hold an engine (C++ and Python runtimes).
 _TRT_MODULE_CLASSES = ("TorchTensorRTModule", "PythonTorchTensorRTModule")
 

@@ -163,9 +163,19 @@ class FakeRefitter:
     computes what a refit must produce with :meth:`expected`. ``fail``: raise
     :class:`~trtet_store.export.tensorrt.RefitError` with that text instead
     (as a refit that left a weight unset), before writing anything.
+    ``corrupt``: write the engine with another weights digest in its header
+    (bytes that fail :meth:`check`, as an engine refit with the wrong weights).
+    ``hook``: called with the writer once the header is written (a test's
+    barrier, e.g. to SIGKILL the process mid-refit).
+
+    Stripping: the stub's engines are random bytes with no weights to take
+    out, so the stub never strips; a structure entry is the engine as built
+    (see :mod:`trtet_store.export.engine_refit`).
     """
 
     fail: str | None = None
+    corrupt: bool = False
+    hook: Any = None
     refits: list = field(default_factory=list)  # (engine path, weights digest)
 
     def __call__(self, engine_path, exported_program, arg_inputs, kwarg_inputs, settings,
@@ -177,12 +187,26 @@ class FakeRefitter:
         digest = weights_digest(exported_program)
         with open(engine_path, "rb") as f:
             head = f.read(_REFIT_HEADER)
-            writer.write(REFIT_MAGIC + digest.encode())
+            writer.write(REFIT_MAGIC + (digest[::-1] if self.corrupt else digest).encode())
+            if self.hook is not None:
+                self.hook(writer)
             if not head.startswith(REFIT_MAGIC):
                 writer.write(head)
             while chunk := f.read(MiB):
                 writer.write(chunk)
         self.refits.append((str(engine_path), digest))
+
+    @staticmethod
+    def check(engine_path: Any, exported_program: Any) -> str | None:
+        """The stub's :func:`~trtet_store.export.tensorrt.check_refit`: the header names
+        the program's weights (reads the header only)."""
+        with open(engine_path, "rb") as f:
+            head = f.read(_REFIT_HEADER)
+        if not head.startswith(REFIT_MAGIC):
+            return "no fake refit header"
+        if head[len(REFIT_MAGIC):].decode(errors="replace") != weights_digest(exported_program):
+            return "its header names other weights than the export's"
+        return None
 
     @staticmethod
     def expected(structure_engine: bytes, exported_program: Any) -> bytes:
@@ -198,11 +222,13 @@ def installed(builder: FakeBuilder, *, refitter: FakeRefitter | None = None
     """Put ``builder`` (and ``refitter``) at the seams, skip the CUDA check, for the duration."""
     from trtet_store.export import tensorrt
 
-    saved = tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine
+    saved = (tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine,
+             tensorrt.check_refit)
     tensorrt.build_engines, tensorrt.check_available = builder, lambda: None
     if refitter is not None:
-        tensorrt.refit_engine = refitter
+        tensorrt.refit_engine, tensorrt.check_refit = refitter, refitter.check
     try:
         yield builder
     finally:
-        tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine = saved
+        (tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine,
+         tensorrt.check_refit) = saved
