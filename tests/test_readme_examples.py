@@ -70,6 +70,7 @@ def _reader_objects() -> dict[str, Any]:
 def readme_machine(here_fs: Path, s3: Any, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The reader's machine: a working directory, a cache home, an S3 endpoint with two buckets."""
     monkeypatch.chdir(here_fs)
+    _write_finetune(here_fs / "finetune.pt")
     monkeypatch.setenv("XDG_CACHE_HOME", str(here_fs / "xdg-cache"))
     # Publish journals (keyed by bucket and key) go under XDG_STATE_HOME: the buckets
     # here have fixed names, and make test-all runs two suites side by side.
@@ -90,6 +91,16 @@ def readme_machine(here_fs: Path, s3: Any, monkeypatch: pytest.MonkeyPatch) -> P
     return here_fs
 
 
+def _write_finetune(path: Path) -> None:
+    """The reader's fine-tune checkpoint ("New weights"): ``model``'s state, every weight moved."""
+    import torch
+
+    from trtet_store.testing.stub_tensorrt import linear_relu
+
+    model, _ = linear_relu()
+    torch.save({k: v + 0.01 for k, v in model.state_dict().items()}, path)
+
+
 def _buckets(client: Any) -> set[str]:
     return {b["Name"] for b in client.list_buckets().get("Buckets", [])}
 
@@ -98,14 +109,14 @@ def test_every_python_example_of_the_readme_runs_as_written(readme_machine: Path
     from sybil import Sybil
     from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
-    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, FakeRefitter, installed
 
     document = Sybil(parsers=[PythonCodeBlockParser(), SkipParser()]).parse(README)
     document.namespace.update(_reader_objects())
     ran, skipped = [], []
     # cpu_tail: the stub leaves a linear layer after its engines, as a partial
     # TensorRT compile does, so the hybrid example has XNNPACK work and a cpu.ptd.
-    with installed(FakeBuilder(engine_sizes=(1 << 20,), cpu_tail=8)):
+    with installed(FakeBuilder(engine_sizes=(1 << 20,), cpu_tail=8), refitter=FakeRefitter()):
         for example in document:
             code = not isinstance(example.parsed, tuple)  # a skip directive parses to a tuple
             try:

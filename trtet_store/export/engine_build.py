@@ -4,8 +4,9 @@
 :class:`~trtet_store.export.engine_cache.EngineCache` is given: the local cache,
 then the shared tier (:class:`~trtet_store.cache.tiered.TieredCache`), else the
 build under the key's lease, cached before the consuming save and published.
-A hit's engines are cloned into the staging store (:func:`stage_hit`), else
-shared from the cache (:func:`share_hit`). A miss's engines are cloned into the
+A hit's engines are cloned into the staging store
+(:func:`~.engine_staging.stage_hit`), else shared from the cache
+(:func:`~.engine_staging.share_hit`). A miss's engines are cloned into the
 cache; where the staging filesystem is the cache's and cannot clone (ext4) they
 are hard linked in and the save copies them from there (2 copies in all: the
 build's and the program's, issue 42 item 5).
@@ -16,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +29,10 @@ from trtet_store.export.engine_record import (
     Unplaced,
     tier_files,
 )
-from trtet_store.io import Digests, clone_or_copy
+from trtet_store.export.engine_staging import share_hit, stage_hit
 from trtet_store.io.units import MiB
 
 if TYPE_CHECKING:
-    from trtet_store.cache import Hit
     from trtet_store.cache.tier import RemoteEntry
     from trtet_store.cache.tiered import TierGet
     from trtet_store.export.engine_cache import EngineCache
@@ -42,78 +41,6 @@ if TYPE_CHECKING:
     from trtet_store.io import Blob, BlobStore
 
 __all__ = ["build_cached", "build_from_cache", "save_reserve", "share_hit", "stage_hit"]
-
-def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any], *,
-              verify: str = "seal") -> tuple[Blob, str]:
-    """A staged blob holding ``hit``'s bytes: cloned where the filesystem allows, else copied.
-
-    Written as a ``.blob.part`` of ``store``'s own token (so a kill mid-copy
-    leaves what the next open of the store removes), then adopted by rename,
-    never given back anywhere. Returns the blob and ``"clone"`` or ``"copy"``.
-
-    The blob is adopted with the hit's sealed digests, read from nothing,
-    when the hit's file still has its sealed identity after the clone or
-    copy (so the bytes taken are the sealed ones) and, with ``verify="full"``,
-    the hit re-read them (:attr:`Hit.verified`). Otherwise it is adopted
-    without digests, and read once when its digest is asked for.
-    """
-    from trtet_store.io.names import BLOB_PART_SUFFIX
-
-    tmp = store.directory / f"{store.token}-cache{uuid.uuid4().hex[:12]}{BLOB_PART_SUFFIX}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        placement = clone_or_copy(hit.fileno(), fd, hit.size, what="the cached engine")
-        os.close(fd)
-        fd = -1
-        blob = store.adopt(tmp, metadata=metadata, give_back=False,
-                           digests=_trusted_digests(hit, verify))
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return blob, placement
-
-
-def _trusted_digests(hit: Any, verify: str) -> Digests | None:
-    """The hit's digests, if its bytes just taken are provably the ones they describe."""
-    if verify == "full" and not getattr(hit, "verified", False):
-        return None
-    unchanged = getattr(hit, "unchanged", None)
-    if unchanged is None or not unchanged():
-        return None
-    return hit.digests()
-
-
-def share_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any], *,
-              verify: str = "seal") -> tuple[Blob, str]:
-    """``hit`` as a staged blob at the least bytes written: cloned, else the cached file itself.
-
-    Where the cache's file clones into ``store``, :func:`stage_hit` (the save
-    then consumes the clone, 0 bytes). Elsewhere (ext4, another filesystem) a
-    copy into the store would be written again by the save (1.5 copies on
-    ext4: one engine inserted, the others moved): the blob is the cached file
-    itself (:meth:`BlobStore.share`, pinned until the blob is released, with
-    the hit's sealed digests), which the save copies once and never consumes.
-    Only a blob cache's own hit is shared, and only while its file has its
-    sealed identity (and, with ``verify="full"``, was re-read): a download
-    served without entering the cache is removed after the lookup, so it is
-    staged as before.
-    """
-    from trtet_store.cache import Hit as CacheHit
-    from trtet_store.io import fs
-    from trtet_store.io.errors import PlacementUnavailable
-
-    try:
-        fs.probe_clone(Path(hit.path), Path(store.directory))
-    except (PlacementUnavailable, OSError):
-        if isinstance(hit, CacheHit) and _trusted_digests(hit, verify) is not None:
-            return store.share(hit.path, hit.fileno(), digest=hit.digest,
-                               chunk_size=hit.chunk_size, chunk_digests=hit.chunk_digests,
-                               metadata=metadata), "copy"
-    return stage_hit(store, hit, metadata, verify=verify)
-
 
 def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str, *,
                      verify: str = "seal") -> tuple[BuildResult, list[EngineCacheEvent]]:

@@ -40,7 +40,7 @@ from trtet_store.cache.layout import DOWNLOADS, ORIGIN_FILE, PENDING, REMOTE_JOU
 from trtet_store.cache.store import check_verify
 from trtet_store.cache.tally import Tally, check_progress, key_list
 from trtet_store.cache.tiered import TieredCache, Voice
-from trtet_store.export import engine_key
+from trtet_store.export import engine_key, engine_staging
 from trtet_store.export.engine_key import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_BYTES,
@@ -322,11 +322,11 @@ class EngineCache:
         cannot clone into it, e.g. ext4): each staged engine is hard linked
         into the cache (no byte written; the cache's entry is its own inode
         once the staged name is gone), and the engine's blob becomes the
-        cache's file, pinned and shared (:func:`.engine_build.share_hit`):
+        cache's file, pinned and shared (:func:`.engine_staging.share_hit`):
         the save copies it once and never consumes it, so the program's file
         is never the cache's. When the build is not cached whole (an engine
         or the record skipped, or an error), each engine already taken is
-        staged again from the cache (:func:`.engine_build.stage_hit`): the
+        staged again from the cache (:func:`.engine_staging.stage_hit`): the
         build stays the staging store's, kept for the next call if the save
         fails (DESIGN.md invariant 9), as without ``consume``.
 
@@ -369,7 +369,7 @@ class EngineCache:
             if taken:
                 whole = len(results) == len(built.engines) + (built.record is not None) and \
                     all(r.stored for r in results)
-                _place_taken(taken, whole)
+                engine_staging.place_taken(taken, whole)
 
     # -- single flight and maintenance -----------------------------------------------
 
@@ -631,31 +631,3 @@ __all__ = [
     "compute_capability",
 ]
 
-
-def _place_taken(taken: list[tuple[Any, Hit]], whole: bool) -> None:
-    """Give each engine consumed into the cache its blob again, from its pinned entry.
-
-    ``whole``: the build is cached with its record, so the cache keeps it for
-    the next call: the blob is the cache's file, shared (the save copies it
-    once). Otherwise the bytes are staged again (the store's own blob, kept
-    if the save fails; a copy, cloned where it can be), or shared where that
-    copy fails (no room): they are never lost to the export. Each engine has
-    its own blob here (:meth:`EngineCache.put_build` takes none twice).
-    """
-    from trtet_store.export import engine_build
-
-    try:
-        for engine, hit in taken:
-            store, metadata = engine.blob.store, engine.blob.metadata
-            if not whole:
-                try:
-                    engine.blob, _ = engine_build.stage_hit(store, hit, metadata)
-                    continue
-                except OSError as exc:
-                    log.warning("engine cache: engine %s could not be staged again from %s "
-                                "(%s); placed from the cache's file", engine.engine_id,
-                                hit.path, exc)
-            engine.blob, _ = engine_build.share_hit(store, hit, metadata)
-    finally:
-        for _, hit in taken:
-            hit.close()
