@@ -396,6 +396,19 @@ class EngineCache:
     def recover(self) -> list[Path]:
         return self.blobs.recover()
 
+    def drop_build(self, key: str, engines: int, reason: str) -> bool:
+        """Drop the build (or structure entry) ``key``: its record first, then its
+        ``engines`` engine entries (a record never names a missing engine). Never
+        raises for a cache problem (logged: False)."""
+        try:
+            dropped = self.blobs.drop(key, reason)
+            for i in range(engines):
+                self.blobs.drop(_engine_key(key, i), reason)
+        except OSError as exc:
+            log.warning("engine cache %s: %s was not dropped (%s)", self.directory, key, exc)
+            return False
+        return dropped
+
     def damage(self, key: str) -> str | None:
         """Why the last :meth:`lookup` of ``key`` missed an entry it had (damaged), once."""
         return self._damaged.pop(key, None)
