@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from test_engine_cache_shared import Machines, engines_in, key_of
+
 from trtet_store.io.units import MiB
 from trtet_store.testing.stub_tensorrt import FakeRefitter, linear_relu
 
@@ -99,7 +99,6 @@ def _structure_key(machines: RefitMachines) -> str:
 
 def _expected(structure_engine_of: Path, scale: float) -> list[str]:
     import xxhash
-
     from test_engine_refit_cache import engine_bytes
 
     [engine] = engine_bytes(structure_engine_of)

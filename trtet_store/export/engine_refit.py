@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from trtet_store.io import BlobStore
 
 __all__ = ["STRUCTURE_KIND", "Refitted", "RefitSource", "has_structure", "keep_structure",
-           "refit_cached", "source", "structure_key"]
+           "refit_cached", "source", "structure_key", "structure_uses"]
 
 log = logging.getLogger("trtet_store.engine_cache")
 
@@ -140,6 +140,26 @@ def _refuse(record_meta: dict[str, Any], settings: dict[str, Any]) -> str | None
             not tensorrt.refittable(refit.get("settings") or {}):
         return "the structure entry is not a refittable build"
     return None
+
+
+def structure_uses(entries: Any) -> dict[str, list[str]]:
+    """Each structure entry of ``entries`` (the cache's, metadata only) and the full
+    entries that came from it: the build it was kept from (``built_as``), then the
+    refits (``refit_from``), those still cached. A full entry never needs its
+    structure entry to be served (its engines are its own): this is what
+    ``cache list`` shows and what ``cache prune`` says when it drops one."""
+    entries = list(entries)
+    builds = {e.key for e in entries if e.metadata.get("kind") == engine_key.RECORD_KIND}
+    uses: dict[str, list[str]] = {}
+    for e in entries:
+        if e.metadata.get("kind") == STRUCTURE_KIND:
+            built_as = e.metadata.get("built_as")
+            uses.setdefault(e.key, []).extend([built_as] if built_as in builds else [])
+    for e in entries:
+        source = e.metadata.get("refit_from")
+        if e.key in builds and isinstance(source, str):
+            uses.setdefault(source, []).append(e.key)
+    return uses
 
 
 # -- keeping a structure entry ------------------------------------------------------------
