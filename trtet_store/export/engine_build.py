@@ -265,6 +265,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                     log.warning("engine cache %s: %s; building it again", cache.directory, exc)
                     damage = f"the cached entry was damaged ({exc})"
                 else:
+                    _touch_structure(cache, fingerprint, refit, len(cached.entries))
                     if cache.remote is not None and tiered.pending(key):
                         log.info("engine cache %s: %s is cached here but not yet in the shared "
                                  "cache %s; publishing it", cache.directory, key,
@@ -339,6 +340,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         if refitted is None and refit is not None:
             kept = engine_refit.keep_structure(cache, key, built, fingerprint, refit,
                                                reserve=reserve)
+        _touch_structure(cache, fingerprint, refit, len(built.engines))
         published: bool | None = None
         publish_reason: str | None = None
         if cache.remote is not None:
@@ -383,6 +385,18 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             log.warning("engine cache %s: engine %s of %s %s and not cached: %s",
                         cache.directory, engine.engine_id, key, made, why)
     return built, events
+
+
+def _touch_structure(cache: EngineCache, fingerprint: str, refit: RefitSource | None,
+                     engines: int) -> None:
+    """The structure entry of a refittable build just used or cached, made more recent
+    than it: a tight bound evicts the full entries before the structure entry their
+    fine-tunes refit from (the structure entry goes once none of them is used)."""
+    from trtet_store.export import engine_refit
+
+    skey = engine_refit.structure_key(fingerprint) if refit is not None else None
+    if skey is not None:
+        cache.touch_build(skey, engines)
 
 
 def _missed_because(cache: EngineCache, key: str, fingerprint: str) -> str | None:

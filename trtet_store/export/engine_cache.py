@@ -396,6 +396,13 @@ class EngineCache:
     def recover(self) -> list[Path]:
         return self.blobs.recover()
 
+    def touch_build(self, key: str, engines: int) -> None:
+        """Make the build (or structure entry) ``key`` and its ``engines`` engine entries
+        the most recently used, engines first (a record is never older than its engines).
+        """
+        for k in [*(_engine_key(key, i) for i in range(engines)), key]:
+            self.blobs.touch(k)
+
     def drop_build(self, key: str, engines: int, reason: str) -> bool:
         """Drop the build (or structure entry) ``key``: its record first, then its
         ``engines`` engine entries (a record never names a missing engine). Never
