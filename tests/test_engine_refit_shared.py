@@ -190,3 +190,12 @@ def test_a_refit_from_a_local_structure_entry_takes_the_full_keys_lease(machines
     assert f"building {key} here (the first machine to publish it wins)" in err, err[-3000:]
     assert [e["outcome"] for e in b2["events"]] == ["refit"]
     assert b2["events"][0]["published"] is True
+    # A (its own structure entry) exporting B's first fine-tune, which the tier holds:
+    # the lease answers with the entry; A refits from its local structure entry (before
+    # the tier's full entry is asked) and does not publish.
+    a2, err = machines.run("a", "2", sizes=(size,), scale=-1.0)
+    [event] = a2["events"]
+    assert (event["outcome"], event["published"]) == ("refit", False), err[-3000:]
+    assert event["publish_reason"] == "the shared cache holds an entry of this build already"
+    assert event["downloaded"] is None and len(machines.built()) == 1
+    assert not (machines.base / "a" / "remote-pending" / key_of(a2)).exists()

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from trtet_store.export.tensorrt import BuildResult
     from trtet_store.io import Blob, BlobStore
 
+#: Why a refit from a local structure entry is not published: the tier's lease
+#: answered with the entry (published before, or by the lease's holder meanwhile).
+TIER_HOLDS_IT = "the shared cache holds an entry of this build already"
+
 __all__ = ["build_cached", "build_from_cache", "save_reserve", "share_hit", "stage_hit"]
 
 def stage_hit(store: BlobStore, hit: Hit, metadata: dict[str, Any], *,
@@ -227,7 +231,12 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
     refittable engine): a local miss with a structure entry of the same
     structure key is refit from it instead of built (under the same claim,
     before the shared tier is asked), and a build is kept as the structure
-    entry of later fine-tunes (:mod:`.engine_refit`).
+    entry of later fine-tunes (:mod:`.engine_refit`). With a shared tier
+    (issue 46 item 5) the order is: a local hit; a local structure entry
+    (refit under the key's lease too, published under it as a build is); the
+    tier's full entry; the tier's structure entry (downloaded into the local
+    cache, checked as a build entry, then refit under the lease); the build,
+    which publishes its full entry, then its structure entry.
     """
     from trtet_store.export import engine_refit
 
@@ -295,7 +304,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                         return served
                     damage = shared_damage or damage
                 else:
-                    remote_why = "the shared cache holds an entry of this build already"
+                    remote_why = TIER_HOLDS_IT
         else:
             refitted, refit_why = None, None
             served, remote_why, remote_reason, shared_damage = _from_tier(
@@ -346,7 +355,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         if cache.remote is not None:
             # Under the lease still (the stack releases it after this): waiters see the
             # entry appear before the lease goes.
-            if complete:
+            if complete and remote_why != TIER_HOLDS_IT:
                 tiered.mark_pending(key)  # until the tier holds an entry for it
             if remote_why is not None:
                 published, publish_reason = False, remote_why
