@@ -199,3 +199,34 @@ def test_a_refit_from_a_local_structure_entry_takes_the_full_keys_lease(machines
     assert event["publish_reason"] == "the shared cache holds an entry of this build already"
     assert event["downloaded"] is None and len(machines.built()) == 1
     assert not (machines.base / "a" / "remote-pending" / key_of(a2)).exists()
+
+
+def test_push_and_pull_carry_structure_entries(machines):
+    import trtet_store
+    from trtet_store.export import engine_refit
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
+
+    def cache(name: str, **kw: Any) -> trtet_store.EngineCache:
+        return trtet_store.EngineCache(machines.base / name, max_bytes=1 << 30, min_free=0,
+                                       **kw)
+
+    module, inputs = linear_relu()
+    with installed(FakeBuilder(engine_sizes=(MiB,))):  # built with no tier: nothing published
+        trtet_store.compile_and_save(module, inputs, machines.base / "a.pte",
+                                     engine_cache=cache("a"), immutable_weights=False)
+    [skey] = [e.key for e in cache("a").entries()
+              if e.metadata.get("kind") == engine_refit.STRUCTURE_KIND]
+    remote = {"remote": machines.url, "endpoint_url": machines.s3.endpoint.url}
+    pushed = cache("a", **remote).push()
+    assert sorted(p.key for p in pushed if p.published) == sorted([skey, key_of_cache(cache("a"))])
+    b = cache("b", **remote)
+    assert b.pull([skey]) == [(skey, sum(f["size"] for f in machines.pointer(skey)[0]["files"]))]
+    with b.lookup(skey) as got:
+        assert got.record.metadata["kind"] == engine_refit.STRUCTURE_KIND
+
+
+def key_of_cache(cache: Any) -> str:
+    from trtet_store.export.engine_key import RECORD_KIND
+
+    [key] = [e.key for e in cache.entries() if e.metadata.get("kind") == RECORD_KIND]
+    return key
