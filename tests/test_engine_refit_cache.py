@@ -293,6 +293,12 @@ def test_the_cli_line_of_a_refit_says_what_it_wrote_and_took():
                              missed_because="weights changed", written=3 * MiB, seconds=1.25)
     assert _engine_event(event) == \
         "refit (3.0 MiB written, 1.2 s), cached (clone), missed because weights changed"
+    shared = EngineCacheEvent("e0", "trt-x-sm_90.e0", 3 * MiB, "refit", "clone", True,
+                              downloaded=3 * MiB + 4096, published=True,
+                              missed_because="weights changed", written=3 * MiB, seconds=1.25)
+    assert _engine_event(shared) == \
+        "refit (3.0 MiB written, 1.2 s, structure entry 3.0 MiB downloaded), cached (clone), " \
+        "missed because weights changed, published"
 
 
 def test_a_program_with_weights_outside_its_engines_keeps_no_structure_entry(here_fs):
