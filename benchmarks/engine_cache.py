@@ -29,6 +29,13 @@ every request through a counting loopback proxy
 (``trtet_store.testing.proxy.CountingProxy``: the bytes downloaded and
 uploaded are the proxy's counts, headers included, not the client's report):
 
+- ``remote-refit`` (issue 46 item 5): machine A (a cache directory) exports
+  with ``immutable_weights=False`` on an empty bucket prefix (not measured:
+  a build, published with its structure entry); every weight changed;
+  machine B (another, empty cache directory) exports (measured): the tier
+  has no full entry of B's weights, so B downloads A's structure entry into
+  its cache and refits each engine: no build (the bytes downloaded are the
+  structure entry's, once);
 - ``publish``: ``compile_and_save`` on an empty cache with
   ``EngineCache(remote=...)`` and an empty bucket prefix: the cold build, then
   its entry published (what the first machine of a team pays);
@@ -478,6 +485,47 @@ def publish_run(remote: Remote, mnt: Path, size: int, engines: int, bound: int) 
     return res
 
 
+def remote_refit_run(remote: Remote, mnt: Path, size: int, engines: int, bound: int) -> dict:
+    """Machine A builds and publishes (with its structure entry); B exports a fine-tune:
+    B downloads the structure entry and refits, building nothing (``remote-refit``)."""
+    import shutil
+    import uuid
+
+    import torch
+
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, FakeRefitter
+
+    prefix = f"refit-{uuid.uuid4().hex[:8]}/"
+    a = remote.cache(fresh_dir(mnt / "refit-a"), prefix, 2 * bound)
+    b = remote.cache(fresh_dir(mnt / "refit-b"), prefix, 2 * bound)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+    inputs = (torch.randn(2, 16),)
+    builder, refitter = FakeBuilder(engine_sizes=(size,) * engines), FakeRefitter()
+    settings = {"immutable_weights": False}
+    try:
+        _measured_export(module, inputs, mnt / "a.pte", a, mnt, builder, refitter, **settings)
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(1.0)  # a fine-tune that changed every weight
+        settle(mnt)
+        remote.proxy.reset()
+        res, report = _measured_export(module, inputs, mnt / "b.pte", b, mnt, builder,
+                                       refitter, **settings)
+        traffic = remote.proxy.counts()
+        outcomes = [e.outcome for e in report.engine_cache]
+        assert outcomes == ["refit"] * engines and len(builder.built) == engines, \
+            f"B: {[(e.outcome, e.reason) for e in report.engine_cache]}"
+        res.update(downloaded=traffic["downstream"], uploaded=traffic["upstream"],
+                   reported_downloaded=sum(e.downloaded or 0 for e in report.engine_cache),
+                   built=0, refits=len(refitter.refits))
+    finally:
+        for cache in (a, b):
+            shutil.rmtree(cache.directory, ignore_errors=True)
+        remote.remove(prefix)
+    return res
+
+
 def remote_hit_run(cache, remote: Remote, mnt: Path, size: int, engines: int) -> dict:
     """An emptied local cache, the entry in the bucket: downloaded, then placed as a hit."""
     cache.clear()
@@ -583,7 +631,7 @@ def settle(mnt: Path) -> None:
 # -- the table -------------------------------------------------------------------------------
 
 LOCAL = ("cold", "warm", "upstream", "adapter", "refit", "refit-again")
-REMOTE = ("publish", "remote-hit", "pull", "download", "s3-docs")
+REMOTE = ("publish", "remote-hit", "remote-refit", "pull", "download", "s3-docs")
 METHODS = LOCAL + REMOTE
 
 
@@ -778,6 +826,8 @@ def run_size(remote: Remote | None, factory, fstype: str, mib: int, engines: int
                     res = publish_run(remote, mnt, size, engines, bound)
                 elif m == "remote-hit":
                     res = remote_hit_run(machine_b, remote, mnt, size, engines)
+                elif m == "remote-refit":
+                    res = remote_refit_run(remote, mnt, size, engines, bound)
                 elif m == "pull":
                     res = pull_run(machine_b, key, remote, mnt)
                 elif m == "download":

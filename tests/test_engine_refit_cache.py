@@ -223,9 +223,12 @@ def test_a_failed_refit_falls_back_to_a_build_with_the_reason_and_nothing_torn(h
     assert event.reason.endswith("; built instead")
     assert len(builder.built) == 2
     assert engine_bytes(here_fs / "b.pte") == [engine_bytes(here_fs / "a.pte")[0]]  # built
-    # Nothing torn: every entry of before is there, unchanged; no staged part left.
+    # Nothing torn: every entry of before is there, unchanged, but the structure entry
+    # whose refit failed (replaced by B's build's: the test below); no staged part left.
     after = {e.key: (e.size, e.digest) for e in _cache(here_fs).entries()}
-    assert {k: after.get(k) for k in cache_before} == cache_before
+    kept = {k: v for k, v in cache_before.items() if not k.startswith("trt-s-")}
+    assert {k: after.get(k) for k in kept} == kept
+    assert {k for k in cache_before if k.startswith("trt-s-")} <= set(after)
     assert _cache(here_fs).verify().ok
     _no_stray_files(here_fs / "store", here_fs / "cache")
     # The build is cached under B's full key: B again is a hit.
@@ -290,6 +293,12 @@ def test_the_cli_line_of_a_refit_says_what_it_wrote_and_took():
                              missed_because="weights changed", written=3 * MiB, seconds=1.25)
     assert _engine_event(event) == \
         "refit (3.0 MiB written, 1.2 s), cached (clone), missed because weights changed"
+    shared = EngineCacheEvent("e0", "trt-x-sm_90.e0", 3 * MiB, "refit", "clone", True,
+                              downloaded=3 * MiB + 4096, published=True,
+                              missed_because="weights changed", written=3 * MiB, seconds=1.25)
+    assert _engine_event(shared) == \
+        "refit (3.0 MiB written, 1.2 s, structure entry 3.0 MiB downloaded), cached (clone), " \
+        "missed because weights changed, published"
 
 
 def test_a_program_with_weights_outside_its_engines_keeps_no_structure_entry(here_fs):
@@ -441,3 +450,60 @@ def test_a_cache_failing_after_it_took_a_linked_refit_never_fails_the_export(her
     program = torch.export.export(module, inputs)
     assert engine_bytes(here_fs / "b.pte") == [FakeRefitter.expected(structure_engine, program)]
     _no_stray_files(here_fs / "store", here_fs / "cache")
+
+
+def test_a_structure_entry_whose_refit_fails_is_dropped_and_the_build_keeps_a_fresh_one(
+        here_fs):
+    # Every fine-tune of a structure entry whose refits fail its check would try it again
+    # and build after: dropped on the failure, and the build that follows keeps its own.
+    module, inputs = linear_relu()
+    builder = FakeBuilder(engine_sizes=(MiB,))
+    _export(here_fs, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    a_key = _full_key(module, inputs, REFITTABLE)
+    _fine_tune(module)
+    b_key = _full_key(module, inputs, REFITTABLE)
+    report = _export(here_fs, "b", module, inputs, builder, FakeRefitter(corrupt=True),
+                     **REFITTABLE)
+    [event] = report.engine_cache
+    assert event.outcome == "miss" and "fails its check" in event.reason
+    assert "; the structure entry trt-s-" in event.reason and "was dropped" in event.reason
+    [structure] = [e for e in _cache(here_fs).entries()
+                   if e.metadata.get("kind") == engine_refit.STRUCTURE_KIND]
+    assert structure.metadata["built_as"] == b_key != a_key  # B's build's, not A's
+    # The next fine-tune refits from it.
+    with torch.no_grad():
+        module[0].weight.mul_(3.0)
+    refitter = FakeRefitter()
+    again = _export(here_fs, "c", module, inputs, builder, refitter, **REFITTABLE)
+    assert [e.outcome for e in again.engine_cache] == ["refit"] and len(builder.built) == 2
+    _no_stray_files(here_fs / "store", here_fs / "cache")
+
+
+def test_cache_list_and_prune_say_which_full_entries_came_from_a_structure(here_fs):
+    from test_cli_cache import cli, cli_json
+
+    module, inputs = linear_relu()
+    builder, refitter = FakeBuilder(engine_sizes=(MiB,)), FakeRefitter()
+    _export(here_fs, "a", module, inputs, builder, refitter, **REFITTABLE)
+    a_key = _full_key(module, inputs, REFITTABLE)
+    _fine_tune(module)
+    _export(here_fs, "b", module, inputs, builder, refitter, **REFITTABLE)
+    b_key = _full_key(module, inputs, REFITTABLE)
+    rows = {r["key"]: r for r in cli_json("--dir", here_fs / "cache", "list")}
+    [skey] = [k for k, r in rows.items() if r["kind"] == "structure"]
+    assert rows[skey]["full_entries"] == [a_key, b_key]  # built as A, refit into B
+    assert rows[b_key]["refit_from"] == skey and "refit_from" not in rows[a_key]
+    shown = cli("--dir", here_fs / "cache", "list").stdout
+    assert f"structure trt-s-{skey[6:14]}" in shown and "came from it" in shown, shown
+    # A full entry never needs its structure entry to be served; each use of a full
+    # entry of its structure touches it, so a bound evicts the full entries first (the
+    # refit B, least recently used; A's engine is the structure entry's bytes, stored
+    # once, so it frees nothing) and prune says when it drops the structure entry.
+    _export(here_fs, "b2", module, inputs, builder, refitter, **REFITTABLE)  # a hit
+    got = cli_json("--dir", here_fs / "cache", "prune", "--max-bytes",
+                   str(_cache(here_fs).stats().bytes - 1))
+    assert f"{b_key}.e0" in got["evicted"] and skey not in got["evicted"], got
+    assert f"{skey}.e0" not in got["evicted"] and got["structures_dropped"] == {}, got
+    done = cli("--dir", here_fs / "cache", "prune", "--max-bytes", "0")
+    assert f"dropped the structure entry {skey}: no cached full entry came from it" \
+        in done.stdout, done.stdout

@@ -175,6 +175,19 @@ class Eviction:
             if entry is not None:
                 self._remove_blob_if_unreferenced(entry.blob)
 
+    def drop(self: BlobCache, key: str, reason: str) -> bool:
+        """Remove ``key``'s entry (its blob too when no other key names it), saying ``reason``.
+
+        For an entry that is whole but no longer wanted (a refit's structure entry
+        whose refit failed). Unlike a damaged entry's drop, the next :meth:`get`
+        is a plain miss. Returns whether there was an entry to drop.
+        """
+        if self.read_only or not os.path.exists(self._record(key)):
+            return False
+        self._drop_key(key, reason)
+        self.dropped.pop(key, None)  # not damaged: nothing for a rebuild's report to say
+        return True
+
     def _drop_blob(self: BlobCache, name: str, reason: str, seen: os.stat_result) -> None:
         """A blob whose bytes are not the sealed ones: it and every key naming it go.
 

@@ -398,6 +398,30 @@ class BlobCache(Eviction, Checks):
                    metadata=entry.metadata, created=entry.created, hits=entry.hits,
                    resealed=resealed, identity=file_identity(st), verified=verified)
 
+    def touch(self, key: str) -> bool:
+        """Make ``key``'s entry the most recently used (its use stamp to now), counting no hit.
+
+        For an entry another one depends on in its owner's eyes (a refit's structure
+        entry, touched with each use of its builds: eviction takes them first).
+        Returns whether the entry had a use stamp to set (no entry: nothing made).
+        """
+        if self.read_only:
+            return False
+        try:
+            fd = os.open(self._use(key), os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+                         | os.O_NONBLOCK)
+        except OSError:
+            return False
+        try:
+            now = time.time_ns()
+            os.utime(fd, ns=(now, now))
+        except OSError as exc:  # costs LRU precision, never a hit
+            log.debug("could not touch %s: %s", key, exc)
+            return False
+        finally:
+            os.close(fd)
+        return True
+
     def _stamp(self, key: str) -> None:
         """Record a use on disk: one byte appended (hits) and the mtime set to now (LRU)."""
         if self.read_only:

@@ -55,6 +55,7 @@ import os
 import re
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +287,15 @@ def _rows(cache: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _structures(cache: Any, rows: list[dict[str, Any]] | None = None) -> dict[str, list[str]]:
+    """:func:`~trtet_store.export.engine_refit.structure_uses` of the cache's entries."""
+    from trtet_store.export.engine_refit import structure_uses
+
+    entries = cache.entries() if rows is None else \
+        [types.SimpleNamespace(key=r["key"], metadata=r["metadata"]) for r in rows]
+    return structure_uses(entries)
+
+
 def _short(key: str) -> str:
     """``trtet-1a2b3c4d-sm_90.e0``: a key's digest cut to 8 digits (``--json`` has it whole)."""
     m = re.fullmatch(r"([A-Za-z_]+)-([0-9a-f]{16,})(.*)", key)
@@ -294,6 +304,12 @@ def _short(key: str) -> str:
 
 def _list(cache: Any, args: argparse.Namespace) -> int:
     rows = _rows(cache)
+    uses = _structures(cache, rows)
+    for r in rows:  # issue 46 item 7: which full entries came from which structure entry
+        if r["key"] in uses:
+            r["full_entries"] = uses[r["key"]]
+        elif isinstance(r["metadata"].get("refit_from"), str):
+            r["refit_from"] = r["metadata"]["refit_from"]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -309,6 +325,10 @@ def _list(cache: Any, args: argparse.Namespace) -> int:
               f"{_when(r['last_use']):19}  {r['hits']:>4}  {r['gpu'] or '-':7}  {versions}")
     total = sum(r["size"] for r in rows)
     print(f"{len(rows)} entries, {mib(total)} (identical bytes are stored once: see stats)")
+    for skey, full in sorted(uses.items()):
+        print(f"structure {_short(skey)} (refits new weights): "
+              + (", ".join(_short(k) for k in full) or "no full entry")
+              + " came from it")
     return 0
 
 
@@ -353,16 +373,27 @@ def _print_kept(held: list[Path]) -> None:
 
 def _prune(cache: Any, args: argparse.Namespace) -> int:
     target = args.max_bytes if args.max_bytes is not None else cache.max_bytes
+    uses = _structures(cache)
     evicted = cache.prune(target)
     s = cache.stats()
+    # A structure entry goes by its last use like any entry (a full entry never needs it
+    # to be served); prune says which full entries came from one it dropped: their
+    # next fine-tune builds (or downloads the shared tier's structure entry).
+    dropped = {k: [f for f in uses[k] if f not in evicted] for k in evicted if k in uses}
     if args.json:
         print(json.dumps({"evicted": evicted, "bytes": s.bytes, "max_bytes": target,
-                          "entries": s.entries, **_swept(cache)}, indent=1))
+                          "entries": s.entries, "structures_dropped": dropped,
+                          **_swept(cache)}, indent=1))
         return 0
     print(f"evicted {len(evicted)} entries; {s.entries} left, {mib(s.bytes)} "
           f"(bound {mib(target)})" + (" : entries in use were kept" if s.bytes > target else ""))
     for key in evicted:
         print(f"  {key}")
+    for key, full in dropped.items():
+        print(f"dropped the structure entry {key}: "
+              + (f"{', '.join(full)} came from it and stay (served as they are)"
+                 if full else "no cached full entry came from it")
+              + "; the next fine-tune of that structure builds")
     _print_swept(cache)
     return 0
 

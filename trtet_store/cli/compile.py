@@ -255,7 +255,9 @@ def _engine_event(e: Any) -> str:
                               else f"not cached ({e.reason})")
     if e.outcome == "refit" and getattr(e, "written", None) is not None:
         # What the refit cost instead of a build: its engine's bytes, its seconds.
-        text = f"refit ({mib(e.written)} written, {e.seconds:.1f} s), " + \
+        got = getattr(e, "downloaded", None)  # the shared structure entry's download
+        text = f"refit ({mib(e.written)} written, {e.seconds:.1f} s" + \
+            (f", structure entry {mib(got)} downloaded" if got else "") + "), " + \
             text.removeprefix("refit, ")
     if e.stored and e.reason:  # a rebuilt damaged entry: how it was damaged
         text += f", {e.reason}"

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from trtet_store.export.tensorrt import BuildResult
     from trtet_store.io import Blob, BlobStore
 
+#: Why a refit from a local structure entry is not published: the tier's lease
+#: answered with the entry (published before, or by the lease's holder meanwhile).
+TIER_HOLDS_IT = "the shared cache holds an entry of this build already"
+
 __all__ = ["build_cached", "build_from_cache", "save_reserve", "share_hit", "stage_hit"]
 
 def build_from_cache(cached: CachedBuild, store: BlobStore, fingerprint: str, *,
@@ -154,7 +158,12 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
     refittable engine): a local miss with a structure entry of the same
     structure key is refit from it instead of built (under the same claim,
     before the shared tier is asked), and a build is kept as the structure
-    entry of later fine-tunes (:mod:`.engine_refit`).
+    entry of later fine-tunes (:mod:`.engine_refit`). With a shared tier
+    (issue 46 item 5) the order is: a local hit; a local structure entry
+    (refit under the key's lease too, published under it as a build is); the
+    tier's full entry; the tier's structure entry (downloaded into the local
+    cache, checked as a build entry, then refit under the lease); the build,
+    which publishes its full entry, then its structure entry.
     """
     from trtet_store.export import engine_refit
 
@@ -192,6 +201,7 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                     log.warning("engine cache %s: %s; building it again", cache.directory, exc)
                     damage = f"the cached entry was damaged ({exc})"
                 else:
+                    _touch_structure(cache, fingerprint, refit, len(cached.entries))
                     if cache.remote is not None and tiered.pending(key):
                         log.info("engine cache %s: %s is cached here but not yet in the shared "
                                  "cache %s; publishing it", cache.directory, key,
@@ -200,16 +210,40 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
                         for e in events:
                             e.published, e.publish_reason = published, why
                     return built, events
-        # Issue 46 item 4: new weights of a cached refittable structure are refit, not built.
-        refitted, refit_why = engine_refit.refit_cached(cache, fingerprint, refit, store)
         remote_why: str | None = None  # why this build cannot be published
         remote_reason: str | None = None  # why the tier's entry was not served
-        if refitted is None and cache.remote is not None:
+        downloaded: int | None = None  # the tier's structure entry's bytes, when refit from it
+        if cache.remote is None:
+            # Issue 46 item 4: new weights of a cached refittable structure are refit.
+            refitted, refit_why = engine_refit.refit_cached(cache, fingerprint, refit, store)
+        elif engine_refit.has_structure(cache, fingerprint, refit):
+            # A local structure entry: refit (before the tier's full entry is asked), under
+            # the full key's lease, as a build: its entry is published under it.
+            entry, remote_why = tiered.claim(key, stack, timeout=cache.wait_timeout,
+                                             on_wait=cache.on_wait)
+            refitted, refit_why = engine_refit.refit_cached(cache, fingerprint, refit, store)
+            if entry is not None:
+                if refitted is None:  # the tier's entry, published meanwhile: served
+                    served, remote_why, remote_reason, shared_damage = _served(
+                        cache, key, tiered.take(key, entry, lambda: cache.lookup(key)),
+                        store, fingerprint)
+                    if served is not None:
+                        return served
+                    damage = shared_damage or damage
+                else:
+                    remote_why = TIER_HOLDS_IT
+        else:
+            refitted, refit_why = None, None
             served, remote_why, remote_reason, shared_damage = _from_tier(
                 cache, key, store, fingerprint, stack)
             if served is not None:
                 return served
             damage = shared_damage or damage
+            if refit is not None and remote_why is None:
+                # Issue 46 item 5: no build of it anywhere; the team's structure entry
+                # (downloaded into the local cache) is refit, under the lease just taken.
+                refitted, refit_why, downloaded = _refit_from_tier(cache, fingerprint, refit,
+                                                                   store)
         if waited > 0.5 and refitted is None:
             log.info("engine cache %s: waited %.1f s for another build of %s, which did not "
                      "cache it; building it here", cache.directory, waited, key)
@@ -238,14 +272,17 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             results = [PutResult(key=key, stored=False, size=0,
                                  reason=f"{type(exc).__name__}: {exc}")]
         complete = len(results) == len(built.engines) + 1 and all(r.stored for r in results)
+        kept = None
         if refitted is None and refit is not None:
-            engine_refit.keep_structure(cache, key, built, fingerprint, refit, reserve=reserve)
+            kept = engine_refit.keep_structure(cache, key, built, fingerprint, refit,
+                                               reserve=reserve)
+        _touch_structure(cache, fingerprint, refit, len(built.engines))
         published: bool | None = None
         publish_reason: str | None = None
         if cache.remote is not None:
             # Under the lease still (the stack releases it after this): waiters see the
             # entry appear before the lease goes.
-            if complete:
+            if complete and remote_why != TIER_HOLDS_IT:
                 tiered.mark_pending(key)  # until the tier holds an entry for it
             if remote_why is not None:
                 published, publish_reason = False, remote_why
@@ -256,6 +293,10 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             else:
                 published, publish_reason = _publish(cache, None, key=key, staged=(
                     built, fingerprint))
+            if isinstance(kept, list) and remote_why is None:
+                # The structure entry kept now, for the team's fine-tunes (first writer
+                # wins; a damaged or refused one there is replaced).
+                _publish_structure(cache, engine_refit.structure_key(fingerprint))
     why = next((r.reason for r in results if r.skipped), None)
     events = []
     made = "refit" if refitted is not None else "built"
@@ -271,6 +312,8 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             None, published, publish_reason, remote_reason, because,
             refitted.written[i] if refitted is not None else None,
             refitted.seconds[i] if refitted is not None else None))
+        if downloaded is not None:  # the structure entry's download, on the first engine
+            events[-1].downloaded = downloaded if i == 0 else 0
         if complete:
             log.info("engine cache %s: engine %s of %s %s and cached (%s)",
                      cache.directory, engine.engine_id, key, made, r.placement)
@@ -278,6 +321,18 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             log.warning("engine cache %s: engine %s of %s %s and not cached: %s",
                         cache.directory, engine.engine_id, key, made, why)
     return built, events
+
+
+def _touch_structure(cache: EngineCache, fingerprint: str, refit: RefitSource | None,
+                     engines: int) -> None:
+    """The structure entry of a refittable build just used or cached, made more recent
+    than it: a tight bound evicts the full entries before the structure entry their
+    fine-tunes refit from (the structure entry goes once none of them is used)."""
+    from trtet_store.export import engine_refit
+
+    skey = engine_refit.structure_key(fingerprint) if refit is not None else None
+    if skey is not None:
+        cache.touch_build(skey, engines)
 
 
 def _missed_because(cache: EngineCache, key: str, fingerprint: str) -> str | None:
@@ -314,6 +369,66 @@ def _from_tier(cache: EngineCache, key: str, store: BlobStore, fingerprint: str,
         got = cache.tiered.take(key, entry, lambda: cache.lookup(key),
                                 no_room=no_room)
     return _served(cache, key, got, store, fingerprint)
+
+
+def _refit_from_tier(cache: EngineCache, fingerprint: str, refit: RefitSource,
+                     store: BlobStore) -> tuple[Any, str | None, int | None]:
+    """The tier's structure entry of ``fingerprint`` downloaded and refit from:
+    ``(refitted or None, why not, bytes downloaded or None)``.
+
+    The entry is checked as a build's is (signature, :func:`.engine_key.entry_problem`,
+    each file verified as it arrives) and entered into the local cache, so the
+    next fine-tune refits from it with no download. A damaged, refused or not
+    accepted entry is never refit from (the reason is said), and the build that
+    follows replaces it (:attr:`TieredCache.replace`); so is one whose refit failed.
+    """
+    from trtet_store.export import engine_refit
+
+    skey = engine_refit.structure_key(fingerprint)
+    if skey is None:
+        return None, None, None
+    kind = engine_refit.STRUCTURE_KIND
+    got = cache.tiered.get(skey, local=lambda: cache.lookup(skey, kind=kind))
+    outcome = got.outcome
+    downloaded = outcome.downloaded if outcome is not None and outcome.action == "hit" else None
+    if got.hit is None and got.download is None:
+        if outcome is None or (outcome.action == "miss" and got.entry is None):
+            return None, None, None  # no structure entry on the tier either: a build
+        why = got.why or outcome.reason
+        log.warning("engine cache %s: the shared structure entry %s is not refit from: %s; "
+                    "building it", cache.directory, skey, why)
+        return None, f"the shared structure entry {skey} was not used ({why})", downloaded
+    try:
+        structure = got.hit if got.hit is not None else Unplaced(got.download, cache.blobs)
+    except OSError as exc:
+        if got.download is not None:
+            got.download.close()
+        return None, f"the shared structure entry {skey} was not used ({exc})", downloaded
+    refitted, why = engine_refit.refit_cached(cache, fingerprint, refit, store,
+                                              structure=structure)
+    if refitted is None and got.entry is not None:
+        cache.tiered.replace[skey] = got.entry  # the build's structure entry replaces it
+    if why is not None:
+        why = f"{why} (the shared structure entry)"
+    return refitted, why, downloaded
+
+
+def _publish_structure(cache: EngineCache, skey: str | None) -> None:
+    """Publish the local structure entry ``skey`` (first writer wins); never raises."""
+    from trtet_store.export import engine_refit
+
+    if skey is None:
+        return
+    try:
+        cached = cache.lookup(skey, kind=engine_refit.STRUCTURE_KIND)
+    except OSError as exc:
+        log.warning("engine cache %s: the structure entry %s is not published (%s)",
+                    cache.directory, skey, exc)
+        return
+    if cached is None:
+        return
+    with cached:
+        cache.tiered.publish(cached.key, *tier_files(cached))
 
 
 def _served(cache: EngineCache, key: str, got: TierGet, store: BlobStore, fingerprint: str,

@@ -247,18 +247,22 @@ class EngineCache:
 
     # -- hits ---------------------------------------------------------------------
 
-    def lookup(self, key: str, *, kind: str = RECORD_KIND) -> CachedBuild | None:
+    def lookup(self, key: str, *, kind: str | None = None) -> CachedBuild | None:
         """The complete build under ``key``, every entry pinned and checked, or None.
 
         ``kind``: the record's kind (a build's, or a structure entry's for a
         refit, :data:`~trtet_store.export.engine_refit.STRUCTURE_KIND`); a
-        record of another kind is a miss.
+        record of another kind is a miss. Default: the key's (a ``trt-s-``
+        key is a structure entry's, so push and pull take them as builds).
 
         A record whose engines are missing, or whose engine entries hold other
         bytes than it recorded (size, digest), is a miss: never served.
         Damaged blobs are dropped by the blob cache (logged); the build is
         then rebuilt and put again.
         """
+        if kind is None:
+            kind = engine_key.STRUCTURE_RECORD_KIND \
+                if key.startswith(engine_key.STRUCTURE_PREFIX) else RECORD_KIND
         self._damaged.pop(key, None)
         record = self.blobs.get(key, verify=self.hit_verify)
         if record is None:
@@ -396,6 +400,26 @@ class EngineCache:
     def recover(self) -> list[Path]:
         return self.blobs.recover()
 
+    def touch_build(self, key: str, engines: int) -> None:
+        """Make the build (or structure entry) ``key`` and its ``engines`` engine entries
+        the most recently used, engines first (a record is never older than its engines).
+        """
+        for k in [*(_engine_key(key, i) for i in range(engines)), key]:
+            self.blobs.touch(k)
+
+    def drop_build(self, key: str, engines: int, reason: str) -> bool:
+        """Drop the build (or structure entry) ``key``: its record first, then its
+        ``engines`` engine entries (a record never names a missing engine). Never
+        raises for a cache problem (logged: False)."""
+        try:
+            dropped = self.blobs.drop(key, reason)
+            for i in range(engines):
+                self.blobs.drop(_engine_key(key, i), reason)
+        except OSError as exc:
+            log.warning("engine cache %s: %s was not dropped (%s)", self.directory, key, exc)
+            return False
+        return dropped
+
     def damage(self, key: str) -> str | None:
         """Why the last :meth:`lookup` of ``key`` missed an entry it had (damaged), once."""
         return self._damaged.pop(key, None)
@@ -473,7 +497,8 @@ class EngineCache:
         Parameters
         ----------
         keys : sequence of str, optional
-            Build keys (default: every complete build cached here).
+            Build keys, or structure keys (default: every complete build and
+            structure entry cached here).
         progress : callable, optional
             Called with a :class:`~trtet_store.io.Progress`: ``total`` is the
             bytes of every key's files, ``done`` those handled so far (sent,
@@ -490,8 +515,8 @@ class EngineCache:
         self._tier("push()")
         check_progress(progress, "push")
         if keys is None:
-            wanted = sorted(e.key for e in self.entries()
-                            if e.metadata.get("kind") == RECORD_KIND)
+            wanted = sorted(e.key for e in self.entries() if e.metadata.get("kind") in
+                            (RECORD_KIND, engine_key.STRUCTURE_RECORD_KIND))
         else:
             wanted = key_list(keys, "push")
         missing = []

@@ -28,6 +28,10 @@ __all__ = ["DEFAULT_LEASE_TTL", "DEFAULT_MAX_BYTES", "DEFAULT_MIN_FREE", "ENGINE
 
 ENGINE_KIND = "trtet_store.tensorrt.engine"
 RECORD_KIND = "trtet_store.tensorrt.build"
+#: A structure entry's record kind and key prefix (``trt-s-<structure>-<capability>``,
+#: :mod:`.engine_refit`); a fingerprint is hex, so no build key starts so.
+STRUCTURE_RECORD_KIND = "trtet_store.tensorrt.structure"
+STRUCTURE_PREFIX = "trt-s-"
 NO_GPU = "no-gpu"
 
 #: The default bound: what Torch-TensorRT's DiskEngineCache allows (5 GB) is two
@@ -108,7 +112,10 @@ def entry_problem(entry: RemoteEntry, capability: str | None = None) -> str | No
     """
     meta = entry.metadata if isinstance(entry.metadata, dict) else {}
     record, engines = meta.get("record"), meta.get("engines")
-    if not isinstance(record, dict) or record.get("kind") != RECORD_KIND or \
+    # A structure entry (issue 46 item 5: ``trt-s-...``) holds a structure record, and
+    # only it does: a build's record is never entered as one, nor the other way round.
+    kind = STRUCTURE_RECORD_KIND if str(entry.key).startswith(STRUCTURE_PREFIX) else RECORD_KIND
+    if not isinstance(record, dict) or record.get("kind") != kind or \
             not isinstance(engines, list) or \
             not all(isinstance(e, dict) and e.get("kind") == ENGINE_KIND for e in engines) \
             or not isinstance(record.get("engines"), list) \

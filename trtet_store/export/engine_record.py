@@ -48,9 +48,11 @@ class EngineCacheEvent:
 
     With a shared tier (``EngineCache(remote=...)``): ``downloaded`` is the
     bytes received from the server for the build's entry (every engine and
-    the record), counted on the build's first engine (0 on the others, so a
-    sum over events is the total); ``published`` says whether this build
-    (a miss, or a local hit still waiting to be published) entered the
+    the record; for a refit, the shared structure entry it was refit from,
+    None when it was refit from a local one), counted on the build's first
+    engine (0 on the others, so a sum over events is the total);
+    ``published`` says whether this build (a miss, a refit, or a local hit
+    still waiting to be published) entered the
     shared tier, and ``publish_reason`` why not (another machine published
     it first, the server was unreachable, ...). All three are None without
     a shared tier.

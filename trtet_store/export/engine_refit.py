@@ -68,13 +68,13 @@ if TYPE_CHECKING:
     from trtet_store.export.tensorrt import BuildResult
     from trtet_store.io import BlobStore
 
-__all__ = ["STRUCTURE_KIND", "Refitted", "RefitSource", "keep_structure",
-           "refit_cached", "source", "structure_key"]
+__all__ = ["STRUCTURE_KIND", "Refitted", "RefitSource", "has_structure", "keep_structure",
+           "refit_cached", "source", "structure_key", "structure_uses"]
 
 log = logging.getLogger("trtet_store.engine_cache")
 
 #: The record kind of a structure entry (a build's is :data:`~.engine_key.RECORD_KIND`).
-STRUCTURE_KIND = "trtet_store.tensorrt.structure"
+STRUCTURE_KIND = engine_key.STRUCTURE_RECORD_KIND
 
 #: The settings that decide whether (and how) a build's engine may be refit.
 REFIT_SETTINGS = ("immutable_weights", "refit_identical_engine_weights", "strip_engine_weights")
@@ -118,7 +118,8 @@ def structure_key(fingerprint: str, capability: str | None = None) -> str | None
     parts = engine_reuse.key_parts_of(fingerprint)
     if parts is None:
         return None
-    return f"trt-s-{parts.structure}-{capability or engine_cache.compute_capability()}"
+    return f"{engine_key.STRUCTURE_PREFIX}{parts.structure}-" \
+        f"{capability or engine_cache.compute_capability()}"
 
 
 def _weights_outside_engines(program: ExportedProgram) -> bool:
@@ -139,6 +140,26 @@ def _refuse(record_meta: dict[str, Any], settings: dict[str, Any]) -> str | None
             not tensorrt.refittable(refit.get("settings") or {}):
         return "the structure entry is not a refittable build"
     return None
+
+
+def structure_uses(entries: Any) -> dict[str, list[str]]:
+    """Each structure entry of ``entries`` (the cache's, metadata only) and the full
+    entries that came from it: the build it was kept from (``built_as``), then the
+    refits (``refit_from``), those still cached. A full entry never needs its
+    structure entry to be served (its engines are its own): this is what
+    ``cache list`` shows and what ``cache prune`` says when it drops one."""
+    entries = list(entries)
+    builds = {e.key for e in entries if e.metadata.get("kind") == engine_key.RECORD_KIND}
+    uses: dict[str, list[str]] = {}
+    for e in entries:
+        if e.metadata.get("kind") == STRUCTURE_KIND:
+            built_as = e.metadata.get("built_as")
+            uses.setdefault(e.key, []).extend([built_as] if built_as in builds else [])
+    for e in entries:
+        source = e.metadata.get("refit_from")
+        if e.key in builds and isinstance(source, str):
+            uses.setdefault(source, []).append(e.key)
+    return uses
 
 
 # -- keeping a structure entry ------------------------------------------------------------
@@ -198,27 +219,49 @@ def keep_structure(cache: EngineCache, key: str, built: BuildResult, fingerprint
 
 # -- a refit --------------------------------------------------------------------------------
 
+def has_structure(cache: EngineCache, fingerprint: str, refit: RefitSource | None) -> bool:
+    """Whether the local cache holds a structure entry a refit of ``fingerprint`` would try."""
+    skey = structure_key(fingerprint) if refit is not None else None
+    if skey is None:
+        return False
+    try:
+        structure = cache.lookup(skey, kind=STRUCTURE_KIND)
+    except OSError:
+        return False
+    if structure is None:
+        return False
+    structure.close()
+    return True
+
+
 def refit_cached(cache: EngineCache, fingerprint: str, refit: RefitSource | None,
-                 store: BlobStore) -> tuple[Refitted | None, str | None]:
+                 store: BlobStore, *, structure: CachedBuild | None = None,
+                 ) -> tuple[Refitted | None, str | None]:
     """The build of ``fingerprint`` refit from its structure entry: ``(refitted, why not)``.
 
     ``(None, None)``: no structure entry to refit from (a plain miss).
     ``(None, why)``: there was one, and the refit was refused or failed
     (raised, or its engine failed :func:`~.tensorrt.check_refit`); nothing
-    it wrote is left staged. The caller holds the full key's single-flight
-    claim and puts the result under the full key.
+    it wrote is left staged, and the structure entry is dropped from the
+    local cache (every later fine-tune would fail the same way: the build
+    that follows keeps a fresh one). The caller holds the full key's
+    single-flight claim and puts the result under the full key.
+
+    ``structure``: the entry to refit from (a shared tier's download the
+    local cache did not take, closed here); default: the local cache's.
     """
     if refit is None:
         return None, None
     skey = structure_key(fingerprint)
     if skey is None:
         return None, None
-    try:
-        structure = cache.lookup(skey, kind=STRUCTURE_KIND)
-    except OSError as exc:
-        log.warning("engine cache %s: lookup of %s failed (%s); no refit",
-                    cache.directory, skey, exc)
-        return None, None
+    if structure is None:
+        try:
+            structure = cache.lookup(skey, kind=STRUCTURE_KIND)
+        except OSError as exc:
+            log.warning("engine cache %s: lookup of %s failed (%s); no refit",
+                        cache.directory, skey, exc)
+            return None, None
     if structure is None:
         return None, None
     with structure:
@@ -236,7 +279,12 @@ def refit_cached(cache: EngineCache, fingerprint: str, refit: RefitSource | None
                 raise  # no room for the refit's engine: none for a build's either
             log.warning("engine cache %s: the refit of %s from %s failed (%s: %s); building it",
                         cache.directory, fingerprint, skey, type(exc).__name__, exc)
-            return None, f"refit failed: {type(exc).__name__}: {exc}"
+            why = f"refit failed: {type(exc).__name__}: {exc}"
+    # A structure entry whose refit failed fails every fine-tune of it: dropped, so the
+    # next export builds at once and the build keeps a fresh one (after the hits closed).
+    if cache.drop_build(skey, len(structure.entries), why):
+        why += f"; the structure entry {skey} was dropped"
+    return None, why
 
 
 def _refit(structure: CachedBuild, store: BlobStore, fingerprint: str, refit: RefitSource,
