@@ -610,7 +610,7 @@ class BlobCache(Eviction, Checks):
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 if placement == "link" and reseal and not source.closed:
-                    source.reseal()
+                    source.reseal(sidecar=True)  # our own link, removed again
             if fd >= 0:
                 os.close(fd)
             os.close(src_fd)

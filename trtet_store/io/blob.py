@@ -218,15 +218,19 @@ class Blob:
             return False
         return True
 
-    def reseal(self) -> None:
+    def reseal(self, *, sidecar: bool = False) -> None:
         """Record the file's identity again, after a rollback of our own put it back.
 
-        In the sidecar too (a file of our own store): an orphan whose sidecar
-        names another identity is never trusted, so a kill after our own link
-        and unlink (which change only the ctime) would cost the build.
+        ``sidecar``: in the sidecar too (a file of our own store), for a caller
+        that knows the file changed by nothing but its own link and unlink
+        (only the ctime): an orphan whose sidecar names another identity is
+        never trusted, so a kill after them would cost the build. Never by
+        default: a rollback reseals blobs whose bytes it did not check, and
+        a sidecar vouching for changed bytes would be trusted by the next
+        process (the staging directory stays as it was after a failed write).
         """
         self.identity = file_identity(os.stat(self.path))
-        if not self.shared and not self.closed:
+        if sidecar and not self.shared and not self.closed:
             with contextlib.suppress(OSError):
                 self.store._write_meta(self)
 
