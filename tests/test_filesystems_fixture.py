@@ -247,10 +247,15 @@ with factory if mode == "with" else contextlib.nullcontext():
     record = {"base": str(factory.base), "mounts": {"ext4": str(mnt)},
               "images": [str(factory.mounted_at(mnt).image)]}
     if mode == "forked child":  # the child inherits the handler, not the filesystems
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.write(ready_w, b"r")
             time.sleep(120)
             os._exit(0)
+        # CPython clears the signals a child got before its after-fork code ran: a
+        # SIGTERM sent before the child says it is ready would be lost, not handled.
+        os.read(ready_r, 1)
         record["child"] = pid
     print(json.dumps(record), flush=True)
     time.sleep(120)
