@@ -39,9 +39,10 @@ $(STAMP): requirements-dev.txt pyproject.toml
 demo: venv
 	$(BIN)/trtet-store bench
 
-# pytest's own exit code is kept: 5 (no tests collected) fails like any other.
+# pytest's own exit code is kept: 5 (no tests collected) fails like any other. The 25
+# slowest tests are listed at the end, to keep the suite's time in check.
 test: venv
-	$(BIN)/python -m pytest -q --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --timeout=$(PYTEST_TIMEOUT) --durations=25 $(PYTEST_ARGS)
 
 # The whole suite on both ExecuTorch versions users have (what CI runs).
 # The two runs go side by side: most of the suite waits on servers, subprocesses and
