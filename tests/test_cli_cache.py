@@ -243,19 +243,29 @@ def test_compile_and_save_with_engine_cache_builds_once_and_says_hit(here_fs, ca
     assert file_digest(here_fs / "m0.pte") == file_digest(here_fs / "m1.pte")
 
 
-def _wait_for_builder7(here_fs, s3env, capsys, terminal=None) -> tuple[str, str, str]:
-    """compile-and-save while "builder7" holds the key's lease (6 s ttl, never renewed):
-    ``(the remote URL, the key, what stderr got)``; stderr on ``terminal`` if given."""
-    import json as _json
+def _wait_for_builder7(here_fs, s3env, capsys, monkeypatch,
+                       terminal=None) -> tuple[str, str, str]:
+    """compile-and-save while "builder7" holds the key's lease (6 s ttl), renewed until the
+    waiter starts to watch it and never after: ``(the remote URL, the key, what stderr
+    got)``; stderr on ``terminal`` if given.
+
+    A lease put once before the command starts could be dead by its first look on a loaded
+    machine (the CLI's start and the probe's export took more than its 6 s in CI): then no
+    wait at all. Renewed up to the watch's start, it is a lease of at most 0.5 s's age when
+    the wait begins, whatever the load, and ends 6 s into the wait.
+    """
+    import threading
     import time
 
     from trtet_store import EngineCache
+    from trtet_store.cache.tier import lease as lease_module
     from trtet_store.cli import main
     from trtet_store.export import tensorrt as trt
     from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
     factory = write_model_factory(here_fs)
     url, ep = f"s3://{s3env.bucket}/team", ["--endpoint-url", s3env.endpoint.url]
+    stop = threading.Event()
     try:
         with installed(FakeBuilder(engine_sizes=(ENGINE,))):
             assert main(["compile-and-save", "--no-progress", f"{factory}:make",
@@ -265,25 +275,45 @@ def _wait_for_builder7(here_fs, s3env, capsys, terminal=None) -> tuple[str, str,
         [key] = [e.key for e in probe.entries()
                  if e.metadata.get("kind") == "trtet_store.tensorrt.build"]
         capsys.readouterr()
-        now = time.time()  # another machine's lease, fresh, never renewed: 6 s to live
-        s3env.client.put_object(Bucket=s3env.bucket, Key=f"team/{key}.lease", Body=_json.dumps(
-            {"holder": "e" * 32, "host": "builder7", "pid": 4321, "started": now,
-             "renewed": now, "ttl": 6}).encode())
+        started = time.time()
+
+        def renew() -> None:  # another machine's lease, renewed until the waiter watches it
+            while True:
+                now = time.time()
+                s3env.client.put_object(Bucket=s3env.bucket, Key=f"team/{key}.lease",
+                                        Body=json.dumps({
+                                            "holder": "e" * 32, "host": "builder7",
+                                            "pid": 4321, "started": started, "renewed": now,
+                                            "ttl": 6}).encode())
+                if stop.wait(0.5):
+                    return
+
+        renewer = threading.Thread(target=renew, daemon=True)
+        real_init = lease_module.LeaseWatch.__init__
+
+        def watch_begins(watch, *args, **kwargs) -> None:
+            stop.set()  # the last renewal lands before the watch's clock starts
+            renewer.join()
+            real_init(watch, *args, **kwargs)
+
+        monkeypatch.setattr(lease_module.LeaseWatch, "__init__", watch_begins)
+        renewer.start()
         with installed(FakeBuilder(engine_sizes=(ENGINE,))), \
                 terminal or contextlib.nullcontext():
             assert main(["compile-and-save", f"{factory}:make",
                          os.fspath(here_fs / "m.pte"), "--engine-cache",
                          os.fspath(here_fs / "c"), "--engine-cache-remote", url, *ep]) == 0
     finally:
+        stop.set()
         trt.unregister_engines(list(trt._engines.values()))
     return url, key, terminal.drawn() if terminal is not None else capsys.readouterr().err
 
 
 def test_compile_and_save_says_when_it_waits_for_another_machines_build(
-        here_fs, s3env, capsys):
+        here_fs, s3env, capsys, monkeypatch):
     """Issue 45 item 17: one line on stderr when the wait starts: the holder and until when;
     off a terminal no progress line (only the two warnings name the holder)."""
-    url, key, err = _wait_for_builder7(here_fs, s3env, capsys)
+    url, key, err = _wait_for_builder7(here_fs, s3env, capsys, monkeypatch)
     lines = [ln for ln in err.splitlines() if "builder7" in ln]
     assert len(lines) == 2, err
     assert lines[0].startswith(f"trtet-store compile-and-save: warning: {url}: {key} is being "
@@ -293,14 +323,15 @@ def test_compile_and_save_says_when_it_waits_for_another_machines_build(
     assert "took over the build lease of builder7" in lines[1]
 
 
-def test_on_a_terminal_the_wait_is_a_line_that_counts_and_goes(here_fs, s3env, capsys):
+def test_on_a_terminal_the_wait_is_a_line_that_counts_and_goes(here_fs, s3env, capsys,
+                                                              monkeypatch):
     """Issue 45 item 17: on a terminal, a line redrawn at each look (the seconds waited, the
     holder, the key), erased when the lease is taken over; the warnings above it."""
     from test_cli_progress import Terminal
 
     terminal = Terminal()
     try:
-        url, key, drawn = _wait_for_builder7(here_fs, s3env, capsys, terminal)
+        url, key, drawn = _wait_for_builder7(here_fs, s3env, capsys, monkeypatch, terminal)
     finally:
         terminal.close()
     draws = re.findall(r"waiting (\d+):(\d\d) for builder7 \(pid 4321\) to build (\S+)", drawn)
