@@ -11,9 +11,11 @@ The steps, in order:
    is refused by the upload (``SourceChangedError``), never published under
    a name that is not its digest.
 2. **Blobs**: each distinct file goes to ``<prefix>blobs/<hex>`` through
-   :func:`~trtet_store.remote.upload.send.publish_sources` (multipart,
-   per-part and full-object CRC64NVME, the resumable journal, conditional
-   Complete, its own ``<hex>.trtet.json``), unless the bucket holds it
+   :func:`~trtet_store.remote.upload.send.publish_blob` (publish's machinery:
+   multipart, per-part and full-object CRC64NVME, the resumable journal,
+   conditional Complete, its own ``<hex>.trtet.json``; not the neighbours'
+   scan, which a content-addressed key does not need: a constant number of
+   requests per blob), unless the bucket holds it
    already: its manifest names one object of the same size and CRC64NVME,
    and HeadObject agrees. Two publishers of one blob: the second's
    conflict finds the first's blob present, and takes it.
@@ -55,7 +57,7 @@ from trtet_store.remote.manifest import Manifest, crc64nvme_b64, manifest_key
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
 from trtet_store.remote.upload.program import sources_of
-from trtet_store.remote.upload.send import publish_sources
+from trtet_store.remote.upload.send import publish_blob
 from trtet_store.remote.upload.source import ObjectSource
 from trtet_store.remote.url import RemoteURL
 from trtet_store.sets.machine import check_metadata
@@ -357,10 +359,10 @@ def _upload(s3: S3, bucket: str, key: str, f: _File, cfg: PublishConfig,
     """Publish one blob with publish's machinery; a rival's identical blob is taken."""
     blob = ObjectSource(f.digest, list(f.source.pieces))
     try:
-        # replace=True: a key of our digest holding other bytes (or no manifest) is ours to
+        # Replacing: a key of our digest holding other bytes (or no manifest) is ours to
         # repair; the Complete is still conditional on the version read.
-        rep = publish_sources([blob], RemoteURL(bucket, key), client=s3, config=cfg,
-                              replace=True, resume=resume)
+        rep = publish_blob(blob, RemoteURL(bucket, key), client=s3, config=cfg,
+                           resume=resume)
     except ConflictError:
         entry = _present(s3, bucket, key, f)
         if entry is None:
