@@ -156,7 +156,8 @@ class _Mode:
 
 
 def publish_blob(source: ObjectSource, url: RemoteURL, *, config: PublishConfig,
-                 resume: bool, client: S3, renew: bool = False) -> PublishReport:
+                 resume: bool, client: S3, renew: bool = False,
+                 progress: Callable[[PublishProgress], Any] | None = None) -> PublishReport:
     """Publish one content-addressed object (a set's ``blobs/<xxh3-128 hex>``), replacing.
 
     As :func:`publish_sources` with ``replace=True``, but without the
@@ -166,9 +167,10 @@ def publish_blob(source: ObjectSource, url: RemoteURL, *, config: PublishConfig,
     per blob would make a set's publish quadratic in its blobs. ``renew``:
     a new version even of the same bytes (see :class:`_Mode`); with another
     ``config.part_size`` than the version there, its ETag differs.
+    ``progress`` as for :func:`publish_sources`.
     """
     return _publish([source], url, config, _Mode(neighbours=False, renew=renew),
-                    endpoint_url=None, replace=True, resume=resume, progress=None,
+                    endpoint_url=None, replace=True, resume=resume, progress=progress,
                     client=client)
 
 
