@@ -8,14 +8,22 @@ with hooks placed between two steps of one publisher, never left to timing.
 
 from __future__ import annotations
 
+import json
 import random
+import threading
 from collections import Counter
 from pathlib import Path
 
+import pytest
+import xxhash
 from conditions_proxy import ConditionsProxy
 
+from trtet_store.io.units import MiB
+from trtet_store.remote.checksum import crc64nvme
+from trtet_store.remote.manifest import crc64nvme_b64
+from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.upload.config import PublishConfig
-from trtet_store.sets import publish_set
+from trtet_store.sets import SET_KEY, fetch_set, publish_set
 
 SMALL = 4096 + 17  # a blob of one part
 
@@ -69,3 +77,88 @@ def test_a_set_publish_reads_a_constant_number_of_objects_per_blob(s3env, tmp_pa
         assert many[kind] / 12 <= few[kind] / 3, (kind, few, many)
     assert many["get"] - few["get"] <= 9 * 2, (few, many)  # <= 2 GETs per added blob
     assert many["list"] - few["list"] <= 9 * 1, (few, many)  # <= 1 listing per added blob
+
+
+# --- 2. a clean-up never removes a blob a committed manifest names --------------------------
+
+
+def test_the_server_refuses_a_delete_at_another_etag(s3env):
+    """What the clean-up's safety rests on: SeaweedFS honours If-Match on DeleteObject."""
+    s3 = S3(s3env.endpoint.url)
+    body = b"x" * 100
+    etag = s3.put(s3env.bucket, "k", body, crc64nvme_b64(crc64nvme(body)))
+    with pytest.raises(PreconditionFailed):
+        s3.delete(s3env.bucket, "k", if_match="0" * 32)
+    assert s3.head(s3env.bucket, "k").etag == etag
+    s3.delete(s3env.bucket, "k", if_match=etag)
+    assert s3.head(s3env.bucket, "k") is None
+
+
+class PausedDeletes(S3):
+    """A client whose first DeleteObject waits until the test lets it go."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def delete(self, bucket, key, if_match=None):
+        if not self.reached.is_set():
+            self.reached.set()
+            assert self.go.wait(120), "the test never let the delete go"
+        return super().delete(bucket, key, if_match)
+
+
+@pytest.mark.parametrize("size", [SMALL, 6 * MiB + 5], ids=["one-part", "two-parts"])
+def test_a_blob_retaken_while_its_removal_is_under_way_is_never_deleted(s3env, tmp_path,
+                                                                        size):
+    """P1 commits v2 without X (``removing`` X) and stops right before its first delete,
+    its checks done; P2 reads v2, finds X there, commits v3 naming X; P1 deletes. v3 stays
+    whole: P2 renewed X (another ETag), so P1's conditional deletes are refused."""
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "src" / "model.pte", SMALL, 1)
+    x = write(tmp_path / "src" / "extra.ptd", size, 2)
+    publish_set({"a": [pte, x]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    xkey = f"rel/blobs/{xxhash.xxh3_128(x.read_bytes()).hexdigest()}"
+    v1_etag = s3env.client.head_object(Bucket=s3env.bucket, Key=xkey)["ETag"].strip('"')
+
+    p1_client = PausedDeletes(s3env.endpoint.url)
+    p1: dict = {}
+
+    def p1_publishes_v2() -> None:
+        try:
+            p1["report"] = publish_set({"a": [pte]}, url, client=p1_client, config=cfg,
+                                       if_exists="replace")
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            p1["error"] = exc
+        finally:
+            p1_client.reached.set()
+
+    thread = threading.Thread(target=p1_publishes_v2)
+    thread.start()
+    try:
+        assert p1_client.reached.wait(120)
+        assert "error" not in p1, p1.get("error")
+        v2 = json.loads(s3env.client.get_object(Bucket=s3env.bucket,
+                                                Key=f"rel/{SET_KEY}")["Body"].read())
+        assert v2["removing"] == {xkey.rpartition("/")[2]: v1_etag}  # P1 committed, paused
+        v3 = publish_set({"a": [pte, x]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                         if_exists="replace")
+    finally:
+        p1_client.go.set()
+        thread.join(120)
+    assert "error" not in p1, p1.get("error")
+    dest = tmp_path / "reader"
+    dest.mkdir()
+    fetch_set(url, dest / "a", "a", endpoint_url=s3env.endpoint.url)
+    assert (dest / "a" / "extra.ptd").read_bytes() == x.read_bytes()
+    assert (dest / "a" / "model.pte").read_bytes() == pte.read_bytes()
+    # ... and so is the blob's own manifest, naming the version there (a later publish
+    # takes X as present through it).
+    blob_manifest = json.loads(s3env.client.get_object(
+        Bucket=s3env.bucket, Key=f"{xkey}.trtet.json")["Body"].read())
+    now = s3env.client.head_object(Bucket=s3env.bucket, Key=xkey)["ETag"].strip('"')
+    assert blob_manifest["objects"][0]["etag"] == now != v1_etag
+    assert p1["report"].removed == []  # its deletes were refused
+    xname = xkey.rpartition("/")[2]
+    assert xname not in v3.blobs_present and xname in v3.blobs_uploaded  # renewed

@@ -15,47 +15,73 @@ The steps, in order:
    multipart, per-part and full-object CRC64NVME, the resumable journal,
    conditional Complete, its own ``<hex>.trtet.json``; not the neighbours'
    scan, which a content-addressed key does not need: a constant number of
-   requests per blob), unless the bucket holds it
-   already: its manifest names one object of the same size and CRC64NVME,
-   and HeadObject agrees. Two publishers of one blob: the second's
-   conflict finds the first's blob present, and takes it.
+   requests per blob). A blob the bucket holds already (its manifest names
+   one object of the same size and CRC64NVME, and HeadObject agrees) is
+   *taken* as it is only when the version we replace names it. Any other
+   (one that version lists in ``removing``, a losing publisher's, one a
+   killed publish left) may be deleted by a clean-up that read it before
+   our commit, at the ETag it read: it is *renewed*, written again in a form
+   whose ETag differs (another part count, copied server-side; a blob of
+   one part by PutObject), so that delete is refused (:func:`_renew`).
+   Two publishers of one blob: the second's conflict finds the first's
+   blob present, and takes it.
 3. **Commit**: the set manifest (:mod:`.manifest`), last, with
    ``If-None-Match: *`` for a new set or ``If-Match`` of the version read
    in step 1; a refusal is :class:`~trtet_store.remote.errors.ConflictError`
    and the other writer's set stays as it is.
 4. **Check and tidy**: every blob the new manifest names is HEADed (one a
    concurrent publish's clean-up removed is sent again); then the replaced
-   manifest's blobs that no member names any more are removed (manifest
-   first, then the object at the ETag recorded), unless the set manifest
-   changed since our commit (the newer publish tidies its own base). The
-   new manifest lists them (``removing``) before they go: a publish killed
+   manifest's blobs that no member names any more are removed, unless the
+   set manifest changed since our commit (the newer publish tidies its own
+   base). Each goes only as the version listed: its manifest at the
+   version read (which must name that ETag), then the object ``If-Match``
+   that ETag (:func:`_remove_blob`); a renewed blob refuses both. The new
+   manifest lists them (``removing``) before they go: a publish killed
    between its commit and its clean-up leaves them there, and the next
    publish of the set removes them.
 
+What is left open: ETags are digests of the bytes and the part layout, so
+a blob renewed twice may come back to an ETag it had; a clean-up stalled
+inside one request while two later publishes renew the same blob could
+then delete it.
+
 Not removed: blobs a publisher uploaded before losing the commit race (no
-manifest names them; a later publish of the same bytes finds them present).
+manifest names them; a later publish of the same bytes renews them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import replace as replace_config
 from typing import Any
 
-from trtet_store.io import UNSET, Digester, ExternalFile, MiB
+from trtet_store.io import UNSET, Digester, ExternalFile, MiB, SourceChangedError
 from trtet_store.remote.checksum import CHUNK_SIZE, crc64nvme
 from trtet_store.remote.errors import (
     ConflictError,
     KeyExistsError,
     ManifestError,
+    PartSizeError,
     RemoteError,
     RemoteURLError,
 )
-from trtet_store.remote.manifest import Manifest, crc64nvme_b64, manifest_key
+from trtet_store.remote.manifest import (
+    MAX_PART_SIZE,
+    MIN_PART_SIZE,
+    Manifest,
+    ObjectEntry,
+    PartEntry,
+    PieceEntry,
+    crc64nvme_b64,
+    manifest_key,
+)
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
+from trtet_store.remote.upload.parts import choose_part_size
 from trtet_store.remote.upload.program import sources_of
 from trtet_store.remote.upload.send import publish_blob
 from trtet_store.remote.upload.source import ObjectSource
@@ -249,7 +275,7 @@ def publish_set(
                               {n: [fn for fn, _ in e] for n, e in files.items()})
     report.bytes_files = sum(f.size for e in files.values() for _, f in e)
     report.bytes_distinct = sum(f.size for f in distinct.values())
-    blobs = _send_blobs(s3, bucket, prefix, distinct, cfg, resume, report)
+    blobs = _send_blobs(s3, bucket, prefix, distinct, cfg, resume, report, old)
 
     # 3. commit, with what the replaced version alone named (and what a publish killed
     # before its clean-up left to remove) recorded, so a kill after the commit leaks nothing
@@ -355,16 +381,20 @@ def _present(s3: S3, bucket: str, key: str, f: _File) -> BlobEntry | None:
 
 
 def _upload(s3: S3, bucket: str, key: str, f: _File, cfg: PublishConfig,
-            resume: bool, report: SetPublishReport | None) -> BlobEntry:
-    """Publish one blob with publish's machinery; a rival's identical blob is taken."""
+            resume: bool, report: SetPublishReport | None, renew: bool = False) -> BlobEntry:
+    """Publish one blob with publish's machinery; a rival's identical blob is taken.
+
+    ``renew``: a new version even of the same bytes (:func:`_renew`); a
+    conflict is then the caller's to handle.
+    """
     blob = ObjectSource(f.digest, list(f.source.pieces))
     try:
         # Replacing: a key of our digest holding other bytes (or no manifest) is ours to
         # repair; the Complete is still conditional on the version read.
         rep = publish_blob(blob, RemoteURL(bucket, key), client=s3, config=cfg,
-                           resume=resume)
+                           resume=resume, renew=renew)
     except ConflictError:
-        entry = _present(s3, bucket, key, f)
+        entry = None if renew else _present(s3, bucket, key, f)
         if entry is None:
             raise
         log.info("s3://%s/%s: another publisher sent the same blob meanwhile; taken", bucket,
@@ -385,20 +415,128 @@ def _upload(s3: S3, bucket: str, key: str, f: _File, cfg: PublishConfig,
 
 
 def _send_blobs(s3: S3, bucket: str, prefix: str, distinct: dict[str, _File],
-                cfg: PublishConfig, resume: bool,
-                report: SetPublishReport) -> dict[str, BlobEntry]:
-    """Every distinct file in the bucket: found present, or published."""
+                cfg: PublishConfig, resume: bool, report: SetPublishReport,
+                base: SetManifest | None = None) -> dict[str, BlobEntry]:
+    """Every distinct file in the bucket: taken, renewed, or published.
+
+    A blob found present is taken as it is only when ``base`` (the version
+    we replace) names it. Any other (one ``base`` lists in ``removing``, a
+    losing publisher's, one a killed publish left) may be deleted at its
+    ETag by a clean-up or a prune that decided before our commit, so it is
+    renewed: written again in a form whose ETag differs (:func:`_renew`),
+    and such a delete is refused.
+    """
+    named = base.blobs if base is not None else {}
+    removing = base.removing if base is not None else {}
     blobs = {}
     for digest, f in distinct.items():
         key = blob_key(prefix, digest)
         entry = _present(s3, bucket, key, f)
-        if entry is not None:
+        avoid = {removing[digest]} if digest in removing else set()
+        if entry is not None and digest in named:
             report.bytes_present += f.size
             report.blobs_present.append(digest)
+        elif entry is not None or avoid:
+            entry = _renew(s3, bucket, key, f, cfg, resume, report,
+                           avoid | ({entry.etag} if entry is not None else set()))
         else:
             entry = _upload(s3, bucket, key, f, cfg, resume, report)
         blobs[digest] = entry
     return blobs
+
+
+def _renew(s3: S3, bucket: str, key: str, f: _File, cfg: PublishConfig, resume: bool,
+           report: SetPublishReport, avoid: set[str]) -> BlobEntry:
+    """Write the blob ``f`` at ``key`` again, with an ETag none of ``avoid``; its entry.
+
+    A delete pinned to an old ETag (``If-Match``) must be refused once we
+    name the blob. The same bytes in the same parts give the same ETag
+    (S3's and SeaweedFS's are digests of the parts), and a server-side
+    self-copy keeps it on SeaweedFS: only another layout changes it. A
+    multipart ETag ends in ``-<parts>``, a PutObject's does not; so the blob
+    goes up in parts of another count (copied server-side from the version
+    there where it is still there), or, for a blob of one part, by
+    PutObject with its manifest (:func:`_put_small`). A delete landing in
+    between fails our conditional write: tried again, with that ETag
+    avoided too.
+    """
+    for _ in range(3):
+        size = _layout_avoiding(f.size, avoid)
+        try:
+            if size is None:
+                entry = _put_small(s3, bucket, key, f, avoid)
+                report.bytes_uploaded += f.size
+                report.blobs_uploaded.append(f.digest)
+            else:
+                entry = _upload(s3, bucket, key, f, replace_config(cfg, part_size=size),
+                                resume, report, renew=True)
+        except ConflictError:
+            head = s3.head(bucket, key)
+            if head is not None:
+                avoid.add(head.etag)
+            continue
+        if entry.etag not in avoid:
+            log.info("s3://%s/%s: renewed (ETag %s, not %s): a clean-up or prune that read "
+                     "the old one cannot remove it", bucket, key, entry.etag, sorted(avoid))
+            return entry
+        avoid.add(entry.etag)
+    raise ConflictError(f"s3://{bucket}/{key} is being removed by another publisher's "
+                        "clean-up while this one renews it; nothing was committed (publish "
+                        "again)", key)
+
+
+def _layout_avoiding(size: int, avoid: set[str]) -> int | None:
+    """A part size whose multipart ETag (``...-<count>``) none of ``avoid`` has; None: none."""
+    counts = set()
+    for etag in avoid:
+        head, dash, tail = etag.rpartition("-")
+        if dash and head and tail.isdigit():
+            counts.add(int(tail))
+    for part in (choose_part_size(size), MIN_PART_SIZE, min(MAX_PART_SIZE,
+                                                           max(MIN_PART_SIZE, size))):
+        try:
+            part = choose_part_size(size, part)
+        except PartSizeError:
+            continue
+        if max(1, -(-size // part)) not in counts:
+            return part
+    return None
+
+
+def _put_small(s3: S3, bucket: str, key: str, f: _File, avoid: set[str]) -> BlobEntry:
+    """A blob of at most one part, by PutObject (an ETag without ``-1``), then its manifest.
+
+    Each write is conditional on the version read; a change in between is
+    a :class:`ConflictError` (the caller tries again).
+    """
+    if f.size > MIN_PART_SIZE:
+        raise ValueError(f"{key}: {f.size} bytes are more than one part")
+    body = memoryview(bytearray(f.size))
+    f.source.check()
+    if f.size:
+        f.source.read_at(0, body)
+    if crc64nvme_b64(crc64nvme(body)) != f.crc64nvme:
+        raise SourceChangedError(f"{f.source.name}: its bytes changed since they were read")
+    mkey = manifest_key(key)
+    head = s3.head(bucket, key)
+    mhead = s3.head(bucket, mkey)
+    try:
+        etag = s3.put(bucket, key, bytes(body), f.crc64nvme, if_none_match=head is None,
+                      if_match=head.etag if head is not None else None,
+                      content_type="application/octet-stream")
+        entry = ObjectEntry(f.digest, key, f.size, etag, f.crc64nvme, MIN_PART_SIZE,
+                            (PartEntry(1, 0, f.size, etag, f.crc64nvme,
+                                       hashlib.md5(body).hexdigest()),),
+                            (PieceEntry(0, f.size, "file", f.digest, f.chunks),))
+        doc = Manifest(program=f.digest, chunk_size=CHUNK_SIZE, objects=(entry,)).to_json()
+        s3.put(bucket, mkey, doc, crc64nvme_b64(crc64nvme(doc)), if_none_match=mhead is None,
+               if_match=mhead.etag if mhead is not None else None)
+    except PreconditionFailed:
+        raise ConflictError(f"s3://{bucket}/{key} changed while it was renewed", key) from None
+    now = s3.head(bucket, key)
+    if now is None or now.etag != etag:
+        raise ConflictError(f"s3://{bucket}/{key} changed right after it was renewed", key)
+    return BlobEntry(f.size, etag, f.crc64nvme)
 
 
 # --- 3. commit, 4. check and tidy --------------------------------------------------------------
@@ -453,9 +591,10 @@ def _to_remove(s3: S3, bucket: str, prefix: str, old: SetManifest | None,
         return {}
     out = {d: b.etag for d, b in old.blobs.items() if d not in named}
     for digest, etag in old.removing.items():
-        if digest not in named and digest not in out and \
-                s3.head(bucket, blob_key(prefix, digest)) is not None:
-            out[digest] = etag
+        if digest not in named and digest not in out:
+            head = s3.head(bucket, blob_key(prefix, digest))
+            if head is not None and head.etag == etag:  # another ETag: renewed, not ours
+                out[digest] = etag
     return out
 
 
@@ -472,26 +611,51 @@ def _remove_unnamed(s3: S3, bucket: str, prefix: str, skey: str, ours: str,
         return []
     removed = []
     for digest in gone:
-        key = blob_key(prefix, digest)
-        head = s3.head(bucket, key)
-        if head is None:
-            continue  # removed already (by the publish that recorded it, killed after)
-        if head.etag != new.removing[digest]:
-            log.info("s3://%s/%s changed since the replaced set named it; kept", bucket, key)
-            continue
-        try:
-            # The blob's manifest first: no manifest ever names a missing object.
-            s3.delete(bucket, manifest_key(key))
-            s3.delete(bucket, key, if_match=new.removing[digest])
-        except PreconditionFailed:
-            log.info("s3://%s/%s changed since the replaced set named it; kept", bucket, key)
-            continue
-        except RemoteError as exc:
-            log.warning("s3://%s/%s could not be removed (%s); it stays, unnamed", bucket,
-                        key, exc)
-            continue
-        removed.append(digest)
+        if _remove_blob(s3, bucket, blob_key(prefix, digest), new.removing[digest]):
+            removed.append(digest)
     return removed
+
+
+def _remove_blob(s3: S3, bucket: str, key: str, etag: str) -> bool:
+    """Remove the blob at ``key`` if it is still the version ``etag``: its manifest, then it.
+
+    Both deletes are conditional, so a blob renewed since it was listed
+    (:func:`_renew`: a new ETag, a new manifest) is never touched: its
+    manifest is deleted only at the version read here, which must name
+    ``etag``, and the object only at ``etag``. The manifest goes first: a
+    blob manifest a reader finds always names an object that is there. A
+    renewal that lands between the two writes its manifest against the
+    version we deleted, fails, and is tried again (the object stays).
+    """
+    mkey = manifest_key(key)
+    try:
+        got = s3.get(bucket, mkey)
+        if got is not None:
+            if _names(got[0], key) != etag:
+                log.info("s3://%s/%s was written again since it was listed; kept", bucket, key)
+                return False
+            s3.delete(bucket, mkey, if_match=got[1])
+        elif s3.head(bucket, key) is None:
+            return False  # removed already (by the publish that listed it, killed after)
+        s3.delete(bucket, key, if_match=etag)
+    except PreconditionFailed:
+        log.info("s3://%s/%s changed since it was listed; kept", bucket, key)
+        return False
+    except RemoteError as exc:
+        log.warning("s3://%s/%s could not be removed (%s); it stays, unnamed", bucket, key, exc)
+        return False
+    return True
+
+
+def _names(doc: bytes, key: str) -> str | None:
+    """The ETag a blob manifest names for ``key``; None when it names no such one object."""
+    try:
+        m = Manifest.from_json(doc)
+    except ManifestError:
+        return None
+    if len(m.objects) != 1 or m.objects[0].key != key:
+        return None
+    return m.objects[0].etag
 
 
 __all__ = ["Member", "parse_set_url", "publish_set"]
