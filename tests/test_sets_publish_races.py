@@ -12,6 +12,7 @@ import json
 import random
 import threading
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,12 @@ import xxhash
 from conditions_proxy import ConditionsProxy
 
 from trtet_store.io.units import MiB
+from trtet_store.remote import ConflictError
 from trtet_store.remote.checksum import crc64nvme
 from trtet_store.remote.manifest import crc64nvme_b64
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.upload.config import PublishConfig
-from trtet_store.sets import SET_KEY, fetch_set, publish_set
+from trtet_store.sets import SET_KEY, fetch_set, publish_set, read_set
 
 SMALL = 4096 + 17  # a blob of one part
 
@@ -162,3 +164,113 @@ def test_a_blob_retaken_while_its_removal_is_under_way_is_never_deleted(s3env, t
     assert p1["report"].removed == []  # its deletes were refused
     xname = xkey.rpartition("/")[2]
     assert xname not in v3.blobs_present and xname in v3.blobs_uploaded  # renewed
+
+
+# --- 3. blobs no manifest names are pruned after a grace period ------------------------------
+
+
+def blob_keys(s3env, prefix: str = "rel/blobs/") -> set[str]:
+    listed = s3env.client.list_objects_v2(Bucket=s3env.bucket, Prefix=prefix)
+    return {o["Key"] for o in listed.get("Contents", [])}
+
+
+def _a_loser(s3env, tmp_path, monkeypatch, url, cfg) -> tuple[dict, str]:
+    """A real loser: L sends a new engine, W commits first, L's commit is refused.
+
+    Returns W's members and the digest of L's blob, which no manifest names.
+    """
+    import trtet_store.sets.publish as room
+
+    pte = write(tmp_path / "src" / "a" / "model.pte", SMALL, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    winner = {"a": [pte], "b": [write(tmp_path / "src" / "b" / "model.pte", SMALL, 2)]}
+    lost = write(tmp_path / "loser" / "a" / "model.pte", SMALL, 3)
+    real = room._send_blobs
+
+    def rival_commits_first(*args, **kwargs):
+        blobs = real(*args, **kwargs)
+        monkeypatch.setattr(room, "_send_blobs", real)
+        publish_set(winner, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                    if_exists="replace")
+        return blobs
+
+    monkeypatch.setattr(room, "_send_blobs", rival_commits_first)
+    with pytest.raises(ConflictError, match="another publisher"):
+        publish_set({"a": [lost]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                    if_exists="replace")
+    digest = xxhash.xxh3_128(lost.read_bytes()).hexdigest()
+    assert {f"rel/blobs/{digest}", f"rel/blobs/{digest}.trtet.json"} <= blob_keys(s3env)
+    return winner, digest
+
+
+def test_a_loser_s_blob_is_pruned_once_older_than_the_grace_and_kept_before(
+        s3env, tmp_path, monkeypatch):
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    winner, lost = _a_loser(s3env, tmp_path, monkeypatch, url, cfg)
+    # The default grace (24 h): the loser's blob may be a publish under way; it stays.
+    kept = publish_set(winner, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                       if_exists="replace")
+    assert kept.pruned == [] and f"rel/blobs/{lost}" in blob_keys(s3env)
+    # No grace: it is older than 0 s, no manifest names it; it goes, with its manifest.
+    pruned = publish_set(winner, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                         if_exists="replace", gc_grace=0)
+    assert pruned.pruned == [lost]
+    assert not [k for k in blob_keys(s3env) if lost in k]
+    named = {f.blob for m in read_set(S3(s3env.endpoint.url), s3env.bucket,
+                                      "rel/")[0].members.values() for f in m.files}
+    assert blob_keys(s3env) == {f"rel/blobs/{d}{s}" for d in named for s in ("", ".trtet.json")}
+    dest = tmp_path / "reader"
+    dest.mkdir()
+    fetch_set(url, dest / "b", "b", endpoint_url=s3env.endpoint.url)
+    assert (dest / "b" / "model.pte").read_bytes() == winner["b"][0].read_bytes()
+
+
+def test_a_blob_a_concurrent_publisher_is_about_to_commit_survives_a_prune(
+        s3env, tmp_path, monkeypatch):
+    """C has uploaded its new blob Z and is about to commit; G publishes and prunes (the
+    default grace) in between. Z, no manifest naming it yet, is young: it stays."""
+    import trtet_store.sets.publish as room
+
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "src" / "a" / "model.pte", SMALL, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    z = write(tmp_path / "c" / "c" / "model.pte", SMALL, 4)
+    zdigest = xxhash.xxh3_128(z.read_bytes()).hexdigest()
+    real = room._commit
+    g: dict = {}
+
+    def g_publishes_before_c_commits(*args, **kwargs):
+        monkeypatch.setattr(room, "_commit", real)
+        assert f"rel/blobs/{zdigest}" in blob_keys(s3env)  # C's blob is up, unnamed
+        g["report"] = publish_set({"a": [pte], "g": [pte]}, url,
+                                  endpoint_url=s3env.endpoint.url, config=cfg,
+                                  if_exists="replace")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(room, "_commit", g_publishes_before_c_commits)
+    with pytest.raises(ConflictError):  # G committed after C read the set
+        publish_set({"a": [pte], "c": [z]}, url, endpoint_url=s3env.endpoint.url,
+                    config=cfg, if_exists="replace")
+    assert g["report"].pruned == []
+    assert {f"rel/blobs/{zdigest}", f"rel/blobs/{zdigest}.trtet.json"} <= blob_keys(s3env)
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (float("nan"), ValueError),
+                                        (True, TypeError), ("1d", TypeError)])
+def test_a_bad_gc_grace_is_refused_before_anything_is_sent(s3env, tmp_path, bad, error):
+    pte = write(tmp_path / "model.pte", SMALL, 1)
+    with pytest.raises(error, match="gc_grace"):
+        publish_set({"a": [pte]}, f"s3://{s3env.bucket}/rel/",
+                    endpoint_url=s3env.endpoint.url, gc_grace=bad,
+                    config=PublishConfig(journal_dir=s3env.journal_dir))
+    assert blob_keys(s3env, "") == set()
+
+
+def test_gc_grace_takes_a_timedelta(s3env, tmp_path):
+    pte = write(tmp_path / "model.pte", SMALL, 1)
+    report = publish_set({"a": [pte]}, f"s3://{s3env.bucket}/rel/",
+                         endpoint_url=s3env.endpoint.url, gc_grace=timedelta(hours=1),
+                         config=PublishConfig(journal_dir=s3env.journal_dir))
+    assert report.pruned == []

@@ -136,6 +136,8 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
         print(f"  {shown(name)}: {', '.join(shown(f) for f in files)}")
     for digest in report.removed:
         print(f"  blobs/{digest}: removed (no member names it any more)")
+    for digest in report.pruned:
+        print(f"  blobs/{digest}: pruned (no manifest named it, older than the grace period)")
     return 0
 
 

@@ -45,18 +45,34 @@ a blob renewed twice may come back to an ETag it had; a clean-up stalled
 inside one request while two later publishes renew the same blob could
 then delete it.
 
-Not removed: blobs a publisher uploaded before losing the commit race (no
-manifest names them; a later publish of the same bytes renews them).
+5. **Prune**: blobs under ``<prefix>blobs/`` that no manifest names (a
+   losing publisher's, a killed publish's), not in ``removing`` (step 4's),
+   and older than ``gc_grace`` (LastModified against our committed set
+   manifest's, both the server's clock; default 24 hours) are removed the
+   same conditional way (:func:`_prune`), as git's prune and restic's
+   ``prune`` keep what is younger than their grace: a younger blob may be a
+   concurrent publisher's upload, named by a commit still to come. An
+   older one that a publish under way wants is renewed by it (step 2), so
+   the prune's delete, pinned to the ETag it listed, is refused. Nothing is
+   pruned once the set manifest is not ours any more.
+
+What is removed when: the replaced version's blobs no member names, right
+after the commit (step 4); unnamed blobs, after the commit of a publish
+that finds them older than ``gc_grace`` (step 5). A manifest left without
+its object (a clean-up killed between its two deletes) goes with step 5.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import replace as replace_config
+from datetime import timedelta
 from typing import Any
 
 from trtet_store.io import UNSET, Digester, ExternalFile, MiB, SourceChangedError
@@ -88,6 +104,7 @@ from trtet_store.remote.upload.source import ObjectSource
 from trtet_store.remote.url import RemoteURL
 from trtet_store.sets.machine import check_metadata
 from trtet_store.sets.manifest import (
+    BLOBS,
     METADATA_KEYS,
     SET_KEY,
     SET_MAX_BYTES,
@@ -104,6 +121,9 @@ log = logging.getLogger("trtet_store.sets")
 
 #: Bytes read at a time by the digest pass.
 READ_STEP = 8 * MiB
+#: How old a blob no manifest names must be before a publish prunes it (seconds).
+DEFAULT_GC_GRACE = 24 * 3600.0
+_HEX128 = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -180,6 +200,7 @@ def publish_set(
     if_exists: str = "error",
     resume: bool = True,
     client: S3 | None = None,
+    gc_grace: float | timedelta = DEFAULT_GC_GRACE,
 ) -> SetPublishReport:
     """Publish a set of programs under one prefix, each distinct file once.
 
@@ -204,6 +225,13 @@ def publish_set(
         Resume an interrupted upload of a blob from its journal (default).
     client : S3, optional
         The client every call goes through (default: one at ``endpoint_url``).
+    gc_grace : float or timedelta
+        After the commit, blobs under ``<prefix>blobs/`` that no manifest
+        names (a losing publisher's, a killed publish's) and that are older
+        than this (seconds, or a timedelta; by the server's clock) are
+        removed. Default 24 hours: a younger one may be a concurrent
+        publisher's upload, not committed yet. ``0`` only where no other
+        publisher of the set is running.
 
     Returns
     -------
@@ -218,13 +246,15 @@ def publish_set(
         The set exists and ``if_exists="error"``; nothing sent.
     ConflictError
         Another publisher committed the set after this one read it; its set
-        stays, ours was not committed (the blobs we sent stay, unnamed).
+        stays, ours was not committed (the blobs we sent stay, unnamed, until a
+        publish prunes them: ``gc_grace``).
     SourceChangedError
         A file changed while it was read or sent.
     UploadKeptError, ChecksumMismatchError
         As ``publish``: publish the set again to resume.
     """
     cfg = config_of(config, "publish_set")
+    grace = _grace_of(gc_grace)
     replace = replace_of(UNSET, if_exists, "publish_set")
     if not isinstance(resume, bool):
         raise TypeError(f"resume must be True or False, not {resume!r}")
@@ -291,11 +321,12 @@ def publish_set(
     _recheck(s3, bucket, prefix, manifest, distinct, cfg, resume)
     report.removed = _remove_unnamed(s3, bucket, prefix, skey, report.manifest_etag,
                                      manifest)
+    report.pruned = _prune(s3, bucket, prefix, skey, report.manifest_etag, manifest, grace)
     log.info("published the set s3://%s/%s: %d member(s), %d bytes of files in %d distinct "
              "bytes: %d uploaded, %d copied server-side, %d present already, %d blob(s) "
-             "removed", bucket, prefix, len(wanted), report.bytes_files,
+             "removed, %d pruned", bucket, prefix, len(wanted), report.bytes_files,
              report.bytes_distinct, report.bytes_uploaded, report.bytes_copied,
-             report.bytes_present, len(report.removed))
+             report.bytes_present, len(report.removed), len(report.pruned))
     return report
 
 
@@ -656,6 +687,72 @@ def _names(doc: bytes, key: str) -> str | None:
     if len(m.objects) != 1 or m.objects[0].key != key:
         return None
     return m.objects[0].etag
+
+
+def _grace_of(value: Any) -> float:
+    """``gc_grace`` in seconds: a non-negative finite number, or a timedelta."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"gc_grace must be seconds (a number) or a timedelta, not {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"gc_grace must be a finite number of seconds >= 0, not {value!r}")
+    return seconds
+
+
+def _prune(s3: S3, bucket: str, prefix: str, skey: str, ours: str, new: SetManifest,
+           grace: float) -> list[str]:
+    """The blobs no manifest names, older than ``grace`` seconds, removed; their digests.
+
+    Ages are by the server's clock: LastModified against our committed set
+    manifest's. Skipped: what ``new`` names, what it lists in ``removing``
+    (the clean-up's), anything younger (a concurrent publisher's upload, or
+    a renewal, not committed yet), and everything once the set manifest is
+    not ours any more (the newer publish prunes). Each goes as the version
+    listed (:func:`_remove_blob`): a blob renewed since, to be named by a
+    publish under way, refuses the delete. Best effort, like the clean-up.
+    """
+    try:
+        mine = s3.get_dated(bucket, skey, SET_MAX_BYTES)
+        if mine is None or mine.etag != ours or mine.modified is None:
+            log.info("s3://%s/%s changed since our commit; the newer publish prunes", bucket,
+                     skey)
+            return []
+        listed = s3.list_etags(bucket, prefix + BLOBS)
+    except RemoteError as exc:
+        log.warning("s3://%s/%s%s was not pruned (%s)", bucket, prefix, BLOBS, exc)
+        return []
+    skip = set(new.blobs) | set(new.removing)
+    objects: dict[str, tuple[float, str]] = {}
+    manifests: dict[str, tuple[float, str]] = {}
+    for key, modified, etag in listed:
+        name = key[len(prefix + BLOBS):]
+        digest, dot, rest = name.partition(".")
+        if not _HEX128.fullmatch(digest) or digest in skip or \
+                mine.modified - modified < grace:
+            continue
+        if not dot:
+            objects[digest] = (modified, etag)
+        elif name == manifest_key(digest):  # <hex>.trtet.json
+            manifests[digest] = (modified, etag)
+    pruned = []
+    for digest, (_, etag) in sorted(objects.items()):
+        if _remove_blob(s3, bucket, blob_key(prefix, digest), etag):
+            pruned.append(digest)
+    for digest, (_, etag) in sorted(manifests.items()):
+        if digest in objects:
+            continue
+        try:  # a manifest left without its object (a clean-up killed in between)
+            s3.delete(bucket, manifest_key(blob_key(prefix, digest)), if_match=etag)
+        except RemoteError as exc:
+            log.info("s3://%s/%s: kept (%s)", bucket, manifest_key(blob_key(prefix, digest)),
+                     exc)
+    if pruned:
+        log.info("pruned %d blob(s) under s3://%s/%s%s that no manifest names, older than "
+                 "%.0f s", len(pruned), bucket, prefix, BLOBS, grace)
+    return pruned
 
 
 __all__ = ["Member", "parse_set_url", "publish_set"]
