@@ -9,7 +9,6 @@ with hooks placed between two steps of one publisher, never left to timing.
 from __future__ import annotations
 
 import json
-import random
 import threading
 from collections import Counter
 from datetime import timedelta
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import xxhash
 from conditions_proxy import ConditionsProxy
+from sets_helpers import write
 
 from trtet_store.io.units import MiB
 from trtet_store.remote import ConflictError
@@ -28,12 +28,6 @@ from trtet_store.remote.upload.config import PublishConfig
 from trtet_store.sets import SET_KEY, fetch_set, publish_set, read_set
 
 SMALL = 4096 + 17  # a blob of one part
-
-
-def write(path: Path, size: int, seed: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(random.Random(seed).randbytes(size))
-    return path
 
 
 def recording_proxy(s3) -> ConditionsProxy:
