@@ -83,7 +83,6 @@ from trtet_store.remote.errors import (
     ManifestError,
     PartSizeError,
     RemoteError,
-    RemoteURLError,
 )
 from trtet_store.remote.manifest import (
     MAX_PART_SIZE,
@@ -174,21 +173,14 @@ class _File:
 def parse_set_url(url: str) -> tuple[str, str]:
     """``(bucket, prefix)`` of ``s3://bucket/prefix/`` (the prefix ends in ``/``, or is empty).
 
+    :meth:`RemoteURL.parse_prefix <trtet_store.remote.url.RemoteURL.parse_prefix>`.
+
     Raises
     ------
     RemoteURLError
         Not ``s3://bucket/...``, or a key segment that is empty, ``.`` or ``..``.
     """
-    if not isinstance(url, str):
-        raise TypeError(f"url must be a str like 's3://bucket/models/v3/', not "
-                        f"{type(url).__name__}")
-    if not url.startswith("s3://"):
-        raise RemoteURLError(f"{url!r}: expected s3://bucket/prefix/")
-    bucket, _, prefix = url[len("s3://"):].partition("/")
-    prefix = prefix.rstrip("/")
-    # RemoteURL's checks of the bucket and the segments, on a key under the prefix.
-    RemoteURL.parse(f"s3://{bucket}/{prefix + '/' if prefix else ''}{SET_KEY}")
-    return bucket, f"{prefix}/" if prefix else ""
+    return RemoteURL.parse_prefix(url)
 
 
 def publish_set(
