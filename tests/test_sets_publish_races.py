@@ -268,3 +268,26 @@ def test_gc_grace_takes_a_timedelta(s3env, tmp_path):
                          endpoint_url=s3env.endpoint.url, gc_grace=timedelta(hours=1),
                          config=PublishConfig(journal_dir=s3env.journal_dir))
     assert report.pruned == []
+
+
+def test_the_cli_prunes_with_gc_grace_in_hours_and_says_so(s3env, tmp_path, capsys):
+    from trtet_store.cli import main
+
+    url = f"s3://{s3env.bucket}/rel/"
+    pte = write(tmp_path / "a" / "model.pte", SMALL, 1)
+    # What a killed publish leaves: a blob no manifest names.
+    left = write(tmp_path / "left.bin", SMALL, 9)
+    digest = xxhash.xxh3_128(left.read_bytes()).hexdigest()
+    s3env.client.put_object(Bucket=s3env.bucket, Key=f"rel/blobs/{digest}",
+                            Body=left.read_bytes())
+    argv = ["publish-set", url, "--member", "a", str(pte), "--endpoint-url",
+            s3env.endpoint.url, "--journal-dir", str(s3env.journal_dir)]
+    assert main([*argv, "--gc-grace", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--gc-grace must be a number of hours >= 0" in err and len(err.splitlines()) == 1
+    assert main(argv) == 0  # the default, 24 hours: it stays
+    assert "pruned" not in capsys.readouterr().out
+    assert f"rel/blobs/{digest}" in blob_keys(s3env)
+    assert main([*argv, "--replace", "--gc-grace", "0"]) == 0
+    assert f"blobs/{digest}: pruned" in capsys.readouterr().out
+    assert f"rel/blobs/{digest}" not in blob_keys(s3env)
