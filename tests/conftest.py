@@ -13,6 +13,8 @@ Fixtures:
     s3_server / s3 / tcp_proxy
         A real S3 server (SeaweedFS, session), a fresh bucket on it per test,
         and a loopback fault proxy factory (trtet_store.testing.s3server, tests/tcp_proxy.py).
+    proxy -> CountingProxy
+        The counting proxy (trtet_store.testing.proxy) in front of ``s3``'s server.
 
 Tests marked ``slow`` are skipped unless ``TRTET_LONG=1``; tests using
 ``make_fs`` are marked ``root`` automatically.
@@ -211,6 +213,15 @@ def s3env(s3: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         monkeypatch.delenv(var, raising=False)
     s3.journal_dir = tmp_path / "journal"
     return s3
+
+
+@pytest.fixture
+def proxy(s3: Any) -> Iterator[Any]:
+    """The counting proxy in front of the test server: bytes each way, counted apart."""
+    from trtet_store.testing.proxy import CountingProxy
+
+    with CountingProxy.for_url(s3.endpoint.url) as p:
+        yield p
 
 
 @pytest.fixture

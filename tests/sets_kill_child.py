@@ -35,7 +35,7 @@ def main() -> None:
 
     phase = job["phase"]
     if phase == "blobs":
-        real = room.publish_sources
+        real = room.publish_blob
 
         def sending(*args, **kwargs):
             def progress(p):
@@ -43,7 +43,7 @@ def main() -> None:
                     die()
             return real(*args, progress=progress, **kwargs)
 
-        room.publish_sources = sending
+        room.publish_blob = sending
     elif phase == "manifest":
         room._commit = die
     elif phase == "cleanup":

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import stat
 from pathlib import Path
 
 import pytest
-import xxhash
+from sets_helpers import write, xxh
 
 import trtet_store
 from trtet_store.io.units import MiB
@@ -35,21 +34,10 @@ from trtet_store.sets import (
     publish_set,
     read_set,
 )
-from trtet_store.testing.proxy import CountingProxy
 
 SHARED = 6 * MiB  # foundation.ptd, the same in every member
 OWN = 2 * MiB + 4321  # each member's model.pte
 NAMES = ("a", "b", "c", "d")
-
-
-def write(path: Path, size: int, seed: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(random.Random(seed).randbytes(size))
-    return path
-
-
-def xxh(path: Path) -> str:
-    return xxhash.xxh3_128(path.read_bytes()).hexdigest()
 
 
 def four_members(root: Path) -> dict[str, list[Path]]:
@@ -71,12 +59,6 @@ def bucket_bytes(s3, prefix: str) -> int:
 def keys_under(s3, prefix: str) -> list[str]:
     listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
     return sorted(o["Key"] for o in listed)
-
-
-@pytest.fixture
-def proxy(s3):
-    with CountingProxy.for_url(s3.endpoint.url) as p:
-        yield p
 
 
 def url_of(s3, prefix: str = "llm/v3/") -> str:

@@ -13,31 +13,19 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import xxhash
+from sets_helpers import write, xxh
 
 from trtet_store.io.units import MiB
 from trtet_store.remote.upload.config import PublishConfig
 from trtet_store.sets import fetch_set, publish_set
-from trtet_store.testing.proxy import CountingProxy
 
 HERE = Path(__file__).resolve().parent
 SHARED, OWN, NEW = 6 * MiB, MiB + 17, 12 * MiB + 5
-
-
-def write(path: Path, size: int, seed: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(random.Random(seed).randbytes(size))
-    return path
-
-
-def xxh(path: Path) -> str:
-    return xxhash.xxh3_128(path.read_bytes()).hexdigest()
 
 
 def run_child(job: dict) -> subprocess.CompletedProcess:
@@ -49,12 +37,6 @@ def run_child(job: dict) -> subprocess.CompletedProcess:
 def bucket_keys(s3, prefix: str) -> dict[str, int]:
     listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
     return {o["Key"]: o["Size"] for o in listed}
-
-
-@pytest.fixture
-def proxy(s3):
-    with CountingProxy.for_url(s3.endpoint.url) as p:
-        yield p
 
 
 @pytest.mark.parametrize("phase", ["blobs", "manifest", "cleanup"])

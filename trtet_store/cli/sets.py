@@ -48,6 +48,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--replace", action="store_true", help="replace an existing set")
     p.add_argument("--journal-dir", type=Path, default=None, metavar="DIR",
                    help="where each blob's resumable upload journal goes")
+    p.add_argument("--gc-grace", type=float, default=24.0, metavar="HOURS",
+                   help="after the commit, prune blobs no manifest names that are older "
+                   "than this (default 24; 0 only where no other publisher of the set runs)")
     add_s3_options(p)
     p.set_defaults(func=cmd_publish_set)
 
@@ -117,12 +120,15 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
         needs = _needs(args.needs, set(members))
         members = {n: Member(files, **needs.get(n, {})) for n, files in members.items()}
         config = PublishConfig(journal_dir=args.journal_dir)
+        if not 0 <= args.gc_grace < float("inf"):
+            raise ValueError(f"--gc-grace must be a number of hours >= 0, not {args.gc_grace}")
     except (TypeError, ValueError) as exc:
         print(f"{prefix}: {exc}", file=sys.stderr)
         return 2
     try:
         report = publish_set(members, args.url, endpoint_url=args.endpoint_url, config=config,
-                             if_exists="replace" if args.replace else "error")
+                             if_exists="replace" if args.replace else "error",
+                             gc_grace=args.gc_grace * 3600)
     except (KeyboardInterrupt, RemoteError, OSError, ValueError, TypeError) as exc:
         return report_error(exc, "publish-set")
     if args.json:
@@ -136,6 +142,8 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
         print(f"  {shown(name)}: {', '.join(shown(f) for f in files)}")
     for digest in report.removed:
         print(f"  blobs/{digest}: removed (no member names it any more)")
+    for digest in report.pruned:
+        print(f"  blobs/{digest}: pruned (no manifest named it, older than the grace period)")
     return 0
 
 

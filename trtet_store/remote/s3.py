@@ -540,6 +540,24 @@ class S3:
                 return out
             kwargs["ContinuationToken"] = token
 
+    def list_etags(self, bucket: str, prefix: str) -> list[tuple[str, float, str]]:
+        """Every key under ``prefix`` (all depths, all pages): ``(key, LastModified, ETag)``.
+
+        The date and the ETag come from one answer, so they are of one version:
+        what a prune judges by age and then deletes ``If-Match``.
+        """
+        out: list[tuple[str, float, str]] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        while True:
+            r = self._call("ListObjectsV2", bucket, self.client.list_objects_v2, key=prefix,
+                           **kwargs)
+            out += [(o["Key"], o["LastModified"].timestamp(), strip_etag(o["ETag"]))
+                    for o in r.get("Contents", [])]
+            token = r.get("NextContinuationToken")
+            if not r.get("IsTruncated") or not token:
+                return out
+            kwargs["ContinuationToken"] = token
+
     # --- multipart -------------------------------------------------------------------
 
     def create(self, bucket: str, key: str) -> str:

@@ -57,6 +57,33 @@ class RemoteURL:
                    else ""))
         return cls(bucket, key)
 
+    @staticmethod
+    def parse_prefix(url: str) -> tuple[str, str]:
+        """``(bucket, prefix)`` of ``s3://bucket/prefix/``: a folder, not an object.
+
+        The prefix ends in ``/`` (one or more trailing ``/`` are read as one,
+        and none is added), or is empty for the bucket's root.
+
+        Raises
+        ------
+        RemoteURLError
+            Not ``s3://``, a bad bucket name, or a segment that is empty,
+            ``.`` or ``..`` (or a NUL).
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str like 's3://bucket/models/v3/', not "
+                            f"{type(url).__name__}")
+        if not url.startswith("s3://"):
+            raise RemoteURLError(f"{url!r}: expected s3://bucket/prefix/")
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not _BUCKET.fullmatch(bucket):
+            raise RemoteURLError(f"{url!r}: {bucket!r} is not a bucket name")
+        prefix = prefix.rstrip("/")
+        if prefix and ("\0" in prefix or any(part in (".", "..", "")
+                                             for part in prefix.split("/"))):
+            raise RemoteURLError(f"{url!r}: the prefix has an empty, '.' or '..' segment")
+        return bucket, f"{prefix}/" if prefix else ""
+
     @property
     def name(self) -> str:
         """The object's file name (the key's last segment)."""

@@ -11,55 +11,99 @@ The steps, in order:
    is refused by the upload (``SourceChangedError``), never published under
    a name that is not its digest.
 2. **Blobs**: each distinct file goes to ``<prefix>blobs/<hex>`` through
-   :func:`~trtet_store.remote.upload.send.publish_sources` (multipart,
-   per-part and full-object CRC64NVME, the resumable journal, conditional
-   Complete, its own ``<hex>.trtet.json``), unless the bucket holds it
-   already: its manifest names one object of the same size and CRC64NVME,
-   and HeadObject agrees. Two publishers of one blob: the second's
-   conflict finds the first's blob present, and takes it.
+   :func:`~trtet_store.remote.upload.send.publish_blob` (publish's machinery:
+   multipart, per-part and full-object CRC64NVME, the resumable journal,
+   conditional Complete, its own ``<hex>.trtet.json``; not the neighbours'
+   scan, which a content-addressed key does not need: a constant number of
+   requests per blob). A blob the bucket holds already (its manifest names
+   one object of the same size and CRC64NVME, and HeadObject agrees) is
+   *taken* as it is only when the version we replace names it. Any other
+   (one that version lists in ``removing``, a losing publisher's, one a
+   killed publish left) may be deleted by a clean-up that read it before
+   our commit, at the ETag it read: it is *renewed*, written again in a form
+   whose ETag differs (another part count, copied server-side; a blob of
+   one part by PutObject), so that delete is refused (:func:`_renew`).
+   Two publishers of one blob: the second's conflict finds the first's
+   blob present, and takes it.
 3. **Commit**: the set manifest (:mod:`.manifest`), last, with
    ``If-None-Match: *`` for a new set or ``If-Match`` of the version read
    in step 1; a refusal is :class:`~trtet_store.remote.errors.ConflictError`
    and the other writer's set stays as it is.
 4. **Check and tidy**: every blob the new manifest names is HEADed (one a
    concurrent publish's clean-up removed is sent again); then the replaced
-   manifest's blobs that no member names any more are removed (manifest
-   first, then the object at the ETag recorded), unless the set manifest
-   changed since our commit (the newer publish tidies its own base). The
-   new manifest lists them (``removing``) before they go: a publish killed
+   manifest's blobs that no member names any more are removed, unless the
+   set manifest changed since our commit (the newer publish tidies its own
+   base). Each goes only as the version listed: its manifest at the
+   version read (which must name that ETag), then the object ``If-Match``
+   that ETag (:func:`_remove_blob`); a renewed blob refuses both. The new
+   manifest lists them (``removing``) before they go: a publish killed
    between its commit and its clean-up leaves them there, and the next
    publish of the set removes them.
 
-Not removed: blobs a publisher uploaded before losing the commit race (no
-manifest names them; a later publish of the same bytes finds them present).
+What is left open: ETags are digests of the bytes and the part layout, so
+a blob renewed twice may come back to an ETag it had; a clean-up stalled
+inside one request while two later publishes renew the same blob could
+then delete it.
+
+5. **Prune**: blobs under ``<prefix>blobs/`` that no manifest names (a
+   losing publisher's, a killed publish's), not in ``removing`` (step 4's),
+   and older than ``gc_grace`` (LastModified against our committed set
+   manifest's, both the server's clock; default 24 hours) are removed the
+   same conditional way (:func:`_prune`), as git's prune and restic's
+   ``prune`` keep what is younger than their grace: a younger blob may be a
+   concurrent publisher's upload, named by a commit still to come. An
+   older one that a publish under way wants is renewed by it (step 2), so
+   the prune's delete, pinned to the ETag it listed, is refused. Nothing is
+   pruned once the set manifest is not ours any more.
+
+What is removed when: the replaced version's blobs no member names, right
+after the commit (step 4); unnamed blobs, after the commit of a publish
+that finds them older than ``gc_grace`` (step 5). A manifest left without
+its object (a clean-up killed between its two deletes) goes with step 5.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import replace as replace_config
+from datetime import timedelta
 from typing import Any
 
-from trtet_store.io import UNSET, Digester, ExternalFile, MiB
+from trtet_store.io import UNSET, Digester, ExternalFile, MiB, SourceChangedError
 from trtet_store.remote.checksum import CHUNK_SIZE, crc64nvme
 from trtet_store.remote.errors import (
     ConflictError,
     KeyExistsError,
     ManifestError,
+    PartSizeError,
     RemoteError,
-    RemoteURLError,
 )
-from trtet_store.remote.manifest import Manifest, crc64nvme_b64, manifest_key
+from trtet_store.remote.manifest import (
+    MAX_PART_SIZE,
+    MIN_PART_SIZE,
+    Manifest,
+    ObjectEntry,
+    PartEntry,
+    PieceEntry,
+    crc64nvme_b64,
+    manifest_key,
+)
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
+from trtet_store.remote.upload.parts import choose_part_size
 from trtet_store.remote.upload.program import sources_of
-from trtet_store.remote.upload.send import publish_sources
+from trtet_store.remote.upload.send import publish_blob
 from trtet_store.remote.upload.source import ObjectSource
 from trtet_store.remote.url import RemoteURL
 from trtet_store.sets.machine import check_metadata
 from trtet_store.sets.manifest import (
+    BLOBS,
     METADATA_KEYS,
     SET_KEY,
     SET_MAX_BYTES,
@@ -76,6 +120,9 @@ log = logging.getLogger("trtet_store.sets")
 
 #: Bytes read at a time by the digest pass.
 READ_STEP = 8 * MiB
+#: How old a blob no manifest names must be before a publish prunes it (seconds).
+DEFAULT_GC_GRACE = 24 * 3600.0
+_HEX128 = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -126,21 +173,14 @@ class _File:
 def parse_set_url(url: str) -> tuple[str, str]:
     """``(bucket, prefix)`` of ``s3://bucket/prefix/`` (the prefix ends in ``/``, or is empty).
 
+    :meth:`RemoteURL.parse_prefix <trtet_store.remote.url.RemoteURL.parse_prefix>`.
+
     Raises
     ------
     RemoteURLError
         Not ``s3://bucket/...``, or a key segment that is empty, ``.`` or ``..``.
     """
-    if not isinstance(url, str):
-        raise TypeError(f"url must be a str like 's3://bucket/models/v3/', not "
-                        f"{type(url).__name__}")
-    if not url.startswith("s3://"):
-        raise RemoteURLError(f"{url!r}: expected s3://bucket/prefix/")
-    bucket, _, prefix = url[len("s3://"):].partition("/")
-    prefix = prefix.rstrip("/")
-    # RemoteURL's checks of the bucket and the segments, on a key under the prefix.
-    RemoteURL.parse(f"s3://{bucket}/{prefix + '/' if prefix else ''}{SET_KEY}")
-    return bucket, f"{prefix}/" if prefix else ""
+    return RemoteURL.parse_prefix(url)
 
 
 def publish_set(
@@ -152,6 +192,7 @@ def publish_set(
     if_exists: str = "error",
     resume: bool = True,
     client: S3 | None = None,
+    gc_grace: float | timedelta = DEFAULT_GC_GRACE,
 ) -> SetPublishReport:
     """Publish a set of programs under one prefix, each distinct file once.
 
@@ -176,6 +217,13 @@ def publish_set(
         Resume an interrupted upload of a blob from its journal (default).
     client : S3, optional
         The client every call goes through (default: one at ``endpoint_url``).
+    gc_grace : float or timedelta
+        After the commit, blobs under ``<prefix>blobs/`` that no manifest
+        names (a losing publisher's, a killed publish's) and that are older
+        than this (seconds, or a timedelta; by the server's clock) are
+        removed. Default 24 hours: a younger one may be a concurrent
+        publisher's upload, not committed yet. ``0`` only where no other
+        publisher of the set is running.
 
     Returns
     -------
@@ -190,13 +238,15 @@ def publish_set(
         The set exists and ``if_exists="error"``; nothing sent.
     ConflictError
         Another publisher committed the set after this one read it; its set
-        stays, ours was not committed (the blobs we sent stay, unnamed).
+        stays, ours was not committed (the blobs we sent stay, unnamed, until a
+        publish prunes them: ``gc_grace``).
     SourceChangedError
         A file changed while it was read or sent.
     UploadKeptError, ChecksumMismatchError
         As ``publish``: publish the set again to resume.
     """
     cfg = config_of(config, "publish_set")
+    grace = _grace_of(gc_grace)
     replace = replace_of(UNSET, if_exists, "publish_set")
     if not isinstance(resume, bool):
         raise TypeError(f"resume must be True or False, not {resume!r}")
@@ -247,7 +297,7 @@ def publish_set(
                               {n: [fn for fn, _ in e] for n, e in files.items()})
     report.bytes_files = sum(f.size for e in files.values() for _, f in e)
     report.bytes_distinct = sum(f.size for f in distinct.values())
-    blobs = _send_blobs(s3, bucket, prefix, distinct, cfg, resume, report)
+    blobs = _send_blobs(s3, bucket, prefix, distinct, cfg, resume, report, old)
 
     # 3. commit, with what the replaced version alone named (and what a publish killed
     # before its clean-up left to remove) recorded, so a kill after the commit leaks nothing
@@ -263,11 +313,12 @@ def publish_set(
     _recheck(s3, bucket, prefix, manifest, distinct, cfg, resume)
     report.removed = _remove_unnamed(s3, bucket, prefix, skey, report.manifest_etag,
                                      manifest)
+    report.pruned = _prune(s3, bucket, prefix, skey, report.manifest_etag, manifest, grace)
     log.info("published the set s3://%s/%s: %d member(s), %d bytes of files in %d distinct "
              "bytes: %d uploaded, %d copied server-side, %d present already, %d blob(s) "
-             "removed", bucket, prefix, len(wanted), report.bytes_files,
+             "removed, %d pruned", bucket, prefix, len(wanted), report.bytes_files,
              report.bytes_distinct, report.bytes_uploaded, report.bytes_copied,
-             report.bytes_present, len(report.removed))
+             report.bytes_present, len(report.removed), len(report.pruned))
     return report
 
 
@@ -353,16 +404,20 @@ def _present(s3: S3, bucket: str, key: str, f: _File) -> BlobEntry | None:
 
 
 def _upload(s3: S3, bucket: str, key: str, f: _File, cfg: PublishConfig,
-            resume: bool, report: SetPublishReport | None) -> BlobEntry:
-    """Publish one blob with publish's machinery; a rival's identical blob is taken."""
+            resume: bool, report: SetPublishReport | None, renew: bool = False) -> BlobEntry:
+    """Publish one blob with publish's machinery; a rival's identical blob is taken.
+
+    ``renew``: a new version even of the same bytes (:func:`_renew`); a
+    conflict is then the caller's to handle.
+    """
     blob = ObjectSource(f.digest, list(f.source.pieces))
     try:
-        # replace=True: a key of our digest holding other bytes (or no manifest) is ours to
+        # Replacing: a key of our digest holding other bytes (or no manifest) is ours to
         # repair; the Complete is still conditional on the version read.
-        rep = publish_sources([blob], RemoteURL(bucket, key), client=s3, config=cfg,
-                              replace=True, resume=resume)
+        rep = publish_blob(blob, RemoteURL(bucket, key), client=s3, config=cfg,
+                           resume=resume, renew=renew)
     except ConflictError:
-        entry = _present(s3, bucket, key, f)
+        entry = None if renew else _present(s3, bucket, key, f)
         if entry is None:
             raise
         log.info("s3://%s/%s: another publisher sent the same blob meanwhile; taken", bucket,
@@ -383,20 +438,128 @@ def _upload(s3: S3, bucket: str, key: str, f: _File, cfg: PublishConfig,
 
 
 def _send_blobs(s3: S3, bucket: str, prefix: str, distinct: dict[str, _File],
-                cfg: PublishConfig, resume: bool,
-                report: SetPublishReport) -> dict[str, BlobEntry]:
-    """Every distinct file in the bucket: found present, or published."""
+                cfg: PublishConfig, resume: bool, report: SetPublishReport,
+                base: SetManifest | None = None) -> dict[str, BlobEntry]:
+    """Every distinct file in the bucket: taken, renewed, or published.
+
+    A blob found present is taken as it is only when ``base`` (the version
+    we replace) names it. Any other (one ``base`` lists in ``removing``, a
+    losing publisher's, one a killed publish left) may be deleted at its
+    ETag by a clean-up or a prune that decided before our commit, so it is
+    renewed: written again in a form whose ETag differs (:func:`_renew`),
+    and such a delete is refused.
+    """
+    named = base.blobs if base is not None else {}
+    removing = base.removing if base is not None else {}
     blobs = {}
     for digest, f in distinct.items():
         key = blob_key(prefix, digest)
         entry = _present(s3, bucket, key, f)
-        if entry is not None:
+        avoid = {removing[digest]} if digest in removing else set()
+        if entry is not None and digest in named:
             report.bytes_present += f.size
             report.blobs_present.append(digest)
+        elif entry is not None or avoid:
+            entry = _renew(s3, bucket, key, f, cfg, resume, report,
+                           avoid | ({entry.etag} if entry is not None else set()))
         else:
             entry = _upload(s3, bucket, key, f, cfg, resume, report)
         blobs[digest] = entry
     return blobs
+
+
+def _renew(s3: S3, bucket: str, key: str, f: _File, cfg: PublishConfig, resume: bool,
+           report: SetPublishReport, avoid: set[str]) -> BlobEntry:
+    """Write the blob ``f`` at ``key`` again, with an ETag none of ``avoid``; its entry.
+
+    A delete pinned to an old ETag (``If-Match``) must be refused once we
+    name the blob. The same bytes in the same parts give the same ETag
+    (S3's and SeaweedFS's are digests of the parts), and a server-side
+    self-copy keeps it on SeaweedFS: only another layout changes it. A
+    multipart ETag ends in ``-<parts>``, a PutObject's does not; so the blob
+    goes up in parts of another count (copied server-side from the version
+    there where it is still there), or, for a blob of one part, by
+    PutObject with its manifest (:func:`_put_small`). A delete landing in
+    between fails our conditional write: tried again, with that ETag
+    avoided too.
+    """
+    for _ in range(3):
+        size = _layout_avoiding(f.size, avoid)
+        try:
+            if size is None:
+                entry = _put_small(s3, bucket, key, f, avoid)
+                report.bytes_uploaded += f.size
+                report.blobs_uploaded.append(f.digest)
+            else:
+                entry = _upload(s3, bucket, key, f, replace_config(cfg, part_size=size),
+                                resume, report, renew=True)
+        except ConflictError:
+            head = s3.head(bucket, key)
+            if head is not None:
+                avoid.add(head.etag)
+            continue
+        if entry.etag not in avoid:
+            log.info("s3://%s/%s: renewed (ETag %s, not %s): a clean-up or prune that read "
+                     "the old one cannot remove it", bucket, key, entry.etag, sorted(avoid))
+            return entry
+        avoid.add(entry.etag)
+    raise ConflictError(f"s3://{bucket}/{key} is being removed by another publisher's "
+                        "clean-up while this one renews it; nothing was committed (publish "
+                        "again)", key)
+
+
+def _layout_avoiding(size: int, avoid: set[str]) -> int | None:
+    """A part size whose multipart ETag (``...-<count>``) none of ``avoid`` has; None: none."""
+    counts = set()
+    for etag in avoid:
+        head, dash, tail = etag.rpartition("-")
+        if dash and head and tail.isdigit():
+            counts.add(int(tail))
+    for part in (choose_part_size(size), MIN_PART_SIZE, min(MAX_PART_SIZE,
+                                                           max(MIN_PART_SIZE, size))):
+        try:
+            part = choose_part_size(size, part)
+        except PartSizeError:
+            continue
+        if max(1, -(-size // part)) not in counts:
+            return part
+    return None
+
+
+def _put_small(s3: S3, bucket: str, key: str, f: _File, avoid: set[str]) -> BlobEntry:
+    """A blob of at most one part, by PutObject (an ETag without ``-1``), then its manifest.
+
+    Each write is conditional on the version read; a change in between is
+    a :class:`ConflictError` (the caller tries again).
+    """
+    if f.size > MIN_PART_SIZE:
+        raise ValueError(f"{key}: {f.size} bytes are more than one part")
+    body = memoryview(bytearray(f.size))
+    f.source.check()
+    if f.size:
+        f.source.read_at(0, body)
+    if crc64nvme_b64(crc64nvme(body)) != f.crc64nvme:
+        raise SourceChangedError(f"{f.source.name}: its bytes changed since they were read")
+    mkey = manifest_key(key)
+    head = s3.head(bucket, key)
+    mhead = s3.head(bucket, mkey)
+    try:
+        etag = s3.put(bucket, key, bytes(body), f.crc64nvme, if_none_match=head is None,
+                      if_match=head.etag if head is not None else None,
+                      content_type="application/octet-stream")
+        entry = ObjectEntry(f.digest, key, f.size, etag, f.crc64nvme, MIN_PART_SIZE,
+                            (PartEntry(1, 0, f.size, etag, f.crc64nvme,
+                                       hashlib.md5(body).hexdigest()),),
+                            (PieceEntry(0, f.size, "file", f.digest, f.chunks),))
+        doc = Manifest(program=f.digest, chunk_size=CHUNK_SIZE, objects=(entry,)).to_json()
+        s3.put(bucket, mkey, doc, crc64nvme_b64(crc64nvme(doc)), if_none_match=mhead is None,
+               if_match=mhead.etag if mhead is not None else None)
+    except PreconditionFailed:
+        raise ConflictError(f"s3://{bucket}/{key} changed while it was renewed", key) from None
+    now = s3.head(bucket, key)
+    if now is None or now.etag != etag:
+        raise ConflictError(f"s3://{bucket}/{key} changed right after it was renewed", key)
+    return BlobEntry(f.size, etag, f.crc64nvme)
 
 
 # --- 3. commit, 4. check and tidy --------------------------------------------------------------
@@ -451,9 +614,10 @@ def _to_remove(s3: S3, bucket: str, prefix: str, old: SetManifest | None,
         return {}
     out = {d: b.etag for d, b in old.blobs.items() if d not in named}
     for digest, etag in old.removing.items():
-        if digest not in named and digest not in out and \
-                s3.head(bucket, blob_key(prefix, digest)) is not None:
-            out[digest] = etag
+        if digest not in named and digest not in out:
+            head = s3.head(bucket, blob_key(prefix, digest))
+            if head is not None and head.etag == etag:  # another ETag: renewed, not ours
+                out[digest] = etag
     return out
 
 
@@ -470,26 +634,117 @@ def _remove_unnamed(s3: S3, bucket: str, prefix: str, skey: str, ours: str,
         return []
     removed = []
     for digest in gone:
-        key = blob_key(prefix, digest)
-        head = s3.head(bucket, key)
-        if head is None:
-            continue  # removed already (by the publish that recorded it, killed after)
-        if head.etag != new.removing[digest]:
-            log.info("s3://%s/%s changed since the replaced set named it; kept", bucket, key)
-            continue
-        try:
-            # The blob's manifest first: no manifest ever names a missing object.
-            s3.delete(bucket, manifest_key(key))
-            s3.delete(bucket, key, if_match=new.removing[digest])
-        except PreconditionFailed:
-            log.info("s3://%s/%s changed since the replaced set named it; kept", bucket, key)
-            continue
-        except RemoteError as exc:
-            log.warning("s3://%s/%s could not be removed (%s); it stays, unnamed", bucket,
-                        key, exc)
-            continue
-        removed.append(digest)
+        if _remove_blob(s3, bucket, blob_key(prefix, digest), new.removing[digest]):
+            removed.append(digest)
     return removed
+
+
+def _remove_blob(s3: S3, bucket: str, key: str, etag: str) -> bool:
+    """Remove the blob at ``key`` if it is still the version ``etag``: its manifest, then it.
+
+    Both deletes are conditional, so a blob renewed since it was listed
+    (:func:`_renew`: a new ETag, a new manifest) is never touched: its
+    manifest is deleted only at the version read here, which must name
+    ``etag``, and the object only at ``etag``. The manifest goes first: a
+    blob manifest a reader finds always names an object that is there. A
+    renewal that lands between the two writes its manifest against the
+    version we deleted, fails, and is tried again (the object stays).
+    """
+    mkey = manifest_key(key)
+    try:
+        got = s3.get(bucket, mkey)
+        if got is not None:
+            if _names(got[0], key) != etag:
+                log.info("s3://%s/%s was written again since it was listed; kept", bucket, key)
+                return False
+            s3.delete(bucket, mkey, if_match=got[1])
+        elif s3.head(bucket, key) is None:
+            return False  # removed already (by the publish that listed it, killed after)
+        s3.delete(bucket, key, if_match=etag)
+    except PreconditionFailed:
+        log.info("s3://%s/%s changed since it was listed; kept", bucket, key)
+        return False
+    except RemoteError as exc:
+        log.warning("s3://%s/%s could not be removed (%s); it stays, unnamed", bucket, key, exc)
+        return False
+    return True
+
+
+def _names(doc: bytes, key: str) -> str | None:
+    """The ETag a blob manifest names for ``key``; None when it names no such one object."""
+    try:
+        m = Manifest.from_json(doc)
+    except ManifestError:
+        return None
+    if len(m.objects) != 1 or m.objects[0].key != key:
+        return None
+    return m.objects[0].etag
+
+
+def _grace_of(value: Any) -> float:
+    """``gc_grace`` in seconds: a non-negative finite number, or a timedelta."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"gc_grace must be seconds (a number) or a timedelta, not {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"gc_grace must be a finite number of seconds >= 0, not {value!r}")
+    return seconds
+
+
+def _prune(s3: S3, bucket: str, prefix: str, skey: str, ours: str, new: SetManifest,
+           grace: float) -> list[str]:
+    """The blobs no manifest names, older than ``grace`` seconds, removed; their digests.
+
+    Ages are by the server's clock: LastModified against our committed set
+    manifest's. Skipped: what ``new`` names, what it lists in ``removing``
+    (the clean-up's), anything younger (a concurrent publisher's upload, or
+    a renewal, not committed yet), and everything once the set manifest is
+    not ours any more (the newer publish prunes). Each goes as the version
+    listed (:func:`_remove_blob`): a blob renewed since, to be named by a
+    publish under way, refuses the delete. Best effort, like the clean-up.
+    """
+    try:
+        mine = s3.get_dated(bucket, skey, SET_MAX_BYTES)
+        if mine is None or mine.etag != ours or mine.modified is None:
+            log.info("s3://%s/%s changed since our commit; the newer publish prunes", bucket,
+                     skey)
+            return []
+        listed = s3.list_etags(bucket, prefix + BLOBS)
+    except RemoteError as exc:
+        log.warning("s3://%s/%s%s was not pruned (%s)", bucket, prefix, BLOBS, exc)
+        return []
+    skip = set(new.blobs) | set(new.removing)
+    objects: dict[str, tuple[float, str]] = {}
+    manifests: dict[str, tuple[float, str]] = {}
+    for key, modified, etag in listed:
+        name = key[len(prefix + BLOBS):]
+        digest, dot, rest = name.partition(".")
+        if not _HEX128.fullmatch(digest) or digest in skip or \
+                mine.modified - modified < grace:
+            continue
+        if not dot:
+            objects[digest] = (modified, etag)
+        elif name == manifest_key(digest):  # <hex>.trtet.json
+            manifests[digest] = (modified, etag)
+    pruned = []
+    for digest, (_, etag) in sorted(objects.items()):
+        if _remove_blob(s3, bucket, blob_key(prefix, digest), etag):
+            pruned.append(digest)
+    for digest, (_, etag) in sorted(manifests.items()):
+        if digest in objects:
+            continue
+        try:  # a manifest left without its object (a clean-up killed in between)
+            s3.delete(bucket, manifest_key(blob_key(prefix, digest)), if_match=etag)
+        except RemoteError as exc:
+            log.info("s3://%s/%s: kept (%s)", bucket, manifest_key(blob_key(prefix, digest)),
+                     exc)
+    if pruned:
+        log.info("pruned %d blob(s) under s3://%s/%s%s that no manifest names, older than "
+                 "%.0f s", len(pruned), bucket, prefix, BLOBS, grace)
+    return pruned
 
 
 __all__ = ["Member", "parse_set_url", "publish_set"]

@@ -32,6 +32,9 @@ class SetPublishReport:
     removed : list of str
         Blobs of the replaced manifest that no member names any more, removed
         after the new manifest committed.
+    pruned : list of str
+        Blobs no manifest names (a losing publisher's, a killed publish's),
+        older than ``gc_grace``, removed after the commit.
     """
 
     url: str
@@ -46,6 +49,7 @@ class SetPublishReport:
     blobs_uploaded: list[str] = field(default_factory=list)
     blobs_present: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -138,6 +138,47 @@ def publish_sources(
                     journal_dir=journal_dir, index=index)
     replace = replace_of(replace, if_exists, "publish_sources")
     dest = url if isinstance(url, RemoteURL) else RemoteURL.parse(url)
+    return _publish(sources, dest, cfg, _Mode(), endpoint_url=endpoint_url, replace=replace,
+                    resume=resume, progress=progress, client=client)
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """What a caller inside trtet_store may change about a publish (never a user).
+
+    ``neighbours``: read the manifests beside the key for their owners
+    (:mod:`.owners`). ``renew``: an object identical to the version there is
+    sent again (copied server-side where it can), never kept as it is.
+    """
+
+    neighbours: bool = True
+    renew: bool = False
+
+
+def publish_blob(source: ObjectSource, url: RemoteURL, *, config: PublishConfig,
+                 resume: bool, client: S3, renew: bool = False,
+                 progress: Callable[[PublishProgress], Any] | None = None) -> PublishReport:
+    """Publish one content-addressed object (a set's ``blobs/<xxh3-128 hex>``), replacing.
+
+    As :func:`publish_sources` with ``replace=True``, but without the
+    neighbours' scan: a key named by the digest of its bytes has one
+    possible manifest, its own (``<hex>.trtet.json``), so no other program
+    can own it, and a listing of the folder (one GET per blob beside it)
+    per blob would make a set's publish quadratic in its blobs. ``renew``:
+    a new version even of the same bytes (see :class:`_Mode`); with another
+    ``config.part_size`` than the version there, its ETag differs.
+    ``progress`` as for :func:`publish_sources`.
+    """
+    return _publish([source], url, config, _Mode(neighbours=False, renew=renew),
+                    endpoint_url=None, replace=True, resume=resume, progress=progress,
+                    client=client)
+
+
+def _publish(sources: list[ObjectSource], dest: RemoteURL, cfg: PublishConfig, mode: _Mode,
+             *, endpoint_url: str | None, replace: bool, resume: bool,
+             progress: Callable[[PublishProgress], Any] | None,
+             client: S3 | None) -> PublishReport:
+    """Lock the destination's journal, then publish."""
     jdir = Path(cfg.journal_dir) if cfg.journal_dir is not None else default_dir()
     journal = Journal(journal_path(jdir, dest.bucket, dest.key),
                       {"sources": _local_dirs(sources)})
@@ -146,7 +187,7 @@ def publish_sources(
         return _publish_locked(sources, dest, journal, endpoint_url=endpoint_url,
                                part_size=cfg.part_size, concurrency=cfg.concurrency,
                                replace=replace, resume=resume, progress=progress,
-                               index=cfg.index, client=client)
+                               index=cfg.index, client=client, mode=mode)
     finally:
         journal.unlock()
 
@@ -175,12 +216,13 @@ def _publish_locked(
     progress: Callable[[PublishProgress], Any] | None,
     index: bool,
     client: S3 | None = None,
+    mode: _Mode = _Mode(),
 ) -> PublishReport:
     """:func:`publish_sources` with its ``journal`` locked: plan, send, commit."""
     start = time.monotonic()
     run = _plan(sources, url, journal, endpoint_url=endpoint_url, part_size=part_size,
                 concurrency=concurrency, replace=replace, resume=resume, index=index,
-                client=client)
+                client=client, mode=mode)
     s3, bucket, dest, objs = run.s3, run.dest.bucket, run.dest, run.objs
     counters = Counters()
     total = sum(o.source.size for o in objs)
@@ -242,6 +284,7 @@ class _Run:
     journal: Journal
     manifest_base: str | None | bool  # the manifest replaced (If-Match); falsy: a new one
     previous: dict[str, str]  # the replaced version's objects, {key: etag}
+    mode: _Mode = _Mode()
 
 
 # --- 1 and 2: refuse early, plan -------------------------------------------------------
@@ -249,7 +292,7 @@ class _Run:
 
 def _plan(sources: list[ObjectSource], url: str | RemoteURL, journal: Journal, *,
           endpoint_url: str | None, part_size: int | None, concurrency: int, replace: bool,
-          resume: bool, index: bool, client: S3 | None) -> _Run:
+          resume: bool, index: bool, client: S3 | None, mode: _Mode = _Mode()) -> _Run:
     """Refuse what cannot be published (nothing created), then plan it and journal the plan.
 
     A journal of the same pieces is resumed (``resume``); another one's
@@ -292,7 +335,7 @@ def _plan(sources: list[ObjectSource], url: str | RemoteURL, journal: Journal, *
     heads = {k: s3.head(bucket, k) for k in [*keys, mkey]}
     # Another program's object is never ours to replace (see owners_of): refused whatever
     # replace says, before anything is created; a journal of ours is given up with it.
-    owners = owners_of(s3, bucket, dest.key, mkey)
+    owners = owners_of(s3, bucket, dest.key, mkey) if mode.neighbours else {}
     owned = [k for k in keys if k in owners]
     if owned:
         if state is not None:
@@ -316,6 +359,9 @@ def _plan(sources: list[ObjectSource], url: str | RemoteURL, journal: Journal, *
         for o in objs:
             o.base_etag = heads[o.key].etag if heads[o.key] is not None else None
         previous = _plan_copies(s3, bucket, objs, heads, mkey, index)
+        if mode.renew:
+            for o in objs:
+                o.unchanged = None
         plan = {"endpoint": s3.endpoint_url, "bucket": bucket, "key": dest.key,
                 "fingerprint": fingerprint(objs), "manifest_base": manifest_base,
                 "previous": previous,
@@ -336,7 +382,7 @@ def _plan(sources: list[ObjectSource], url: str | RemoteURL, journal: Journal, *
                     "publisher, or abandoned: trtet-store publish --abort lists and aborts "
                     "them): %s", dest, len(others),
                     ", ".join(f"{u.key} {u.upload_id}" for u in others))
-    return _Run(s3, dest, mkey, objs, journal, manifest_base, previous)
+    return _Run(s3, dest, mkey, objs, journal, manifest_base, previous, mode)
 
 
 # --- 3: send --------------------------------------------------------------------------------
@@ -375,7 +421,7 @@ def _commit(run: _Run, counters: Counters,
     s3, dest, mkey, objs, journal = run.s3, run.dest, run.mkey, run.objs, run.journal
     bucket = dest.bucket
     replacing = [o.key for o in objs if o.completed is None and o.base_etag is not None]
-    if replacing:
+    if replacing and run.mode.neighbours:
         # Sending may have taken hours: a program may have claimed a key since our plan,
         # even at the ETag we planned against (same bytes, same parts: same ETag), which
         # If-Match cannot tell. Asked again before the first Complete, so a refusal
