@@ -15,8 +15,10 @@ The steps, in order:
    digest that names it.
 3. **Place** the member's files under the runtime's names (the ``.pte`` and
    its ``.ptd`` files side by side) in one ``write_files`` transaction: its
-   preflight, journal, chunk-digest verification against the set manifest,
-   and atomic rename; every file changes or none. From the store by
+   preflight, journal and atomic rename; every file changes or none. Each
+   blob is the set's bytes by its seal (the store checked it and recorded
+   its identity; one ``stat``), else it is read once and refused if changed
+   (:meth:`ContentStore.check`): the placement reads nothing again. From the store by
    reflink where the filesystem can, copied elsewhere; with ``link=True``,
    hard links to the store's read-only (0444) blobs (:mod:`.place`). The
    member record (:mod:`.record`: which files, with which digests) goes in
@@ -27,15 +29,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
-from trtet_store.io import InsufficientSpaceError, free_bytes
+from trtet_store.io import InsufficientSpaceError, digest_file, free_bytes
 from trtet_store.remote.download.options import (
     DEFAULT_CONCURRENCY,
     DEFAULT_RANGE_SIZE,
     check_options,
 )
-from trtet_store.remote.errors import ObjectNotFoundError
+from trtet_store.remote.errors import FetchVerificationError, ObjectNotFoundError
 from trtet_store.remote.s3 import S3
 from trtet_store.sets.machine import Machine, pick_member
 from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key
@@ -115,6 +118,9 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         A blob on the server is not the one the set names (size, CRC64NVME,
         xxh3-128), or a placed file does not match the set's chunk digests;
         the destination unchanged.
+    VerificationError
+        A blob of the local store changed since it was checked and is not
+        the set's bytes any more; nothing placed (remove it and fetch again).
     InsufficientSpaceError
         Before downloading or placing, as ``fetch`` and ``write_files``.
     FetchInterruptedError
@@ -170,23 +176,53 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
             needed, available, cas.root,
             f"{where}: member {member!r} needs {needed} bytes of blobs the store lacks; "
             "nothing was downloaded")
+    t0 = time.monotonic()
     for f in missing:
         report.bytes_downloaded += cas.download(
             s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
             concurrency=concurrency, range_size=range_size)
+    t1 = time.monotonic()
+    report.seconds_download = t1 - t0
     record = record_bytes(where, member, version, entry, manifest.chunk_size)
     previous = read_record(target)
-    report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, f.chunks)
+    # Each blob is the set's bytes before anything is placed from it: its seal (one
+    # stat: checked when it was downloaded), else read once (refused if changed).
+    for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:
+        cas.check(digest, size, manifest.chunk_size, chunks)
+    report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, None)
                                          for f in entry.files],
                                 manifest.chunk_size, link=link, placements=placements,
                                 record=(RECORD, record))
+    _check_after(cas, target, entry, manifest.chunk_size, link)
     # The previous member's files this one does not name (another member fetched into the
     # same directory, or a version that dropped a .ptd): ours by the record, so removed.
     report.removed = remove_unlisted(target, previous, {f.name for f in entry.files})
+    report.seconds_place = time.monotonic() - t1
     log.info("%s: member %r in %s: %d bytes, %d downloaded, %d in the store already; "
              "placed %s", where, member, target, report.bytes_total, report.bytes_downloaded,
              report.bytes_in_store, report.placed)
     return report
+
+
+def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: bool) -> None:
+    """The blobs are still the sealed files after the placement, or the placed files are read.
+
+    A blob written while it was placed (its identity changed: a write in
+    the store during the fetch) may have given the new files other bytes:
+    those files are read back then, and a mismatch is raised (the member's
+    record says what they should be; ``verify_member`` names them).
+    """
+    for f in entry.files:
+        if link:
+            cas.seal(f.blob, relink=True)  # our own link changed only its ctime
+        if cas.sealed(f.blob):
+            continue
+        got = digest_file(target / f.name, chunk_size, False)[0]
+        if got != f.blob:
+            raise FetchVerificationError(
+                f"{target / f.name}: the store's blob {cas.path(f.blob)} changed while it was "
+                f"placed, and the placed file is not the set's (xxh3-128 {got}, not "
+                f"{f.blob}); fetch again")
 
 
 __all__ = ["fetch_set", "read_set"]

@@ -1,0 +1,114 @@
+"""``fetch_set`` and its local content store (issue 47): seals, ``.ptd`` neighbours, two processes.
+
+Real SeaweedFS, real filesystems (XFS clones, ext4 copies, hard links).
+Bytes read are this process's ``rchar`` (``/proc/self/io``: every byte a
+read, ``pread`` or ``copy_file_range`` call passed), never a clock.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from trtet_store.io import VerificationError
+from trtet_store.io.units import MiB
+from trtet_store.remote.upload.config import PublishConfig
+from trtet_store.sets import fetch_set, publish_set
+
+SHARED = 6 * MiB  # foundation.ptd, in every member
+OWN = 2 * MiB + 4321  # each member's model.pte
+
+
+def write(path: Path, size: int, seed: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(random.Random(seed).randbytes(size))
+    return path
+
+
+def xxh(path: Path) -> str:
+    return xxhash.xxh3_128(path.read_bytes()).hexdigest()
+
+
+def url_of(s3, prefix: str = "llm/v3/") -> str:
+    return f"s3://{s3.bucket}/{prefix}"
+
+
+def two_members(s3env, root: Path) -> dict[str, list[Path]]:
+    """Members a and b (a model.pte each, one foundation.ptd), published as one set."""
+    shared = write(root / "src" / "foundation.ptd", SHARED, 1000)
+    members = {n: [write(root / "src" / n / "model.pte", OWN, i), shared]
+               for i, n in enumerate("ab")}
+    publish_set(members, url_of(s3env), endpoint_url=s3env.endpoint.url,
+                config=PublishConfig(journal_dir=s3env.journal_dir))
+    return members
+
+
+def rchar() -> int:
+    """Bytes this process's read calls returned so far (all threads)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+# --- 1. digests travel with the bytes: the store's seal -----------------------------------------
+
+
+@pytest.mark.parametrize("fstype,mib,how", [("xfs", 300, "clone"), ("ext4", 64, "copy"),
+                                            ("ext4", 64, "link")])
+def test_a_sealed_blob_is_placed_without_reading_it_again(s3env, here_fs, make_fs, fstype,
+                                                          mib, how):
+    members = two_members(s3env, here_fs)
+    mnt = make_fs(fstype, mib)
+    link = how == "link"
+    fetch_set(url_of(s3env), mnt / "a1", "a", link=link, endpoint_url=s3env.endpoint.url)
+    blob = mnt / ".trtet-blobs" / xxh(members["a"][1])
+    assert (mnt / ".trtet-blobs" / ".trtet-seals" / blob.name).is_file()
+    # The store holds all of a: a second directory is placed from it alone.
+    before = rchar()
+    rep = fetch_set(url_of(s3env), mnt / "a2", "a", link=link,
+                    endpoint_url=s3env.endpoint.url)
+    read = rchar() - before
+    size = SHARED + OWN
+    assert rep.bytes_downloaded == 0 and set(rep.placed) == {how}
+    # A copy reads its source once (copy_file_range counts); before the seal it was read
+    # back against the digests (2x), and a link digested its blob (1x); a clone reads none.
+    bound = {"clone": 0, "copy": size, "link": 0}[how] + 2 * MiB  # + imports, records
+    assert read <= bound, f"placing {size} bytes by {how} read {read} bytes"
+    assert (mnt / "a2" / "foundation.ptd").read_bytes() == members["a"][1].read_bytes()
+    assert (mnt / "a2" / "model.pte").read_bytes() == members["a"][0].read_bytes()
+
+
+@pytest.mark.parametrize("fstype,mib,how", [("xfs", 300, "clone"), ("ext4", 64, "copy"),
+                                            ("ext4", 64, "link")])
+def test_a_store_blob_changed_in_place_is_refused_and_nothing_is_placed(s3env, here_fs,
+                                                                       make_fs, fstype, mib,
+                                                                       how):
+    members = two_members(s3env, here_fs)
+    mnt = make_fs(fstype, mib)
+    link = how == "link"
+    fetch_set(url_of(s3env), mnt / "a", "a", endpoint_url=s3env.endpoint.url)
+    blob = mnt / ".trtet-blobs" / xxh(members["a"][1])
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:  # same size, other bytes: its identity changes
+        f.seek(SHARED // 2)
+        f.write(b"\xff" * 16)
+    with pytest.raises(VerificationError, match="changed since it was checked"):
+        fetch_set(url_of(s3env), mnt / "b", "b", link=link, endpoint_url=s3env.endpoint.url)
+    assert sorted(os.listdir(mnt / "b")) in ([], [".trtet-staging"])
+    # A blob touched but not changed is read once and sealed anew.
+    os.chmod(blob, 0o444)
+    shared = members["a"][1].read_bytes()
+    blob.chmod(0o644)
+    blob.write_bytes(shared)
+    os.chmod(blob, 0o444)
+    rep = fetch_set(url_of(s3env), mnt / "b", "b", link=link, endpoint_url=s3env.endpoint.url)
+    assert rep.bytes_downloaded == 0 and set(rep.placed) == {how}
+    assert (mnt / "b" / "foundation.ptd").read_bytes() == shared
+    before = rchar()
+    fetch_set(url_of(s3env), mnt / "c", "b", link=link, endpoint_url=s3env.endpoint.url)
+    assert rchar() - before <= (SHARED + OWN if how == "copy" else 0) + 2 * MiB
