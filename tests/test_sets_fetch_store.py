@@ -112,3 +112,67 @@ def test_a_store_blob_changed_in_place_is_refused_and_nothing_is_placed(s3env, h
     before = rchar()
     fetch_set(url_of(s3env), mnt / "c", "b", link=link, endpoint_url=s3env.endpoint.url)
     assert rchar() - before <= (SHARED + OWN if how == "copy" else 0) + 2 * MiB
+
+
+# --- 3. fetch's rule: a .ptd another .pte of the directory needs ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_program(tmp_path_factory) -> dict[str, bytes]:
+    """A real XNNPACK program (``program.pte``) reading its weights from ``cpu.ptd``."""
+    from programs import executorch_outputs, xnnpack_linear_program
+    from versions import needs_file_backed_data
+
+    if needs_file_backed_data.args[0]:
+        pytest.skip(needs_file_backed_data.kwargs["reason"])
+    program = xnnpack_linear_program(external_tag="cpu", seed=7)
+    files = executorch_outputs(program.manager, tmp_path_factory.mktemp("other"))
+    assert sorted(files) == ["cpu.ptd", "program.pte"], sorted(files)
+    return files
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {p.name: xxh(p) if p.is_file() else "dir" for p in directory.iterdir()}
+
+
+def test_a_ptd_another_program_needs_is_not_replaced_unless_asked(s3env, here_fs,
+                                                                  other_program):
+    from trtet_store import NeededByAnotherError
+
+    src = here_fs / "src"
+    members = {"m": [write(src / "model.pte", OWN, 1), write(src / "cpu.ptd", MiB, 2)]}
+    publish_set(members, url_of(s3env), endpoint_url=s3env.endpoint.url,
+                config=PublishConfig(journal_dir=s3env.journal_dir))
+    out = here_fs / "out"
+    out.mkdir()
+    (out / "other.pte").write_bytes(other_program["program.pte"])
+    (out / "cpu.ptd").write_bytes(other_program["cpu.ptd"])
+    before = snapshot(out)
+    with pytest.raises(NeededByAnotherError, match="other.pte"):
+        fetch_set(url_of(s3env), out, "m", endpoint_url=s3env.endpoint.url)
+    assert snapshot(out) == before  # nothing written
+    assert not (here_fs / ".trtet-blobs").exists()  # nothing downloaded
+    rep = fetch_set(url_of(s3env), out, "m", replace_needed=True,
+                    endpoint_url=s3env.endpoint.url)
+    assert rep.bytes_downloaded == OWN + MiB
+    assert (out / "cpu.ptd").read_bytes() == members["m"][1].read_bytes()
+    # The same bytes at that name again replace nothing: not refused.
+    fetch_set(url_of(s3env), out, "m", endpoint_url=s3env.endpoint.url)
+
+
+def test_the_previous_member_s_ptd_another_program_needs_is_kept(s3env, here_fs,
+                                                                 other_program):
+    src = here_fs / "src"
+    cpu = src / "cpu.ptd"
+    cpu.parent.mkdir(parents=True)
+    cpu.write_bytes(other_program["cpu.ptd"])
+    members = {"y": [write(src / "y.pte", OWN, 1), cpu], "x": [write(src / "x.pte", OWN, 2)]}
+    publish_set(members, url_of(s3env), endpoint_url=s3env.endpoint.url,
+                config=PublishConfig(journal_dir=s3env.journal_dir))
+    out = here_fs / "out"
+    fetch_set(url_of(s3env), out, "y", endpoint_url=s3env.endpoint.url)
+    (out / "other.pte").write_bytes(other_program["program.pte"])  # the user's, reads cpu.ptd
+    rep = fetch_set(url_of(s3env), out, "x", endpoint_url=s3env.endpoint.url)
+    assert rep.removed == [str(out / "y.pte")]
+    assert (out / "cpu.ptd").read_bytes() == other_program["cpu.ptd"]
+    assert sorted(os.listdir(out)) == [".trtet-set.json", "cpu.ptd", "other.pte", "x.pte"]

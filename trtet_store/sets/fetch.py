@@ -27,17 +27,24 @@ The steps, in order:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
 from pathlib import Path
 
-from trtet_store.io import InsufficientSpaceError, digest_file, free_bytes
+from trtet_store.io import (
+    InsufficientSpaceError,
+    NeededByAnotherError,
+    digest_file,
+    free_bytes,
+)
 from trtet_store.remote.download.options import (
     DEFAULT_CONCURRENCY,
     DEFAULT_RANGE_SIZE,
     check_options,
 )
+from trtet_store.remote.download.program import check_ptds_to_write
 from trtet_store.remote.errors import FetchVerificationError, ObjectNotFoundError
 from trtet_store.remote.s3 import S3
 from trtet_store.sets.machine import Machine, pick_member
@@ -73,7 +80,8 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
               machine: Machine | None = None, store: os.PathLike | str | None = None,
               link: bool = False, endpoint_url: str | None = None, client: S3 | None = None,
               concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
-              placements: list[str] | None = None) -> SetFetchReport:
+              placements: list[str] | None = None,
+              replace_needed: bool = False) -> SetFetchReport:
     """Fetch one member of the set at ``url`` into the directory ``dest``.
 
     Parameters
@@ -102,6 +110,12 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         Ranged GETs in flight and bytes per GET (as ``fetch``).
     placements : list of str, optional
         Limit the placements (``clone``, ``copy``), for tests and benchmarks.
+    replace_needed : bool
+        Replace a ``.ptd`` of ``dest`` that another ``.pte`` there needs (as
+        ``fetch``'s: ExecuTorch names ``.ptd`` files by tag, so two programs
+        share names). Default: refused before anything is downloaded
+        (:class:`~trtet_store.NeededByAnotherError`); and a ``.ptd`` of the
+        previous member that another ``.pte`` needs is kept, not removed.
 
     Returns
     -------
@@ -114,6 +128,9 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         nothing downloaded or created.
     KeyError
         ``member`` is not in the set; the message lists the members.
+    NeededByAnotherError
+        A ``.ptd`` of the member would replace one another ``.pte`` of
+        ``dest`` needs (see ``replace_needed``); nothing downloaded or written.
     FetchVerificationError
         A blob on the server is not the one the set names (size, CRC64NVME,
         xxh3-128), or a placed file does not match the set's chunk digests;
@@ -130,8 +147,9 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         raise TypeError(f"member must be a str or None, not {member!r}")
     if machine is not None and not isinstance(machine, Machine):
         raise TypeError(f"machine must be a Machine, not {type(machine).__name__}")
-    if not isinstance(link, bool):
-        raise TypeError(f"link must be True or False, not {link!r}")
+    for name, flag in (("link", link), ("replace_needed", replace_needed)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, not {flag!r}")
     check_options(concurrency=concurrency, range_size=range_size)
     bucket, prefix = parse_set_url(url)
     where = f"s3://{bucket}/{prefix}"
@@ -153,6 +171,13 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     log.info("%s: fetching member %r (%s)", where, member,
              "picked for this machine" if picked else "asked for")
 
+    # fetch's rule, before anything is downloaded or created: a .ptd another .pte of the
+    # directory needs is not replaced (unless asked). One that already holds the member's
+    # bytes is not replaced at all, so it is not asked about.
+    program = target / entry.files[0].name
+    if target.is_dir() and not replace_needed:
+        check_ptds_to_write(program, _ptds_replaced(target, entry, manifest.chunk_size),
+                            replace_needed=False)
     target.mkdir(exist_ok=True)
     cas = ContentStore(store if store is not None else target.parent / STORE_DIR)
     report = SetFetchReport(where, member, picked, [target / f.name for f in entry.files],
@@ -196,12 +221,47 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     _check_after(cas, target, entry, manifest.chunk_size, link)
     # The previous member's files this one does not name (another member fetched into the
     # same directory, or a version that dropped a .ptd): ours by the record, so removed.
-    report.removed = remove_unlisted(target, previous, {f.name for f in entry.files})
+    report.removed = remove_unlisted(
+        target, previous, {f.name for f in entry.files},
+        needed=None if replace_needed else functools.partial(_needed, program))
     report.seconds_place = time.monotonic() - t1
     log.info("%s: member %r in %s: %d bytes, %d downloaded, %d in the store already; "
              "placed %s", where, member, target, report.bytes_total, report.bytes_downloaded,
              report.bytes_in_store, report.placed)
     return report
+
+
+def _ptds_replaced(target: Path, entry, chunk_size: int) -> list[str]:
+    """The member's ``.ptd`` names whose file in ``target`` is not already its bytes.
+
+    A file of another size differs without a read; one of the same size is
+    read only when another ``.pte`` is there to need it.
+    """
+    ptds = [f for f in entry.files[1:] if f.name.endswith(".ptd")]
+    others = [p for p in target.glob("*.pte") if p.name != entry.files[0].name]
+    out = []
+    for f in ptds:
+        try:
+            st = os.lstat(target / f.name)
+        except FileNotFoundError:
+            continue
+        if not others or st.st_size != f.size or \
+                digest_file(target / f.name, chunk_size, False)[0] != f.blob:
+            out.append(f.name)
+    return out
+
+
+def _needed(program: Path, name: str) -> bool:
+    """Whether another ``.pte`` beside ``program`` needs the ``.ptd`` ``name`` (fetch's rule)."""
+    if not name.endswith(".ptd"):
+        return False
+    try:
+        check_ptds_to_write(program, [name], replace_needed=False)
+    except NeededByAnotherError as exc:
+        log.info("%s: kept, though the new member does not name it: %s",
+                 program.parent / name, exc.strerror)
+        return True
+    return False
 
 
 def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: bool) -> None:
