@@ -7,8 +7,13 @@ read, ``pread`` or ``copy_file_range`` call passed), never a clock.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +22,8 @@ import xxhash
 from trtet_store.io import VerificationError
 from trtet_store.io.units import MiB
 from trtet_store.remote.upload.config import PublishConfig
-from trtet_store.sets import fetch_set, publish_set
+from trtet_store.sets import fetch_set, publish_set, verify_member
+from trtet_store.testing.proxy import CountingProxy
 
 SHARED = 6 * MiB  # foundation.ptd, in every member
 OWN = 2 * MiB + 4321  # each member's model.pte
@@ -176,3 +182,87 @@ def test_the_previous_member_s_ptd_another_program_needs_is_kept(s3env, here_fs,
     assert rep.removed == [str(out / "y.pte")]
     assert (out / "cpu.ptd").read_bytes() == other_program["cpu.ptd"]
     assert sorted(os.listdir(out)) == [".trtet-set.json", "cpu.ptd", "other.pte", "x.pte"]
+
+
+# --- 4. two processes filling one store -------------------------------------------------------
+
+CHILD = """
+import json, sys
+from trtet_store.sets import fetch_set
+url, dest, member, store, endpoint = sys.argv[1:]
+rep = fetch_set(url, dest, member, store=store, endpoint_url=endpoint, concurrency=1,
+                range_size=1 << 20)
+print(json.dumps({"downloaded": rep.bytes_downloaded, "in_store": rep.bytes_in_store}))
+"""
+
+
+class HoldingProxy(CountingProxy):
+    """The counting proxy, holding the first ranged GET of a blob until ``release`` is set."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def _forward(self, dst, data, counter):
+        # A ranged GET: inside a blob's download (the fetch holds its staging lock).
+        if counter == "_upstream" and data.startswith(b"GET ") and b"/blobs/" in data \
+                and b"\r\nrange: " in data.lower() and not self.held.is_set():
+            self.held.set()
+            self.release.wait(120)
+        super()._forward(dst, data, counter)
+
+
+def waits_on_a_lock(pid: int) -> bool:
+    """Whether ``pid`` is blocked in ``flock`` (a ``->`` waiter line of /proc/locks)."""
+    waiters = [line.split() for line in Path("/proc/locks").read_text().splitlines()
+               if " -> " in line]
+    return any(w[5] == str(pid) for w in waiters if len(w) > 5)
+
+
+def test_two_processes_fetching_one_member_into_one_store_download_each_blob_once(
+        s3env, here_fs):
+    members = two_members(s3env, here_fs)
+    root = here_fs / "machine"
+    root.mkdir()
+    store = root / ".trtet-blobs"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    with HoldingProxy.for_url(s3env.endpoint.url) as px:
+        def start(name: str) -> subprocess.Popen:
+            return subprocess.Popen(
+                [sys.executable, "-c", CHILD, url_of(s3env), str(root / name), "a", str(store),
+                 px.endpoint_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=env)
+
+        first = start("a1")
+        try:
+            assert px.held.wait(120), "the first process never asked for a blob"
+            second = start("a2")  # while the first is inside a blob's download
+            try:
+                # The barrier: the second is waiting for a blob's lock (or has ended).
+                while second.poll() is None and not waits_on_a_lock(second.pid):
+                    time.sleep(0.02)
+            finally:
+                px.release.set()
+            outs = [p.communicate(timeout=300) for p in (first, second)]
+        finally:
+            px.release.set()
+            for p in (first, locals().get("second")):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait()
+        got = px.downstream
+    for p, (_, err) in zip((first, second), outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    size = SHARED + OWN
+    # Each blob by one of them (which one takes the second blob's lock first is theirs).
+    assert sum(r["downloaded"] for r in reports) == size, reports
+    assert all(r["downloaded"] + r["in_store"] == size for r in reports), reports
+    assert got <= size + MiB, got  # each blob once in all, through the proxy
+    for name in ("a1", "a2"):
+        assert verify_member(root / name).ok
+    blobs = sorted({xxh(p) for p in members["a"]})
+    assert sorted(os.listdir(store)) == sorted([*blobs, ".trtet-seals"])
+    assert sorted(os.listdir(store / ".trtet-seals")) == blobs  # no lock left, no stray

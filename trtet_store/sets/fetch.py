@@ -12,7 +12,8 @@ The steps, in order:
 2. **Download what the store lacks**: each of the member's blobs that the
    local content store (:mod:`.store`) does not hold, with ``fetch``'s
    preflight, ranged GETs, resume and verification, checked against the
-   digest that names it.
+   digest that names it; under the blob's lock (:meth:`ContentStore.locked`),
+   so two processes filling one store download each blob once.
 3. **Place** the member's files under the runtime's names (the ``.pte`` and
    its ``.ptd`` files side by side) in one ``write_files`` transaction: its
    preflight, journal and atomic rename; every file changes or none. Each
@@ -203,9 +204,15 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
             "nothing was downloaded")
     t0 = time.monotonic()
     for f in missing:
-        report.bytes_downloaded += cas.download(
-            s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
-            concurrency=concurrency, range_size=range_size)
+        # One process downloads a blob (its lock); another that needs it waits, then
+        # finds it sealed (checked by the one that downloaded it) and takes it as held.
+        with cas.locked(f.blob):
+            if cas.holds(f.blob, f.size) and cas.sealed(f.blob):
+                report.bytes_in_store += f.size
+                continue
+            report.bytes_downloaded += cas.download(
+                s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
+                concurrency=concurrency, range_size=range_size)
     t1 = time.monotonic()
     report.seconds_download = t1 - t0
     record = record_bytes(where, member, version, entry, manifest.chunk_size)

@@ -23,6 +23,14 @@ are sealed anew, other bytes are refused
 and nothing is placed from it. A blob without a seal (an older store) is
 read once and sealed.
 
+**Two processes, one store.** A blob is downloaded under its own lock,
+``.trtet-seals/<hex>.lock`` (an exclusive ``flock``, waited for; removed by
+its holder as it lets go, :func:`~trtet_store.io.unlock_file`): a second
+``fetch_set`` that needs a blob another process is downloading waits for
+it, then finds it sealed and downloads nothing; two blobs are downloaded
+at once. A killed holder's lock is released by the kernel, and the next
+taker resumes its download.
+
 Where it lives: ``store=`` of :func:`~trtet_store.sets.fetch_set`, by
 default ``.trtet-blobs`` beside the destination directory (its parent), so
 that sets fetched into sibling directories share it and, on one filesystem,
@@ -45,6 +53,7 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from trtet_store.io import (
@@ -53,6 +62,8 @@ from trtet_store.io import (
     digest_file,
     file_identity,
     staging_directory,
+    try_lock,
+    unlock_file,
     write_atomic,
 )
 from trtet_store.remote.errors import FetchVerificationError, ObjectChangedError
@@ -85,6 +96,19 @@ class ContentStore:
 
     def path(self, digest: str) -> Path:
         return self.root / digest
+
+    @contextlib.contextmanager
+    def locked(self, digest: str) -> Iterator[None]:
+        """Hold the blob's download lock (waiting for another process that holds it)."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root / SEALS_DIR, 0o700)
+        path = self.root / SEALS_DIR / (digest + ".lock")
+        fd = try_lock(path, create=True, wait=True)
+        assert fd is not None  # wait=True never returns None
+        try:
+            yield
+        finally:
+            unlock_file(fd, path)
 
     def seal_path(self, digest: str) -> Path:
         return self.root / SEALS_DIR / digest
