@@ -23,6 +23,24 @@ are sealed anew, other bytes are refused
 and nothing is placed from it. A blob without a seal (an older store) is
 read once and sealed.
 
+**Without reflinks (ext4), the store keeps its own inode.** A member
+placed from the store is a copy there (``link=False``): each new blob is
+written twice (downloaded into the store, then copied into place), so a
+first ``fetch_set`` takes longer than ``fetch`` of the same program (the
+copy is the difference: see the README's table), and after K members the
+disk holds the store plus K copies (``link=True``, or a store on XFS or
+btrfs, holds one). Considered and not built: downloading a new blob
+straight into the destination's transaction and keeping, in the store, a
+hard link to the placed file sealed by its identity (copied from later only
+while unchanged; dropped and downloaded again once the member's file is
+written in place). It makes the first ``fetch_set`` cost what ``fetch``
+does and holds K copies, but the store's name is then a member's writable
+file: an in-place write (ExecuTorch's ``save`` truncates) changes the bytes
+under the blob's name until its next use notices, a copy taken from it
+meanwhile needs reading back again, and the store no longer holds every
+blob "complete, named by its digest, 0444" at every instant, which the
+placements and the tests rely on.
+
 **Two processes, one store.** A blob is downloaded under its own lock,
 ``.trtet-seals/<hex>.lock`` (an exclusive ``flock``, waited for; removed by
 its holder as it lets go, :func:`~trtet_store.io.unlock_file`): a second
