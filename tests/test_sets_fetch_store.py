@@ -142,7 +142,7 @@ def snapshot(directory: Path) -> dict[str, str]:
 
 
 def test_a_ptd_another_program_needs_is_not_replaced_unless_asked(s3env, here_fs,
-                                                                  other_program):
+                                                                  other_program, capsys):
     from trtet_store import NeededByAnotherError
 
     src = here_fs / "src"
@@ -158,9 +158,15 @@ def test_a_ptd_another_program_needs_is_not_replaced_unless_asked(s3env, here_fs
         fetch_set(url_of(s3env), out, "m", endpoint_url=s3env.endpoint.url)
     assert snapshot(out) == before  # nothing written
     assert not (here_fs / ".trtet-blobs").exists()  # nothing downloaded
-    rep = fetch_set(url_of(s3env), out, "m", replace_needed=True,
-                    endpoint_url=s3env.endpoint.url)
-    assert rep.bytes_downloaded == OWN + MiB
+    # The CLI refuses it too (exit 1, the file untouched), and --replace-needed replaces.
+    from trtet_store.cli import main
+
+    argv = ["fetch-set", url_of(s3env), str(out), "--member", "m", "--endpoint-url",
+            s3env.endpoint.url, "--json"]
+    assert main(argv) == 1
+    assert snapshot(out) == before
+    assert main([*argv, "--replace-needed"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes_downloaded"] == OWN + MiB
     assert (out / "cpu.ptd").read_bytes() == members["m"][1].read_bytes()
     # The same bytes at that name again replace nothing: not refused.
     fetch_set(url_of(s3env), out, "m", endpoint_url=s3env.endpoint.url)
