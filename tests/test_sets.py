@@ -312,7 +312,8 @@ def test_a_blob_rewritten_with_the_same_size_is_refused_by_its_digest(s3env, her
     # The store keeps only what checked (model.pte's blob, fetched first): no bad bytes,
     # no staging left behind.
     store = here_fs / "machine" / ".trtet-blobs"
-    assert set(os.listdir(store)) <= {xxh(members["a"][0])}, os.listdir(store)
+    assert set(os.listdir(store)) <= {xxh(members["a"][0]), ".trtet-seals"}, os.listdir(store)
+    assert os.listdir(store / ".trtet-seals") == [xxh(members["a"][0])]  # a seal per blob
 
 
 def test_a_damaged_store_blob_is_refused_when_placed(s3env, here_fs):

@@ -109,4 +109,5 @@ def test_a_fetch_killed_inside_a_download_resumes_it(s3env, here_fs, proxy):
     assert (machine / "a" / "model.pte").read_bytes() == pte.read_bytes()
     assert (machine / "a" / "foundation.ptd").read_bytes() == shared.read_bytes()
     store = machine / ".trtet-blobs"
-    assert sorted(os.listdir(store)) == sorted([xxh(pte), xxh(shared)])
+    assert sorted(os.listdir(store)) == sorted([xxh(pte), xxh(shared), ".trtet-seals"])
+    assert sorted(os.listdir(store / ".trtet-seals")) == sorted([xxh(pte), xxh(shared)])

@@ -17,7 +17,7 @@ Subcommands::
     trtet-store publish-set s3://BUCKET/PREFIX/ --member NAME FILE.pte [FILE.ptd...] ...
                             [--needs NAME cc=8.9,tensorrt=10.3.0] [--replace]
     trtet-store fetch-set s3://BUCKET/PREFIX/ DIR [--member NAME] [--store DIR] [--link]
-                          [--compute-capability X.Y] [--tensorrt VERSION]
+                          [--replace-needed] [--compute-capability X.Y] [--tensorrt VERSION]
     trtet-store cache [--dir DIR] [--json] list|stats|prune [--max-bytes N]|verify|clear
     trtet-store cache [--dir DIR] [--json] list|push [KEY...]|pull KEY...|prune --older-than AGE
                       --remote s3://BUCKET[/PREFIX] [--endpoint-url URL] [--no-progress]

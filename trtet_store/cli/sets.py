@@ -70,6 +70,9 @@ def add_parser(sub: Any) -> None:
                    help="the local content store (default: .trtet-blobs beside DIR)")
     f.add_argument("--link", action="store_true",
                    help="place hard links to the store (read-only files, no new disk)")
+    f.add_argument("--replace-needed", action="store_true",
+                   help="replace a .ptd that another .pte of DIR needs (default: refused, "
+                   "and such a .ptd of the previous member is kept)")
     f.add_argument("--compute-capability", default=None, metavar="X.Y",
                    help="this machine's GPU, instead of asking nvidia-smi")
     f.add_argument("--tensorrt", default=None, metavar="VERSION",
@@ -164,7 +167,8 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
             return 2
     try:
         report = fetch_set(args.url, args.out, args.member, machine=machine, store=args.store,
-                           link=args.link, endpoint_url=args.endpoint_url)
+                           link=args.link, endpoint_url=args.endpoint_url,
+                           replace_needed=args.replace_needed)
     except KeyError as exc:
         print(f"{prefix}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1

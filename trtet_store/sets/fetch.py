@@ -12,11 +12,14 @@ The steps, in order:
 2. **Download what the store lacks**: each of the member's blobs that the
    local content store (:mod:`.store`) does not hold, with ``fetch``'s
    preflight, ranged GETs, resume and verification, checked against the
-   digest that names it.
+   digest that names it; under the blob's lock (:meth:`ContentStore.locked`),
+   so two processes filling one store download each blob once.
 3. **Place** the member's files under the runtime's names (the ``.pte`` and
    its ``.ptd`` files side by side) in one ``write_files`` transaction: its
-   preflight, journal, chunk-digest verification against the set manifest,
-   and atomic rename; every file changes or none. From the store by
+   preflight, journal and atomic rename; every file changes or none. Each
+   blob is the set's bytes by its seal (the store checked it and recorded
+   its identity; one ``stat``), else it is read once and refused if changed
+   (:meth:`ContentStore.check`): the placement reads nothing again. From the store by
    reflink where the filesystem can, copied elsewhere; with ``link=True``,
    hard links to the store's read-only (0444) blobs (:mod:`.place`). The
    member record (:mod:`.record`: which files, with which digests) goes in
@@ -25,17 +28,25 @@ The steps, in order:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
 from pathlib import Path
 
-from trtet_store.io import InsufficientSpaceError, free_bytes
+from trtet_store.io import (
+    InsufficientSpaceError,
+    NeededByAnotherError,
+    digest_file,
+    free_bytes,
+)
 from trtet_store.remote.download.options import (
     DEFAULT_CONCURRENCY,
     DEFAULT_RANGE_SIZE,
     check_options,
 )
-from trtet_store.remote.errors import ObjectNotFoundError
+from trtet_store.remote.download.program import check_ptds_to_write
+from trtet_store.remote.errors import FetchVerificationError, ObjectNotFoundError
 from trtet_store.remote.s3 import S3
 from trtet_store.sets.machine import Machine, pick_member
 from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key
@@ -70,7 +81,8 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
               machine: Machine | None = None, store: os.PathLike | str | None = None,
               link: bool = False, endpoint_url: str | None = None, client: S3 | None = None,
               concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
-              placements: list[str] | None = None) -> SetFetchReport:
+              placements: list[str] | None = None,
+              replace_needed: bool = False) -> SetFetchReport:
     """Fetch one member of the set at ``url`` into the directory ``dest``.
 
     Parameters
@@ -99,6 +111,12 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         Ranged GETs in flight and bytes per GET (as ``fetch``).
     placements : list of str, optional
         Limit the placements (``clone``, ``copy``), for tests and benchmarks.
+    replace_needed : bool
+        Replace a ``.ptd`` of ``dest`` that another ``.pte`` there needs (as
+        ``fetch``'s: ExecuTorch names ``.ptd`` files by tag, so two programs
+        share names). Default: refused before anything is downloaded
+        (:class:`~trtet_store.NeededByAnotherError`); and a ``.ptd`` of the
+        previous member that another ``.pte`` needs is kept, not removed.
 
     Returns
     -------
@@ -111,10 +129,16 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         nothing downloaded or created.
     KeyError
         ``member`` is not in the set; the message lists the members.
+    NeededByAnotherError
+        A ``.ptd`` of the member would replace one another ``.pte`` of
+        ``dest`` needs (see ``replace_needed``); nothing downloaded or written.
     FetchVerificationError
         A blob on the server is not the one the set names (size, CRC64NVME,
         xxh3-128), or a placed file does not match the set's chunk digests;
         the destination unchanged.
+    VerificationError
+        A blob of the local store changed since it was checked and is not
+        the set's bytes any more; nothing placed (remove it and fetch again).
     InsufficientSpaceError
         Before downloading or placing, as ``fetch`` and ``write_files``.
     FetchInterruptedError
@@ -124,8 +148,9 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         raise TypeError(f"member must be a str or None, not {member!r}")
     if machine is not None and not isinstance(machine, Machine):
         raise TypeError(f"machine must be a Machine, not {type(machine).__name__}")
-    if not isinstance(link, bool):
-        raise TypeError(f"link must be True or False, not {link!r}")
+    for name, flag in (("link", link), ("replace_needed", replace_needed)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, not {flag!r}")
     check_options(concurrency=concurrency, range_size=range_size)
     bucket, prefix = parse_set_url(url)
     where = f"s3://{bucket}/{prefix}"
@@ -147,6 +172,13 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     log.info("%s: fetching member %r (%s)", where, member,
              "picked for this machine" if picked else "asked for")
 
+    # fetch's rule, before anything is downloaded or created: a .ptd another .pte of the
+    # directory needs is not replaced (unless asked). One that already holds the member's
+    # bytes is not replaced at all, so it is not asked about.
+    program = target / entry.files[0].name
+    if target.is_dir() and not replace_needed:
+        check_ptds_to_write(program, _ptds_replaced(target, entry, manifest.chunk_size),
+                            replace_needed=False)
     target.mkdir(exist_ok=True)
     cas = ContentStore(store if store is not None else target.parent / STORE_DIR)
     report = SetFetchReport(where, member, picked, [target / f.name for f in entry.files],
@@ -170,23 +202,94 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
             needed, available, cas.root,
             f"{where}: member {member!r} needs {needed} bytes of blobs the store lacks; "
             "nothing was downloaded")
+    t0 = time.monotonic()
     for f in missing:
-        report.bytes_downloaded += cas.download(
-            s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
-            concurrency=concurrency, range_size=range_size)
+        # One process downloads a blob (its lock); another that needs it waits, then
+        # finds it sealed (checked by the one that downloaded it) and takes it as held.
+        with cas.locked(f.blob):
+            if cas.holds(f.blob, f.size) and cas.sealed(f.blob):
+                report.bytes_in_store += f.size
+                continue
+            report.bytes_downloaded += cas.download(
+                s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
+                concurrency=concurrency, range_size=range_size)
+    t1 = time.monotonic()
+    report.seconds_download = t1 - t0
     record = record_bytes(where, member, version, entry, manifest.chunk_size)
     previous = read_record(target)
-    report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, f.chunks)
+    # Each blob is the set's bytes before anything is placed from it: its seal (one
+    # stat: checked when it was downloaded), else read once (refused if changed).
+    for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:
+        cas.check(digest, size, manifest.chunk_size, chunks)
+    report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, None)
                                          for f in entry.files],
                                 manifest.chunk_size, link=link, placements=placements,
                                 record=(RECORD, record))
+    _check_after(cas, target, entry, manifest.chunk_size, link)
     # The previous member's files this one does not name (another member fetched into the
     # same directory, or a version that dropped a .ptd): ours by the record, so removed.
-    report.removed = remove_unlisted(target, previous, {f.name for f in entry.files})
+    report.removed = remove_unlisted(
+        target, previous, {f.name for f in entry.files},
+        needed=None if replace_needed else functools.partial(_needed, program))
+    report.seconds_place = time.monotonic() - t1
     log.info("%s: member %r in %s: %d bytes, %d downloaded, %d in the store already; "
              "placed %s", where, member, target, report.bytes_total, report.bytes_downloaded,
              report.bytes_in_store, report.placed)
     return report
+
+
+def _ptds_replaced(target: Path, entry, chunk_size: int) -> list[str]:
+    """The member's ``.ptd`` names whose file in ``target`` is not already its bytes.
+
+    A file of another size differs without a read; one of the same size is
+    read only when another ``.pte`` is there to need it.
+    """
+    ptds = [f for f in entry.files[1:] if f.name.endswith(".ptd")]
+    others = [p for p in target.glob("*.pte") if p.name != entry.files[0].name]
+    out = []
+    for f in ptds:
+        try:
+            st = os.lstat(target / f.name)
+        except FileNotFoundError:
+            continue
+        if not others or st.st_size != f.size or \
+                digest_file(target / f.name, chunk_size, False)[0] != f.blob:
+            out.append(f.name)
+    return out
+
+
+def _needed(program: Path, name: str) -> bool:
+    """Whether another ``.pte`` beside ``program`` needs the ``.ptd`` ``name`` (fetch's rule)."""
+    if not name.endswith(".ptd"):
+        return False
+    try:
+        check_ptds_to_write(program, [name], replace_needed=False)
+    except NeededByAnotherError as exc:
+        log.info("%s: kept, though the new member does not name it: %s",
+                 program.parent / name, exc.strerror)
+        return True
+    return False
+
+
+def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: bool) -> None:
+    """The blobs are still the sealed files after the placement, or the placed files are read.
+
+    A blob written while it was placed (its identity changed: a write in
+    the store during the fetch) may have given the new files other bytes:
+    those files are read back then, and a mismatch is raised (the member's
+    record says what they should be; ``verify_member`` names them).
+    """
+    for f in entry.files:
+        if link:
+            cas.seal(f.blob, relink=True)  # our own link changed only its ctime
+        if cas.sealed(f.blob):
+            continue
+        got = digest_file(target / f.name, chunk_size, False)[0]
+        if got != f.blob:
+            raise FetchVerificationError(
+                f"{target / f.name}: the store's blob {cas.path(f.blob)} changed while it was "
+                f"placed, and the placed file is not the set's (xxh3-128 {got}, not "
+                f"{f.blob}); fetch again")
 
 
 __all__ = ["fetch_set", "read_set"]

@@ -1,8 +1,12 @@
 """A member's files from the local store, under the runtime's names: one transaction.
 
+Each blob is checked by the store before it comes here
+(:meth:`~trtet_store.sets.store.ContentStore.check`: its seal, or a read),
+so nothing here reads it again to learn its digests: a copy is not read
+back, a link is not digested.
+
 By default one :func:`~trtet_store.io.write_files` transaction (preflight,
-journal, each file checked against the set's chunk digests, atomic renames,
-rollback): cloned (reflink) from the store where the filesystem can, so the
+journal, atomic renames, rollback): cloned (reflink) from the store where the filesystem can, so the
 bytes are on disk once and a write to one name never reaches another (the
 filesystem copies on write); copied elsewhere. The store's blob is never
 consumed.
@@ -11,8 +15,7 @@ consumed.
 instead: no new disk on any filesystem, at the price of one inode for every
 name: a program that writes one in place (ExecuTorch's own ``save``
 truncates in place) would change the store and every member sharing it,
-which the mode bits refuse to anyone but root. Each blob is checked against
-the set's chunk digests first; the links are made under temporary names
+which the mode bits refuse to anyone but root. The links are made under temporary names
 and renamed over the runtime's names (the ``.ptd`` files first, the
 ``.pte`` last), so a name holds its old file or the new one, never a torn
 one; unlike the transaction, a crash between two renames can leave some
@@ -26,11 +29,11 @@ import errno
 import os
 from pathlib import Path
 
-from trtet_store.io import ExternalFile, digest_file, fsync_dir, write_atomic, write_files
-from trtet_store.remote.errors import FetchVerificationError
+from trtet_store.io import ExternalFile, fsync_dir, write_atomic, write_files
 
-#: One placed file: (runtime name, the store's blob, size, chunk digests).
-Placed = tuple[str, Path, int, tuple[int, ...]]
+#: One placed file: (runtime name, the store's blob, size, chunk digests to check the
+#: placed bytes against, or None for a blob the store vouches for).
+Placed = tuple[str, Path, int, tuple[int, ...] | None]
 
 
 def place_files(directory: Path, files: list[Placed], chunk_size: int, *, link: bool,
@@ -39,7 +42,7 @@ def place_files(directory: Path, files: list[Placed], chunk_size: int, *, link: 
     """Place ``files`` (the ``.pte`` first) in ``directory``, with ``record`` (a name and
     its bytes) written in the same transaction; bytes placed, by how."""
     if link:
-        placed = _link(directory, files, chunk_size)
+        placed = _link(directory, files)
         if record is not None:
             write_atomic(directory / record[0], record[1], mode=0o644)
         return placed
@@ -57,12 +60,7 @@ def place_files(directory: Path, files: list[Placed], chunk_size: int, *, link: 
     return placed
 
 
-def _link(directory: Path, files: list[Placed], chunk_size: int) -> dict[str, int]:
-    for name, src, size, chunks in files:
-        _, got, n = digest_file(src, chunk_size, False)
-        if n != size or tuple(got) != tuple(chunks):
-            raise FetchVerificationError(f"{src}: the store's blob for {name} does not match "
-                                         "the set's digests; remove it and fetch again")
+def _link(directory: Path, files: list[Placed]) -> dict[str, int]:
     made: list[tuple[Path, Path]] = []
     try:
         for name, src, _, _ in files:

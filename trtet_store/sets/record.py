@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,12 +72,16 @@ def read_record(directory: os.PathLike | str) -> dict[str, Any] | None:
     return doc if ok else None
 
 
-def remove_unlisted(directory: Path, old: dict[str, Any] | None, keep: set[str]) -> list[str]:
+def remove_unlisted(directory: Path, old: dict[str, Any] | None, keep: set[str], *,
+                    needed: Callable[[str], bool] | None = None) -> list[str]:
     """Remove the files the previous member's record lists and the new member does not.
 
     Only a file still byte for byte what was placed (its size and xxh3-128
-    as recorded) is removed: one changed since is someone's, and stays.
-    Called once the new files and record are in place; a failure is logged.
+    as recorded) is removed: one changed since is someone's, and stays; so
+    does one ``needed(name)`` says another program of the directory needs
+    (asked after the files before it in the record, the previous ``.pte``
+    first, are gone). Called once the new files and record are in place; a
+    failure is logged.
     """
     removed: list[str] = []
     if old is None:
@@ -86,6 +91,8 @@ def remove_unlisted(directory: Path, old: dict[str, Any] | None, keep: set[str])
         if not isinstance(name, str) or name in keep or "/" in name or name in ("", ".", ".."):
             continue
         path = directory / name
+        if needed is not None and needed(name):
+            continue
         try:
             st = os.lstat(path)
             if not stat.S_ISREG(st.st_mode) or st.st_size != f.get("size") or \

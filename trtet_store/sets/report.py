@@ -81,6 +81,9 @@ class SetFetchReport:
     removed : list of str
         The previous member's files (by its record) this member does not
         name, removed after the new files were in place.
+    seconds_download, seconds_place : float
+        Wall time spent downloading the blobs the store lacked, and placing
+        the member's files (the transaction), for benchmarks.
     """
 
     url: str
@@ -93,6 +96,8 @@ class SetFetchReport:
     bytes_in_store: int = 0
     placed: dict[str, int] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
+    seconds_download: float = 0.0
+    seconds_place: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -9,6 +9,46 @@ in the store is always its bytes' digest. Members are placed from here
 (:mod:`.place`); a blob another member or another set brought is not
 downloaded again.
 
+**Seals: the digests travel with the bytes.** When a blob's xxh3-128 has
+been checked (after its download, or after a re-read), the store writes its
+seal, ``.trtet-seals/<hex>`` (a small JSON record): the file's identity
+then (device, inode, size, mtime, ctime;
+:func:`~trtet_store.io.file_identity`), as the engine cache seals its
+entries. A placement trusts a blob whose identity is still
+the sealed one (one ``stat``): it is placed without reading it again, and a
+copy is not read back. A blob whose identity changed (written in place, even
+with the same size; replaced; touched) is read again once: the same bytes
+are sealed anew, other bytes are refused
+(:class:`~trtet_store.io.VerificationError`, "remove it and fetch again"),
+and nothing is placed from it. A blob without a seal (an older store) is
+read once and sealed.
+
+**Without reflinks (ext4), the store keeps its own inode.** A member
+placed from the store is a copy there (``link=False``): each new blob is
+written twice (downloaded into the store, then copied into place), so a
+first ``fetch_set`` takes longer than ``fetch`` of the same program (the
+copy is the difference: see the README's table), and after K members the
+disk holds the store plus K copies (``link=True``, or a store on XFS or
+btrfs, holds one). Considered and not built: downloading a new blob
+straight into the destination's transaction and keeping, in the store, a
+hard link to the placed file sealed by its identity (copied from later only
+while unchanged; dropped and downloaded again once the member's file is
+written in place). It makes the first ``fetch_set`` cost what ``fetch``
+does and holds K copies, but the store's name is then a member's writable
+file: an in-place write (ExecuTorch's ``save`` truncates) changes the bytes
+under the blob's name until its next use notices, a copy taken from it
+meanwhile needs reading back again, and the store no longer holds every
+blob "complete, named by its digest, 0444" at every instant, which the
+placements and the tests rely on.
+
+**Two processes, one store.** A blob is downloaded under its own lock,
+``.trtet-seals/<hex>.lock`` (an exclusive ``flock``, waited for; removed by
+its holder as it lets go, :func:`~trtet_store.io.unlock_file`): a second
+``fetch_set`` that needs a blob another process is downloading waits for
+it, then finds it sealed and downloads nothing; two blobs are downloaded
+at once. A killed holder's lock is released by the kernel, and the next
+taker resumes its download.
+
 Where it lives: ``store=`` of :func:`~trtet_store.sets.fetch_set`, by
 default ``.trtet-blobs`` beside the destination directory (its parent), so
 that sets fetched into sibling directories share it and, on one filesystem,
@@ -27,12 +67,23 @@ later without a re-download.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
-from trtet_store.io import MiB, digest_file, staging_directory
+from trtet_store.io import (
+    MiB,
+    VerificationError,
+    digest_file,
+    file_identity,
+    staging_directory,
+    try_lock,
+    unlock_file,
+    write_atomic,
+)
 from trtet_store.remote.errors import FetchVerificationError, ObjectChangedError
 from trtet_store.remote.s3 import S3
 
@@ -40,6 +91,8 @@ log = logging.getLogger("trtet_store.sets")
 
 #: The default store's name, beside the destination directory.
 STORE_DIR = ".trtet-blobs"
+#: The seals' directory in the store: ``<hex>`` each, the blob's identity when checked.
+SEALS_DIR = ".trtet-seals"
 STORE_TODO = ("remove it or pass store= a directory of your own (0700, not a link, "
               "owned by you)")
 
@@ -62,10 +115,89 @@ class ContentStore:
     def path(self, digest: str) -> Path:
         return self.root / digest
 
+    @contextlib.contextmanager
+    def locked(self, digest: str) -> Iterator[None]:
+        """Hold the blob's download lock (waiting for another process that holds it)."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root / SEALS_DIR, 0o700)
+        path = self.root / SEALS_DIR / (digest + ".lock")
+        fd = try_lock(path, create=True, wait=True)
+        assert fd is not None  # wait=True never returns None
+        try:
+            yield
+        finally:
+            unlock_file(fd, path)
+
+    def seal_path(self, digest: str) -> Path:
+        return self.root / SEALS_DIR / digest
+
+    def seal(self, digest: str, *, relink: bool = False) -> None:
+        """Record the blob's identity now, as the one whose bytes are ``digest``.
+
+        Called only right after its bytes were checked against ``digest``,
+        or with ``relink=True`` after our own hard link to it, which changed
+        only its ctime: then only when the rest of its identity is the
+        sealed one (a write meanwhile leaves the old seal, which no longer
+        matches, so the blob is read again at its next use).
+        """
+        st = os.lstat(self.path(digest))
+        if relink:
+            sealed = self._sealed_identity(digest)
+            if sealed is None or sealed[:4] != list(file_identity(st)[:4]):
+                return
+        doc = {"xxh3": digest, "size": st.st_size, "identity": list(file_identity(st))}
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root / SEALS_DIR, 0o700)
+        write_atomic(self.seal_path(digest), json.dumps(doc).encode(), mode=0o444)
+
+    def _sealed_identity(self, digest: str) -> list[int] | None:
+        try:
+            doc = json.loads(self.seal_path(digest).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("xxh3") != digest:
+            return None
+        ident = doc.get("identity")
+        return ident if isinstance(ident, list) and len(ident) == 5 else None
+
+    def sealed(self, digest: str) -> bool:
+        """Whether the blob is still the file whose bytes were checked (one ``lstat``)."""
+        try:
+            st = os.lstat(self.path(digest))
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and \
+            self._sealed_identity(digest) == list(file_identity(st))
+
+    def check(self, digest: str, size: int, chunk_size: int,
+              chunks: tuple[int, ...]) -> bool:
+        """Make sure the blob is ``digest``'s bytes before it is placed; True when sealed.
+
+        A blob whose identity is the sealed one is trusted without a read.
+        Another is read once against ``digest`` and the set's chunk digests:
+        sealed anew when it matches (False: it was read), refused otherwise.
+
+        Raises
+        ------
+        VerificationError
+            Its bytes are not the set's: nothing is placed from it.
+        """
+        if self.sealed(digest):
+            return True
+        path = self.path(digest)
+        got, got_chunks, n = digest_file(path, chunk_size, False)
+        if n != size or got != digest or tuple(got_chunks) != tuple(chunks):
+            raise VerificationError(
+                f"{path}: the store's blob (changed since it was checked; remove it and fetch "
+                "again)", None, os.fspath(path))
+        log.info("%s: changed identity, same bytes: sealed anew", path)
+        self.seal(digest)
+        return False
+
     def holds(self, digest: str, size: int) -> bool:
         """Whether a complete blob of this digest and size is here (one ``lstat``).
 
-        Its bytes are checked when it is placed (chunk digests of the set).
+        Its bytes are checked when it is placed (:meth:`check`: its seal, or a read).
         """
         try:
             st = os.lstat(self.path(digest))
@@ -115,4 +247,5 @@ class ContentStore:
             raise FetchVerificationError(f"{where}: its bytes' xxh3-128 is {got}, not the "
                                          f"{digest} the set names; refused, nothing kept")
         os.chmod(dest, 0o444)  # a blob is never written again (and links to it are 0444)
+        self.seal(digest)  # checked just now: its placements need not read it again
         return rep.bytes_downloaded
