@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from trtet_store.io import (
+    Digests,
     InsufficientSpaceError,
     NeededByAnotherError,
     digest_file,
@@ -50,11 +51,11 @@ from trtet_store.remote.errors import FetchVerificationError, ObjectNotFoundErro
 from trtet_store.remote.s3 import S3
 from trtet_store.sets.machine import Machine, pick_member
 from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key
-from trtet_store.sets.place import place_files
+from trtet_store.sets.place import place_files, reflinks
 from trtet_store.sets.publish import parse_set_url
 from trtet_store.sets.record import RECORD, read_record, record_bytes, remove_unlisted
 from trtet_store.sets.report import SetFetchReport
-from trtet_store.sets.store import STORE_DIR, ContentStore
+from trtet_store.sets.store import MOVING_DIR, STORE_DIR, ContentStore
 
 log = logging.getLogger("trtet_store.sets")
 
@@ -203,6 +204,7 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
             f"{where}: member {member!r} needs {needed} bytes of blobs the store lacks; "
             "nothing was downloaded")
     t0 = time.monotonic()
+    fresh: set[str] = set()  # blobs this call brought into the store
     for f in missing:
         # One process downloads a blob (its lock); another that needs it waits, then
         # finds it sealed (checked by the one that downloaded it) and takes it as held.
@@ -210,9 +212,14 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
             if cas.holds(f.blob, f.size) and cas.sealed(f.blob):
                 report.bytes_in_store += f.size
                 continue
-            report.bytes_downloaded += cas.download(
-                s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
-                concurrency=concurrency, range_size=range_size)
+            # A member's file that is the blob (placed by a move), unchanged: copied.
+            if cas.take_reference(f.blob, f.size, manifest.chunk_size):
+                report.bytes_in_store += f.size
+            else:
+                report.bytes_downloaded += cas.download(
+                    s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
+                    concurrency=concurrency, range_size=range_size)
+            fresh.add(f.blob)
     t1 = time.monotonic()
     report.seconds_download = t1 - t0
     record = record_bytes(where, member, version, entry, manifest.chunk_size)
@@ -221,11 +228,17 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     # stat: checked when it was downloaded), else read once (refused if changed).
     for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:
         cas.check(digest, size, manifest.chunk_size, chunks)
+    moves = _moves(cas, target, entry, fresh, manifest.chunk_size, link, placements)
     report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, None)
                                          for f in entry.files],
                                 manifest.chunk_size, link=link, placements=placements,
-                                record=(RECORD, record))
-    _check_after(cas, target, entry, manifest.chunk_size, link)
+                                record=(RECORD, record), moves=moves,
+                                moving=cas.root / MOVING_DIR)
+    # The store keeps a reference to each moved blob, not its bytes.
+    for f in entry.files:
+        if f.name in moves:
+            cas.refer(f.blob, target / f.name)
+    _check_after(cas, target, entry, manifest.chunk_size, link, moved=set(moves))
     # The previous member's files this one does not name (another member fetched into the
     # same directory, or a version that dropped a .ptd): ours by the record, so removed.
     report.removed = remove_unlisted(
@@ -271,7 +284,35 @@ def _needed(program: Path, name: str) -> bool:
     return False
 
 
-def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: bool) -> None:
+def _moves(cas: ContentStore, target: Path, entry, fresh: set[str], chunk_size: int,
+           link: bool, placements: list[str] | None) -> dict[str, Digests]:
+    """The runtime names whose blob is moved into place, with its digests.
+
+    Only where the store cannot share blocks with ``target`` (no reflink:
+    ext4) and places no links: a blob this call downloaded (or copied from
+    a reference), named once by the member, on ``target``'s filesystem, is
+    renamed into the transaction instead of copied, and the store keeps a
+    reference to the placed file (:meth:`ContentStore.refer`).
+    """
+    if link or (placements is not None and "move" not in placements) or not fresh:
+        return {}
+    if os.stat(cas.root).st_dev != os.stat(target).st_dev:
+        return {}  # another filesystem: a rename cannot reach, the copy stays
+    uses: dict[str, int] = {}
+    for f in entry.files:
+        uses[f.blob] = uses.get(f.blob, 0) + 1
+    out: dict[str, Digests] = {}
+    for f in entry.files:
+        if f.blob not in fresh or uses[f.blob] != 1 or not cas.sealed(f.blob):
+            continue
+        if reflinks(cas.path(f.blob), target):
+            return {}  # XFS, btrfs: cloned from the store, which keeps its blob
+        out[f.name] = Digests(f.blob, f.size, chunk_size, tuple(f.chunks), None)
+    return out
+
+
+def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: bool,
+                 moved: set[str] = frozenset()) -> None:
     """The blobs are still the sealed files after the placement, or the placed files are read.
 
     A blob written while it was placed (its identity changed: a write in
@@ -280,6 +321,8 @@ def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: 
     record says what they should be; ``verify_member`` names them).
     """
     for f in entry.files:
+        if f.name in moved:
+            continue  # renamed, checked by its identity as it was placed
         if link:
             cas.seal(f.blob, relink=True)  # our own link changed only its ctime
         if cas.sealed(f.blob):

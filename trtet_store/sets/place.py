@@ -29,7 +29,15 @@ import errno
 import os
 from pathlib import Path
 
-from trtet_store.io import ExternalFile, fsync_dir, write_atomic, write_files
+from trtet_store.io import (
+    BlobStore,
+    Digests,
+    ExternalFile,
+    fsync_dir,
+    try_clone,
+    write_atomic,
+    write_files,
+)
 
 #: One placed file: (runtime name, the store's blob, size, chunk digests to check the
 #: placed bytes against, or None for a blob the store vouches for).
@@ -38,26 +46,83 @@ Placed = tuple[str, Path, int, tuple[int, ...] | None]
 
 def place_files(directory: Path, files: list[Placed], chunk_size: int, *, link: bool,
                 placements: list[str] | None = None,
-                record: tuple[str, bytes] | None = None) -> dict[str, int]:
+                record: tuple[str, bytes] | None = None,
+                moves: dict[str, Digests] | None = None,
+                moving: Path | None = None) -> dict[str, int]:
     """Place ``files`` (the ``.pte`` first) in ``directory``, with ``record`` (a name and
-    its bytes) written in the same transaction; bytes placed, by how."""
+    its bytes) written in the same transaction; bytes placed, by how.
+
+    ``moves``: the runtime names whose store blob is moved into place (renamed: no
+    byte copied or read), each with its blob's digests; ``moving`` the directory
+    (on the store's filesystem) the blobs wait in while the transaction runs. A
+    transaction that fails gives each blob back to its store name.
+    """
     if link:
         placed = _link(directory, files)
         if record is not None:
             write_atomic(directory / record[0], record[1], mode=0o644)
         return placed
-    outputs: list[tuple[Path, list]] = [
-        (directory / name, [ExternalFile(src, size, 0, size, chunk_size, chunks)])
-        for name, src, size, chunks in files]
-    if record is not None:
-        outputs.append((directory / record[0], [record[1]]))
-    # The names are the manifest's: a link there is replaced, never written through.
-    reports = write_files(outputs, consume=False, placements=placements, follow_links=False)
+    moves = moves or {}
+    with contextlib.ExitStack() as stack:
+        staging = None
+        if moves:
+            assert moving is not None
+            staging = stack.enter_context(BlobStore(moving, chunk_size=chunk_size,
+                                                    orphan_max_age=0))
+        outputs: list[tuple[Path, list]] = []
+        for name, src, size, chunks in files:
+            if name in moves:
+                assert staging is not None
+                # The member's file is its own, writable as a fetched file is: the
+                # blob leaves the store with the placed mode (its bytes untouched).
+                os.chmod(src, 0o644)
+                stack.callback(_readonly_if_back, src)
+                # Renamed into the staging store; given back to ``src`` if not consumed.
+                piece = staging.adopt(src, digests=moves[name])
+                stack.callback(piece.close)
+            else:
+                piece = ExternalFile(src, size, 0, size, chunk_size, chunks)
+            outputs.append((directory / name, [piece]))
+        if record is not None:
+            outputs.append((directory / record[0], [record[1]]))
+        if moves and placements is not None:
+            placements = [*placements, "insert", "move"]
+        # The names are the manifest's: a link there is replaced, never written through.
+        # "auto": a move's fallback budget shrinks to fit the disk (an insert uses none).
+        reports = write_files(outputs, consume=bool(moves), placements=placements,
+                              follow_links=False, **({"chunk_size": "auto"} if moves else {}))
     placed: dict[str, int] = {}
     for w in reports[:len(files)]:
         for rec in w.placements:
-            placed[rec.placement] = placed.get(rec.placement, 0) + rec.size
+            how = "move" if rec.placement in ("insert", "move") else rec.placement
+            placed[how] = placed.get(how, 0) + rec.size
     return placed
+
+
+def _readonly_if_back(path: Path) -> None:
+    """A blob a failed transaction gave back to the store is read-only again."""
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(path, 0o444)
+
+
+def reflinks(src: Path, directory: Path) -> bool:
+    """Whether ``src`` can be cloned (reflink) into a file of ``directory``, by trying it.
+
+    The clone goes to an unnamed file (``O_TMPFILE``) that vanishes when closed:
+    no data copied, no name left behind.
+    """
+    try:
+        dst = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        s = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return try_clone(s, dst, os.fstat(s).st_size)
+        finally:
+            os.close(s)
+    finally:
+        os.close(dst)
 
 
 def _link(directory: Path, files: list[Placed]) -> dict[str, int]:

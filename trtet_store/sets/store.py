@@ -75,7 +75,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trtet_store.io import (
+    ExternalFile,
     MiB,
+    SourceChangedError,
     VerificationError,
     digest_file,
     file_identity,
@@ -83,6 +85,7 @@ from trtet_store.io import (
     try_lock,
     unlock_file,
     write_atomic,
+    write_files,
 )
 from trtet_store.remote.errors import FetchVerificationError, ObjectChangedError
 from trtet_store.remote.s3 import S3
@@ -93,6 +96,8 @@ log = logging.getLogger("trtet_store.sets")
 STORE_DIR = ".trtet-blobs"
 #: The seals' directory in the store: ``<hex>`` each, the blob's identity when checked.
 SEALS_DIR = ".trtet-seals"
+#: Where a blob waits (on the store's filesystem) while a transaction moves it into place.
+MOVING_DIR = ".trtet-moving"
 STORE_TODO = ("remove it or pass store= a directory of your own (0700, not a link, "
               "owned by you)")
 
@@ -194,6 +199,86 @@ class ContentStore:
         self.seal(digest)
         return False
 
+    def refer(self, digest: str, path: Path) -> None:
+        """Record that the blob is now the file at ``path`` (placed by a move), as it is now.
+
+        Called only right after the blob's sealed file became ``path`` (a
+        rename: its bytes are the ones checked). The store keeps no bytes
+        of it; :meth:`reference` trusts the file while its identity is this one.
+        """
+        path = Path(path).absolute()
+        st = os.lstat(path)
+        doc = {"xxh3": digest, "size": st.st_size, "identity": list(file_identity(st)),
+               "ref": os.fspath(path)}
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root / SEALS_DIR, 0o700)
+        write_atomic(self.seal_path(digest), json.dumps(doc).encode(), mode=0o444)
+
+    def reference(self, digest: str, size: int) -> Path | None:
+        """The placed file that is the blob, while its identity is the recorded one (one ``lstat``).
+
+        A reference whose file is gone or changed (written in place, even
+        with the same size; replaced; touched) is dropped, logged at INFO:
+        None, the blob is downloaded again. The file is never read to learn
+        whether its bytes are still the blob's.
+        """
+        try:
+            doc = json.loads(self.seal_path(digest).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("ref"), str):
+            return None
+        ref = Path(doc["ref"])
+        try:
+            st = os.lstat(ref)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == size and \
+                doc.get("xxh3") == digest and doc.get("identity") == list(file_identity(st)):
+            return ref
+        log.info("%s: %s since it was placed as blob %s; the reference is dropped and the "
+                 "blob is downloaded again", ref, "gone" if st is None else "changed", digest)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.seal_path(digest))
+        return None
+
+    def take_reference(self, digest: str, size: int, chunk_size: int) -> bool:
+        """Copy the blob into the store from the placed file that is it; True when taken.
+
+        The file is trusted by its identity (:meth:`reference`), before the
+        copy and again after it: a write to it in between changes its mtime
+        and ctime, and then the copy is discarded (False: download the blob).
+        Unchanged, the copy is the sealed bytes and is sealed as the store's
+        blob without being read.
+        """
+        ref = self.reference(digest, size)
+        if ref is None:
+            return False
+        before = list(file_identity(os.lstat(ref)))
+        dest = self.path(digest)
+        try:
+            _copy_reference(ref, dest, size, chunk_size)
+        except (SourceChangedError, FileNotFoundError) as exc:
+            log.info("%s: changed while blob %s was copied from it (%s); not trusted, the "
+                     "blob is downloaded again", ref, digest, exc)
+            ok = False
+        else:
+            try:
+                ok = list(file_identity(os.lstat(ref))) == before
+            except FileNotFoundError:
+                ok = False
+            if not ok:
+                log.info("%s: changed while blob %s was copied from it; the copy is discarded "
+                         "and the blob downloaded again", ref, digest)
+        if not ok:
+            for p in (dest, self.seal_path(digest)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+            return False
+        os.chmod(dest, 0o444)
+        self.seal(digest)  # the sealed bytes: the source kept its identity throughout
+        return True
+
     def holds(self, digest: str, size: int) -> bool:
         """Whether a complete blob of this digest and size is here (one ``lstat``).
 
@@ -249,3 +334,12 @@ class ContentStore:
         os.chmod(dest, 0o444)  # a blob is never written again (and links to it are 0444)
         self.seal(digest)  # checked just now: its placements need not read it again
         return rep.bytes_downloaded
+
+
+def _copy_reference(src: Path, dest: Path, size: int, chunk_size: int) -> None:
+    """Copy a referenced file to the store's name for its blob (one transaction, not read back).
+
+    A module function so that a test can change the source while it is copied.
+    """
+    write_files([(dest, [ExternalFile(src, size, 0, size, chunk_size, None)])],
+                consume=False, follow_links=False)
