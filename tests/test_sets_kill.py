@@ -108,6 +108,13 @@ def test_a_fetch_killed_inside_a_download_resumes_it(s3env, here_fs, proxy):
     assert report.bytes_in_store == OWN
     assert (machine / "a" / "model.pte").read_bytes() == pte.read_bytes()
     assert (machine / "a" / "foundation.ptd").read_bytes() == shared.read_bytes()
+    # ext4: the blob downloaded by the killed fetch was the store's before this one began, so
+    # it stays there (copied into place); the one this fetch downloaded was moved into place,
+    # and the store keeps a reference to its file.
     store = machine / ".trtet-blobs"
-    assert sorted(os.listdir(store)) == sorted([xxh(pte), xxh(shared), ".trtet-seals"])
+    assert sorted(os.listdir(store)) == sorted([xxh(pte), ".trtet-moving", ".trtet-seals"])
+    assert os.listdir(store / ".trtet-moving") == []
     assert sorted(os.listdir(store / ".trtet-seals")) == sorted([xxh(pte), xxh(shared)])
+    seal = json.loads((store / ".trtet-seals" / xxh(shared)).read_text())
+    assert seal["ref"] == str(machine / "a" / "foundation.ptd")
+    assert report.placed == {"copy": OWN, "move": SHARED}

@@ -28,6 +28,7 @@ The steps, in order:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -184,15 +185,10 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     cas = ContentStore(store if store is not None else target.parent / STORE_DIR)
     report = SetFetchReport(where, member, picked, [target / f.name for f in entry.files],
                             cas.root, bytes_total=entry.size)
-    seen, missing = set(), []
-    for f in entry.files:
-        if f.blob in seen:
-            continue
-        seen.add(f.blob)
-        if cas.holds(f.blob, f.size):
-            report.bytes_in_store += f.size
-        else:
-            missing.append(f)
+    # Without reflinks (ext4) a new blob leaves the store for the member's file: its lock is
+    # held until the store's reference to that file is written, so that no other process
+    # reads the store's name in between (each process takes its member's locks in order).
+    _, missing = _missing(cas, entry)
     # Every blob the store lacks, before the first is downloaded: one that cannot fit is
     # refused here, not after the others took the disk (each fetch checks its own again,
     # and the placement its own before it creates anything).
@@ -203,12 +199,31 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
             needed, available, cas.root,
             f"{where}: member {member!r} needs {needed} bytes of blobs the store lacks; "
             "nothing was downloaded")
+    may_move = _may_move(cas, target, link, placements)
+    held = contextlib.ExitStack()
+    if may_move:
+        for digest in sorted({f.blob for f in entry.files}):
+            held.enter_context(cas.locked(digest))
+    with held:
+        return _fetch_locked(s3, bucket, prefix, where, manifest, version, member, entry,
+                             target, program, cas, report, may_move, link=link,
+                             concurrency=concurrency, range_size=range_size,
+                             placements=placements, replace_needed=replace_needed)
+
+
+def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetManifest,
+                  version: str, member: str, entry, target: Path, program: Path,
+                  cas: ContentStore, report: SetFetchReport, may_move: bool, *, link: bool,
+                  concurrency: int, range_size: int, placements: list[str] | None,
+                  replace_needed: bool) -> SetFetchReport:
+    """Steps 2 and 3 (under the member's blob locks where ``may_move``)."""
+    report.bytes_in_store, missing = _missing(cas, entry)
     t0 = time.monotonic()
     fresh: set[str] = set()  # blobs this call brought into the store
     for f in missing:
         # One process downloads a blob (its lock); another that needs it waits, then
         # finds it sealed (checked by the one that downloaded it) and takes it as held.
-        with cas.locked(f.blob):
+        with contextlib.nullcontext() if may_move else cas.locked(f.blob):
             if cas.holds(f.blob, f.size) and cas.sealed(f.blob):
                 report.bytes_in_store += f.size
                 continue
@@ -228,7 +243,7 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     # stat: checked when it was downloaded), else read once (refused if changed).
     for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:
         cas.check(digest, size, manifest.chunk_size, chunks)
-    moves = _moves(cas, target, entry, fresh, manifest.chunk_size, link, placements)
+    moves = _moves(cas, entry, fresh, manifest.chunk_size) if may_move else {}
     report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, None)
                                          for f in entry.files],
                                 manifest.chunk_size, link=link, placements=placements,
@@ -284,31 +299,49 @@ def _needed(program: Path, name: str) -> bool:
     return False
 
 
-def _moves(cas: ContentStore, target: Path, entry, fresh: set[str], chunk_size: int,
-           link: bool, placements: list[str] | None) -> dict[str, Digests]:
-    """The runtime names whose blob is moved into place, with its digests.
+def _missing(cas: ContentStore, entry) -> tuple[int, list]:
+    """The bytes of the member's blobs the store holds, and the files whose blob it lacks."""
+    seen, missing, held = set(), [], 0
+    for f in entry.files:
+        if f.blob in seen:
+            continue
+        seen.add(f.blob)
+        if cas.holds(f.blob, f.size):
+            held += f.size
+        else:
+            missing.append(f)
+    return held, missing
+
+
+def _may_move(cas: ContentStore, target: Path, link: bool,
+              placements: list[str] | None) -> bool:
+    """Whether a new blob is moved from the store into place (and the store keeps a reference).
 
     Only where the store cannot share blocks with ``target`` (no reflink:
-    ext4) and places no links: a blob this call downloaded (or copied from
-    a reference), named once by the member, on ``target``'s filesystem, is
-    renamed into the transaction instead of copied, and the store keeps a
-    reference to the placed file (:meth:`ContentStore.refer`).
+    ext4), on ``target``'s filesystem (a rename reaches), and no links are
+    placed. XFS and btrfs clone from the store, which keeps its blobs.
     """
-    if link or (placements is not None and "move" not in placements) or not fresh:
-        return {}
+    if link or (placements is not None and "move" not in placements):
+        return False
     if os.stat(cas.root).st_dev != os.stat(target).st_dev:
-        return {}  # another filesystem: a rename cannot reach, the copy stays
+        return False  # another filesystem: a rename cannot reach, the copy stays
+    return not reflinks(cas.root, target)
+
+
+def _moves(cas: ContentStore, entry, fresh: set[str], chunk_size: int) -> dict[str, Digests]:
+    """The runtime names whose blob is moved into place, with its digests.
+
+    A blob this call downloaded (or copied from a reference), sealed, named
+    once by the member: renamed into the transaction instead of copied, and
+    the store then keeps a reference to the placed file
+    (:meth:`ContentStore.refer`). A blob the store held already stays there.
+    """
     uses: dict[str, int] = {}
     for f in entry.files:
         uses[f.blob] = uses.get(f.blob, 0) + 1
-    out: dict[str, Digests] = {}
-    for f in entry.files:
-        if f.blob not in fresh or uses[f.blob] != 1 or not cas.sealed(f.blob):
-            continue
-        if reflinks(cas.path(f.blob), target):
-            return {}  # XFS, btrfs: cloned from the store, which keeps its blob
-        out[f.name] = Digests(f.blob, f.size, chunk_size, tuple(f.chunks), None)
-    return out
+    return {f.name: Digests(f.blob, f.size, chunk_size, tuple(f.chunks), None)
+            for f in entry.files
+            if f.blob in fresh and uses[f.blob] == 1 and cas.sealed(f.blob)}
 
 
 def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: bool,

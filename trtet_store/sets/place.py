@@ -105,24 +105,29 @@ def _readonly_if_back(path: Path) -> None:
         os.chmod(path, 0o444)
 
 
-def reflinks(src: Path, directory: Path) -> bool:
-    """Whether ``src`` can be cloned (reflink) into a file of ``directory``, by trying it.
+def reflinks(store: Path, directory: Path) -> bool:
+    """Whether a file of ``store`` can be cloned (reflink) into ``directory``, by trying it.
 
-    The clone goes to an unnamed file (``O_TMPFILE``) that vanishes when closed:
-    no data copied, no name left behind.
+    One block, written to an unnamed file (``O_TMPFILE``) of the store and
+    cloned into another of ``directory``; both vanish when closed, no name
+    left behind.
     """
     try:
-        dst = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        src = os.open(store, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
     except OSError:
         return False
     try:
-        s = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+        os.pwrite(src, bytes(4096), 0)
         try:
-            return try_clone(s, dst, os.fstat(s).st_size)
+            dst = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return False
+        try:
+            return try_clone(src, dst, 4096)
         finally:
-            os.close(s)
+            os.close(dst)
     finally:
-        os.close(dst)
+        os.close(src)
 
 
 def _link(directory: Path, files: list[Placed]) -> dict[str, int]:
