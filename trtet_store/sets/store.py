@@ -215,6 +215,11 @@ class ContentStore:
         write_atomic(self.seal_path(digest), json.dumps(doc).encode(), mode=0o444)
 
     def reference(self, digest: str, size: int) -> Path | None:
+        """The placed file that is the blob (see :meth:`_reference`), or None."""
+        got = self._reference(digest, size)
+        return None if got is None else got[0]
+
+    def _reference(self, digest: str, size: int) -> tuple[Path, list[int]] | None:
         """The placed file that is the blob, while its identity is the recorded one (one ``lstat``).
 
         A reference whose file is gone or changed (written in place, even
@@ -235,7 +240,7 @@ class ContentStore:
             st = None
         if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == size and \
                 doc.get("xxh3") == digest and doc.get("identity") == list(file_identity(st)):
-            return ref
+            return ref, doc["identity"]
         log.info("%s: %s since it was placed as blob %s; the reference is dropped and the "
                  "blob is downloaded again", ref, "gone" if st is None else "changed", digest)
         with contextlib.suppress(FileNotFoundError):
@@ -251,10 +256,10 @@ class ContentStore:
         Unchanged, the copy is the sealed bytes and is sealed as the store's
         blob without being read.
         """
-        ref = self.reference(digest, size)
-        if ref is None:
+        got = self._reference(digest, size)
+        if got is None:
             return False
-        before = list(file_identity(os.lstat(ref)))
+        ref, before = got  # the recorded identity: a write since the look above shows too
         dest = self.path(digest)
         try:
             _copy_reference(ref, dest, size, chunk_size)
