@@ -10,7 +10,8 @@ The steps, in order:
    every member and what it needs. Names are checked (the runtime's closed
    set) before anything is downloaded or created.
 2. **Download what the store lacks**: each of the member's blobs that the
-   local content store (:mod:`.store`) does not hold, with ``fetch``'s
+   local content store (:mod:`.store`) does not hold (nor a member's file it
+   references, unchanged: copied from that), with ``fetch``'s
    preflight, ranged GETs, resume and verification, checked against the
    digest that names it; under the blob's lock (:meth:`ContentStore.locked`),
    so two processes filling one store download each blob once.
@@ -20,7 +21,9 @@ The steps, in order:
    blob is the set's bytes by its seal (the store checked it and recorded
    its identity; one ``stat``), else it is read once and refused if changed
    (:meth:`ContentStore.check`): the placement reads nothing again. From the store by
-   reflink where the filesystem can, copied elsewhere; with ``link=True``,
+   reflink where the filesystem can; without reflinks (ext4) a blob this fetch brought
+   is moved into place and the store keeps a reference to the placed file (a later
+   member copies from it while its identity holds), others copied; with ``link=True``,
    hard links to the store's read-only (0444) blobs (:mod:`.place`). The
    member record (:mod:`.record`: which files, with which digests) goes in
    with them, for ``verify``.
@@ -112,7 +115,8 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     concurrency, range_size
         Ranged GETs in flight and bytes per GET (as ``fetch``).
     placements : list of str, optional
-        Limit the placements (``clone``, ``copy``), for tests and benchmarks.
+        Limit the placements (``clone``, ``move``, ``copy``), for tests and
+        benchmarks; without ``move`` the store keeps every blob it downloads.
     replace_needed : bool
         Replace a ``.ptd`` of ``dest`` that another ``.pte`` there needs (as
         ``fetch``'s: ExecuTorch names ``.ptd`` files by tag, so two programs

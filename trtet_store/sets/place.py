@@ -8,8 +8,12 @@ back, a link is not digested.
 By default one :func:`~trtet_store.io.write_files` transaction (preflight,
 journal, atomic renames, rollback): cloned (reflink) from the store where the filesystem can, so the
 bytes are on disk once and a write to one name never reaches another (the
-filesystem copies on write); copied elsewhere. The store's blob is never
-consumed.
+filesystem copies on write); copied elsewhere. Where the store cannot clone
+(ext4), a blob the fetch just brought into the store is moved instead
+(``moves``: adopted by a :class:`~trtet_store.io.BlobStore` in the store's
+``.trtet-moving`` and renamed into place by the ``consume`` transaction,
+0644, no byte copied); the store then keeps a reference to the placed file
+(:mod:`.store`). Any other blob of the store is never consumed.
 
 ``link=True`` places hard links to the store's read-only (0444) blobs
 instead: no new disk on any filesystem, at the price of one inode for every

@@ -77,7 +77,9 @@ class SetFetchReport:
         Bytes of the member's blobs the store held already: not downloaded.
     placed : dict
         Bytes placed from the store, by how: ``clone`` (reflink: no new disk),
-        ``copy``, ``link`` (hard link, opt-in).
+        ``move`` (without reflinks: the blob just brought into the store renamed
+        into place, the store keeping a reference), ``copy``, ``link`` (hard
+        link, opt-in).
     removed : list of str
         The previous member's files (by its record) this member does not
         name, removed after the new files were in place.

@@ -23,31 +23,45 @@ are sealed anew, other bytes are refused
 and nothing is placed from it. A blob without a seal (an older store) is
 read once and sealed.
 
-**Without reflinks (ext4), the store keeps its own inode.** A member
-placed from the store is a copy there (``link=False``): each new blob is
-written twice (downloaded into the store, then copied into place), so a
-first ``fetch_set`` takes longer than ``fetch`` of the same program (the
-copy is the difference: see the README's table), and after K members the
-disk holds the store plus K copies (``link=True``, or a store on XFS or
-btrfs, holds one). Considered and not built: downloading a new blob
-straight into the destination's transaction and keeping, in the store, a
-hard link to the placed file sealed by its identity (copied from later only
-while unchanged; dropped and downloaded again once the member's file is
-written in place). It makes the first ``fetch_set`` cost what ``fetch``
-does and holds K copies, but the store's name is then a member's writable
-file: an in-place write (ExecuTorch's ``save`` truncates) changes the bytes
-under the blob's name until its next use notices, a copy taken from it
-meanwhile needs reading back again, and the store no longer holds every
-blob "complete, named by its digest, 0444" at every instant, which the
-placements and the tests rely on.
+**Without reflinks (ext4), the store keeps a reference.** Where the store
+cannot clone into the destination and ``link=False``, a member's files are
+not copied out of the store: a blob this fetch downloaded is sealed in the
+store as above, then moved (renamed, :class:`~trtet_store.io.BlobStore`
+``adopt`` and a ``consume`` transaction: no byte copied or read back) into
+the member's ``write_files`` transaction, as an ordinary writable 0644 file
+of its own (no hard link). Its seal then records a *reference*
+(:meth:`ContentStore.refer`): ``"ref"``, the placed file's absolute path,
+and that file's identity after the placement. The store holds no bytes of
+it, so after K members the disk holds K copies, and a first ``fetch_set``
+writes each byte once, as ``fetch`` does.
+
+A later member (another set too) that needs the blob: the store's own
+file if it holds one (as on XFS); else the referenced file, when its
+identity is still the recorded one (one ``lstat``), is copied into the
+store (:meth:`ContentStore.take_reference`), and ``lstat``-ed again after
+the copy: unchanged, the copy is the sealed bytes (any write in between
+changes its mtime and ctime), sealed without a read and moved into the new
+member in turn (the reference follows it); changed, the copy is discarded
+and the blob downloaded. A reference whose file is gone or changed (an
+in-place write, ExecuTorch's ``save`` truncating it) is dropped, logged at
+INFO, and the blob downloaded again; the member's file is its own and is
+never touched. A blob the store held before this fetch (an older store, a
+``link=True`` or XFS-era fetch, one completed by a killed fetch) stays in
+the store and is copied, as before. A store on another filesystem than the
+destination keeps today's copy (a rename cannot reach). In this mode a
+fetch holds its member's blob locks (in digest order) until its references
+are written, so no other process copies from the store's name while the
+blob leaves it; a transaction that fails gives the blob back to its store
+name.
 
 **Two processes, one store.** A blob is downloaded under its own lock,
 ``.trtet-seals/<hex>.lock`` (an exclusive ``flock``, waited for; removed by
 its holder as it lets go, :func:`~trtet_store.io.unlock_file`): a second
 ``fetch_set`` that needs a blob another process is downloading waits for
-it, then finds it sealed and downloads nothing; two blobs are downloaded
-at once. A killed holder's lock is released by the kernel, and the next
-taker resumes its download.
+it, then finds it sealed (or a reference to the first one's file) and
+downloads nothing; on XFS and btrfs two blobs are downloaded at once. A
+killed holder's lock is released by the kernel, and the next taker resumes
+its download.
 
 Where it lives: ``store=`` of :func:`~trtet_store.sets.fetch_set`, by
 default ``.trtet-blobs`` beside the destination directory (its parent), so
