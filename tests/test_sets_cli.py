@@ -38,6 +38,7 @@ def test_publish_set_and_fetch_set_say_what_was_shared(s3env, here_fs, capsys):
                  "--tensorrt", "10.3.0", *common]) == 0
     line = capsys.readouterr().out
     assert "member sm89 (picked for this machine)" in line and "downloaded 4.0 MiB" in line
+    assert "by move" in line, line  # ext4: the downloaded blobs moved into place
     assert (out_dir / "model.pte").read_bytes() == (src / "sm89" / "model.pte").read_bytes()
     # No member for this machine: one line listing them, nothing created.
     assert main(["fetch-set", url, str(here_fs / "none"), "--compute-capability", "7.5",
@@ -53,6 +54,8 @@ def test_publish_set_and_fetch_set_say_what_was_shared(s3env, here_fs, capsys):
     assert report["member"] == "sm80" and report["bytes_in_store"] == 3 * MiB
     assert report["bytes_downloaded"] == MiB + 7
     assert sum(report["placed"].values()) == 4 * MiB + 7
+    # ext4: the shared blobs copied from the first fetch's files (references), then moved in
+    assert set(report["placed"]) == {"move"}
     assert main(["fetch-set", url, str(here_fs / "c"), "--member", "sm75", *common]) == 1
     assert "no member 'sm75'" in capsys.readouterr().err
 
