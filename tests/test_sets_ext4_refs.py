@@ -19,6 +19,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import xxhash
 
 import trtet_store.sets.fetch as fetch_mod
 import trtet_store.sets.store as store_mod
@@ -213,3 +214,26 @@ def test_a_store_on_another_filesystem_keeps_the_copy(s3env, lora, make_fs):
     assert rep.placed == {"copy": FOUNDATION + OWN}
     assert len(blobs_in_store(other / "blobs")) == 2
     assert (mnt / "a" / "foundation.ptd").read_bytes() == foundation
+
+
+def test_a_placement_that_fails_gives_the_blobs_back_to_the_store(s3env, lora, make_fs):
+    url, foundation, members = lora
+    mnt = make_fs("ext4", 64)
+    (mnt / "a" / "lora.pte").mkdir(parents=True)  # a directory where the program goes
+    (mnt / "a" / "lora.pte" / "x").write_bytes(b"x")
+    with pytest.raises(OSError):
+        fetch_set(url, mnt / "a", "a", endpoint_url=s3env.endpoint.url)
+    store = mnt / ".trtet-blobs"
+    assert sorted(blobs_in_store(store)) == sorted(
+        xxhash.xxh3_128(p.read_bytes()).hexdigest() for p in members["a"])
+    for b in blobs_in_store(store):
+        assert stat.S_IMODE(os.stat(store / b).st_mode) == 0o444
+    assert os.listdir(store / ".trtet-moving") == []
+    assert sorted(os.listdir(mnt / "a")) == ["lora.pte"]
+    # Nothing lost: the next fetch downloads nothing.
+    (mnt / "a" / "lora.pte" / "x").unlink()
+    (mnt / "a" / "lora.pte").rmdir()
+    rep = fetch_set(url, mnt / "a", "a", endpoint_url=s3env.endpoint.url)
+    assert rep.bytes_downloaded == 0
+    assert (mnt / "a" / "foundation.ptd").read_bytes() == foundation
+    assert verify_member(mnt / "a").ok
