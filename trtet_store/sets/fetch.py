@@ -189,9 +189,6 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     cas = ContentStore(store if store is not None else target.parent / STORE_DIR)
     report = SetFetchReport(where, member, picked, [target / f.name for f in entry.files],
                             cas.root, bytes_total=entry.size)
-    # Without reflinks (ext4) a new blob leaves the store for the member's file: its lock is
-    # held until the store's reference to that file is written, so that no other process
-    # reads the store's name in between (each process takes its member's locks in order).
     _, missing = _missing(cas, entry)
     # Every blob the store lacks, before the first is downloaded: one that cannot fit is
     # refused here, not after the others took the disk (each fetch checks its own again,
@@ -203,6 +200,9 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
             needed, available, cas.root,
             f"{where}: member {member!r} needs {needed} bytes of blobs the store lacks; "
             "nothing was downloaded")
+    # Without reflinks (ext4) a new blob leaves the store for the member's file: its lock is
+    # held until the store's reference to that file is written, so that no other process
+    # reads the store's name in between (each process takes its member's locks in order).
     may_move = _may_move(cas, target, link, placements)
     held = contextlib.ExitStack()
     if may_move:
