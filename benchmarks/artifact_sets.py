@@ -14,6 +14,10 @@ programs (``--foundation`` shared, ``--own`` per member):
 (d) a machine holding member A fetches member B: bytes received;
 (e) ``fetch_set`` of one member against ``fetch`` of the same program
     published alone, alternating, ``--repeat`` times: median time ratio.
+(f) the same two, each once in a process of its own: peak RSS (the child's
+    ``ru_maxrss``) and peak extra disk (``statvfs`` used bytes of the mount,
+    sampled every 5 ms while it runs, less the bytes before): the issue's
+    bounds are ``fetch``'s RSS and the member's new bytes + 64 MiB.
 
 Disk is ``statvfs`` used bytes on a dedicated loop filesystem (as root), so
 shared extents count once::
@@ -21,7 +25,7 @@ shared extents count once::
     sudo .venv/bin/python benchmarks/artifact_sets.py [--foundation 1G] [--own 64M] [--repeat 3]
 
 ``--parts`` runs some parts only (``--parts e``: only the sm90 program is
-published), ``--fs`` the filesystems of (a) and (e). The issue's (e) is a
+published), ``--fs`` the filesystems of (a), (e) and (f). The issue's (e) is a
 member of 2 x 1 GiB: ``--foundation 1G --own 1G --parts e``. Each (e) run
 prints its time, the bytes this process read (``rchar``) and made the disk
 read, and ``fetch_set``'s download and placement seconds.
@@ -30,11 +34,15 @@ read, and ``fetch_set``'s download and placement seconds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +76,22 @@ def held(client, bucket: str, prefix: str) -> int:
 def used(path: Path) -> int:
     st = os.statvfs(path)
     return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def settled_used(path: Path) -> int:
+    """``used`` once the filesystem has finished freeing what was removed before.
+
+    XFS frees a removed file's extents in the background (deferred inode
+    inactivation): read at once, ``before`` would still count a previous
+    run's files, and their release would hide this run's growth.
+    """
+    os.sync()
+    last, same = used(path), 0
+    while same < 3:
+        time.sleep(0.1)
+        now = used(path)
+        same, last = (same + 1, now) if now == last else (0, now)
+    return last
 
 
 def _target(got: int, bound: int) -> str:
@@ -118,13 +142,61 @@ def _time_ratio(bucket: str, endpoint: str, mnt: Path, fstype: str,
             f"{min(times['fetch']):.2f} s)")
 
 
+#: (f): one fetch in a fresh interpreter, printing its own peak RSS (ru_maxrss, KiB).
+_CHILD = """
+import json, resource, sys, trtet_store
+kind, url, out, endpoint = sys.argv[1:5]
+if kind == "fetch":
+    trtet_store.fetch(url, out + "/model.pte", endpoint_url=endpoint)
+else:
+    trtet_store.fetch_set(url, out + "/m", "sm90", store=out + "/store", endpoint_url=endpoint)
+print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def _peaks(bucket: str, endpoint: str, mnt: Path, fstype: str,
+           member: int) -> list[tuple[str, str, str, str]]:
+    """(f): peak RSS and peak extra disk of ``fetch_set`` and ``fetch`` of the sm90 program."""
+    got: dict[str, tuple[int, int]] = {}
+    for kind, url in (("fetch", f"s3://{bucket}/gpu-per/sm90/model.pte"),
+                      ("fetch_set", f"s3://{bucket}/gpu/")):
+        out = mnt / f"f-{kind}"
+        out.mkdir()
+        before, peak, done = settled_used(mnt), [0], threading.Event()
+
+        def sample(before: int = before, peak: list[int] = peak,
+                   done: threading.Event = done) -> None:
+            while not done.wait(0.005):
+                peak[0] = max(peak[0], used(mnt) - before)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            proc = subprocess.run([sys.executable, "-c", _CHILD, kind, url, str(out),
+                                   endpoint], capture_output=True, text=True, check=True)
+        finally:
+            done.set()
+            sampler.join()
+        rss = json.loads(proc.stdout.strip().splitlines()[-1])["maxrss"]
+        got[kind] = (rss, peak[0])
+        print(f"  (f) {fstype} {kind}: peak RSS {mib(rss)}, peak extra disk {mib(peak[0])}",
+              flush=True)
+        shutil.rmtree(out)
+    (rss_set, disk_set), (rss_one, _) = got["fetch_set"], got["fetch"]
+    bound = member + 64 * MiB
+    return [(f"(f) peak RSS, {fstype} (fetch / fetch_set)", mib(rss_one), mib(rss_set),
+             f"<= fetch's + 64 MiB: {'met' if rss_set <= rss_one + 64 * MiB else 'MISSED'}"),
+            (f"(f) peak extra disk, {fstype} (fetch_set)", "", mib(disk_set),
+             _target(disk_set, bound) + " (the member + 64 MiB)")]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--foundation", type=size_arg, default=1 << 30)
     p.add_argument("--own", type=size_arg, default=64 * MiB)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--parts", default="abcde",
-                   help="which parts to run (letters of a-e; default all)")
+    p.add_argument("--parts", default="abcdef",
+                   help="which parts to run (letters of a-f; default all)")
     p.add_argument("--fs", default="xfs,ext4", help="filesystems of (a) and (e)")
     args = p.parse_args()
     parts, fstypes = set(args.parts), args.fs.split(",")
@@ -211,10 +283,13 @@ def main() -> int:
             # (e) fetch_set of one member vs fetch of the same program alone, per filesystem
             factory = FilesystemFactory()
             try:
-                for fstype in fstypes if "e" in parts else ():
+                for fstype in fstypes if parts & set("ef") else ():
                     mnt = factory.make(fstype, max(600, 4 * (F + E) // MiB + 256))
-                    rows.append(_time_ratio(bucket, server.endpoint.url, mnt, fstype,
-                                            args.repeat))
+                    if "e" in parts:
+                        rows.append(_time_ratio(bucket, server.endpoint.url, mnt, fstype,
+                                                args.repeat))
+                    if "f" in parts:
+                        rows += _peaks(bucket, server.endpoint.url, mnt, fstype, F + E)
                     factory.release(mnt)
             finally:
                 factory.close()
