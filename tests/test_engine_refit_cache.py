@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -391,34 +392,47 @@ def test_on_ext4_a_refit_writes_two_copies_the_cache_links_the_refit(make_fs):
     assert engine_bytes(mnt / "b2.pte") == engine_bytes(mnt / "b.pte")
 
 
+def _linked_refit(here: Path, monkeypatch: pytest.MonkeyPatch,
+                  plant: Callable[[str], None]):
+    """A refittable build "a" (its structure entry cached), the weights fine-tuned, then
+    "b" with no clone (the cache takes the refit by hard link) and ``plant(full key)`` in
+    place. b.pte holds the refit engine and no file is left stray; returns b's report."""
+    from trtet_store.export import engine_build
+
+    module, inputs = linear_relu()
+    builder = FakeBuilder(engine_sizes=(2 * MiB,))
+    _export(here, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    [structure_engine] = engine_bytes(here / "a.pte")
+    _fine_tune(module)
+    plant(_full_key(module, inputs, REFITTABLE))
+    monkeypatch.setattr(engine_build, "_clones", lambda engines, cache_dir: False)
+    report = _export(here, "b", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+    program = torch.export.export(module, inputs)
+    assert engine_bytes(here / "b.pte") == [FakeRefitter.expected(structure_engine, program)]
+    _no_stray_files(here / "store", here / "cache")
+    return report
+
+
 def test_a_linked_refit_the_cache_lets_go_of_at_once_is_copied_back_not_lost(here_fs,
                                                                              monkeypatch):
     # Another process's eviction between the put and our pin: the bytes come back from our
     # own descriptor of the file the cache took.
     from trtet_store.cache import BlobCache
 
-    module, inputs = linear_relu()
-    builder = FakeBuilder(engine_sizes=(2 * MiB,))
-    _export(here_fs, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
-    [structure_engine] = engine_bytes(here_fs / "a.pte")
-    _fine_tune(module)
-    gone = _full_key(module, inputs, REFITTABLE) + ".e0"
     real_get = BlobCache.get
 
-    def get(self, key, **kw):
-        if key == gone:
-            return None
-        return real_get(self, key, **kw)
+    def plant(record: str) -> None:
+        gone = record + ".e0"
 
-    monkeypatch.setattr(BlobCache, "get", get)
-    from trtet_store.export import engine_build
+        def get(self, key, **kw):
+            if key == gone:
+                return None
+            return real_get(self, key, **kw)
 
-    monkeypatch.setattr(engine_build, "_clones", lambda engines, cache_dir: False)
-    report = _export(here_fs, "b", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+        monkeypatch.setattr(BlobCache, "get", get)
+
+    report = _linked_refit(here_fs, monkeypatch, plant)
     assert [(e.outcome, e.placement) for e in report.engine_cache] == [("refit", "link")]
-    program = torch.export.export(module, inputs)
-    assert engine_bytes(here_fs / "b.pte") == [FakeRefitter.expected(structure_engine, program)]
-    _no_stray_files(here_fs / "store", here_fs / "cache")
 
 
 def test_a_cache_failing_after_it_took_a_linked_refit_never_fails_the_export(here_fs,
@@ -426,30 +440,21 @@ def test_a_cache_failing_after_it_took_a_linked_refit_never_fails_the_export(her
     # The engines went in by link (their staged files given up), then the record's put
     # raised: the save still finds every engine (the cache's files, shared).
     from trtet_store.cache import BlobCache
-    from trtet_store.export import engine_build
 
-    module, inputs = linear_relu()
-    builder = FakeBuilder(engine_sizes=(2 * MiB,))
-    _export(here_fs, "a", module, inputs, builder, FakeRefitter(), **REFITTABLE)
-    [structure_engine] = engine_bytes(here_fs / "a.pte")
-    _fine_tune(module)
-    record = _full_key(module, inputs, REFITTABLE)
     real_put = BlobCache.put
 
-    def put(self, key, *args, **kw):
-        if key == record:
-            raise RuntimeError("planted: the record's put failed")
-        return real_put(self, key, *args, **kw)
+    def plant(record: str) -> None:
+        def put(self, key, *args, **kw):
+            if key == record:
+                raise RuntimeError("planted: the record's put failed")
+            return real_put(self, key, *args, **kw)
 
-    monkeypatch.setattr(BlobCache, "put", put)
-    monkeypatch.setattr(engine_build, "_clones", lambda engines, cache_dir: False)
-    report = _export(here_fs, "b", module, inputs, builder, FakeRefitter(), **REFITTABLE)
+        monkeypatch.setattr(BlobCache, "put", put)
+
+    report = _linked_refit(here_fs, monkeypatch, plant)
     [event] = report.engine_cache
     assert (event.outcome, event.stored) == ("refit", False)
     assert "planted: the record's put failed" in event.reason
-    program = torch.export.export(module, inputs)
-    assert engine_bytes(here_fs / "b.pte") == [FakeRefitter.expected(structure_engine, program)]
-    _no_stray_files(here_fs / "store", here_fs / "cache")
 
 
 def test_a_structure_entry_whose_refit_fails_is_dropped_and_the_build_keeps_a_fresh_one(

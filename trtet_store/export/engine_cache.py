@@ -4,7 +4,8 @@ What an engine build's key and record are lives in :mod:`.engine_key` and
 :mod:`.engine_record` (``cache/`` knows no TensorRT); this module is
 :class:`EngineCache`, a :class:`~trtet_store.cache.tiered.TieredCache` (the
 local :class:`~trtet_store.cache.BlobCache`, then the shared tier) with the
-build record. The export's side of it is :mod:`.engine_build`:
+build record (a build's put, engines then record, is :mod:`.engine_put`). The
+export's side of it is :mod:`.engine_build`:
 :func:`~.engine_build.build_cached` turns a hit into staged engines (cloned
 where the filesystems allow, else the cache's file shared) and puts a miss's
 engines, then its record, into the cache before the consuming save, keeping
@@ -17,8 +18,6 @@ fails an export. See DESIGN.md, "The cache".
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import errno
 import logging
 import math
@@ -40,7 +39,7 @@ from trtet_store.cache.layout import DOWNLOADS, ORIGIN_FILE, PENDING, REMOTE_JOU
 from trtet_store.cache.store import check_verify
 from trtet_store.cache.tally import Tally, check_progress, key_list
 from trtet_store.cache.tiered import TieredCache, Voice
-from trtet_store.export import engine_key, engine_staging
+from trtet_store.export import engine_key, engine_put
 from trtet_store.export.engine_key import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_BYTES,
@@ -313,67 +312,16 @@ class EngineCache:
     def put_build(self, key: str, built: BuildResult, fingerprint: str, *,
                   reserve: int = 0, consume: bool = False,
                   record_extra: dict[str, Any] | None = None) -> list[PutResult]:
-        """Cache ``built``'s engines, then its record (the commit point of the build).
-
-        Without ``consume`` nothing is consumed: each staged engine is cloned
-        into the cache where the filesystems allow, else copied. ``reserve``
-        bytes are kept free on top of ``min_free`` (the room the save still
-        needs). A skipped engine skips the record (a record names every
-        engine). Never raises for a bound, space or permission problem: the
-        results say why.
-
-        ``consume=True`` (the staging store shares the cache's filesystem and
-        cannot clone into it, e.g. ext4): each staged engine is hard linked
-        into the cache (no byte written; the cache's entry is its own inode
-        once the staged name is gone), and the engine's blob becomes the
-        cache's file, pinned and shared (:func:`.engine_staging.share_hit`):
-        the save copies it once and never consumes it, so the program's file
-        is never the cache's. When the build is not cached whole (an engine
-        or the record skipped, or an error), each engine already taken is
-        staged again from the cache (:func:`.engine_staging.stage_hit`): the
-        build stays the staging store's, kept for the next call if the save
-        fails (DESIGN.md invariant 9), as without ``consume``.
-
-        ``record_extra``: more fields of the record's metadata (a refit's
-        ``refit_from``, the structure key it was refit from).
+        """Cache ``built``'s engines, then its record (the commit point of the build), for
+        this machine's GPU: :func:`.engine_put.put_build` on this cache's local level.
 
         Returns
         -------
         list of PutResult
             One per engine, then the record's (when the engines were stored).
         """
-        cache = self.blobs
-        if reserve:
-            # A view with a higher floor, so that the cache's copy never takes the
-            # save's room; the shared object is left as it is (other threads use it).
-            cache = copy.copy(self.blobs)
-            cache.min_free = self.blobs.min_free + reserve
-        engine_meta, record_meta = engine_key.metadata(key, built, fingerprint,
-                                                       compute_capability())
-        record_meta.update(record_extra or {})
-        if len({id(e.blob) for e in built.engines}) < len(built.engines):
-            consume = False  # one blob for two engines: the first put would consume both
-        results: list[PutResult] = []
-        taken: list[tuple[Any, Hit]] = []  # (engine, its entry pinned), consumed into the cache
-        try:
-            for i, engine in enumerate(built.engines):
-                result = cache.put(_engine_key(key, i), engine.blob, engine_meta[i],
-                                   consume=consume, pin=consume)
-                if result.hit is not None:
-                    taken.append((engine, result.hit))
-                    result = dataclasses.replace(result, hit=None)
-                results.append(result)
-                if result.skipped:
-                    return results
-            if built.record is None:
-                return results
-            results.append(cache.put(key, built.record, record_meta))
-            return results
-        finally:
-            if taken:
-                whole = len(results) == len(built.engines) + (built.record is not None) and \
-                    all(r.stored for r in results)
-                engine_staging.place_taken(taken, whole)
+        return engine_put.put_build(self.blobs, key, built, fingerprint, compute_capability(),
+                                    reserve=reserve, consume=consume, record_extra=record_extra)
 
     # -- single flight and maintenance -----------------------------------------------
 

@@ -1,7 +1,7 @@
 """A cached engine as a staged blob: cloned or copied in, or the cache's own file shared.
 
 The export's hands on a cache entry's bytes, for :mod:`.engine_build` (a hit
-staged for the save) and :mod:`.engine_cache` (a build the cache took by hard
+staged for the save) and :mod:`.engine_put` (a build the cache took by hard
 link, given back to the save): both import this module, which imports
 neither, so no file circle. Knows io and the blob cache's :class:`Hit`.
 """

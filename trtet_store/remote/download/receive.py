@@ -18,7 +18,7 @@ The steps, in order (each a function below or in the module named):
    plus what the final write's placements need) is checked before anything
    is created; a disk that fills later anyway is an
    ``InsufficientSpaceError`` too (:mod:`.space`).
-4. **Download.** Ranged GETs in parallel, each with ``If-Match``, each range
+4. **Download** (:mod:`.ranges`). Ranged GETs in parallel, each with ``If-Match``, each range
    checked against its chunk digests (a bad one is fetched again), written
    into its run's staged blob and journaled (:mod:`.staging`) by one
    writer thread (:mod:`.writer`). Memory: ``(concurrency + 2) x
@@ -50,7 +50,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,6 @@ from trtet_store.io import (
     recover,
     write_files,
 )
-from trtet_store.remote.checksum import crc_functions
 from trtet_store.remote.download.describe import describe, wait_for_new_version
 from trtet_store.remote.download.options import (
     DEFAULT_CONCURRENCY,
@@ -77,10 +75,8 @@ from trtet_store.remote.download.options import (
 from trtet_store.remote.download.plan import (
     ObjectPlan,
     ObjectSpec,
-    Range,
     Run,
     plan_object,
-    split_run,
 )
 from trtet_store.remote.download.program import (
     check_ptds_to_write,
@@ -88,6 +84,7 @@ from trtet_store.remote.download.program import (
     refuse_program_without_data,
     remove_stale,
 )
+from trtet_store.remote.download.ranges import RangeDownload
 from trtet_store.remote.download.reader import RETRY_WINDOW, Reader
 from trtet_store.remote.download.reuse import candidate_files, find_reusable
 from trtet_store.remote.download.space import WRITE_CHUNK, preflight
@@ -97,8 +94,7 @@ from trtet_store.remote.download.staging import (
     fetch_id,
     fetch_lock_name,
 )
-from trtet_store.remote.download.verify import check_crc, chunks_ok, staged_ok
-from trtet_store.remote.download.writer import RangeWriter
+from trtet_store.remote.download.verify import check_crc
 from trtet_store.remote.errors import (
     FetchInterruptedError,
     FetchVerificationError,
@@ -107,7 +103,7 @@ from trtet_store.remote.errors import (
 )
 from trtet_store.remote.filenames import check_destination
 from trtet_store.remote.report import FetchedObject, FetchProgress, FetchReport
-from trtet_store.remote.s3 import S3, ReadInterrupted, Transient
+from trtet_store.remote.s3 import S3
 
 log = logging.getLogger("trtet_store.remote.download.receive")
 
@@ -275,7 +271,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
 # --- one attempt at one version ------------------------------------------------------------
 
 
-class _Fetch:
+class _Fetch(RangeDownload):
     def __init__(self, url: str, bucket: str, key: str, dest: Path, reuse: list[Path],
                  reader: Reader, concurrency: int, range_size: int,
                  progress: Callable[[FetchProgress], Any] | None, attempts: int,
@@ -499,160 +495,13 @@ class _Fetch:
                     report.reused_by[rec.placement] = report.reused_by.get(rec.placement,
                                                                            0) + rec.size
 
-
-    def download(self, plans: list[ObjectPlan], stage: Staging) -> int:
-        """Every range not staged yet, in parallel; returns the bytes kept from a resumed fetch."""
-        todo: list[tuple[ObjectSpec, Run, Range]] = []
-        resumed = 0
-        for plan in plans:
-            for index, run in enumerate(plan.runs):
-                kept, missing = self._replan_run(plan.spec, index, run, stage)
-                resumed += sum(r.size for r in kept)
-                todo += [(plan.spec, run, rng) for rng in missing]
-        self.resumed = resumed
-        self.in_order = {}
-        for obj, plan in enumerate(plans):
-            # Digested as it arrives when every byte of it is downloaded now: the
-            # ranges, each checked by a GET thread, are added in offset order.
-            spec = plan.spec
-            mine = sum(rng.size for s, _, rng in todo if rng.obj == obj)
-            if spec.size and mine == spec.size and not plan.reused_bytes:
-                checked = sum(p.size for p in spec.pieces) == spec.size
-                self.in_order[obj] = InOrderDigest(spec.size, counted=checked)
-        self._tick(0)
-        if not todo:
-            return resumed
-        stop = threading.Event()
-        # GETs in flight, plus two filled buffers waiting for the writer.
-        buffers = min(self.concurrency + 2, len(todo))
-        writer = RangeWriter(stage, buffers, self.range_size, stop)
-        try:
-            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="trtet-fetch") as pool:
-                futures = [pool.submit(self._one_range, spec, run, rng, writer, stop)
-                           for spec, run, rng in todo]
-                try:
-                    wait(futures, return_when=FIRST_EXCEPTION)
-                except BaseException:
-                    # Interrupted (Ctrl-C): the ranges in flight finish or stop at their
-                    # next step.
-                    stop.set()
-                    for f in futures:
-                        f.cancel()
-                    raise
-                failed = [f for f in futures if f.done() and not f.cancelled()
-                          and f.exception() is not None]
-                if failed:
-                    stop.set()
-                    for f in futures:
-                        f.cancel()
-                    wait(futures)
-                    raise failed[0].exception()
-        finally:
-            writer.close()  # writes what was queued; raises a write's failure
-        return resumed
-
     def resume_command(self) -> str:
         return resume_command(self.url, self.dest, reuse=self.reuse,
                               endpoint_url=self.endpoint_url, concurrency=self.concurrency,
                               range_size=self.range_size, if_replaced=self.if_replaced,
                               **self.flags)
 
-    def _replan_run(self, spec: ObjectSpec, index: int, run: Run,
-                    stage: Staging) -> tuple[list[Range], list[Range]]:
-        """``(kept, to download)``: the run's journaled ranges that still check, and the rest.
-
-        Staged bytes are matched by what they cover, not by the ranges this
-        fetch would cut: a resume with another range size keeps every
-        journaled range inside the run whose bytes still check (each against
-        its own CRC and the manifest's chunk digests, read back from the staged
-        file, whatever the journal says), and downloads only the gaps between
-        them, cut into ranges of this fetch's size on the same chunk grid.
-        ``run.ranges`` becomes the kept and the new ranges, in offset order
-        (what the verification combines).
-        """
-        end = run.offset + run.size
-        journaled = sorted(k for k in stage.done if k[0] == run.obj and run.offset <= k[1]
-                           and k[1] + k[2] <= end)
-        kept: list[Range] = []
-        covered = run.offset
-        for obj, offset, size in journaled:
-            rng = Range(obj, index, offset, size)
-            # Ranges of two earlier attempts may overlap: the first that checks wins.
-            if offset < covered and kept:
-                stage.forget(rng)
-                continue
-            if staged_ok(spec, stage, run, rng, stage.done[(obj, offset, size)]):
-                kept.append(rng)
-                covered = rng.end
-            else:
-                stage.forget(rng)
-        missing: list[Range] = []
-        pos = run.offset
-        for rng in [*kept, None]:
-            stop = end if rng is None else rng.offset
-            if stop > pos:
-                gap = Run(run.obj, pos, stop - pos)
-                split_run(spec, run.obj, index, gap, self.range_size)
-                missing += gap.ranges
-            if rng is not None:
-                pos = rng.end
-        run.ranges = sorted([*kept, *missing], key=lambda r: r.offset)
-        return kept, missing
-
-    def _one_range(self, spec: ObjectSpec, run: Run, rng: Range, writer: RangeWriter,
-                   stop: threading.Event) -> None:
-        compute, _ = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
-        buf = writer.buffer(rng.size)
-        if buf is None:
-            return  # the fetch stopped
-        handed = False
-        try:
-            with memoryview(buf) as whole:
-                view = whole[:rng.size]
-                for attempt in range(1, self.attempts + 1):
-                    if stop.is_set():
-                        return
-                    try:
-                        self.reader.get_range(spec.key, spec.etag, rng.offset, rng.size, view,
-                                              lambda n: self._tick(n, rng.obj))
-                    except Transient as exc:
-                        # Only a body cut short is retried here; a request botocore's
-                        # retries did not get through is an interruption at once.
-                        if attempt < self.attempts and isinstance(exc, ReadInterrupted):
-                            self._retry(spec, rng, str(exc), attempt)
-                            continue
-                        last = str(exc)
-                        raise FetchInterruptedError(
-                            f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
-                            f"{rng.end - 1}: {self.attempts} attempts failed, the last "
-                            f"with {last}", self.resume_command()) from exc
-                    if not chunks_ok(spec, rng, view):
-                        if attempt < self.attempts:
-                            self._retry(spec, rng, "its bytes do not match the manifest's "
-                                        "digests", attempt)
-                            continue
-                        raise FetchVerificationError(
-                            f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-{rng.end - 1} "
-                            f"did not match the manifest's chunk digests in {self.attempts} "
-                            "attempts; nothing local was changed")
-                    crc = compute(view)
-                    digester = self.in_order.get(rng.obj)
-                    if digester is not None:
-                        digester.add(rng.offset, view, stop)
-                    view.release()
-                    break
-            writer.submit(run, rng, buf, crc)
-            handed = True
-        finally:
-            if not handed:
-                writer.give_back(buf)
-
-    def _retry(self, spec: ObjectSpec, rng: Range, why: str, attempt: int) -> None:
-        with self._mutex:
-            self.range_retries += 1
-        log.info("s3://%s/%s bytes %d-%d: %s; retry %d of %d", self.bucket, spec.key,
-                 rng.offset, rng.end - 1, why, attempt, self.attempts - 1)
-        time.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
+    # 4. download: :class:`.ranges.RangeDownload` ---------------------------------------
 
     # 5. verify -------------------------------------------------------------------------
 

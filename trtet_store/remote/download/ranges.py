@@ -1,0 +1,185 @@
+"""Step 4 of a fetch: every range not staged yet, downloaded in parallel (a mixin).
+
+Ranged GETs run on a pool of ``concurrency`` threads, each pinned with
+``If-Match`` and checked against the manifest's chunk digests (a bad or cut
+short range is fetched again, up to ``attempts`` times), then handed to the
+one writer thread (:mod:`.writer`) that stages and journals it. A resume
+keeps every journaled range whose staged bytes still check, whatever its
+range size, and downloads only the gaps. An object downloaded whole is
+digested as it arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
+
+from trtet_store.io import InOrderDigest
+from trtet_store.remote.checksum import crc_functions
+from trtet_store.remote.download.plan import ObjectPlan, ObjectSpec, Range, Run, split_run
+from trtet_store.remote.download.staging import Staging
+from trtet_store.remote.download.verify import chunks_ok, staged_ok
+from trtet_store.remote.download.writer import RangeWriter
+from trtet_store.remote.errors import FetchInterruptedError, FetchVerificationError
+from trtet_store.remote.s3 import ReadInterrupted, Transient
+
+if TYPE_CHECKING:
+    from trtet_store.remote.download.receive import _Fetch
+
+# The fetch's logger: a range's retry is said as the fetch's own line.
+log = logging.getLogger("trtet_store.remote.download.receive")
+
+
+class RangeDownload:
+    """:class:`~.receive._Fetch`'s download step: :meth:`download` and one range's GET."""
+
+    def download(self: _Fetch, plans: list[ObjectPlan], stage: Staging) -> int:
+        """Every range not staged yet, in parallel; returns the bytes kept from a resumed fetch."""
+        todo: list[tuple[ObjectSpec, Run, Range]] = []
+        resumed = 0
+        for plan in plans:
+            for index, run in enumerate(plan.runs):
+                kept, missing = self._replan_run(plan.spec, index, run, stage)
+                resumed += sum(r.size for r in kept)
+                todo += [(plan.spec, run, rng) for rng in missing]
+        self.resumed = resumed
+        self.in_order = {}
+        for obj, plan in enumerate(plans):
+            # Digested as it arrives when every byte of it is downloaded now: the
+            # ranges, each checked by a GET thread, are added in offset order.
+            spec = plan.spec
+            mine = sum(rng.size for s, _, rng in todo if rng.obj == obj)
+            if spec.size and mine == spec.size and not plan.reused_bytes:
+                checked = sum(p.size for p in spec.pieces) == spec.size
+                self.in_order[obj] = InOrderDigest(spec.size, counted=checked)
+        self._tick(0)
+        if not todo:
+            return resumed
+        stop = threading.Event()
+        # GETs in flight, plus two filled buffers waiting for the writer.
+        buffers = min(self.concurrency + 2, len(todo))
+        writer = RangeWriter(stage, buffers, self.range_size, stop)
+        try:
+            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="trtet-fetch") as pool:
+                futures = [pool.submit(self._one_range, spec, run, rng, writer, stop)
+                           for spec, run, rng in todo]
+                try:
+                    wait(futures, return_when=FIRST_EXCEPTION)
+                except BaseException:
+                    # Interrupted (Ctrl-C): the ranges in flight finish or stop at their
+                    # next step.
+                    stop.set()
+                    for f in futures:
+                        f.cancel()
+                    raise
+                failed = [f for f in futures if f.done() and not f.cancelled()
+                          and f.exception() is not None]
+                if failed:
+                    stop.set()
+                    for f in futures:
+                        f.cancel()
+                    wait(futures)
+                    raise failed[0].exception()
+        finally:
+            writer.close()  # writes what was queued; raises a write's failure
+        return resumed
+
+    def _replan_run(self: _Fetch, spec: ObjectSpec, index: int, run: Run,
+                    stage: Staging) -> tuple[list[Range], list[Range]]:
+        """``(kept, to download)``: the run's journaled ranges that still check, and the rest.
+
+        Staged bytes are matched by what they cover, not by the ranges this
+        fetch would cut: a resume with another range size keeps every
+        journaled range inside the run whose bytes still check (each against
+        its own CRC and the manifest's chunk digests, read back from the staged
+        file, whatever the journal says), and downloads only the gaps between
+        them, cut into ranges of this fetch's size on the same chunk grid.
+        ``run.ranges`` becomes the kept and the new ranges, in offset order
+        (what the verification combines).
+        """
+        end = run.offset + run.size
+        journaled = sorted(k for k in stage.done if k[0] == run.obj and run.offset <= k[1]
+                           and k[1] + k[2] <= end)
+        kept: list[Range] = []
+        covered = run.offset
+        for obj, offset, size in journaled:
+            rng = Range(obj, index, offset, size)
+            # Ranges of two earlier attempts may overlap: the first that checks wins.
+            if offset < covered and kept:
+                stage.forget(rng)
+                continue
+            if staged_ok(spec, stage, run, rng, stage.done[(obj, offset, size)]):
+                kept.append(rng)
+                covered = rng.end
+            else:
+                stage.forget(rng)
+        missing: list[Range] = []
+        pos = run.offset
+        for rng in [*kept, None]:
+            stop = end if rng is None else rng.offset
+            if stop > pos:
+                gap = Run(run.obj, pos, stop - pos)
+                split_run(spec, run.obj, index, gap, self.range_size)
+                missing += gap.ranges
+            if rng is not None:
+                pos = rng.end
+        run.ranges = sorted([*kept, *missing], key=lambda r: r.offset)
+        return kept, missing
+
+    def _one_range(self: _Fetch, spec: ObjectSpec, run: Run, rng: Range, writer: RangeWriter,
+                   stop: threading.Event) -> None:
+        compute, _ = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
+        buf = writer.buffer(rng.size)
+        if buf is None:
+            return  # the fetch stopped
+        handed = False
+        try:
+            with memoryview(buf) as whole:
+                view = whole[:rng.size]
+                for attempt in range(1, self.attempts + 1):
+                    if stop.is_set():
+                        return
+                    try:
+                        self.reader.get_range(spec.key, spec.etag, rng.offset, rng.size, view,
+                                              lambda n: self._tick(n, rng.obj))
+                    except Transient as exc:
+                        # Only a body cut short is retried here; a request botocore's
+                        # retries did not get through is an interruption at once.
+                        if attempt < self.attempts and isinstance(exc, ReadInterrupted):
+                            self._retry(spec, rng, str(exc), attempt)
+                            continue
+                        last = str(exc)
+                        raise FetchInterruptedError(
+                            f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
+                            f"{rng.end - 1}: {self.attempts} attempts failed, the last "
+                            f"with {last}", self.resume_command()) from exc
+                    if not chunks_ok(spec, rng, view):
+                        if attempt < self.attempts:
+                            self._retry(spec, rng, "its bytes do not match the manifest's "
+                                        "digests", attempt)
+                            continue
+                        raise FetchVerificationError(
+                            f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-{rng.end - 1} "
+                            f"did not match the manifest's chunk digests in {self.attempts} "
+                            "attempts; nothing local was changed")
+                    crc = compute(view)
+                    digester = self.in_order.get(rng.obj)
+                    if digester is not None:
+                        digester.add(rng.offset, view, stop)
+                    view.release()
+                    break
+            writer.submit(run, rng, buf, crc)
+            handed = True
+        finally:
+            if not handed:
+                writer.give_back(buf)
+
+    def _retry(self: _Fetch, spec: ObjectSpec, rng: Range, why: str, attempt: int) -> None:
+        with self._mutex:
+            self.range_retries += 1
+        log.info("s3://%s/%s bytes %d-%d: %s; retry %d of %d", self.bucket, spec.key,
+                 rng.offset, rng.end - 1, why, attempt, self.attempts - 1)
+        time.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
