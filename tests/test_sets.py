@@ -100,6 +100,37 @@ def test_four_members_sharing_a_ptd_store_it_once_in_the_bucket(s3env, here_fs):
     assert again.removed == [] and bucket_bytes(s3env, "llm/v3/") == held
 
 
+def _settled_used(path: Path) -> int:
+    """statvfs used bytes once XFS has finished its background frees (three equal reads)."""
+    import time
+
+    os.sync()
+    last, same = None, 0
+    while same < 3:
+        st = os.statvfs(path)
+        now = (st.f_blocks - st.f_bfree) * st.f_frsize
+        same, last = (same + 1, now) if now == last else (0, now)
+        time.sleep(0.05)
+    return last
+
+
+def test_four_members_fetched_onto_xfs_hold_the_foundation_once(s3env, here_fs, make_fs):
+    # Target (a) on disk: fetched side by side, the four members and the store take one
+    # foundation and four own files (clones share the store's extents), where four
+    # programs fetched apart take the foundation four times.
+    members = four_members(here_fs)
+    publish(members, s3env)
+    mnt = make_fs("xfs", 300)
+    before = _settled_used(mnt)
+    for name in NAMES:
+        got = fetch_set(url_of(s3env), mnt / name, name, endpoint_url=s3env.endpoint.url)
+        assert got.placed == {"clone": SHARED + OWN}, got.placed
+    grew = _settled_used(mnt) - before
+    assert SHARED + 4 * OWN <= grew <= SHARED + 4 * OWN + MiB, grew
+    for name in NAMES:
+        assert (mnt / name / "foundation.ptd").read_bytes() == members[name][1].read_bytes()
+
+
 def _s3(s3env):
     from trtet_store.remote.s3 import S3
 

@@ -5,7 +5,7 @@ and what its engines need as ``--needs NAME KEY=VALUE,...``; ``fetch-set``
 picks the member for this machine (or ``--member``), with
 ``--compute-capability``/``--tensorrt`` to say what the machine is instead of
 asking it. Both print what was shared: bytes uploaded and present already,
-bytes downloaded, in the store already, and placed (clone, copy, link).
+bytes downloaded, in the store already, and placed (clone, move, copy, link).
 """
 
 from __future__ import annotations
