@@ -14,12 +14,12 @@ downloaded the proxy's count, never a clock.
 from __future__ import annotations
 
 import os
-import random
 import stat
 from pathlib import Path
 
 import pytest
 import xxhash
+from sets_helpers import write
 
 import trtet_store.sets.fetch as fetch_mod
 import trtet_store.sets.store as store_mod
@@ -31,12 +31,6 @@ from trtet_store.testing.proxy import CountingProxy
 FOUNDATION = 4 * MiB  # foundation.ptd, in every member
 OWN = 256 * 1024 + 7  # each member's lora.pte
 MEMBERS = "abcd"
-
-
-def write(path: Path, size: int, seed: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(random.Random(seed).randbytes(size))
-    return path
 
 
 def io_counts() -> dict[str, int]:

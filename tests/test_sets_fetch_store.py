@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-import xxhash
+from sets_helpers import write, xxh
 
 from trtet_store.io import VerificationError
 from trtet_store.io.units import MiB
@@ -27,16 +26,6 @@ from trtet_store.testing.proxy import CountingProxy
 
 SHARED = 6 * MiB  # foundation.ptd, in every member
 OWN = 2 * MiB + 4321  # each member's model.pte
-
-
-def write(path: Path, size: int, seed: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(random.Random(seed).randbytes(size))
-    return path
-
-
-def xxh(path: Path) -> str:
-    return xxhash.xxh3_128(path.read_bytes()).hexdigest()
 
 
 def url_of(s3, prefix: str = "llm/v3/") -> str:
