@@ -20,6 +20,7 @@ from sets_helpers import write, xxh
 
 from trtet_store.io import VerificationError
 from trtet_store.io.units import MiB
+from trtet_store.remote import FetchVerificationError
 from trtet_store.remote.upload.config import PublishConfig
 from trtet_store.sets import fetch_set, publish_set, verify_member
 from trtet_store.testing.proxy import CountingProxy
@@ -111,6 +112,40 @@ def test_a_store_blob_changed_in_place_is_refused_and_nothing_is_placed(s3env, h
     before = rchar()
     fetch_set(url_of(s3env), mnt / "c", "b", link=link, endpoint_url=s3env.endpoint.url)
     assert rchar() - before <= (SHARED + OWN if how == "copy" else 0) + 2 * MiB
+
+
+def test_a_store_blob_written_while_it_is_linked_into_place_is_caught(s3env, here_fs,
+                                                                      make_fs, monkeypatch):
+    # The state: link=True placed the store's blob under the member's name (one inode),
+    # and the blob is written before the placement's last check. Our own link changes
+    # only the blob's ctime, so that check seals it again, but only when the rest of its
+    # identity is still the sealed one; a write changed its mtime too, so the placed file
+    # is read back and refused, and the store's seal never vouches for the new bytes.
+    import trtet_store.sets.fetch as fetch_module
+
+    members = two_members(s3env, here_fs)
+    mnt = make_fs("ext4", 64)
+    fetch_set(url_of(s3env), mnt / "a", "a", endpoint_url=s3env.endpoint.url,
+              placements=["copy"])  # the blob stays in the store
+    blob = mnt / ".trtet-blobs" / xxh(members["a"][1])
+    real_place = fetch_module.place_files
+
+    def place_then_write(*args, **kwargs):
+        placed = real_place(*args, **kwargs)
+        time.sleep(0.01)  # another mtime tick than the link's
+        with open(blob, "r+b") as f:  # a writer of the store, mid-fetch (root: 0444 or not)
+            f.seek(SHARED // 2)
+            f.write(b"\xff" * 16)
+        return placed
+
+    monkeypatch.setattr(fetch_module, "place_files", place_then_write)
+    with pytest.raises(FetchVerificationError, match="changed while it was placed"):
+        fetch_set(url_of(s3env), mnt / "b", "b", link=True, endpoint_url=s3env.endpoint.url)
+    monkeypatch.setattr(fetch_module, "place_files", real_place)
+    # The store's seal still names the checked identity: the changed blob is refused at
+    # its next use, not served.
+    with pytest.raises(VerificationError, match="changed since it was checked"):
+        fetch_set(url_of(s3env), mnt / "c", "b", link=True, endpoint_url=s3env.endpoint.url)
 
 
 # --- 3. fetch's rule: a .ptd another .pte of the directory needs ---------------------------------
