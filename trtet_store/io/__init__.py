@@ -50,6 +50,7 @@ from trtet_store.io.names import (
 )
 from trtet_store.io.options import UNSET, Progress, WriteOptions, merge_options
 from trtet_store.io.orphans import Orphan
+from trtet_store.io.owned import NotOursError, open_ours, ours_problem, read_fd_capped, read_ours
 from trtet_store.io.records import DamagedRecordsError, RecordFile, read_records
 from trtet_store.io.recovery import recover
 from trtet_store.io.safedir import (
@@ -76,6 +77,10 @@ from trtet_store.io.writer import (
 )
 
 __all__ = [
+    "open_ours",
+    "ours_problem",
+    "read_fd_capped",
+    "read_ours",
     "AutoChunk",
     "Blob",
     "BlobChangedError",
@@ -117,6 +122,7 @@ __all__ = [
     "PlacementRecord",
     "Progress",
     "RecordFile",
+    "NotOursError",
     "SafeDir",
     "UnsafeDirectoryError",
     "UnsafeLockFileError",
