@@ -27,7 +27,7 @@ from pathlib import Path
 import xxhash
 
 from trtet_store.io import fs, names
-from trtet_store.io.errors import IncompleteJournal, JournalError
+from trtet_store.io.errors import IncompleteJournal, JournalError, UnsafeLockFileError
 from trtet_store.io.lock import lock_the_file_at, release, try_lock
 from trtet_store.io.owned import NotOursError, open_ours, ours_problem, read_fd_capped
 from trtet_store.io.safedir import directory_problem
@@ -255,7 +255,10 @@ class Journal:
             pass
         # A recovery that held the lock before us removes the journal before
         # unlocking it: try_lock refuses the lock of a deleted file.
-        fd = try_lock(path, create=False)
+        try:
+            fd = try_lock(path, create=False)
+        except UnsafeLockFileError:  # swapped for a link or a FIFO since the check
+            raise NotOursError(path, "a symbolic link or not a regular file", WHAT) from None
         if fd is None:
             return None
         try:
