@@ -60,7 +60,9 @@ def test_recover_names_and_discards_a_killed_fetch_sets_download_in_the_store(s3
     assert done.returncode == 0, done.stderr
     line = (f"interrupted download of a killed fetch-set in the set store {store}: blob "
             f"{xxh(shared)} from {url}blobs/{xxh(shared)} (2.0 of 6.0 MiB staged, since ")
-    (found,) = [ln for ln in done.stdout.splitlines() if ln.startswith(line)]
+    named = [ln for ln in done.stdout.splitlines() if ln.startswith(line)]
+    assert len(named) == 1, done.stdout
+    found = named[0]
     assert re.search(r"resume: run the same `trtet-store fetch-set` again \(it downloads only "
                      r"what is missing\); discard: trtet-store recover \S+ --discard-fetches$",
                      found), found
