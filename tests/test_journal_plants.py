@@ -326,3 +326,44 @@ def test_a_fifo_or_deep_json_under_other_names_never_fails_a_write(top, caplog):
     after = state(shared)
     del after[os.fspath(dest)]
     assert after == before
+
+
+def test_a_journal_of_ours_whose_temp_is_not_named_for_its_token_is_not_replayed(top):
+    """root's own journal, rolling back, whose temp file is root's other program: a rollback
+    deletes its temp files, so replaying it would delete that program."""
+    shared = shared_dir(top)
+    dest, other = shared / "model.pte", shared / "report.pte"
+    other.write_bytes(b"root's other program\n" * 30)
+    plan = Plan(token=T1, outputs=[OutputPlan(dest=os.fspath(dest), temp=os.fspath(other),
+                                              backup=None, size=other.stat().st_size)])
+    path = journal_path(dest, T1)
+    path.write_bytes(journal_text(plan, ROLLING_BACK))
+    before = state(shared)
+
+    write_file(dest, [PROGRAM])
+    outcomes = recover(shared)
+    assert [(o.journal, o.action, o.detail) for o in outcomes] == [
+        (path, "not ours", f"its plan names the temp file {other}, not {dest}'s for its "
+         "token; left alone")]
+    after = state(shared)
+    del after[os.fspath(dest)]
+    assert after == before
+
+
+def test_recover_leaves_another_users_files_at_temp_and_lock_names_alone(top):
+    """A temp name whose journal is gone and an unheld lock file are strays when they are
+    ours; another user's at those names are theirs (root could remove them in a sticky
+    directory, and must not)."""
+    shared = shared_dir(top)
+    theirs = [shared / f".notes.txt.trtet-{T1}.tmp", shared / f".notes.txt.trtet-{T2}.old",
+              lock_path_of(shared / "b.pte")]
+    for path in theirs:
+        plant(path, b"another user's file\n")
+    ours = [shared / f".mine.pte.trtet-{T3}.tmp", lock_path_of(shared / "mine.pte")]
+    for path in ours:
+        path.write_bytes(b"")
+    before = state(shared)
+
+    removed = sorted(o.journal for o in recover(shared) if o.action == "removed stray")
+    assert removed == sorted(ours)
+    assert state(shared) == {k: v for k, v in before.items() if Path(k) not in ours}
