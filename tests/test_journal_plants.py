@@ -367,3 +367,21 @@ def test_recover_leaves_another_users_files_at_temp_and_lock_names_alone(top):
     removed = sorted(o.journal for o in recover(shared) if o.action == "removed stray")
     assert removed == sorted(ours)
     assert state(shared) == {k: v for k, v in before.items() if Path(k) not in ours}
+
+
+def test_a_plan_too_big_for_recovery_to_read_is_never_written(tmp_path):
+    """Recovery reads at most JOURNAL_LIMIT bytes; a write whose plan could outgrow that (its
+    amend lines repeat a payload's plan) is refused before its journal exists."""
+    from trtet_store.io.journal import Journal
+
+    dest = tmp_path / "model.pte"
+    digests = list(range(1 << 62, (1 << 62) + JOURNAL_LIMIT // 40))  # ~20 bytes of JSON each
+    plan = Plan(token=T1, outputs=[OutputPlan(
+        dest=os.fspath(dest), temp=os.fspath(temp_path(dest, T1)), backup=None, size=1 << 40,
+        payloads=[PayloadPlan(source=os.fspath(tmp_path / "a.blob"), offset=0, size=1 << 40,
+                              placement="move", reason="", chunk_size=1 << 20,
+                              chunk_digests=digests, consumed=True)])])
+    assert len(plan.to_json()) > JOURNAL_LIMIT // 2
+    with pytest.raises(OSError, match="over the 8388608 a journal may start with"):
+        Journal.create(journal_path(dest, T1), plan)
+    assert os.listdir(tmp_path) == []
