@@ -385,3 +385,25 @@ def test_a_plan_too_big_for_recovery_to_read_is_never_written(tmp_path):
     with pytest.raises(OSError, match="over the 8388608 a journal may start with"):
         Journal.create(journal_path(dest, T1), plan)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_missing_source_directory_counts_only_under_a_directory_of_ours(top):
+    """A staging directory deleted since is fine under the journal's directory; one under a
+    team's group-writable directory is not (anyone there could make it before the replay)."""
+    shared = shared_dir(top)
+    team = top / "team"
+    team.mkdir()
+    os.chmod(team, 0o2775)
+    dest = shared / "model.pte"
+    for token, gone in ((T1, shared / ".trtet-staging"), (T2, team / "staging")):
+        plan = Plan(token=token, outputs=[OutputPlan(
+            dest=os.fspath(dest), temp=os.fspath(temp_path(dest, token)), backup=None, size=9,
+            payloads=[move(gone / "0123456789abcdef-1.blob", 9, placement="insert")])])
+        journal_path(dest, token).write_bytes(journal_text(plan, ROLLING_BACK))
+    outcomes = {o.journal: o for o in recover(shared)}
+    assert outcomes[journal_path(dest, T1)].action == "rolled back"
+    assert outcomes[journal_path(dest, T2)].action == "not ours"
+    assert outcomes[journal_path(dest, T2)].detail == (
+        f"its plan names the source {team}/staging/0123456789abcdef-1.blob, outside {shared} "
+        "and any directory of ours; left alone")
+    assert os.listdir(team) == []
