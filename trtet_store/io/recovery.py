@@ -105,6 +105,13 @@ def recover(directory: os.PathLike | str, *, abandon: bool = False) -> list[Outc
     block new writes of its destination once it is rolling back. It stays
     until ``abandon=True`` gives it up.
 
+    A journal that is not ours is reported ``"not ours"`` and left alone, never read
+    past its owner check nor acted on: another user's, a link, a FIFO, one over
+    :data:`~trtet_store.io.journal.JOURNAL_LIMIT` bytes, or one whose plan names a path
+    that no write of ours there would (outside its directory and our own directories,
+    or a temp, backup or pin not named for its token). So is another user's file at a
+    temp or lock name: never removed as a stray.
+
     It also reports, without touching them, the staged blobs of dead stores
     (orphans) in ``directory``, in the directories of the blobs the
     recovered writes used, and in ``directory/.trtet-staging``: they are
