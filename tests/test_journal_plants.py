@@ -407,3 +407,27 @@ def test_a_missing_source_directory_counts_only_under_a_directory_of_ours(top):
         f"its plan names the source {team}/staging/0123456789abcdef-1.blob, outside {shared} "
         "and any directory of ours; left alone")
     assert os.listdir(team) == []
+
+
+def test_a_journal_the_writer_may_not_even_read_never_blocks_its_write(top):
+    """Not root: uid 65534 writes in a 1777 directory where another user (root here) left a
+    0600 journal under its destination's journal name. Unreadable, it is another's, not a
+    reason to refuse: the write goes ahead; recover reports it and leaves it."""
+    shared = shared_dir(top)
+    dest = shared / "model.pte"
+    path = journal_path(dest, T1)
+    path.write_bytes(b"{}\n")
+    os.chmod(path, 0o600)
+    before = state(shared)
+
+    def write_and_recover() -> None:
+        write_file(dest, [PROGRAM])
+        (outcome,) = recover(shared)
+        assert (outcome.journal, outcome.action, outcome.detail) == (
+            path, "not ours", f"owned by uid 0, not by uid {NOBODY}; left alone")
+
+    as_nobody(write_and_recover)
+    assert dest.read_bytes() == PROGRAM and dest.stat().st_uid == NOBODY
+    after = state(shared)
+    del after[os.fspath(dest)]
+    assert after == before

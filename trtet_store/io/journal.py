@@ -251,8 +251,20 @@ class Journal:
         # Checked before the lock, so another user's file is never locked (nor
         # opened for writing); and again on the locked descriptor, which is the
         # one read (the name may have been swapped in between).
-        with open_ours(path, limit=JOURNAL_LIMIT, what=WHAT):
-            pass
+        try:
+            with open_ours(path, limit=JOURNAL_LIMIT, what=WHAT):
+                pass
+        except PermissionError as exc:  # one we may not even read: whose is it?
+            if isinstance(exc, NotOursError):
+                raise
+            try:
+                uid = os.lstat(path).st_uid
+            except OSError:
+                raise exc from None
+            if uid == os.geteuid():
+                raise
+            raise NotOursError(path, f"owned by uid {uid}, not by uid {os.geteuid()}",
+                               WHAT) from None
         # A recovery that held the lock before us removes the journal before
         # unlocking it: try_lock refuses the lock of a deleted file.
         try:
