@@ -202,9 +202,8 @@ def test_cli_publish_set_refuses_a_dotfile_program(s3env, tmp_path):
 
 
 def test_a_set_manifest_over_the_cap_is_refused_before_its_body_is_read(s3env, tmp_path):
-    body = b"{" + b" " * (SET_MAX_BYTES + MiB) + b"}"
+    body = b"{" + b" " * (17 * MiB) + b"}"  # bigger than thousands of members need
     s3env.client.put_object(Bucket=s3env.bucket, Key="big/" + SET_KEY, Body=body)
-    assert 16 * MiB >= SET_MAX_BYTES
     with CountingProxy.for_url(s3env.endpoint.url) as px, pytest.raises(ManifestError) as err:
         fetch_set(f"s3://{s3env.bucket}/big/", tmp_path / "d", "a",
                   endpoint_url=px.endpoint_url)
@@ -282,3 +281,23 @@ def test_a_directory_swapped_on_a_references_path_never_redirects_the_copy(
         assert rep.bytes_downloaded == OWN
     # a's own file, now under the name nobody gave it, is unchanged.
     assert (fake / "foundation.ptd").read_bytes() == foundation
+
+
+def test_a_reference_is_recorded_only_for_the_inode_moved_there(s3env, lora, make_fs):
+    """refer() after the placement: a name that leads to another file (a directory on its
+    path swapped between the rename and the record) records nothing."""
+    url, foundation, _ = lora
+    mnt = make_fs("ext4", 64)
+    store = mnt / "store"
+    fetch_set(url, mnt / "a", "a", store=store, endpoint_url=s3env.endpoint.url)
+    cas = store_mod.ContentStore(store)
+    d = xxhash.xxh3_128(foundation).hexdigest()
+    placed = os.lstat(mnt / "a" / "foundation.ptd")
+    other = write(mnt / "x" / "foundation.ptd", FOUNDATION, 9)
+    assert not cas.refer(d, other, (placed.st_dev, placed.st_ino))
+    assert cas.reference(d, FOUNDATION) is None
+    link = mnt / "x" / "link.ptd"
+    link.symlink_to(mnt / "a" / "foundation.ptd")
+    assert not cas.refer(d, link, (placed.st_dev, placed.st_ino))
+    assert cas.refer(d, mnt / "a" / "foundation.ptd", (placed.st_dev, placed.st_ino))
+    assert cas.reference(d, FOUNDATION) == mnt / "a" / "foundation.ptd"

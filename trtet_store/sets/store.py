@@ -244,13 +244,15 @@ class ContentStore:
         recorded (a directory on the path swapped meanwhile leads elsewhere:
         then nothing is recorded, and a later member downloads the blob). The
         store keeps no bytes of it; :meth:`take_reference` trusts the file
-        while its identity is this one. True when recorded.
+        while its identity is this one. True when recorded; otherwise any seal
+        of the blob is dropped (the blob is downloaded again when next needed).
         """
         path = Path(path).absolute()
         try:
             fd = os.open(path, _REF_FLAGS)
         except OSError as exc:
             log.warning("%s: not recorded as blob %s (%s)", path, digest, exc.strerror)
+            self._drop(digest)
             return False
         try:
             st = os.fstat(fd)
@@ -259,6 +261,7 @@ class ContentStore:
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != tuple(inode):
             log.warning("%s: not the file blob %s was moved to (a directory on its path "
                         "changed?); not recorded as a reference", path, digest)
+            self._drop(digest)
             return False
         doc = {"xxh3": digest, "size": st.st_size, "identity": list(file_identity(st)),
                "ref": os.fspath(path)}
