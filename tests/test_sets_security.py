@@ -301,3 +301,28 @@ def test_a_reference_is_recorded_only_for_the_inode_moved_there(s3env, lora, mak
     assert not cas.refer(d, link, (placed.st_dev, placed.st_ino))
     assert cas.refer(d, mnt / "a" / "foundation.ptd", (placed.st_dev, placed.st_ino))
     assert cas.reference(d, FOUNDATION) == mnt / "a" / "foundation.ptd"
+
+
+def test_a_file_another_user_put_back_with_the_recorded_bytes_is_never_removed(
+        s3env, here_fs, make_fs):
+    """Our own record names foundation.ptd; root removed it, and nobody put a file of the
+    same bytes back under that name in the 1777 directory. Root's fetch of a member that
+    does not name it removes only root's files: nobody's stays."""
+    src = here_fs / "src"
+    ptd = write(src / "foundation.ptd", 70_000, 1)
+    members = {"a": [write(src / "a" / "a.pte", 5000, 2), ptd],
+               "c": [write(src / "c" / "c.pte", 6000, 3)]}
+    url = f"s3://{s3env.bucket}/own/"
+    publish_set(members, url, endpoint_url=s3env.endpoint.url,
+                config=PublishConfig(journal_dir=s3env.journal_dir))
+    mnt = make_fs("ext4", 64)
+    shared = scratch(mnt)
+    fetch_set(url, shared, "a", store=mnt / "store", endpoint_url=s3env.endpoint.url)
+    (shared / "foundation.ptd").unlink()
+    data = ptd.read_bytes()
+    as_nobody(lambda: (shared / "foundation.ptd").write_bytes(data))
+    before = (digest(shared / "foundation.ptd"), owner_mode(shared / "foundation.ptd"))
+    rep = fetch_set(url, shared, "c", store=mnt / "store", endpoint_url=s3env.endpoint.url)
+    assert rep.removed == [os.fspath(shared / "a.pte")]  # root's own, as recorded
+    assert (digest(shared / "foundation.ptd"), owner_mode(shared / "foundation.ptd")) == before
+    assert owner_mode(shared / "foundation.ptd")[0] == NOBODY
