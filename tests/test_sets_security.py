@@ -326,3 +326,18 @@ def test_a_file_another_user_put_back_with_the_recorded_bytes_is_never_removed(
     assert rep.removed == [os.fspath(shared / "a.pte")]  # root's own, as recorded
     assert (digest(shared / "foundation.ptd"), owner_mode(shared / "foundation.ptd")) == before
     assert owner_mode(shared / "foundation.ptd")[0] == NOBODY
+
+
+def test_the_clean_up_removes_only_names_a_member_file_may_have(tmp_path):
+    """A record of ours written before the closed name set (an older trtet_store that took
+    a bucket writer's `.bashrc` as a program) still removes only .pte and .ptd names."""
+    from trtet_store.sets.record import remove_unlisted
+
+    files = {n: write(tmp_path / n, 300 + i, i)
+             for i, n in enumerate([".bashrc", "authorized_keys", "x.ptd", "old.pte"])}
+    old = {"format": FORMAT, "chunk_size": MiB,
+           "files": [{"name": n, "size": p.stat().st_size, "xxh3": digest(p)}
+                     for n, p in files.items()]}
+    removed = remove_unlisted(tmp_path, old, set())
+    assert sorted(removed) == sorted(os.fspath(tmp_path / n) for n in ("x.ptd", "old.pte"))
+    assert files[".bashrc"].exists() and files["authorized_keys"].exists()

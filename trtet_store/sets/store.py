@@ -36,23 +36,31 @@ it, so after K members the disk holds K copies, and a first ``fetch_set``
 writes each byte once, as ``fetch`` does.
 
 A later member (another set too) that needs the blob: the store's own
-file if it holds one (as on XFS); else the referenced file, when its
-identity is still the recorded one (one ``lstat``), is copied into the
-store (:meth:`ContentStore.take_reference`), and ``lstat``-ed again after
-the copy: unchanged, the copy is the sealed bytes (any write in between
-changes its mtime and ctime), sealed without a read and moved into the new
-member in turn (the reference follows it); changed, the copy is discarded
-and the blob downloaded. A reference whose file is gone or changed (an
-in-place write, ExecuTorch's ``save`` truncating it) is dropped, logged at
-INFO, and the blob downloaded again; the member's file is its own and is
-never touched. A blob the store held before this fetch (an older store, a
-``link=True`` or XFS-era fetch, one completed by a killed fetch) stays in
-the store and is copied, as before. A store on another filesystem than the
-destination keeps today's copy (a rename cannot reach). In this mode a
-fetch holds its member's blob locks (in digest order) until its references
-are written, so no other process copies from the store's name while the
-blob leaves it; a transaction that fails gives the blob back to its store
-name.
+file if it holds one (as on XFS); else the referenced file is opened once
+(``O_NOFOLLOW | O_NONBLOCK``), its identity checked by ``fstat`` on that
+descriptor against the recorded one, and copied into the store from that
+same descriptor (:meth:`ContentStore.take_reference`): a directory on its
+path renamed or swapped (``renameat2(RENAME_EXCHANGE)``) leads the open to
+another inode, which is refused, and cannot redirect a copy already open.
+The descriptor's identity is checked again after the copy: unchanged, the
+copy is the sealed bytes (any write in between changes its mtime and
+ctime), sealed without a read and moved into the new member in turn (the
+reference follows it); changed, the copy is discarded and the blob
+downloaded. A reference is recorded only for the very inode the blob was
+moved to (its device and inode in the store before the move), taken by
+``fstat`` on the placed name opened without following a link. Seals are
+read under the one rule (:func:`~trtet_store.io.read_ours`).
+
+A reference whose file is gone or changed (an in-place write, ExecuTorch's
+``save`` truncating it) is dropped, logged at INFO, and the blob downloaded
+again; the member's file is its own and is never touched. A blob the store
+held before this fetch (an older store, a ``link=True`` or XFS-era fetch,
+one completed by a killed fetch) stays in the store and is copied, as
+before. A store on another filesystem than the destination keeps today's
+copy (a rename cannot reach). In this mode a fetch holds its member's blob
+locks (in digest order) until its references are written, so no other
+process copies from the store's name while the blob leaves it; a
+transaction that fails gives the blob back to its store name.
 
 **Two processes, one store.** A blob is downloaded under its own lock,
 ``.trtet-seals/<hex>.lock`` (an exclusive ``flock``, waited for; removed by
