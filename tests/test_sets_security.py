@@ -102,6 +102,8 @@ def test_a_planted_set_record_removes_nothing(s3env, lora, make_fs, caplog):
     with caplog.at_level(logging.WARNING, logger="trtet_store"):
         rep = fetch_set(url, shared, "a", store=mnt / "store", endpoint_url=s3env.endpoint.url)
     assert rep.removed == []
+    assert rep.left_alone == [f"set record {shared / RECORD} is not ours: owned by uid 65534, "
+                              "not by uid 0; left alone"]
     assert {p: (digest(p), owner_mode(p)) for p in (mine, theirs)} == before
     lines = [r.getMessage() for r in caplog.records if RECORD in r.getMessage()]
     assert any("is not ours: owned by uid 65534" in m and "left alone" in m for m in lines), lines
@@ -110,6 +112,34 @@ def test_a_planted_set_record_removes_nothing(s3env, lora, make_fs, caplog):
     assert (shared / "lora.pte").read_bytes() == members["a"][0].read_bytes()
     assert (shared / "foundation.ptd").read_bytes() == foundation
     assert os.lstat(shared / RECORD).st_uid == 0 and verify_member(shared).ok
+
+
+def test_cli_fetch_set_says_in_one_line_that_a_planted_record_is_left_alone(
+        s3env, lora, make_fs):
+    url, foundation, _ = lora
+    mnt = make_fs("ext4", 64)
+    shared = scratch(mnt)
+    mine = write(shared / "other.pte", 5000, 1)
+
+    def plant() -> None:
+        doc = {"format": FORMAT, "version": 1, "set": url, "member": "a", "set_version": "x",
+               "chunk_size": MiB, "files": [{"name": "other.pte", "size": 5000,
+                                             "xxh3": digest(mine), "chunks": []}]}
+        (shared / RECORD).write_text(json.dumps(doc))
+
+    as_nobody(plant)
+    before = (digest(mine), owner_mode(mine))
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtet_store.cli", "fetch-set", url, os.fspath(shared),
+         "--member", "a", "--store", os.fspath(mnt / "store"),
+         "--endpoint-url", s3env.endpoint.url],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if RECORD in ln]
+    assert lines == [f"trtet-store fetch-set: set record {shared / RECORD} is not ours: "
+                     "owned by uid 65534, not by uid 0; left alone"], proc.stderr
+    assert (digest(mine), owner_mode(mine)) == before
+    assert (shared / "foundation.ptd").read_bytes() == foundation
 
 
 @pytest.mark.timeout(60)

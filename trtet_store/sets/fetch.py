@@ -242,7 +242,7 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
     t1 = time.monotonic()
     report.seconds_download = t1 - t0
     record = record_bytes(where, member, version, entry, manifest.chunk_size)
-    previous = read_record(target)
+    previous = read_record(target, report.left_alone)
     # Each blob is the set's bytes before anything is placed from it: its seal (one
     # stat: checked when it was downloaded), else read once (refused if changed).
     for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:

@@ -71,17 +71,21 @@ def _read(path: Path) -> bytes:
     return read_ours(path, limit=RECORD_MAX_BYTES, what=WHAT)
 
 
-def read_record(directory: os.PathLike | str) -> dict[str, Any] | None:
+def read_record(directory: os.PathLike | str,
+                left_alone: list[str] | None = None) -> dict[str, Any] | None:
     """The record beside a member's files, or None where there is none (or none readable).
 
     A record we did not make (another user's, a link, a FIFO, too big) is
-    reported in one line at WARNING and ignored: nothing is removed by it.
+    reported in one line (logged at WARNING, and appended to ``left_alone``
+    when given) and ignored: nothing is removed by it.
     """
     path = Path(directory) / RECORD
     try:
         doc = loads(_read(path), "the member record")
     except NotOursError as exc:
         log.warning("%s", exc)
+        if left_alone is not None:
+            left_alone.append(str(exc))
         return None
     except (OSError, ValueError):
         return None
