@@ -174,6 +174,8 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
         return 1
     except (KeyboardInterrupt, RemoteError, OSError) as exc:
         return report_error(exc, "fetch-set", out=args.out)
+    for line in report.left_alone:  # a file we did not make: said, never acted on
+        print(f"{prefix}: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0
