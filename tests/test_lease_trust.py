@@ -274,3 +274,27 @@ def test_a_64_mib_lease_is_not_read(env: Any, caplog: Any, keys: bool) -> None:
             assert clock.sleeps == 5  # five looks after the first, none read its body
     finally:
         got.release()
+
+
+def test_an_ignored_lease_rewritten_before_every_takeover_ends_at_the_deadline(
+        env: Any, caplog: Any) -> None:
+    """The bucket writer wins every race: each takeover of its unsigned lease is refused (412,
+    answered by the proxy). The waiter pauses a poll between tries, never spins, and stops at
+    its deadline."""
+    from conditions_proxy import ConditionsProxy
+
+    _put(env, _forged(env, "unsigned", 1))
+    e = env.endpoint
+    with ConditionsProxy(e.url, access_key=e.access_key, secret_key=e.secret_key,
+                         region=e.region) as px:
+        px.fail_next(f"/{LKEY}", 412, "PreconditionFailed", times=200)
+        clock = TestClock()
+        waiter = _tier(env, "w", clock, endpoint=px.url, ttl=40.0)  # a poll of 10 s
+        with caplog.at_level(logging.INFO, "trtet_store"), \
+                pytest.raises(LeaseWaitTimeout, match="waited 60 s for the build lease"):
+            waiter.claim(KEY, timeout=60)
+        tries = [s for s in px.seen(f"/{LKEY}") if s.method == "PUT"]
+    assert clock.t == pytest.approx(60) and clock.sleeps == 6, (clock.t, clock.sleeps)
+    assert len(tries) == 7, tries  # at 0, 10, ... 60 s: one a poll
+    assert len(_warnings(caplog, "ignored the build lease")) == 1
+    assert json.loads(_get(env))["holder"] == "f" * 32  # the writer's, never replaced
