@@ -98,6 +98,11 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
                 new = put(tier.s3, tier.bucket, lkey, body(), if_match=got.etag)
             except PreconditionFailed:
                 watch.forget()  # renewed, released or taken by another waiter meanwhile
+                if refused is not None:
+                    # A lease we ignore, rewritten again before our takeover: wait a poll
+                    # (never a hot loop against a bucket writer) within the deadline.
+                    clock.sleep(_pause(tier.poll, deadline, clock, timeout, key, tier.url,
+                                       doc))
                 continue
             if refused is None:
                 log.warning("%s: %s: took over the build lease of %s (pid %s), unchanged for "
@@ -106,13 +111,24 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
             return tier._acquired(key, lkey, holder, new, started)
         if on_wait is not None:
             on_wait(doc)
-        wait = tier.poll
-        if deadline is not None:
-            left = deadline - clock.monotonic()
-            if left <= 0:
-                raise LeaseWaitTimeout(
-                    f"{tier.url}: {key}: waited {timeout:g} s for the build lease of "
-                    f"{doc.get('host', 'another machine')} (pid {doc.get('pid')}); it is "
-                    "still renewed")
-            wait = min(wait, left)
-        clock.sleep(wait)
+        clock.sleep(_pause(tier.poll, deadline, clock, timeout, key, tier.url, doc))
+
+
+def _pause(poll: float, deadline: float | None, clock: Any, timeout: float | None, key: str,
+           url: str, doc: dict[str, Any]) -> float:
+    """Seconds to sleep before the next look: ``poll``, or what is left before the deadline.
+
+    Raises
+    ------
+    LeaseWaitTimeout
+        The deadline has passed.
+    """
+    if deadline is None:
+        return poll
+    left = deadline - clock.monotonic()
+    if left <= 0:
+        raise LeaseWaitTimeout(
+            f"{url}: {key}: waited {timeout:g} s for the build lease of "
+            f"{doc.get('host', 'another machine')} (pid {doc.get('pid')}); it is "
+            "still renewed")
+    return min(poll, left)
