@@ -92,4 +92,5 @@ def test_a_source_changed_while_it_is_copied_in_is_refused(where, monkeypatch):
     assert f"the file {source} no longer holds the bytes it was sealed with" in result.reason
     assert cache.get("k" * 16) is None
     assert _everything(cache_dir) == before  # no record, no blob, no seal, no temp file
-    assert len(written) == 1 and source.read_bytes() == written[0]  # the writer's bytes, left as they are
+    # The writer's bytes, left as they are.
+    assert len(written) == 1 and source.read_bytes() == written[0]
