@@ -157,3 +157,62 @@ def test_a_retried_range_asks_only_for_what_follows_its_checked_pieces(
     assert got(proxy) < total + PIECE_SIZE + manifest, got(proxy)
     assert report.bytes_downloaded < total + PIECE_SIZE
     assert sorted(os.listdir(here_fs)) == ["model.ptd", "model.pte"]
+
+
+KILLED_CHILD = r"""
+import os, signal, sys
+import boto3
+from botocore.config import Config
+import trtet_store.remote.download.staging as staging
+from trtet_store.remote.download.receive import fetch
+
+url, dest, endpoint, key, secret, after, range_size = sys.argv[1:8]
+real = staging.Staging.record
+lines = [0]
+
+
+def record(self, rng, crc):
+    real(self, rng, crc)  # written, then journaled: then killed, nothing cleaned up
+    lines[0] += 1
+    if lines[0] == int(after):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+staging.Staging.record = record
+client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key,
+                      aws_secret_access_key=secret, region_name="us-east-1",
+                      config=Config(s3={"addressing_style": "path"}))
+fetch(url, dest, client=client, concurrency=2, range_size=int(range_size))
+print("finished", flush=True)
+"""
+
+
+def test_a_fetch_killed_mid_range_keeps_its_journaled_pieces(s3, here_fs, program):
+    """SIGKILL in the writer right after its 3rd journal line: two ranges were in flight."""
+    import subprocess
+    import sys
+
+    from trtet_store.testing.proxy import CountingProxy
+
+    url, data, ptd, manifest = program
+    total = len(data) + len(ptd)
+    dest = here_fs / "model.pte"
+    ep = s3.endpoint
+    env = {**os.environ, "PYTHONPATH": os.fspath(Path(__file__).resolve().parents[1])}
+    child = subprocess.run([sys.executable, "-c", KILLED_CHILD, url, os.fspath(dest), ep.url,
+                            ep.access_key, ep.secret_key, "3", str(RANGE)],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert child.returncode == -9, (child.stdout, child.stderr[-2000:])
+    assert not dest.exists()
+    staged = journaled(dest)
+    # Three lines: whole pieces, none a whole range yet (each range is three pieces).
+    assert staged == 3 * PIECE_SIZE, spans(dest)
+    with CountingProxy.for_url(ep.url) as proxy:
+        report = fetch(url, dest, client=S3Endpoint(proxy.endpoint_url).client(),
+                       range_size=RANGE, concurrency=2)
+        body = proxy.downstream
+    assert dest.read_bytes() == data and (here_fs / "model.ptd").read_bytes() == ptd
+    assert report.bytes_resumed == staged
+    # What was missing and the manifest (and the response headers the proxy counts too).
+    assert total - staged + manifest <= body <= total - staged + manifest + 64 * 1024, body
+    assert sorted(os.listdir(here_fs)) == ["model.ptd", "model.pte"]
