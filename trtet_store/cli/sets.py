@@ -180,6 +180,8 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
                                   endpoint_url=args.endpoint_url,
                                   replace_needed=args.replace_needed)
         return report_error(exc, "fetch-set", out=args.out, resume=again)
+    for line in report.left_alone:  # a file we did not make: said, never acted on
+        print(f"{prefix}: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0

@@ -259,12 +259,13 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
     t1 = time.monotonic()
     report.seconds_download = t1 - t0
     record = record_bytes(where, member, version, entry, manifest.chunk_size)
-    previous = read_record(target)
+    previous = read_record(target, report.left_alone)
     # Each blob is the set's bytes before anything is placed from it: its seal (one
     # stat: checked when it was downloaded), else read once (refused if changed).
     for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:
         cas.check(digest, size, manifest.chunk_size, chunks)
     moves = _moves(cas, entry, fresh, manifest.chunk_size) if may_move else {}
+    inodes = {f.name: cas.inode(f.blob) for f in entry.files if f.name in moves}
     report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, None)
                                          for f in entry.files],
                                 manifest.chunk_size, link=link, placements=placements,
@@ -273,7 +274,7 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
     # The store keeps a reference to each moved blob, not its bytes.
     for f in entry.files:
         if f.name in moves:
-            cas.refer(f.blob, target / f.name)
+            cas.refer(f.blob, target / f.name, inodes[f.name])
     _check_after(cas, target, entry, manifest.chunk_size, link, moved=set(moves))
     # The previous member's files this one does not name (another member fetched into the
     # same directory, or a version that dropped a .ptd): ours by the record, so removed.
@@ -293,7 +294,7 @@ def _ptds_replaced(target: Path, entry, chunk_size: int) -> list[str]:
     A file of another size differs without a read; one of the same size is
     read only when another ``.pte`` is there to need it.
     """
-    ptds = [f for f in entry.files[1:] if f.name.endswith(".ptd")]
+    ptds = [f for f in entry.files if f.name.endswith(".ptd")]  # every name placed
     others = [p for p in target.glob("*.pte") if p.name != entry.files[0].name]
     out = []
     for f in ptds:
