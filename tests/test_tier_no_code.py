@@ -182,6 +182,9 @@ def test_a_pickled_record_in_the_local_cache_or_a_store_is_never_loaded(publishe
     assert event.outcome == "miss" and engines_in(here / "local.pte") == built
     assert "refused, never loaded: its weights entry 'evil' asks to be unpickled" in \
         (event.reason or ""), event
+    again, rebuilt = export(a, here / "local2.pte", seed=5)  # the rebuild replaced it
+    assert [e.outcome for e in again.engine_cache] == ["hit"] and rebuilt == []
+    assert engines_in(here / "local2.pte") == built and not marker.exists()
 
     # A staging store: the forged record with its engine, kept for the next export.
     store = BlobStore(here / "store")
@@ -232,6 +235,8 @@ def test_each_way_of_asking_for_code_is_refused(published):
         "aoti": archive({**base, "data/aotinductor/model/x.so": b"x"}),
         "sample inputs": archive({**base, "data/sample_inputs/model.pt": evil_inputs()}),
         "target": with_program(lambda d: node(d).update(target="torch.ops.load_library")),
+        "ops attribute": with_program(lambda d: node(d).update(
+            target="torch.ops.loaded_libraries.add")),
         "builtin": with_program(lambda d: node(d).update(target="builtins.exec")),
         "expr": with_program(lambda d: d["graph_module"]["graph"]["sym_int_values"].update(
             {"s0": {"as_expr": {"expr_str": "eval(chr(49))", "hint": None}}})),
