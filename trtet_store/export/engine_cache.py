@@ -133,7 +133,11 @@ class EngineCache:
         of them is a miss (``remote_reason`` in its events), never served,
         and, when this cache signs, replaced by its own signed build
         (``If-Match`` that entry). Default: ``TRTET_TRUSTED_KEYS``, else the
-        config file's, else none (every entry accepted).
+        config file's, else none (every entry accepted). With or without
+        keys, a build record is loaded only when it is data: one that asks
+        for pickle, custom objects or code is a miss, never loaded
+        (:mod:`.record_check`); without keys, a bucket writer can still put
+        a program and engine bytes of their choosing into your ``.pte``.
     on_wait : callable, optional
         With ``remote=``: called with a :class:`~trtet_store.cache.tier.LeaseWait`
         at each look (every 2 s) while an export waits for another machine's
