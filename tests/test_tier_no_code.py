@@ -252,3 +252,31 @@ def test_each_way_of_asking_for_code_is_refused(published):
     assert "unpickled" in said["custom_obj"] or "custom_obj_0" in said["custom_obj"]
     assert "weights_only" in said["sample inputs"]
     assert "eval" in said["expr"] and "guard code" in said["guards"]
+
+
+def test_programs_with_weights_constants_and_dynamic_shapes_are_data():
+    """What torch.export.save writes for ordinary programs passes the check (no refusal
+    of a record this package could have made): parameters (one not contiguous), a
+    buffer, a tensor constant, a dynamic dimension (its symbols in srepr form)."""
+    import torch
+
+    from trtet_store.export.record_check import record_problem
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.w = torch.nn.Parameter(torch.randn(4, 8).t())
+            self.register_buffer("b", torch.ones(4))
+            self.c = torch.randn(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x) + self.b + self.c
+            return torch.cat([y, y]) * x.shape[0] + (y @ self.w.t()).sum() * (x.shape[0] // 3)
+
+    ep = torch.export.export(M(), (torch.randn(6, 4),),
+                             dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)},))
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    assert "expr_str" in members_of(buf.getvalue())["models/model.json"].decode()
+    assert record_problem(buf.getvalue()) is None

@@ -32,10 +32,10 @@ other):
   safe unpickler), so torch's own first try cannot fail into its fallback;
 - the program's JSON: node targets only ``torch.ops.<namespace>.<op>[.<overload>]``
   (never ``torch.ops``'s own methods), ``_operator.<name>`` or ``math.<name>``;
-  symbolic expressions only of symbols, numbers, operators and sympy's shape
-  functions; no guard code; no custom objects; names and module paths only
-  letters, digits, ``_`` and ``.``; no control character but tab and newline
-  in any string.
+  symbolic expressions only of symbols (``s0``, ``Symbol('s0', integer=True)``),
+  numbers, operators and sympy's shape functions; no guard code; no custom
+  objects; names and module paths only letters, digits, ``_`` and ``.``; no
+  control character but tab and newline in any string.
 
 The alternative, a second record format (the graph as our own data, weights
 as raw tensors), would invalidate every cache and every shared tier in use;
@@ -84,7 +84,8 @@ _DOTTED = re.compile(r"[A-Za-z0-9_.]*")
 _NAME_KEYS = frozenset({"name", "parameter_name", "buffer_name", "tensor_constant_name",
                         "custom_obj_name", "user_input_name", "fqn"})
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_TOKEN = re.compile(r"\s+|[0-9]+(\.[0-9]+)?|[A-Za-z_][A-Za-z0-9_]*|\*\*|//|[<>=!]=|[-+*/%(),<>]")
+_TOKEN = re.compile(r"\s+|[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|[A-Za-z_][A-Za-z0-9_]*|\*\*|//"
+                    r"|[<>=!]=|[-+*/%(),<>&|~=]|'[a-z]{1,3}[0-9]{1,9}'")
 #: Names a symbolic expression may use besides symbols (``s0``, ``u3``, ...): sympy's
 #: shape functions (those the deserializer gives sympify) and its logic and numbers.
 _SYMPY = frozenset({
@@ -93,7 +94,10 @@ _SYMPY = frozenset({
     "IntTrueDiv", "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt",
     "RoundToInt", "RoundDecimal", "ToFloat", "Identity", "Max", "Min", "Abs", "Eq", "Ne",
     "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "floor", "ceiling", "oo", "True", "False",
-    "true", "false", "Integer", "Rational", "Float", "Piecewise", "Pow", "sqrt"})
+    "true", "false", "Integer", "Rational", "Float", "Piecewise", "Pow", "sqrt",
+    # srepr's form, as torch writes a symbol: Symbol('s77', positive=True, integer=True)
+    "Symbol", "Add", "Mul", "positive", "negative", "nonnegative", "nonpositive", "integer",
+    "real", "finite", "zero", "nonzero", "even", "odd"})
 _SYMBOL = re.compile(r"[a-z]{1,3}[0-9]{1,9}")
 
 
