@@ -132,7 +132,11 @@ def load_record(path: os.PathLike | str) -> ExportedProgram:
         data = f.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
         raise UnsafeRecordError(path, f"larger than {MAX_RECORD_BYTES} bytes")
-    problem = record_problem(data)
+    try:
+        problem = record_problem(data)
+    except Exception as exc:  # a reader's surprise is a refusal, never a load
+        problem = f"it could not be checked ({type(exc).__name__}: {exc})"
+        problem = _CONTROL.sub(" ", problem.replace("\n", " "))[:300]
     if problem is not None:
         raise UnsafeRecordError(path, problem)
     return torch.export.load(io.BytesIO(data))
