@@ -30,6 +30,7 @@ from trtet_store.export.engine_record import (
     tier_files,
 )
 from trtet_store.export.engine_staging import share_hit, stage_hit
+from trtet_store.export.record_check import UnsafeRecordError
 from trtet_store.io.units import MiB
 
 if TYPE_CHECKING:
@@ -460,6 +461,13 @@ def _served(cache: EngineCache, key: str, got: TierGet, store: BlobStore, finger
             built, events = build_from_cache(cached, store, fingerprint, verify=cache.hit_verify)
         except (ValueError, OSError) as exc:
             log.warning("engine cache %s: %s; building it again", cache.directory, exc)
+            if isinstance(exc, UnsafeRecordError):
+                # Never loaded, and never again: out of the local cache, and replaced in
+                # the tier (If-Match that entry) by the build that follows.
+                if got.entry is not None:
+                    cache.tiered.replace[key] = got.entry
+                if got.hit is not None:
+                    cache.drop_build(key, len(cached.entries), exc.problem)
             return None, None, str(exc), None
     for i, e in enumerate(events):
         e.outcome = "remote-hit"

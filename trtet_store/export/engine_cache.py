@@ -153,7 +153,11 @@ class EngineCache:
         (``If-Match`` that entry); another machine's build lease holds an
         export only when signed by one of them. Default:
         ``TRTET_TRUSTED_KEYS``, else the config file's, else none (every
-        entry accepted).
+        entry accepted). With or without keys, a build record is loaded only
+        when it is data: one that asks for pickle, custom objects or code is
+        a miss, never loaded (:mod:`.record_check`); without keys, a bucket
+        writer can still put a program and engine bytes of their choosing
+        into your ``.pte``.
     on_wait : callable, optional
         With ``remote=``: called with a :class:`~trtet_store.cache.tier.LeaseWait`
         at each look (every 2 s) while an export waits for another machine's

@@ -108,11 +108,14 @@ class CachedBuild:
         self.entries: list[dict[str, Any]] = list(record.metadata.get("engines", []))
 
     def exported_program(self) -> ExportedProgram:
-        """The recorded program, its engine nodes naming the recorded engine ids."""
-        import torch
+        """The recorded program, its engine nodes naming the recorded engine ids.
 
-        with open(self.record.path, "rb") as f:
-            return torch.export.load(f)
+        Loaded only when the record is data (:func:`.record_check.load_record`);
+        else :class:`~.record_check.UnsafeRecordError` (a ValueError: a miss).
+        """
+        from trtet_store.export.record_check import load_record
+
+        return load_record(self.record.path)
 
     def close(self) -> None:
         for hit in (self.record, *self.engines):

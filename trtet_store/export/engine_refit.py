@@ -300,6 +300,8 @@ def _refit(structure: CachedBuild, store: BlobStore, fingerprint: str, refit: Re
     written: list[int] = []
     seconds: list[float] = []
     try:
+        # The record first: one that is not data (record_check) is refused before any refit.
+        program = structure.exported_program()
         for i, (entry, hit) in enumerate(zip(structure.entries, structure.engines,
                                              strict=True)):
             start = time.monotonic()
@@ -317,7 +319,6 @@ def _refit(structure: CachedBuild, store: BlobStore, fingerprint: str, refit: Re
                 blob, engine_reuse.entry_state(entry),
                 [(tuple(shape), getattr(torch, dtype)) for shape, dtype in entry["outputs"]],
                 engine_id=entry["engine_id"]))
-        program = structure.exported_program()
         built = tensorrt.BuildResult(program, engines)
         built.record = engine_reuse._record(store, fingerprint, built)
     except BaseException:

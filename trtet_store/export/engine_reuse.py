@@ -46,6 +46,7 @@ import torch
 import xxhash
 
 from trtet_store.export import tensorrt
+from trtet_store.export.record_check import UnsafeRecordError, load_record
 from trtet_store.io import Blob, InsufficientSpaceError, Orphan
 from trtet_store.io.digests import file_identity
 from trtet_store.io.sidecar import read_meta
@@ -458,6 +459,13 @@ def reuse(store: BlobStore, fingerprint: str) -> tensorrt.BuildResult | None:
                         "they were built; that record is not used (its files are kept)",
                         fingerprint, missing)
             continue
+        try:  # checked before anything is taken: a refused record leaves all as it was
+            exported = load_record(record.orphan.path if record.orphan is not None
+                                   else record.blob.path)  # type: ignore[union-attr]
+        except UnsafeRecordError as exc:
+            log.warning("build %s: %s; that record is not used (its files are kept)",
+                        fingerprint, exc)
+            continue
         record_blob = record.take(store)
         taken: dict[str, Blob] = {}
         for entry, s in zip(wanted, found, strict=True):
@@ -465,8 +473,6 @@ def reuse(store: BlobStore, fingerprint: str) -> tensorrt.BuildResult | None:
                 taken[entry["digest"]] = s.take(store)
         blobs = [taken[entry["digest"]] for entry in wanted]
         _unkeep(store, [record_blob, *blobs])
-        with open(record_blob.path, "rb") as f:
-            exported = torch.export.load(f)
         engines_out = [tensorrt.register_engine(
             blob, entry_state(entry),
             [(tuple(shape), getattr(torch, dtype)) for shape, dtype in entry["outputs"]],

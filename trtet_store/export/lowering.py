@@ -368,10 +368,9 @@ def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any],
     elif fingerprint in by_fingerprint:
         # The same build as an earlier method's: its engines, a fresh program naming them.
         first = by_fingerprint[fingerprint]
-        import torch
+        from trtet_store.export.record_check import load_record
 
-        with open(first.record.path, "rb") as f:
-            program = torch.export.load(f)
+        program = load_record(first.record.path)
         log.info("build %s: same as an earlier method's, its %d engine(s) shared",
                  fingerprint, len(first.engines))
         return tensorrt.BuildResult(program, first.engines, first.record)
