@@ -10,6 +10,9 @@ Fixtures:
         The session's factory, for tests that need its helpers directly.
     long_run -> bool
         True under ``TRTET_LONG=1`` (``make test-long``).
+    random_budget -> int
+        Random Hypothesis examples per configuration: 25 (profile ``trtet-ci``), 2,500
+        under ``TRTET_LONG=1`` (``trtet-long``).
     s3_server / s3 / tcp_proxy
         A real S3 server (SeaweedFS, session), a fresh bucket on it per test,
         and a loopback fault proxy factory (trtet_store.testing.s3server, tests/tcp_proxy.py).
@@ -50,7 +53,15 @@ else:
     settings.register_profile(
         "trtet-long",
         parent=settings.get_profile("trtet"),
-        max_examples=2000,
+        max_examples=2500,
+    )
+    # The budget of the random (not derandomized) fuzz runs, per configuration: small on
+    # every run (new examples each time), large under TRTET_LONG=1 (the ``random_budget``
+    # fixture). The fixed, derandomized examples keep their own counts.
+    settings.register_profile(
+        "trtet-ci",
+        parent=settings.get_profile("trtet"),
+        max_examples=25,
     )
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "trtet-long" if LONG else "trtet"))
 
@@ -68,6 +79,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def long_run() -> bool:
     """Whether long variants were asked for (``TRTET_LONG=1``)."""
     return LONG
+
+
+@pytest.fixture(scope="session")
+def random_budget() -> int:
+    """Random fuzz examples per configuration: the ``trtet-ci`` profile's, ``trtet-long``'s
+    under ``TRTET_LONG=1``."""
+    from hypothesis import settings as hypothesis_settings
+
+    return hypothesis_settings.get_profile("trtet-long" if LONG else "trtet-ci").max_examples
 
 
 @pytest.fixture(scope="session")
