@@ -200,24 +200,51 @@ def s3_server() -> Iterator[Any]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def s3_watch(s3_server: Any) -> Any:
+    """The session server's health between tests (restarted once, then given up)."""
+    from trtet_store.testing.s3server import ServerWatch
+
+    return ServerWatch(s3_server)
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        item.stash[_CALL_FAILED] = True  # the s3 fixture then checks the server's write path
+
+
 @pytest.fixture
-def s3(s3_server: Any) -> Iterator[Any]:
+def s3(s3_server: Any, s3_watch: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A fresh bucket on the session's S3 server, for one test.
 
     Yields an object with ``endpoint`` (``.url``, ``.access_key``,
     ``.secret_key``, ``.region``), ``bucket``, ``client`` (a boto3 client) and
     ``server`` (``stop()``, ``start()``, ``restart()``, ``kill()``: a test may
-    stop the server mid-upload; it is running again after the test).
+    stop the server mid-upload; it is running again after the test). The
+    bucket is made with one request asked once: a server that does not answer
+    it (or, after a failed test, a write) is restarted once; if it stays bad,
+    this and every later test using it fail at once, with the server's log.
     """
     from types import SimpleNamespace
 
-    if s3_server.process is None:  # an earlier test left it stopped
-        s3_server.start()
-    bucket = s3_server.new_bucket()
+    from trtet_store.testing.s3server import S3ServerError
+
+    try:
+        bucket = s3_watch.bucket()
+    except S3ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
     yield SimpleNamespace(endpoint=s3_server.endpoint, bucket=bucket,
                           client=s3_server.endpoint.client(), server=s3_server)
     if s3_server.process is None:
         s3_server.start()
+    if request.node.stash.get(_CALL_FAILED, False):
+        s3_watch.after_failure(bucket)
 
 
 @pytest.fixture
