@@ -75,6 +75,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.root)
 
 
+# --- a guard against creep: a test over 60 s not marked slow is named at the end (print only) --
+
+#: Seconds (setup, call and teardown together) above which a test not marked ``slow`` is
+#: named (``TRTET_CREEP_SECONDS`` overrides it).
+CREEP_SECONDS = float(os.environ.get("TRTET_CREEP_SECONDS", "60"))
+_test_seconds: dict[str, float] = {}
+_marked_slow: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _test_seconds[report.nodeid] = _test_seconds.get(report.nodeid, 0.0) + report.duration
+    if "slow" in report.keywords:
+        _marked_slow.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    over = sorted(((s, n) for n, s in _test_seconds.items()
+                   if s > CREEP_SECONDS and n not in _marked_slow), reverse=True)
+    for seconds, nodeid in over:
+        terminalreporter.write_line(
+            f"WARNING: {nodeid} took {seconds:.0f} s, over {CREEP_SECONDS:.0f} s and not "
+            "marked slow: make it faster, or mark it slow (run by make test-long)", yellow=True)
+
+
 @pytest.fixture(scope="session")
 def long_run() -> bool:
     """Whether long variants were asked for (``TRTET_LONG=1``)."""
