@@ -490,3 +490,20 @@ def test_power_cut_during_recovery_loses_nothing(make_fs, fs_factory, config):
     said = Calls(1, 1, full=config == "ext4", say=False).said
     _report(f"power cut during recovery (at {said} of each recovery) on {config}", total,
             cuts.stats)
+
+
+def test_three_consecutive_offsets_cut_every_call(monkeypatch, capsys):
+    """The rotated stride leaves no call uncut over three runs, and says how to replay it."""
+    monkeypatch.setattr("test_crash_powercut.LONG", False)
+    cut: list[int] = []
+    for offset in range(STRIDE):
+        monkeypatch.setattr("test_crash_powercut.CUT_OFFSET", offset)
+        calls = Calls(4, 200, full=False)
+        assert len(calls) <= -(-197 // STRIDE)
+        cut += calls
+        assert f"TRTET_CUT_OFFSET={offset}" in calls.where("xfs: cut before call 7")
+    assert sorted(cut) == list(range(4, 201))
+    assert list(Calls(4, 200, full=True)) == list(range(4, 201))
+    monkeypatch.setattr("test_crash_powercut.LONG", True)
+    assert list(Calls(4, 200, full=False)) == list(range(4, 201))
+    assert "TRTET_CUT_OFFSET=2;" in capsys.readouterr().out
