@@ -10,6 +10,9 @@ Fixtures:
         The session's factory, for tests that need its helpers directly.
     long_run -> bool
         True under ``TRTET_LONG=1`` (``make test-long``).
+    random_budget -> int
+        Random Hypothesis examples per configuration: 25 (profile ``trtet-ci``), 2,500
+        under ``TRTET_LONG=1`` (``trtet-long``).
     s3_server / s3 / tcp_proxy
         A real S3 server (SeaweedFS, session), a fresh bucket on it per test,
         and a loopback fault proxy factory (trtet_store.testing.s3server, tests/tcp_proxy.py).
@@ -50,7 +53,15 @@ else:
     settings.register_profile(
         "trtet-long",
         parent=settings.get_profile("trtet"),
-        max_examples=2000,
+        max_examples=2500,
+    )
+    # The budget of the random (not derandomized) fuzz runs, per configuration: small on
+    # every run (new examples each time), large under TRTET_LONG=1 (the ``random_budget``
+    # fixture). The fixed, derandomized examples keep their own counts.
+    settings.register_profile(
+        "trtet-ci",
+        parent=settings.get_profile("trtet"),
+        max_examples=25,
     )
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "trtet-long" if LONG else "trtet"))
 
@@ -64,10 +75,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.root)
 
 
+# --- a guard against creep: a test over 60 s not marked slow is named at the end (print only) --
+
+#: Seconds (setup, call and teardown together) above which a test not marked ``slow`` is
+#: named (``TRTET_CREEP_SECONDS`` overrides it).
+CREEP_SECONDS = float(os.environ.get("TRTET_CREEP_SECONDS", "60"))
+_test_seconds: dict[str, float] = {}
+_marked_slow: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _test_seconds[report.nodeid] = _test_seconds.get(report.nodeid, 0.0) + report.duration
+    if "slow" in report.keywords:
+        _marked_slow.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    over = sorted(((s, n) for n, s in _test_seconds.items()
+                   if s > CREEP_SECONDS and n not in _marked_slow), reverse=True)
+    for seconds, nodeid in over:
+        terminalreporter.write_line(
+            f"WARNING: {nodeid} took {seconds:.0f} s, over {CREEP_SECONDS:.0f} s and not "
+            "marked slow: make it faster, or mark it slow (run by make test-long)", yellow=True)
+
+
 @pytest.fixture(scope="session")
 def long_run() -> bool:
     """Whether long variants were asked for (``TRTET_LONG=1``)."""
     return LONG
+
+
+@pytest.fixture(scope="session")
+def random_budget() -> int:
+    """Random fuzz examples per configuration: the ``trtet-ci`` profile's, ``trtet-long``'s
+    under ``TRTET_LONG=1``."""
+    from hypothesis import settings as hypothesis_settings
+
+    return hypothesis_settings.get_profile("trtet-long" if LONG else "trtet-ci").max_examples
 
 
 @pytest.fixture(scope="session")
@@ -180,24 +224,51 @@ def s3_server() -> Iterator[Any]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def s3_watch(s3_server: Any) -> Any:
+    """The session server's health between tests (restarted once, then given up)."""
+    from trtet_store.testing.s3server import ServerWatch
+
+    return ServerWatch(s3_server)
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        item.stash[_CALL_FAILED] = True  # the s3 fixture then checks the server's write path
+
+
 @pytest.fixture
-def s3(s3_server: Any) -> Iterator[Any]:
+def s3(s3_server: Any, s3_watch: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A fresh bucket on the session's S3 server, for one test.
 
     Yields an object with ``endpoint`` (``.url``, ``.access_key``,
     ``.secret_key``, ``.region``), ``bucket``, ``client`` (a boto3 client) and
     ``server`` (``stop()``, ``start()``, ``restart()``, ``kill()``: a test may
-    stop the server mid-upload; it is running again after the test).
+    stop the server mid-upload; it is running again after the test). The
+    bucket is made with one request asked once: a server that does not answer
+    it (or, after a failed test, a write) is restarted once; if it stays bad,
+    this and every later test using it fail at once, with the server's log.
     """
     from types import SimpleNamespace
 
-    if s3_server.process is None:  # an earlier test left it stopped
-        s3_server.start()
-    bucket = s3_server.new_bucket()
+    from trtet_store.testing.s3server import S3ServerError
+
+    try:
+        bucket = s3_watch.bucket()
+    except S3ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
     yield SimpleNamespace(endpoint=s3_server.endpoint, bucket=bucket,
                           client=s3_server.endpoint.client(), server=s3_server)
     if s3_server.process is None:
         s3_server.start()
+    if request.node.stash.get(_CALL_FAILED, False):
+        s3_watch.after_failure(bucket)
 
 
 @pytest.fixture

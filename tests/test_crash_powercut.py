@@ -18,12 +18,22 @@ built long ago); a second test leaves them as a fresh build would, only in
 the page cache, and cuts the power once the write has touched a source
 (every third call; every call under TRTET_LONG=1). A third test cuts the
 power a second time at every call of the recovery after a first cut.
+
+Every call is cut on ext4 on every run (and on XFS for the aligned layout,
+the layout whose blobs are cloned). On the other filesystems (the XFS half
+of the ``[ext4, xfs]`` tests, ``ext4-noauto_da_alloc`` and XFS unaligned) the
+power is cut at every third call from an offset that changes every day
+(``TRTET_CUT_OFFSET``, default the day of the year mod 3), so that three
+consecutive days cut every call; the offset is printed and is in every
+failure's message, to replay it (``TRTET_CUT_OFFSET=2 pytest ...``).
+``TRTET_LONG=1`` cuts every call everywhere.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import os
 from pathlib import Path
 
@@ -44,6 +54,49 @@ CONFIGS = {
     "ext4-noauto_da_alloc": ("ext4", ["noauto_da_alloc"]),
     "xfs": ("xfs", []),
 }
+
+LONG = os.environ.get("TRTET_LONG", "").strip().lower() in ("1", "true", "yes")
+#: Off the fully cut filesystems, every STRIDE-th call is cut, from CUT_OFFSET.
+STRIDE = 3
+
+
+def cut_offset() -> int:
+    """``TRTET_CUT_OFFSET`` (0, 1 or 2), or the day of the year mod 3: every call in 3 days."""
+    given = os.environ.get("TRTET_CUT_OFFSET", "").strip()
+    if given:
+        return int(given) % STRIDE
+    return datetime.date.today().timetuple().tm_yday % STRIDE
+
+
+CUT_OFFSET = cut_offset()
+
+
+class Calls:
+    """The call numbers a test cuts at, and how to replay the choice.
+
+    ``full``: every call from ``first`` to ``last``; otherwise every
+    :data:`STRIDE`-th from ``first + CUT_OFFSET`` (every call under TRTET_LONG=1).
+    """
+
+    def __init__(self, first: int, last: int, *, full: bool, say: bool = True) -> None:
+        self.full = full or LONG
+        start, step = (first, 1) if self.full else (first + CUT_OFFSET, STRIDE)
+        self.numbers = range(start, last + 1, step)
+        self.said = ("every call" if self.full else
+                     f"every {STRIDE}rd call from offset {CUT_OFFSET} (replay: "
+                     f"TRTET_CUT_OFFSET={CUT_OFFSET}; every call: TRTET_LONG=1)")
+        if say:
+            print(f"\ncutting at {self.said}: {len(self.numbers)} of {last - first + 1} calls")
+
+    def __iter__(self):
+        return iter(self.numbers)
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def where(self, text: str) -> str:
+        """``text`` for a failure message, with the replay line when not every call is cut."""
+        return text if self.full else f"{text} [{self.said}]"
 
 
 def scenario(aligned: bool = False) -> Scenario:
@@ -190,11 +243,13 @@ def test_power_cut_at_every_step_loses_nothing(make_fs, fs_factory, config, layo
     mnt = make_fs(fstype, 300, mount_options=options)
     cuts = PowerCuts(fs_factory, mnt, scenario(layout == "aligned"), sync_blobs=True)
     names = cuts.trace()
-    for n in range(1, len(names) + 1):
-        cuts.cut_at(n, f"{config}: cut before call {n} ({names[n - 1]})")
+    # Every call on ext4, and on XFS aligned (its blobs are cloned); a rotating third elsewhere.
+    calls = Calls(1, len(names), full=config == "ext4" or (config, layout) == ("xfs", "aligned"))
+    for n in calls:
+        cuts.cut_at(n, calls.where(f"{config}: cut before call {n} ({names[n - 1]})"))
     assert cuts.cut_at(None, f"{config}: cut after the write returned") == "new"
-    _report(f"power cut at every step on {config}, {layout} ({cuts.placements})",
-            len(names) + 1, cuts.stats)
+    _report(f"power cut at {calls.said} on {config}, {layout} ({cuts.placements})",
+            len(calls) + 1, cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
 
 
@@ -233,10 +288,12 @@ def test_power_cut_with_large_inline_bytes_synced_and_journaled(make_fs, fs_fact
     varying = ("fdatasync", "ftruncate", "fadvise")
     assert {k: v for k, v in extra.items() if v and k not in varying} == {
         "pwrite": 1, "fsync": 1}, (plain, names)
-    for n in range(1, len(names) + 1):
-        cuts.cut_at(n, f"{config}: commit, then cut before call {n} ({names[n - 1]})")
-    _report(f"journal commit, then power cut, at every step on {config}, large inline "
-            f"bytes synced and journaled ({cuts.placements})", len(names), cuts.stats)
+    calls = Calls(1, len(names), full=config == "ext4")
+    for n in calls:
+        cuts.cut_at(n, calls.where(f"{config}: commit, then cut before call {n} "
+                                   f"({names[n - 1]})"))
+    _report(f"journal commit, then power cut, at {calls.said} on {config}, large inline "
+            f"bytes synced and journaled ({cuts.placements})", len(calls), cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
 
 
@@ -269,10 +326,12 @@ def test_power_cut_after_a_foreign_journal_commit_loses_nothing(make_fs, fs_fact
     cuts = PowerCuts(fs_factory, mnt, scenario(False), sync_blobs=True, foreign_commit=True)
     names = cuts.trace()
     assert "move" in cuts.placements
-    for n in range(1, len(names) + 1):
-        cuts.cut_at(n, f"{config}: commit, then cut before call {n} ({names[n - 1]})")
-    _report(f"journal commit, then power cut, at every step on {config} ({cuts.placements})",
-            len(names), cuts.stats)
+    calls = Calls(1, len(names), full=config == "ext4")
+    for n in calls:
+        cuts.cut_at(n, calls.where(f"{config}: commit, then cut before call {n} "
+                                   f"({names[n - 1]})"))
+    _report(f"journal commit, then power cut, at {calls.said} on {config} "
+            f"({cuts.placements})", len(calls), cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
 
 
@@ -311,11 +370,12 @@ def test_power_cut_when_one_sync_covers_several_steps_loses_nothing(make_fs, fs_
     step = transfer.move_step(scn.write_chunk, scn.store_chunk)
     steps = sum(-(-size // step) for _, size in scn.blobs)
     assert 3 <= len(_move_steps(names)) < steps, (len(_move_steps(names)), steps)
-    for n in range(1, len(names) + 1):
-        cuts.cut_at(n, f"{config}: slow syncs, writeback held, commit, then cut before call {n} "
-                       f"({names[n - 1]})")
+    calls = Calls(1, len(names), full=config == "ext4")
+    for n in calls:
+        cuts.cut_at(n, calls.where(f"{config}: slow syncs, writeback held, commit, then cut "
+                                   f"before call {n} ({names[n - 1]})"))
     _report(f"slow syncs (several steps each), writeback held, journal commit, then power cut, "
-            f"at every step on {config}", len(names), cuts.stats)
+            f"at {calls.said} on {config}", len(calls), cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
 
 
@@ -335,11 +395,12 @@ def test_power_cut_after_a_foreign_commit_with_writeback_held_loses_nothing(make
     names = cuts.trace()
     assert "move" in cuts.placements
     assert len(_move_steps(names)) > 5  # many steps, cut in many calls
-    for n in range(1, len(names) + 1):
-        cuts.cut_at(n, f"{config}: writeback held, commit, then cut before call {n} "
-                       f"({names[n - 1]})")
-    _report(f"writeback held, journal commit, then power cut, at every step on {config}",
-            len(names), cuts.stats)
+    calls = Calls(1, len(names), full=config == "ext4")
+    for n in calls:
+        cuts.cut_at(n, calls.where(f"{config}: writeback held, commit, then cut before call {n} "
+                                   f"({names[n - 1]})"))
+    _report(f"writeback held, journal commit, then power cut, at {calls.said} on {config}",
+            len(calls), cuts.stats)
     assert cuts.stats["outputs old"] and cuts.stats["outputs new"]
 
 
@@ -414,12 +475,35 @@ def test_power_cut_during_recovery_loses_nothing(make_fs, fs_factory, config):
     }
     total = 0
     for label, at_write in first_cuts.items():
-        for m in range(1, 1000):
-            where = f"{config}: cut {label} (call {at_write}), then in recovery at call {m}"
+        # The recovery's calls: every one on ext4, a rotating third on XFS (until the
+        # recovery ends before the call chosen: then it ran uncut to its end, and was checked).
+        calls = Calls(1, 999, full=config == "ext4", say=False)
+        for m in calls:
+            where = calls.where(f"{config}: cut {label} (call {at_write}), then in recovery "
+                                f"at call {m}")
             cuts.cut_write_at(at_write, where)
             cut_happened = cuts.cut_recovery_at(m, where)
             cuts.check(where)
             total += 1
             if not cut_happened:
                 break
-    _report(f"power cut during recovery on {config}", total, cuts.stats)
+    said = Calls(1, 1, full=config == "ext4", say=False).said
+    _report(f"power cut during recovery (at {said} of each recovery) on {config}", total,
+            cuts.stats)
+
+
+def test_three_consecutive_offsets_cut_every_call(monkeypatch, capsys):
+    """The rotated stride leaves no call uncut over three runs, and says how to replay it."""
+    monkeypatch.setattr("test_crash_powercut.LONG", False)
+    cut: list[int] = []
+    for offset in range(STRIDE):
+        monkeypatch.setattr("test_crash_powercut.CUT_OFFSET", offset)
+        calls = Calls(4, 200, full=False)
+        assert len(calls) <= -(-197 // STRIDE)
+        cut += calls
+        assert f"TRTET_CUT_OFFSET={offset}" in calls.where("xfs: cut before call 7")
+    assert sorted(cut) == list(range(4, 201))
+    assert list(Calls(4, 200, full=True)) == list(range(4, 201))
+    monkeypatch.setattr("test_crash_powercut.LONG", True)
+    assert list(Calls(4, 200, full=False)) == list(range(4, 201))
+    assert "TRTET_CUT_OFFSET=2;" in capsys.readouterr().out

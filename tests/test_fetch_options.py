@@ -6,12 +6,20 @@ CLI flags, before any connection (counted by a loopback proxy). Item 19: a
 wrong endpoint port says "could not connect to host:port", in fetch's reader
 and in the publisher's :class:`~trtet_store.remote.s3.S3`, instead of a
 network blip retried and then called an interruption.
+
+A closed port answers at once, so the wrong-port tests' time was all
+backoff (botocore's between its attempts, fetch's own between its tries):
+``no_waiting`` makes every ``time.sleep`` return at once and move a virtual
+``time.monotonic`` forward instead, and records who asked, so the tests
+count the attempts and bound the time they would have waited.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +38,51 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Sleeps:
+    """Every ``time.sleep`` asked for during a test: who asked, and for how long."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, float]] = []
+        self.lock = threading.Lock()
+
+    def by(self, prefix: str) -> list[float]:
+        """The sleeps asked for by modules whose name starts with ``prefix``."""
+        return [s for who, s in self.asked if who.startswith(prefix)]
+
+    @property
+    def total(self) -> float:
+        return sum(s for _, s in self.asked)
+
+
+@pytest.fixture
+def no_waiting(monkeypatch: pytest.MonkeyPatch) -> Sleeps:
+    """``time.sleep`` returns at once; ``time.monotonic`` moves on by what was asked.
+
+    Retry loops that bound themselves by the monotonic clock (fetch's retry
+    window) see the time pass as it would have; botocore's backoff between
+    its attempts is recorded and skipped. Nothing else is changed: the
+    connections are real, refused by a real closed port.
+    """
+    sleeps = Sleeps()
+    real_monotonic = time.monotonic
+
+    def sleep(seconds: float) -> None:
+        who = sys._getframe(1).f_globals.get("__name__", "?")
+        with sleeps.lock:
+            sleeps.asked.append((who, float(seconds)))
+
+    def monotonic() -> float:
+        return real_monotonic() + sleeps.total
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(time, "monotonic", monotonic)
+    return sleeps
+
+
+#: botocore's attempts per request for the clients fetch and publish make (standard mode).
+BOTOCORE_ATTEMPTS = 5
 
 
 def listing(directory: Path) -> list[str]:
@@ -98,23 +151,29 @@ def test_the_resume_command_repeats_every_option_given():
     assert resume_command("s3://b/k", "/a b/m.pte").endswith("'/a b/m.pte'")
 
 
-def test_a_wrong_port_says_it_could_not_connect_to_host_port(s3env, here_fs):
+def test_a_wrong_port_says_it_could_not_connect_to_host_port(s3env, here_fs, no_waiting):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    start = time.monotonic()
     with pytest.raises(EndpointUnreachableError) as info:
         fetch(f"s3://{s3env.bucket}/o/model.pte", here_fs / "model.pte", endpoint_url=url)
-    took = time.monotonic() - start
     assert not isinstance(info.value, FetchInterruptedError)
     assert f"could not connect to 127.0.0.1:{port}" in str(info.value)
     assert info.value.address == f"127.0.0.1:{port}"
     assert "endpoint" in str(info.value)
     assert listing(here_fs) == []
-    # botocore's own attempts, not ours on top of them (5 x 5 connects with backoff).
-    assert took < 30, took
+    # Each of fetch's tries is botocore's attempts, backing off between them, and fetch's
+    # own backoff comes only between its tries: not a retry loop nested in another.
+    groups = "".join("b" if who.startswith("botocore") else "t" if who.startswith("trtet_store")
+                     else "?" for who, _ in no_waiting.asked).split("t")
+    assert all(len(g) <= BOTOCORE_ATTEMPTS - 1 and set(g) <= {"b"} for g in groups), \
+        no_waiting.asked
+    assert no_waiting.by("botocore"), "botocore's retries did not run"
+    # ... and bounded: what the fetch would have waited (all of its time, a closed port
+    # refusing at once) stays within the bound its wall time used to be held to.
+    assert no_waiting.total < 30, no_waiting.asked
 
 
-def test_a_wrong_port_in_the_cli_is_one_line(s3env, here_fs, capsys):
+def test_a_wrong_port_in_the_cli_is_one_line(s3env, here_fs, capsys, no_waiting):
     port = free_port()
     rc = main(["fetch", f"s3://{s3env.bucket}/o/model.pte", os.fspath(here_fs / "model.pte"),
                "--endpoint-url", f"http://127.0.0.1:{port}", "--no-progress"])
@@ -122,9 +181,11 @@ def test_a_wrong_port_in_the_cli_is_one_line(s3env, here_fs, capsys):
     assert rc == 1
     assert err.count("\n") == 1, err
     assert f"could not connect to 127.0.0.1:{port}" in err, err
+    assert no_waiting.by("botocore"), "botocore's retries did not run"
+    assert no_waiting.total < 30, no_waiting.asked
 
 
-def test_the_publishers_s3_says_it_could_not_connect_to_host_port(s3env):
+def test_the_publishers_s3_says_it_could_not_connect_to_host_port(s3env, no_waiting):
     from trtet_store.remote.s3 import S3, Transient
 
     port = free_port()
@@ -134,6 +195,9 @@ def test_the_publishers_s3_says_it_could_not_connect_to_host_port(s3env):
     assert f"could not connect to 127.0.0.1:{port}" in str(info.value)
     # Still a Transient to publish: a server gone mid-upload keeps the upload for a resume.
     assert isinstance(info.value, Transient)
+    # retries=2: botocore's two attempts, one backoff between them, none of ours on top.
+    assert len(no_waiting.by("botocore")) == 1, no_waiting.asked
+    assert no_waiting.by("trtet_store") == [], no_waiting.asked
 
 
 def test_a_server_that_goes_away_mid_fetch_is_still_an_interruption_with_its_resume(

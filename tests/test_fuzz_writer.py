@@ -298,10 +298,14 @@ def test_fuzz_writer(make_fs, config):
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_fuzz_writer_random(make_fs, config):
+def test_fuzz_writer_random(make_fs, config, random_budget):
     # New examples every run (this one found a lock leak the fixed ones miss);
-    # which faults they fire is luck, so only the invariants are checked.
-    _run(make_fs, config, DEFAULT_EXAMPLES[config], derandomize=False, check_coverage=False)
+    # which faults they fire is luck, so only the invariants are checked. The
+    # budget is the Hypothesis profile's (conftest.py): 25 a configuration on
+    # every run, 2,500 under TRTET_LONG=1; the fixed examples above are the
+    # ones that must fire the faults.
+    print(f"\nfuzz {config}: random budget {random_budget} examples")
+    _run(make_fs, config, random_budget, derandomize=False, check_coverage=False)
 
 
 @pytest.mark.slow

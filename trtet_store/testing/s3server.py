@@ -289,11 +289,36 @@ class S3Server:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 
-    def new_bucket(self, prefix: str = "t") -> str:
-        """Create a bucket with a fresh name and return the name."""
+    def new_bucket(self, prefix: str = "t", client: Any = None) -> str:
+        """Create a bucket with a fresh name (with ``client``, if given) and return the name."""
         name = f"{prefix}-{uuid.uuid4().hex[:16]}"
-        self.endpoint.client().create_bucket(Bucket=name)
+        (client or self.endpoint.client()).create_bucket(Bucket=name)
         return name
+
+    def quick_client(self) -> Any:
+        """A client that asks once (no retries) and waits briefly: for checking the server."""
+        return self.endpoint.client(retries={"max_attempts": 1}, connect_timeout=2,
+                                    read_timeout=10)
+
+    def problem(self, bucket: str | None = None) -> str | None:
+        """What is wrong with the server, or None when it answers.
+
+        Without ``bucket``: ListBuckets. With it: a one-byte PutObject in it and
+        its DeleteObject (the write path a test takes, volumes included). Each
+        request is asked once, without botocore's retries.
+        """
+        if self.process is None or self.process.poll() is not None:
+            return "weed mini is not running"
+        client = self.quick_client()
+        try:
+            if bucket is None:
+                client.list_buckets()
+            else:
+                client.put_object(Bucket=bucket, Key=PROBE_KEY, Body=b"x")
+                client.delete_object(Bucket=bucket, Key=PROBE_KEY)
+        except Exception as exc:  # noqa: BLE001 - any failure is the answer
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     def __enter__(self) -> S3Server:
         self.start()
@@ -301,6 +326,93 @@ class S3Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: The key :meth:`S3Server.problem` writes and deletes again to check the write path.
+PROBE_KEY = ".trtet-server-probe"
+
+
+class ServerWatch:
+    """Between tests: a server that stops answering is restarted once, then given up.
+
+    A SeaweedFS that starts failing (``InternalError`` to every PutObject, say)
+    made every later test wait out its retries, about a minute each, before
+    failing. :meth:`bucket` makes each test's bucket with one request asked
+    once (no retries, short timeouts): the server is checked at no extra
+    cost. :meth:`after_failure` (only when a test failed) also checks the
+    write path in that test's bucket. A server found bad is restarted once;
+    if it is still bad, it is given up: :meth:`bucket` raises at once, for
+    every later test, with the server's log tail.
+    """
+
+    #: Restarts in a session before the server is given up whatever the next check says.
+    MAX_RESTARTS = 3
+
+    def __init__(self, server: S3Server) -> None:
+        self.server = server
+        self.given_up: str | None = None
+        self.restarts = 0
+        self._client: Any = None
+
+    def _new_bucket(self) -> str:
+        if self._client is None:  # one for the session: a client costs more than the request
+            self._client = self.server.quick_client()
+        return self.server.new_bucket(client=self._client)
+
+    def bucket(self) -> str:
+        """A fresh bucket on a server that answers; :class:`S3ServerError` once given up."""
+        if self.given_up is not None:
+            raise S3ServerError(self.given_up)
+        if self.server.process is None:  # a test stopped it and did not start it again
+            self.server.start()
+        try:
+            return self._new_bucket()
+        except Exception as exc:  # noqa: BLE001 - the first ask failed: ask once more
+            first = f"CreateBucket: {type(exc).__name__}: {exc}"
+        try:
+            return self._new_bucket()
+        except Exception:  # noqa: BLE001 - twice: the server is bad
+            pass
+        self._restart(first)
+        try:
+            return self._new_bucket()
+        except Exception as exc:  # noqa: BLE001
+            self._give_up(f"{first}; after a restart, CreateBucket: {type(exc).__name__}: {exc}")
+            raise S3ServerError(self.given_up) from None
+
+    def after_failure(self, bucket: str) -> None:
+        """After a failed test: check the write path in its bucket; restart once if it fails."""
+        if self.given_up is not None or self.server.process is None:
+            return
+        problem = self.server.problem(bucket)
+        if problem is None:
+            return
+        self._restart(f"after a failed test, PutObject in {bucket}: {problem}")
+        try:
+            bucket = self._new_bucket()
+        except Exception as exc:  # noqa: BLE001
+            self._give_up(f"{problem}; after a restart, CreateBucket: {type(exc).__name__}: {exc}")
+            return
+        again = self.server.problem(bucket)
+        if again is not None:
+            self._give_up(f"{problem}; after a restart: {again}")
+
+    def _restart(self, why: str) -> None:
+        if self.restarts >= self.MAX_RESTARTS:
+            self._give_up(f"{why}; already restarted {self.restarts} times")
+            raise S3ServerError(self.given_up)
+        self.restarts += 1
+        print(f"\nS3 test server: {why}; restarting it", file=sys.stderr)
+        try:
+            self.server.restart()
+        except S3ServerError as exc:
+            self._give_up(f"{why}; the restart failed: {exc}")
+            raise S3ServerError(self.given_up) from None
+
+    def _give_up(self, why: str) -> None:
+        self.given_up = (f"the S3 test server stopped answering and a restart did not help "
+                         f"({why}); every later test that needs it fails at once. Its log "
+                         f"({self.server.directory}/log) ends:\n{self.server.log_tail()}")
 
 
 @contextlib.contextmanager
