@@ -70,6 +70,11 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--external-weights", metavar="NAME",
                    help="weights of what TensorRT leaves to other partitioners in NAME.ptd")
     c.add_argument("--backend", default="tensorrt", help="tensorrt (default) or xnnpack")
+    c.add_argument(
+        "--refittable", action="store_true",
+        help="build refittable engines (the API's immutable_weights=False): with "
+             "--engine-cache, an export that changes only the weights refits the cached "
+             "engine instead of building (with TRTET_STUB_TENSORRT=1, the stub refitter)")
     c.add_argument("--external-engine-data", metavar="NAME",
                    help="put engines (xnnpack: weights) in NAME.ptd beside OUT")
     c.add_argument("--segment-alignment", type=size_arg, metavar="N",
@@ -190,6 +195,8 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
     if args.replace_needed:
         kwargs["replace_needed"] = True
+    if args.refittable:
+        kwargs["immutable_weights"] = False  # Torch-TensorRT's spelling of "refittable"
     if args.engine_cache_remote is None and (args.signing_key or args.trusted_key):
         return fail("compile-and-save", "--signing-key and --trusted-key need "
                     "--engine-cache-remote s3://BUCKET")
@@ -287,6 +294,10 @@ def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | 
     if given:
         return fail("compile-and-save", f"{', '.join(given)} need OUT (they write local "
                     "files); --publish without OUT writes none")
+    if args.refittable:
+        return fail("compile-and-save", "--refittable needs OUT (a refit reuses a cached "
+                    "engine: give OUT and --engine-cache); --publish without OUT builds "
+                    "immutable engines")
     bar = progress_bar(args)
     try:
         with bar, stub or contextlib.nullcontext():

@@ -1,0 +1,90 @@
+"""Issue 56 ("the first hour"): what a newcomer without a GPU meets first, said in the messages.
+
+Item 4: the error of a missing TensorRT names the stub builder (both forms, the
+shell's and Python's, and the Python form is a real name); ``TRTET_STUB_TENSORRT=1``
+installs the stub refitter too; ``compile-and-save --refittable`` builds refittable
+engines, so a weights-only change is refit from the engine cache from a shell.
+Item 7: the messages that misled, mended (each test shows the new text).
+In-process through ``trtet_store.cli.main`` where a child is not the guarantee.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trtet_store.cli import main
+from trtet_store.cli.stub_builder import ENV
+
+FACTORY = '''\
+import torch
+
+
+def make():
+    torch.manual_seed({seed})
+    module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+    return module, (torch.randn(2, 16),)
+'''
+
+
+def _engine_lines(out: str) -> list[str]:
+    return [x.strip().split(": ", 1)[1] for x in out.splitlines()
+            if x.strip().startswith("engine ")]
+
+
+# -- item 4: no GPU, said up front ---------------------------------------------------------
+
+def test_tensorrt_unavailable_names_the_stub_in_both_forms() -> None:
+    import trtet_store.testing.stub_tensorrt as stub
+    from trtet_store.export import tensorrt
+
+    with pytest.raises(tensorrt.TensorRTUnavailableError) as info:
+        tensorrt.check_available()  # this machine has no Torch-TensorRT, no GPU
+    text = str(info.value)
+    assert "TRTET_STUB_TENSORRT=1 for the trtet-store command" in text, text
+    assert ("`with trtet_store.testing.stub_tensorrt.installed("
+            "trtet_store.testing.stub_tensorrt.FakeBuilder()):`") in text, text
+    # The names it gives are real: the variable the CLI reads, the context manager.
+    assert ENV == "TRTET_STUB_TENSORRT" and callable(stub.installed) and stub.FakeBuilder()
+    assert "\n" not in text  # still one line
+
+
+def test_the_stub_variable_installs_the_stub_refitter_too(monkeypatch) -> None:
+    from trtet_store.cli.stub_builder import stub_builder
+    from trtet_store.export import tensorrt
+    from trtet_store.testing.stub_tensorrt import FakeRefitter
+
+    monkeypatch.setenv(ENV, "1")
+    before = (tensorrt.refit_engine, tensorrt.check_refit)
+    with stub_builder("tensorrt"):
+        assert isinstance(tensorrt.refit_engine, FakeRefitter)
+        assert tensorrt.check_refit == tensorrt.refit_engine.check
+    assert (tensorrt.refit_engine, tensorrt.check_refit) == before
+
+
+def test_refittable_from_the_shell_refits_a_weights_only_change(tmp_path, monkeypatch,
+                                                                capsys) -> None:
+    """Built refittable, then new weights: a refit, not a build (the stub's refitter)."""
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m0.py").write_text(FACTORY.format(seed=0))
+    (tmp_path / "m1.py").write_text(FACTORY.format(seed=1))
+    cache = ["--engine-cache=" + str(tmp_path / "cache"), "--no-progress"]
+    assert main(["compile-and-save", "m0.py:make", "a.pte", "--refittable", *cache]) == 0
+    [built] = _engine_lines(capsys.readouterr().out)
+    assert built.startswith("miss, cached ("), built
+    assert main(["compile-and-save", "m1.py:make", "b.pte", "--refittable", *cache]) == 0
+    [event] = _engine_lines(capsys.readouterr().out)
+    assert event.startswith("refit ("), event
+    assert (tmp_path / "b.pte").stat().st_size > 0
+
+
+def test_refittable_without_out_is_refused_before_the_build(tmp_path, monkeypatch,
+                                                           capsys) -> None:
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m0.py").write_text(FACTORY.format(seed=0))
+    code = main(["compile-and-save", "m0.py:make", "--refittable",
+                 "--publish", "s3://b/m.pte", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--refittable needs OUT" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m0.py"]
