@@ -88,3 +88,42 @@ def test_refittable_without_out_is_refused_before_the_build(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert code == 1 and "--refittable needs OUT" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m0.py"]
+
+
+# -- item 7: the messages that misled --------------------------------------------------------
+
+def test_a_bare_tensor_for_inputs_is_a_type_error_saying_tuple(tmp_path) -> None:
+    """Before: RuntimeError: Boolean value of Tensor with more than one value is ambiguous."""
+    import trtet_store
+    from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
+
+    module, (x,) = linear_relu()
+    with installed(FakeBuilder()) as builder, pytest.raises(TypeError) as info:
+        trtet_store.compile_and_save(module, x, tmp_path / "m.pte")
+    assert str(info.value) == ("inputs must be a tuple of the positional example inputs, got "
+                               "a Tensor: for one input give a tuple of one, (x,) not x")
+    assert builder.built == [] and list(tmp_path.iterdir()) == []
+
+
+BARE = '''\
+import torch
+
+
+def make():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16)).eval(), torch.randn(2, 16)
+'''
+
+
+def test_a_factory_returning_a_bare_tensor_is_told_to_return_a_tuple(tmp_path, monkeypatch,
+                                                                     capsys) -> None:
+    """Before: the tensor was split into its rows by tuple(x), and the export failed later."""
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text(BARE)
+    assert main(["compile-and-save", "m.py:make", "a.pte", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert ("FACTORY()'s inputs must be a tuple of the positional example inputs, got a "
+            "Tensor: for one input return a tuple of one, (module, (x,)) not (module, x)"
+            ) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
