@@ -127,3 +127,25 @@ def test_a_factory_returning_a_bare_tensor_is_told_to_return_a_tuple(tmp_path, m
             "Tensor: for one input return a tuple of one, (module, (x,)) not (module, x)"
             ) in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
+
+
+def test_engine_cache_before_the_positionals_does_not_swallow_the_factory(
+        tmp_path, monkeypatch, capsys) -> None:
+    """Before: `m.py:make` became the cache's directory, and OUT alone was left."""
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text(FACTORY.format(seed=0))
+    code = main(["compile-and-save", "--engine-cache", "m.py:make", "a.pte", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    [event] = _engine_lines(captured.out)
+    assert event.startswith("miss, cached ("), event
+    assert (tmp_path / "a.pte").is_file() and not (tmp_path / "m.py:make").exists()
+    assert any((tmp_path / "xdg" / "trtet_store" / "engines").iterdir())  # the default cache
+    # A directory is still a directory, and `=` always takes the value.
+    from trtet_store.cli import _negative_values_joined
+
+    assert _negative_values_joined(["compile-and-save", "--engine-cache", "c", "m.py:f", "o.pte"]
+                                   )[1:3] == ["--engine-cache", "c"]
+    assert _negative_values_joined(["--engine-cache=x.pte"]) == ["--engine-cache=x.pte"]

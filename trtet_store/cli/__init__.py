@@ -75,11 +75,25 @@ def build_parser() -> argparse.ArgumentParser:
 _SIGNED_VALUES = ("--older-than",)
 
 
+#: Options with an optional value (``--engine-cache [DIR]``): a value never swallows a
+#: positional (``--engine-cache m.py:make out.pte`` is the default cache, then both
+#: positionals). ``--engine-cache=DIR`` always takes DIR.
+_OPTIONAL_VALUES = ("--engine-cache",)
+
+
+def _positional(token: str) -> bool:
+    """Whether ``token`` is compile-and-save's positional, not a directory: a
+    ``MODULE.py:FACTORY`` or a program (``OUT.pte``)."""
+    return bool(re.search(r"\.py:[A-Za-z_][\w.]*$", token)) or token.endswith(".pte")
+
+
 def _negative_values_joined(argv: Sequence[str] | None) -> list[str]:
     """``--older-than -1d`` as ``--older-than=-1d``: its type then refuses it by name.
 
     argparse takes ``-1d`` for an option (it is no plain negative number) and
-    says only "expected one argument".
+    says only "expected one argument". And an optional-value option before a
+    positional (``--engine-cache m.py:make``) is given without its value
+    (``--engine-cache=``): :func:`_positional`.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     out: list[str] = []
@@ -89,6 +103,10 @@ def _negative_values_joined(argv: Sequence[str] | None) -> list[str]:
                 and re.match(r"-[\d.]", args[i + 1])):
             out.append(f"{args[i]}={args[i + 1]}")
             i += 2
+            continue
+        if args[i] in _OPTIONAL_VALUES and i + 1 < len(args) and _positional(args[i + 1]):
+            out.append(f"{args[i]}=")  # the option without its value; the token stays positional
+            i += 1
             continue
         out.append(args[i])
         i += 1

@@ -126,7 +126,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--engine-cache", nargs="?", const="", default=None, metavar="DIR",
         help="take engines from the engine cache and put new builds in it (a hit skips the "
-             "build); DIR, or the per-user default ($XDG_CACHE_HOME/trtet_store/engines)")
+             "build); DIR, or the per-user default ($XDG_CACHE_HOME/trtet_store/engines). A "
+             "MODULE.py:FACTORY or .pte after it is a positional, not DIR "
+             "(--engine-cache=DIR always takes DIR)")
     c.add_argument(
         "--engine-cache-remote", default=None, metavar="s3://BUCKET[/PREFIX]",
         help="share the engine cache through this bucket (implies --engine-cache): a local "
