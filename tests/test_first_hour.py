@@ -149,3 +149,15 @@ def test_engine_cache_before_the_positionals_does_not_swallow_the_factory(
     assert _negative_values_joined(["compile-and-save", "--engine-cache", "c", "m.py:f", "o.pte"]
                                    )[1:3] == ["--engine-cache", "c"]
     assert _negative_values_joined(["--engine-cache=x.pte"]) == ["--engine-cache=x.pte"]
+
+
+def test_a_backend_typo_is_named_even_with_the_stub_variable_set(monkeypatch, capsys) -> None:
+    """Before: TRTET_STUB_TENSORRT=1 stands in for the TensorRT build, and --backend xnnpak
+    builds no engines: unset TRTET_STUB_TENSORRT."""
+    monkeypatch.setenv(ENV, "1")
+    with pytest.raises(SystemExit) as info:
+        main(["compile-and-save", "m.py:make", "a.pte", "--backend", "xnnpak"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err == ("trtet-store compile-and-save: argument --backend: 'xnnpak' is not a "
+                   "backend: did you mean xnnpack? choose tensorrt (the default) or xnnpack\n")

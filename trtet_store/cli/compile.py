@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.cli._common import (
+    OptionValueError,
     ProgressBar,
     add_s3_options,
     fail,
@@ -28,6 +29,30 @@ from trtet_store.cli._common import (
 from trtet_store.cli.stub_builder import ENV, StubBuilderError, stub_builder
 
 __all__ = ["add_parser", "cmd_compile_and_save"]
+
+
+#: compile-and-save's backends (``trtet_store.export.lowering.BACKENDS``, which imports no
+#: further here: the CLI judges ``--backend`` before torch is imported).
+BACKENDS = ("tensorrt", "xnnpack")
+
+
+def backend_arg(text: str) -> str:
+    """``--backend``'s value (argparse ``type=``): a typo is named as a typo, before anything
+    else is judged (the stub variable, the factory).
+
+    Raises
+    ------
+    OptionValueError
+        ``text`` is not one of :data:`BACKENDS`.
+    """
+    if text in BACKENDS:
+        return text
+    import difflib
+
+    close = difflib.get_close_matches(text, BACKENDS, n=1)
+    guess = f"did you mean {close[0]}? " if close else ""
+    raise OptionValueError(f"{text!r} is not a backend: {guess}choose tensorrt (the default) "
+                           "or xnnpack")
 
 
 def add_parser(sub: Any) -> None:
@@ -69,7 +94,8 @@ def add_parser(sub: Any) -> None:
     # (argparse's default is None: only other defaults are given)
     c.add_argument("--external-weights", metavar="NAME",
                    help="weights of what TensorRT leaves to other partitioners in NAME.ptd")
-    c.add_argument("--backend", default="tensorrt", help="tensorrt (default) or xnnpack")
+    c.add_argument("--backend", default="tensorrt", type=backend_arg,
+                   help="tensorrt (default) or xnnpack")
     c.add_argument(
         "--refittable", action="store_true",
         help="build refittable engines (the API's immutable_weights=False): with "
