@@ -161,3 +161,37 @@ def test_a_backend_typo_is_named_even_with_the_stub_variable_set(monkeypatch, ca
     assert info.value.code == 2
     assert err == ("trtet-store compile-and-save: argument --backend: 'xnnpak' is not a "
                    "backend: did you mean xnnpack? choose tensorrt (the default) or xnnpack\n")
+
+
+def test_cli_errors_spell_flags_not_python_keywords(tmp_path, monkeypatch, capsys) -> None:
+    """Before: "... (or use backend='xnnpack' to export for CPU)" from compile-and-save."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text(FACTORY.format(seed=0))
+    assert main(["compile-and-save", "m.py:make", "a.pte", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("trtet-store compile-and-save: "))
+    assert line.startswith("trtet-store compile-and-save: TensorRTUnavailableError: --backend "
+                           "tensorrt needs "), line
+    assert "(or use --backend xnnpack to export for CPU)" in line, line
+    assert "backend=" not in line and "TRTET_STUB_TENSORRT=1" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
+
+
+@pytest.mark.parametrize(("api", "cli"), [
+    # remote/upload/send.py: a key that exists, without --replace
+    ("s3://b/m.pte already exist; pass replace=True (--replace) to publish a new version",
+     "s3://b/m.pte already exist; pass --replace to publish a new version"),
+    # sets/publish.py: a set that exists
+    ("the set s3://b/s exists; pass if_exists='replace' to publish a new version",
+     "the set s3://b/s exists; pass --replace to publish a new version"),
+    ("(publish again, with replace=True to replace it)",
+     "(publish again, with --replace to replace it)"),
+    ("engine_cache applies to backend='tensorrt' (it caches TensorRT builds)",
+     "--engine-cache applies to --backend tensorrt (it caches TensorRT builds)"),
+])
+def test_report_error_translates_the_api_spelling(api, cli, capsys) -> None:
+    from trtet_store.cli._common import report_error
+
+    assert report_error(ValueError(api), "publish") == 1
+    assert capsys.readouterr().err == f"trtet-store publish: ValueError: {cli}\n"
