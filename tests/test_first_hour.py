@@ -195,3 +195,17 @@ def test_report_error_translates_the_api_spelling(api, cli, capsys) -> None:
 
     assert report_error(ValueError(api), "publish") == 1
     assert capsys.readouterr().err == f"trtet-store publish: ValueError: {cli}\n"
+
+
+@pytest.mark.parametrize(("argv", "usage"), [
+    (["inspect", "m.pte", "--nope"], "usage: trtet-store inspect "),
+    (["cache", "list", "--nope"], "usage: trtet-store cache list "),
+])
+def test_an_unknown_flag_shows_its_commands_usage(argv, usage, capsys) -> None:
+    """Before: "usage: trtet-store [-h] [--version] [-v] COMMAND ..." (the top level's)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith(usage), err
+    assert err.rstrip().endswith(f"error: unrecognized arguments: {argv[-1]}"), err

@@ -135,6 +135,17 @@ def _warnings_as_lines() -> Any:
         warnings.showwarning = shown
 
 
+def _command_parser(parser: argparse.ArgumentParser,
+                    args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost parser ``args`` went through (``cache``'s ``list``): whose usage to show."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trtet-store`` console script.
 
@@ -152,7 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # positionals at the first option; compile_source judges them all.
         args.paths += extra
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        # The usage of the command given (`cache list`'s, not trtet-store's): what to fix.
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.verbose:
         logging.basicConfig(
             level=logging.DEBUG if args.verbose > 1 else logging.INFO,
