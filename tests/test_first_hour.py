@@ -209,3 +209,15 @@ def test_an_unknown_flag_shows_its_commands_usage(argv, usage, capsys) -> None:
     assert info.value.code == 2
     assert err.startswith(usage), err
     assert err.rstrip().endswith(f"error: unrecognized arguments: {argv[-1]}"), err
+
+
+def test_versioned_prints_the_path_that_exists(tmp_path, monkeypatch, capsys) -> None:
+    """Before: "wrote <dir>/a.pte", a path a versioned write never makes."""
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text(FACTORY.format(seed=0))
+    assert main(["compile-and-save", "m.py:make", str(tmp_path / "a.pte"), "--versioned",
+                 "--no-progress"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"wrote {tmp_path}/a/a.pte ({tmp_path}/a -> .versions/a-1)", first
+    assert (tmp_path / "a" / "a.pte").is_file() and not (tmp_path / "a.pte").exists()

@@ -266,7 +266,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
-        print(f"wrote {report.path}")
+        print(f"wrote {_written(report, versioned='versioned' in kwargs)}")
         for w in report.writes:
             print(f"  {w.path}: {w.size} bytes in {w.seconds:.2f} s")
             for p in w.placements:
@@ -276,6 +276,19 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     if args.publish is not None:
         return _publish_written(args, [w.path for w in report.writes])
     return 0
+
+
+def _written(report: Any, *, versioned: bool) -> str:
+    """The program's path to print: a versioned write's OUT does not exist, so the path
+    through the link it switched (``out/a/a.pte``), and where the link points now."""
+    if not versioned:
+        return str(report.path)
+    import os
+
+    from trtet_store.io.versioned import version_link
+
+    link = version_link(report.path)
+    return f"{link / report.path.name} ({link} -> {os.readlink(link)})"
 
 
 def _engine_event(e: Any) -> str:
