@@ -10,6 +10,8 @@ In-process through ``trtet_store.cli.main`` where a child is not the guarantee.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trtet_store.cli import main
@@ -221,3 +223,70 @@ def test_versioned_prints_the_path_that_exists(tmp_path, monkeypatch, capsys) ->
     first = capsys.readouterr().out.splitlines()[0]
     assert first == f"wrote {tmp_path}/a/a.pte ({tmp_path}/a -> .versions/a-1)", first
     assert (tmp_path / "a" / "a.pte").is_file() and not (tmp_path / "a.pte").exists()
+
+
+# -- item 6 (part): commands that need no model import no torch, and stay quiet -------------
+
+CHILD = """
+import json, sys
+from trtet_store.cli import main
+code = main(sys.argv[1:])
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchao")
+               or m in ("executorch.exir", "executorch.exir.program"))
+print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+"""
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    """a.pte (its engines in eng.ptd) and an engine cache holding its engine, by the stub."""
+    import os
+
+    here = tmp_path_factory.mktemp("written")
+    (here / "m.py").write_text(FACTORY.format(seed=0))
+    saved, cwd = os.environ.get(ENV), os.getcwd()
+    os.environ[ENV] = "1"
+    os.chdir(here)
+    try:
+        assert main(["compile-and-save", "m.py:make", "a.pte", "--external-engine-data", "eng",
+                     "--engine-cache=" + str(here / "cache"), "--no-progress"]) == 0
+    finally:
+        os.chdir(cwd)
+        if saved is None:
+            os.environ.pop(ENV)
+        else:
+            os.environ[ENV] = saved
+    return here
+
+
+def _child(*argv: object, cwd: Path) -> tuple[dict, str, str]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, "TORCH_LOGS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-c", CHILD, *map(str, argv)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    *rest, last = done.stderr.splitlines()
+    return json.loads(last), done.stdout, "\n".join(rest)
+
+
+@pytest.mark.parametrize("argv", [["inspect", "a.pte"], ["cache", "--dir", "cache", "list"]])
+def test_inspect_and_cache_list_import_no_torch(written, argv) -> None:
+    """Before (inspect): torch and all of executorch.exir imported, 4-6 s, to read headers."""
+    got, out, err = _child(*argv, cwd=written)
+    assert got == {"code": 0, "heavy": []}, (got, err)
+    assert out.strip() and not err, err  # it answered, and said nothing on stderr
+
+
+def test_third_party_warnings_only_with_v(written) -> None:
+    """Before: "Failed to load .../torchao/_C_mxfp8...so" and torch's "W... _pytree.py:630]
+    ... Enum subclass" on every command that imports torch (inspect of a .ptd does)."""
+    got, out, err = _child("inspect", "eng.ptd", cwd=written)
+    assert got["code"] == 0 and "torch" in got["heavy"] and out.strip()
+    assert err == "", err
+    got, _out, err = _child("-v", "inspect", "eng.ptd", cwd=written)
+    # (torchao's logger under -v's format, or torch's own handler: both from the venv's pins)
+    assert got["code"] == 0 and ("WARNING torchao" in err or "_pytree.py" in err), err

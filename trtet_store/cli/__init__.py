@@ -135,6 +135,47 @@ def _warnings_as_lines() -> Any:
         warnings.showwarning = shown
 
 
+#: Third-party packages whose warnings (logged, or ``warnings.warn``) are shown only with
+#: ``-v``: torchao's "Failed to load ..._C_mxfp8...so" and torch's deprecation notes on
+#: every command that imports torch say nothing about the command.
+QUIET_PACKAGES = ("torch", "torchao", "executorch", "torch_tensorrt")
+
+
+@contextlib.contextmanager
+def _third_party_quiet(quiet: bool) -> Any:
+    """Without ``-v``: :data:`QUIET_PACKAGES`' warnings hidden (their errors still shown);
+    trtet_store's own warnings are unchanged. Set before they are imported, undone after."""
+    if not quiet:
+        yield
+        return
+    import warnings
+
+    loggers = [logging.getLogger(name) for name in QUIET_PACKAGES]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    # torch sets its loggers' levels when imported, from TORCH_LOGS ("-all": errors only);
+    # a value the user set is theirs, and an import already done is past asking.
+    torch_logs = "TORCH_LOGS" not in os.environ and "torch" not in sys.modules
+    if torch_logs:
+        os.environ["TORCH_LOGS"] = "-all"
+    pattern = "|".join(re.escape(name) for name in QUIET_PACKAGES)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=rf"({pattern})(\.|$)")
+            # Notes to developers of the code that called (torch's own, through copyreg):
+            # nothing a user of the command can act on.
+            for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+                warnings.filterwarnings("ignore", category=category)
+            warnings.filterwarnings("default", message=r"trtet_store\.")  # ours are shown
+            yield
+    finally:
+        if torch_logs:
+            os.environ.pop("TORCH_LOGS", None)
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def _command_parser(parser: argparse.ArgumentParser,
                     args: argparse.Namespace) -> argparse.ArgumentParser:
     """The innermost parser ``args`` went through (``cache``'s ``list``): whose usage to show."""
@@ -171,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             format="%(levelname)s %(name)s: %(message)s",
         )
     try:
-        with sigterm_as_exit(), _warnings_as_lines():
+        with sigterm_as_exit(), _warnings_as_lines(), _third_party_quiet(not args.verbose):
             return int(args.func(args))
     except KeyboardInterrupt:
         print("trtet-store: interrupted", file=sys.stderr)
