@@ -151,6 +151,8 @@ def test_engine_cache_before_the_positionals_does_not_swallow_the_factory(
     assert _negative_values_joined(["compile-and-save", "--engine-cache", "c", "m.py:f", "o.pte"]
                                    )[1:3] == ["--engine-cache", "c"]
     assert _negative_values_joined(["--engine-cache=x.pte"]) == ["--engine-cache=x.pte"]
+    assert _negative_values_joined(["--engine-cache", "out/x.pte"]) == ["--engine-cache=",
+                                                                         "out/x.pte"]
 
 
 def test_a_backend_typo_is_named_even_with_the_stub_variable_set(monkeypatch, capsys) -> None:
@@ -290,3 +292,31 @@ def test_third_party_warnings_only_with_v(written) -> None:
     got, _out, err = _child("-v", "inspect", "eng.ptd", cwd=written)
     # (torchao's logger under -v's format, or torch's own handler: both from the venv's pins)
     assert got["code"] == 0 and ("WARNING torchao" in err or "_pytree.py" in err), err
+
+
+AFTER = """
+import sys
+from trtet_store.cli import main
+assert main(["inspect", "a.pte"]) == 0 and "torch" not in sys.modules
+# The real executorch.exir afterwards: its __init__ runs, and finds the same reader.
+reader = sys.modules["executorch.exir._serialize._flatbuffer_program"]
+from executorch.exir import to_edge  # noqa: F401
+from executorch.exir._serialize import _serialize_pte_binary  # noqa: F401
+import executorch.exir._serialize._flatbuffer_program as again
+assert again is reader, "two copies of the Program reader"
+from trtet_store.inspector import verify
+assert verify("a.pte").ok
+print("ok")
+"""
+
+
+def test_executorch_imports_for_real_after_a_torch_free_inspect(written) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", AFTER], cwd=written, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
