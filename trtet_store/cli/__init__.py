@@ -75,11 +75,25 @@ def build_parser() -> argparse.ArgumentParser:
 _SIGNED_VALUES = ("--older-than",)
 
 
+#: Options with an optional value (``--engine-cache [DIR]``): a value never swallows a
+#: positional (``--engine-cache m.py:make out.pte`` is the default cache, then both
+#: positionals). ``--engine-cache=DIR`` always takes DIR.
+_OPTIONAL_VALUES = ("--engine-cache",)
+
+
+def _positional(token: str) -> bool:
+    """Whether ``token`` is compile-and-save's positional, not a directory: a
+    ``MODULE.py:FACTORY`` or a program (``OUT.pte``)."""
+    return bool(re.search(r"\.py:[A-Za-z_][\w.]*$", token)) or token.endswith(".pte")
+
+
 def _negative_values_joined(argv: Sequence[str] | None) -> list[str]:
     """``--older-than -1d`` as ``--older-than=-1d``: its type then refuses it by name.
 
     argparse takes ``-1d`` for an option (it is no plain negative number) and
-    says only "expected one argument".
+    says only "expected one argument". And an optional-value option before a
+    positional (``--engine-cache m.py:make``) is given without its value
+    (``--engine-cache=``): :func:`_positional`.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     out: list[str] = []
@@ -89,6 +103,10 @@ def _negative_values_joined(argv: Sequence[str] | None) -> list[str]:
                 and re.match(r"-[\d.]", args[i + 1])):
             out.append(f"{args[i]}={args[i + 1]}")
             i += 2
+            continue
+        if args[i] in _OPTIONAL_VALUES and i + 1 < len(args) and _positional(args[i + 1]):
+            out.append(f"{args[i]}=")  # the option without its value; the token stays positional
+            i += 1
             continue
         out.append(args[i])
         i += 1
@@ -117,6 +135,58 @@ def _warnings_as_lines() -> Any:
         warnings.showwarning = shown
 
 
+#: Third-party packages whose warnings (logged, or ``warnings.warn``) are shown only with
+#: ``-v``: torchao's "Failed to load ..._C_mxfp8...so" and torch's deprecation notes on
+#: every command that imports torch say nothing about the command.
+QUIET_PACKAGES = ("torch", "torchao", "executorch", "torch_tensorrt")
+
+
+@contextlib.contextmanager
+def _third_party_quiet(quiet: bool) -> Any:
+    """Without ``-v``: :data:`QUIET_PACKAGES`' warnings hidden (their errors still shown);
+    trtet_store's own warnings are unchanged. Set before they are imported, undone after."""
+    if not quiet:
+        yield
+        return
+    import warnings
+
+    loggers = [logging.getLogger(name) for name in QUIET_PACKAGES]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    # torch sets its loggers' levels when imported, from TORCH_LOGS ("-all": errors only);
+    # a value the user set is theirs, and an import already done is past asking.
+    torch_logs = "TORCH_LOGS" not in os.environ and "torch" not in sys.modules
+    if torch_logs:
+        os.environ["TORCH_LOGS"] = "-all"
+    pattern = "|".join(re.escape(name) for name in QUIET_PACKAGES)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=rf"({pattern})(\.|$)")
+            # Notes to developers of the code that called (torch's own, through copyreg):
+            # nothing a user of the command can act on.
+            for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+                warnings.filterwarnings("ignore", category=category)
+            warnings.filterwarnings("default", message=r"trtet_store\.")  # ours are shown
+            yield
+    finally:
+        if torch_logs:
+            os.environ.pop("TORCH_LOGS", None)
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _command_parser(parser: argparse.ArgumentParser,
+                    args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost parser ``args`` went through (``cache``'s ``list``): whose usage to show."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trtet-store`` console script.
 
@@ -134,14 +204,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # positionals at the first option; compile_source judges them all.
         args.paths += extra
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        # The usage of the command given (`cache list`'s, not trtet-store's): what to fix.
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.verbose:
         logging.basicConfig(
             level=logging.DEBUG if args.verbose > 1 else logging.INFO,
             format="%(levelname)s %(name)s: %(message)s",
         )
     try:
-        with sigterm_as_exit(), _warnings_as_lines():
+        with sigterm_as_exit(), _warnings_as_lines(), _third_party_quiet(not args.verbose):
             return int(args.func(args))
     except KeyboardInterrupt:
         print("trtet-store: interrupted", file=sys.stderr)

@@ -26,8 +26,9 @@ from typing import Any
 from trtet_store.io.units import format_mib, parse_size
 
 __all__ = ["DEFAULT_WIDTH", "ERROR_TABLE", "LOG_INTERVAL", "ErrorContext", "OptionValueError",
-           "Parser", "ProgressBar", "add_s3_options", "bar_interval", "endpoint_url_arg", "explain",
-           "fail", "mib", "one_line", "report_error", "sigterm_as_exit", "size_arg"]
+           "Parser", "ProgressBar", "add_s3_options", "bar_interval", "cli_words",
+           "endpoint_url_arg", "explain", "fail", "mib", "one_line", "report_error",
+           "sigterm_as_exit", "size_arg"]
 
 
 class OptionValueError(argparse.ArgumentTypeError):
@@ -116,9 +117,33 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+#: The API's keyword spellings in its messages, and the flags the CLI spells them with
+#: (:func:`cli_words`), first match first: the API keeps its spelling, the CLI says what
+#: to type.
+_CLI_WORDS: tuple[tuple[str, str], ...] = (
+    (r"replace=True \(--replace\)", "--replace"),
+    (r"\bif_exists=(['\"])replace\1", "--replace"),
+    (r"\breplace=True\b", "--replace"),
+    (r"\bbackend=(['\"])(tensorrt|xnnpack)\1", r"--backend \2"),
+    (r"\bimmutable_weights=False\b", "--refittable"),
+    (r"\bengine_cache (applies to)\b", r"--engine-cache \1"),
+)
+
+
+def cli_words(text: str) -> str:
+    """``text`` with the API's keywords in the CLI's spelling (``if_exists='replace'``:
+    ``--replace``; ``backend='xnnpack'``: ``--backend xnnpack``)."""
+    import re
+
+    for pattern, flag in _CLI_WORDS:
+        text = re.sub(pattern, flag, text)
+    return text
+
+
 def fail(command: str, text: str) -> int:
-    """Print ``trtet-store COMMAND: text`` to stderr; return the exit code 1."""
-    print(f"trtet-store {command}: {text}", file=sys.stderr)
+    """Print ``trtet-store COMMAND: text`` to stderr, in the CLI's spelling
+    (:func:`cli_words`); return the exit code 1."""
+    print(f"trtet-store {command}: {cli_words(text)}", file=sys.stderr)
     return 1
 
 
@@ -264,7 +289,7 @@ def report_error(exc: BaseException, command: str, *, out: os.PathLike | str | N
                  resume: str | None = None) -> int:
     """Print :func:`explain`'s lines to stderr; return the exit code (130 interrupted, else 1)."""
     for line in explain(exc, command, out=out, resume=resume):
-        print(f"trtet-store {command}: {line}", file=sys.stderr)
+        print(f"trtet-store {command}: {cli_words(line)}", file=sys.stderr)
     return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.cli._common import (
+    OptionValueError,
     ProgressBar,
     add_s3_options,
     fail,
@@ -28,6 +29,30 @@ from trtet_store.cli._common import (
 from trtet_store.cli.stub_builder import ENV, StubBuilderError, stub_builder
 
 __all__ = ["add_parser", "cmd_compile_and_save"]
+
+
+#: compile-and-save's backends (``trtet_store.export.lowering.BACKENDS``, which imports no
+#: further here: the CLI judges ``--backend`` before torch is imported).
+BACKENDS = ("tensorrt", "xnnpack")
+
+
+def backend_arg(text: str) -> str:
+    """``--backend``'s value (argparse ``type=``): a typo is named as a typo, before anything
+    else is judged (the stub variable, the factory).
+
+    Raises
+    ------
+    OptionValueError
+        ``text`` is not one of :data:`BACKENDS`.
+    """
+    if text in BACKENDS:
+        return text
+    import difflib
+
+    close = difflib.get_close_matches(text, BACKENDS, n=1)
+    guess = f"did you mean {close[0]}? " if close else ""
+    raise OptionValueError(f"{text!r} is not a backend: {guess}choose tensorrt (the default) "
+                           "or xnnpack")
 
 
 def add_parser(sub: Any) -> None:
@@ -69,7 +94,13 @@ def add_parser(sub: Any) -> None:
     # (argparse's default is None: only other defaults are given)
     c.add_argument("--external-weights", metavar="NAME",
                    help="weights of what TensorRT leaves to other partitioners in NAME.ptd")
-    c.add_argument("--backend", default="tensorrt", help="tensorrt (default) or xnnpack")
+    c.add_argument("--backend", default="tensorrt", type=backend_arg,
+                   help="tensorrt (default) or xnnpack")
+    c.add_argument(
+        "--refittable", action="store_true",
+        help="build refittable engines (the API's immutable_weights=False): with "
+             "--engine-cache, an export that changes only the weights refits the cached "
+             "engine instead of building (with TRTET_STUB_TENSORRT=1, the stub refitter)")
     c.add_argument("--external-engine-data", metavar="NAME",
                    help="put engines (xnnpack: weights) in NAME.ptd beside OUT")
     c.add_argument("--segment-alignment", type=size_arg, metavar="N",
@@ -121,7 +152,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--engine-cache", nargs="?", const="", default=None, metavar="DIR",
         help="take engines from the engine cache and put new builds in it (a hit skips the "
-             "build); DIR, or the per-user default ($XDG_CACHE_HOME/trtet_store/engines)")
+             "build); DIR, or the per-user default ($XDG_CACHE_HOME/trtet_store/engines). A "
+             "MODULE.py:FACTORY or .pte after it is a positional, not DIR "
+             "(--engine-cache=DIR always takes DIR)")
     c.add_argument(
         "--engine-cache-remote", default=None, metavar="s3://BUCKET[/PREFIX]",
         help="share the engine cache through this bucket (implies --engine-cache): a local "
@@ -190,6 +223,8 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         kwargs["versioned"] = True if args.keep_versions is None else args.keep_versions
     if args.replace_needed:
         kwargs["replace_needed"] = True
+    if args.refittable:
+        kwargs["immutable_weights"] = False  # Torch-TensorRT's spelling of "refittable"
     if args.engine_cache_remote is None and (args.signing_key or args.trusted_key):
         return fail("compile-and-save", "--signing-key and --trusted-key need "
                     "--engine-cache-remote s3://BUCKET")
@@ -231,7 +266,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
-        print(f"wrote {report.path}")
+        print(f"wrote {_written(report, versioned='versioned' in kwargs)}")
         for w in report.writes:
             print(f"  {w.path}: {w.size} bytes in {w.seconds:.2f} s")
             for p in w.placements:
@@ -241,6 +276,19 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     if args.publish is not None:
         return _publish_written(args, [w.path for w in report.writes])
     return 0
+
+
+def _written(report: Any, *, versioned: bool) -> str:
+    """The program's path to print: a versioned write's OUT does not exist, so the path
+    through the link it switched (``out/a/a.pte``), and where the link points now."""
+    if not versioned:
+        return str(report.path)
+    import os
+
+    from trtet_store.io.versioned import version_link
+
+    link = version_link(report.path)
+    return f"{link / report.path.name} ({link} -> {os.readlink(link)})"
 
 
 def _engine_event(e: Any) -> str:
@@ -287,6 +335,10 @@ def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | 
     if given:
         return fail("compile-and-save", f"{', '.join(given)} need OUT (they write local "
                     "files); --publish without OUT writes none")
+    if args.refittable:
+        return fail("compile-and-save", "--refittable needs OUT (a refit reuses a cached "
+                    "engine: give OUT and --engine-cache); --publish without OUT builds "
+                    "immutable engines")
     bar = progress_bar(args)
     try:
         with bar, stub or contextlib.nullcontext():

@@ -56,16 +56,25 @@ def load_factory(target: str) -> Callable[[], Any]:
 
 def module_and_inputs(made: Any) -> tuple[Any, tuple]:
     if isinstance(made, dict):
-        return made["module"], tuple(made.get("inputs", ()))
+        return made["module"], _inputs_tuple(made.get("inputs", ()))
     if isinstance(made, (tuple, list)) and len(made) == 2:
-        return made[0], tuple(made[1])
+        return made[0], _inputs_tuple(made[1])
     inputs = getattr(made, "example_inputs", None)
     if inputs is None:
         raise TypeError(
             "FACTORY() must return (module, inputs), {'module': ..., 'inputs': ...}, or a "
             "module with an 'example_inputs' attribute"
         )
-    return made, tuple(inputs)
+    return made, _inputs_tuple(inputs)
+
+
+def _inputs_tuple(inputs: Any) -> tuple:
+    """FACTORY()'s inputs as a tuple; a bare tensor is refused (``tuple(x)`` would split it)."""
+    if not isinstance(inputs, (tuple, list)):
+        raise TypeError(f"FACTORY()'s inputs must be a tuple of the positional example "
+                        f"inputs, got a {type(inputs).__name__}: for one input return a "
+                        "tuple of one, (module, (x,)) not (module, x)")
+    return tuple(inputs)
 
 
 def compile_source(paths: Sequence[str], methods_given: Sequence[str] | None, *,

@@ -2,7 +2,8 @@
 
 With the variable set to ``1``, ``trtet-store compile-and-save`` builds its
 engines with :mod:`trtet_store.testing.stub_tensorrt` (pseudo-random engine
-bytes, no GPU, no TensorRT) instead of TensorRT, and says so on stderr:
+bytes, no GPU, no TensorRT) and refits them with its stub refitter
+instead of TensorRT, and says so on stderr:
 everything after the build (staging, the engine cache and its shared tier,
 single flight, saving, publishing) runs for real, so the README's cache
 walk-through can be tried from a shell. The programs it writes hold no
@@ -57,4 +58,7 @@ def stub_builder(backend: str) -> contextlib.AbstractContextManager[Any] | None:
         raise StubBuilderError(f"{ENV}=1 needs the stub builder, trtet_store.testing."
                                f"stub_tensorrt, and its requirements (torch, xxhash): {exc}; "
                                f"install them or unset {ENV}") from None
-    return stub_tensorrt.installed(stub_tensorrt.FakeBuilder())
+    # The stub refitter too: `--refittable` engines are refit (not rebuilt) on a weights-only
+    # change, as with TensorRT.
+    return stub_tensorrt.installed(stub_tensorrt.FakeBuilder(),
+                                   refitter=stub_tensorrt.FakeRefitter())

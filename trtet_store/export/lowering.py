@@ -166,6 +166,7 @@ def export(
     if inputs is not None and arg_inputs is not None:
         raise ValueError("give inputs or arg_inputs, not both (they are the same argument)")
     args = inputs if inputs is not None else arg_inputs
+    check_inputs_tuple(args, "inputs" if inputs is not None else "arg_inputs")
     from trtet_store.export.named_data import ptd_file_name
 
     for name in (external_engine_data, external_weights):
@@ -289,6 +290,25 @@ class _Method:
         self.kwargs = kwargs
         self.needs_build = needs_build
         self.compiled = compiled  # a Torch-TensorRT compiled module, engines inside
+
+
+def check_inputs_tuple(args: Any, what: str = "inputs") -> None:
+    """Refuse example inputs that are not a tuple (or list) of the positional inputs.
+
+    A bare tensor is the usual slip (``inputs=x`` for ``inputs=(x,)``): without
+    this it fails deep in the export as "Boolean value of Tensor with more than
+    one value is ambiguous", or is split into its rows.
+
+    Raises
+    ------
+    TypeError
+        ``args`` is neither None, a tuple nor a list.
+    """
+    if args is None or isinstance(args, (tuple, list)):
+        return
+    name = type(args).__name__
+    raise TypeError(f"{what} must be a tuple of the positional example inputs, got a {name}: "
+                    "for one input give a tuple of one, (x,) not x")
 
 
 def _methods(source: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,

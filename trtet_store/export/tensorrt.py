@@ -417,18 +417,30 @@ def check_output_order(edge_program: ExportedProgram, node: torch.fx.Node,
 
 # -- the seam: building engines with Torch-TensorRT ----------------------------------------
 
+#: How to try the TensorRT path without a GPU, the end of every
+#: :class:`TensorRTUnavailableError` (the stub builder of :mod:`trtet_store.testing.stub_tensorrt`).
+STUB_HINT = ("; to try it without a GPU, build with the stub TensorRT builder (pseudo-random "
+             "engines, not runnable): TRTET_STUB_TENSORRT=1 for the trtet-store command, or "
+             "in Python `with trtet_store.testing.stub_tensorrt.installed("
+             "trtet_store.testing.stub_tensorrt.FakeBuilder()):` around the call")
+
+
 def check_available() -> None:
-    """Raise :class:`TensorRTUnavailableError` naming what is missing and how to get it."""
+    """Raise :class:`TensorRTUnavailableError` naming what is missing and how to get it.
+
+    Each message ends with :data:`STUB_HINT`: how to try the path with the stub builder.
+    """
     if importlib.util.find_spec("torch_tensorrt") is None:
         raise TensorRTUnavailableError(
             "backend='tensorrt' needs Torch-TensorRT, which is not installed: "
             "pip install 'trtet-store[tensorrt]' on a machine with an NVIDIA GPU and CUDA "
-            "(or use backend='xnnpack' to export for CPU)")
+            "(or use backend='xnnpack' to export for CPU)" + STUB_HINT)
     if not torch.cuda.is_available():
         raise TensorRTUnavailableError(
             "backend='tensorrt' needs a CUDA device, and torch sees none "
             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); run on a "
-            "machine with an NVIDIA GPU and a CUDA build of torch, or use backend='xnnpack'")
+            "machine with an NVIDIA GPU and a CUDA build of torch, or use backend='xnnpack'"
+            + STUB_HINT)
 
 
 def build_engines(exported_program: ExportedProgram, arg_inputs: tuple,

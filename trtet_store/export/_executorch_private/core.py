@@ -199,11 +199,57 @@ def named_data_store() -> Any:
     return store
 
 
-def program_from_flatbuffer(data: bytes) -> Any:
-    """A ``.pte``'s Program (ExecuTorch's dataclasses) from its flatbuffer bytes."""
+#: The packages whose ``__init__`` imports torch (and all of ``exir``) on the way to the
+#: Program deserializer, which itself needs neither (executorch 1.4.1 and 1.5.1).
+_HEAVY_PACKAGES = ("executorch.exir", "executorch.exir._serialize", "executorch.exir.backend")
+
+
+def _import_without_torch(module: str) -> Any:
+    """Import ``module`` (a leaf of ``executorch.exir``) without running the ``__init__``
+    of :data:`_HEAVY_PACKAGES`, where torch is not imported yet (``trtet-store inspect``:
+    seconds of torch for a file read).
+
+    The packages are empty stand-ins while it imports, then taken out of ``sys.modules``
+    again: a later ``import executorch.exir`` runs the real ``__init__``, which finds the
+    leaves already imported (one copy of each class). Where torch is imported already, or
+    a stand-in cannot be made, a plain import.
+    """
+    import importlib
+    import importlib.machinery
+    import importlib.util
+    import sys
+    import types
+
+    if "torch" in sys.modules or any(p in sys.modules for p in _HEAVY_PACKAGES):
+        return importlib.import_module(module)
+    made = []
     try:
-        from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
-    except ImportError as exc:
+        for name in _HEAVY_PACKAGES:
+            spec = importlib.util.find_spec(name) if name == _HEAVY_PACKAGES[0] else \
+                importlib.machinery.PathFinder.find_spec(
+                    name, sys.modules[name.rpartition(".")[0]].__path__)
+            if spec is None or spec.submodule_search_locations is None:
+                return importlib.import_module(module)
+            package = types.ModuleType(name)
+            package.__path__ = list(spec.submodule_search_locations)
+            package.__spec__ = spec
+            sys.modules[name] = package
+            made.append(name)
+        return importlib.import_module(module)
+    finally:
+        for name in made:
+            sys.modules.pop(name, None)
+
+
+def program_from_flatbuffer(data: bytes) -> Any:
+    """A ``.pte``'s Program (ExecuTorch's dataclasses) from its flatbuffer bytes.
+
+    Imports no torch where none is imported yet (:func:`_import_without_torch`).
+    """
+    try:
+        reader = _import_without_torch("executorch.exir._serialize._flatbuffer_program")
+        _flatbuffer_to_program = reader._flatbuffer_to_program
+    except (ImportError, AttributeError) as exc:
         raise _fail("_flatbuffer_program._flatbuffer_to_program", str(exc)) from exc
     return _flatbuffer_to_program(data)
 
