@@ -1,0 +1,255 @@
+"""Signatures over content: a signed tier pointer names each file by sha256, on SeaweedFS.
+
+xxh3-128 is not a cryptographic digest: an ed25519 signature over it is only
+as strong as xxh3's second-preimage resistance, which it does not claim. So
+a signed pointer names each file by sha256 as well (taken in the pass that
+already digests the bytes, never by reading them again), and a reader with
+trusted keys checks the downloaded bytes' sha256, taken as they arrive,
+against the signed pointer's. Nobody can find an xxh3 collision for a test,
+so the forger here holds the team key and signs a pointer whose xxh3 is the
+stored bytes' and whose sha256 is not: exactly what a second preimage of
+xxh3 would give a bucket writer against a reader that checked xxh3 only.
+The bucket writer is boto3 on the server directly; no torch here.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+
+from trtet_store.cache.tier import RemoteEntry, RemoteTier, TierEntryError, TierSignatureError
+from trtet_store.io import bytes_digested
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def env(s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from trtet_store.cache.tier import keygen
+
+    for var in ("TRTET_SIGNING_KEY", "TRTET_TRUSTED_KEYS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TRTET_CONFIG_FILE", os.fspath(tmp_path / "no-config"))
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    s3env.team = keygen(keys / "team.key")
+    s3env.evil = keygen(keys / "evil.key")
+    s3env.keys = keys
+    return s3env
+
+
+def _tier(env: Any, origin: str, **kw: Any) -> RemoteTier:
+    return RemoteTier(f"s3://{env.bucket}/c", endpoint_url=env.endpoint.url, origin=origin,
+                      journal_dir=env.journal_dir / origin, **kw)
+
+
+def _files(d: Path, sizes: tuple[int, ...] = (2 * MiB + 5, 3000)) -> list[tuple[str, Path]]:
+    d.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, size in enumerate(sizes):
+        p = d / ("record" if i == 0 else f"e{i - 1}")
+        p.write_bytes(os.urandom(size))
+        out.append((p.name, p))
+    return out
+
+
+def _pointer(env: Any, key: str) -> tuple[dict, str]:
+    got = env.client.get_object(Bucket=env.bucket, Key=f"c/{key}.json")
+    return json.loads(got["Body"].read()), got["ETag"]
+
+
+def _put_pointer(env: Any, key: str, doc: dict) -> None:
+    """The bucket writer: the pointer replaced with boto3, no condition."""
+    env.client.put_object(Bucket=env.bucket, Key=f"c/{key}.json",
+                          Body=json.dumps(doc, sort_keys=True).encode())
+
+
+def _signed(doc: dict, key_path: Path) -> dict:
+    """``doc`` re-signed with the key at ``key_path`` (its old signatures dropped)."""
+    from trtet_store.cache.tier.signing import load_signing_key, sign_entry
+
+    entry = RemoteEntry.from_json(json.dumps({k: v for k, v in doc.items()
+                                              if k != "signature"}).encode(), "x")
+    sign_entry(entry, load_signing_key(key_path))
+    return json.loads(entry.to_json())
+
+
+def _left(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_a_signed_pointer_names_each_file_by_sha256_taken_in_the_download_pass(
+        env: Any, tmp_path: Path) -> None:
+    files = _files(tmp_path / "src")
+    a = _tier(env, "a", signing_key=env.keys / "team.key")
+    # One file handed over with its xxh3 (as the local cache does), one without.
+    size, digest = len(files[0][1].read_bytes()), xxhash.xxh3_128_hexdigest(
+        files[0][1].read_bytes())
+    pub = a.publish("k1", [(files[0][0], files[0][1], digest), files[1]], {"kind": "t"})
+    assert pub.published
+    doc, _ = _pointer(env, "k1")
+    assert doc["signature"]["key"] == env.team.key_id
+    for f, (_, p) in zip(doc["files"], files, strict=True):
+        assert f["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest()
+        assert f["digest"] == xxhash.xxh3_128_hexdigest(p.read_bytes())
+    assert doc["files"][0]["size"] == size
+
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    entry = b.lookup("k1")
+    before = bytes_digested()
+    got = b.download(entry, tmp_path / "dl")
+    # Each byte digested once: the chunk checks, the xxh3 and the sha256 in one pass.
+    assert bytes_digested() - before == entry.size
+    for name, p in files:
+        assert got.digests[name].sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
+        assert got.paths[name].read_bytes() == p.read_bytes()
+
+
+def test_the_downloaded_bytes_sha256_must_be_the_signed_pointers(env: Any,
+                                                                 tmp_path: Path) -> None:
+    files = _files(tmp_path / "src")
+    a = _tier(env, "a", signing_key=env.keys / "team.key")
+    assert a.publish("k2", files, {"kind": "t"}).published
+    doc, _ = _pointer(env, "k2")
+    honest = json.loads(json.dumps(doc))
+    # What a second preimage of xxh3 gives a bucket writer: bytes whose size and xxh3
+    # are the signed pointer's and whose sha256 is not. Written here the other way
+    # round (the signed sha256 is of other bytes; the stored bytes keep their xxh3).
+    doc["files"][1]["sha256"] = hashlib.sha256(b"the bytes the signer meant").hexdigest()
+    _put_pointer(env, "k2", _signed(doc, env.keys / "team.key"))
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    entry = b.lookup("k2")
+    assert b.signature_problem(entry) is None  # the signature itself verifies
+    with pytest.raises(TierEntryError) as caught:
+        b.download(entry, tmp_path / "dl")
+    said = str(caught.value)
+    assert "file e0: sha256 " in said and "the signed pointer says" in said, said
+    assert "\n" not in said and caught.value.name == "e0"
+    assert _left(tmp_path / "dl") == []  # nothing served, nothing kept
+    # The honest pointer again: served, byte for byte.
+    _put_pointer(env, "k2", honest)
+    got = b.download(b.lookup("k2"), tmp_path / "dl2")
+    assert [got.paths[n].read_bytes() for n, _ in files] == [p.read_bytes() for _, p in files]
+
+
+def test_a_resumed_file_is_checked_by_sha256_too(env: Any, tmp_path: Path) -> None:
+    files = _files(tmp_path / "src")
+    a = _tier(env, "a", signing_key=env.keys / "team.key")
+    assert a.publish("k3", files, {"kind": "t"}).published
+    doc, _ = _pointer(env, "k3")
+    doc["files"][0]["sha256"] = "0" * 64
+    _put_pointer(env, "k3", _signed(doc, env.keys / "team.key"))
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    # The directory already holds the files (a download that completed): read once here.
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    for name, p in files:
+        (dl / name).write_bytes(p.read_bytes())
+    with pytest.raises(TierEntryError, match="file record: sha256 .* the signed pointer says 0"):
+        b.download(b.lookup("k3"), dl)
+    assert _left(dl) == []
+
+
+def _v1_signed(doc: dict, key_path: Path) -> dict:
+    """``doc`` signed the way versions before sha256 signed: over xxh3-128 only."""
+    from trtet_store.cache.tier.signing import load_signing_key
+
+    key = load_signing_key(key_path)
+    record = {k: v for k, v in doc.items() if k != "signature"}
+    data = b"trtet-store/cache-entry-signature/1\n" + json.dumps(
+        record, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return {**record, "signature": {"key": key.key_id,
+                                    "ed25519": base64.b64encode(key.sign(data)).decode()}}
+
+
+def test_an_entry_signed_over_xxh3_only_is_refused_with_trusted_keys(env: Any,
+                                                                     tmp_path: Path) -> None:
+    from trtet_store.cache.tier.signing import sign_entry
+
+    files = _files(tmp_path / "src")
+    a = _tier(env, "a")  # unsigned: no sha256 named
+    assert a.publish("k4", files, {"kind": "t"}).published
+    doc, _ = _pointer(env, "k4")
+    assert all("sha256" not in f for f in doc["files"])
+    _put_pointer(env, "k4", _v1_signed(doc, env.keys / "team.key"))
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    entry = b.lookup("k4")
+    with pytest.raises(TierSignatureError) as caught:
+        b.download(entry, tmp_path / "dl")
+    said = str(caught.value)
+    assert "names its files by xxh3-128 only (record, e0 without sha256" in said, said
+    assert "publish it again with the signing key" in said and "\n" not in said
+    assert _left(tmp_path / "dl") == []
+    # Nobody signs over xxh3 alone any more.
+    from trtet_store.cache.tier.signing import load_signing_key
+    with pytest.raises(ValueError, match="not named by sha256"):
+        sign_entry(entry, load_signing_key(env.keys / "team.key"))
+    # Without trusted keys it is an unsigned entry like any other (checked by xxh3).
+    assert _tier(env, "c").download(entry, tmp_path / "plain").paths
+
+
+def test_several_signatures_one_trusted_is_enough_and_a_bad_one_counts_for_nothing(
+        env: Any, tmp_path: Path) -> None:
+    from trtet_store.cache.tier.signing import load_signing_key, sign_entry
+
+    files = _files(tmp_path / "src", (MiB + 1,))
+    a = _tier(env, "a", signing_key=env.keys / "evil.key")
+    assert a.publish("k5", files, {"kind": "t"}).published
+    entry = a.lookup("k5")
+    sign_entry(entry, load_signing_key(env.keys / "team.key"))  # a second signer (Nix style)
+    assert [s["key"] for s in entry.signatures()] == [env.evil.key_id, env.team.key_id]
+    _put_pointer(env, "k5", json.loads(entry.to_json()))
+    team = _tier(env, "t", trusted_keys=[env.keys / "team.key.pub"])
+    evil = _tier(env, "e", trusted_keys=[env.keys / "evil.key.pub"])
+    both = [team.lookup("k5"), evil.lookup("k5")]
+    assert [team.signature_problem(both[0]), evil.signature_problem(both[1])] == [None, None]
+    assert team.download(both[0], tmp_path / "t").paths["record"].read_bytes() == \
+        files[0][1].read_bytes()
+
+    # The team's signature spoiled (one bit), the other's intact: the team refuses it.
+    doc = json.loads(entry.to_json())
+    raw = bytearray(base64.b64decode(doc["signature"][1]["ed25519"]))
+    raw[0] ^= 1
+    doc["signature"][1]["ed25519"] = base64.b64encode(bytes(raw)).decode()
+    _put_pointer(env, "k5", doc)
+    spoiled = team.lookup("k5")
+    with pytest.raises(TierSignatureError, match=f"its signature by {env.team.key_id} does "
+                       "not verify"):
+        team.download(spoiled, tmp_path / "t2")
+    assert _left(tmp_path / "t2") == []
+    assert evil.signature_problem(evil.lookup("k5")) is None
+
+
+def test_a_pointer_whose_sha256_is_not_one_is_damaged(env: Any, tmp_path: Path) -> None:
+    files = _files(tmp_path / "src", (1000,))
+    assert _tier(env, "a", signing_key=env.keys / "team.key").publish("k6", files, {}).published
+    doc, _ = _pointer(env, "k6")
+    doc["files"][0]["sha256"] = "ABC" * 30
+    _put_pointer(env, "k6", doc)
+    got = _tier(env, "b").read_pointer("k6")
+    assert "has sha256 'ABCABC" in got.reason and "not a sha256 hex digest" in got.reason
+
+
+def test_the_signature_covers_each_files_sha256(env: Any, tmp_path: Path) -> None:
+    files = _files(tmp_path / "src", (MiB + 3, 10))
+    assert _tier(env, "a", signing_key=env.keys / "team.key").publish("k7", files,
+                                                                      {}).published
+    doc, _ = _pointer(env, "k7")
+    # A bucket writer names other bytes by sha256 (those it would put in place),
+    # leaving the team's signature as it was.
+    doc["files"][0]["sha256"] = hashlib.sha256(b"the forger's bytes").hexdigest()
+    _put_pointer(env, "k7", doc)
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    entry = b.lookup("k7")
+    assert b.signature_problem(entry) == (f"its signature by {env.team.key_id} does not "
+                                          "verify: the pointer was changed after it was signed")
+    with pytest.raises(TierSignatureError):
+        b.download(entry, tmp_path / "dl")
+    assert _left(tmp_path / "dl") == []
