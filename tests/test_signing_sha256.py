@@ -253,3 +253,40 @@ def test_the_signature_covers_each_files_sha256(env: Any, tmp_path: Path) -> Non
     with pytest.raises(TierSignatureError):
         b.download(entry, tmp_path / "dl")
     assert _left(tmp_path / "dl") == []
+
+
+def _list(env: Any, capsys: pytest.CaptureFixture, *more: object) -> tuple[int, str]:
+    """``trtet-store cache list --remote`` (in this process: the same entry point)."""
+    from trtet_store.cli import main
+
+    capsys.readouterr()
+    rc = main(["cache", "list", "--remote", f"s3://{env.bucket}/c", "--endpoint-url",
+               env.endpoint.url, *map(os.fspath, more)])
+    return rc, capsys.readouterr().out
+
+
+def test_a_listing_without_keys_says_a_signer_is_claimed_not_checked(
+        env: Any, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A bucket writer's pointer that names the team's key id with a signature that is
+    nothing: without keys the listing cannot know, and must not say "signed by"."""
+    files = _files(tmp_path / "src", (1000,))
+    assert _tier(env, "a").publish("forged", files, {}).published  # unsigned
+    doc, _ = _pointer(env, "forged")
+    doc["signature"] = {"key": env.team.key_id,
+                        "ed25519": base64.b64encode(b"\0" * 64).decode()}
+    _put_pointer(env, "forged", doc)
+    assert _tier(env, "s", signing_key=env.keys / "team.key").publish("real", files,
+                                                                      {}).published
+    rc, out = _list(env, capsys)
+    assert rc == 0, out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:-1]}
+    assert rows["forged"].endswith(f"claims {env.team.key_id}, not checked"), rows
+    assert rows["real"].endswith(f"claims {env.team.key_id}, not checked"), rows
+    got = {r["key"]: r for r in json.loads(_list(env, capsys, "--json")[1])}
+    assert (got["forged"]["signed_by"], got["forged"]["claims"], got["forged"]["checked"]) == \
+        (None, [env.team.key_id], False)
+    rc, out = _list(env, capsys, "--trusted-key", env.keys / "team.key.pub")
+    assert rc == 0, out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:-1]}
+    assert rows["forged"].endswith(f"claims {env.team.key_id} (refused)"), rows
+    assert rows["real"].endswith(f"  {env.team.key_id}"), rows

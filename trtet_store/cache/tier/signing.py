@@ -50,7 +50,8 @@ from trtet_store.io import NotOursError, open_ours, read_fd_capped
 
 __all__ = ["DOMAIN", "MAX_SIGNATURES", "KeyFileError", "PublicKey", "SigningKey",
            "SigningUnavailableError", "TierSignatureError", "keygen", "load_public_key",
-           "load_signing_key", "payload", "refusal", "sign_entry", "unnamed_by_sha256"]
+           "load_signing_key", "payload", "refusal", "sign_entry", "unnamed_by_sha256",
+           "claimed_keys", "verified_by"]
 
 #: What a signature covers starts with this, so that it means nothing elsewhere
 #: (``/2``: every file named by sha256 too; ``/1`` named them by xxh3-128 only).
@@ -329,6 +330,19 @@ def _one(sig: Any, entry: RemoteEntry, trusted: Mapping[str, PublicKey]) -> str 
         return (f"its signature by {key.key_id} does not verify: the pointer was changed "
                 "after it was signed")
     return None
+
+
+def claimed_keys(entry: RemoteEntry) -> list[str]:
+    """The key ids ``entry``'s signatures claim, unchecked (what a bucket writer can write)."""
+    return [str(s["key"])[:40] for s in entry.signatures()[:MAX_SIGNATURES]
+            if isinstance(s, dict) and isinstance(s.get("key"), str)]
+
+
+def verified_by(entry: RemoteEntry, trusted: Mapping[str, PublicKey]) -> str | None:
+    """The id of the first of ``trusted`` whose signature vouches for ``entry``, or None."""
+    if refusal(entry, trusted) is not None:
+        return None
+    return next(s["key"] for s in entry.signatures() if _one(s, entry, trusted) is None)
 
 
 def refusal(entry: RemoteEntry, trusted: Mapping[str, PublicKey]) -> str | None:
