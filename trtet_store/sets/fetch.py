@@ -37,7 +37,9 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
+from trtet_store.cache.tier.keyconfig import resolve_trusted
 from trtet_store.io import (
     Digests,
     InsufficientSpaceError,
@@ -59,6 +61,7 @@ from trtet_store.sets.place import place_files, reflinks
 from trtet_store.sets.publish import parse_set_url
 from trtet_store.sets.record import RECORD, read_record, record_bytes, remove_unlisted
 from trtet_store.sets.report import SetFetchReport
+from trtet_store.sets.signed import check_blobs, read_signed_set
 from trtet_store.sets.store import MOVING_DIR, STORE_DIR, ContentStore
 
 log = logging.getLogger("trtet_store.sets")
@@ -87,7 +90,7 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
               link: bool = False, endpoint_url: str | None = None, client: S3 | None = None,
               concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
               placements: list[str] | None = None,
-              replace_needed: bool = False) -> SetFetchReport:
+              replace_needed: bool = False, trusted_keys: Any = None) -> SetFetchReport:
     """Fetch one member of the set at ``url`` into the directory ``dest``.
 
     Parameters
@@ -123,6 +126,10 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         share names). Default: refused before anything is downloaded
         (:class:`~trtet_store.NeededByAnotherError`); and a ``.ptd`` of the
         previous member that another ``.pte`` needs is kept, not removed.
+    trusted_keys : sequence of path-like or PublicKey, optional
+        Fetch only a set signed by one of these keys, each blob checked by
+        the sha256 the signature covers (:mod:`.signed`). Default:
+        ``TRTET_TRUSTED_KEYS``, else the config file's, else none (any set).
 
     Returns
     -------
@@ -142,6 +149,10 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         A blob on the server is not the one the set names (size, CRC64NVME,
         xxh3-128), or a placed file does not match the set's chunk digests;
         the destination unchanged.
+    SetSignatureError
+        (a FetchVerificationError) With trusted keys: the set is not signed
+        by one (nothing downloaded), or a blob's sha256 is not the signed
+        one (nothing placed).
     VerificationError
         A blob of the local store changed since it was checked and is not
         the set's bytes any more; nothing placed (remove it and fetch again).
@@ -164,8 +175,13 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     if not target.parent.is_dir():
         raise FileNotFoundError(f"{target.parent} is not a directory (the destination's "
                                 "parent must exist)")
+    trusted = resolve_trusted(trusted_keys)
     s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2)
-    manifest, version = read_set(s3, bucket, prefix)
+    shas = None
+    if trusted is None:
+        manifest, version = read_set(s3, bucket, prefix)
+    else:  # a signed root: vouched for before anything is picked or downloaded
+        manifest, version, shas = read_signed_set(s3, bucket, prefix, trusted)
 
     picked = member is None
     if member is None:
@@ -212,14 +228,14 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         return _fetch_locked(s3, bucket, prefix, where, manifest, version, member, entry,
                              target, program, cas, report, may_move, link=link,
                              concurrency=concurrency, range_size=range_size,
-                             placements=placements, replace_needed=replace_needed)
+                             placements=placements, replace_needed=replace_needed, shas=shas)
 
 
 def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetManifest,
                   version: str, member: str, entry, target: Path, program: Path,
                   cas: ContentStore, report: SetFetchReport, may_move: bool, *, link: bool,
                   concurrency: int, range_size: int, placements: list[str] | None,
-                  replace_needed: bool) -> SetFetchReport:
+                  replace_needed: bool, shas: dict[str, str] | None = None) -> SetFetchReport:
     """Steps 2 and 3 (under the member's blob locks where ``may_move``)."""
     report.bytes_in_store, missing = _missing(cas, entry)
     t0 = time.monotonic()
@@ -237,7 +253,7 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
             else:
                 report.bytes_downloaded += cas.download(
                     s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
-                    concurrency=concurrency, range_size=range_size)
+                    concurrency=concurrency, range_size=range_size, sha256=shas is not None)
             fresh.add(f.blob)
     t1 = time.monotonic()
     report.seconds_download = t1 - t0
@@ -247,6 +263,8 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
     # stat: checked when it was downloaded), else read once (refused if changed).
     for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:
         cas.check(digest, size, manifest.chunk_size, chunks)
+    if shas is not None:  # a signed set: each blob by the sha256 its signature covers
+        check_blobs(cas, [f.blob for f in entry.files], shas, where)
     moves = _moves(cas, entry, fresh, manifest.chunk_size) if may_move else {}
     report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, None)
                                          for f in entry.files],

@@ -44,7 +44,7 @@ from trtet_store.cache.tier.signing import (
 from trtet_store.io import NotOursError, open_ours, read_fd_capped
 
 __all__ = ["ENV_CONFIG_FILE", "ENV_SIGNING_KEY", "ENV_TRUSTED_KEYS", "SECTION", "config_file",
-           "resolve_keys"]
+           "resolve_keys", "resolve_signing", "resolve_trusted"]
 
 ENV_SIGNING_KEY = "TRTET_SIGNING_KEY"
 ENV_TRUSTED_KEYS = "TRTET_TRUSTED_KEYS"
@@ -125,33 +125,10 @@ def resolve_keys(signing_key: Any = None, trusted_keys: Any = None
     TypeError, ValueError
         An argument of another type; an empty ``trusted_keys``.
     """
-    config: dict[str, str] | None = None
-    config_path: Path | None = None
+    return resolve_signing(signing_key), resolve_trusted(trusted_keys)
 
-    def setting(name: str, env: str) -> tuple[str | None, Path | None]:
-        nonlocal config, config_path
-        value = os.environ.get(env)
-        if value:
-            return value, None
-        if config is None:
-            config, config_path = _config()
-        value = config.get(name)
-        return (value, config_path.parent) if value else (None, None)
 
-    if signing_key is None:
-        text, base = setting("signing_key", ENV_SIGNING_KEY)
-        if text is not None:
-            found = _paths(text, base)
-            signing_key = found[0] if found else None
-    if signing_key is not None and not isinstance(signing_key, SigningKey):
-        if not isinstance(signing_key, (str, os.PathLike)):
-            raise TypeError(f"signing_key must be a path to an ed25519 private key, not "
-                            f"{type(signing_key).__name__}")
-        signing_key = load_signing_key(signing_key)
-    if trusted_keys is None:
-        text, base = setting("trusted_keys", ENV_TRUSTED_KEYS)
-        if text is not None:
-            trusted_keys = _paths(text, base) or None
+def _load_trusted(trusted_keys: Any) -> dict[str, PublicKey] | None:
     trusted: dict[str, PublicKey] | None = None
     if trusted_keys is not None:
         if isinstance(trusted_keys, (str, bytes, os.PathLike, PublicKey)) or \
@@ -168,4 +145,38 @@ def resolve_keys(signing_key: Any = None, trusted_keys: Any = None
                     raise TypeError(f"each trusted key is a public key file, not {k!r}")
                 k = load_public_key(k)
             trusted[k.key_id] = k
-    return signing_key, trusted
+    return trusted
+
+
+def resolve_trusted(trusted_keys: Any = None) -> dict[str, PublicKey] | None:
+    """``{key id: public key}`` or None: :func:`resolve_keys`'s second half alone."""
+    if trusted_keys is None:
+        text = os.environ.get(ENV_TRUSTED_KEYS)
+        base = None
+        if not text:
+            config, path = _config()
+            text = config.get("trusted_keys") or None
+            base = path.parent
+        if text is not None:
+            trusted_keys = _paths(text, base) or None
+    return _load_trusted(trusted_keys)
+
+
+def resolve_signing(signing_key: Any = None) -> SigningKey | None:
+    """The signing key or None: :func:`resolve_keys`'s first half alone."""
+    if signing_key is None:
+        text = os.environ.get(ENV_SIGNING_KEY)
+        base = None
+        if not text:
+            config, path = _config()
+            text = config.get("signing_key") or None
+            base = path.parent
+        if text is not None:
+            found = _paths(text, base)
+            signing_key = found[0] if found else None
+    if signing_key is not None and not isinstance(signing_key, SigningKey):
+        if not isinstance(signing_key, (str, os.PathLike)):
+            raise TypeError(f"signing_key must be a path to an ed25519 private key, not "
+                            f"{type(signing_key).__name__}")
+        signing_key = load_signing_key(signing_key)
+    return signing_key
