@@ -159,3 +159,31 @@ def test_a_blob_whose_sha256_is_not_the_signed_one_is_not_placed(env: Any,
     _fetch(env, out / "a", store=store)
     assert [(out / "a" / p.name).read_bytes() for p in members["a"]] == \
         [p.read_bytes() for p in members["a"]]
+
+
+def test_the_cli_signs_and_checks_a_set(env: Any, here_fs: Path,
+                                        capsys: pytest.CaptureFixture) -> None:
+    from trtet_store.cli import main
+
+    pte = write(here_fs / "src" / "model.pte", MiB, 3)
+    ep = ["--endpoint-url", env.endpoint.url]
+    assert main(["publish-set", env.url, "--member", "a", os.fspath(pte), "--signing-key",
+                 os.fspath(env.keys / "team.key"), "--journal-dir",
+                 os.fspath(env.journal_dir), *ep]) == 0
+    assert [s["key"] for s in _doc(env)["signatures"]] == [env.team.key_id]
+    capsys.readouterr()
+    out = here_fs / "out"
+    out.mkdir()
+    rc = main(["fetch-set", env.url, os.fspath(out / "a"), "--member", "a", "--trusted-key",
+               os.fspath(env.keys / "evil.key.pub"), *ep])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.splitlines()[1].endswith("and its .ptd files are unchanged"), err
+    assert f"trtet-store fetch-set: SetSignatureError: s3://{env.bucket}/llm/v3/trtet-set.json:" \
+        f" the set is refused: signed by '{env.team.key_id}', not one of the trusted " \
+        "keys" in err.splitlines()[0]
+    assert f"the set is refused: signed by '{env.team.key_id}', not one of the trusted " \
+        "keys" in err
+    assert _files(out) == []
+    assert main(["fetch-set", env.url, os.fspath(out / "a"), "--member", "a", "--trusted-key",
+                 os.fspath(env.keys / "team.key.pub"), *ep]) == 0
+    assert (out / "a" / "model.pte").read_bytes() == pte.read_bytes()
