@@ -290,3 +290,21 @@ def test_a_listing_without_keys_says_a_signer_is_claimed_not_checked(
     rows = {line.split()[0]: line for line in out.splitlines()[1:-1]}
     assert rows["forged"].endswith(f"claims {env.team.key_id} (refused)"), rows
     assert rows["real"].endswith(f"  {env.team.key_id}"), rows
+
+
+def test_a_pointer_with_more_signatures_than_are_read_is_refused(env: Any,
+                                                                 tmp_path: Path) -> None:
+    """Each signature costs a verification: a bucket writer's pointer with thousands would
+    cost each reader that many; past 8 it is refused, even with the team's among them."""
+    files = _files(tmp_path / "src", (100,))
+    a = _tier(env, "a", signing_key=env.keys / "team.key")
+    assert a.publish("k8", files, {}).published
+    doc, _ = _pointer(env, "k8")
+    junk = {"key": env.evil.key_id, "ed25519": base64.b64encode(b"\1" * 64).decode()}
+    doc["signature"] = [junk] * 8 + [doc["signature"]]
+    _put_pointer(env, "k8", doc)
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    assert b.signature_problem(b.lookup("k8")) == "carries 9 signatures, more than the 8 read"
+    doc["signature"] = doc["signature"][1:]  # 8: read, and the team's verifies
+    _put_pointer(env, "k8", doc)
+    assert b.signature_problem(b.lookup("k8")) is None
