@@ -308,3 +308,46 @@ def test_a_pointer_with_more_signatures_than_are_read_is_refused(env: Any,
     doc["signature"] = doc["signature"][1:]  # 8: read, and the team's verifies
     _put_pointer(env, "k8", doc)
     assert b.signature_problem(b.lookup("k8")) is None
+
+
+def test_a_signed_publish_of_files_handed_over_with_their_xxh3_reads_them_once(
+        env: Any, tmp_path: Path) -> None:
+    """The local cache hands its files over with their xxh3 (sealed when they entered): the
+    sha256 the signature needs is taken by the upload's own pass, not by a read of its own."""
+    files = _files(tmp_path / "src", (3 * MiB + 1, 5000))
+    handed = [(n, p, xxhash.xxh3_128_hexdigest(p.read_bytes())) for n, p in files]
+    a = _tier(env, "a", signing_key=env.keys / "team.key")
+    before = bytes_digested()
+    assert a.publish("k9", handed, {}).published
+    size = sum(p.stat().st_size for _, p in files)
+    assert bytes_digested() - before == size  # the upload's pass, once
+    doc, _ = _pointer(env, "k9")
+    assert [f["sha256"] for f in doc["files"]] == \
+        [hashlib.sha256(p.read_bytes()).hexdigest() for _, p in files]
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    got = b.download(b.lookup("k9"), tmp_path / "dl")
+    assert [got.paths[n].read_bytes() for n, _ in files] == [p.read_bytes() for _, p in files]
+
+
+def test_a_signed_publish_that_finds_its_upload_complete_reads_each_file_once(
+        env: Any, tmp_path: Path) -> None:
+    """A publisher killed between its upload and its pointer: the next run sends nothing
+    (its attempt is complete), so it reads each file once for the sha256, checked against
+    the xxh3 it publishes."""
+    files = _files(tmp_path / "src", (MiB + 9,))
+    handed = [(n, p, xxhash.xxh3_128_hexdigest(p.read_bytes())) for n, p in files]
+    a = _tier(env, "a", signing_key=env.keys / "team.key")
+    assert a.publish("k10", handed, {}).published
+    env.client.delete_object(Bucket=env.bucket, Key="c/k10.json")  # as if killed before it
+    before = bytes_digested()
+    again = a.publish("k10", handed, {})
+    assert again.published and again.sent == 0
+    assert bytes_digested() - before == files[0][1].stat().st_size
+    doc, _ = _pointer(env, "k10")
+    assert doc["files"][0]["sha256"] == hashlib.sha256(files[0][1].read_bytes()).hexdigest()
+    # The file changed since its xxh3 was handed over: refused, no pointer.
+    env.client.delete_object(Bucket=env.bucket, Key="c/k10.json")
+    files[0][1].write_bytes(os.urandom(MiB + 9))
+    with pytest.raises(ValueError, match="not the .* it was published with"):
+        a.publish("k10", handed, {})
+    assert a.read_pointer("k10") is None

@@ -29,8 +29,11 @@ With trusted keys, each file's sha256 (taken by the download in the same
 pass as its xxh3, never by reading the file back) must be the signed
 pointer's too: the signature vouches for the bytes through sha256, not
 through xxh3, which a forger could match. A signing publisher names each
-file by sha256 (taken in the pass that digests it; a file handed over with
-its xxh3 only is read once for it).
+file by sha256, taken in the pass that already reads it: its own digest
+pass for a file given without digests, else the upload's (a file handed
+over with its xxh3, as the local cache does); only an upload found complete
+already (a publisher killed before its pointer) reads each file once for
+it, checked against the xxh3 it publishes.
 fetch's ``.pte``/``.ptd`` logic does not apply to these names: its neighbour
 check only concerns files of the destination directory that exist and that
 another ``.pte`` there needs (a download directory holds none), and a
@@ -430,15 +433,11 @@ class RemoteTier:
         signing = self.signing_key is not None
         for name, path, digest, sha in parsed:
             size = path.stat().st_size
-            if digest is None or (signing and sha is None):
-                # One pass for both digests; a digest handed over must be what was read.
-                got = file_digests(path, sha256=signing)
-                if digest is not None and got.digest != digest:
-                    raise SourceChangedError(path, f"its xxh3-128 is {got.digest}, not the "
-                                             f"{digest} it was handed over with")
+            if digest is None:
+                got = file_digests(path, sha256=signing)  # one pass for both digests
                 size, digest, sha = got.size, got.digest, got.sha256
             one = {"name": name, "size": size, "digest": digest}
-            if signing:
+            if signing and sha is not None:
                 one["sha256"] = sha
             described.append(one)
 
@@ -459,6 +458,8 @@ class RemoteTier:
         adir = f"{self.prefix}{key}/{attempt}/"
         first = described[0]["name"]
         sources = [ObjectSource.of_file(path, name) for name, path, _, _ in parsed]
+        for source in sources:  # a file handed over with its xxh3 only: sha256 from the upload
+            source.want_sha256 = signing
         config = PublishConfig(concurrency=self.concurrency, journal_dir=self.journal_dir,
                                index=False)
         sent = 0
@@ -484,6 +485,8 @@ class RemoteTier:
                 return TierPublish(key, False, f"not published: {exc}", 0, self.lookup(key))
             break
 
+        if signing:
+            _name_by_sha256(described, parsed, sources)
         entry = RemoteEntry(key, "", time.time(), self.origin, socket.gethostname(),
                             f"{key}/{attempt}/", described, dict(metadata))
         if self.signing_key is not None:
@@ -649,6 +652,30 @@ class RemoteTier:
             lease.release()
             return entry
         return lease
+
+
+def _name_by_sha256(described: list[dict[str, Any]], parsed: Sequence[tuple[Any, ...]],
+                    sources: Sequence[Any]) -> None:
+    """Add each file's sha256 to ``described``: the upload's pass took it, else one read.
+
+    A file read once (here or by the upload) must have the xxh3-128 it is
+    described with, so the signed sha256 is of the bytes the pointer names.
+    """
+    for d, (_, path, _, _), source in zip(described, parsed, sources, strict=True):
+        if "sha256" in d:
+            continue
+        if source.sha256 is not None:  # the upload read it whole, in order: no read here
+            if source.sha256_xxh3 != d["digest"]:
+                raise SourceChangedError(path, f"the upload read bytes with xxh3-128 "
+                                         f"{source.sha256_xxh3}, not the {d['digest']} it "
+                                         "was published with")
+            d["sha256"] = source.sha256
+            continue
+        got = file_digests(path, sha256=True)  # an upload resumed or found complete
+        if got.digest != d["digest"] or got.size != d["size"]:
+            raise SourceChangedError(path, f"its xxh3-128 is {got.digest} ({got.size} bytes), "
+                                     f"not the {d['digest']} it was published with")
+        d["sha256"] = got.sha256
 
 
 def _arrived(obj: Any, sha256: bool = False) -> Digests | None:
