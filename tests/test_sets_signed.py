@@ -187,3 +187,21 @@ def test_the_cli_signs_and_checks_a_set(env: Any, here_fs: Path,
     assert main(["fetch-set", env.url, os.fspath(out / "a"), "--member", "a", "--trusted-key",
                  os.fspath(env.keys / "team.key.pub"), *ep]) == 0
     assert (out / "a" / "model.pte").read_bytes() == pte.read_bytes()
+
+
+def test_a_signed_fetch_reads_no_byte_more_than_an_unsigned_one(env: Any,
+                                                                here_fs: Path) -> None:
+    """The sha256 of a blob downloaded now is taken as it arrives and kept in its seal: the
+    check before placement reads nothing (bytes digested, unsigned against signed)."""
+    from trtet_store.io import bytes_digested
+
+    _publish(env, here_fs, signing_key=env.keys / "team.key")
+    out = here_fs / "out"
+    out.mkdir()
+    spent = []
+    for name, keys in (("plain", None), ("signed", [env.keys / "team.key.pub"])):
+        before = bytes_digested()
+        fetch_set(env.url, out / name, "a", endpoint_url=env.endpoint.url,
+                  store=out / f"store-{name}", trusted_keys=keys)
+        spent.append(bytes_digested() - before)
+    assert spent[1] == spent[0] > 0, spent
