@@ -13,7 +13,10 @@ byte in its headers and body. The client keeps its own signature and never
 knows.
 
 :attr:`ConditionsProxy.requests` records every request as ``(method, target,
-stripped headers)``. Standard library and botocore only; no pytest.
+stripped headers)``. :meth:`ConditionsProxy.fail_next` answers the next writes
+whose target contains a string with an S3 error of the test's choosing (a
+503 ``SlowDown``, a 403 ``AccessDenied``...) instead of forwarding them.
+Standard library and botocore only; no pytest.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class ConditionsProxy:
             raise ValueError(f"ignore names {ignore!r}; only {CONDITIONS} can be ignored")
         self.ignore = tuple(ignore)
         self.requests: list[Seen] = []
+        self._failures: list[tuple[str, int, str]] = []  # (needle, status, code), in order
         self._lock = threading.Lock()
         proxy = self
 
@@ -88,6 +92,20 @@ class ConditionsProxy:
         """The requests whose target contains ``needle`` (all by default), in order."""
         with self._lock:
             return [s for s in self.requests if needle in s.target]
+
+    def fail_next(self, needle: str, status: int, code: str, times: int = 1) -> None:
+        """Answer the next ``times`` writes whose target contains ``needle`` with ``status``
+        and an S3 error document of ``code`` (never forwarded: the server sees nothing)."""
+        with self._lock:
+            self._failures.extend([(needle, status, code)] * times)
+
+    def _failure(self, method: str, target: str) -> tuple[int, str] | None:
+        with self._lock:
+            for i, (needle, status, code) in enumerate(self._failures):
+                if method in _WRITES and needle in target:
+                    del self._failures[i]
+                    return status, code
+        return None
 
     def close(self) -> None:
         self._server.shutdown()
@@ -142,6 +160,17 @@ class _Handler(BaseHTTPRequestHandler):
                                         [(k, v) for k, v in headers
                                          if k.lower() not in owner.ignore], body)
         owner._record(Seen(self.command, self.path, stripped))
+        failure = owner._failure(self.command, self.path)
+        if failure is not None:
+            status, code = failure
+            error = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+                     f'<Message>injected by the test proxy</Message></Error>').encode()
+            self.send_response_only(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
         if owner.refuse and self.command in _WRITES and \
                 any(k.lower() in CONDITIONS for k, _ in headers):
             error = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented'

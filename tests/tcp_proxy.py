@@ -10,6 +10,10 @@ carry several). :class:`Fault` rules fire at chosen moments:
   byte, every header intact.
 - ``action="reset"``: once ``at`` bytes of the body have passed (``at=0``:
   right after the headers), close both sides with an RST (``SO_LINGER`` 0).
+- ``action="cut"``: as ``reset``, but the client's side is closed with a FIN
+  after exactly ``at`` body bytes: the client reads every one of them, then
+  the end of the stream (a body cut short at a known byte; an RST may drop
+  what the client had not read yet).
 
 A rule picks its messages by direction (``"request"`` or ``"response"``),
 an optional predicate on :class:`Message` (a response's message carries the
@@ -78,7 +82,7 @@ class Fault:
     Parameters
     ----------
     direction : {"request", "response"}
-    action : {"flip", "reset"}
+    action : {"flip", "reset", "cut"}
     at : int
         Body offset: the byte flipped, or the bytes let through before the reset.
     match : callable, optional
@@ -102,8 +106,8 @@ class Fault:
     def __post_init__(self) -> None:
         if self.direction not in ("request", "response"):
             raise ValueError(f"direction must be 'request' or 'response', not {self.direction!r}")
-        if self.action not in ("flip", "reset"):
-            raise ValueError(f"action must be 'flip' or 'reset', not {self.action!r}")
+        if self.action not in ("flip", "reset", "cut"):
+            raise ValueError(f"action must be 'flip', 'reset' or 'cut', not {self.action!r}")
 
     @property
     def spent(self) -> bool:
@@ -111,7 +115,8 @@ class Fault:
 
 
 class _Reset(Exception):
-    """A rule asked for this connection to be reset."""
+    """A rule asked for this connection to be reset (``args``: the bytes still to send,
+    and whether the client's side closes with a FIN: ``cut``)."""
 
 
 class _Stream:
@@ -147,7 +152,7 @@ class _Stream:
                     if self.remaining == 0:
                         self._end()
         except _Reset as reset:  # what passed before the fault still goes through
-            raise _Reset(bytes(out) + reset.args[0]) from None
+            raise _Reset(bytes(out) + reset.args[0], *reset.args[1:]) from None
         return bytes(out)
 
     def _read_head(self, view: memoryview, out: bytearray) -> memoryview:
@@ -224,18 +229,20 @@ class _Stream:
                 data[fault.at - start] ^= 0x01
                 self.proxy._record(fault, self.message)
         self.body_pos += len(data)
-        self.proxy._count(self.direction, self.message.method, len(data))
-        self._maybe_reset(data, start)
+        try:
+            self._maybe_reset(data, start)
+        finally:  # what passed: a reset's chunk is cut to its ``at`` bytes first
+            self.proxy._count(self.direction, self.message.method, len(data))
         return bytes(data)
 
     def _maybe_reset(self, data: bytearray | None = None, start: int = 0) -> None:
         for fault in self.armed:
-            if fault.action == "reset" and self.body_pos >= fault.at:
+            if fault.action in ("reset", "cut") and self.body_pos >= fault.at:
                 self.proxy._record(fault, self.message)
                 if data is not None:
                     # let exactly ``at`` body bytes through before the reset
                     del data[max(0, fault.at - start):]
-                raise _Reset(bytes(data or b""))
+                raise _Reset(bytes(data or b""), fault.action == "cut")
 
     def _end(self) -> None:
         self.message = None
@@ -359,7 +366,14 @@ class TcpProxy:
                 except _Reset as reset:
                     with contextlib.suppress(OSError):
                         dst.sendall(reset.args[0])
-                    _reset(client)
+                    if len(reset.args) > 1 and reset.args[1]:
+                        # cut: a FIN after what was sent, so the client reads all of it
+                        with contextlib.suppress(OSError):
+                            client.shutdown(socket.SHUT_RDWR)
+                        with contextlib.suppress(OSError):
+                            client.close()
+                    else:
+                        _reset(client)
                     _reset(upstream)
                     return
                 dst.sendall(out)

@@ -467,8 +467,10 @@ def test_the_remote_arguments_are_checked_before_anything_is_made(here_fs):
     with pytest.raises(TypeError, match="unexpected keyword argument 'remote_url'"):
         EngineCache(d, remote_url="s3://bucket")
     assert not d.exists()  # refused before the directory was made
-    # No wait without end by default (issue 44 item 6): an hour, then it builds here.
-    assert EngineCache(d, remote="s3://bucket").wait_timeout == 3600.0
+    # No wait without end by default (issue 44 item 6): twice the lease's own ttl (issue
+    # 51 finding 7), then it builds here.
+    assert EngineCache(d, remote="s3://bucket").wait_timeout == 600.0
+    assert EngineCache(d, remote="s3://bucket", lease_ttl=30).wait_timeout == 60.0
     assert EngineCache(d, remote="s3://bucket", wait_timeout=None).wait_timeout is None
     cache = EngineCache(d)
     for call in (cache.push, cache.remote_entries, lambda: cache.pull(["k"]),

@@ -181,11 +181,11 @@ def test_a_write_during_the_copy_from_a_reference_is_never_placed(s3env, lora, m
         with open(src, "r+b") as f:
             f.write(b"\x11" * 4096)  # same size: only mtime and ctime change
 
-    def racing(src, dest, size, chunk_size):
+    def racing(fd, src, dest, size):
         calls.append(src)
         if when == "before":  # after the identity check, before a byte is copied
             write_to_source(src)
-        copy(src, dest, size, chunk_size)
+        copy(fd, src, dest, size)
         if when == "after":  # after every byte was copied, before the second look
             write_to_source(src)
 

@@ -2,7 +2,11 @@
 
 Over :func:`trtet_store.recover`; it also names the fetches into DIR that a
 failure left staged in ``DIR/.trtet-staging`` (with the commands that resume
-or discard them; ``--discard-fetches`` discards them) and the publishes of
+or discard them; ``--discard-fetches`` discards them), the downloads a killed
+``fetch-set`` left in the set store beside DIR (``DIR/../.trtet-blobs``, its
+default store, shared by the sets fetched into DIR's siblings: each blob and
+its size; ``--discard-fetches`` discards them too; a store that is not ours,
+checked as ``fetch-set`` checks it, is not looked into), and the publishes of
 DIR's files a crash left open (their journals; no request is made), so
 neither a staged download nor an abandoned upload is left silently.
 """
@@ -42,8 +46,9 @@ def add_parser(sub: Any) -> None:
     r.add_argument(
         "--discard-fetches",
         action="store_true",
-        help="remove the staged files and journals of the interrupted fetches into DIR "
-        "(never of one that is running)",
+        help="remove the staged files and journals of the interrupted fetches into DIR, "
+        "and of the set store's interrupted downloads beside DIR (never of one that is "
+        "running)",
     )
     r.set_defaults(func=cmd_recover)
 
@@ -111,6 +116,8 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
     out = sys.stderr if args.json else sys.stdout  # --json's stdout is the JSON alone
     discard = shown(shlex.join(["trtet-store", "recover", os.fspath(args.dir),
                                 "--discard-fetches"]))
+    store_ok, in_store = _store_fetches(args, out, discard)
+    ok = ok and store_ok
     for f in found:
         what = f"{shown(f.url)} -> {shown(f.dest)}"
         staged = f"{format_mib(f.staged)[:-4]} of {format_mib(f.total)} staged"
@@ -132,5 +139,67 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
             resume = shown(resume_command(f.url, f.dest)) if f.url and f.dest else \
                 "(its journal is damaged: fetch it again)"
             print(f"interrupted fetch {what} ({staged}, since {since}): resume: {resume}; "
+                  f"discard: {discard}", file=out)
+    return ok, len(found) + in_store
+
+
+def _store_fetches(args: argparse.Namespace, out: Any, discard: str) -> tuple[bool, int]:
+    """Name (or discard) the downloads a killed ``fetch-set`` left in the set store beside DIR.
+
+    ``fetch-set`` downloads each blob into its content store (default
+    ``DIR/../.trtet-blobs``) with ``fetch``, staged in the store's own
+    ``.trtet-staging``: that is where a killed one leaves its partial download.
+    The store is looked into only when it is ours (checked as ``fetch-set``
+    checks it: not a link, our own, not writable by group or others), and so
+    is its staging directory; otherwise one line says it was left alone.
+    """
+    from trtet_store.io import (
+        STAGING_DIR,
+        ConcurrentWriteError,
+        UnsafeDirectoryError,
+        check_staging_directory,
+        format_mib,
+    )
+    from trtet_store.remote.download.interrupted import (
+        StagingLinkError,
+        discard_fetch,
+        interrupted_fetches,
+    )
+    from trtet_store.sets.store import STORE_DIR
+
+    store = args.dir.absolute().parent / STORE_DIR
+    if not os.path.lexists(store / STAGING_DIR):
+        return True, 0
+    try:
+        check_staging_directory(store, todo="not looked into")
+        check_staging_directory(store / STAGING_DIR, todo="not looked into")
+        found = interrupted_fetches(store)
+    except (UnsafeDirectoryError, StagingLinkError) as exc:
+        print(f"trtet-store recover: the set store beside {shown(args.dir)}: {exc.strerror}",
+              file=out)
+        return True, 0
+    ok = True
+    for f in found:
+        what = f"blob {shown(Path(f.dest).name or f.id)} from {shown(f.url)}"
+        staged = f"{format_mib(f.staged)[:-4]} of {format_mib(f.total)} staged"
+        if args.discard_fetches and not f.running:
+            try:
+                removed = discard_fetch(store, f)
+            except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
+                print(f"trtet-store recover: {exc}", file=sys.stderr)
+                ok = False
+                continue
+            print(f"discarded the set store's download of {what} ({staged}: {removed} staged "
+                  f"file(s) and its journal removed from {shown(store / STAGING_DIR)})",
+                  file=out)
+        elif f.running:
+            print(f"the set store's download of {what} is running ({staged}): not discarded; "
+                  "wait for it to finish", file=sys.stderr if args.discard_fetches else out)
+            ok = ok and not args.discard_fetches
+        else:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.since))
+            print(f"interrupted download of a killed fetch-set in the set store "
+                  f"{shown(store)}: {what} ({staged}, since {since}): resume: run the same "
+                  f"`trtet-store fetch-set` again (it downloads only what is missing); "
                   f"discard: {discard}", file=out)
     return ok, len(found)

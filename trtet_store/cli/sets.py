@@ -161,6 +161,7 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
     from trtet_store.cache.tier import KeyFileError
     from trtet_store.remote import RemoteError
     from trtet_store.sets import Machine, fetch_set
+    from trtet_store.sets.fetch import fetch_set_command
 
     prefix = "trtet-store fetch-set"
     machine = None
@@ -179,8 +180,18 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"{prefix}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
-    except (KeyboardInterrupt, RemoteError, OSError, KeyFileError) as exc:
+    except KeyFileError as exc:
         return report_error(exc, "fetch-set", out=args.out)
+    except (KeyboardInterrupt, RemoteError, OSError) as exc:
+        # Ctrl-C says to run the same fetch-set again (a network failure's message does).
+        again = fetch_set_command(args.url, Path(args.out).absolute(), args.member,
+                                  machine=machine, store=args.store, link=args.link,
+                                  endpoint_url=args.endpoint_url,
+                                  replace_needed=args.replace_needed,
+                                  trusted_keys=args.trusted_key)
+        return report_error(exc, "fetch-set", out=args.out, resume=again)
+    for line in report.left_alone:  # a file we did not make: said, never acted on
+        print(f"{prefix}: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0

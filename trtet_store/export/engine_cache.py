@@ -57,11 +57,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trtet_store.engine_cache")
 
-#: Seconds an export waits at most for another machine's build of its key, then builds
-#: itself. An hour outlasts most TensorRT builds (waiting is cheaper than building
-#: twice) and bounds what a holder that renews but never publishes (a hung build, or a
-#: bucket writer renewing a lease of its own) can cost: an hour, not forever.
-DEFAULT_WAIT_TIMEOUT = 3600.0
+#: An export waits at most this many of its ``lease_ttl`` for another machine's build of
+#: its key, then builds itself: 2 (600 s at the default ttl of 300 s). A lease that is
+#: not renewed is taken over after one ttl (at most two, whatever ttl it claims), so the
+#: bound matters only for a holder that keeps renewing and never publishes (a hung build,
+#: or a bucket writer rewriting a lease of its own): it costs twice the lease's own bound,
+#: not an hour. A build known to take longer passes ``wait_timeout=`` (or None).
+WAIT_TIMEOUT_TTLS = 2.0
+#: The default ``wait_timeout`` at the default ``lease_ttl``: ``WAIT_TIMEOUT_TTLS`` x 300 s.
+DEFAULT_WAIT_TIMEOUT = WAIT_TIMEOUT_TTLS * DEFAULT_LEASE_TTL
+
+
+class _TtlBound:
+    """``wait_timeout``'s default: :data:`WAIT_TIMEOUT_TTLS` times the cache's ``lease_ttl``."""
+
+    def __repr__(self) -> str:
+        return f"{WAIT_TIMEOUT_TTLS:g} x lease_ttl"
+
+
+_TTL_BOUND: Any = _TtlBound()
 
 # What a cache directory can answer that means "no cache here now", never a failed export.
 CACHE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC,
@@ -118,22 +132,28 @@ class EngineCache:
         directory is created or removed, puts are skipped. A missing
         directory is ``FileNotFoundError``.
     wait_timeout : float or None
-        Seconds to wait at most for another machine's build (default
-        :data:`DEFAULT_WAIT_TIMEOUT`, an hour); then this machine builds too,
-        and says so (a warning). None waits as long as the lease is renewed.
-        A lease that is not renewed is taken over after its ttl, at most twice
-        this cache's ``lease_ttl`` whatever ttl the lease claims.
+        Seconds to wait at most for another machine's build (default: twice
+        ``lease_ttl``, :data:`WAIT_TIMEOUT_TTLS`; 600 s at the default ttl);
+        then this machine builds too, and says so (a warning). None waits as
+        long as the lease is renewed. A lease that is not renewed is taken
+        over after its ttl, at most twice this cache's ``lease_ttl`` whatever
+        ttl the lease claims. With ``trusted_keys``, only a lease signed by
+        one of them holds the wait at all (another is ignored, said once,
+        and taken over).
     signing_key : path-like, optional
         With ``remote=``: an ed25519 private key file (``trtet-store cache
-        keygen``); every entry this cache publishes is signed with it.
+        keygen``); every entry this cache publishes, and every build lease it
+        claims, is signed with it.
         Default: ``TRTET_SIGNING_KEY``, else the config file's
         (:mod:`trtet_store.cache.tier.keyconfig`).
     trusted_keys : sequence of path-like, optional
         With ``remote=``: public key files; a shared entry not signed by one
         of them is a miss (``remote_reason`` in its events), never served,
         and, when this cache signs, replaced by its own signed build
-        (``If-Match`` that entry). Default: ``TRTET_TRUSTED_KEYS``, else the
-        config file's, else none (every entry accepted).
+        (``If-Match`` that entry); another machine's build lease holds an
+        export only when signed by one of them. Default:
+        ``TRTET_TRUSTED_KEYS``, else the config file's, else none (every
+        entry accepted).
     on_wait : callable, optional
         With ``remote=``: called with a :class:`~trtet_store.cache.tier.LeaseWait`
         at each look (every 2 s) while an export waits for another machine's
@@ -167,7 +187,7 @@ class EngineCache:
                  max_bytes: int = DEFAULT_MAX_BYTES, min_free: int = DEFAULT_MIN_FREE,
                  remote: str | RemoteTier | None = None, endpoint_url: str | None = None,
                  lease_ttl: float = DEFAULT_LEASE_TTL,
-                 wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT, signing_key: Any = None,
+                 wait_timeout: float | None = _TTL_BOUND, signing_key: Any = None,
                  trusted_keys: Any = None, read_only: bool = False,
                  verify: str = "seal",
                  on_wait: Callable[[LeaseWait], Any] | None = None) -> None:
@@ -193,6 +213,9 @@ class EngineCache:
                             f"{type(lease_ttl).__name__}")
         if not math.isfinite(lease_ttl) or lease_ttl <= 0:
             raise ValueError(f"lease_ttl must be > 0 seconds, got {lease_ttl}")
+        if wait_timeout is _TTL_BOUND:  # a RemoteTier given: its own lease_ttl is the one
+            wait_timeout = WAIT_TIMEOUT_TTLS * float(
+                lease_ttl if remote is None or isinstance(remote, str) else remote.lease_ttl)
         if wait_timeout is not None:
             if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float)):
                 raise TypeError(f"wait_timeout must be seconds or None, got "

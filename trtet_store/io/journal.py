@@ -27,11 +27,23 @@ from pathlib import Path
 import xxhash
 
 from trtet_store.io import fs, names
-from trtet_store.io.errors import IncompleteJournal, JournalError
+from trtet_store.io.errors import IncompleteJournal, JournalError, UnsafeLockFileError
 from trtet_store.io.lock import lock_the_file_at, release, try_lock
+from trtet_store.io.owned import NotOursError, open_ours, ours_problem, read_fd_capped
+from trtet_store.io.safedir import directory_problem
 from trtet_store.io.units import MiB
 
 VERSION = 1
+
+#: The most bytes a journal may hold; a larger one is not read (refused on its ``fstat``
+#: size, before a byte is read) and a write whose plan would need more is refused.
+#: A plan is KiB: its largest part is the chunk digest list of each moved payload,
+#: about 21 bytes per MiB moved, so 16 MiB covers some 390 GiB of moved bytes in one
+#: write (half of it: amend lines may repeat a payload's plan).
+JOURNAL_LIMIT = 16 * MiB
+
+#: What the refusal of a journal calls it.
+WHAT = "write journal"
 
 # Journal.create tries again when its new, empty journal was removed before
 # it was locked; a file removed this often is a bug elsewhere.
@@ -182,6 +194,12 @@ class Journal:
         find after a crash, so the journal is locked, checked to be the file at
         its path, and created again if it is not (as :func:`try_lock` does).
         """
+        data = (plan.to_json() + "\n").encode()
+        if len(data) > JOURNAL_LIMIT // 2:
+            raise OSError(errno.EFBIG, f"the write's plan is {len(data)} bytes, over the "
+                          f"{JOURNAL_LIMIT // 2} a journal may start with (recovery reads at "
+                          f"most {JOURNAL_LIMIT}); write fewer or smaller payloads at once; "
+                          "nothing was written", os.fspath(path))
         for _ in range(_CREATE_ATTEMPTS):
             fd = fs.calls.open(os.fspath(path),
                                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -200,7 +218,7 @@ class Journal:
             raise OSError(errno.ESTALE, f"the write journal was removed while it was created, "
                           f"{_CREATE_ATTEMPTS} times; nothing was written", os.fspath(path))
         try:
-            fs.pwrite_all(fd, (plan.to_json() + "\n").encode(), 0)
+            fs.pwrite_all(fd, data, 0)
             fs.calls.fsync(fd)
             fs.fsync_dir(path.parent)
         except BaseException:
@@ -212,21 +230,57 @@ class Journal:
 
     @classmethod
     def open_if_abandoned(cls, path: Path) -> Journal | None:
-        """Open a journal whose writer is gone; None while a writer holds it.
+        """Open a journal of ours whose writer is gone; None while a writer holds it.
+
+        Only a journal that is ours is opened, locked and read: a regular file
+        (not a link, not a FIFO) owned by the effective uid, at most
+        :data:`JOURNAL_LIMIT` bytes, checked before its lock is taken and again
+        on the locked descriptor it is then read from; and a plan whose every
+        path is one a write of ours there would have made (:func:`plan_problem`).
 
         Raises
         ------
         FileNotFoundError
             The journal is gone: another recovery finished it meanwhile
             (possibly just before we got its lock).
+        NotOursError
+            It is not ours (another user's, a link, a FIFO, too big) or its plan
+            names a path outside its directory and ours: left alone, never locked
+            (another user's) nor acted on.
         """
+        # Checked before the lock, so another user's file is never locked (nor
+        # opened for writing); and again on the locked descriptor, which is the
+        # one read (the name may have been swapped in between).
+        try:
+            with open_ours(path, limit=JOURNAL_LIMIT, what=WHAT):
+                pass
+        except PermissionError as exc:  # one we may not even read: whose is it?
+            if isinstance(exc, NotOursError):
+                raise
+            try:
+                uid = os.lstat(path).st_uid
+            except OSError:
+                raise exc from None
+            if uid == os.geteuid():
+                raise
+            raise NotOursError(path, f"owned by uid {uid}, not by uid {os.geteuid()}",
+                               WHAT) from None
         # A recovery that held the lock before us removes the journal before
         # unlocking it: try_lock refuses the lock of a deleted file.
-        fd = try_lock(path, create=False)
+        try:
+            fd = try_lock(path, create=False)
+        except UnsafeLockFileError:  # swapped for a link or a FIFO since the check
+            raise NotOursError(path, "a symbolic link or not a regular file", WHAT) from None
         if fd is None:
             return None
         try:
-            plan, state = read(path)
+            problem = ours_problem(os.fstat(fd), limit=JOURNAL_LIMIT)
+            if problem is not None:
+                raise NotOursError(path, problem, WHAT)
+            plan, state = parse(read_fd_capped(fd, JOURNAL_LIMIT, path, WHAT), path)
+            problem = plan_problem(path, plan)
+            if problem is not None:
+                raise NotOursError(path, problem, WHAT)
         except BaseException:
             release(fd)
             raise
@@ -281,30 +335,44 @@ class Journal:
 
 
 def read(path: Path) -> tuple[Plan, str]:
-    """The plan and the last state recorded in a journal file.
+    """The plan and the last state recorded in a journal file of ours.
+
+    Read as :func:`~trtet_store.io.owned.read_ours` reads (at most
+    :data:`JOURNAL_LIMIT` bytes, from a descriptor checked to be a regular file
+    of ours). The plan's paths are not checked here: :meth:`Journal.open_if_abandoned`
+    does that before anything acts on them.
+
+    Raises
+    ------
+    NotOursError
+        Another user's, a link, not a regular file, or over the limit.
+    IncompleteJournal, JournalError
+        As :func:`parse`.
+    """
+    with open_ours(path, limit=JOURNAL_LIMIT, what=WHAT) as fd:
+        return parse(read_fd_capped(fd, JOURNAL_LIMIT, path, WHAT), path)
+
+
+def parse(raw: bytes, path: Path) -> tuple[Plan, str]:
+    """The plan and the last state recorded in a journal's bytes.
 
     Raises
     ------
     IncompleteJournal
         The plan line is missing or cut short (no newline ends it).
     JournalError
-        The plan line is complete but unreadable: the journal is damaged.
+        The plan line is complete but unreadable: the journal is damaged
+        (nested too deep for the parser included: never a RecursionError).
     """
-    fd = fs.calls.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        parts = []
-        while chunk := fs.calls.pread(fd, MiB, sum(len(p) for p in parts)):
-            parts.append(chunk)
-    finally:
-        fs.calls.close(fd)
-    raw = b"".join(parts)
     if b"\n" not in raw:
         raise IncompleteJournal(f"{path}: the plan was never completely written "
                                 f"({len(raw)} bytes, no complete line)")
     lines = raw.split(b"\n")
     try:
         plan = Plan.from_json(lines[0].decode())
-    except (ValueError, KeyError, TypeError) as exc:
+    except RecursionError:
+        raise JournalError(path, "its plan is nested too deep to be a plan") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         # KeyError: a field missing; TypeError: an unexpected one
         why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
         raise JournalError(path, why) from None
@@ -319,9 +387,138 @@ def read(path: Path) -> tuple[Plan, str]:
                 plan.outputs[record["inline_synced"]].inline_synced = True
             else:
                 state = record["state"]
-        except (ValueError, KeyError, TypeError, IndexError):
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
             break  # torn tail: the last complete state stands
     return plan, state
+
+
+def plan_problem(path: Path, plan: Plan) -> str | None:
+    """Why the plan of the journal at ``path`` names paths a write of ours there never
+    would, or None when every path it acts on is one.
+
+    Recovery renames, unlinks, links, truncates, chowns and chmods what a plan
+    names, so each such path must lie where a write of ours puts it:
+
+    - the first output is the destination the journal's name says, in the
+      journal's own directory (the same directory, by device and inode);
+    - every output's temp file and backup are that output's names for this
+      journal's token (:func:`names.temp_path`, :func:`names.backup_path`), beside it;
+    - every pin is ``.trtet-pin-<token>``;
+    - every output, pin, and every source recovery writes (a move's, an
+      insert's, a consumed one's) lies in the journal's directory or in a
+      directory of ours checked as a staging directory is (owned by the
+      effective uid, not a link, not writable by group or others), or under
+      one of those where it is missing (a staging directory deleted since).
+
+    A source that is only read (a copy's or a clone's, never consumed: the
+    user's own file named in the write) may lie anywhere. Every path must be
+    absolute and normal (no ``..``, ``.`` or ``//``).
+    """
+    parsed = names.parse_journal(path.name)
+    if parsed is None:
+        return "its name is not a write journal's"
+    stem, token = parsed
+    if plan.token != token:
+        return f"its plan's token {plan.token!r} is not the one in its name"
+    if not plan.outputs:
+        return "its plan has no outputs"
+    dirs = _Dirs(path.parent)
+    first = plan.outputs[0].dest
+    if not _normal(first):
+        return f"its plan names {first!r}, not an absolute, normal path"
+    if names.internal_stem(os.path.basename(first)) != stem:
+        return f"its plan's first output {first} is not the file its name says"
+    if not dirs.same_as_home(os.path.dirname(first)):
+        return f"its plan's first output {first} is not in {path.parent}"
+    for out in plan.outputs:
+        for p in (out.dest, out.temp, out.backup):
+            if p is not None and not _normal(p):
+                return f"its plan names {p!r}, not an absolute, normal path"
+        if not dirs.ours(os.path.dirname(out.dest)):
+            return f"its plan names {out.dest}, outside {path.parent} and any directory of ours"
+        dest = Path(out.dest)
+        if out.temp != os.fspath(names.temp_path(dest, token)):
+            return f"its plan names the temp file {out.temp}, not {dest}'s for its token"
+        if out.backup is not None and out.backup != os.fspath(names.backup_path(dest, token)):
+            return f"its plan names the backup {out.backup}, not {dest}'s for its token"
+        for p in out.payloads:
+            if p.placement in ("move", "insert") or p.consumed:
+                if not _normal(p.source):
+                    return f"its plan names {p.source!r}, not an absolute, normal path"
+                if not dirs.ours(os.path.dirname(p.source)):
+                    return (f"its plan names the source {p.source}, outside {path.parent} "
+                            "and any directory of ours")
+            elif not isinstance(p.source, str):
+                return f"its plan names the source {p.source!r}, not a path"
+    if not isinstance(plan.pins, list):
+        return "its plan's pins are not a list"
+    for pin in plan.pins:
+        if not _normal(pin):
+            return f"its plan names {pin!r}, not an absolute, normal path"
+        if os.path.basename(pin) != f"{names.PIN_PREFIX}{token}":
+            return f"its plan names the pin {pin}, not one of its token"
+        if not dirs.ours(os.path.dirname(pin)):
+            return f"its plan names the pin {pin}, outside {path.parent} and any directory of ours"
+    return None
+
+
+def _normal(p: object) -> bool:
+    return (isinstance(p, str) and "\0" not in p and os.path.isabs(p)
+            and os.path.normpath(p) == p)
+
+
+class _Dirs:
+    """The directories a plan may act in: the journal's own, and directories of ours."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._home_id: tuple[int, int] | None = None
+        self._ours: dict[str, bool] = {}
+
+    def same_as_home(self, d: str) -> bool:
+        if d == os.fspath(self.home):
+            ok = True
+        else:
+            try:
+                st, home = os.stat(d), os.stat(self.home)
+            except OSError:
+                return False
+            ok = (st.st_dev, st.st_ino) == (home.st_dev, home.st_ino)
+        if ok:
+            self._ours[d] = True
+        return ok
+
+    def ours(self, d: str) -> bool:
+        """Whether ``d`` is the journal's directory, or a directory of ours (checked without
+        following a link at its last component), or missing under one."""
+        if d not in self._ours:
+            self._ours[d] = self._check(d)
+        return self._ours[d]
+
+    def _check(self, d: str) -> bool:
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            parent = os.path.dirname(d)
+            return parent != d and self.ours(parent)  # gone since: ours if its parent is
+        except OSError:
+            return False  # a link, or not a directory
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if self.same_as_home_id(st):
+            return True
+        return directory_problem(st, allow_sticky=False) is None
+
+    def same_as_home_id(self, st: os.stat_result) -> bool:
+        if self._home_id is None:
+            try:
+                home = os.stat(self.home)
+            except OSError:
+                return False
+            self._home_id = (home.st_dev, home.st_ino)
+        return (st.st_dev, st.st_ino) == self._home_id
 
 
 def source_paths(path: Path) -> list[str]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtet_store.io import fs, transfer
-from trtet_store.io.errors import StuckJournalError
+from trtet_store.io.errors import StuckJournalError, UnsafeLockFileError
 from trtet_store.io.journal import (
     DONE,
     PLACING,
@@ -35,6 +35,7 @@ from trtet_store.io.names import (
     temp_token,
 )
 from trtet_store.io.orphans import describe_orphan, list_orphans
+from trtet_store.io.owned import NotOursError
 from trtet_store.io.replay import complete_placement, finish, publish, undo, unpublish
 from trtet_store.io.safedir import check_staging_directory
 from trtet_store.io.units import format_mib
@@ -53,6 +54,9 @@ class Outcome:
     writer died while writing the plan, before doing anything else),
     ``"gone"`` (another recovery finished it meanwhile), ``"kept"`` (a
     journal recovery cannot read, or another user's, left for a person),
+    ``"not ours"`` (a journal we did not make: another user's, a link, a
+    FIFO, too big, or one whose plan names a path outside its directory and
+    ours; ``detail`` says which, and it is left alone, never read or acted on),
     ``"damaged"`` (a complete journal that cannot be read: ``detail`` says
     what to do), ``"stuck"`` (a write that can be neither finished nor
     rolled back, done as far as it goes: ``detail`` and ``error``, a
@@ -101,6 +105,13 @@ def recover(directory: os.PathLike | str, *, abandon: bool = False) -> list[Outc
     block new writes of its destination once it is rolling back. It stays
     until ``abandon=True`` gives it up.
 
+    A journal that is not ours is reported ``"not ours"`` and left alone, never read
+    past its owner check nor acted on: another user's, a link, a FIFO, one over
+    :data:`~trtet_store.io.journal.JOURNAL_LIMIT` bytes, or one whose plan names a path
+    that no write of ours there would (outside its directory and our own directories,
+    or a temp, backup or pin not named for its token). So is another user's file at a
+    temp or lock name: never removed as a stray.
+
     It also reports, without touching them, the staged blobs of dead stores
     (orphans) in ``directory``, in the directories of the blobs the
     recovered writes used, and in ``directory/.trtet-staging``: they are
@@ -139,12 +150,17 @@ def recover(directory: os.PathLike | str, *, abandon: bool = False) -> list[Outc
             journal = Journal.open_if_abandoned(path)
         except FileNotFoundError:
             continue  # another recovery finished it meanwhile
+        except (NotOursError, UnsafeLockFileError) as exc:
+            outcomes.append(_not_ours(path, exc))
+            continue
         except PermissionError as exc:
             outcomes.append(_not_permitted(path, exc))
             continue
         except IncompleteJournal as exc:
             try:
                 outcomes.append(_remove_incomplete(path, exc))
+            except (NotOursError, UnsafeLockFileError) as bad:
+                outcomes.append(_not_ours(path, bad))
             except PermissionError as perm:
                 outcomes.append(_not_permitted(path, perm))
             continue
@@ -171,7 +187,8 @@ def recover(directory: os.PathLike | str, *, abandon: bool = False) -> list[Outc
     for o in outcomes:
         # Said once, here: the CLI prints the outcomes, and a library's log
         # must not say the same thing a second time.
-        level = (logging.WARNING if o.action in ("rolled back", "damaged", "stuck", "abandoned")
+        level = (logging.WARNING if o.action in ("rolled back", "damaged", "stuck", "abandoned",
+                                                 "not ours")
                  else logging.INFO)
         log.log(level, "recover %s: %s %s %s", o.journal, o.action, o.outputs, o.detail)
     return outcomes
@@ -188,6 +205,12 @@ def recover_destination(dest: Path) -> list[Outcome]:
     placing or publishing when recovery got stuck) would overwrite the new
     file if it were ever finished, so the new write is refused with
     :class:`StuckJournalError`, which says what is missing.
+
+    A journal that is not ours (another user's, a link, a FIFO, too big, or
+    one whose plan names a path outside its directory and ours: see
+    :meth:`Journal.open_if_abandoned`) is never read further nor replayed,
+    whatever file its name or plan names; the write goes ahead and the
+    journal is named in a warning.
     """
     mine = []
     for path in journals_in(dest.parent):
@@ -196,6 +219,9 @@ def recover_destination(dest: Path) -> list[Outcome]:
             journal = Journal.open_if_abandoned(path)
         except FileNotFoundError:
             continue  # another recovery finished it meanwhile
+        except (NotOursError, UnsafeLockFileError) as exc:
+            log.warning("ignoring %s (writing %s)", exc, dest)
+            continue
         except PermissionError:
             if ours:
                 raise
@@ -205,7 +231,10 @@ def recover_destination(dest: Path) -> list[Outcome]:
         except IncompleteJournal as exc:
             if ours:
                 # Our caller holds dest's lock: no live writer of dest can own it.
-                mine.append(_remove_incomplete(path, exc, dest_locked=True))
+                try:
+                    mine.append(_remove_incomplete(path, exc, dest_locked=True))
+                except (NotOursError, UnsafeLockFileError) as bad:  # swapped meanwhile
+                    log.warning("ignoring %s (writing %s)", bad, dest)
             continue
         except JournalError:
             if ours:
@@ -234,6 +263,14 @@ def recover_destination(dest: Path) -> list[Outcome]:
         finally:
             journal.close()
     return mine
+
+
+def _not_ours(path: Path, exc: OSError) -> Outcome:
+    """A journal we did not make (or a plan naming paths no write of ours makes): left alone."""
+    dest = _journal_dest(path)
+    reason = exc.reason if isinstance(exc, NotOursError) else exc.strerror
+    return Outcome(path, "not ours", [os.fspath(dest)] if dest else [],
+                   f"{reason}; left alone" if isinstance(exc, NotOursError) else reason)
 
 
 def _not_permitted(path: Path, exc: OSError) -> Outcome:
@@ -522,9 +559,17 @@ def _remove_strays(directory: Path) -> list[Outcome]:
     entries = list(directory.iterdir())
     live = {journal_token(p.name) for p in journals_in(directory)}
     outcomes = []
+    euid = os.geteuid()
     for f in entries:
         token = temp_token(f.name)
         pid = probe_pid(f.name)
+        if token is None and pid is None and not is_dest_lock(f.name):
+            continue
+        try:
+            if os.lstat(f).st_uid != euid:
+                continue  # another user's (planted, or theirs to recover): left alone
+        except FileNotFoundError:
+            continue
         if (token is not None and token not in live) or (pid is not None and not _alive(pid)):
             try:
                 fs.calls.unlink(os.fspath(f))
@@ -567,8 +612,13 @@ def _remove_unheld_lock(lock_path: Path) -> bool:
         return False  # gone, or already replaced by a writer's own lock file
     except PermissionError:
         return False  # another user's, not readable by us: theirs to remove
+    except UnsafeLockFileError:
+        return False  # a link or a FIFO planted at a lock's name: never ours, left alone
     if fd is None:
         return False  # a live writer holds it
+    if os.fstat(fd).st_uid != os.geteuid():
+        release(fd)
+        return False  # another user's (swapped in since our lstat): left alone
     try:
         os.unlink(lock_path)
     except (FileNotFoundError, PermissionError):

@@ -220,11 +220,15 @@ class FetchInterruptedError(RemoteError):
     ----------
     resume : str
         The command that continues it, downloading only what is missing.
+    reason : str
+        What failed, without the command (a caller that continues it another
+        way says its own).
     """
 
     def __init__(self, message: str, resume: str = "") -> None:
         super().__init__(message + (f"; run `{resume}` to continue" if resume else ""))
         self.resume = resume
+        self.reason = message
 
 
 class MissingDataError(RemoteError):

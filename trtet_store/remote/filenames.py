@@ -11,7 +11,12 @@ taken as they come; a program's files are:
 
 No name holds a path separator (``/``, ``\\``), a control character (C0,
 DEL, C1: a newline would split a line of output, an escape rewrite the
-terminal), a line or paragraph separator or an undecodable byte, and none is one of
+terminal), a line or paragraph separator (U+2028, U+2029), a format
+character (Unicode category Cf: the bidirectional overrides and isolates
+U+202A-U+202E and U+2066-U+2069 that make a name show as another,
+the marks U+200E/U+200F/U+061C, zero-width characters, a
+byte-order mark) or an undecodable byte (a lone surrogate, as
+``os.fsdecode`` makes of one), and none is one of
 trtet_store's own names beside a destination (``.trtet-staging``, a lock
 ``.<name>.trtet-lock``, a journal, a temp file; every one starts with a
 dot) or a manifest (``*.trtet.json``). A caller that publishes and
@@ -32,6 +37,7 @@ import errno
 import os
 import re
 import stat
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,9 +45,25 @@ from trtet_store.remote.errors import FileNameError
 
 #: What a program's data files end with.
 DATA_SUFFIX = ".ptd"
-#: C0 controls, DEL, C1 controls, the line/paragraph separators a terminal or a
-#: log reader may break a line at, and lone surrogates (undecodable bytes).
-_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+#: The Unicode categories no name may hold a character of: controls (Cc: C0, DEL,
+#: C1), format characters (Cf: bidirectional overrides and isolates, directional
+#: marks, zero-width characters, which make a name show as another), the line and
+#: paragraph separators a terminal or a log reader may break a line at (Zl, Zp),
+#: and surrogates (Cs: a lone one is an undecodable byte).
+_UNSHOWABLE = {"Cc": "a control character", "Cf": "a format character that can reorder "
+               "or hide what is shown", "Zl": "a line separator",
+               "Zp": "a paragraph separator", "Cs": "an undecodable byte"}
+
+
+def _unshowable(name: str) -> str | None:
+    """Why ``name`` cannot be shown as one plain piece of a line, or None."""
+    for ch in name:
+        what = _UNSHOWABLE.get(unicodedata.category(ch))
+        if what is not None:
+            label = unicodedata.name(ch, "")
+            return (f"holds a control character (U+{ord(ch):04X}"
+                    f"{' ' + label if label else ''}: {what})")
+    return None
 #: trtet_store's own names beside a destination and in a prefix (io.names and
 #: remote.manifest make them): every internal file starts with ``.trtet-`` or
 #: is ``.<name>.trtet-<suffix>``; manifests end in ``.trtet.json``.
@@ -72,8 +94,9 @@ def name_problem(name: object, *, program: bool = False) -> str | None:
         return "is not a file name"
     if "/" in name or "\\" in name:
         return "is a path, not a plain file name"
-    if _UNSHOWABLE.search(name):
-        return "holds a control character (or an undecodable byte)"
+    why = _unshowable(name)
+    if why is not None:
+        return why
     if _INTERNAL.search(name):
         return "is one of trtet_store's own names (staging, lock, journal, manifest)"
     if program:
@@ -91,9 +114,7 @@ def plain_name_problem(name: object) -> str | None:
         return f"is a {type(name).__name__}, not a file name"
     if name in ("", ".", "..") or "/" in name or "\\" in name:
         return "is not a plain file name (a path, empty, '.' or '..')"
-    if _UNSHOWABLE.search(name):
-        return "holds a control character (or an undecodable byte)"
-    return None
+    return _unshowable(name)
 
 
 def check_program_names(names: Sequence[str], where: str, *,
@@ -134,7 +155,8 @@ def check_program_names(names: Sequence[str], where: str, *,
             what = "the program's name" if i == 0 else "a file name"
             raise FileNameError(
                 f"{where}: {what} {name!r} {why}; a program's files are its own name and "
-                f"plain {DATA_SUFFIX} names (no leading dot, no path, no control character)",
+                f"plain {DATA_SUFFIX} names (no leading dot, no path, no control, format or "
+                f"line-separator character)",
                 name)
 
 

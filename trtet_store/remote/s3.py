@@ -32,9 +32,15 @@ a connection lost while a body is read  :class:`ReadInterrupted` (a :class:`Tran
 any other refusal                       :class:`RemoteError`
 ======================================  ==========================================
 
-Request-level retries are botocore's (``standard`` mode); the only retry
-written by hand belongs to the caller of :class:`Body`, for a body cut
-short while it is read (as s3transfer does), which botocore cannot retry.
+Request-level retries are botocore's (``standard`` mode), which spend their
+5 attempts in about a second. A fetch waits out a server that restarts:
+:func:`wait_out` tries a request that failed through botocore's retries
+again with backoff for :data:`RETRY_WINDOW` seconds, and says the tries and
+seconds when it gives up. It is the one policy of every fetch (``fetch``'s
+reader applies it to its client; an :class:`S3` made with ``retry_window``
+applies it to every call, as ``fetch_set``'s does). The one retry of a body
+cut short while it is read (as s3transfer does), which botocore cannot
+retry, belongs to the caller of :class:`Body`.
 boto3 is the ``s3`` extra: it is imported on the first :class:`S3`, and its
 absence says how to install it.
 """
@@ -45,10 +51,12 @@ import contextlib
 import email.utils
 import http.client
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from trtet_store.io import MiB
 from trtet_store.remote.errors import (
@@ -81,6 +89,14 @@ _RETRY = frozenset({"500", "502", "503", "504", "InternalError", "ServiceUnavail
 
 #: Bytes per read of a response body.
 READ_STEP = MiB
+
+#: Seconds a fetch keeps trying a request that failed through botocore's retries
+#: (:func:`wait_out`): exponential backoff (:data:`FIRST_DELAY` doubling up to
+#: :data:`MAX_DELAY`, with jitter), as botocore's legacy schedule spread over about this long.
+RETRY_WINDOW = 20.0
+FIRST_DELAY, MAX_DELAY = 0.25, 4.0
+
+T = TypeVar("T")
 
 
 class PreconditionFailed(ObjectChangedError):  # noqa: N818 - the server's name for it
@@ -303,6 +319,43 @@ class Body:
         self.close()
 
 
+def backoff(attempt: int) -> float:
+    """Seconds to wait before try ``attempt + 1`` (0-based): doubling, capped, jittered."""
+    return min(MAX_DELAY, FIRST_DELAY * 2 ** attempt) * random.uniform(0.5, 1.0)
+
+
+def wait_out(fn: Callable[[], T], window: float) -> T:
+    """``fn()``, tried again with backoff while it fails through botocore's retries.
+
+    A fetch's one retry policy: a server restarted within ``window`` seconds
+    is waited out. A body cut short (:class:`ReadInterrupted`) is the
+    caller's to retry; a refusal is raised at once. Once ``window`` is spent,
+    the last failure is raised with the tries and seconds added to its
+    message (``... (gave up after 9 tries over 18.2 s)``); ``window`` 0 is
+    botocore's retries alone.
+    """
+    start = time.monotonic()
+    tries = 0
+    while True:
+        try:
+            return fn()
+        except ReadInterrupted:
+            raise
+        except Transient as exc:
+            tries += 1
+            delay = backoff(tries - 1)
+            spent = time.monotonic() - start
+            if spent + delay > window:
+                if window <= 0:
+                    raise
+                said = f"{exc} (gave up after {tries} tries over {spent:.1f} s)"
+                if isinstance(exc, Unreachable):
+                    raise Unreachable(said, exc.address) from exc
+                raise type(exc)(said) from exc
+            log.info("%s; trying again in %.1f s (try %d)", exc, delay, tries + 1)
+            time.sleep(delay)
+
+
 class S3:
     """One client, the calls a publish and a fetch make.
 
@@ -319,6 +372,10 @@ class S3:
     client : botocore S3 client, optional
         A client made by the caller, used as it is (its own retries and
         timeouts); the other options are then ignored.
+    retry_window : float
+        Seconds every call keeps trying a request that failed through
+        botocore's retries (:func:`wait_out`, a fetch's policy); 0 (the
+        default): botocore's retries alone.
 
     Attributes
     ----------
@@ -332,7 +389,7 @@ class S3:
 
     def __init__(self, endpoint_url: str | None = None, *, max_connections: int = 10,
                  retries: int = 5, connect_timeout: float = 10, read_timeout: float = 120,
-                 client: Any = None) -> None:
+                 client: Any = None, retry_window: float = 0.0) -> None:
         if client is None:
             boto3, config = _boto()
             options: dict[str, Any] = {
@@ -351,6 +408,7 @@ class S3:
         self.endpoint_url = getattr(getattr(client, "meta", None), "endpoint_url", endpoint_url)
         self.retries = 0
         self.answered = False
+        self.retry_window = retry_window
         self._count = threading.Lock()
 
     # --- errors --------------------------------------------------------------------
@@ -363,7 +421,15 @@ class S3:
 
     def _call(self, what: str, bucket: str, fn: Any, *, key: str | None = None,
               etag: str | None = None, **kwargs: Any) -> Any:
-        """``fn(**kwargs)``, its failure translated (:func:`translate`)."""
+        """``fn(**kwargs)``, its failure translated (:func:`translate`); tried again as
+        :func:`wait_out` says for :attr:`retry_window` seconds."""
+        if self.retry_window > 0:
+            return wait_out(lambda: self._call_once(what, bucket, fn, key=key, etag=etag,
+                                                    **kwargs), self.retry_window)
+        return self._call_once(what, bucket, fn, key=key, etag=etag, **kwargs)
+
+    def _call_once(self, what: str, bucket: str, fn: Any, *, key: str | None = None,
+                   etag: str | None = None, **kwargs: Any) -> Any:
         try:
             r = fn(**kwargs)
         except Exception as exc:

@@ -35,7 +35,9 @@ import contextlib
 import functools
 import logging
 import os
+import shlex
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +55,13 @@ from trtet_store.remote.download.options import (
     check_options,
 )
 from trtet_store.remote.download.program import check_ptds_to_write
-from trtet_store.remote.errors import FetchVerificationError, ObjectNotFoundError
-from trtet_store.remote.s3 import S3
+from trtet_store.remote.errors import (
+    EndpointUnreachableError,
+    FetchInterruptedError,
+    FetchVerificationError,
+    ObjectNotFoundError,
+)
+from trtet_store.remote.s3 import RETRY_WINDOW, S3, Transient
 from trtet_store.sets.machine import Machine, pick_member
 from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key
 from trtet_store.sets.place import place_files, reflinks
@@ -159,7 +166,11 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     InsufficientSpaceError
         Before downloading or placing, as ``fetch`` and ``write_files``.
     FetchInterruptedError
-        The network kept failing: fetch again to resume.
+        The network kept failing through fetch's retry policy (a server
+        restarted within :data:`~trtet_store.remote.s3.RETRY_WINDOW` seconds
+        is waited out; the message says the tries and seconds): the message
+        says to run the same fetch-set again (:func:`fetch_set_command`),
+        which keeps what was downloaded.
     """
     if member is not None and not isinstance(member, str):
         raise TypeError(f"member must be a str or None, not {member!r}")
@@ -176,12 +187,19 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         raise FileNotFoundError(f"{target.parent} is not a directory (the destination's "
                                 "parent must exist)")
     trusted = resolve_trusted(trusted_keys)
-    s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2)
+    # fetch's retry policy for every call (the set manifest, each blob's HEAD and GETs): a
+    # server restarted within RETRY_WINDOW seconds is waited out. A given client keeps its own.
+    s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2,
+                                              retry_window=RETRY_WINDOW)
+    again = fetch_set_command(url, target, member, machine=machine, store=store, link=link,
+                              endpoint_url=endpoint_url, replace_needed=replace_needed,
+                              trusted_keys=trusted_keys)
     shas = None
-    if trusted is None:
-        manifest, version = read_set(s3, bucket, prefix)
-    else:  # a signed root: vouched for before anything is picked or downloaded
-        manifest, version, shas = read_signed_set(s3, bucket, prefix, trusted)
+    with _resumable(where, s3, again):
+        if trusted is None:
+            manifest, version = read_set(s3, bucket, prefix)
+        else:  # a signed root: vouched for before anything is picked or downloaded
+            manifest, version, shas = read_signed_set(s3, bucket, prefix, trusted)
 
     picked = member is None
     if member is None:
@@ -224,7 +242,7 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     if may_move:
         for digest in sorted({f.blob for f in entry.files}):
             held.enter_context(cas.locked(digest))
-    with held:
+    with held, _resumable(where, s3, again):
         return _fetch_locked(s3, bucket, prefix, where, manifest, version, member, entry,
                              target, program, cas, report, may_move, link=link,
                              concurrency=concurrency, range_size=range_size,
@@ -258,7 +276,7 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
     t1 = time.monotonic()
     report.seconds_download = t1 - t0
     record = record_bytes(where, member, version, entry, manifest.chunk_size)
-    previous = read_record(target)
+    previous = read_record(target, report.left_alone)
     # Each blob is the set's bytes before anything is placed from it: its seal (one
     # stat: checked when it was downloaded), else read once (refused if changed).
     for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:
@@ -266,6 +284,7 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
     if shas is not None:  # a signed set: each blob by the sha256 its signature covers
         check_blobs(cas, [f.blob for f in entry.files], shas, where)
     moves = _moves(cas, entry, fresh, manifest.chunk_size) if may_move else {}
+    inodes = {f.name: cas.inode(f.blob) for f in entry.files if f.name in moves}
     report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, None)
                                          for f in entry.files],
                                 manifest.chunk_size, link=link, placements=placements,
@@ -274,7 +293,7 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
     # The store keeps a reference to each moved blob, not its bytes.
     for f in entry.files:
         if f.name in moves:
-            cas.refer(f.blob, target / f.name)
+            cas.refer(f.blob, target / f.name, inodes[f.name])
     _check_after(cas, target, entry, manifest.chunk_size, link, moved=set(moves))
     # The previous member's files this one does not name (another member fetched into the
     # same directory, or a version that dropped a .ptd): ours by the record, so removed.
@@ -294,7 +313,7 @@ def _ptds_replaced(target: Path, entry, chunk_size: int) -> list[str]:
     A file of another size differs without a read; one of the same size is
     read only when another ``.pte`` is there to need it.
     """
-    ptds = [f for f in entry.files[1:] if f.name.endswith(".ptd")]
+    ptds = [f for f in entry.files if f.name.endswith(".ptd")]  # every name placed
     others = [p for p in target.glob("*.pte") if p.name != entry.files[0].name]
     out = []
     for f in ptds:
@@ -390,4 +409,55 @@ def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: 
                 f"{f.blob}); fetch again")
 
 
-__all__ = ["fetch_set", "read_set"]
+def fetch_set_command(url: str, dest: os.PathLike | str, member: str | None = None, *,
+                      machine: Machine | None = None, store: os.PathLike | str | None = None,
+                      link: bool = False, endpoint_url: str | None = None,
+                      replace_needed: bool = False, trusted_keys: Any = None) -> str:
+    """The ``trtet-store fetch-set`` command that does this fetch again (and resumes it).
+
+    Every option given is repeated (``member`` only when asked for: the same
+    machine picks the same one); the store keeps what was downloaded, so the
+    command downloads only what is missing.
+    """
+    words = ["trtet-store", "fetch-set", url, os.fspath(dest)]
+    if member is not None:
+        words += ["--member", member]
+    if store is not None:
+        words += ["--store", os.fspath(store)]
+    if link:
+        words.append("--link")
+    if replace_needed:
+        words.append("--replace-needed")
+    if machine is not None:
+        if machine.compute_capability is not None:
+            words += ["--compute-capability", machine.compute_capability]
+        if machine.tensorrt is not None:
+            words += ["--tensorrt", machine.tensorrt]
+    if endpoint_url:
+        words += ["--endpoint-url", endpoint_url]
+    for key in trusted_keys or ():  # given ones; the environment's apply again by themselves
+        path = getattr(key, "source", key)
+        if path:
+            words += ["--trusted-key", os.fspath(path)]
+    return shlex.join(words)
+
+
+@contextlib.contextmanager
+def _resumable(where: str, s3: S3, again: str) -> Iterator[None]:
+    """A network failure inside says to run the same fetch-set again, not a blob's own fetch.
+
+    A blob's download fails with the ``trtet-store fetch`` of the blob into the
+    store, an internal step; the user's command is the fetch-set. A failure to
+    connect before the server ever answered (a wrong endpoint) stays as it is.
+    """
+    try:
+        yield
+    except FetchInterruptedError as exc:
+        raise FetchInterruptedError(f"{where}: {exc.reason}", again) from exc
+    except Transient as exc:
+        if isinstance(exc, EndpointUnreachableError) and not s3.answered:
+            raise
+        raise FetchInterruptedError(f"{where}: {exc}", again) from exc
+
+
+__all__ = ["fetch_set", "fetch_set_command", "read_set"]

@@ -40,8 +40,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtet_store.remote.errors import ManifestError
-from trtet_store.remote.filenames import check_program_names, plain_name_problem
+from trtet_store.remote.errors import FileNameError, ManifestError
+from trtet_store.remote.filenames import name_problem, plain_name_problem
 from trtet_store.remote.jsondoc import loads
 
 FORMAT = "trtet-store-set"
@@ -50,8 +50,12 @@ VERSION = 1
 SET_KEY = "trtet-set.json"
 #: Where the blobs live under the set's prefix.
 BLOBS = "blobs/"
-#: A set manifest names many members; bigger than a program's manifest may be.
-SET_MAX_BYTES = 64 * 1024 * 1024
+#: A set manifest names many members; bigger than a program's manifest may be, and still
+#: read whole: 16 MiB holds thousands of members (a member of a few files with a chunk
+#: digest per MiB is a few KiB). A bigger one is refused before its body is read.
+SET_MAX_BYTES = 16 * 1024 * 1024
+#: What a member's program file is named with (its ``.ptd`` files: ``DATA_SUFFIX``).
+PROGRAM_SUFFIX = ".pte"
 
 _HEX128 = re.compile(r"[0-9a-f]{32}")
 #: What a member's metadata may say (others are kept, unread: a later writer's).
@@ -214,6 +218,50 @@ def member_name_problem(name: object) -> str | None:
     return why
 
 
+def member_file_problem(name: object, *, program: bool) -> str | None:
+    """Why ``name`` cannot be a set member's file, or None when it can.
+
+    The closed set a member's files are held to, by ``publish_set`` before
+    anything is read or sent and by ``fetch_set`` as soon as the manifest is
+    read (and by the member record's clean-up): the program is a plain
+    ``<name>.pte`` (no leading dot, no path, none of trtet_store's own names);
+    every other file a plain ``<tag>.ptd`` name (:func:`name_problem`). So a
+    manifest can never have a fetch write ``.bashrc``, ``authorized_keys`` or
+    ``../x.ptd``, nor place a ``.ptd`` under the program's name.
+    """
+    why = name_problem(name, program=program)
+    if why is None and program and isinstance(name, str):
+        if name.startswith("."):
+            why = "starts with a dot (a hidden file, never a program)"
+        elif not name.endswith(PROGRAM_SUFFIX) or name == PROGRAM_SUFFIX:
+            why = f"is not a {PROGRAM_SUFFIX} name"
+    return why
+
+
+def check_member_files(names: list[str] | tuple[str, ...], where: str) -> None:
+    """Refuse a member whose file names (the program first) are not in the closed set.
+
+    Raises
+    ------
+    FileNameError
+        One line: the first name outside the set, quoted, and what a member's
+        files may be named.
+    """
+    if not names:
+        raise FileNameError(f"{where} has no files", "")
+    for i, name in enumerate(names):
+        why = member_file_problem(name, program=i == 0)
+        if why is not None:
+            what = "the program's name" if i == 0 else "a file name"
+            raise FileNameError(
+                f"{where}: {what} {name!r} {why}; a set member's files are one plain "
+                f"<name>{PROGRAM_SUFFIX} and plain <tag>.ptd names (no leading dot, no path, "
+                "no control character)", name if isinstance(name, str) else "")
+    if len(set(names)) != len(names):
+        raise FileNameError(f"{where} names a file twice: {list(names)!r}",
+                            next(n for n in names if list(names).count(n) > 1))
+
+
 def _validate(m: SetManifest) -> None:
     if m.chunk_size <= 0:
         raise ManifestError(f"chunk_size {m.chunk_size} must be positive")
@@ -231,11 +279,9 @@ def _validate(m: SetManifest) -> None:
             raise ManifestError(f"member name {name!r} {why}")
         if not member.files:
             raise ManifestError(f"member {name!r} has no files")
-        # The runtime's names: the program's own, then plain .ptd names (as fetch holds
-        # a program's manifest to): never a path, never one of trtet_store's own.
-        check_program_names([f.name for f in member.files], f"set member {name!r}")
-        if len({f.name for f in member.files}) != len(member.files):
-            raise ManifestError(f"member {name!r} names a file twice")
+        # The runtime's names: a plain <name>.pte, then plain .ptd names: never a path,
+        # a dotfile or one of trtet_store's own (the same rule publish_set applies).
+        check_member_files([f.name for f in member.files], f"set member {name!r}")
         for f in member.files:
             b = m.blobs.get(f.blob)
             if b is None or b.size != f.size:

@@ -113,6 +113,7 @@ from trtet_store.sets.manifest import (
     MemberEntry,
     SetManifest,
     blob_key,
+    check_member_files,
     member_name_problem,
 )
 from trtet_store.sets.report import SetPublishReport
@@ -292,11 +293,15 @@ def publish_set(
             log.warning("%s: the set manifest there cannot be read (%s); its blobs are not "
                         "removed", where, exc)
 
-    # 1. read every file once (nothing sent yet)
+    # 1. read every file once (nothing sent yet), each member's names held first to the
+    # closed set fetch_set holds them to (one rule: check_member_files)
+    sources = {name: _sources(source, bucket, prefix, name)
+               for name, (source, _) in wanted.items()}
+    for name, objs in sources.items():
+        check_member_files([s.name for s in objs], f"{where}: member {name!r}")
     files: dict[str, list[tuple[str, _File]]] = {}
-    for name, (source, _) in wanted.items():
-        files[name] = [(s.name, _read(s, sha256=key is not None))
-                       for s in _sources(source, bucket, prefix, name)]
+    for name, objs in sources.items():
+        files[name] = [(s.name, _read(s, sha256=key is not None)) for s in objs]
     distinct: dict[str, _File] = {}
     for entries in files.values():
         for _, f in entries:

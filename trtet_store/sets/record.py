@@ -21,15 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import digest_file
+from trtet_store.io import NotOursError, digest_file, read_ours
 from trtet_store.remote.jsondoc import loads
-from trtet_store.sets.manifest import MemberEntry
+from trtet_store.sets.manifest import MemberEntry, member_file_problem
 
 log = logging.getLogger("trtet_store.sets")
 
 #: The record's name beside the files (one of trtet_store's own names: never a program's).
 RECORD = ".trtet-set.json"
 FORMAT = "trtet-store-set-member"
+#: The most bytes a record may hold (a member of many files: a chunk digest per MiB each).
+RECORD_MAX_BYTES = 16 * 1024 * 1024
+#: How the one rule names the record in its refusal.
+WHAT = "set record"
 
 
 def record_bytes(url: str, member: str, version: str, entry: MemberEntry,
@@ -61,10 +65,28 @@ class MemberCheck:
                 "files": self.files, "problems": self.problems, "ok": self.ok}
 
 
-def read_record(directory: os.PathLike | str) -> dict[str, Any] | None:
-    """The record beside a member's files, or None where there is none (or none readable)."""
+def _read(path: Path) -> bytes:
+    """The record's bytes under the one rule (:func:`~trtet_store.io.read_ours`): opened
+    without following a link or waiting on a FIFO, a regular file of ours, capped."""
+    return read_ours(path, limit=RECORD_MAX_BYTES, what=WHAT)
+
+
+def read_record(directory: os.PathLike | str,
+                left_alone: list[str] | None = None) -> dict[str, Any] | None:
+    """The record beside a member's files, or None where there is none (or none readable).
+
+    A record we did not make (another user's, a link, a FIFO, too big) is
+    reported in one line (logged at WARNING, and appended to ``left_alone``
+    when given) and ignored: nothing is removed by it.
+    """
+    path = Path(directory) / RECORD
     try:
-        doc = loads((Path(directory) / RECORD).read_bytes(), "the member record")
+        doc = loads(_read(path), "the member record")
+    except NotOursError as exc:
+        log.warning("%s", exc)
+        if left_alone is not None:
+            left_alone.append(str(exc))
+        return None
     except (OSError, ValueError):
         return None
     ok = isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(
@@ -76,26 +98,32 @@ def remove_unlisted(directory: Path, old: dict[str, Any] | None, keep: set[str],
                     needed: Callable[[str], bool] | None = None) -> list[str]:
     """Remove the files the previous member's record lists and the new member does not.
 
-    Only a file still byte for byte what was placed (its size and xxh3-128
-    as recorded) is removed: one changed since is someone's, and stays; so
-    does one ``needed(name)`` says another program of the directory needs
-    (asked after the files before it in the record, the previous ``.pte``
-    first, are gone). Called once the new files and record are in place; a
-    failure is logged.
+    Only a name a member's file may have (a plain ``.pte``, plain ``.ptd``
+    names: :func:`~trtet_store.sets.manifest.member_file_problem`) is
+    considered, and only a regular file of ours still byte for byte what
+    was placed (its size and xxh3-128 as recorded) is removed: one changed
+    since is someone's, and stays; so does one ``needed(name)`` says another
+    program of the directory needs (asked after the files before it in the
+    record, the previous ``.pte`` first, are gone). ``old`` is a record
+    :func:`read_record` read under the one rule (ours). Called once the new
+    files and record are in place; a failure is logged.
     """
     removed: list[str] = []
     if old is None:
         return removed
     for f in old["files"]:
         name = f.get("name") if isinstance(f, dict) else None
-        if not isinstance(name, str) or name in keep or "/" in name or name in ("", ".", ".."):
+        if not isinstance(name, str) or name in keep or (
+                member_file_problem(name, program=True) is not None
+                and member_file_problem(name, program=False) is not None):
             continue
         path = directory / name
         if needed is not None and needed(name):
             continue
         try:
             st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_size != f.get("size") or \
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or \
+                    st.st_size != f.get("size") or \
                     digest_file(path, old["chunk_size"], False)[0] != f.get("xxh3"):
                 log.info("%s: kept (changed since the previous member placed it)", path)
                 continue
@@ -127,11 +155,14 @@ def verify_member(directory: os.PathLike | str) -> MemberCheck:
     ------
     FileNotFoundError
         No record there (not a member fetched by ``fetch_set``).
+    NotOursError
+        The record is not one we made (another user's, a link, a FIFO, too
+        big): one line, and it is not read.
     ValueError
         A record that cannot be read.
     """
     where = Path(directory)
-    raw = (where / RECORD).read_bytes()
+    raw = _read(where / RECORD)
     doc = loads(raw, "the member record")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or \
             not isinstance(doc.get("files"), list):

@@ -83,6 +83,11 @@ class SetFetchReport:
     removed : list of str
         The previous member's files (by its record) this member does not
         name, removed after the new files were in place.
+    left_alone : list of str
+        One line for each file this fetch would have read back and acted on
+        but did not make (a ``.trtet-set.json`` another user planted, a link,
+        a FIFO): "set record DIR/.trtet-set.json is not ours: owned by uid
+        65534, not by uid 0; left alone". Nothing was removed by it.
     seconds_download, seconds_place : float
         Wall time spent downloading the blobs the store lacked, and placing
         the member's files (the transaction), for benchmarks.
@@ -98,6 +103,7 @@ class SetFetchReport:
     bytes_in_store: int = 0
     placed: dict[str, int] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
+    left_alone: list[str] = field(default_factory=list)
     seconds_download: float = 0.0
     seconds_place: float = 0.0
 

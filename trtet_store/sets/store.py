@@ -36,23 +36,31 @@ it, so after K members the disk holds K copies, and a first ``fetch_set``
 writes each byte once, as ``fetch`` does.
 
 A later member (another set too) that needs the blob: the store's own
-file if it holds one (as on XFS); else the referenced file, when its
-identity is still the recorded one (one ``lstat``), is copied into the
-store (:meth:`ContentStore.take_reference`), and ``lstat``-ed again after
-the copy: unchanged, the copy is the sealed bytes (any write in between
-changes its mtime and ctime), sealed without a read and moved into the new
-member in turn (the reference follows it); changed, the copy is discarded
-and the blob downloaded. A reference whose file is gone or changed (an
-in-place write, ExecuTorch's ``save`` truncating it) is dropped, logged at
-INFO, and the blob downloaded again; the member's file is its own and is
-never touched. A blob the store held before this fetch (an older store, a
-``link=True`` or XFS-era fetch, one completed by a killed fetch) stays in
-the store and is copied, as before. A store on another filesystem than the
-destination keeps today's copy (a rename cannot reach). In this mode a
-fetch holds its member's blob locks (in digest order) until its references
-are written, so no other process copies from the store's name while the
-blob leaves it; a transaction that fails gives the blob back to its store
-name.
+file if it holds one (as on XFS); else the referenced file is opened once
+(``O_NOFOLLOW | O_NONBLOCK``), its identity checked by ``fstat`` on that
+descriptor against the recorded one, and copied into the store from that
+same descriptor (:meth:`ContentStore.take_reference`): a directory on its
+path renamed or swapped (``renameat2(RENAME_EXCHANGE)``) leads the open to
+another inode, which is refused, and cannot redirect a copy already open.
+The descriptor's identity is checked again after the copy: unchanged, the
+copy is the sealed bytes (any write in between changes its mtime and
+ctime), sealed without a read and moved into the new member in turn (the
+reference follows it); changed, the copy is discarded and the blob
+downloaded. A reference is recorded only for the very inode the blob was
+moved to (its device and inode in the store before the move), taken by
+``fstat`` on the placed name opened without following a link. Seals are
+read under the one rule (:func:`~trtet_store.io.read_ours`).
+
+A reference whose file is gone or changed (an in-place write, ExecuTorch's
+``save`` truncating it) is dropped, logged at INFO, and the blob downloaded
+again; the member's file is its own and is never touched. A blob the store
+held before this fetch (an older store, a ``link=True`` or XFS-era fetch,
+one completed by a killed fetch) stays in the store and is copied, as
+before. A store on another filesystem than the destination keeps today's
+copy (a rename cannot reach). In this mode a fetch holds its member's blob
+locks (in digest order) until its references are written, so no other
+process copies from the store's name while the blob leaves it; a
+transaction that fails gives the blob back to its store name.
 
 **Two processes, one store.** A blob is downloaded under its own lock,
 ``.trtet-seals/<hex>.lock`` (an exclusive ``flock``, waited for; removed by
@@ -81,6 +89,7 @@ later without a re-download.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -89,17 +98,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trtet_store.io import (
-    ExternalFile,
     MiB,
+    NotOursError,
+    SafeDir,
     SourceChangedError,
     VerificationError,
+    clone_or_copy,
     digest_file,
     file_identity,
+    read_ours,
     staging_directory,
     try_lock,
     unlock_file,
     write_atomic,
-    write_files,
 )
 from trtet_store.remote.errors import FetchVerificationError, ObjectChangedError
 from trtet_store.remote.s3 import S3
@@ -114,6 +125,10 @@ SEALS_DIR = ".trtet-seals"
 MOVING_DIR = ".trtet-moving"
 STORE_TODO = ("remove it or pass store= a directory of your own (0700, not a link, "
               "owned by you)")
+#: The most bytes a seal may hold (a small JSON object).
+SEAL_MAX_BYTES = 64 * 1024
+#: How a referenced file is opened: never through a link, never waiting on a FIFO.
+_REF_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class ContentStore:
@@ -171,11 +186,19 @@ class ContentStore:
             os.mkdir(self.root / SEALS_DIR, 0o700)
         write_atomic(self.seal_path(digest), json.dumps(doc).encode(), mode=0o444)
 
-    def _sealed_identity(self, digest: str) -> list[int] | None:
+    def _seal_doc(self, digest: str) -> object:
+        """The blob's seal as JSON, read under the one rule (ours, regular, capped), or None."""
         try:
-            doc = json.loads(self.seal_path(digest).read_bytes())
+            return json.loads(read_ours(self.seal_path(digest), limit=SEAL_MAX_BYTES,
+                                        what="store seal"))
+        except NotOursError as exc:
+            log.warning("%s", exc)
+            return None
         except (OSError, ValueError):
             return None
+
+    def _sealed_identity(self, digest: str) -> list[int] | None:
+        doc = self._seal_doc(digest)
         if not isinstance(doc, dict) or doc.get("xxh3") != digest:
             return None
         ident = doc.get("identity")
@@ -215,20 +238,47 @@ class ContentStore:
         self.seal(digest)
         return False
 
-    def refer(self, digest: str, path: Path) -> None:
+    def inode(self, digest: str) -> tuple[int, int]:
+        """The store's blob's (device, inode): what :meth:`refer` expects at the placed name."""
+        st = os.lstat(self.path(digest))
+        return st.st_dev, st.st_ino
+
+    def refer(self, digest: str, path: Path, inode: tuple[int, int]) -> bool:
         """Record that the blob is now the file at ``path`` (placed by a move), as it is now.
 
         Called only right after the blob's sealed file became ``path`` (a
-        rename: its bytes are the ones checked). The store keeps no bytes
-        of it; :meth:`reference` trusts the file while its identity is this one.
+        rename: its bytes are the ones checked). ``inode`` is the blob's
+        (device, inode) in the store before the move (:meth:`inode`): the file
+        at ``path`` is opened without following a link and its identity taken
+        by ``fstat`` on that descriptor, and only the very inode moved there is
+        recorded (a directory on the path swapped meanwhile leads elsewhere:
+        then nothing is recorded, and a later member downloads the blob). The
+        store keeps no bytes of it; :meth:`take_reference` trusts the file
+        while its identity is this one. True when recorded; otherwise any seal
+        of the blob is dropped (the blob is downloaded again when next needed).
         """
         path = Path(path).absolute()
-        st = os.lstat(path)
+        try:
+            fd = os.open(path, _REF_FLAGS)
+        except OSError as exc:
+            log.warning("%s: not recorded as blob %s (%s)", path, digest, exc.strerror)
+            self._drop(digest)
+            return False
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != tuple(inode):
+            log.warning("%s: not the file blob %s was moved to (a directory on its path "
+                        "changed?); not recorded as a reference", path, digest)
+            self._drop(digest)
+            return False
         doc = {"xxh3": digest, "size": st.st_size, "identity": list(file_identity(st)),
                "ref": os.fspath(path)}
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.root / SEALS_DIR, 0o700)
         write_atomic(self.seal_path(digest), json.dumps(doc).encode(), mode=0o444)
+        return True
 
     def reference(self, digest: str, size: int) -> Path | None:
         """The placed file that is the blob (see :meth:`_reference`), or None."""
@@ -243,10 +293,7 @@ class ContentStore:
         None, the blob is downloaded again. The file is never read to learn
         whether its bytes are still the blob's.
         """
-        try:
-            doc = json.loads(self.seal_path(digest).read_bytes())
-        except (OSError, ValueError):
-            return None
+        doc = self._seal_doc(digest)
         if not isinstance(doc, dict) or not isinstance(doc.get("ref"), str):
             return None
         ref = Path(doc["ref"])
@@ -266,39 +313,66 @@ class ContentStore:
     def take_reference(self, digest: str, size: int, chunk_size: int) -> bool:
         """Copy the blob into the store from the placed file that is it; True when taken.
 
-        The file is trusted by its identity (:meth:`reference`), before the
-        copy and again after it: a write to it in between changes its mtime
-        and ctime, and then the copy is discarded (False: download the blob).
-        Unchanged, the copy is the sealed bytes and is sealed as the store's
-        blob without being read.
+        The file is opened once (``O_NOFOLLOW | O_NONBLOCK``: a link or a FIFO
+        put at its name is refused), its identity checked by ``fstat`` on that
+        descriptor against the recorded one, and the copy made from that same
+        descriptor: a directory on its path renamed or swapped meanwhile
+        leads the open elsewhere (another identity: not taken), and cannot
+        redirect the copy once the file is open. After the copy the
+        descriptor's identity is checked again: a write to the file in between
+        changes its mtime and ctime, and then the copy is discarded (False:
+        download the blob). Unchanged, the copy is the sealed bytes and is
+        sealed as the store's blob without being read.
         """
         got = self._reference(digest, size)
         if got is None:
             return False
         ref, before = got  # the recorded identity: a write since the look above shows too
         dest = self.path(digest)
+        _reference_step("open", ref)
         try:
-            _copy_reference(ref, dest, size, chunk_size)
-        except (SourceChangedError, FileNotFoundError) as exc:
-            log.info("%s: changed while blob %s was copied from it (%s); not trusted, the "
-                     "blob is downloaded again", ref, digest, exc)
-            ok = False
-        else:
+            fd = os.open(ref, _REF_FLAGS)
+        except OSError as exc:  # gone, a link (ELOOP), a FIFO or socket (ENXIO), ...
+            log.info("%s: cannot be opened as blob %s (%s); the reference is dropped and the "
+                     "blob downloaded again", ref, digest, exc.strerror)
+            self._drop(digest)
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or list(file_identity(st)) != before:
+                log.info("%s: not the file placed as blob %s (changed, or reached through a "
+                         "directory swapped since); the reference is dropped and the blob "
+                         "downloaded again", ref, digest)
+                self._drop(digest)
+                return False
+            _reference_step("copy", ref)
             try:
-                ok = list(file_identity(os.lstat(ref))) == before
-            except FileNotFoundError:
+                _copy_reference(fd, ref, dest, size)
+                ok = list(file_identity(os.fstat(fd))) == before
+            except (SourceChangedError, OSError) as exc:
+                if not isinstance(exc, SourceChangedError) and exc.errno not in (
+                        errno.EIO, errno.ENOENT):
+                    raise
+                log.info("%s: changed while blob %s was copied from it (%s); not trusted, "
+                         "the blob is downloaded again", ref, digest, exc)
                 ok = False
-            if not ok:
-                log.info("%s: changed while blob %s was copied from it; the copy is discarded "
-                         "and the blob downloaded again", ref, digest)
+            else:
+                if not ok:
+                    log.info("%s: changed while blob %s was copied from it; the copy is "
+                             "discarded and the blob downloaded again", ref, digest)
+        finally:
+            os.close(fd)
         if not ok:
             for p in (dest, self.seal_path(digest)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
             return False
-        os.chmod(dest, 0o444)
         self.seal(digest)  # the sealed bytes: the source kept its identity throughout
         return True
+
+    def _drop(self, digest: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.seal_path(digest))
 
     def holds(self, digest: str, size: int) -> bool:
         """Whether a complete blob of this digest and size is here (one ``lstat``).
@@ -361,10 +435,34 @@ class ContentStore:
         return rep.bytes_downloaded
 
 
-def _copy_reference(src: Path, dest: Path, size: int, chunk_size: int) -> None:
-    """Copy a referenced file to the store's name for its blob (one transaction, not read back).
+def _reference_step(stage: str, ref: Path) -> None:
+    """Called before a referenced file is opened (``"open"``) and, once its descriptor is
+    checked, before it is copied (``"copy"``); nothing by default.
 
-    A module function so that a test can change the source while it is copied.
+    A module function so that a test can rename a directory on ``ref``'s path there.
     """
-    write_files([(dest, [ExternalFile(src, size, 0, size, chunk_size, None)])],
-                consume=False, follow_links=False)
+
+
+def _copy_reference(fd: int, ref: Path, dest: Path, size: int) -> None:
+    """Copy ``size`` bytes of the open referenced file ``fd`` to the store's name ``dest``.
+
+    Cloned or copied (never read back) into a fresh temp file of the store
+    (created ``O_EXCL | O_NOFOLLOW`` under the store's checked handle),
+    fsynced, made 0444 and renamed to ``dest``. Nothing is opened by ``ref``'s
+    path: it names the source in a message. A module function so that a test
+    can change the source while it is copied.
+    """
+    with SafeDir.open(dest.parent, allow_sticky=False) as d:
+        tmp = f".{dest.name}.trtet-ref-{os.getpid()}.tmp"
+        out = d.create_replacing(tmp, os.O_WRONLY, 0o444)
+        try:
+            try:
+                clone_or_copy(fd, out, size, what=os.fspath(ref))
+                os.fsync(out)
+            finally:
+                os.close(out)
+            d.rename(tmp, dest.name)
+        except BaseException:
+            d.unlink(tmp)
+            raise
+        d.fsync()

@@ -5,21 +5,29 @@ Each look reads the pointer, then the lease with its dates
 judges it (dead by the server's clock, or unchanged for its capped ttl on
 ours) and says the wait out loud. Before a lease is written, the server's
 conditional writes are probed (:mod:`.probe`; once per endpoint and bucket).
+
+A lease is read with a size cap (:data:`LEASE_MAX_BYTES`, checked on the
+answer's ContentLength before its body is read): a larger one is not read,
+said once, and judged as a damaged lease. With trusted keys on the tier,
+only a lease signed by one of them holds a waiter (:func:`.lease.lease_refusal`):
+any other is said once at WARNING and taken over at once. Time is the
+tier's :attr:`RemoteTier.clock`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trtet_store.cache.tier.entry import RemoteEntry, check_key
 from trtet_store.cache.tier.lease import (
+    SYSTEM_CLOCK,
     Lease,
     LeaseWaitTimeout,
     LeaseWatch,
     lease_body,
+    lease_refusal,
     new_holder,
     parse_lease,
     put,
@@ -45,50 +53,82 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
                                 or not timeout >= 0):
         raise ValueError(f"timeout must be a number of seconds >= 0 or None, not "
                          f"{timeout!r}")
-    deadline = None if timeout is None else time.monotonic() + timeout
+    clock = getattr(tier, "clock", None) or SYSTEM_CLOCK
+    deadline = None if timeout is None else clock.monotonic() + timeout
     lkey = tier._lease(key)
     holder = new_holder()
-    watch = LeaseWatch(f"{tier.url}: {key}", tier.lease_ttl, deadline)
+    trusted = tier.trusted_keys
+    watch = LeaseWatch(f"{tier.url}: {key}", tier.lease_ttl, deadline, clock)
+
+    def body() -> bytes:
+        return lease_body(holder, started, tier.lease_ttl, 0, signing_key=tier.signing_key,
+                          bucket=tier.bucket, object_key=lkey)
+
     while True:
         entry = tier.lookup(key)
         if entry is not None:
             return entry
         got = tier.s3.get_dated(tier.bucket, lkey, LEASE_MAX_BYTES)
-        started = time.time()
+        started = clock.time()
         if got is None:
             require_conditional_writes(tier)  # a lease is one conditional write (.probe)
             try:
-                etag = put(tier.s3, tier.bucket, lkey,
-                           lease_body(holder, started, tier.lease_ttl, 0),
-                           if_none_match=True)
+                etag = put(tier.s3, tier.bucket, lkey, body(), if_none_match=True)
             except PreconditionFailed:
                 continue  # another claimer got there first: look again
             return tier._acquired(key, lkey, holder, etag, started)
-        doc = parse_lease(got.data) or {}
-        dead, ttl, unchanged = watch.look(doc, got.etag, got.age, got.modified)
+        if got.data is None:
+            watch.oversized(got.size, LEASE_MAX_BYTES)
+        parsed = parse_lease(got.data)
+        doc = parsed or {}
+        refused = None if trusted is None else lease_refusal(parsed, tier.bucket, lkey, trusted)
+        if refused is not None:
+            # Only a lease a trusted key signed holds a waiter: this one is ignored.
+            watch.once("ignored", "%s: %s: ignored the build lease of %s (pid %s): %s (this "
+                       "cache waits only on leases signed by its trusted keys); taking it over",
+                       tier.url, key, str(doc.get("host", "?"))[:64],
+                       str(doc.get("pid", "?"))[:16], refused)
+            dead, ttl, unchanged = True, 0.0, 0.0
+        else:
+            dead, ttl, unchanged = watch.look(doc, got.etag, got.age, got.modified,
+                                              signed=trusted is not None)
         if dead:
             require_conditional_writes(tier)
             try:
-                new = put(tier.s3, tier.bucket, lkey,
-                          lease_body(holder, started, tier.lease_ttl, 0),
-                          if_match=got.etag)
+                new = put(tier.s3, tier.bucket, lkey, body(), if_match=got.etag)
             except PreconditionFailed:
                 watch.forget()  # renewed, released or taken by another waiter meanwhile
+                if refused is not None:
+                    # A lease we ignore, rewritten again before our takeover: wait a poll
+                    # (never a hot loop against a bucket writer) within the deadline.
+                    clock.sleep(_pause(tier.poll, deadline, clock, timeout, key, tier.url,
+                                       doc))
                 continue
-            log.warning("%s: %s: took over the build lease of %s (pid %s), unchanged for "
-                        "%.1f s (its ttl %.1f s)", tier.url, key, doc.get("host"),
-                        doc.get("pid"), unchanged, ttl)
+            if refused is None:
+                log.warning("%s: %s: took over the build lease of %s (pid %s), unchanged for "
+                            "%.1f s (its ttl %.1f s)", tier.url, key, doc.get("host"),
+                            doc.get("pid"), unchanged, ttl)
             return tier._acquired(key, lkey, holder, new, started)
         if on_wait is not None:
             on_wait(doc)
-        wait = tier.poll
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise LeaseWaitTimeout(
-                    f"{tier.url}: {key}: waited {timeout:g} s for the build lease of "
-                    f"{doc.get('host', 'another machine')} (pid {doc.get('pid')}); it is "
-                    "still renewed")
-            wait = min(wait, left)
-        time.sleep(wait)
+        clock.sleep(_pause(tier.poll, deadline, clock, timeout, key, tier.url, doc))
 
+
+def _pause(poll: float, deadline: float | None, clock: Any, timeout: float | None, key: str,
+           url: str, doc: dict[str, Any]) -> float:
+    """Seconds to sleep before the next look: ``poll``, or what is left before the deadline.
+
+    Raises
+    ------
+    LeaseWaitTimeout
+        The deadline has passed.
+    """
+    if deadline is None:
+        return poll
+    left = deadline - clock.monotonic()
+    if left <= 0:
+        raise LeaseWaitTimeout(
+            f"{url}: {key}: waited {timeout:g} s for the build lease of "
+            f"{doc.get('host', 'another machine')} (pid {doc.get('pid')}); it is "
+            "still renewed")
+    return min(poll, left)

@@ -19,10 +19,28 @@ once; and, as a bound, once its ETag has stayed the same for its ttl on the
 waiter's monotonic clock. Wall clocks of two machines are never compared.
 The ttl a lease claims is the bucket's word: it is capped at twice the
 waiter's own (:func:`capped_ttl`), so no lease holds a waiter for longer.
+
+**Signed leases.** A holder with a signing key signs every body it writes
+(claim, each renewal): ed25519 over :data:`LEASE_DOMAIN`, the bucket and
+object key, and the body's fields as canonical JSON (:func:`lease_payload`),
+stored as ``"signature": {"key": <key id>, "ed25519": <base64>}``; the same
+key API as the pointers' (:mod:`.signing`), over the lease's own fields. A
+waiter whose tier has trusted keys is held only by a lease signed by one of
+them (:func:`lease_refusal`): any other (unsigned, another key, a signature
+that does not verify, too large to read) is ignored, said once at WARNING,
+and taken over at once (``If-Match`` its ETag). A signed lease counts as
+renewed only when its signed ``(holder, beat)`` moves on (a new holder, or
+a higher beat of the same one): old signed bodies replayed by a bucket
+writer, even alternated so that the ETag keeps changing, do not renew it,
+and it is taken over one ttl after its last real renewal.
+
+Time is read through a :class:`Clock` (``RemoteTier.clock``): tests drive it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import json
 import logging
@@ -32,7 +50,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trtet_store.remote.checksum import crc64nvme
 from trtet_store.remote.errors import RemoteError
@@ -40,12 +59,34 @@ from trtet_store.remote.jsondoc import Dated, loads
 from trtet_store.remote.manifest import crc64nvme_b64
 from trtet_store.remote.s3 import S3, PreconditionFailed
 
-__all__ = ["LEASE_SUFFIX", "Lease", "LeaseWaitTimeout", "LeaseWatch", "capped_ttl",
-           "lease_body", "parse_lease", "prunable", "put"]
+if TYPE_CHECKING:
+    from trtet_store.cache.tier.signing import PublicKey, SigningKey
+
+__all__ = ["LEASE_DOMAIN", "LEASE_SUFFIX", "SYSTEM_CLOCK", "Clock", "Lease", "LeaseWaitTimeout",
+           "LeaseWatch", "capped_ttl", "lease_body", "lease_payload", "lease_refusal",
+           "parse_lease", "prunable", "put"]
 
 log = logging.getLogger("trtet_store.cache.tier")
 
 LEASE_SUFFIX = ".lease"
+#: What a lease's signature covers starts with this (never a pointer's :data:`.signing.DOMAIN`).
+LEASE_DOMAIN = b"trtet-store/build-lease-signature/1\n"
+
+
+class Clock:
+    """The clocks a lease's wait reads, and its sleep: the system's (a test's own drives time)."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+SYSTEM_CLOCK = Clock()
 
 
 class LeaseWaitTimeout(TimeoutError):
@@ -59,12 +100,62 @@ def put(s3: S3, bucket: str, key: str, body: bytes, *, if_none_match: bool = Fal
                   if_none_match=if_none_match, if_match=if_match)
 
 
-def lease_body(holder: str, started: float, ttl: float, beat: int) -> bytes:
-    """The lease's JSON (``beat`` makes every renewal's bytes, so its ETag, new)."""
-    now = time.time()
-    return json.dumps({"holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
-                       "started": started, "renewed": now, "ttl": ttl, "beat": beat},
-                      sort_keys=True).encode()
+def lease_payload(bucket: str, object_key: str, doc: Mapping[str, Any]) -> bytes:
+    """What a lease's signature covers: :data:`LEASE_DOMAIN`, where it lies, its fields.
+
+    The bucket and object key bind it to one key's lease (a signed lease of
+    another key, or another bucket, verifies nowhere else); the fields are
+    the document's own, ``signature`` left out, as canonical JSON.
+    """
+    fields = {k: v for k, v in doc.items() if k != "signature"}
+    return (LEASE_DOMAIN + json.dumps([bucket, object_key], ensure_ascii=True).encode("ascii")
+            + b"\n" + json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                                 ensure_ascii=True).encode("ascii"))
+
+
+def lease_body(holder: str, started: float, ttl: float, beat: int, *,
+               signing_key: SigningKey | None = None, bucket: str = "",
+               object_key: str = "") -> bytes:
+    """The lease's JSON (``beat`` makes every renewal's bytes, so its ETag, new).
+
+    With ``signing_key``, signed over :func:`lease_payload` of ``bucket`` and
+    ``object_key`` (where it is written).
+    """
+    doc: dict[str, Any] = {"holder": holder, "host": socket.gethostname(),
+                           "pid": os.getpid(), "started": started, "renewed": time.time(),
+                           "ttl": ttl, "beat": beat}
+    if signing_key is not None:
+        sig = signing_key.sign(lease_payload(bucket, object_key, doc))
+        doc["signature"] = {"key": signing_key.key_id,
+                            "ed25519": base64.b64encode(sig).decode("ascii")}
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def lease_refusal(doc: Mapping[str, Any] | None, bucket: str, object_key: str,
+                  trusted: Mapping[str, PublicKey]) -> str | None:
+    """Why the lease ``doc`` is not vouched for by one of ``trusted`` (by key id), or None.
+
+    ``doc`` None: the lease could not be read (over its size cap, not JSON).
+    """
+    if doc is None:
+        return "it cannot be read (damaged or too large), so it is not signed"
+    sig = doc.get("signature")
+    if sig is None:
+        return "it is not signed"
+    if not (isinstance(sig, dict) and isinstance(sig.get("key"), str)
+            and isinstance(sig.get("ed25519"), str)):
+        return "its signature field is not {'key', 'ed25519'}"
+    key = trusted.get(sig["key"])
+    if key is None:
+        return (f"it is signed by {sig['key'][:40]!r}, not one of the trusted keys "
+                f"({', '.join(sorted(trusted)) or 'none'})")
+    try:
+        raw = base64.b64decode(sig["ed25519"], validate=True)
+    except (binascii.Error, ValueError):
+        return f"its signature by {key.key_id} is not base64"
+    if len(raw) != 64 or not key.verifies(raw, lease_payload(bucket, object_key, doc)):
+        return f"its signature by {key.key_id} does not verify"
+    return None
 
 
 def parse_lease(data: bytes | None) -> dict[str, Any] | None:
@@ -158,16 +249,26 @@ class LeaseWatch:
     Says, at each look, whether the lease is dead (take it over), and logs at
     WARNING the start of the wait (holder, until when) and, once, a wait
     longer than the lease's ttl (holder, since when, until when).
+
+    With ``signed=True`` (the tier has trusted keys; the caller has checked
+    the signature) the lease counts as renewed only when its ``(holder,
+    beat)`` moves on: a holder not seen before, or a higher beat of the one
+    seen; a replayed older body (a new ETag, the same or an older beat) does
+    not reset the ttl.
     """
 
-    def __init__(self, where: str, own_ttl: float, deadline: float | None) -> None:
+    def __init__(self, where: str, own_ttl: float, deadline: float | None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.where = where
         self.own_ttl = own_ttl
         self.deadline = deadline  # our monotonic clock, or None
-        self.began = time.monotonic()
-        self._seen: tuple[str, float] | None = None  # (etag, first seen on our clock)
+        self.clock = clock
+        self.began = clock.monotonic()
+        self._seen: tuple[Any, float] | None = None  # (what renews it, first seen on our clock)
+        self._beats: dict[str, float] = {}  # signed: holder -> the highest beat seen
         self._told_start = False
         self._told_long = False
+        self._told: set[str] = set()  # one-line outcomes said once (ignored, oversized)
 
     def _holder(self, doc: dict[str, Any]) -> str:
         return (f"holder {str(doc.get('holder', '?'))[:32]} (host {str(doc.get('host', '?'))[:64]}"
@@ -176,20 +277,48 @@ class LeaseWatch:
     def _until(self) -> str:
         if self.deadline is None:
             return "while its lease is renewed"
-        return f"until {_when(time.time() + self.deadline - time.monotonic())} at most"
+        return (f"until {_when(self.clock.time() + self.deadline - self.clock.monotonic())} "
+                "at most")
+
+    def once(self, what: str, message: str, *args: Any) -> None:
+        """Log ``message`` at WARNING the first time ``what`` happens in this wait."""
+        if what not in self._told:
+            self._told.add(what)
+            log.warning(message, *args)
+
+    def oversized(self, size: int, limit: int) -> None:
+        """The lease object is over ``limit`` bytes: not read, judged as damaged (said once)."""
+        self.once("oversized", "%s: the build lease is %d bytes, more than the %d a lease may be; "
+                  "not read: judged as a damaged lease (this cache's ttl, %g s, applies)",
+                  self.where, size, limit, self.own_ttl)
+
+    def _token(self, doc: dict[str, Any], etag: str, signed: bool) -> Any:
+        """What must change for the lease to count as renewed since the last look."""
+        if not signed:
+            return etag
+        holder, beat = str(doc.get("holder", "")), doc.get("beat")
+        if isinstance(beat, bool) or not isinstance(beat, (int, float)) \
+                or not math.isfinite(beat):
+            beat = -math.inf
+        last = self._beats.get(holder)
+        if last is None or beat > last:
+            self._beats[holder] = beat
+            return (holder, beat)
+        return self._seen[0] if self._seen is not None else (holder, beat)
 
     def look(self, doc: dict[str, Any], etag: str, age: float | None,
-             modified: float | None) -> tuple[bool, float, float]:
+             modified: float | None, *, signed: bool = False) -> tuple[bool, float, float]:
         """``(dead, ttl, unchanged for s on our clock)`` of the lease as read now; logs the wait."""
         ttl, capped = capped_ttl(doc.get("ttl"), self.own_ttl)
-        now = time.monotonic()
-        if self._seen is None or self._seen[0] != etag:
-            self._seen = (etag, now)
+        now = self.clock.monotonic()
+        token = self._token(doc, etag, signed)
+        if self._seen is None or self._seen[0] != token:
+            self._seen = (token, now)
         unchanged = now - self._seen[1]
         if (age is not None and age > ttl) or unchanged > ttl:
             return True, ttl, max(unchanged, age or 0.0)
         expires = _when(modified + ttl) if modified is not None else \
-            _when(time.time() + ttl - unchanged)
+            _when(self.clock.time() + ttl - unchanged)
         if not self._told_start:
             self._told_start = True
             log.warning("%s is being built by %s; its lease runs until %s unless renewed%s; "
@@ -228,7 +357,8 @@ class Lease:
     """
 
     def __init__(self, s3: S3, bucket: str, object_key: str, key: str, holder: str,
-                 etag: str, started: float, ttl: float) -> None:
+                 etag: str, started: float, ttl: float,
+                 signing_key: SigningKey | None = None) -> None:
         self.key = key
         self.holder = holder
         self.etag = etag
@@ -236,6 +366,7 @@ class Lease:
         self.ttl = ttl
         self._s3, self._bucket, self._object = s3, bucket, object_key
         self._started = started
+        self._signing_key = signing_key  # each renewal is signed with it, as the claim was
         self._beat = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -262,7 +393,9 @@ class Lease:
             if self._released or self.lost or (stopping is not None and stopping.is_set()):
                 return False
             self._beat += 1
-            body = lease_body(self.holder, self._started, self.ttl, self._beat)
+            body = lease_body(self.holder, self._started, self.ttl, self._beat,
+                              signing_key=self._signing_key, bucket=self._bucket,
+                              object_key=self._object)
             try:
                 self.etag = put(self._s3, self._bucket, self._object, body, if_match=self.etag)
             except PreconditionFailed:

@@ -65,7 +65,14 @@ from trtet_store.cache.tier.entry import (
     parse_files,
 )
 from trtet_store.cache.tier.keyconfig import resolve_keys
-from trtet_store.cache.tier.lease import LEASE_SUFFIX, Lease, LeaseWaitTimeout, put
+from trtet_store.cache.tier.lease import (
+    LEASE_SUFFIX,
+    SYSTEM_CLOCK,
+    Clock,
+    Lease,
+    LeaseWaitTimeout,
+    put,
+)
 from trtet_store.cache.tier.outcomes import TierDownload, TierPublish
 from trtet_store.cache.tier.probe import require_conditional_writes
 from trtet_store.cache.tier.signing import TierSignatureError, refusal, sign_entry
@@ -125,14 +132,23 @@ class RemoteTier:
         1 MiB). A cut download keeps its complete ranges.
     signing_key : path-like or SigningKey, optional
         An ed25519 private key file: every pointer this tier writes is signed
-        (:mod:`.signing`). Default: ``TRTET_SIGNING_KEY``, else the config
-        file's (:mod:`.keyconfig`), else none.
+        (:mod:`.signing`), and every build lease it writes (:mod:`.lease`).
+        Default: ``TRTET_SIGNING_KEY``, else the config file's
+        (:mod:`.keyconfig`), else none.
     trusted_keys : sequence of path-like or PublicKey, optional
         Public key files: :meth:`download` then refuses (``TierSignatureError``,
         before a byte is downloaded) every entry not signed by one of them,
-        and every file whose sha256 is not the signed pointer's.
+        and every file whose sha256 is not the signed pointer's; and
+        :meth:`claim` waits only on a build lease signed by one of them
+        (any other lease is ignored, said once at WARNING, and taken over).
         Default: ``TRTET_TRUSTED_KEYS``, else the config file's, else none
         (every entry accepted).
+
+    Attributes
+    ----------
+    clock : :class:`~trtet_store.cache.tier.lease.Clock`
+        The clocks and sleep a :meth:`claim`'s wait uses (the system's; a
+        test sets its own to drive time).
 
     Raises
     ------
@@ -195,6 +211,7 @@ class RemoteTier:
         #: The key every pointer written here is signed with (None: unsigned).
         #: {key id: PublicKey}: the keys an entry must be signed by (None: any entry).
         self.signing_key, self.trusted_keys = resolve_keys(signing_key, trusted_keys)
+        self.clock: Clock = SYSTEM_CLOCK
 
     def __repr__(self) -> str:
         return f"RemoteTier({self.url!r}, origin={self.origin!r})"
@@ -616,7 +633,10 @@ class RemoteTier:
         ETag unchanged for its ttl on ours; or claiming it once it is deleted.
         The ttl a lease claims is capped at twice our ``lease_ttl`` (a
         damaged one is ours). The wait is logged at WARNING when it starts
-        (holder, until when) and once when it outlasts the lease's ttl.
+        (holder, until when) and once when it outlasts the lease's ttl. With
+        ``trusted_keys``, only a lease signed by one of them is waited on
+        (another is ignored, said once, and taken over at once), and a
+        signed lease counts as renewed only when its signed beat moves on.
 
         Parameters
         ----------
@@ -640,7 +660,8 @@ class RemoteTier:
 
     def _acquired(self, key: str, lkey: str, holder: str, etag: str,
                   started: float) -> Lease | RemoteEntry:
-        lease = Lease(self.s3, self.bucket, lkey, key, holder, etag, started, self.lease_ttl)
+        lease = Lease(self.s3, self.bucket, lkey, key, holder, etag, started, self.lease_ttl,
+                      signing_key=self.signing_key)
         # The previous holder may have published and released between our look at the
         # pointer and our put: then the entry is the answer, not a second build.
         try:

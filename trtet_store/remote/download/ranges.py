@@ -3,10 +3,16 @@
 Ranged GETs run on a pool of ``concurrency`` threads, each pinned with
 ``If-Match`` and checked against the manifest's chunk digests (a bad or cut
 short range is fetched again, up to ``attempts`` times), then handed to the
-one writer thread (:mod:`.writer`) that stages and journals it. A resume
-keeps every journaled range whose staged bytes still check, whatever its
-range size, and downloads only the gaps. An object downloaded whole is
-digested as it arrives.
+one writer thread (:mod:`.writer`) that stages and journals it. A range
+longer than :data:`PIECE_SIZE` is handed over in pieces (on the chunk grid)
+as its bytes arrive: each piece is checked against its chunk digests, then
+written and journaled with its CRC, and the range's own line follows its
+last piece. So a fetch killed or cut off mid-range keeps every whole piece
+it checked, a retry of the range asks only for what follows them, and a
+resume keeps every journaled range or piece whose staged bytes still check,
+whatever its size, and downloads only the gaps. An object downloaded whole
+is digested as it arrives; every object's full checksum is still combined
+from every byte's CRC (:mod:`.verify`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
-from trtet_store.io import InOrderDigest
+from trtet_store.io import InOrderDigest, MiB
 from trtet_store.remote.checksum import crc_functions
 from trtet_store.remote.download.plan import ObjectPlan, ObjectSpec, Range, Run, split_run
 from trtet_store.remote.download.staging import Staging
@@ -31,6 +37,25 @@ if TYPE_CHECKING:
 
 # The fetch's logger: a range's retry is said as the fetch's own line.
 log = logging.getLogger("trtet_store.remote.download.receive")
+
+#: A range longer than this is written and journaled in pieces of at most about this
+#: size, ending on the manifest's chunk boundaries, as its bytes arrive and check: what
+#: a kill mid-range loses is at most one piece per range in flight.
+PIECE_SIZE = 4 * MiB
+
+
+class _BadPiece(Exception):  # noqa: N818 - a signal inside one GET, never raised further
+    """A piece's bytes failed the manifest's chunk digests while its range was read."""
+
+
+def pieces_of(spec: ObjectSpec, rng: Range) -> list[Range]:
+    """``rng`` cut into pieces of at most :data:`PIECE_SIZE` on the chunk grid (``[rng]``
+    for a range no longer than one)."""
+    if rng.size <= PIECE_SIZE:
+        return [rng]
+    run = Run(rng.obj, rng.offset, rng.size)
+    split_run(spec, rng.obj, rng.run, run, PIECE_SIZE)
+    return run.ranges
 
 
 class RangeDownload:
@@ -102,8 +127,10 @@ class RangeDownload:
         (what the verification combines).
         """
         end = run.offset + run.size
-        journaled = sorted(k for k in stage.done if k[0] == run.obj and run.offset <= k[1]
-                           and k[1] + k[2] <= end)
+        # By offset, the longest first: a whole range before its own pieces (which it
+        # covers), and its pieces when it does not check (or was never journaled).
+        journaled = sorted((k for k in stage.done if k[0] == run.obj and run.offset <= k[1]
+                            and k[1] + k[2] <= end), key=lambda k: (k[1], -k[2]))
         kept: list[Range] = []
         covered = run.offset
         for obj, offset, size in journaled:
@@ -132,32 +159,53 @@ class RangeDownload:
 
     def _one_range(self: _Fetch, spec: ObjectSpec, run: Run, rng: Range, writer: RangeWriter,
                    stop: threading.Event) -> None:
-        compute, _ = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
+        compute, combine = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
+        pieces = pieces_of(spec, rng)
         buf = writer.buffer(rng.size)
         if buf is None:
             return  # the fetch stopped
-        handed = False
+        handed = queued = False
+        # Bytes of the range handed over as checked pieces (a prefix), the next piece's
+        # index, and the CRC of those bytes.
+        have, nxt, crc = 0, 0, 0
+
+        def checked(view: memoryview, piece: Range) -> int:
+            """The CRC of ``piece``'s bytes in ``view``, or _BadPiece."""
+            part = view[piece.offset - rng.offset:piece.end - rng.offset]
+            if not chunks_ok(spec, piece, part):
+                raise _BadPiece
+            return compute(part)
+
         try:
             with memoryview(buf) as whole:
                 view = whole[:rng.size]
                 for attempt in range(1, self.attempts + 1):
                     if stop.is_set():
                         return
+                    start, got = have, 0
+
+                    def received(n: int, start: int = start) -> None:
+                        # Every piece but the last as soon as it is in: checked, then
+                        # written and journaled (the range's line comes after the last).
+                        nonlocal got, have, nxt, crc, queued
+                        self._tick(n, rng.obj)
+                        got += n
+                        while nxt < len(pieces) - 1 and \
+                                pieces[nxt].end - rng.offset <= start + got:
+                            piece = pieces[nxt]
+                            value = checked(view, piece)
+                            crc = combine(crc, value, piece.size) if nxt else value
+                            writer.submit(run, piece, buf, value, at=piece.offset - rng.offset,
+                                          last=False)
+                            queued = True
+                            have, nxt = piece.end - rng.offset, nxt + 1
+
                     try:
-                        self.reader.get_range(spec.key, spec.etag, rng.offset, rng.size, view,
-                                              lambda n: self._tick(n, rng.obj))
-                    except Transient as exc:
-                        # Only a body cut short is retried here; a request botocore's
-                        # retries did not get through is an interruption at once.
-                        if attempt < self.attempts and isinstance(exc, ReadInterrupted):
-                            self._retry(spec, rng, str(exc), attempt)
-                            continue
-                        last = str(exc)
-                        raise FetchInterruptedError(
-                            f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
-                            f"{rng.end - 1}: {self.attempts} attempts failed, the last "
-                            f"with {last}", self.resume_command()) from exc
-                    if not chunks_ok(spec, rng, view):
+                        self.reader.get_range(spec.key, spec.etag, rng.offset + have,
+                                              rng.size - have, view[have:], received)
+                        last = pieces[-1]
+                        value = checked(view, last)
+                    except _BadPiece:
                         if attempt < self.attempts:
                             self._retry(spec, rng, "its bytes do not match the manifest's "
                                         "digests", attempt)
@@ -165,18 +213,35 @@ class RangeDownload:
                         raise FetchVerificationError(
                             f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-{rng.end - 1} "
                             f"did not match the manifest's chunk digests in {self.attempts} "
-                            "attempts; nothing local was changed")
-                    crc = compute(view)
+                            "attempts; nothing local was changed") from None
+                    except Transient as exc:
+                        # Only a body cut short is retried here; a request botocore's
+                        # retries did not get through is an interruption at once.
+                        if attempt < self.attempts and isinstance(exc, ReadInterrupted):
+                            self._retry(spec, rng, str(exc), attempt)
+                            continue
+                        raise FetchInterruptedError(
+                            f"s3://{self.bucket}/{spec.key} bytes {rng.offset}-"
+                            f"{rng.end - 1}: {self.attempts} attempts failed, the last "
+                            f"with {exc}", self.resume_command()) from exc
+                    crc = combine(crc, value, last.size) if nxt else value
                     digester = self.in_order.get(rng.obj)
                     if digester is not None:
                         digester.add(rng.offset, view, stop)
                     view.release()
                     break
-            writer.submit(run, rng, buf, crc)
+            if len(pieces) == 1:
+                writer.submit(run, rng, buf, crc)
+            else:
+                writer.submit(run, last, buf, value, at=last.offset - rng.offset,
+                              then=(rng, crc))
             handed = True
         finally:
             if not handed:
-                writer.give_back(buf)
+                if queued:
+                    writer.release(buf)  # once the pieces queued from it are written
+                else:
+                    writer.give_back(buf)
 
     def _retry(self: _Fetch, spec: ObjectSpec, rng: Range, why: str, attempt: int) -> None:
         with self._mutex:

@@ -9,7 +9,9 @@ is the fetch's reading of them:
   reset, 5xx) is tried again with backoff over a bounded time
   (``retry_window``, :data:`RETRY_WINDOW` seconds for a fetch's own client:
   a server restarted within that time is waited out; botocore's standard
-  mode spends its 5 attempts in under a second). When the window is spent it
+  mode spends its 5 attempts in under a second): the policy is
+  :func:`~trtet_store.remote.s3.wait_out`, the same for ``fetch_set``, whose
+  client applies it to every call. When the window is spent it
   is :class:`FetchInterruptedError` (the fetch adds the command that resumes
   it), except a failure to connect before the server ever answered, which
   is a wrong endpoint or a server down (:class:`EndpointUnreachableError`);
@@ -23,8 +25,6 @@ Nothing here imports boto3 or botocore.
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -34,20 +34,18 @@ from trtet_store.remote.errors import (
     ObjectNotFoundError,
     RemoteError,
 )
-from trtet_store.remote.s3 import S3, ObjectHead, ReadInterrupted, Transient, Unreachable
+from trtet_store.remote.s3 import (  # noqa: F401 - the policy's names, as they were here
+    FIRST_DELAY,
+    MAX_DELAY,
+    RETRY_WINDOW,
+    S3,
+    ObjectHead,
+    Transient,
+    backoff,
+    wait_out,
+)
 
 T = TypeVar("T")
-
-#: Seconds a fetch's own client keeps trying a request that failed through botocore's
-#: retries: exponential backoff (:data:`FIRST_DELAY` doubling up to :data:`MAX_DELAY`,
-#: with jitter), as botocore's legacy schedule spread over about this long.
-RETRY_WINDOW = 20.0
-FIRST_DELAY, MAX_DELAY = 0.25, 4.0
-
-
-def backoff(attempt: int) -> float:
-    """Seconds to wait before try ``attempt + 1`` (0-based): doubling, capped, jittered."""
-    return min(MAX_DELAY, FIRST_DELAY * 2 ** attempt) * random.uniform(0.5, 1.0)
 
 
 class Reader:
@@ -79,25 +77,7 @@ class Reader:
         Once :attr:`retry_window` is spent, the last failure is raised with
         the tries and seconds added to its message.
         """
-        start = time.monotonic()
-        tries = 0
-        while True:
-            try:
-                return fn()
-            except ReadInterrupted:
-                raise
-            except Transient as exc:
-                tries += 1
-                delay = backoff(tries - 1)
-                spent = time.monotonic() - start
-                if spent + delay > self.retry_window:
-                    if self.retry_window <= 0:
-                        raise
-                    said = f"{exc} (gave up after {tries} tries over {spent:.1f} s)"
-                    if isinstance(exc, Unreachable):
-                        raise Unreachable(said, exc.address) from exc
-                    raise type(exc)(said) from exc
-                time.sleep(delay)
+        return wait_out(fn, self.retry_window)
 
     @property
     def retries(self) -> int:

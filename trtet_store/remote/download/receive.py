@@ -21,9 +21,10 @@ The steps, in order (each a function below or in the module named):
 4. **Download** (:mod:`.ranges`). Ranged GETs in parallel, each with ``If-Match``, each range
    checked against its chunk digests (a bad one is fetched again), written
    into its run's staged blob and journaled (:mod:`.staging`) by one
-   writer thread (:mod:`.writer`). Memory: ``(concurrency + 2) x
-   range_size``. A resume keeps every journaled range whose staged bytes
-   still check, whatever its range size, and downloads only the gaps.
+   writer thread (:mod:`.writer`); a range longer than a piece (4 MiB) piece by
+   piece as its bytes arrive and check. Memory: ``(concurrency + 2) x
+   range_size``. A resume keeps every journaled range or piece whose staged
+   bytes still check, whatever its size, and downloads only the gaps.
 5. **Verify.** The full-object checksum, combined from the ranges' (and the
    reused pieces') CRCs as they streamed, must equal the manifest's and
    HeadObject's (:mod:`.verify`).

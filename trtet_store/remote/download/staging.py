@@ -17,10 +17,11 @@ Beside the destination, in ``.trtet-staging/`` (the staging directory that
   manifest's or the object's ETag) and the runs; then each run file's inode,
   recorded before it is adopted (a kill inside ``adopt``, between its rename
   and its sidecar, leaves a blob without metadata: its inode says it is
-  ours); then each range written, with its checksum. A resumed fetch
-  re-reads and re-checks every recorded range before trusting it, so
-  neither a range nor its line needs an fsync: a range a crash lost is
-  fetched again;
+  ours); then each range written, with its checksum (a range longer than
+  a piece: each piece as it is written, then the range's own line after
+  its last piece, :mod:`.ranges`). A resumed fetch re-reads and re-checks
+  every recorded range or piece before trusting it, so neither a range nor
+  its line needs an fsync: a range a crash lost is fetched again;
 - ``fetch-<id>.lock``: held (``flock``, taken with :func:`trtet_store.io.lock.try_lock`,
   so only on the file at that path now) while a fetch of this destination runs.
 
