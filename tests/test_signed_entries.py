@@ -474,7 +474,9 @@ def test_cli_keygen_then_compile_push_and_pull_with_keys(here_fs, s3env):
         f"by '{team_id}', not one of the trusted keys" in outs[2], outs[2]
     [row] = json.loads(_cli("cache", "list", "--remote", url, *ep, "--trusted-key",
                             k / "evil.key.pub", "--json").stdout)
-    assert row["signed_by"] == team_id and "not one of the trusted keys" in row["refused"]
+    # The team's key is claimed, not verified (evil's is the only trusted one).
+    assert row["claims"] == [team_id] and row["signed_by"] is None
+    assert "not one of the trusted keys" in row["refused"]
     key = row["key"]
 
     # push signs with the pusher's key; pull checks it before downloading anything.

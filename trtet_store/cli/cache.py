@@ -446,11 +446,27 @@ def _recover(cache: Any, args: argparse.Namespace) -> int:
 
 
 def _remote_row(e: Any, tier: Any) -> dict[str, Any]:
-    sig = e.signature if isinstance(e.signature, dict) else {}
+    """One entry of the listing. ``signed_by`` is a key id only when one of the trusted
+    keys verified its signature; ``claims`` is what the pointer says (anyone who can
+    write the bucket can write that), ``checked`` whether trusted keys looked."""
+    from trtet_store.cache.tier.signing import claimed_keys, verified_by
+
+    checked = tier.trusted_keys is not None
     return {"key": e.key, "size": e.size, "created": e.created, "host": e.host,
             "origin": e.origin, "attempt": e.attempt, "etag": e.etag, "files": e.files,
-            "metadata": e.metadata, "signed_by": sig.get("key"),
+            "metadata": e.metadata, "claims": claimed_keys(e), "checked": checked,
+            "signed_by": verified_by(e, tier.trusted_keys) if checked else None,
             "refused": tier.signature_problem(e)}
+
+
+def _signer_shown(r: dict[str, Any]) -> str:
+    """The SIGNED BY column: a key id only when a trusted key verified it."""
+    if r["signed_by"] is not None:
+        return str(r["signed_by"])
+    if not r["claims"]:
+        return "unsigned" + (" (refused)" if r["refused"] else "")
+    claims = "claims " + ", ".join(r["claims"])
+    return f"{claims} (refused)" if r["checked"] else f"{claims}, not checked"
 
 
 def _remote_list(tier: Any, args: argparse.Namespace) -> int:
@@ -472,7 +488,7 @@ def _remote_list(tier: Any, args: argparse.Namespace) -> int:
     print(f"{'KEY':{width}}  {'SIZE':>11}  {'CREATED':19}  {'HOST':20}  {'ORIGIN':32}  "
           "SIGNED BY")
     for r in rows:
-        signed = str(r["signed_by"] or "unsigned") + (" (refused)" if r["refused"] else "")
+        signed = _signer_shown(r)
         print(f"{_short(r['key']):{width}}  {mib(r['size']):>11}  {_when(r['created']):19}  "
               f"{r['host'] or '-':20}  {r['origin'] or '-':32}  {signed}")
     print(f"{len(rows)} entries, {mib(sum(r['size'] for r in rows))} in {tier.url}")

@@ -51,6 +51,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gc-grace", type=float, default=24.0, metavar="HOURS",
                    help="after the commit, prune blobs no manifest names that are older "
                    "than this (default 24; 0 only where no other publisher of the set runs)")
+    p.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
+                   help="sign the set manifest with this ed25519 key (blobs named by sha256 "
+                   "too; default TRTET_SIGNING_KEY, else the config file's)")
     add_s3_options(p)
     p.set_defaults(func=cmd_publish_set)
 
@@ -77,6 +80,9 @@ def add_parser(sub: Any) -> None:
                    help="this machine's GPU, instead of asking nvidia-smi")
     f.add_argument("--tensorrt", default=None, metavar="VERSION",
                    help="this machine's TensorRT, instead of the installed package's")
+    f.add_argument("--trusted-key", type=Path, action="append", default=None, metavar="PATH",
+                   help="fetch only a set signed by this public key, each blob checked by "
+                   "sha256 (repeatable; default TRTET_TRUSTED_KEYS, else the config file's)")
     add_s3_options(f)
     f.set_defaults(func=cmd_fetch_set)
 
@@ -131,7 +137,7 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
     try:
         report = publish_set(members, args.url, endpoint_url=args.endpoint_url, config=config,
                              if_exists="replace" if args.replace else "error",
-                             gc_grace=args.gc_grace * 3600)
+                             gc_grace=args.gc_grace * 3600, signing_key=args.signing_key)
     except (KeyboardInterrupt, RemoteError, OSError, ValueError, TypeError) as exc:
         return report_error(exc, "publish-set")
     if args.json:
@@ -152,6 +158,7 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
 
 def cmd_fetch_set(args: argparse.Namespace) -> int:
     """Run ``trtet-store fetch-set``; 0 done, 1 failed, 2 bad arguments."""
+    from trtet_store.cache.tier import KeyFileError
     from trtet_store.remote import RemoteError
     from trtet_store.sets import Machine, fetch_set
     from trtet_store.sets.fetch import fetch_set_command
@@ -169,16 +176,19 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
     try:
         report = fetch_set(args.url, args.out, args.member, machine=machine, store=args.store,
                            link=args.link, endpoint_url=args.endpoint_url,
-                           replace_needed=args.replace_needed)
+                           replace_needed=args.replace_needed, trusted_keys=args.trusted_key)
     except KeyError as exc:
         print(f"{prefix}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
+    except KeyFileError as exc:
+        return report_error(exc, "fetch-set", out=args.out)
     except (KeyboardInterrupt, RemoteError, OSError) as exc:
         # Ctrl-C says to run the same fetch-set again (a network failure's message does).
         again = fetch_set_command(args.url, Path(args.out).absolute(), args.member,
                                   machine=machine, store=args.store, link=args.link,
                                   endpoint_url=args.endpoint_url,
-                                  replace_needed=args.replace_needed)
+                                  replace_needed=args.replace_needed,
+                                  trusted_keys=args.trusted_key)
         return report_error(exc, "fetch-set", out=args.out, resume=again)
     for line in report.left_alone:  # a file we did not make: said, never acted on
         print(f"{prefix}: {line}", file=sys.stderr)

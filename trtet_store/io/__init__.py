@@ -13,6 +13,8 @@ from trtet_store.io.digests import (
     digest_fd,
     digest_file,
     file_identity,
+    is_sha256,
+    read_digests,
 )
 from trtet_store.io.errors import (
     BlobChangedError,
@@ -100,6 +102,8 @@ __all__ = [
     "copy_all",
     "digest_fd",
     "digest_file",
+    "is_sha256",
+    "read_digests",
     "file_identity",
     "current_version",
     "free_bytes",

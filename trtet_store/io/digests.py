@@ -9,11 +9,19 @@ which never reads the bytes, checks instead.
 Every byte digested here is counted (:func:`bytes_digested`): a digest is
 computed once per byte that enters the machine, and the count's delta over
 one export is how tests (and benchmarks) see that no layer read it again.
+
+Where a signature must vouch for the bytes, a cryptographic digest is asked
+for too (``sha256=True`` on :class:`Digester`, :class:`InOrderDigest`,
+:func:`read_digests`): it is taken in the same pass over the same buffers,
+never by reading the bytes again (xxh3 is not second-preimage resistant, so
+it alone cannot carry a signature).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +85,9 @@ class Digests:
         is that file: a receiver trusts them only while the file still has it.
         None: the digests describe the bytes, wherever they are now (a clone
         just made of a file whose identity matched its seal).
+    sha256 : str or None
+        sha256 hex of the whole file, taken in the same pass, when it was
+        asked for (what a signature names the bytes by); else None.
     """
 
     digest: str
@@ -84,6 +95,7 @@ class Digests:
     chunk_size: int
     chunk_digests: tuple[int, ...] | None = None
     identity: tuple[int, ...] | None = None
+    sha256: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.digest, str) or len(self.digest) != 32:
@@ -93,18 +105,30 @@ class Digests:
                 len(self.chunk_digests) != -(-self.size // self.chunk_size):
             raise ValueError(f"{len(self.chunk_digests)} chunk digests for {self.size} bytes "
                              f"in chunks of {self.chunk_size}")
+        if self.sha256 is not None and not is_sha256(self.sha256):
+            raise ValueError(f"Digests.sha256 must be a sha256 hex digest, got {self.sha256!r}")
 
     def chunks_for(self, chunk_size: int) -> tuple[int, ...] | None:
         """The chunk digests if they are of ``chunk_size`` chunks, else None."""
         return self.chunk_digests if self.chunk_size == chunk_size else None
 
 
-class Digester:
-    """xxh3-128 of a whole stream plus xxh3-64 of each ``chunk_size`` chunk of it."""
+def is_sha256(value: object) -> bool:
+    """Whether ``value`` is a sha256 hex digest as written here (64 lowercase hex digits)."""
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
 
-    def __init__(self, chunk_size: int) -> None:
+
+class Digester:
+    """xxh3-128 of a whole stream plus xxh3-64 of each ``chunk_size`` chunk of it.
+
+    ``sha256=True``: the stream's sha256 too, from the same buffers
+    (:meth:`sha256`).
+    """
+
+    def __init__(self, chunk_size: int, *, sha256: bool = False) -> None:
         self.chunk_size = chunk_size
         self.total = xxhash.xxh3_128()
+        self._sha = hashlib.sha256() if sha256 else None
         self.chunks: list[int] = []
         self._chunk = xxhash.xxh3_64()
         self._fill = 0
@@ -114,6 +138,8 @@ class Digester:
         """Digest ``data``, the next bytes of the stream (any buffer, read as bytes)."""
         view = memoryview(data).cast("B")
         self.total.update(view)
+        if self._sha is not None:
+            self._sha.update(view)
         self.size += len(view)
         _count(len(view))
         while len(view):
@@ -133,6 +159,10 @@ class Digester:
             self._fill = 0
         return self.total.hexdigest(), tuple(self.chunks)
 
+    def sha256(self) -> str | None:
+        """The sha256 hex of the stream so far (None unless asked for)."""
+        return self._sha.hexdigest() if self._sha is not None else None
+
 
 class InOrderDigest:
     """xxh3-128 of a file whose ranges arrive from several threads, taken in offset order.
@@ -141,13 +171,14 @@ class InOrderDigest:
     :meth:`add`, which waits until every earlier byte was added: the file is
     digested as it arrives, never read back. ``counted=False`` when these
     bytes were counted already by the same pass (a download's chunk check of
-    the same buffer).
+    the same buffer). ``sha256=True``: the file's sha256 too, in the same pass.
     """
 
-    def __init__(self, size: int, *, counted: bool = False) -> None:
+    def __init__(self, size: int, *, counted: bool = False, sha256: bool = False) -> None:
         self.size = size
         self._counted = counted
         self._hasher = xxhash.xxh3_128()
+        self._sha = hashlib.sha256() if sha256 else None
         self._next = 0
         self._turn = threading.Condition()
 
@@ -164,6 +195,8 @@ class InOrderDigest:
                 self._turn.wait(0.1)
             view = memoryview(data).cast("B")
             self._hasher.update(view)
+            if self._sha is not None:
+                self._sha.update(view)
             if not self._counted:
                 _count(len(view))
             self._next += len(view)
@@ -174,6 +207,13 @@ class InOrderDigest:
         """The xxh3-128 hex of the whole file, or None unless all ``size`` bytes were added."""
         with self._turn:
             return self._hasher.hexdigest() if self._next == self.size else None
+
+    def sha256(self) -> str | None:
+        """The sha256 hex of the whole file, or None (not asked for, or not all added)."""
+        with self._turn:
+            if self._sha is None or self._next != self.size:
+                return None
+            return self._sha.hexdigest()
 
 
 def chunk_digest(data: bytes | memoryview) -> int:
@@ -220,11 +260,21 @@ def digest_fd(fd: int, chunk_size: int) -> tuple[str, tuple[int, ...], int]:
     tuple
         ``(digest, chunk_digests, size)``, as :func:`digest_file`.
     """
-    d = Digester(chunk_size)
+    got = read_digests(fd, chunk_size)
+    return got.digest, got.chunk_digests or (), got.size
+
+
+def read_digests(fd: int, chunk_size: int, *, sha256: bool = False) -> Digests:
+    """Read the open file ``fd`` from its start to its end once: its :class:`Digests`.
+
+    ``sha256=True``: with the sha256 of the bytes, from the same pass. The
+    identity is left None (the caller knows which file it opened).
+    """
+    d = Digester(chunk_size, sha256=sha256)
     step = max(chunk_size, 8 * MiB) // chunk_size * chunk_size
     pos = 0
     while chunk := fs.calls.pread(fd, step, pos):
         d.update(chunk)
         pos += len(chunk)
     digest, chunks = d.finish()
-    return digest, chunks, d.size
+    return Digests(digest, d.size, chunk_size, chunks, None, d.sha256())

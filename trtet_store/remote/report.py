@@ -134,10 +134,15 @@ class FetchedObject:
     #: against (the manifest's, when one piece covers the object), else None.
     chunk_size: int | None = None
     chunk_digests: tuple[int, ...] | None = field(default=None, repr=False)
+    #: sha256 hex of the bytes, from the same pass as ``digest``, when the fetch was
+    #: asked for it (``fetch(sha256=True)``); else None.
+    sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d.pop("chunk_digests")  # one per MiB: not for a report
+        if d.get("sha256") is None:
+            d.pop("sha256", None)  # asked for by the shared tier only
         return d
 
 

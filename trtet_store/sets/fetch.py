@@ -39,7 +39,9 @@ import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from trtet_store.cache.tier.keyconfig import resolve_trusted
 from trtet_store.io import (
     Digests,
     InsufficientSpaceError,
@@ -66,6 +68,7 @@ from trtet_store.sets.place import place_files, reflinks
 from trtet_store.sets.publish import parse_set_url
 from trtet_store.sets.record import RECORD, read_record, record_bytes, remove_unlisted
 from trtet_store.sets.report import SetFetchReport
+from trtet_store.sets.signed import check_blobs, read_signed_set
 from trtet_store.sets.store import MOVING_DIR, STORE_DIR, ContentStore
 
 log = logging.getLogger("trtet_store.sets")
@@ -94,7 +97,7 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
               link: bool = False, endpoint_url: str | None = None, client: S3 | None = None,
               concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
               placements: list[str] | None = None,
-              replace_needed: bool = False) -> SetFetchReport:
+              replace_needed: bool = False, trusted_keys: Any = None) -> SetFetchReport:
     """Fetch one member of the set at ``url`` into the directory ``dest``.
 
     Parameters
@@ -130,6 +133,10 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         share names). Default: refused before anything is downloaded
         (:class:`~trtet_store.NeededByAnotherError`); and a ``.ptd`` of the
         previous member that another ``.pte`` needs is kept, not removed.
+    trusted_keys : sequence of path-like or PublicKey, optional
+        Fetch only a set signed by one of these keys, each blob checked by
+        the sha256 the signature covers (:mod:`.signed`). Default:
+        ``TRTET_TRUSTED_KEYS``, else the config file's, else none (any set).
 
     Returns
     -------
@@ -149,6 +156,10 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         A blob on the server is not the one the set names (size, CRC64NVME,
         xxh3-128), or a placed file does not match the set's chunk digests;
         the destination unchanged.
+    SetSignatureError
+        (a FetchVerificationError) With trusted keys: the set is not signed
+        by one (nothing downloaded), or a blob's sha256 is not the signed
+        one (nothing placed).
     VerificationError
         A blob of the local store changed since it was checked and is not
         the set's bytes any more; nothing placed (remove it and fetch again).
@@ -175,14 +186,20 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     if not target.parent.is_dir():
         raise FileNotFoundError(f"{target.parent} is not a directory (the destination's "
                                 "parent must exist)")
+    trusted = resolve_trusted(trusted_keys)
     # fetch's retry policy for every call (the set manifest, each blob's HEAD and GETs): a
     # server restarted within RETRY_WINDOW seconds is waited out. A given client keeps its own.
     s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2,
                                               retry_window=RETRY_WINDOW)
     again = fetch_set_command(url, target, member, machine=machine, store=store, link=link,
-                              endpoint_url=endpoint_url, replace_needed=replace_needed)
+                              endpoint_url=endpoint_url, replace_needed=replace_needed,
+                              trusted_keys=trusted_keys)
+    shas = None
     with _resumable(where, s3, again):
-        manifest, version = read_set(s3, bucket, prefix)
+        if trusted is None:
+            manifest, version = read_set(s3, bucket, prefix)
+        else:  # a signed root: vouched for before anything is picked or downloaded
+            manifest, version, shas = read_signed_set(s3, bucket, prefix, trusted)
 
     picked = member is None
     if member is None:
@@ -229,14 +246,14 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         return _fetch_locked(s3, bucket, prefix, where, manifest, version, member, entry,
                              target, program, cas, report, may_move, link=link,
                              concurrency=concurrency, range_size=range_size,
-                             placements=placements, replace_needed=replace_needed)
+                             placements=placements, replace_needed=replace_needed, shas=shas)
 
 
 def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetManifest,
                   version: str, member: str, entry, target: Path, program: Path,
                   cas: ContentStore, report: SetFetchReport, may_move: bool, *, link: bool,
                   concurrency: int, range_size: int, placements: list[str] | None,
-                  replace_needed: bool) -> SetFetchReport:
+                  replace_needed: bool, shas: dict[str, str] | None = None) -> SetFetchReport:
     """Steps 2 and 3 (under the member's blob locks where ``may_move``)."""
     report.bytes_in_store, missing = _missing(cas, entry)
     t0 = time.monotonic()
@@ -254,7 +271,7 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
             else:
                 report.bytes_downloaded += cas.download(
                     s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
-                    concurrency=concurrency, range_size=range_size)
+                    concurrency=concurrency, range_size=range_size, sha256=shas is not None)
             fresh.add(f.blob)
     t1 = time.monotonic()
     report.seconds_download = t1 - t0
@@ -264,6 +281,8 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
     # stat: checked when it was downloaded), else read once (refused if changed).
     for digest, size, chunks in {(f.blob, f.size, f.chunks) for f in entry.files}:
         cas.check(digest, size, manifest.chunk_size, chunks)
+    if shas is not None:  # a signed set: each blob by the sha256 its signature covers
+        check_blobs(cas, [f.blob for f in entry.files], shas, where)
     moves = _moves(cas, entry, fresh, manifest.chunk_size) if may_move else {}
     inodes = {f.name: cas.inode(f.blob) for f in entry.files if f.name in moves}
     report.placed = place_files(target, [(f.name, cas.path(f.blob), f.size, None)
@@ -393,7 +412,7 @@ def _check_after(cas: ContentStore, target: Path, entry, chunk_size: int, link: 
 def fetch_set_command(url: str, dest: os.PathLike | str, member: str | None = None, *,
                       machine: Machine | None = None, store: os.PathLike | str | None = None,
                       link: bool = False, endpoint_url: str | None = None,
-                      replace_needed: bool = False) -> str:
+                      replace_needed: bool = False, trusted_keys: Any = None) -> str:
     """The ``trtet-store fetch-set`` command that does this fetch again (and resumes it).
 
     Every option given is repeated (``member`` only when asked for: the same
@@ -416,6 +435,10 @@ def fetch_set_command(url: str, dest: os.PathLike | str, member: str | None = No
             words += ["--tensorrt", machine.tensorrt]
     if endpoint_url:
         words += ["--endpoint-url", endpoint_url]
+    for key in trusted_keys or ():  # given ones; the environment's apply again by themselves
+        path = getattr(key, "source", key)
+        if path:
+            words += ["--trusted-key", os.fspath(path)]
     return shlex.join(words)
 
 

@@ -75,6 +75,7 @@ from dataclasses import replace as replace_config
 from datetime import timedelta
 from typing import Any
 
+from trtet_store.cache.tier.keyconfig import resolve_signing
 from trtet_store.io import UNSET, Digester, ExternalFile, MiB, SourceChangedError
 from trtet_store.remote.checksum import CHUNK_SIZE, crc64nvme
 from trtet_store.remote.errors import (
@@ -116,6 +117,7 @@ from trtet_store.sets.manifest import (
     member_name_problem,
 )
 from trtet_store.sets.report import SetPublishReport
+from trtet_store.sets.signed import sign_set
 
 log = logging.getLogger("trtet_store.sets")
 
@@ -165,6 +167,7 @@ class _File:
     digest: str
     chunks: tuple[int, ...]
     crc64nvme: str
+    sha256: str | None = None  # taken in the same pass when the set is signed
 
     @property
     def size(self) -> int:
@@ -194,6 +197,7 @@ def publish_set(
     resume: bool = True,
     client: S3 | None = None,
     gc_grace: float | timedelta = DEFAULT_GC_GRACE,
+    signing_key: Any = None,
 ) -> SetPublishReport:
     """Publish a set of programs under one prefix, each distinct file once.
 
@@ -225,6 +229,10 @@ def publish_set(
         removed. Default 24 hours: a younger one may be a concurrent
         publisher's upload, not committed yet. ``0`` only where no other
         publisher of the set is running.
+    signing_key : path-like or SigningKey, optional
+        Sign the set manifest (:mod:`.signed`): every blob named by sha256
+        too, taken in the pass that reads each file. Default:
+        ``TRTET_SIGNING_KEY``, else the config file's, else unsigned.
 
     Returns
     -------
@@ -267,6 +275,7 @@ def publish_set(
         check_metadata(meta, name)
         wanted[name] = (member.source, meta)
 
+    key = resolve_signing(signing_key)
     s3 = client if client is not None else S3(endpoint_url,
                                               max_connections=cfg.concurrency + 2)
     s3.check_bucket(bucket)
@@ -292,7 +301,7 @@ def publish_set(
         check_member_files([s.name for s in objs], f"{where}: member {name!r}")
     files: dict[str, list[tuple[str, _File]]] = {}
     for name, objs in sources.items():
-        files[name] = [(s.name, _read(s)) for s in objs]
+        files[name] = [(s.name, _read(s, sha256=key is not None)) for s in objs]
     distinct: dict[str, _File] = {}
     for entries in files.values():
         for _, f in entries:
@@ -313,7 +322,10 @@ def publish_set(
                                       for fn, f in files[n]), wanted[n][1])
                  for n in wanted},
         blobs=blobs, chunk_size=CHUNK_SIZE, removing=removing)
-    report.manifest_etag = _commit(s3, bucket, skey, manifest.to_json(), base_etag)
+    body = manifest.to_json()
+    if key is not None:
+        body = sign_set(body, {d: f.sha256 for d, f in distinct.items()}, key)
+    report.manifest_etag = _commit(s3, bucket, skey, body, base_etag)
 
     # 4. check, then tidy what the replaced version alone named
     _recheck(s3, bucket, prefix, manifest, distinct, cfg, resume)
@@ -354,14 +366,14 @@ def _sources(source: Any, bucket: str, prefix: str, member: str) -> list[ObjectS
     return sources_of(source, RemoteURL(bucket, f"{prefix}{name}"))
 
 
-def _read(source: ObjectSource) -> _File:
+def _read(source: ObjectSource, *, sha256: bool = False) -> _File:
     """Digest ``source`` once: the whole file's xxh3-128 and per-MiB xxh3-64, its CRC64NVME.
 
     Each local file piece is planned again with the chunk digests of its
     bytes now, so the upload refuses it if it changes before it is sent.
     """
     source.check()
-    whole = Digester(CHUNK_SIZE)
+    whole = Digester(CHUNK_SIZE, sha256=sha256)
     crc = 0
     buf = memoryview(bytearray(READ_STEP))
     pieces = []
@@ -384,7 +396,8 @@ def _read(source: ObjectSource) -> _File:
         else:
             pieces.append(e.piece)
     digest, chunks = whole.finish()
-    return _File(ObjectSource(source.name, pieces), digest, tuple(chunks), crc64nvme_b64(crc))
+    return _File(ObjectSource(source.name, pieces), digest, tuple(chunks), crc64nvme_b64(crc),
+                 whole.sha256())
 
 
 # --- 2. blobs --------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ class ContentStore:
     def seal_path(self, digest: str) -> Path:
         return self.root / SEALS_DIR / digest
 
-    def seal(self, digest: str, *, relink: bool = False) -> None:
+    def seal(self, digest: str, *, relink: bool = False, sha256: str | None = None) -> None:
         """Record the blob's identity now, as the one whose bytes are ``digest``.
 
         Called only right after its bytes were checked against ``digest``,
@@ -180,6 +180,8 @@ class ContentStore:
             if sealed is None or sealed[:4] != list(file_identity(st)[:4]):
                 return
         doc = {"xxh3": digest, "size": st.st_size, "identity": list(file_identity(st))}
+        if sha256 is not None:  # taken as the bytes arrived (a signed set's check: .signed)
+            doc["sha256"] = sha256
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.root / SEALS_DIR, 0o700)
         write_atomic(self.seal_path(digest), json.dumps(doc).encode(), mode=0o444)
@@ -384,13 +386,15 @@ class ContentStore:
         return stat.S_ISREG(st.st_mode) and st.st_size == size
 
     def download(self, s3: S3, bucket: str, key: str, digest: str, size: int,
-                 crc64nvme: str, *, concurrency: int, range_size: int) -> int:
+                 crc64nvme: str, *, concurrency: int, range_size: int,
+                 sha256: bool = False) -> int:
         """Fetch the blob at ``key`` into the store; the bytes downloaded.
 
         Checked three ways: HeadObject's size and CRC64NVME against the set
         manifest's before a byte is asked for; every range against the blob
         manifest's chunk digests as it arrives (``fetch``); the whole file's
-        xxh3-128 against ``digest`` before it is kept.
+        xxh3-128 against ``digest`` before it is kept. ``sha256=True``: its
+        sha256 is taken in the same pass and kept in its seal (a signed set's).
 
         Raises
         ------
@@ -412,7 +416,8 @@ class ContentStore:
         dest = self.path(digest)
         try:
             rep = fetch(f"s3://{bucket}/{key}", dest, client=s3, names=[digest],
-                        if_replaced="error", concurrency=concurrency, range_size=range_size)
+                        if_replaced="error", concurrency=concurrency, range_size=range_size,
+                        sha256=sha256)
         except ObjectChangedError as exc:
             raise FetchVerificationError(f"{where} is not the version its manifest names "
                                          f"({exc}); refused: publish the set again") from exc
@@ -425,7 +430,8 @@ class ContentStore:
             raise FetchVerificationError(f"{where}: its bytes' xxh3-128 is {got}, not the "
                                          f"{digest} the set names; refused, nothing kept")
         os.chmod(dest, 0o444)  # a blob is never written again (and links to it are 0444)
-        self.seal(digest)  # checked just now: its placements need not read it again
+        # Checked just now: its placements need not read it again.
+        self.seal(digest, sha256=rep.objects[0].sha256 if rep.objects[0].digest else None)
         return rep.bytes_downloaded
 
 

@@ -2,7 +2,10 @@
 
 The pointer is the commit point of an entry: a small JSON object written
 last, conditionally, naming the attempt directory that holds the files and
-each file's size and xxh3-128 digest. Nothing here talks to the server.
+each file's size and xxh3-128 digest, and, in a signed pointer, its sha256:
+a signature vouches for the bytes through the sha256 (xxh3 is not a
+cryptographic digest; it stays for the download's own checks). Nothing here
+talks to the server.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import Digests, digest_file, file_identity
+from trtet_store.io import Digests, file_identity, is_sha256, read_digests
 from trtet_store.remote.errors import RemoteError
 from trtet_store.remote.jsondoc import loads
 from trtet_store.remote.manifest import MANIFEST_SUFFIX
@@ -86,23 +89,32 @@ def default_origin() -> str:
 
 def file_digest(path: os.PathLike | str) -> tuple[int, str]:
     """``(size, xxh3-128 hex)`` of the file at ``path`` (:func:`trtet_store.io.digest_file`)."""
-    digest, _, size = digest_file(Path(path), _READ, drop_cached=False)
-    return size, digest
+    got = file_digests(path)
+    return got.size, got.digest
 
 
-def file_digests(path: os.PathLike | str) -> Digests:
+def file_digests(path: os.PathLike | str, *, sha256: bool = False) -> Digests:
     """:class:`~trtet_store.io.Digests` of the file at ``path``, read once (1 MiB chunks).
 
-    With the identity of the file as it was opened and read.
+    With the identity of the file as it was opened and read (None when it
+    changed meanwhile); ``sha256=True``: with its sha256, from the same pass.
     """
-    before = file_identity(os.stat(path))
-    digest, chunks, size = digest_file(Path(path), _READ, drop_cached=False)
-    after = file_identity(os.stat(path))
-    return Digests(digest, size, _READ, chunks, after if after == before else None)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        before = file_identity(os.fstat(fd))
+        got = read_digests(fd, _READ, sha256=sha256)
+        after = file_identity(os.fstat(fd))
+    finally:
+        os.close(fd)
+    return Digests(got.digest, got.size, _READ, got.chunk_digests,
+                   after if after == before else None, got.sha256)
 
 
-def parse_files(files: Any) -> list[tuple[str, Path, str | None]]:
-    """``[(name, path, digest or None)]`` from ``(name, path)`` pairs or ``(name, path, digest)``.
+def parse_files(files: Any) -> list[tuple[str, Path, str | None, str | None]]:
+    """``[(name, path, digest or None, sha256 or None)]`` from the caller's files.
+
+    Each is ``(name, path)``, ``(name, path, xxh3-128)`` or ``(name, path,
+    xxh3-128, sha256)``: digests a layer that read the bytes already hands on.
 
     Raises
     ------
@@ -115,22 +127,27 @@ def parse_files(files: Any) -> list[tuple[str, Path, str | None]]:
         raise TypeError(f"files must be a sequence of (name, path) pairs, not {files!r}")
     if not files:
         raise ValueError("files is empty: an entry holds at least one file")
-    out: list[tuple[str, Path, str | None]] = []
+    out: list[tuple[str, Path, str | None, str | None]] = []
     for item in files:
-        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-            raise TypeError(f"each file is (name, path) or (name, path, digest), not {item!r}")
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3, 4):
+            raise TypeError(f"each file is (name, path), (name, path, digest) or (name, path, "
+                            f"digest, sha256), not {item!r}")
         name = _check_segment("file name", item[0])
         if name.endswith(MANIFEST_SUFFIX):
             raise ValueError(f"file name {name!r} ends in {MANIFEST_SUFFIX}, the suffix of "
                              "manifests")
         path = Path(item[1])
         check_regular_file(path)
-        digest = item[2] if len(item) == 3 else None
+        digest = item[2] if len(item) >= 3 else None
         if digest is not None and not (isinstance(digest, str)
                                        and re.fullmatch(r"[0-9a-f]{32}", digest)):
             raise ValueError(f"{name}: digest {digest!r} is not an xxh3-128 hex digest")
-        out.append((name, path, digest))
-    names = [n for n, _, _ in out]
+        sha = item[3] if len(item) == 4 else None
+        if sha is not None and (digest is None or not is_sha256(sha)):
+            raise ValueError(f"{name}: sha256 {sha!r} is not a sha256 hex digest given with "
+                             "the file's xxh3-128")
+        out.append((name, path, digest, sha))
+    names = [n for n, _, _, _ in out]
     if len(set(names)) != len(names):
         raise ValueError(f"two files have one name: {names}")
     return out
@@ -182,13 +199,15 @@ class RemoteEntry:
     attempt : str
         The directory of its files, relative to the tier's prefix (``<key>/<attempt>/``).
     files : list of dict
-        ``{"name", "size", "digest"}`` in publish order (digest: xxh3-128 hex).
+        ``{"name", "size", "digest"}`` in publish order (digest: xxh3-128 hex),
+        and ``"sha256"`` (hex) in a signed pointer.
     metadata : dict
         The caller's, opaque here.
-    signature : dict or None
+    signature : dict, list of dict, or None
         ``{"key": <key id>, "ed25519": <base64>}`` over :meth:`record` (see
-        :mod:`.signing`), as read: None when the pointer has none. Checked by
-        the tier only when it has trusted keys.
+        :mod:`.signing`), or a list of such (several signers), as read: None
+        when the pointer has none. Checked by the tier only when it has
+        trusted keys.
     """
 
     key: str
@@ -200,6 +219,12 @@ class RemoteEntry:
     files: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     signature: Any = None
+
+    def signatures(self) -> list[Any]:
+        """The pointer's signatures as a list (one signer's dict, a list of them, or none)."""
+        if self.signature is None:
+            return []
+        return list(self.signature) if isinstance(self.signature, list) else [self.signature]
 
     @property
     def size(self) -> int:
@@ -255,7 +280,13 @@ class RemoteEntry:
                     and f["size"] >= 0 and isinstance(f.get("digest"), str)):
                 raise ValueError(f"the pointer's file {f!r} is not "
                                  "{'name', 'size', 'digest'}")
-            files.append({"name": f["name"], "size": f["size"], "digest": f["digest"]})
+            one = {"name": f["name"], "size": f["size"], "digest": f["digest"]}
+            if "sha256" in f:
+                if not is_sha256(f["sha256"]):
+                    raise ValueError(f"the pointer's file {f['name']!r} has sha256 "
+                                     f"{str(f['sha256'])[:80]!r}, not a sha256 hex digest")
+                one["sha256"] = f["sha256"]
+            files.append(one)
         if not files or len({f["name"] for f in files}) != len(files):
             raise ValueError("the pointer names no file, or one name twice")
         return cls(doc["key"], etag, float(doc["created"]), doc["origin"], doc["host"],

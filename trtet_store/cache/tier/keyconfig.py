@@ -14,8 +14,13 @@ As boto3 takes its settings, each one separately, first found wins:
        trusted_keys = ci.pub:/etc/trtet_store/team.pub
 
    (``~`` expanded; a relative path is relative to the config file's
-   directory). A config file that others can write is refused, as it names
-   whom to trust.
+   directory). A relative ``XDG_CONFIG_HOME`` is ignored, as the XDG spec
+   says. The config file and every key file are read under the one rule for
+   files we read back (:func:`trtet_store.io.open_ours`): a regular file
+   owned by us or by root, not a link, never a FIFO waited on, size-capped;
+   anything else is refused in one line ("config file ... is not ours: owned
+   by uid 1001, not by uid 0; left alone"), as is a config file others can
+   write, since it names whom to trust.
 
 None anywhere: no signing, and every entry accepted (as before keys).
 """
@@ -36,14 +41,17 @@ from trtet_store.cache.tier.signing import (
     load_public_key,
     load_signing_key,
 )
+from trtet_store.io import NotOursError, open_ours, read_fd_capped
 
 __all__ = ["ENV_CONFIG_FILE", "ENV_SIGNING_KEY", "ENV_TRUSTED_KEYS", "SECTION", "config_file",
-           "resolve_keys"]
+           "resolve_keys", "resolve_signing", "resolve_trusted"]
 
 ENV_SIGNING_KEY = "TRTET_SIGNING_KEY"
 ENV_TRUSTED_KEYS = "TRTET_TRUSTED_KEYS"
 ENV_CONFIG_FILE = "TRTET_CONFIG_FILE"
 SECTION = "trtet_store"
+#: A config file is a few lines; more is not one.
+_CONFIG_LIMIT = 1 << 20
 
 
 def config_file() -> Path:
@@ -51,8 +59,9 @@ def config_file() -> Path:
     given = os.environ.get(ENV_CONFIG_FILE)
     if given:
         return Path(given).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"),
-                                                             ".config")
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if not base or not os.path.isabs(base):  # the XDG spec ignores relative values
+        base = os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "trtet_store" / "config"
 
 
@@ -60,20 +69,24 @@ def _config() -> tuple[dict[str, str], Path]:
     """The ``[trtet_store]`` section's values (none when there is no file), and its path."""
     path = config_file()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        with open_ours(path, limit=_CONFIG_LIMIT, allow_root=True, what="config file") as fd:
+            st = os.fstat(fd)
+            if st.st_mode & 0o022:
+                raise KeyFileError(f"config file {path} (uid {st.st_uid}, mode "
+                                   f"{stat.S_IMODE(st.st_mode):04o}) can be written by another "
+                                   "user, and it names whom to trust; chmod go-w it")
+            data = read_fd_capped(fd, _CONFIG_LIMIT, path, "config file")
     except FileNotFoundError:
         return {}, path
-    with open(fd, encoding="utf-8") as f:
-        st = os.fstat(f.fileno())
-        if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), 0):
-            raise KeyFileError(f"config file {path} (uid {st.st_uid}, mode "
-                               f"{stat.S_IMODE(st.st_mode):04o}) can be written by another "
-                               "user, and it names whom to trust; make it yours and chmod go-w")
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read_string(f.read(1 << 20), source=os.fspath(path))
-        except configparser.Error as exc:
-            raise KeyFileError(f"config file {path}: {exc}".replace("\n", " ")) from None
+    except NotOursError as exc:
+        raise KeyFileError(str(exc)) from None
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(data.decode("utf-8"), source=os.fspath(path))
+    except UnicodeDecodeError as exc:
+        raise KeyFileError(f"config file {path} is not UTF-8 ({exc})") from None
+    except configparser.Error as exc:
+        raise KeyFileError(f"config file {path}: {exc}".replace("\n", " ")) from None
     if not parser.has_section(SECTION):
         return {}, path
     known = {"signing_key", "trusted_keys"}
@@ -112,33 +125,10 @@ def resolve_keys(signing_key: Any = None, trusted_keys: Any = None
     TypeError, ValueError
         An argument of another type; an empty ``trusted_keys``.
     """
-    config: dict[str, str] | None = None
-    config_path: Path | None = None
+    return resolve_signing(signing_key), resolve_trusted(trusted_keys)
 
-    def setting(name: str, env: str) -> tuple[str | None, Path | None]:
-        nonlocal config, config_path
-        value = os.environ.get(env)
-        if value:
-            return value, None
-        if config is None:
-            config, config_path = _config()
-        value = config.get(name)
-        return (value, config_path.parent) if value else (None, None)
 
-    if signing_key is None:
-        text, base = setting("signing_key", ENV_SIGNING_KEY)
-        if text is not None:
-            found = _paths(text, base)
-            signing_key = found[0] if found else None
-    if signing_key is not None and not isinstance(signing_key, SigningKey):
-        if not isinstance(signing_key, (str, os.PathLike)):
-            raise TypeError(f"signing_key must be a path to an ed25519 private key, not "
-                            f"{type(signing_key).__name__}")
-        signing_key = load_signing_key(signing_key)
-    if trusted_keys is None:
-        text, base = setting("trusted_keys", ENV_TRUSTED_KEYS)
-        if text is not None:
-            trusted_keys = _paths(text, base) or None
+def _load_trusted(trusted_keys: Any) -> dict[str, PublicKey] | None:
     trusted: dict[str, PublicKey] | None = None
     if trusted_keys is not None:
         if isinstance(trusted_keys, (str, bytes, os.PathLike, PublicKey)) or \
@@ -155,4 +145,38 @@ def resolve_keys(signing_key: Any = None, trusted_keys: Any = None
                     raise TypeError(f"each trusted key is a public key file, not {k!r}")
                 k = load_public_key(k)
             trusted[k.key_id] = k
-    return signing_key, trusted
+    return trusted
+
+
+def resolve_trusted(trusted_keys: Any = None) -> dict[str, PublicKey] | None:
+    """``{key id: public key}`` or None: :func:`resolve_keys`'s second half alone."""
+    if trusted_keys is None:
+        text = os.environ.get(ENV_TRUSTED_KEYS)
+        base = None
+        if not text:
+            config, path = _config()
+            text = config.get("trusted_keys") or None
+            base = path.parent
+        if text is not None:
+            trusted_keys = _paths(text, base) or None
+    return _load_trusted(trusted_keys)
+
+
+def resolve_signing(signing_key: Any = None) -> SigningKey | None:
+    """The signing key or None: :func:`resolve_keys`'s first half alone."""
+    if signing_key is None:
+        text = os.environ.get(ENV_SIGNING_KEY)
+        base = None
+        if not text:
+            config, path = _config()
+            text = config.get("signing_key") or None
+            base = path.parent
+        if text is not None:
+            found = _paths(text, base)
+            signing_key = found[0] if found else None
+    if signing_key is not None and not isinstance(signing_key, SigningKey):
+        if not isinstance(signing_key, (str, os.PathLike)):
+            raise TypeError(f"signing_key must be a path to an ed25519 private key, not "
+                            f"{type(signing_key).__name__}")
+        signing_key = load_signing_key(signing_key)
+    return signing_key

@@ -25,6 +25,15 @@ Files go up with :func:`trtet_store.remote.upload.send.publish_sources`
 ``If-Match``, resumable staging), whose checks are followed here by each
 file's size and xxh3-128 digest against the pointer's: an attempt's manifest
 rewritten consistently with its objects still fails the pointer's digests.
+With trusted keys, each file's sha256 (taken by the download in the same
+pass as its xxh3, never by reading the file back) must be the signed
+pointer's too: the signature vouches for the bytes through sha256, not
+through xxh3, which a forger could match. A signing publisher names each
+file by sha256, taken in the pass that already reads it: its own digest
+pass for a file given without digests, else the upload's (a file handed
+over with its xxh3, as the local cache does); only an upload found complete
+already (a publisher killed before its pointer) reads each file once for
+it, checked against the xxh3 it publishes.
 fetch's ``.pte``/``.ptd`` logic does not apply to these names: its neighbour
 check only concerns files of the destination directory that exist and that
 another ``.pte`` there needs (a download directory holds none), and a
@@ -52,7 +61,6 @@ from trtet_store.cache.tier.entry import (
     check_key,
     check_origin,
     default_origin,
-    file_digest,
     file_digests,
     parse_files,
 )
@@ -68,7 +76,7 @@ from trtet_store.cache.tier.lease import (
 from trtet_store.cache.tier.outcomes import TierDownload, TierPublish
 from trtet_store.cache.tier.probe import require_conditional_writes
 from trtet_store.cache.tier.signing import TierSignatureError, refusal, sign_entry
-from trtet_store.io import Digests, MiB, file_identity
+from trtet_store.io import Digests, MiB, SourceChangedError, file_identity
 from trtet_store.remote.errors import (
     ConflictError,
     FetchVerificationError,
@@ -130,7 +138,8 @@ class RemoteTier:
     trusted_keys : sequence of path-like or PublicKey, optional
         Public key files: :meth:`download` then refuses (``TierSignatureError``,
         before a byte is downloaded) every entry not signed by one of them,
-        and :meth:`claim` waits only on a build lease signed by one of them
+        and every file whose sha256 is not the signed pointer's; and
+        :meth:`claim` waits only on a build lease signed by one of them
         (any other lease is ignored, said once at WARNING, and taken over).
         Default: ``TRTET_TRUSTED_KEYS``, else the config file's, else none
         (every entry accepted).
@@ -315,7 +324,8 @@ class RemoteTier:
         (and downloads nothing when it is complete).
 
         With trusted keys, the entry's signature is checked first: the files
-        are then checked against the digests that signature covers.
+        are then checked against the digests that signature covers, their
+        sha256 (taken as the bytes arrive) included.
 
         Raises
         ------
@@ -332,6 +342,8 @@ class RemoteTier:
         if not isinstance(entry, RemoteEntry):
             raise TypeError(f"entry must be a RemoteEntry (from lookup), not {entry!r}")
         self.check_signature(entry)  # before a byte: entry.files below are the signed ones
+        # With trusted keys the signature vouches for the bytes by their sha256 only.
+        signed = self.trusted_keys is not None
         from trtet_store.remote.download.receive import fetch
 
         start = time.monotonic()
@@ -343,7 +355,8 @@ class RemoteTier:
         try:
             report = fetch(url, paths[names[0]], client=self.s3, if_replaced="error",
                            max_restarts=0, concurrency=self.concurrency,
-                           range_size=self.range_size, progress=progress, names=names)
+                           range_size=self.range_size, progress=progress, names=names,
+                           sha256=signed)
         except (ObjectChangedError, FetchVerificationError, ManifestError,
                 ObjectNotFoundError) as exc:
             self._discard(paths)
@@ -354,11 +367,11 @@ class RemoteTier:
             self._discard(paths)
             raise TierEntryError(f"{self.url}: entry {entry.key}'s manifest names {got}, its "
                                  f"pointer {names}; it is not used", entry.key)
-        digests = {o.name: _arrived(o) for o in report.objects}
+        digests = {o.name: _arrived(o, signed) for o in report.objects}
         for f in entry.files:
             # Digested as the bytes arrived (never read back); a file resumed from a
             # cut download, or already complete, is read once here.
-            got = digests.get(f["name"]) or file_digests(paths[f["name"]])
+            got = digests.get(f["name"]) or file_digests(paths[f["name"]], sha256=signed)
             digests[f["name"]] = got
             size, digest = got.size, got.digest
             if size != f["size"] or digest != f["digest"]:
@@ -367,6 +380,12 @@ class RemoteTier:
                     f"{self.url}: entry {entry.key}, file {f['name']}: {size} bytes with "
                     f"xxh3-128 {digest}, the pointer says {f['size']} bytes, {f['digest']}; "
                     "it is not used", entry.key, f["name"])
+            if signed and got.sha256 != f.get("sha256"):
+                self._discard(paths)
+                raise TierEntryError(
+                    f"{self.url}: entry {entry.key}, file {f['name']}: sha256 {got.sha256}, "
+                    f"the signed pointer says {f.get('sha256')}; it is not used", entry.key,
+                    f["name"])
         return TierDownload(paths, report.bytes_downloaded, time.monotonic() - start,
                             {n: d for n, d in digests.items() if d is not None})
 
@@ -428,11 +447,16 @@ class RemoteTier:
         if replace is not None and replace.key != key:
             raise ValueError(f"replace is the entry of {replace.key!r}, not of {key!r}")
         described = []
-        for name, path, digest in parsed:
+        signing = self.signing_key is not None
+        for name, path, digest, sha in parsed:
             size = path.stat().st_size
             if digest is None:
-                size, digest = file_digest(path)
-            described.append({"name": name, "size": size, "digest": digest})
+                got = file_digests(path, sha256=signing)  # one pass for both digests
+                size, digest, sha = got.size, got.digest, got.sha256
+            one = {"name": name, "size": size, "digest": digest}
+            if signing and sha is not None:
+                one["sha256"] = sha
+            described.append(one)
 
         current = self.read_pointer(key)
         # A pointer nobody can read is replaced by the next publisher (If-Match its ETag).
@@ -450,7 +474,9 @@ class RemoteTier:
             attempt += f"-r{os.urandom(4).hex()}"
         adir = f"{self.prefix}{key}/{attempt}/"
         first = described[0]["name"]
-        sources = [ObjectSource.of_file(path, name) for name, path, _ in parsed]
+        sources = [ObjectSource.of_file(path, name) for name, path, _, _ in parsed]
+        for source in sources:  # a file handed over with its xxh3 only: sha256 from the upload
+            source.want_sha256 = signing
         config = PublishConfig(concurrency=self.concurrency, journal_dir=self.journal_dir,
                                index=False)
         sent = 0
@@ -476,6 +502,8 @@ class RemoteTier:
                 return TierPublish(key, False, f"not published: {exc}", 0, self.lookup(key))
             break
 
+        if signing:
+            _name_by_sha256(described, parsed, sources)
         entry = RemoteEntry(key, "", time.time(), self.origin, socket.gethostname(),
                             f"{key}/{attempt}/", described, dict(metadata))
         if self.signing_key is not None:
@@ -647,9 +675,36 @@ class RemoteTier:
         return lease
 
 
-def _arrived(obj: Any) -> Digests | None:
-    """A fetched object's digests as its bytes arrived, with its file's identity now; or None."""
-    if obj.digest is None:
+def _name_by_sha256(described: list[dict[str, Any]], parsed: Sequence[tuple[Any, ...]],
+                    sources: Sequence[Any]) -> None:
+    """Add each file's sha256 to ``described``: the upload's pass took it, else one read.
+
+    A file read once (here or by the upload) must have the xxh3-128 it is
+    described with, so the signed sha256 is of the bytes the pointer names.
+    """
+    for d, (_, path, _, _), source in zip(described, parsed, sources, strict=True):
+        if "sha256" in d:
+            continue
+        if source.sha256 is not None:  # the upload read it whole, in order: no read here
+            if source.sha256_xxh3 != d["digest"]:
+                raise SourceChangedError(path, f"the upload read bytes with xxh3-128 "
+                                         f"{source.sha256_xxh3}, not the {d['digest']} it "
+                                         "was published with")
+            d["sha256"] = source.sha256
+            continue
+        got = file_digests(path, sha256=True)  # an upload resumed or found complete
+        if got.digest != d["digest"] or got.size != d["size"]:
+            raise SourceChangedError(path, f"its xxh3-128 is {got.digest} ({got.size} bytes), "
+                                     f"not the {d['digest']} it was published with")
+        d["sha256"] = got.sha256
+
+
+def _arrived(obj: Any, sha256: bool = False) -> Digests | None:
+    """A fetched object's digests as its bytes arrived, with its file's identity now; or None.
+
+    ``sha256``: None too when the download did not take the object's sha256.
+    """
+    if obj.digest is None or (sha256 and obj.sha256 is None):
         return None
     try:
         st = os.stat(obj.path)
@@ -659,4 +714,5 @@ def _arrived(obj: Any) -> Digests | None:
         return None
     chunk_size = obj.chunk_size or _CHUNK
     return Digests(obj.digest, obj.size, chunk_size,
-                   obj.chunk_digests if obj.chunk_size else None, file_identity(st))
+                   obj.chunk_digests if obj.chunk_size else None, file_identity(st),
+                   obj.sha256)

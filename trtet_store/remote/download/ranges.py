@@ -79,7 +79,8 @@ class RangeDownload:
             mine = sum(rng.size for s, _, rng in todo if rng.obj == obj)
             if spec.size and mine == spec.size and not plan.reused_bytes:
                 checked = sum(p.size for p in spec.pieces) == spec.size
-                self.in_order[obj] = InOrderDigest(spec.size, counted=checked)
+                self.in_order[obj] = InOrderDigest(spec.size, counted=checked,
+                                                   sha256=self.sha256)
         self._tick(0)
         if not todo:
             return resumed

@@ -120,7 +120,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
           progress: Callable[[FetchProgress], Any] | None = None, if_replaced: str = "restart",
           max_restarts: int = 3, wait_replaced: float = 30.0, attempts: int = 5,
           placements: Sequence[str] | None = None, replace_needed: bool = False,
-          program_only: bool = False, names: Sequence[str] | None = None) -> FetchReport:
+          program_only: bool = False, names: Sequence[str] | None = None,
+          sha256: bool = False) -> FetchReport:
     """Fetch the program published at ``url`` (or a plain object) into ``path``.
 
     Parameters
@@ -175,6 +176,10 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         the caller's own naming (the shared tier's). Default: a program's
         closed set, the program's own name and plain ``.ptd`` names
         (:mod:`trtet_store.remote.filenames`).
+    sha256 : bool
+        Also take the sha256 of each object digested as it arrives, in that
+        same pass (:attr:`FetchedObject.sha256`): what a signed document
+        names the bytes by.
 
     The ``.ptd`` files are written by a rename over their names: a symbolic
     link there is replaced, never written through (``path`` itself is
@@ -241,6 +246,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     job.if_replaced = if_replaced
     job.replace_needed, job.program_only = replace_needed, program_only
     job.names = None if names is None else list(names)
+    job.sha256 = bool(sha256)
     job.flags = {"replace_needed": replace_needed, "program_only": program_only}
     start = time.monotonic()
     restarts = 0
@@ -303,6 +309,8 @@ class _Fetch(RangeDownload):
         self.per_object: dict[int, int] = {}
         #: Objects digested as they arrive (every byte downloaded by this attempt).
         self.in_order: dict[int, InOrderDigest] = {}
+        #: Whether those digests take the sha256 too (fetch(sha256=True)).
+        self.sha256 = False
 
     def local_path(self, i: int, spec: ObjectSpec) -> Path:
         return self.dest if i == 0 else self.dest.parent / spec.name
@@ -441,6 +449,7 @@ class _Fetch(RangeDownload):
         for i, (obj, plan) in enumerate(zip(report.objects, plans, strict=True)):
             digester = self.in_order.get(i)
             obj.digest = digester.digest() if digester is not None else None
+            obj.sha256 = digester.sha256() if digester is not None else None
             pieces = plan.spec.pieces
             if obj.digest is not None and len(pieces) == 1 and pieces[0].offset == 0 and \
                     pieces[0].size == plan.spec.size:

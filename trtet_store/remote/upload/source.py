@@ -15,6 +15,7 @@ with. A change raises :class:`~trtet_store.io.SourceChangedError`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -114,6 +115,13 @@ class ObjectSource:
     size: int = field(init=False)
     #: a file piece's (device, inode, size, mtime, ctime) when checked, by id(piece)
     identities: dict[int, tuple[int, ...]] = field(init=False, default_factory=dict)
+    #: Set ``want_sha256`` and a :class:`Reader` that reads the object whole, in order,
+    #: leaves the sha256 of what it read in ``sha256`` (the upload's own pass: what a
+    #: signature names the bytes by, taken without reading them again).
+    want_sha256: bool = field(init=False, default=False)
+    sha256: str | None = field(init=False, default=None)
+    #: With ``sha256``, for an object of one piece: that pass's xxh3-128 of it.
+    sha256_xxh3: str | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         # Every object's floor (publish checks a program's names against the .ptd rule
@@ -227,7 +235,9 @@ class Reader:
         self._digester = PieceDigester(CHUNK_SIZE)
         #: (xxh3-128 hex, chunk digests) of every piece, in order, as read
         self.digests: list[tuple[str, tuple[int, ...]]] = []
+        self._sha = hashlib.sha256() if source.want_sha256 else None
         self._skip_empty()
+        self._sha_done()
 
     def _skip_empty(self) -> None:
         ext = self.source.extents
@@ -266,9 +276,19 @@ class Reader:
                                                  f"it ended at {base + start + got} bytes")
                     got += r
             self._digester.update(dst)
+            if self._sha is not None:
+                self._sha.update(dst)
             done += n
             self.pos += n
             self._skip_empty()
+        self._sha_done()
+
+    def _sha_done(self) -> None:
+        if self._sha is not None and self.pos == self.source.size:
+            self.source.sha256 = self._sha.hexdigest()
+            one = len(self.source.extents) == 1 and len(self.digests) == 1
+            self.source.sha256_xxh3 = self.digests[0][0] if one else None
+            self._sha = None
 
     def skip_to(self, window: memoryview, end: int) -> None:
         """Read (and digest) up to offset ``end`` through ``window``, keeping nothing."""
