@@ -23,7 +23,7 @@ from attacker import NOBODY, as_nobody, shared_dir
 from crash_dying import in_child
 
 from trtet_store.cache.tier import KeyFileError, RemoteTier, keygen
-from trtet_store.cache.tier.keyconfig import config_file, resolve_keys
+from trtet_store.remote.keyconfig import config_file, resolve_keys
 
 
 def state(directory: Path) -> list[tuple[str, int, int, bytes | str]]:

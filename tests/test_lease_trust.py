@@ -150,7 +150,7 @@ def test_a_lease_no_trusted_key_signed_holds_no_waiter(env: Any, caplog: Any, ki
         ignored = _warnings(caplog, "ignored the build lease of")
         assert len(ignored) == 1, caplog.text
         why = {"unsigned": "it is not signed",
-               "signed by another key": f"it is signed by '{env.evil.key_id}', not one of the "
+               "signed by another key": f"signed by '{env.evil.key_id}', not one of the "
                                         f"trusted keys ({env.team.key_id})",
                "changed after signing": f"its signature by {env.team.key_id} does not verify",
                "signed for another key's lease": f"its signature by {env.team.key_id} does "

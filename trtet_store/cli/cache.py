@@ -20,7 +20,7 @@ A thin shell over :class:`trtet_store.EngineCache` (``entries``, ``stats``,
 
     # signed entries (issue 44): list, push and pull with --remote take
     # --signing-key PATH and --trusted-key PATH (repeatable); default TRTET_SIGNING_KEY,
-    # TRTET_TRUSTED_KEYS, the config file (trtet_store.cache.tier.keyconfig)
+    # TRTET_TRUSTED_KEYS, the config file (trtet_store.remote.keyconfig)
     trtet-store cache keygen PATH    # PATH (private, 0600) + PATH.pub; prints the key id
 
 ``list --remote`` and ``prune --remote`` work on the bucket alone: the local

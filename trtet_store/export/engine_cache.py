@@ -145,7 +145,7 @@ class EngineCache:
         keygen``); every entry this cache publishes, and every build lease it
         claims, is signed with it.
         Default: ``TRTET_SIGNING_KEY``, else the config file's
-        (:mod:`trtet_store.cache.tier.keyconfig`).
+        (:mod:`trtet_store.remote.keyconfig`).
     trusted_keys : sequence of path-like, optional
         With ``remote=``: public key files; a shared entry not signed by one
         of them is a miss (``remote_reason`` in its events), never served,

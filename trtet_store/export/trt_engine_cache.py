@@ -493,8 +493,7 @@ def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None
     elif cache is None or isinstance(cache, (str, os.PathLike)):
         tier = None
         if remote is not None:
-            from trtet_store.cache.tier import RemoteTier, RemoteURL
-            from trtet_store.cache.tier.keyconfig import resolve_keys
+            from trtet_store.cache.tier import RemoteTier, RemoteURL, resolve_keys
 
             if isinstance(remote, str):  # a bad URL is refused first, as EngineCache would
                 RemoteURL.parse(remote.rstrip("/") + "/x")

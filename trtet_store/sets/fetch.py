@@ -41,7 +41,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cache.tier.keyconfig import resolve_trusted
 from trtet_store.io import (
     Digests,
     InsufficientSpaceError,
@@ -61,6 +60,7 @@ from trtet_store.remote.errors import (
     FetchVerificationError,
     ObjectNotFoundError,
 )
+from trtet_store.remote.keyconfig import resolve_trusted
 from trtet_store.remote.s3 import RETRY_WINDOW, S3, Transient
 from trtet_store.sets.machine import Machine, pick_member
 from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key

@@ -75,7 +75,6 @@ from dataclasses import replace as replace_config
 from datetime import timedelta
 from typing import Any
 
-from trtet_store.cache.tier.keyconfig import resolve_signing
 from trtet_store.io import UNSET, Digester, ExternalFile, MiB, SourceChangedError
 from trtet_store.remote.checksum import CHUNK_SIZE, crc64nvme
 from trtet_store.remote.errors import (
@@ -85,6 +84,7 @@ from trtet_store.remote.errors import (
     PartSizeError,
     RemoteError,
 )
+from trtet_store.remote.keyconfig import resolve_signing
 from trtet_store.remote.manifest import (
     MAX_PART_SIZE,
     MIN_PART_SIZE,

@@ -24,7 +24,6 @@ signature by a trusted key that verifies is enough; others are ignored.
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import json
 import os
@@ -34,6 +33,7 @@ from typing import Any
 from trtet_store.io import is_sha256, read_digests, read_ours
 from trtet_store.remote.errors import FetchVerificationError, ManifestError
 from trtet_store.remote.jsondoc import loads
+from trtet_store.remote.keys import signature_problem
 
 __all__ = ["DOMAIN", "SetSignatureError", "check_blobs", "read_signed_set", "sign_set",
            "verified_sha256s"]
@@ -93,24 +93,14 @@ def _refusal(doc: Any, trusted: Mapping[str, Any]) -> str | None:
     reasons = []
     data = _payload(doc)
     for sig in sigs:
-        if not (isinstance(sig, dict) and isinstance(sig.get("key"), str)
-                and isinstance(sig.get("ed25519"), str)):
-            reasons.append("its signature field is not {'key', 'ed25519'}")
-            continue
-        pub = trusted.get(sig["key"])
-        if pub is None:
-            reasons.append(f"signed by {sig['key'][:40]!r}, not one of the trusted keys "
-                           f"({', '.join(sorted(trusted))})")
-            continue
-        try:
-            raw = base64.b64decode(sig["ed25519"], validate=True)
-        except (binascii.Error, ValueError):
-            reasons.append(f"its signature by {pub.key_id} is not base64")
-            continue
-        if len(raw) == 64 and pub.verifies(raw, data):
+        why = signature_problem(sig, trusted, data,
+                                changed=": the set manifest was changed after it was signed")
+        if why is None:
             return None
-        reasons.insert(0, f"its signature by {pub.key_id} does not verify: the set manifest "
-                          "was changed after it was signed")
+        if "does not verify" in why:  # a trusted key's word comes first
+            reasons.insert(0, why)
+        else:
+            reasons.append(why)
     return reasons[0]
 
 

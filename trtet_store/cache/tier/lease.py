@@ -40,7 +40,6 @@ Time is read through a :class:`Clock` (``RemoteTier.clock``): tests drive it.
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime
 import json
 import logging
@@ -56,6 +55,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from trtet_store.remote.checksum import crc64nvme
 from trtet_store.remote.errors import RemoteError
 from trtet_store.remote.jsondoc import Dated, loads
+from trtet_store.remote.keys import signature_problem
 from trtet_store.remote.manifest import crc64nvme_b64
 from trtet_store.remote.s3 import S3, PreconditionFailed
 
@@ -142,20 +142,7 @@ def lease_refusal(doc: Mapping[str, Any] | None, bucket: str, object_key: str,
     sig = doc.get("signature")
     if sig is None:
         return "it is not signed"
-    if not (isinstance(sig, dict) and isinstance(sig.get("key"), str)
-            and isinstance(sig.get("ed25519"), str)):
-        return "its signature field is not {'key', 'ed25519'}"
-    key = trusted.get(sig["key"])
-    if key is None:
-        return (f"it is signed by {sig['key'][:40]!r}, not one of the trusted keys "
-                f"({', '.join(sorted(trusted)) or 'none'})")
-    try:
-        raw = base64.b64decode(sig["ed25519"], validate=True)
-    except (binascii.Error, ValueError):
-        return f"its signature by {key.key_id} is not base64"
-    if len(raw) != 64 or not key.verifies(raw, lease_payload(bucket, object_key, doc)):
-        return f"its signature by {key.key_id} does not verify"
-    return None
+    return signature_problem(sig, trusted, lease_payload(bucket, object_key, doc))
 
 
 def parse_lease(data: bytes | None) -> dict[str, Any] | None:

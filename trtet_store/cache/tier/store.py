@@ -64,7 +64,6 @@ from trtet_store.cache.tier.entry import (
     file_digests,
     parse_files,
 )
-from trtet_store.cache.tier.keyconfig import resolve_keys
 from trtet_store.cache.tier.lease import (
     LEASE_SUFFIX,
     SYSTEM_CLOCK,
@@ -88,6 +87,7 @@ from trtet_store.remote.errors import (
     RemoteURLError,
 )
 from trtet_store.remote.jsondoc import POINTER_MAX_BYTES
+from trtet_store.remote.keyconfig import resolve_keys
 from trtet_store.remote.manifest import MANIFEST_SUFFIX, Manifest
 from trtet_store.remote.s3 import S3, PreconditionFailed
 from trtet_store.remote.url import RemoteURL
@@ -134,7 +134,7 @@ class RemoteTier:
         An ed25519 private key file: every pointer this tier writes is signed
         (:mod:`.signing`), and every build lease it writes (:mod:`.lease`).
         Default: ``TRTET_SIGNING_KEY``, else the config file's
-        (:mod:`.keyconfig`), else none.
+        (:mod:`trtet_store.remote.keyconfig`), else none.
     trusted_keys : sequence of path-like or PublicKey, optional
         Public key files: :meth:`download` then refuses (``TierSignatureError``,
         before a byte is downloaded) every entry not signed by one of them,

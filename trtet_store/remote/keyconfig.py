@@ -34,14 +34,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cache.tier.signing import (
+from trtet_store.io import NotOursError, open_ours, read_fd_capped
+from trtet_store.remote.keys import (
     KeyFileError,
     PublicKey,
     SigningKey,
     load_public_key,
     load_signing_key,
 )
-from trtet_store.io import NotOursError, open_ours, read_fd_capped
 
 __all__ = ["ENV_CONFIG_FILE", "ENV_SIGNING_KEY", "ENV_TRUSTED_KEYS", "SECTION", "config_file",
            "resolve_keys", "resolve_signing", "resolve_trusted"]
