@@ -111,3 +111,17 @@ def test_open_by_directory_handle(shared: Path):
             read_ours("missing", dir_fd=dfd, limit=1)
     finally:
         os.close(dfd)
+
+
+def test_a_file_that_grows_after_its_check_is_read_no_further_than_the_cap(shared: Path):
+    # The size is checked on fstat; a writer can still append before the read.
+    # The read stops at the cap + 1 byte and refuses: never a byte more.
+    from trtet_store.io import read_fd_capped
+
+    (shared / "j").write_bytes(b"x" * 10)
+    with open_ours(shared / "j", limit=10) as fd:
+        with open(shared / "j", "ab") as f:
+            f.write(b"y")  # now 11 bytes: one over the cap
+        with pytest.raises(NotOursError, match="grew past the 10 bytes"):
+            read_fd_capped(fd, 10, shared / "j")
+    assert read_ours(shared / "j", limit=11) == b"x" * 10 + b"y"
