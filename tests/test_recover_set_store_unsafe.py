@@ -143,5 +143,6 @@ def test_the_same_download_in_a_store_of_ours_is_named_and_discarded(top, capsys
                              f"{store}: blob abc.blob from {URL}") for ln in out), out
     code, out, _ = recover_cli(capsys, dest, "--discard-fetches")
     assert code == 0
-    assert any(ln.startswith("discarded the set store's download of blob abc.blob") for ln in out), out
+    assert any(ln.startswith("discarded the set store's download of blob abc.blob")
+               for ln in out), out
     assert not (store / STAGING_DIR).exists() or os.listdir(store / STAGING_DIR) == []
