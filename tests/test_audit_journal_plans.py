@@ -77,17 +77,26 @@ def refused(here: Path, path: Path, detail: str, caplog) -> None:
     assert after == before  # the victim, the journal, the temp and the staging directory
 
 
+@pytest.mark.parametrize("which", ["first", "second"])
 @pytest.mark.parametrize("at", [ROLLING_BACK, UNPUBLISHING, DONE])
-def test_a_journal_of_ours_whose_backup_is_another_file_is_not_replayed(here, at, caplog):
-    """Its backup names root's other program: rolling back or finishing would delete it,
-    unpublishing would rename it over model.pte."""
+def test_a_journal_of_ours_whose_backup_is_another_file_is_not_replayed(here, at, which,
+                                                                         caplog):
+    """Its (first or second) output's backup names root's other program: rolling back or
+    finishing would delete it, unpublishing would rename it over that output."""
     dest, other = interrupted(here)
+    outputs = [OutputPlan(dest=os.fspath(dest), temp=os.fspath(temp_path(dest, T1)),
+                          backup=os.fspath(other), size=len(NEW))]
+    if which == "second":
+        outputs[0].backup = os.fspath(backup_path(dest, T1))
+        os.link(dest, outputs[0].backup)
+        dest = here / "b.pte"  # the output whose backup is wrong
+        dest.write_bytes(OLD)
+        temp_path(dest, T1).write_bytes(NEW)
+        outputs.append(OutputPlan(dest=os.fspath(dest), temp=os.fspath(temp_path(dest, T1)),
+                                  backup=os.fspath(other), size=len(NEW)))
     assert os.fspath(other) != os.fspath(backup_path(dest, T1))
-    plan = Plan(token=T1, outputs=[OutputPlan(
-        dest=os.fspath(dest), temp=os.fspath(temp_path(dest, T1)), backup=os.fspath(other),
-        size=len(NEW))])
-    path = journal_path(dest, T1)
-    path.write_bytes(journal_text(plan, at))  # root's own
+    path = journal_path(here / "model.pte", T1)
+    path.write_bytes(journal_text(Plan(token=T1, outputs=outputs), at))  # root's own
     refused(here, path, f"its plan names the backup {other}, not {dest}'s for its token",
             caplog)
     assert other.read_bytes() == OTHER and other.stat().st_mode & 0o777 == 0o640
