@@ -54,15 +54,20 @@ def test_an_in_order_digest_given_the_later_range_first_gives_none_until_complet
     data = b"the file's bytes\n" * 500
     cut = 3000
     d = InOrderDigest(len(data), sha256=True)
-    later = threading.Thread(target=d.add, args=(cut, data[cut:]))
+    quit_, added = threading.Event(), []
+    later = threading.Thread(target=lambda: added.append(d.add(cut, data[cut:], quit_)))
     later.start()  # waits for the earlier bytes
-    later.join(0.3)
-    assert later.is_alive()
-    assert d.sha256() is None and d.digest() is None  # nothing digested yet
-    assert d.add(0, data[:cut])
-    later.join(5)
-    assert not later.is_alive()
-    assert d.sha256() == hashlib.sha256(data).hexdigest()
+    try:
+        later.join(0.3)
+        assert later.is_alive()
+        assert d.sha256() is None and d.digest() is None  # nothing digested yet
+        assert d.add(0, data[:cut])
+        later.join(5)
+        assert not later.is_alive() and added == [True]
+        assert d.sha256() == hashlib.sha256(data).hexdigest()
+    finally:  # a failure above must not leave the thread waiting forever
+        quit_.set()
+        later.join(5)
 
     stop = threading.Event()
     stop.set()
