@@ -28,5 +28,5 @@ def test_only_the_face_lives_at_the_package_root() -> None:
     # __main__.py is the face too: `python -m trtet_store` is the CLI.
     assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "__main__.py"]
     assert sorted(p.name for p in (root / "remote").glob("*.py")) == [
-        "__init__.py", "checksum.py", "errors.py", "filenames.py", "jsondoc.py", "manifest.py",
-        "report.py", "s3.py", "url.py"]
+        "__init__.py", "checksum.py", "errors.py", "filenames.py", "jsondoc.py", "keyconfig.py",
+        "keys.py", "manifest.py", "report.py", "s3.py", "url.py"]
