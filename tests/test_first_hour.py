@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from versions import needs_file_backed_data
 
 from trtet_store.cli import main
 from trtet_store.cli.stub_builder import ENV
@@ -275,6 +276,7 @@ def _child(*argv: object, cwd: Path) -> tuple[dict, str, str]:
     return json.loads(last), done.stdout, "\n".join(rest)
 
 
+@needs_file_backed_data  # `written` keeps its engines in eng.ptd (--external-engine-data)
 @pytest.mark.parametrize("argv", [["inspect", "a.pte"], ["cache", "--dir", "cache", "list"]])
 def test_inspect_and_cache_list_import_no_torch(written, argv) -> None:
     """Before (inspect): torch and all of executorch.exir imported, 4-6 s, to read headers."""
@@ -283,6 +285,7 @@ def test_inspect_and_cache_list_import_no_torch(written, argv) -> None:
     assert out.strip() and not err, err  # it answered, and said nothing on stderr
 
 
+@needs_file_backed_data
 def test_third_party_warnings_only_with_v(written) -> None:
     """Before: "Failed to load .../torchao/_C_mxfp8...so" and torch's "W... _pytree.py:630]
     ... Enum subclass" on every command that imports torch (inspect of a .ptd does)."""
@@ -310,6 +313,7 @@ print("ok")
 """
 
 
+@needs_file_backed_data
 def test_executorch_imports_for_real_after_a_torch_free_inspect(written) -> None:
     import os
     import subprocess
