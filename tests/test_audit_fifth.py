@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import xxhash
+from records_helpers import exported_archive
 from test_tier_no_code import archive, members_of
 
 from trtet_store.io.digests import file_identity
@@ -35,19 +36,7 @@ from trtet_store.sets.store import ContentStore
 @pytest.fixture(scope="module")
 def weighted() -> bytes:
     """A real torch.export archive of a module with a weight (torch.export.save)."""
-    import torch
-
-    class M(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(3, 2)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.lin(x))
-
-    buf = io.BytesIO()
-    torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), buf)
-    return buf.getvalue()
+    return exported_archive(weighted=True)
 
 
 _CONFIG = "data/weights/model_weights_config.json"

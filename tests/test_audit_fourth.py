@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from records_helpers import exported_archive
 from test_audit_journal_plans import NEW, OLD, interrupted, refused
 from test_audit_journal_plans import here as here  # the fixture  # noqa: PLC0414
 from test_journal_plants import T1, journal_text, state
@@ -172,19 +172,7 @@ def test_a_changed_store_blob_is_refused_though_its_sha256_is_the_signed_one(
 @pytest.fixture(scope="module")
 def weighted() -> bytes:
     """A real torch.export archive of a module with a weight, in-process."""
-    import torch
-
-    class M(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(3, 2)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.lin(x))
-
-    buf = io.BytesIO()
-    torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), buf)
-    return buf.getvalue()
+    return exported_archive(weighted=True)
 
 
 @pytest.mark.parametrize("how", ["renamed member", "other path_name"])

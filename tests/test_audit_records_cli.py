@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records_helpers import exported_archive
 from test_tier_no_code import archive, members_of
 
 from trtet_store.cli import main
@@ -24,15 +25,7 @@ from trtet_store.cli import main
 @pytest.fixture(scope="module")
 def record() -> bytes:
     """A real torch.export archive (as the package's build records are), in-process."""
-    import torch
-
-    class M(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(x) + 1
-
-    buf = io.BytesIO()
-    torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), buf)
-    return buf.getvalue()
+    return exported_archive(weighted=False)
 
 
 # --- an archive naming one member twice -------------------------------------------------------

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
+from records_helpers import exported_archive
 from test_lease_trust import LKEY, TestClock, _get, _put, _tier, _warnings
 from test_tier_no_code import archive, members_of
 
@@ -37,15 +37,7 @@ from trtet_store.sets.signed import (
 @pytest.fixture(scope="module")
 def record() -> bytes:
     """A real torch.export archive (as the package's build records are), in-process."""
-    import torch
-
-    class M(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(x) + 1
-
-    buf = io.BytesIO()
-    torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), buf)
-    return buf.getvalue()
+    return exported_archive(weighted=False)
 
 
 @pytest.mark.parametrize("target", ["_operator.__import__", "math.__dict__",

@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import shlex
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records_helpers import exported_archive
 from sets_helpers import write
 from test_tier_no_code import archive, members_of
 
@@ -75,19 +75,7 @@ def test_the_resume_command_repeats_every_trusted_key(keys: Path, tmp_path: Path
 @pytest.fixture(scope="module")
 def weighted() -> bytes:
     """A real torch.export archive of a module with a weight (torch.export.save)."""
-    import torch
-
-    class M(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(3, 2)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.lin(x))
-
-    buf = io.BytesIO()
-    torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), buf)
-    return buf.getvalue()
+    return exported_archive(weighted=True)
 
 
 _PROGRAM = "models/model.json"
