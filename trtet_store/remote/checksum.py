@@ -92,10 +92,42 @@ def md5_hex(data: bytes | bytearray | memoryview) -> str:
 
 class PieceDigester(Digester):
     """xxh3-128 of a stream and xxh3-64 of each :data:`CHUNK_SIZE` chunk of it:
-    the storage engine's own digester, with its default chunk."""
+    the storage engine's own digester, with its default chunk.
 
-    def __init__(self, chunk_size: int = CHUNK_SIZE) -> None:
+    ``chunk_sha256=True``: the sha256 of each chunk too, from the same
+    buffers (:meth:`chunk_sha256`): what a signed manifest names each chunk
+    by, so a range fetched, resumed or reused alone is checked by it.
+    """
+
+    def __init__(self, chunk_size: int = CHUNK_SIZE, *, chunk_sha256: bool = False) -> None:
         super().__init__(chunk_size)
+        self._shas: list[str] | None = [] if chunk_sha256 else None
+        self._sha = hashlib.sha256() if chunk_sha256 else None
+        self._sha_fill = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        super().update(data)
+        if self._sha is None:
+            return
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(len(view), self.chunk_size - self._sha_fill)
+            self._sha.update(view[:take])
+            self._sha_fill += take
+            view = view[take:]
+            if self._sha_fill == self.chunk_size:
+                self._shas.append(self._sha.hexdigest())
+                self._sha, self._sha_fill = hashlib.sha256(), 0
+
+    def finish(self) -> tuple[str, tuple[int, ...]]:
+        if self._sha is not None and self._sha_fill:
+            self._shas.append(self._sha.hexdigest())
+            self._sha, self._sha_fill = hashlib.sha256(), 0
+        return super().finish()
+
+    def chunk_sha256(self) -> tuple[str, ...] | None:
+        """The sha256 hex of each chunk (after :meth:`finish`), or None unless asked for."""
+        return tuple(self._shas) if self._shas is not None else None
 
 
 def digest_bytes(data: bytes | bytearray | memoryview) -> tuple[str, tuple[int, ...]]:
