@@ -101,33 +101,33 @@ class PieceDigester(Digester):
 
     def __init__(self, chunk_size: int = CHUNK_SIZE, *, chunk_sha256: bool = False) -> None:
         super().__init__(chunk_size)
-        self._shas: list[str] | None = [] if chunk_sha256 else None
-        self._sha = hashlib.sha256() if chunk_sha256 else None
-        self._sha_fill = 0
+        self._cshas: list[str] | None = [] if chunk_sha256 else None
+        self._csha = hashlib.sha256() if chunk_sha256 else None
+        self._csha_fill = 0
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         super().update(data)
-        if self._sha is None:
+        if self._csha is None:
             return
         view = memoryview(data).cast("B")
         while len(view):
-            take = min(len(view), self.chunk_size - self._sha_fill)
-            self._sha.update(view[:take])
-            self._sha_fill += take
+            take = min(len(view), self.chunk_size - self._csha_fill)
+            self._csha.update(view[:take])
+            self._csha_fill += take
             view = view[take:]
-            if self._sha_fill == self.chunk_size:
-                self._shas.append(self._sha.hexdigest())
-                self._sha, self._sha_fill = hashlib.sha256(), 0
+            if self._csha_fill == self.chunk_size:
+                self._cshas.append(self._csha.hexdigest())
+                self._csha, self._csha_fill = hashlib.sha256(), 0
 
     def finish(self) -> tuple[str, tuple[int, ...]]:
-        if self._sha is not None and self._sha_fill:
-            self._shas.append(self._sha.hexdigest())
-            self._sha, self._sha_fill = hashlib.sha256(), 0
+        if self._csha is not None and self._csha_fill:
+            self._cshas.append(self._csha.hexdigest())
+            self._csha, self._csha_fill = hashlib.sha256(), 0
         return super().finish()
 
     def chunk_sha256(self) -> tuple[str, ...] | None:
         """The sha256 hex of each chunk (after :meth:`finish`), or None unless asked for."""
-        return tuple(self._shas) if self._shas is not None else None
+        return tuple(self._cshas) if self._cshas is not None else None
 
 
 def digest_bytes(data: bytes | bytearray | memoryview) -> tuple[str, tuple[int, ...]]:
