@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from attacker import listing
+from attacker import listing, tree
 from sets_helpers import write
 
 import trtet_store
@@ -354,3 +354,36 @@ def test_the_cli_signs_a_publish_and_checks_a_fetch(env: Any, here_fs: Path,
     config.write_text(f"[trtet_store]\ntrusted_keys = {env.keys / 'team.key.pub'}\n")
     assert main(["fetch", env.url, os.fspath(out / "model.pte"), "--no-progress", *ep]) == 0
     assert [(out / f.name).read_bytes() for f in files] == [f.read_bytes() for f in files]
+
+
+def test_a_staged_range_whose_sha256_is_not_the_signed_one_is_not_resumed(
+        env: Any, here_fs: Path, tcp_proxy: Any) -> None:
+    """An unsigned fetch of the forger's version, cut off after the .ptd's first chunk (the
+    forged one) was staged; the signed fetch that resumes it checks that chunk again."""
+    from tcp_proxy import Fault
+
+    from trtet_store.remote.errors import FetchInterruptedError
+    from trtet_store.testing.s3server import S3Endpoint
+
+    files = [write(here_fs / "src" / "model.pte", 2 * MiB + 5, 1),
+             write(here_fs / "src" / "cpu.ptd", 3 * MiB + 3, 2)]
+    honest = files[1].read_bytes()
+    evil = os.urandom(MiB) + honest[MiB:]  # only the first chunk differs
+    _forged(env, files, evil)
+    out = here_fs / "out"
+    out.mkdir()
+    ranged = lambda m: "range" in (m.request.headers if m.request else {})  # noqa: E731
+    # The .pte's three 1 MiB ranges and the .ptd's first get through; then every one resets.
+    proxy = tcp_proxy(env.endpoint.url, [Fault("response", "reset", at=1000, match=ranged,
+                                               skip=4, times=10_000)])
+    client = S3Endpoint(proxy.url).client(retries={"max_attempts": 1}, read_timeout=5)
+    with pytest.raises(FetchInterruptedError) as caught:
+        trtet_store.fetch(env.url, out / "model.pte", client=client, range_size=MiB,
+                          concurrency=1, attempts=1, trusted_keys=False)
+    assert "cpu.ptd bytes 1048576-" in str(caught.value)  # its first chunk was staged
+    assert sorted(os.listdir(out)) == [".trtet-staging"]
+    with pytest.raises(ProgramSignatureError, match="their sha256 is not the one the signed"):
+        _fetch(env, out / "model.pte", range_size=MiB, concurrency=1)
+    # Nothing placed, and nothing staged kept (the forged chunk is not resumed again).
+    assert os.listdir(out) in ([], [".trtet-staging"]), os.listdir(out)
+    assert [n for n in tree(out) if n.endswith((".run", ".journal", ".blob"))] == []
