@@ -459,6 +459,10 @@ def _commit(run: _Run, counters: Counters,
     entries = tuple(_entry(o.completed) for o in objs)
     if run.signing_key is not None:
         entries = tuple(_with_sha256(e, o.source) for e, o in zip(entries, objs, strict=True))
+    else:  # an unsigned manifest names nothing by sha256 (not even what it kept unchanged)
+        entries = tuple(dataclasses.replace(
+            e, sha256=None, pieces=tuple(dataclasses.replace(p, sha256=None)
+                                         for p in e.pieces)) for e in entries)
     manifest = Manifest(program=objs[0].name, chunk_size=checksum.CHUNK_SIZE,
                         objects=entries)
     body = manifest.to_json()

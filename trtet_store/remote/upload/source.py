@@ -335,13 +335,21 @@ class Reader:
         self._fds.clear()
 
 
-def piece_digests(e: Extent) -> tuple[str, tuple[int, ...]]:
-    """Read one file piece whole to digest it (a prepass, for pieces with no digest yet)."""
+def piece_digests(e: Extent, whole: ObjectSource | None = None) -> tuple[str, tuple[int, ...]]:
+    """Read one file piece whole to digest it (a prepass, for pieces with no digest yet).
+
+    ``whole``: the object that is this one piece; where it wants its sha256
+    (a signed manifest's), the pass leaves them in it, as its upload's would.
+    """
     src = ObjectSource("prepass", [e.piece])
+    if whole is not None:
+        src.want_sha256, src.want_chunk_sha256 = whole.want_sha256, whole.want_chunk_sha256
     reader = Reader(src)
     try:
         window = memoryview(bytearray(8 * MiB))
         reader.skip_to(window, src.size)
     finally:
         reader.close()
+    if whole is not None and src.sha256 is not None:
+        whole.sha256, whole.chunk_sha256 = src.sha256, src.chunk_sha256
     return reader.digests[-1]
