@@ -399,3 +399,28 @@ def test_a_staged_range_whose_sha256_is_not_the_signed_one_is_not_resumed(
     # Nothing placed, and nothing staged kept (the forged chunk is not resumed again).
     assert os.listdir(out) in ([], [".trtet-staging"]), os.listdir(out)
     assert [n for n in tree(out) if n.endswith((".run", ".journal", ".blob"))] == []
+
+
+def test_an_object_of_several_pieces_names_every_chunk_of_each_by_sha256(
+        env: Any, here_fs: Path) -> None:
+    """Pieces as a program's are laid out (inline header, a file range, inline tail), each on
+    its own chunk grid: every chunk of every piece is named, and the fetch checks them."""
+    from trtet_store.io import ExternalFile
+    from trtet_store.remote.keys import load_signing_key
+    from trtet_store.remote.upload.send import publish_sources
+    from trtet_store.remote.upload.source import ObjectSource
+
+    engine = write(here_fs / "src" / "engine.bin", 2 * MiB + 100, 5)
+    head, tail = os.urandom(4096 + 7), os.urandom(MiB + 11)
+    pieces = [head, ExternalFile.range(engine, 50, 2 * MiB), tail]
+    publish_sources([ObjectSource("model.pte", pieces)], env.url,
+                    endpoint_url=env.endpoint.url, journal_dir=env.journal_dir,
+                    signing_key=load_signing_key(env.keys / "team.key"))
+    body = engine.read_bytes()[50:50 + 2 * MiB]
+    (o,) = _doc(env)["objects"]
+    assert [p["sha256"] for p in o["pieces"]] == [_chunks_sha256(b) for b in (head, body, tail)]
+    assert o["sha256"] == hashlib.sha256(head + body + tail).hexdigest()
+    out = here_fs / "out"
+    out.mkdir()
+    _fetch(env, out / "model.pte")
+    assert (out / "model.pte").read_bytes() == head + body + tail
