@@ -6,7 +6,10 @@ The steps, in order (each a function below or in the module named):
    without one, HeadObject describes a plain object. HeadObject of every
    object, pinned by the manifest's ETag, checks that it is still the
    version the manifest names, and that its full-object CRC64NVME is the
-   manifest's (:mod:`.describe`).
+   manifest's (:mod:`.describe`). With trusted keys the manifest must be
+   signed by one and name every chunk by sha256, before any HEAD; every
+   chunk downloaded, resumed from staging or reused from a local file is
+   then checked by its sha256 too (:class:`ProgramSignatureError`).
 2. **Delta.** Pieces already in local files (the destination's previous
    version, ``reuse=``) are found by their chunk digests
    (:mod:`.reuse`); the rest is planned as runs and ranges
