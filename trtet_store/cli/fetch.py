@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import ProgressBar, add_s3_options, mib, report_error, size_arg
+from trtet_store.cli._common import (
+    ProgressBar,
+    add_s3_options,
+    mib,
+    one_line,
+    report_error,
+    size_arg,
+)
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_fetch"]
@@ -49,6 +56,10 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--program-only", action="store_true",
                    help="fetch a .pte that has no manifest though it needs .ptd files "
                    "(default: refused, naming them)")
+    f.add_argument("--trusted-key", type=Path, action="append", default=None, metavar="PATH",
+                   help="fetch only a program whose manifest this public key signed, each "
+                   "byte checked by sha256 (repeatable; default TRTET_TRUSTED_KEYS, else the "
+                   "config file's)")
     add_s3_options(f)  # --endpoint-url, --json, --no-progress
     f.set_defaults(func=cmd_fetch)
 
@@ -95,6 +106,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     """Run ``trtet-store fetch``; returns the exit code (0 done, 1 failed, 130 interrupted)."""
     from trtet_store.remote import RemoteError
     from trtet_store.remote.download.receive import fetch, resume_command
+    from trtet_store.remote.keys import KeyFileError
 
     prefix = "trtet-store fetch"
     try:
@@ -105,14 +117,18 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     flags = {"replace_needed": args.replace_needed, "program_only": args.program_only}
     resume = resume_command(args.url, args.out, reuse=args.reuse,
                             endpoint_url=args.endpoint_url, if_replaced=args.if_replaced,
-                            **options, **flags)
+                            trusted_keys=args.trusted_key or (), **options, **flags)
     kwargs: dict[str, Any] = {"reuse": args.reuse, "endpoint_url": args.endpoint_url,
-                              "if_replaced": args.if_replaced, **options, **flags}
+                              "if_replaced": args.if_replaced,
+                              "trusted_keys": args.trusted_key, **options, **flags}
     bar = ProgressBar("fetch", _postfix, enabled=not args.no_progress and not args.json)
     kwargs["progress"] = bar
     try:
         with bar:
             report = fetch(args.url, args.out, **kwargs)
+    except KeyFileError as exc:
+        print(f"{prefix}: {one_line(exc)}", file=sys.stderr)
+        return 1
     except (KeyboardInterrupt, RemoteError, OSError) as exc:
         # The CLI's one error table (cli._common.ERROR_TABLE) says what failed and what to do.
         return report_error(exc, "fetch", out=args.out, resume=resume)

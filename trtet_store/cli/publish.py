@@ -58,6 +58,9 @@ def add_parser(sub: Any) -> None:
                         "publish)")
     p.add_argument("--no-index", action="store_true",
                    help="neither use nor update the bucket's engine-digest index")
+    p.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
+                   help="sign the manifest with this ed25519 key (objects named by sha256 "
+                   "too; default TRTET_SIGNING_KEY, else the config file's)")
     add_s3_options(p)  # --endpoint-url, --json, --no-progress
     p.set_defaults(func=cmd_publish)
 
@@ -144,7 +147,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     bar = progress_bar(args)
     kwargs: dict[str, Any] = {"endpoint_url": args.endpoint_url, "part_size": args.part_size,
                               "replace": args.replace, "journal_dir": args.journal_dir,
-                              "progress": bar, "index": not args.no_index}
+                              "progress": bar, "index": not args.no_index,
+                              "signing_key": args.signing_key}
     if args.concurrency is not None:
         kwargs["concurrency"] = args.concurrency
     try:

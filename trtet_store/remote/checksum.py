@@ -92,10 +92,42 @@ def md5_hex(data: bytes | bytearray | memoryview) -> str:
 
 class PieceDigester(Digester):
     """xxh3-128 of a stream and xxh3-64 of each :data:`CHUNK_SIZE` chunk of it:
-    the storage engine's own digester, with its default chunk."""
+    the storage engine's own digester, with its default chunk.
 
-    def __init__(self, chunk_size: int = CHUNK_SIZE) -> None:
+    ``chunk_sha256=True``: the sha256 of each chunk too, from the same
+    buffers (:meth:`chunk_sha256`): what a signed manifest names each chunk
+    by, so a range fetched, resumed or reused alone is checked by it.
+    """
+
+    def __init__(self, chunk_size: int = CHUNK_SIZE, *, chunk_sha256: bool = False) -> None:
         super().__init__(chunk_size)
+        self._cshas: list[str] | None = [] if chunk_sha256 else None
+        self._csha = hashlib.sha256() if chunk_sha256 else None
+        self._csha_fill = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        super().update(data)
+        if self._csha is None:
+            return
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(len(view), self.chunk_size - self._csha_fill)
+            self._csha.update(view[:take])
+            self._csha_fill += take
+            view = view[take:]
+            if self._csha_fill == self.chunk_size:
+                self._cshas.append(self._csha.hexdigest())
+                self._csha, self._csha_fill = hashlib.sha256(), 0
+
+    def finish(self) -> tuple[str, tuple[int, ...]]:
+        if self._csha is not None and self._csha_fill:
+            self._cshas.append(self._csha.hexdigest())
+            self._csha, self._csha_fill = hashlib.sha256(), 0
+        return super().finish()
+
+    def chunk_sha256(self) -> tuple[str, ...] | None:
+        """The sha256 hex of each chunk (after :meth:`finish`), or None unless asked for."""
+        return tuple(self._cshas) if self._cshas is not None else None
 
 
 def digest_bytes(data: bytes | bytearray | memoryview) -> tuple[str, tuple[int, ...]]:

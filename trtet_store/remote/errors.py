@@ -213,6 +213,12 @@ class FetchVerificationError(RemoteError):
     """
 
 
+class ProgramSignatureError(FetchVerificationError):
+    """With trusted keys: a program no trusted key vouches for (its manifest unsigned, signed
+    by another key, changed after signing, or naming its bytes by xxh3 only; nothing
+    downloaded), or bytes whose sha256 is not the signed one (nothing placed)."""
+
+
 class FetchInterruptedError(RemoteError):
     """The network failed more times than the retries allow; the fetch can resume.
 

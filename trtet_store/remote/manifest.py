@@ -32,6 +32,14 @@ What it records, per object (:class:`ObjectEntry`):
   chunk short: what ``Blob.chunk_digests`` and ``ExternalFile.chunk_digests``
   are, so a fetched piece can become a verified io piece chunk by chunk).
 
+Signed (``publish(signing_key=...)``): each object also has ``sha256`` (of
+the whole object) and each piece ``sha256`` (one per chunk, beside
+``chunks``: every range a fetch downloads, resumes or reuses is checked by
+them), taken in the pass that reads the bytes for the xxh3 and CRC; and the
+top has ``signatures`` (:mod:`trtet_store.remote.signing`, over
+:data:`SIGNATURE_DOMAIN`). Unsigned manifests carry none of them; readers
+of an older version ignore them.
+
 At the top: ``format`` (:data:`FORMAT`), ``version`` (:data:`VERSION`; a
 reader refuses another), ``program`` (the name of the first object, the
 ``.pte``), ``chunk_size`` (the span of each piece's ``chunks``) and
@@ -70,6 +78,8 @@ from trtet_store.remote.jsondoc import MANIFEST_MAX_BYTES, loads
 
 FORMAT = "trtet-store-manifest"
 VERSION = 1
+#: What a program manifest's signature covers starts with this.
+SIGNATURE_DOMAIN = b"trtet-store/program-manifest-signature/1\n"
 #: Appended to the program's key to name its manifest.
 MANIFEST_SUFFIX = ".trtet.json"
 #: S3's limits, which every manifest's parts satisfy.
@@ -79,6 +89,12 @@ MAX_PART_SIZE = 5 * 1024 * 1024 * 1024
 
 _HEX128 = re.compile(r"[0-9a-f]{32}")
 _MD5 = re.compile(r"[0-9a-f]{32}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def is_sha256(value: object) -> bool:
+    """Whether ``value`` is a sha256 hex digest (64 lower-case hex digits)."""
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
 
 
 def manifest_key(program_key: str) -> str:
@@ -160,10 +176,14 @@ class PieceEntry:
     kind: str  # "inline" or "file"
     xxh3: str  # xxh3-128 of the piece, hex
     chunks: tuple[int, ...]  # xxh3-64 of each chunk_size bytes
+    sha256: tuple[str, ...] | None = None  # sha256 hex of each chunk (signed manifests)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"offset": self.offset, "size": self.size, "kind": self.kind,
-                "xxh3": self.xxh3, "chunks": list(self.chunks)}
+        d = {"offset": self.offset, "size": self.size, "kind": self.kind,
+             "xxh3": self.xxh3, "chunks": list(self.chunks)}
+        if self.sha256 is not None:
+            d["sha256"] = list(self.sha256)
+        return d
 
 
 @dataclass(frozen=True)
@@ -194,12 +214,21 @@ class ObjectEntry:
     part_size: int
     parts: tuple[PartEntry, ...]
     pieces: tuple[PieceEntry, ...]
+    sha256: str | None = None  # sha256 hex of the whole object (signed manifests)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "size": self.size, "etag": self.etag,
-                "crc64nvme": self.crc64nvme, "part_size": self.part_size,
-                "parts": [p.to_dict() for p in self.parts],
-                "pieces": [p.to_dict() for p in self.pieces]}
+        d = {"name": self.name, "key": self.key, "size": self.size, "etag": self.etag,
+             "crc64nvme": self.crc64nvme, "part_size": self.part_size,
+             "parts": [p.to_dict() for p in self.parts],
+             "pieces": [p.to_dict() for p in self.pieces]}
+        if self.sha256 is not None:
+            d["sha256"] = self.sha256
+        return d
+
+    @property
+    def sha256_named(self) -> bool:
+        """Whether the whole object and every chunk of every piece are named by sha256."""
+        return self.sha256 is not None and all(p.sha256 is not None for p in self.pieces)
 
     def piece_at(self, offset: int) -> PieceEntry:
         """The piece holding byte ``offset``."""
@@ -299,8 +328,12 @@ def _piece(d: Any) -> PieceEntry:
     if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**64
                for c in chunks):
         raise ManifestError("a piece's chunk digests must be 64-bit unsigned integers")
+    shas = d.get("sha256")
+    if shas is not None and not (isinstance(shas, list) and all(is_sha256(h) for h in shas)):
+        raise ManifestError("a piece's sha256 must be a list of sha256 hex digests")
     return PieceEntry(_field(d, "offset", int), _field(d, "size", int), _field(d, "kind", str),
-                      _field(d, "xxh3", str), tuple(chunks))
+                      _field(d, "xxh3", str), tuple(chunks),
+                      tuple(shas) if shas is not None else None)
 
 
 def _part(d: Any) -> PartEntry:
@@ -317,7 +350,16 @@ def _object(d: Any) -> ObjectEntry:
         etag=strip_etag(_field(d, "etag", str)), crc64nvme=_field(d, "crc64nvme", str),
         part_size=_field(d, "part_size", int),
         parts=tuple(_part(p) for p in _field(d, "parts", list)),
-        pieces=tuple(_piece(p) for p in _field(d, "pieces", list)))
+        pieces=tuple(_piece(p) for p in _field(d, "pieces", list)),
+        sha256=_sha256(d))
+
+
+def _sha256(d: dict) -> str | None:
+    value = d.get("sha256")
+    if value is not None and not is_sha256(value):
+        raise ManifestError(f"object {d.get('name')!r}: sha256 {value!r} is not a sha256 "
+                            "hex digest")
+    return value
 
 
 def _validate(m: Manifest) -> None:
@@ -389,6 +431,9 @@ def _validate_object(o: ObjectEntry, chunk_size: int) -> None:
         if len(piece.chunks) != -(-piece.size // chunk_size):
             raise ManifestError(f"{what}: piece {i} has {len(piece.chunks)} chunk digests for "
                                 f"{piece.size} bytes in chunks of {chunk_size}")
+        if piece.sha256 is not None and len(piece.sha256) != len(piece.chunks):
+            raise ManifestError(f"{what}: piece {i} has {len(piece.sha256)} chunk sha256 for "
+                                f"{len(piece.chunks)} chunks")
         pos += piece.size
     if pos != o.size:
         raise ManifestError(f"{what}: pieces cover {pos} bytes of {o.size}")

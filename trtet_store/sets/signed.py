@@ -23,7 +23,6 @@ signature by a trusted key that verifies is enough; others are ignored.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -33,15 +32,18 @@ from typing import Any
 from trtet_store.io import is_sha256, read_digests, read_ours
 from trtet_store.remote.errors import FetchVerificationError, ManifestError
 from trtet_store.remote.jsondoc import loads
-from trtet_store.remote.keys import signature_problem
+from trtet_store.remote.signing import (  # noqa: F401 - MAX_SIGNATURES: as before
+    MAX_SIGNATURES,
+    payload,
+    sign_document,
+    signed_problem,
+)
 
 __all__ = ["DOMAIN", "SetSignatureError", "check_blobs", "read_signed_set", "sign_set",
            "verified_sha256s"]
 
 #: What a set's signature covers starts with this, so that it means nothing elsewhere.
 DOMAIN = b"trtet-store/set-manifest-signature/1\n"
-#: Signatures one set manifest may carry (each costs a verification).
-MAX_SIGNATURES = 8
 #: A store seal is a line of JSON.
 _SEAL_LIMIT = 4096
 
@@ -51,9 +53,7 @@ class SetSignatureError(FetchVerificationError):
 
 
 def _payload(doc: Mapping[str, Any]) -> bytes:
-    return DOMAIN + json.dumps({k: v for k, v in doc.items() if k != "signatures"},
-                               sort_keys=True, separators=(",", ":"),
-                               ensure_ascii=True).encode("ascii")
+    return payload(DOMAIN, doc)
 
 
 def sign_set(body: bytes, sha256s: Mapping[str, str], key: Any) -> bytes:
@@ -72,36 +72,20 @@ def sign_set(body: bytes, sha256s: Mapping[str, str], key: Any) -> bytes:
     if missing:
         raise ValueError(f"no sha256 for blobs {missing[:3]}: a signature needs every one")
     doc["sha256"] = {b: sha256s[b] for b in doc["blobs"]}
-    sig = key.sign(_payload(doc))
-    doc["signatures"] = [{"key": key.key_id,
-                          "ed25519": base64.b64encode(sig).decode("ascii")}]
-    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    return sign_document(doc, key, DOMAIN)
 
 
 def _refusal(doc: Any, trusted: Mapping[str, Any]) -> str | None:
     """Why the parsed set manifest ``doc`` is not vouched for by ``trusted``, or None."""
-    sigs = doc.get("signatures") if isinstance(doc, dict) else None
-    if not sigs:
-        return "not signed (only sets signed by the trusted keys are fetched)"
-    if not isinstance(sigs, list) or len(sigs) > MAX_SIGNATURES:
-        return f"its signatures are not a list of at most {MAX_SIGNATURES}"
-    shas, blobs = doc.get("sha256"), doc.get("blobs")
+    shas = doc.get("sha256") if isinstance(doc, dict) else None
+    blobs = doc.get("blobs") if isinstance(doc, dict) else None
+    digests = None
     if not (isinstance(shas, dict) and isinstance(blobs, dict) and set(shas) == set(blobs)
             and all(is_sha256(v) for v in shas.values())):
-        return ("names its blobs by xxh3-128 only (no sha256 for each): not trusted; "
-                "publish it again with the signing key")
-    reasons = []
-    data = _payload(doc)
-    for sig in sigs:
-        why = signature_problem(sig, trusted, data,
-                                changed=": the set manifest was changed after it was signed")
-        if why is None:
-            return None
-        if "does not verify" in why:  # a trusted key's word comes first
-            reasons.insert(0, why)
-        else:
-            reasons.append(why)
-    return reasons[0]
+        digests = ("names its blobs by xxh3-128 only (no sha256 for each): not trusted; "
+                   "publish it again with the signing key")
+    return signed_problem(doc, trusted, DOMAIN, what="sets", digests_problem=digests,
+                          changed=": the set manifest was changed after it was signed")
 
 
 def verified_sha256s(body: bytes, trusted: Mapping[str, Any], where: str) -> dict[str, str]:

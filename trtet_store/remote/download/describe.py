@@ -5,13 +5,24 @@ for, and every object it names is HEADed at its ETag: still the version the
 manifest names, with the manifest's size and full-object CRC64NVME. A
 plain object (no manifest) is described by its HEAD, verified only when it
 has a full-object checksum.
+
+With trusted keys (``fetch(trusted_keys=...)``) the manifest is a signed
+root: before anything else is read from it (its names, a HEAD, a byte of an
+object), a trusted key's signature must verify over it, and it must name
+every object and every chunk of each piece by sha256
+(:func:`program_refusal`); else :class:`ProgramSignatureError`. A program
+without a manifest is refused the same way. The specs then carry
+``signed=True``: each range downloaded, resumed or reused is checked by its
+chunks' sha256 as well as their xxh3.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from trtet_store.remote.download.plan import ObjectSpec
 from trtet_store.remote.download.reader import Reader
@@ -20,36 +31,90 @@ from trtet_store.remote.errors import (
     ManifestError,
     ObjectChangedError,
     ObjectNotFoundError,
+    ProgramSignatureError,
 )
 from trtet_store.remote.filenames import check_program_names
-from trtet_store.remote.manifest import Manifest, manifest_key
+from trtet_store.remote.jsondoc import loads
+from trtet_store.remote.manifest import (
+    MANIFEST_MAX_BYTES,
+    SIGNATURE_DOMAIN,
+    Manifest,
+    is_sha256,
+    manifest_key,
+)
+from trtet_store.remote.signing import signed_problem
 
 # The fetch's logger, as before this step left receive.py.
 log = logging.getLogger("trtet_store.remote.download.receive")
 
 
+def _sha256_problem(doc: Any) -> str | None:
+    """Why the parsed manifest ``doc`` does not name all its bytes by sha256, or None."""
+    objects = doc.get("objects") if isinstance(doc, dict) else None
+    ok = isinstance(objects, list) and bool(objects)
+    for o in objects if ok else ():
+        pieces = o.get("pieces") if isinstance(o, dict) else None
+        ok = ok and is_sha256(o.get("sha256")) and isinstance(pieces, list) and all(
+            isinstance(p, dict) and isinstance(p.get("sha256"), list)
+            and isinstance(p.get("chunks"), list) and len(p["sha256"]) == len(p["chunks"])
+            and all(is_sha256(h) for h in p["sha256"]) for p in pieces)
+    if ok:
+        return None
+    return ("names its objects by xxh3 only (no sha256 for each object and chunk): not "
+            "trusted; publish it again with the signing key")
+
+
+def program_refusal(doc: Any, trusted: Mapping[str, Any]) -> str | None:
+    """Why no key of ``trusted`` vouches for the parsed program manifest ``doc``, or None."""
+    return signed_problem(doc, trusted, SIGNATURE_DOMAIN, what="programs",
+                          digests_problem=_sha256_problem(doc),
+                          changed=": the manifest was changed after it was signed")
+
+
 def describe(reader: Reader, bucket: str, key: str, dest: Path,
-             names: list[str] | None) -> tuple[bool, str, list[ObjectSpec], str | None]:
+             names: list[str] | None, trusted: Mapping[str, Any] | None = None
+             ) -> tuple[bool, str, list[ObjectSpec], str | None]:
     """``(from a manifest, version, specs, why unverified)``: the manifest's, or a plain HEAD's.
 
     ``names``: the exact names the manifest must name (``fetch(names=)``), or
     None for a program's closed set. Every object the manifest names is
     HEADed at its ETag, its size and CRC64NVME checked against the manifest's.
+    ``trusted``: ``{key id: PublicKey}``; the manifest must be signed by one
+    (see the module doc), else :class:`ProgramSignatureError`, before a HEAD.
     """
     mkey = manifest_key(key)
+    where = f"s3://{bucket}/{mkey}"
     try:
         raw, etag = reader.get_small(mkey)
     except ObjectNotFoundError:
+        if trusted is not None:
+            raise ProgramSignatureError(
+                f"{where}: the program is refused: it has no manifest, so nothing signed "
+                "names its bytes (only programs signed by the trusted keys are fetched); "
+                "nothing downloaded") from None
         return (False, *_plain(reader, bucket, key, dest))
     try:
-        manifest = Manifest.from_json(raw)
+        if len(raw) > MANIFEST_MAX_BYTES:
+            raise ManifestError(f"manifest is {len(raw)} bytes, more than the "
+                                f"{MANIFEST_MAX_BYTES} a manifest may be")
+        try:
+            doc = loads(raw, "manifest")
+        except ValueError as exc:
+            raise ManifestError(str(exc)) from None
+        if trusted is not None:
+            why = program_refusal(doc, trusted)
+            if why is not None:
+                raise ProgramSignatureError(f"{where}: the program is refused: {why}; "
+                                            "nothing downloaded")
+        manifest = Manifest.from_dict(doc)
     except ManifestError as exc:
-        exc.args = (f"s3://{bucket}/{mkey}: {exc}",)  # its class kept (FileNameError)
+        exc.args = (f"{where}: {exc}",)  # its class kept (FileNameError)
         raise
     # A closed set of names, before any HEAD or GET of an object (filenames.py).
     check_program_names([o.name for o in manifest.objects], f"s3://{bucket}/{mkey}",
                         expected=names)
-    specs = [ObjectSpec.from_entry(e, manifest.chunk_size) for e in manifest.objects]
+    specs = [ObjectSpec.from_entry(e, manifest.chunk_size, signed=trusted is not None)
+             for e in manifest.objects]
     prefix = key.rpartition("/")[0]
     for s in specs:
         if s.key.rpartition("/")[0] != prefix:

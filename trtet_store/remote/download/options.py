@@ -76,7 +76,7 @@ def resume_command(url: str, dest: os.PathLike | str, *,
                    reuse: Sequence[os.PathLike | str] = (), endpoint_url: str | None = None,
                    concurrency: int = DEFAULT_CONCURRENCY,
                    range_size: int = DEFAULT_RANGE_SIZE, if_replaced: str = "restart",
-                   **flags: bool) -> str:
+                   trusted_keys: Sequence[os.PathLike | str] = (), **flags: bool) -> str:
     """The ``trtet-store fetch`` command that continues a fetch, with every option it had.
 
     Options at their defaults are left out; every other one is repeated, so
@@ -96,6 +96,8 @@ def resume_command(url: str, dest: os.PathLike | str, *,
         words += ["--range-size", str(range_size)]
     if if_replaced != "restart":
         words += ["--if-replaced", if_replaced]
+    for k in trusted_keys:  # given ones; the environment's apply again by themselves
+        words += ["--trusted-key", os.fspath(k)]
     words += [f"--{name.replace('_', '-')}" for name, on in flags.items() if on]
     return shlex.join(words)
 

@@ -42,6 +42,9 @@ class ObjectSpec:
         and ranges are checked only by the full-object checksum).
     chunk_size : int
         The span of each piece's chunk digests.
+    signed : bool
+        From a manifest a trusted key vouched for: every chunk downloaded,
+        resumed or reused is checked by its signed sha256 too.
     """
 
     name: str
@@ -51,11 +54,13 @@ class ObjectSpec:
     checksum: tuple[str, str] | None
     pieces: tuple[PieceEntry, ...] = ()
     chunk_size: int = MiB
+    signed: bool = False
 
     @classmethod
-    def from_entry(cls, entry: ObjectEntry, chunk_size: int) -> ObjectSpec:
+    def from_entry(cls, entry: ObjectEntry, chunk_size: int, *,
+                   signed: bool = False) -> ObjectSpec:
         return cls(entry.name, entry.key, entry.size, entry.etag,
-                   ("crc64nvme", entry.crc64nvme), entry.pieces, chunk_size)
+                   ("crc64nvme", entry.crc64nvme), entry.pieces, chunk_size, signed)
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,22 @@ def plan_object(obj: int, spec: ObjectSpec, reused: Sequence[Reuse], range_size:
 def pieces_within(spec: ObjectSpec, start: int, end: int) -> list[PieceEntry]:
     """The pieces overlapping ``[start, end)``, in order."""
     return [p for p in spec.pieces if p.offset < end and p.offset + p.size > start]
+
+
+def expected_sha256(spec: ObjectSpec, start: int, end: int) -> list[tuple[int, int, str]]:
+    """``(offset, size, sha256 hex)`` of every manifest chunk inside ``[start, end)`` (a
+    signed manifest's; as :func:`expected_chunks`, whose grid it shares)."""
+    out = []
+    for p in pieces_within(spec, start, end):
+        for k, digest in enumerate(p.sha256 or ()):
+            off = p.offset + k * spec.chunk_size
+            size = min(spec.chunk_size, p.offset + p.size - off)
+            if off >= end or off + size <= start:
+                continue
+            if off < start or off + size > end:
+                raise ValueError(f"{spec.name}: range [{start}, {end}) cuts the chunk at {off}")
+            out.append((off, size, digest))
+    return out
 
 
 def expected_chunks(spec: ObjectSpec, start: int, end: int) -> list[tuple[int, int, int]]:

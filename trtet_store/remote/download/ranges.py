@@ -27,9 +27,13 @@ from trtet_store.io import InOrderDigest, MiB
 from trtet_store.remote.checksum import crc_functions
 from trtet_store.remote.download.plan import ObjectPlan, ObjectSpec, Range, Run, split_run
 from trtet_store.remote.download.staging import Staging
-from trtet_store.remote.download.verify import chunks_ok, staged_ok
+from trtet_store.remote.download.verify import chunks_ok, sha256_ok, staged_ok
 from trtet_store.remote.download.writer import RangeWriter
-from trtet_store.remote.errors import FetchInterruptedError, FetchVerificationError
+from trtet_store.remote.errors import (
+    FetchInterruptedError,
+    FetchVerificationError,
+    ProgramSignatureError,
+)
 from trtet_store.remote.s3 import ReadInterrupted, Transient
 
 if TYPE_CHECKING:
@@ -174,6 +178,13 @@ class RangeDownload:
             part = view[piece.offset - rng.offset:piece.end - rng.offset]
             if not chunks_ok(spec, piece, part):
                 raise _BadPiece
+            if not sha256_ok(spec, piece, part):
+                # Its xxh3 is the manifest's, its sha256 is not the signed one: no
+                # network fault makes that, so it is not fetched again.
+                raise ProgramSignatureError(
+                    f"s3://{self.bucket}/{spec.key} bytes {piece.offset}-{piece.end - 1}: "
+                    "their sha256 is not the one the signed manifest names (their xxh3 "
+                    "is): refused, nothing placed")
             return compute(part)
 
         try:

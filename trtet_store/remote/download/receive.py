@@ -6,7 +6,10 @@ The steps, in order (each a function below or in the module named):
    without one, HeadObject describes a plain object. HeadObject of every
    object, pinned by the manifest's ETag, checks that it is still the
    version the manifest names, and that its full-object CRC64NVME is the
-   manifest's (:mod:`.describe`).
+   manifest's (:mod:`.describe`). With trusted keys the manifest must be
+   signed by one and name every chunk by sha256, before any HEAD; every
+   chunk downloaded, resumed from staging or reused from a local file is
+   then checked by its sha256 too (:class:`ProgramSignatureError`).
 2. **Delta.** Pieces already in local files (the destination's previous
    version, ``reuse=``) are found by their chunk digests
    (:mod:`.reuse`); the rest is planned as runs and ranges
@@ -101,8 +104,10 @@ from trtet_store.remote.errors import (
     FetchVerificationError,
     MissingDataError,
     ObjectChangedError,
+    ProgramSignatureError,
 )
 from trtet_store.remote.filenames import check_destination
+from trtet_store.remote.keyconfig import resolve_trusted
 from trtet_store.remote.report import FetchedObject, FetchProgress, FetchReport
 from trtet_store.remote.s3 import S3
 
@@ -121,7 +126,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
           max_restarts: int = 3, wait_replaced: float = 30.0, attempts: int = 5,
           placements: Sequence[str] | None = None, replace_needed: bool = False,
           program_only: bool = False, names: Sequence[str] | None = None,
-          sha256: bool = False) -> FetchReport:
+          sha256: bool = False, trusted_keys: Any = None) -> FetchReport:
     """Fetch the program published at ``url`` (or a plain object) into ``path``.
 
     Parameters
@@ -180,6 +185,17 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         Also take the sha256 of each object digested as it arrives, in that
         same pass (:attr:`FetchedObject.sha256`): what a signed document
         names the bytes by.
+    trusted_keys : sequence of path-like or PublicKey, optional
+        Fetch only a program whose manifest one of these keys signed
+        (``publish(signing_key=...)``): one no trusted key vouches for
+        (unsigned, another signer, changed after signing, naming its bytes
+        by xxh3 only, or no manifest at all) is refused before any object
+        byte is downloaded, and every byte downloaded, resumed or reused is
+        checked by the sha256 the signature covers: nothing is placed on a
+        mismatch. Default: ``TRTET_TRUSTED_KEYS``, else the config file's
+        (as ``fetch_set`` and the shared tier), else unsigned programs are
+        fetched as before. ``False``: none looked up (a caller that checks
+        the bytes by its own signed document).
 
     The ``.ptd`` files are written by a rename over their names: a symbolic
     link there is replaced, never written through (``path`` itself is
@@ -220,6 +236,12 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         downloaded, nothing created.
     FetchInterruptedError
         The network kept failing; fetching again continues where it stopped.
+    ProgramSignatureError
+        (a FetchVerificationError) With trusted keys: no trusted key vouches
+        for the manifest (nothing downloaded), or bytes whose sha256 is not
+        the signed one (nothing placed, nothing staged kept).
+    KeyFileError
+        A trusted key (or the config file) that cannot be used.
     """
     if isinstance(reuse, (str, bytes, os.PathLike)):
         raise TypeError("reuse takes a list of paths, e.g. reuse=[old_pte], not one path")
@@ -235,6 +257,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     if not dest.parent.is_dir():
         raise FileNotFoundError(f"{dest.parent} is not a directory (the destination's "
                                 "directory must exist)")
+    trusted = None if trusted_keys is False else resolve_trusted(trusted_keys)
     s3 = client if isinstance(client, S3) else S3(endpoint_url, client=client,
                                                    max_connections=concurrency + 2)
     # Our own client: a server that is restarting is waited out (bounded); a client the
@@ -247,6 +270,9 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     job.replace_needed, job.program_only = replace_needed, program_only
     job.names = None if names is None else list(names)
     job.sha256 = bool(sha256)
+    job.trusted = trusted
+    job.trusted_paths = [k for k in trusted_keys or () if isinstance(k, (str, os.PathLike))] \
+        if trusted_keys is not False else []
     job.flags = {"replace_needed": replace_needed, "program_only": program_only}
     start = time.monotonic()
     restarts = 0
@@ -311,6 +337,9 @@ class _Fetch(RangeDownload):
         self.in_order: dict[int, InOrderDigest] = {}
         #: Whether those digests take the sha256 too (fetch(sha256=True)).
         self.sha256 = False
+        #: {key id: PublicKey}: the manifest must be signed by one (fetch(trusted_keys=)).
+        self.trusted: dict[str, Any] | None = None
+        self.trusted_paths: list[Any] = []  # the given ones, for the resume command
 
     def local_path(self, i: int, spec: ObjectSpec) -> Path:
         return self.dest if i == 0 else self.dest.parent / spec.name
@@ -331,7 +360,7 @@ class _Fetch(RangeDownload):
             # destination's content, and the staged runs, depend on which).
             recover(self.dest.parent)
         self.from_manifest, version, specs, unverified = describe(
-            self.reader, self.bucket, self.key, self.dest, self.names)
+            self.reader, self.bucket, self.key, self.dest, self.names, self.trusted)
         self.version = version
         paths = [self.local_path(i, s) for i, s in enumerate(specs)]
         # What needs only the manifest and an lstat is refused before anything is read.
@@ -411,7 +440,11 @@ class _Fetch(RangeDownload):
         """Download into the staging area, verify, and write every file in one transaction."""
         stage = Staging.open(self.dest, self.url, version, plans)
         try:
-            report.bytes_resumed = self.download(plans, stage)
+            try:
+                report.bytes_resumed = self.download(plans, stage)
+            except ProgramSignatureError:
+                stage.discard()  # bytes no signature vouches for: none kept
+                raise
             self.resumed = report.bytes_resumed
             self._digests(report, plans)
             self.verify(plans, stage)
@@ -509,7 +542,7 @@ class _Fetch(RangeDownload):
         return resume_command(self.url, self.dest, reuse=self.reuse,
                               endpoint_url=self.endpoint_url, concurrency=self.concurrency,
                               range_size=self.range_size, if_replaced=self.if_replaced,
-                              **self.flags)
+                              trusted_keys=self.trusted_paths, **self.flags)
 
     # 4. download: :class:`.ranges.RangeDownload` ---------------------------------------
 

@@ -6,11 +6,13 @@ destination's previous version, files given with ``reuse=``): at its piece's
 own offset, and shifted by the difference in file sizes (a piece after one
 whose size changed). A chunk found is not downloaded; runs of them become
 ranges of the old file in the new one. Costs a read of the candidates'
-bytes, never a download. Nothing here writes.
+bytes, never a download. Nothing here writes. A signed manifest's chunk is
+reused only where its sha256 is the signed one too (``spec.signed``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
@@ -124,7 +126,9 @@ def _reuse_in_piece(spec: ObjectSpec, piece, candidates: Sequence[Candidate],
                 if src_start + off + length > size:
                     break
                 data = os.pread(fds[path], length, src_start + off)
-                if len(data) == length and chunk_digest(data) == piece.chunks[k]:
+                if len(data) == length and chunk_digest(data) == piece.chunks[k] and (
+                        not spec.signed or (piece.sha256 is not None and hashlib.sha256(
+                            data).hexdigest() == piece.sha256[k])):
                     owner[k] = (path, size, src_start, crc64nvme(data))
     out: list[Reuse] = []
     k = 0

@@ -7,6 +7,8 @@ a resume finds it staged; an object's checksum once all its ranges are in.
 
 from __future__ import annotations
 
+import hashlib
+
 from trtet_store.io import chunk_digest
 from trtet_store.remote.checksum import b64_to_int, crc_functions, int_to_b64
 from trtet_store.remote.download.plan import (
@@ -16,6 +18,7 @@ from trtet_store.remote.download.plan import (
     Reuse,
     Run,
     expected_chunks,
+    expected_sha256,
 )
 from trtet_store.remote.download.staging import Staging
 from trtet_store.remote.errors import FetchVerificationError
@@ -29,13 +32,31 @@ def chunks_ok(spec: ObjectSpec, rng: Range, view: memoryview) -> bool:
     return True
 
 
+def sha256_ok(spec: ObjectSpec, rng: Range, view: memoryview) -> bool:
+    """A signed spec: every chunk inside ``rng`` has its signed sha256 in ``view``.
+
+    True for a spec not signed (nothing to check). A signed chunk without a
+    sha256 (a piece with none) is not ok.
+    """
+    if not spec.signed:
+        return True
+    shas = expected_sha256(spec, rng.offset, rng.end)
+    if sum(size for _, size, _ in shas) != rng.size:
+        return False
+    for off, size, digest in shas:
+        if hashlib.sha256(view[off - rng.offset: off - rng.offset + size]).hexdigest() != digest:
+            return False
+    return True
+
+
 def staged_ok(spec: ObjectSpec, stage: Staging, run: Run, rng: Range, crc: int) -> bool:
     """A range an earlier fetch journaled: trusted only if its bytes still check."""
     data = stage.read(run, rng)
     if len(data) != rng.size:
         return False
     compute, _ = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
-    return compute(data) == crc and chunks_ok(spec, rng, memoryview(data))
+    view = memoryview(data)
+    return compute(data) == crc and chunks_ok(spec, rng, view) and sha256_ok(spec, rng, view)
 
 
 def check_crc(bucket: str, plan: ObjectPlan, done: dict) -> None:

@@ -158,7 +158,9 @@ def plan_copies(s3: S3, bucket: str, objs: list[ObjectUpload], heads: dict, mkey
         for e in o.source.extents:
             digest = e.known_digest()
             if digest is None and e.size in sizes:
-                digest = piece_digests(e)[0]  # read once, to find it among the candidates
+                # Read once, to find it among the candidates (and, for a signed manifest,
+                # an object of this one piece is named by sha256 from the same pass).
+                digest = piece_digests(e, o.source if len(o.source.extents) == 1 else None)[0]
             known.append((e.offset, e.size, digest))
         o.copies = delta.copy_actions(o.parts, delta.segments(known, cands))
         prev = previous.get(o.key)

@@ -16,6 +16,7 @@ from typing import Any
 
 from trtet_store.io import PUBLISH_STAGING_DIR, UNSET, staging_directory
 from trtet_store.remote.filenames import check_program_names
+from trtet_store.remote.keyconfig import resolve_signing
 from trtet_store.remote.report import PublishProgress, PublishReport
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
 from trtet_store.remote.upload.send import publish_sources
@@ -68,6 +69,7 @@ def publish(
     concurrency: int = UNSET,
     journal_dir: os.PathLike | str | None = UNSET,
     index: bool = UNSET,
+    signing_key: Any = None,
 ) -> PublishReport:
     """Publish a program (or local files) to S3-compatible storage, from its pieces.
 
@@ -117,6 +119,12 @@ def publish(
         threads.
     part_size, concurrency, journal_dir, index
         The fields of ``config`` as keywords (kept for one release).
+    signing_key : path-like or SigningKey, optional
+        Sign the manifest (a signed root, as a set's): every object, and
+        every chunk of each piece, named by sha256 too (taken in the pass
+        that reads the bytes for their xxh3 and CRC), and an ed25519
+        signature over all of it; ``fetch(trusted_keys=...)`` checks it.
+        Default ``TRTET_SIGNING_KEY``, else the config file's, else unsigned.
 
     Returns
     -------
@@ -155,8 +163,10 @@ def publish(
                     journal_dir=journal_dir, index=index)
     replace = replace_of(replace, if_exists, "publish")
     dest = RemoteURL.parse(url)
+    key = resolve_signing(signing_key)  # a key that cannot be used: refused before a read
     return publish_sources(sources_of(source, dest), dest, endpoint_url=endpoint_url,
-                           config=cfg, replace=replace, resume=resume, progress=progress)
+                           config=cfg, replace=replace, resume=resume, progress=progress,
+                           signing_key=key)
 
 
 #: Where :func:`compile_and_publish` stages its engines, under its ``store`` directory.

@@ -52,6 +52,8 @@ copied) and :mod:`.owners` (the neighbours rule).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import time
@@ -70,6 +72,7 @@ from trtet_store.remote.errors import (
     UploadKeptError,
 )
 from trtet_store.remote.manifest import (
+    SIGNATURE_DOMAIN,
     Manifest,
     ObjectEntry,
     PartEntry,
@@ -79,6 +82,7 @@ from trtet_store.remote.manifest import (
 )
 from trtet_store.remote.report import ObjectReport, PublishProgress, PublishReport
 from trtet_store.remote.s3 import S3, BadDigest, NoSuchUpload, PreconditionFailed, Transient
+from trtet_store.remote.signing import sign_document
 from trtet_store.remote.upload.config import (  # noqa: F401 - DEFAULT_CONCURRENCY re-exported
     DEFAULT_CONCURRENCY,
     PublishConfig,
@@ -90,10 +94,10 @@ from trtet_store.remote.upload.journal import Journal, default_dir, journal_path
 from trtet_store.remote.upload.owners import owned_error, owners_of
 from trtet_store.remote.upload.owners import remove_replaced as _remove_replaced
 from trtet_store.remote.upload.parts import choose_part_size, plan_parts
-from trtet_store.remote.upload.plan import ObjectUpload, fingerprint, resume_state
+from trtet_store.remote.upload.plan import DIGEST_WINDOW, ObjectUpload, fingerprint, resume_state
 from trtet_store.remote.upload.plan import plan_copies as _plan_copies
 from trtet_store.remote.upload.resume_plan import journaled_part_sizes, plan_difference
-from trtet_store.remote.upload.source import ObjectSource
+from trtet_store.remote.upload.source import ObjectSource, Reader
 from trtet_store.remote.upload.transfer import BAD_DIGEST_ATTEMPTS, Counters, send_object
 from trtet_store.remote.upload.unfinished import open_uploads
 from trtet_store.remote.url import RemoteURL
@@ -119,6 +123,7 @@ def publish_sources(
     journal_dir: os.PathLike | str | None = UNSET,
     index: bool = UNSET,
     client: S3 | None = None,
+    signing_key: Any = None,
 ) -> PublishReport:
     """Publish ``sources`` (the program first) to ``url``; see :func:`trtet_store.publish`.
 
@@ -133,13 +138,18 @@ def publish_sources(
     thread) raises :class:`ConflictError` at once, having read, sent and
     created nothing, instead of taking the live journal for an interrupted
     one. The lock dies with the process, so a killed publish resumes.
+
+    ``signing_key``: a loaded :class:`~trtet_store.remote.keys.SigningKey`
+    (resolved by the caller), or None: the manifest names every object and
+    every chunk by sha256 too, taken in the pass that reads the bytes, and
+    is signed (:func:`_signed_body`).
     """
     cfg = config_of(config, "publish_sources", part_size=part_size, concurrency=concurrency,
                     journal_dir=journal_dir, index=index)
     replace = replace_of(replace, if_exists, "publish_sources")
     dest = url if isinstance(url, RemoteURL) else RemoteURL.parse(url)
     return _publish(sources, dest, cfg, _Mode(), endpoint_url=endpoint_url, replace=replace,
-                    resume=resume, progress=progress, client=client)
+                    resume=resume, progress=progress, client=client, signing_key=signing_key)
 
 
 @dataclass(frozen=True)
@@ -177,8 +187,13 @@ def publish_blob(source: ObjectSource, url: RemoteURL, *, config: PublishConfig,
 def _publish(sources: list[ObjectSource], dest: RemoteURL, cfg: PublishConfig, mode: _Mode,
              *, endpoint_url: str | None, replace: bool, resume: bool,
              progress: Callable[[PublishProgress], Any] | None,
-             client: S3 | None) -> PublishReport:
+             client: S3 | None, signing_key: Any = None) -> PublishReport:
     """Lock the destination's journal, then publish."""
+    if signing_key is not None:
+        # Every pass that reads an object whole (the upload's, a resume's check) takes
+        # its sha256 and each chunk's from the same buffers: no read of its own.
+        for s in sources:
+            s.want_sha256 = s.want_chunk_sha256 = True
     jdir = Path(cfg.journal_dir) if cfg.journal_dir is not None else default_dir()
     journal = Journal(journal_path(jdir, dest.bucket, dest.key),
                       {"sources": _local_dirs(sources)})
@@ -187,7 +202,8 @@ def _publish(sources: list[ObjectSource], dest: RemoteURL, cfg: PublishConfig, m
         return _publish_locked(sources, dest, journal, endpoint_url=endpoint_url,
                                part_size=cfg.part_size, concurrency=cfg.concurrency,
                                replace=replace, resume=resume, progress=progress,
-                               index=cfg.index, client=client, mode=mode)
+                               index=cfg.index, client=client, mode=mode,
+                               signing_key=signing_key)
     finally:
         journal.unlock()
 
@@ -217,12 +233,14 @@ def _publish_locked(
     index: bool,
     client: S3 | None = None,
     mode: _Mode = _Mode(),
+    signing_key: Any = None,
 ) -> PublishReport:
     """:func:`publish_sources` with its ``journal`` locked: plan, send, commit."""
     start = time.monotonic()
     run = _plan(sources, url, journal, endpoint_url=endpoint_url, part_size=part_size,
                 concurrency=concurrency, replace=replace, resume=resume, index=index,
                 client=client, mode=mode)
+    run.signing_key = signing_key
     s3, bucket, dest, objs = run.s3, run.dest.bucket, run.dest, run.objs
     counters = Counters()
     total = sum(o.source.size for o in objs)
@@ -285,6 +303,7 @@ class _Run:
     manifest_base: str | None | bool  # the manifest replaced (If-Match); falsy: a new one
     previous: dict[str, str]  # the replaced version's objects, {key: etag}
     mode: _Mode = _Mode()
+    signing_key: Any = None  # a SigningKey: the manifest is signed (_signed_body)
 
 
 # --- 1 and 2: refuse early, plan -------------------------------------------------------
@@ -438,9 +457,17 @@ def _commit(run: _Run, counters: Counters,
                 counters.resumed += o.source.size
             report_progress()
     entries = tuple(_entry(o.completed) for o in objs)
+    if run.signing_key is not None:
+        entries = tuple(_with_sha256(e, o.source) for e, o in zip(entries, objs, strict=True))
+    else:  # an unsigned manifest names nothing by sha256 (not even what it kept unchanged)
+        entries = tuple(dataclasses.replace(
+            e, sha256=None, pieces=tuple(dataclasses.replace(p, sha256=None)
+                                         for p in e.pieces)) for e in entries)
     manifest = Manifest(program=objs[0].name, chunk_size=checksum.CHUNK_SIZE,
                         objects=entries)
     body = manifest.to_json()
+    if run.signing_key is not None:
+        body = sign_document(json.loads(body), run.signing_key, SIGNATURE_DOMAIN)
     metag = _put_manifest(s3, bucket, mkey, body, run.manifest_base)
     journal.append({"t": "committed", "etag": metag})
     _check_still_there(s3, bucket, objs, mkey)
@@ -538,6 +565,29 @@ def _check_manifest_base(s3: S3, bucket: str, mkey: str, base: str | None | bool
                             "by another publisher after this publish planned; "
                             f"s3://{bucket}/{key} was not completed, so its program stays "
                             "whole (publish again, with replace=True to replace it)", mkey)
+
+
+def _with_sha256(entry: ObjectEntry, source: ObjectSource) -> ObjectEntry:
+    """``entry`` naming its object, and each chunk of each piece, by sha256 (signed manifests).
+
+    Taken by the pass that read the object whole for its upload (or a
+    resume's check of it); an object no pass read whole this time (kept
+    unchanged in the bucket) is read once here.
+    """
+    if source.sha256 is None or source.chunk_sha256 is None:
+        reader = Reader(source)
+        try:
+            window = memoryview(bytearray(min(DIGEST_WINDOW, max(source.size, 1))))
+            reader.skip_to(window, source.size)
+        finally:
+            reader.close()
+    shas = source.chunk_sha256
+    if shas is None or source.sha256 is None or len(shas) != len(entry.pieces):
+        raise RemoteError(f"{entry.key}: no sha256 of its bytes was taken; the manifest is "
+                          "not signed")
+    pieces = tuple(dataclasses.replace(p, sha256=tuple(h))
+                   for p, h in zip(entry.pieces, shas, strict=True))
+    return dataclasses.replace(entry, pieces=pieces, sha256=source.sha256)
 
 
 def _entry(d: dict[str, Any]) -> ObjectEntry:

@@ -122,6 +122,10 @@ class ObjectSource:
     sha256: str | None = field(init=False, default=None)
     #: With ``sha256``, for an object of one piece: that pass's xxh3-128 of it.
     sha256_xxh3: str | None = field(init=False, default=None)
+    #: Set ``want_chunk_sha256`` (with ``want_sha256``) and that pass leaves the sha256 of
+    #: each chunk of each piece in ``chunk_sha256`` too (a signed program manifest's).
+    want_chunk_sha256: bool = field(init=False, default=False)
+    chunk_sha256: tuple[tuple[str, ...], ...] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         # Every object's floor (publish checks a program's names against the .ptd rule
@@ -232,9 +236,12 @@ class Reader:
         self.pos = 0
         self._index = 0
         self._fds: dict[int, int] = {}
-        self._digester = PieceDigester(CHUNK_SIZE)
+        self._chunk_sha = source.want_sha256 and source.want_chunk_sha256
+        self._digester = PieceDigester(CHUNK_SIZE, chunk_sha256=self._chunk_sha)
         #: (xxh3-128 hex, chunk digests) of every piece, in order, as read
         self.digests: list[tuple[str, tuple[int, ...]]] = []
+        #: with want_chunk_sha256: the sha256 of each chunk of every piece, in order
+        self.chunk_sha256: list[tuple[str, ...]] = []
         self._sha = hashlib.sha256() if source.want_sha256 else None
         self._skip_empty()
         self._sha_done()
@@ -288,6 +295,8 @@ class Reader:
             self.source.sha256 = self._sha.hexdigest()
             one = len(self.source.extents) == 1 and len(self.digests) == 1
             self.source.sha256_xxh3 = self.digests[0][0] if one else None
+            if self._chunk_sha:
+                self.source.chunk_sha256 = tuple(self.chunk_sha256)
             self._sha = None
 
     def skip_to(self, window: memoryview, end: int) -> None:
@@ -298,7 +307,9 @@ class Reader:
 
     def _finish_piece(self, e: Extent) -> None:
         digest, chunks = self._digester.finish()
-        self._digester = PieceDigester(CHUNK_SIZE)
+        if self._chunk_sha:
+            self.chunk_sha256.append(self._digester.chunk_sha256())
+        self._digester = PieceDigester(CHUNK_SIZE, chunk_sha256=self._chunk_sha)
         piece = e.piece
         if isinstance(piece, Blob):
             piece.check_identity()
@@ -324,13 +335,21 @@ class Reader:
         self._fds.clear()
 
 
-def piece_digests(e: Extent) -> tuple[str, tuple[int, ...]]:
-    """Read one file piece whole to digest it (a prepass, for pieces with no digest yet)."""
+def piece_digests(e: Extent, whole: ObjectSource | None = None) -> tuple[str, tuple[int, ...]]:
+    """Read one file piece whole to digest it (a prepass, for pieces with no digest yet).
+
+    ``whole``: the object that is this one piece; where it wants its sha256
+    (a signed manifest's), the pass leaves them in it, as its upload's would.
+    """
     src = ObjectSource("prepass", [e.piece])
+    if whole is not None:
+        src.want_sha256, src.want_chunk_sha256 = whole.want_sha256, whole.want_chunk_sha256
     reader = Reader(src)
     try:
         window = memoryview(bytearray(8 * MiB))
         reader.skip_to(window, src.size)
     finally:
         reader.close()
+    if whole is not None and src.sha256 is not None:
+        whole.sha256, whole.chunk_sha256 = src.sha256, src.chunk_sha256
     return reader.digests[-1]
