@@ -238,9 +238,37 @@ def test_the_pages_this_runs() -> None:
     assert {"README.md", "docs/getting-started.md", "docs/guides/save.md"} <= names, names
 
 
+#: What each page's examples say they write (checked where none of its blocks was skipped).
+WRITTEN = {
+    "README.md": ["model.pte"],
+    "docs/getting-started.md": ["model.pte", "cli.pte"],
+    "docs/guides/save.md": ["out/model.pte", "model.pte", "cpu.ptd", "out/data.bin",
+                            "out/llm.pte", "out/hybrid.pte"],
+    "docs/guides/formats.md": ["model.safetensors", "ckpt", "w.safetensors",
+                               "out/model.onnx", "out/model.onnx.data"],
+    "docs/guides/fetch.md": ["deploy/model.pte", "data/model.pte"],
+    "docs/guides/sets.md": ["deploy-set"],
+    "docs/guides/refit.md": ["a.pte", "b.pte"],
+    "docs/guides/versions.md": ["out/hybrid"],
+    "docs/security.md": [".home/.config/trtet_store/ci.key",
+                         ".home/.config/trtet_store/ci.key.pub"],
+}
+
+
 @pytest.mark.parametrize("page", RUN_PAGES, ids=_rel)
 def test_every_example_runs_as_written(page: Path, docs_machine: Path) -> None:
     runner = run_page(page, stub=_rel(page) not in NO_HARNESS_STUB)
     print(f"{_rel(page)}: ran lines {runner.ran}; not run (marked) {runner.not_run}; "
           f"skipped {runner.skipped}")  # type: ignore[attr-defined]
     check_counts(page, runner)
+    if not runner.skipped:  # type: ignore[attr-defined]
+        missing = [n for n in WRITTEN.get(_rel(page), []) if not (docs_machine / n).exists()]
+        assert missing == [], f"{_rel(page)}: its examples did not write {missing}"
+
+
+def test_the_readmes_links_name_files_that_exist() -> None:
+    """README.md links into docs/ (outside the site, so mkdocs cannot check them)."""
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert len(links) >= 10
+    assert [x for x in links if "://" not in x and not (ROOT / x).exists()] == []
