@@ -14,8 +14,7 @@ fetch does not call the link "up to date".
 
 The documented exception stays: the destination path itself, when it is a
 link, is written through to its target (docs/concepts/tensorrt-programs.md, "a symlink
-destination is
-written through to its target").
+destination is written through to its target").
 """
 
 from __future__ import annotations
