@@ -57,7 +57,7 @@ COMMAND = re.compile(r"^\s*(\$ |trtet-store |make |python|import |from \w+ impor
 
 
 def _rel(page: Path) -> str:
-    return page.relative_to(ROOT).as_posix()
+    return page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name
 
 
 def _marker_before(text: str, start: int) -> str | None:
@@ -272,3 +272,32 @@ def test_the_readmes_links_name_files_that_exist() -> None:
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
     assert len(links) >= 10
     assert [x for x in links if "://" not in x and not (ROOT / x).exists()] == []
+
+
+def test_the_harness_fails_a_typo_a_failing_command_and_counts_the_marks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner itself, on small pages: a planted typo and a failing command fail; a mark skips.
+
+    No torch, no server: what a page's run proves rests on these three behaviours.
+    """
+    monkeypatch.chdir(tmp_path)
+    typo = tmp_path / "typo.md"
+    typo.write_text("```python\nanswer = 42\n```\n\n```python\nprint(answr)\n```\n")
+    with pytest.raises(AssertionError, match=r"typo.md line 5: .*NameError: name 'answr'"):
+        run_page(typo, stub=False)
+    failing = tmp_path / "failing.md"
+    failing.write_text("```sh\necho made > made.txt\nno-such-command-here\necho after\n```\n")
+    with pytest.raises(AssertionError, match=r"failing.md line 1: .*exits 127"):
+        run_page(failing, stub=False)
+    assert (tmp_path / "made.txt").read_text() == "made\n"  # it ran, in this directory
+    marked = tmp_path / "marked.md"
+    marked.write_text("```sh\ntouch ran.txt\n```\n\n<!-- not run: needs TensorRT -->\n"
+                      "```sh\nexit 1\n```\n\n```python\nimport os\n```\n")
+    runner = run_page(marked, stub=False)
+    assert (runner.ran, runner.not_run, runner.skipped) == ([1, 10], [6], [])  # type: ignore
+    check_counts(marked, runner)
+    assert (tmp_path / "ran.txt").exists()
+    # A block the runner did not account for fails the count.
+    runner.ran.remove(10)
+    with pytest.raises(AssertionError, match=r"blocks at lines \[1, 6, 10\]"):
+        check_counts(marked, runner)
