@@ -301,3 +301,12 @@ def test_the_harness_fails_a_typo_a_failing_command_and_counts_the_marks(
     runner.ran.remove(10)
     with pytest.raises(AssertionError, match=r"blocks at lines \[1, 6, 10\]"):
         check_counts(marked, runner)
+
+
+def test_the_readme_is_its_first_screen() -> None:
+    """At most 250 lines: what it is, install, the quick start, the two commands, security."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    for heading in ("## Install", "## Quick start", "## The two commands", "## Security"):
+        assert f"\n{heading}\n" in text, heading
+    assert "make demo" in text and "make test-all" in text and "trtet-store verify" in text
