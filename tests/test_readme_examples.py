@@ -11,7 +11,8 @@ What the pages say the reader brings, the harness brings, and nothing more:
 - TensorRT's build: pages that compile with TensorRT say to run them under the stub
   builder without a GPU; their Python blocks run inside ``installed(FakeBuilder(...),
   refitter=FakeRefitter())`` (1 MiB engines, a CPU tail for the hybrid example).
-  README.md and getting-started.md run without it (their examples install it).
+  Pages whose own blocks install it (README.md and getting-started.md: the quick
+  start) run without it.
 - ``s3://models`` and ``s3://team-bucket``: buckets of the session's SeaweedFS, found
   the way boto3 finds an endpoint (``AWS_ENDPOINT_URL``, ``AWS_*`` keys), emptied first.
 - ``HOME``, ``XDG_CACHE_HOME``, ``XDG_STATE_HOME``, ``XDG_CONFIG_HOME``: under the
@@ -45,8 +46,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 BUCKETS = ("models", "team-bucket")
-#: Pages whose examples install the stub themselves (the quick start): run without it.
-NO_HARNESS_STUB = {"README.md", "docs/getting-started.md"}
 NOT_RUN = re.compile(r"^<!-- not run: (?P<reason>[^>]*\S) -->$")
 FENCE = re.compile(r"^```(?P<lang>[^\s`]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.S | re.M)
 RUN_LANGUAGES = {"python", "sh"}
@@ -227,6 +226,13 @@ def test_every_block_is_python_sh_or_text(page: Path) -> None:
         assert NOT_RUN.match(m.group(0)), m.group(0)
 
 
+def installs_its_own_stub(page: Path) -> bool:
+    """A page whose own blocks install the stub (the quick start) runs without the harness's."""
+    return any(lang in RUN_LANGUAGES and not why
+               and ("installed(FakeBuilder(" in body or "TRTET_STUB_TENSORRT=1 " in body)
+               for _, lang, body, why in fences(page))
+
+
 #: Pages with a block to run (the others' blocks are all marked, checked above).
 RUN_PAGES = [p for p in PAGES if any(lang in RUN_LANGUAGES and not why
                                      for _, lang, _, why in fences(p))]
@@ -236,6 +242,10 @@ def test_the_pages_this_runs() -> None:
     """The README's quick start and the guides are among them: nothing went unparsed."""
     names = {_rel(p) for p in RUN_PAGES}
     assert {"README.md", "docs/getting-started.md", "docs/guides/save.md"} <= names, names
+    # The quick start shows the stub itself, so it runs without the harness's: a quick
+    # start that forgot it fails here, as it would for a reader without a GPU.
+    assert {_rel(p) for p in RUN_PAGES if installs_its_own_stub(p)} == {
+        "README.md", "docs/getting-started.md"}
 
 
 #: What each page's examples say they write (checked where none of its blocks was skipped).
@@ -257,7 +267,7 @@ WRITTEN = {
 
 @pytest.mark.parametrize("page", RUN_PAGES, ids=_rel)
 def test_every_example_runs_as_written(page: Path, docs_machine: Path) -> None:
-    runner = run_page(page, stub=_rel(page) not in NO_HARNESS_STUB)
+    runner = run_page(page, stub=not installs_its_own_stub(page))
     print(f"{_rel(page)}: ran lines {runner.ran}; not run (marked) {runner.not_run}; "
           f"skipped {runner.skipped}")  # type: ignore[attr-defined]
     check_counts(page, runner)
