@@ -69,3 +69,9 @@ test-long: venv
 
 lint: venv
 	$(BIN)/ruff check .
+
+# The documentation site (mkdocs.yml, docs/) into site/, as CI builds it: --strict fails
+# on a broken link or anchor and on a page left out of the navigation.
+.PHONY: docs
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site

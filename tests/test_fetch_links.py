@@ -13,8 +13,8 @@ the published bytes, its bytes are downloaded, not reused through it, and the
 fetch does not call the link "up to date".
 
 The documented exception stays: the destination path itself, when it is a
-link, is written through to its target (README, "a symlink destination is
-written through to its target").
+link, is written through to its target (docs/concepts/tensorrt-programs.md, "a symlink
+destination is written through to its target").
 """
 
 from __future__ import annotations

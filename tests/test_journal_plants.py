@@ -5,7 +5,7 @@ in the destination's directory; ``trtet-store recover DIR`` recovers every
 journal in DIR. In a mode 1777 directory another user (uid 65534, a forked
 child that drops to it) can plant a file under any journal's name. Here
 each plant is real, on a real filesystem, and root is the victim (the
-README's own way of running the tools):
+documentation's own way of running the tools, docs/testing.md):
 
 - the trial's journals: one naming root's ``authorized_keys`` (in a 0700
   directory) as an output whose temp file is the attacker's, with root's key

@@ -1,9 +1,10 @@
-"""Issue 34 item 19: the README's pinned_version example loads the files its hybrid example writes.
+"""Issue 34 item 19: the docs' pinned_version example loads the files the hybrid example writes.
 
-It loaded ``w.ptd`` where the hybrid example writes ``cpu.ptd``. Read from
-README.md itself: the versioned save, the link and both names the reader
-opens must agree; then the same pattern runs for real (XNNPACK, which runs
-here, writing its weights to ``cpu.ptd``) and the runtime loads the pinned set.
+It loaded ``w.ptd`` where the hybrid example writes ``cpu.ptd``. Read from the
+pages themselves (docs/guides/save.md's hybrid example, docs/guides/versions.md's
+reader): the versioned save, the link and both names the reader opens must
+agree; then the same pattern runs for real (XNNPACK, which runs here, writing
+its weights to ``cpu.ptd``) and the runtime loads the pinned set.
 """
 
 from __future__ import annotations
@@ -19,19 +20,19 @@ import trtet_store
 from trtet_store.io import pinned_version
 from trtet_store.testing.stub_tensorrt import linear_relu
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDES = Path(__file__).resolve().parent.parent / "docs" / "guides"
 
 
-def _block_after(heading: str) -> str:
-    text = README.read_text()
+def _block_after(page: str, heading: str) -> str:
+    text = (GUIDES / page).read_text()
     section = text[text.index(heading):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def test_the_example_names_the_files_its_save_writes():
-    hybrid = _block_after("## Several methods, hybrid programs")
+    hybrid = _block_after("save.md", "## Several methods, hybrid programs")
     tag = re.search(r'"out/hybrid\.pte",.*?external_weights="(\w+)"', hybrid, re.S).group(1)
-    reader = _block_after("### Concurrent readers")
+    reader = _block_after("versions.md", "# Versions for concurrent readers")
     save = re.search(r'compile_and_save\(.*?"out/(\w+)\.pte",(.*?)\)\n', reader, re.S)
     stem, options = save.group(1), save.group(2)
     assert "versioned=True" in options and f'external_weights="{tag}"' in options

@@ -1,10 +1,11 @@
-"""Every shell line of README.md names what exists (issue 45 item 23).
+"""Every shell line of README.md and the documentation site names what exists (issue 45 item 23).
 
-The README's ``sh`` blocks are synopses (``[--replace]`` marks an option), so
-they are not run; the Python examples are (``test_readme_examples.py``). What a
-synopsis promises is checked instead: each ``trtet-store`` line parses with the
-CLI's own parser, with its optional parts and without them; each ``make``
-target is in the Makefile; each test file a command names is in ``tests/``.
+Some ``sh`` blocks are synopses (``[--replace]`` marks an option), marked
+``<!-- not run: ... -->`` and so not run by ``test_readme_examples.py``, which runs
+every other block. What every line promises is checked here, marked or not:
+each ``trtet-store`` line parses with the CLI's own parser, with its optional
+parts and without them; each ``make`` target is in the Makefile; each test file
+a command names is in ``tests/``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def variants(words: list[str]) -> list[list[str]]:
     return [full, bare] if full != bare else [full]
 
 
-LINES = shell_lines((ROOT / "README.md").read_text())
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINES = [line for page in PAGES for line in shell_lines(page.read_text())]
 CLI_LINES = [line for line in LINES if line.startswith("trtet-store ")]
 MAKE_TARGETS = set(re.findall(r"^([A-Za-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
 
@@ -71,7 +73,7 @@ def test_each_trtet_store_line_parses_with_the_cli(line: str) -> None:
             try:
                 build_parser().parse_args(argv)
             except SystemExit as exc:
-                pytest.fail(f"README: `trtet-store {shlex.join(argv)}` does not parse "
+                pytest.fail(f"docs: `trtet-store {shlex.join(argv)}` does not parse "
                             f"(exit {exc.code}): {said.getvalue().strip()}")
 
 

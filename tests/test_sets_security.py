@@ -3,7 +3,7 @@
 The attacker is a real second uid (65534, :mod:`attacker`) writing into a
 mode 1777 directory on a real ext4 loop mount, or another client writing
 the bucket on SeaweedFS directly (boto3). The fetch runs as root, as the
-README's loop-mount instructions have it. Each test proves that nothing
+documentation's loop-mount instructions (docs/testing.md) have it. Each test proves that nothing
 outside the named place changed (digests, owners and modes of the victim's
 files, the destination's listing) and, where bytes could be downloaded,
 counts them through the counting proxy.
