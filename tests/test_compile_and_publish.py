@@ -9,12 +9,15 @@ taken by the next call of the same build, which builds nothing.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from digests import digest, file_digest
 from versions import needs_file_backed_data
 
 from trtet_store import remote
 from trtet_store.io.units import MiB
+from trtet_store.remote.keys import keygen
 from trtet_store.remote.upload import program
 
 
@@ -66,15 +69,27 @@ def test_a_failed_publish_keeps_the_staged_engines_and_the_next_call_builds_noth
     assert s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", []) == []
 
     # The next call of the same build takes the kept engine (another seed would differ).
+    # ... and signs its manifest with the key it is given (a signed root, as publish's).
+    (tmp_path / "keys").mkdir()
+    public = keygen(tmp_path / "keys" / "ci.key")
     again = FakeBuilder(engine_sizes=(3 * MiB,), seeds=(9,))
     try:
         with installed(again):
-            report = remote.compile_and_publish(module, inputs, url, replace=True, **options)
+            report = remote.compile_and_publish(module, inputs, url, replace=True,
+                                                signing_key=tmp_path / "keys" / "ci.key",
+                                                **options)
     finally:
         trt.unregister_engines(list(trt._engines.values()))
     assert again.built == []
     assert sorted(o.key for o in report.objects) == ["c/engines.ptd", "c/m.pte"]
     published = s3env.client.get_object(Bucket=s3env.bucket, Key="c/engines.ptd")["Body"].read()
     assert engine_bytes in published, digest(published)
+    manifest = json.loads(s3env.client.get_object(
+        Bucket=s3env.bucket, Key="c/m.pte.trtet.json")["Body"].read())
+    assert [sig["key"] for sig in manifest["signatures"]] == [public.key_id]
+    (tmp_path / "fetched").mkdir()
+    fetched = remote.fetch(url, tmp_path / "fetched" / "m.pte",
+                           endpoint_url=s3env.endpoint.url, trusted_keys=[public])
+    assert fetched is not None and (tmp_path / "fetched" / "engines.ptd").read_bytes() == published
     assert not staging.exists()  # released once published, the directory removed
     assert list(work.iterdir()) == []

@@ -204,6 +204,7 @@ def compile_and_publish(
     replace: bool = False,
     journal_dir: os.PathLike | str | None = None,
     progress: Callable[[PublishProgress], Any] | None = None,
+    signing_key: Any = None,
 ) -> PublishReport:
     """Lower ``source``, ``to_executorch`` it and publish it, writing no local program file.
 
@@ -234,8 +235,9 @@ def compile_and_publish(
     external_engine_data, external_weights : str, optional
         Put engines (xnnpack: weights), or what TensorRT leaves to other
         partitioners, in ``NAME.ptd`` beside the program.
-    endpoint_url, replace, journal_dir, progress
-        As :func:`publish`.
+    endpoint_url, replace, journal_dir, progress, signing_key
+        As :func:`publish` (``signing_key``: the manifest signed, a signed root; the
+        default is ``TRTET_SIGNING_KEY``, else the config file's, else unsigned).
 
     Returns
     -------
@@ -271,7 +273,8 @@ def compile_and_publish(
         program = edge.to_executorch(config)
         try:
             report = publish(program, url, endpoint_url=endpoint_url, replace=replace,
-                             journal_dir=journal_dir, progress=progress)
+                             journal_dir=journal_dir, progress=progress,
+                             signing_key=signing_key)
         except BaseException:
             # The engines (and their build records) stay as orphans of the directory:
             # the next run of the same build takes them instead of building again.
