@@ -164,3 +164,69 @@ def test_a_signature_over_another_entry_is_not_a_signature_of_this_one(keys: Pat
     b.signature = dict(a.signature)
     said = refusal(b, {team.key_id: team})
     assert said is not None and "does not verify" in said, said
+
+
+# --- a pointer is parsed before anything trusts it ---------------------------------------------
+
+
+def _doc() -> dict:
+    import json
+
+    return json.loads(_entry().to_json())
+
+
+def _damage(edit: Any) -> bytes:
+    import json
+
+    doc = _doc()
+    edit(doc)
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda d: d.update(format="trtet-store/cache-entry/2"),
+     "not a cache-entry pointer (format 'trtet-store/cache-entry/2'"),
+    (lambda d: d.update(metadata=["kind"]), "the pointer's 'metadata' is missing or not a dict"),
+    (lambda d: d.update(created=True), "the pointer's 'created' is missing or not a number"),
+    (lambda d: d.update(attempt=f"{'b' * 32}/a0/"),
+     f"the pointer's attempt '{'b' * 32}/a0/' is not '{KEY}/<attempt>/'"),
+    (lambda d: d.update(attempt=f"{KEY}/../"), "is not '"),
+    (lambda d: d.update(attempt=f"{KEY}/a0/x/"), "is not '"),
+    (lambda d: d["files"][0].update(name="../record"), "is not {'name', 'size', 'digest'}"),
+    (lambda d: d["files"][0].update(size=-1), "is not {'name', 'size', 'digest'}"),
+    (lambda d: d["files"][0].update(size=True), "is not {'name', 'size', 'digest'}"),
+    (lambda d: d["files"].append(dict(d["files"][0])),
+     "the pointer names no file, or one name twice"),
+    (lambda d: d.update(files=[]), "the pointer names no file, or one name twice"),
+], ids=["format", "metadata", "created bool", "attempt of another key", "attempt dotdot",
+        "attempt deeper", "file name dotdot", "size negative", "size bool", "name twice",
+        "no file"])
+def test_a_pointer_a_bucket_writer_damaged_is_not_an_entry(edit: Any, said: str) -> None:
+    """entry.py RemoteEntry.from_json: each field check. The untouched pointer parses."""
+    assert RemoteEntry.from_json(_damage(lambda d: None), "e", KEY).key == KEY
+    with pytest.raises(ValueError) as caught:
+        RemoteEntry.from_json(_damage(edit), "e", KEY)
+    assert said in str(caught.value), str(caught.value)
+
+
+def test_a_signed_pointer_of_another_key_copied_to_this_key_is_not_its_entry(
+        env: Any, tmp_path: Path) -> None:
+    """entry.py from_json: ``doc["key"] != key``. Both entries are the team's, signed; a
+    bucket writer copies k2's pointer to k1's name. Its signature verifies (it is k2's
+    record), so only the key check keeps k2's files from being served as k1's."""
+    import json
+
+    src = _files(tmp_path / "src", (1000,))
+    other = _files(tmp_path / "other", (1200,))
+    a = _tier(env, "a", signing_key=env.keys / "team.key")
+    k1, k2 = "1" * 32, "2" * 32
+    assert a.publish(k1, src, {"kind": "t"}).published
+    assert a.publish(k2, other, {"kind": "t"}).published
+    got = env.client.get_object(Bucket=env.bucket, Key=f"c/{k2}.json")["Body"].read()
+    env.client.put_object(Bucket=env.bucket, Key=f"c/{k1}.json", Body=got)
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    damaged = b.read_pointer(k1)
+    assert not isinstance(damaged, RemoteEntry), damaged
+    assert f"the pointer names key {k2!r}, not {k1!r}" in damaged.reason
+    assert b.lookup(k1) is None  # a miss: nothing downloaded
+    assert json.loads(got)["key"] == k2 and b.signature_problem(b.lookup(k2)) is None
