@@ -275,3 +275,21 @@ def test_recover_of_a_journal_named_for_one_file_never_touches_the_other(here, c
     (outcome,) = [o for o in recover(here) if o.journal == path]
     assert outcome.action == "rolled forward", outcome
     assert other.read_bytes() == NEW
+
+
+def test_recover_says_a_journal_not_ours_at_warning(here, caplog):
+    """recovery.py: "not ours" is among the outcomes logged at WARNING (a library user who
+    reads only warnings learns that a planted journal sits beside their file)."""
+    import logging
+
+    interrupted(here)
+    path = journal_path(here / "model.pte", T1)
+    path.write_bytes(journal_text(Plan(token=T1, outputs=[]), DONE))
+    with caplog.at_level(logging.INFO, logger="trtet_store.recovery"):
+        (outcome,) = recover(here)
+    assert outcome.action == "not ours"
+    said = [r for r in caplog.records if os.fspath(path) in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING], [
+        (r.levelname, r.getMessage()) for r in said]
+    assert "not ours" in said[0].getMessage() and "its plan has no outputs" in \
+        said[0].getMessage()
