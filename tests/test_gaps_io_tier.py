@@ -230,3 +230,23 @@ def test_a_signed_pointer_of_another_key_copied_to_this_key_is_not_its_entry(
     assert f"the pointer names key {k2!r}, not {k1!r}" in damaged.reason
     assert b.lookup(k1) is None  # a miss: nothing downloaded
     assert json.loads(got)["key"] == k2 and b.signature_problem(b.lookup(k2)) is None
+
+
+def test_an_honest_signed_entry_whose_files_are_already_here_is_served(
+        env: Any, tmp_path: Path) -> None:
+    """store.py download: a file the download found complete is read once, its sha256 taken
+    (``file_digests(..., sha256=signed)``): without it, every valid signed entry whose
+    files a cut download left complete would be refused."""
+    files = _files(tmp_path / "src", (MiB + 7, 2000))
+    a = _tier(env, "a", signing_key=env.keys / "team.key")
+    assert a.publish(KEY, files, {"kind": "t"}).published
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    for name, p in files:
+        (dl / name).write_bytes(p.read_bytes())
+    b = _tier(env, "b", trusted_keys=[env.keys / "team.key.pub"])
+    got = b.download(b.lookup(KEY), dl)
+    assert got.downloaded == 0  # nothing fetched again
+    for name, p in files:
+        assert got.paths[name].read_bytes() == p.read_bytes()
+        assert got.digests[name].sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
