@@ -152,3 +152,55 @@ def test_the_record_loaded_is_the_bytes_checked_never_the_path_again(
     import torch
 
     assert dict(torch.export.load(io.BytesIO(weighted)).named_parameters())  # the control
+
+
+@pytest.fixture(scope="module")
+def buffered() -> bytes:
+    """A record with a buffer and a tensor constant (names torch pastes into generated code)."""
+    import torch
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("b", torch.ones(3))
+            self.c = torch.randn(3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.b + self.c
+
+    buf = io.BytesIO()
+    torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), buf)
+    return buf.getvalue()
+
+
+def _set_every(doc: Any, key: str, value: str) -> int:
+    """Set every ``key`` in the program to ``value``; how many there were."""
+    n = 0
+    stack = [doc]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k in v:
+                if k == key and isinstance(v[k], str):
+                    v[k] = value
+                    n += 1
+                else:
+                    stack.append(v[k])
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
+
+
+@pytest.mark.parametrize("key", ["buffer_name", "tensor_constant_name"])
+def test_a_buffer_or_constant_name_with_a_quote_is_refused(buffered: bytes, key: str) -> None:
+    """record_check.py _NAME_KEYS: each name key held to letters, digits, ``_`` and ``.``
+    (torch reaches these by getattr on generated code)."""
+    assert record_problem(buffered) is None
+    counted = []
+
+    def edit(doc: dict) -> None:
+        counted.append(_set_every(doc, key, "b'); import os; ('"))
+
+    said = record_problem(_with_program(buffered, edit))
+    assert counted[0] > 0
+    assert said == f"its program's {key} \"b'); import os; ('\" is not a plain name", said
