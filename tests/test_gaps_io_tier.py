@@ -250,3 +250,18 @@ def test_an_honest_signed_entry_whose_files_are_already_here_is_served(
     for name, p in files:
         assert got.paths[name].read_bytes() == p.read_bytes()
         assert got.digests[name].sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_a_leases_ttl_is_its_own_up_to_twice_ours_and_never_zero_or_a_bool() -> None:
+    """lease.py capped_ttl: ``claimed <= 0`` and ``bool`` are no ttl (ours is used: a ttl of 0
+    would make every waiter take a live lease over at its first look), and exactly twice
+    ours is the claim itself, only more is capped."""
+    from trtet_store.cache.tier.lease import capped_ttl
+
+    assert capped_ttl(600, 300.0) == (600.0, None)
+    assert capped_ttl(600.5, 300.0) == (600.0, "its ttl 600.5 s is capped to 600 s")
+    assert capped_ttl(0.25, 300.0) == (0.25, None)
+    for bad in (0, 0.0, -0.0, True, False):
+        ttl, why = capped_ttl(bad, 300.0)
+        assert ttl == 300.0 and why == f"its ttl {bad!r} is not a number of seconds; 300 s " \
+            "is used", (bad, ttl, why)
