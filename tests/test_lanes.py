@@ -97,6 +97,8 @@ def test_the_source_scan_marks_what_reaches_torch(tmp_path: Path) -> None:
         "stub.py": ("from trtet_store.testing import stub_tensorrt\n",
                     "imports trtet_store.testing.stub_tensorrt"),
         "helper.py": ("import programs\n", "imports programs -> torch"),
+        "chain.py": ("from test_fetch_neighbours import x\n",
+                     "imports test_fetch_neighbours -> programs -> torch"),
         "child.py": ('CHILD = """\nimport sys\nfrom trtet_store.export import compile\n"""\n',
                      "starts a child script importing trtet_store.export"),
         "skip.py": ('import pytest\ntorch = pytest.importorskip("torch")\n', "imports torch"),
@@ -153,6 +155,7 @@ def test_a_test_over_the_limit_fails_unless_marked_long(tmp_path: Path) -> None:
     result = run_pytest(suite, env={"TRTET_CREEP_SECONDS": "0.2"})
     assert result.returncode == 1, result.stdout
     assert "1 failed, 1 passed" in result.stdout
+    assert "FAILED test_generated.py::test_slow - " in result.stdout, result.stdout
     assert "of call time, over 0 s (TRTET_CREEP_SECONDS): make it faster, or mark it " \
            "long_test" in result.stdout
 
