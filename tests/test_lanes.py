@@ -183,3 +183,15 @@ def test_a_lane_over_its_budget_fails_naming_the_growers(tmp_path: Path) -> None
     relaxed = run_pytest(suite, "--lane=1/1", env={**env, "TRTET_LANE_BUDGET": "off"})
     assert relaxed.returncode == 0, relaxed.stdout
     assert "TRTET_LANE_BUDGET=off: not checked" in relaxed.stdout
+
+
+def test_the_unmarked_part_never_imports_a_marked_module(tmp_path: Path) -> None:
+    # Were test_et.py imported, torch would be loaded before the unmarked tests and the
+    # in-process guard would see nothing; it is left uncollected, not deselected.
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_et.py").write_text("import torch\n\ndef test_et():\n    pass\n")
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    pass\n")
+    plain = run_pytest(tmp_path, "--lane-part=plain", "-rA")
+    assert plain.returncode == 0, plain.stdout
+    assert "PASSED test_plain.py::test_plain" in plain.stdout
+    assert "1 passed in" in plain.stdout and "deselected" not in plain.stdout, plain.stdout
