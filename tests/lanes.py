@@ -361,7 +361,8 @@ def split(units: dict[str, float], bases: list[float]) -> dict[str, int]:
 def write_durations(seen: dict[str, float], version: str, path: Path = DURATIONS) -> None:
     """Merge this run's times into ``path`` under ``version`` (locked: lanes write side by
     side); tests of modules that no longer exist are dropped."""
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
+    lock_path = Path(tempfile.gettempdir()) / f"trtet-durations-{os.getuid()}.lock"
+    with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = _load(path)
         section = data.setdefault(version, {})
