@@ -95,6 +95,10 @@ LONG_TESTS: dict[str, str] = {
     "tests/test_cli.py::test_compile_and_save_several_methods_with_a_backend_config":
         f"{_LOADED} (114 s): compiling children",
     "tests/test_cli.py::test_verify_run_loads_program": f"{_LOADED} (63 s)",
+    "tests/test_cli_stub_builder.py::"
+    "test_compile_and_save_from_the_shell_builds_then_hits_then_hits_remotely":
+        f"{_LOADED} (349 s): compile-and-save children from the shell",
+    "tests/test_crash_kill.py::test_sigkill_during_rollback_loses_nothing": f"{_LOADED} (81 s)",
     "tests/test_cli_cache.py": "CLI children compiling (187 s for the terminal test at load 13-17)",
     "tests/test_engine_cache_shared.py": "torch child machines, 15-72 s a test (review)",
     "tests/test_engine_cache_export.py": "8 torch children at once, 75 s (review)",
@@ -107,6 +111,7 @@ LONG_TESTS: dict[str, str] = {
     "tests/test_fuzz_writer.py": "the state machine on tmpfs, 57 s (review)",
     "tests/test_publish_resume.py": "20 SIGKILLs through a 12 MiB/s proxy, 56 s (review)",
     "tests/test_crash_powercut.py": "about 200 power cuts a test, up to 45 s (review)",
+    "tests/test_tier_probe.py": "torch child machines (the review's multi-machine families)",
 }
 
 #: Seconds a test counts when tests/durations.json has no time for it.
