@@ -22,7 +22,7 @@ PYTEST_TIMEOUT ?= 900
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := test
-.PHONY: venv demo test test-all test-long lint
+.PHONY: venv demo test test-all lane durations test-long lint
 
 venv: $(STAMP)
 
@@ -44,23 +44,61 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q --timeout=$(PYTEST_TIMEOUT) --durations=25 $(PYTEST_ARGS)
 
-# The whole suite on both ExecuTorch versions users have (what CI runs).
-# The two runs go side by side: most of the suite waits on servers, subprocesses and
-# disks, so together they take about as long as one (each has its own S3 server on
-# free ports and its own loop mounts). Each run's output is kept in test-logs/ and
-# printed whole when both are done, 1.5.1 first; the target fails if either failed.
+# The whole suite on both ExecuTorch versions users have (what CI runs), as two lanes
+# side by side, one per version (tests/lanes.py): each lane runs every test marked
+# `executorch` (given by tests/conftest.py to tests that load torch or ExecuTorch, or
+# start a child that does) on its own version, and its share of the other tests, which
+# do not depend on the version and so run once: split between the lanes by test file,
+# balanced by the times in tests/durations.json (`make durations` refreshes it).
+# A lane is two pytest runs: its share of the unmarked tests first, in a process that
+# never imports torch (so a test that does fails, naming the marker), then the marked
+# tests. Each lane's output is kept in test-logs/ and printed whole when both are done;
+# the target fails if either lane failed. A lane fails when its tests take 20% over
+# their recorded time (TRTET_LANE_BUDGET=2 doubles that budget, =off drops it), or a
+# test takes over 60 s of call time without being marked long_test.
 TEST_LOGS := test-logs
+LANE_VERSIONS := 1.5.1,1.4.1
+LANE_PYTEST = $(BIN)/python -m pytest -q --timeout=$(PYTEST_TIMEOUT) --durations=15 \
+	--lane=$(LANE) --lane-versions=$(LANE_VERSIONS)
+# One lane (LANE=K/2 with its EXECUTORCH). A part with nothing to run (pytest's exit 5,
+# e.g. under a small PYTEST_ARGS) is no failure by itself; a lane that ran no test at all
+# says "no test ran", and test-all fails when both lanes say so.
+lane: venv
+	@test -n "$(LANE)" || { echo "lane: set LANE=K/N" >&2; exit 2; }
+	@$(LANE_PYTEST) --lane-part=plain $(PYTEST_ARGS); rp=$$?; \
+	 $(LANE_PYTEST) --lane-part=executorch $(PYTEST_ARGS); re=$$?; \
+	 echo "lane $(LANE) (executorch $(EXECUTORCH)): unmarked part exit $$rp, executorch part exit $$re"; \
+	 if [ $$rp -ne 0 ] && [ $$rp -ne 5 ]; then exit 1; fi; \
+	 if [ $$re -ne 0 ] && [ $$re -ne 5 ]; then exit 1; fi; \
+	 if [ $$rp -eq 5 ] && [ $$re -eq 5 ]; then echo "lane $(LANE): no test ran"; fi
+
 test-all:
 	$(MAKE) venv EXECUTORCH=1.5.1
 	$(MAKE) venv EXECUTORCH=1.4.1
 	@mkdir -p $(TEST_LOGS)
-	@echo "test-all: executorch 1.5.1 and 1.4.1 side by side (logs in $(TEST_LOGS)/)"
-	@$(MAKE) --no-print-directory test EXECUTORCH=1.5.1 > $(TEST_LOGS)/executorch-1.5.1.log 2>&1 & a=$$!; \
-	 $(MAKE) --no-print-directory test EXECUTORCH=1.4.1 > $(TEST_LOGS)/executorch-1.4.1.log 2>&1 & b=$$!; \
+	@echo "test-all: lane 1 (executorch 1.5.1) and lane 2 (executorch 1.4.1) side by side (logs in $(TEST_LOGS)/)"
+	@$(MAKE) --no-print-directory lane LANE=1/2 EXECUTORCH=1.5.1 > $(TEST_LOGS)/lane-1-executorch-1.5.1.log 2>&1 & a=$$!; \
+	 $(MAKE) --no-print-directory lane LANE=2/2 EXECUTORCH=1.4.1 > $(TEST_LOGS)/lane-2-executorch-1.4.1.log 2>&1 & b=$$!; \
 	 wait $$a; ra=$$?; wait $$b; rb=$$?; \
-	 echo "=== executorch 1.5.1 (exit $$ra) ==="; cat $(TEST_LOGS)/executorch-1.5.1.log; \
-	 echo "=== executorch 1.4.1 (exit $$rb) ==="; cat $(TEST_LOGS)/executorch-1.4.1.log; \
+	 echo "=== lane 1, executorch 1.5.1 (exit $$ra) ==="; cat $(TEST_LOGS)/lane-1-executorch-1.5.1.log; \
+	 echo "=== lane 2, executorch 1.4.1 (exit $$rb) ==="; cat $(TEST_LOGS)/lane-2-executorch-1.4.1.log; \
+	 if grep -q '^lane 1/2: no test ran' $(TEST_LOGS)/lane-1-executorch-1.5.1.log && \
+	    grep -q '^lane 2/2: no test ran' $(TEST_LOGS)/lane-2-executorch-1.4.1.log; then \
+	   echo "test-all: no test ran in either lane" >&2; exit 5; fi; \
 	 test $$ra -eq 0 && test $$rb -eq 0
+
+# Refresh tests/durations.json (the lanes' split and budgets): the whole suite on each
+# version, side by side as test-all's lanes run, each recording its per-test times.
+# Run it on the machine kind CI uses, with nothing else running, and commit the file.
+durations:
+	$(MAKE) venv EXECUTORCH=1.5.1
+	$(MAKE) venv EXECUTORCH=1.4.1
+	@mkdir -p $(TEST_LOGS)
+	@$(MAKE) --no-print-directory test EXECUTORCH=1.5.1 PYTEST_ARGS="--write-durations $(PYTEST_ARGS)" > $(TEST_LOGS)/durations-1.5.1.log 2>&1 & a=$$!; \
+	 $(MAKE) --no-print-directory test EXECUTORCH=1.4.1 PYTEST_ARGS="--write-durations $(PYTEST_ARGS)" > $(TEST_LOGS)/durations-1.4.1.log 2>&1 & b=$$!; \
+	 wait $$a; ra=$$?; wait $$b; rb=$$?; \
+	 tail -n 3 $(TEST_LOGS)/durations-1.5.1.log $(TEST_LOGS)/durations-1.4.1.log; \
+	 echo "durations: tests/durations.json (exit $$ra and $$rb)"; test $$ra -eq 0 && test $$rb -eq 0
 
 # Long fuzzing and kill variants: tests marked `slow`, which conftest.py
 # skips unless TRTET_LONG=1.

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import lanes
 import pytest
 from filesystems import FilesystemFactory, FilesystemUnavailable, unavailable
 
@@ -75,28 +76,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.root)
 
 
-# --- a guard against creep: a test over 60 s not marked slow is named at the end (print only) --
-
-#: Seconds (setup, call and teardown together) above which a test not marked ``slow`` is
-#: named (``TRTET_CREEP_SECONDS`` overrides it).
-CREEP_SECONDS = float(os.environ.get("TRTET_CREEP_SECONDS", "60"))
-_test_seconds: dict[str, float] = {}
-_marked_slow: set[str] = set()
+# --- lanes, the executorch marker and its guard, the time checks (tests/lanes.py) ------------
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _test_seconds[report.nodeid] = _test_seconds.get(report.nodeid, 0.0) + report.duration
-    if "slow" in report.keywords:
-        _marked_slow.add(report.nodeid)
+def pytest_addoption(parser: pytest.Parser) -> None:
+    lanes.addoption(parser)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    over = sorted(((s, n) for n, s in _test_seconds.items()
-                   if s > CREEP_SECONDS and n not in _marked_slow), reverse=True)
-    for seconds, nodeid in over:
-        terminalreporter.write_line(
-            f"WARNING: {nodeid} took {seconds:.0f} s, over {CREEP_SECONDS:.0f} s and not "
-            "marked slow: make it faster, or mark it slow (run by make test-long)", yellow=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "executorch(reason): depends on the ExecuTorch version (given by "
+        "tests/lanes.py at collection; runs in every lane)")
+    config.addinivalue_line(
+        "markers", "long_test: may take over TRTET_CREEP_SECONDS (60 s) of call time; "
+        "still runs on every run")
+    config.pluginmanager.register(lanes.LanesPlugin(config), "trtet-lanes")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    plugin = config.pluginmanager.get_plugin("trtet-lanes")
+    if plugin is not None:
+        plugin.close()
 
 
 @pytest.fixture(scope="session")
