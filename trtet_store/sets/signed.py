@@ -124,7 +124,7 @@ def read_signed_set(s3: Any, bucket: str, prefix: str, trusted: Mapping[str, Any
     got = s3.get(bucket, key, limit=SET_MAX_BYTES)
     if got is None:
         raise ObjectNotFoundError(f"no set at s3://{bucket}/{prefix} (no {SET_KEY}); "
-                                  "publish one with publish-set", key)
+                                  "publish one with publish-set")
     shas = verified_sha256s(got[0], trusted, f"s3://{bucket}/{key}")
     return SetManifest.from_json(got[0]), got[1], shas
 
