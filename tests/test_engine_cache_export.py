@@ -130,6 +130,7 @@ def test_eight_processes_of_one_model_run_one_build(here_fs):
     deadline = time.monotonic() + 300
     while not (len(_builds(builds)) == 1 and
                sum(_blocked_on_a_lock(p.pid) for p in procs) == 7):
+        assert len(_builds(builds)) <= 1, _builds(builds)  # a second build: no single flight
         assert time.monotonic() < deadline, (_builds(builds), [p.poll() for p in procs])
         assert all(p.poll() is None for p in procs), [p.poll() for p in procs]
         time.sleep(0.05)

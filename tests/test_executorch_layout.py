@@ -21,16 +21,15 @@ from versions import needs_file_backed_data, needs_ptd_runtime  # noqa: E402
 
 pytest.importorskip("executorch.exir")
 
+from lowered import portable_linear_program, xnnpack_linear_program  # noqa: E402
 from programs import (  # noqa: E402
     MiB,
     NamedEntry,
     concat,
     executorch_outputs,
     named_data_program,
-    portable_linear_program,
     standard_entries,
     write_payload_file,
-    xnnpack_linear_program,
 )
 
 from trtet_store.export import _executorch_private as priv  # noqa: E402
