@@ -47,3 +47,12 @@ def test_nothing_a_child_does_reaches_the_next_one():
     assert first.returncode == 0, first.stderr
     second = warm.run("import trtet_store\nprint(hasattr(trtet_store, 'MARK'))", timeout=120)
     assert second.stdout == "False\n", second.stderr
+
+
+def test_a_child_gets_the_parents_umask_now_not_the_servers():
+    old = os.umask(0o077)
+    try:
+        done = warm.run("import os\nprint(oct(os.umask(0)))", timeout=120)
+    finally:
+        os.umask(old)
+    assert done.stdout == "0o77\n", done.stderr
