@@ -207,3 +207,16 @@ def run(source: str, args: Sequence[Any] = (), *, timeout: float | None = None,
 def cli(*argv: Any, **kw: Any) -> subprocess.CompletedProcess:
     """``trtet-store ARGV...`` in a warm child: the CLI's ``main`` as ``python -m`` runs it."""
     return run(CLI, argv, **kw)
+
+
+def prestart() -> None:
+    """Start the server now (it does not wait for its imports): they overlap the tests that
+    run before the first child, which then waits only for what is left of them."""
+    from multiprocessing import forkserver
+
+    context()
+    forkserver.ensure_running()
+
+
+if not getattr(multiprocessing.current_process(), "_inheriting", False):  # not in a child
+    prestart()  # on the first import here, i.e. when a test file using it is collected
