@@ -444,7 +444,8 @@ def test_push_list_pull_and_prune_through_a_bucket(built, here_fs, s3env):
 
 def cli_on_a_terminal(*argv: object) -> tuple[int, str, str]:
     """``cli`` with stderr on a pseudo-terminal (a real tty): (exit code, stdout, stderr)."""
-    # 24 x 120, as a terminal.
+    # 24 x 120, as a terminal. A fresh interpreter, not a warm child: its stderr is a pty
+    # that run_on_terminal opens for it.
     return run_on_terminal([sys.executable, "-m", "trtet_store.cli", "cache",
                             *map(os.fspath, argv)], size=(24, 120), cwd=ROOT)
 
