@@ -327,7 +327,7 @@ def test_verify_run_loads_program(capsys, written) -> None:
 
 @needs_ptd_runtime
 def test_verify_run_loads_xnnpack_methods(capsys, tmp_path: Path) -> None:
-    from programs import xnnpack_linear_program
+    from lowered import xnnpack_linear_program  # lowered once a run, a copy each
 
     built = xnnpack_linear_program(external_tag="model")
     save_ours(built.manager, tmp_path / "mlp.pte")
@@ -341,7 +341,7 @@ def test_verify_run_loads_xnnpack_methods(capsys, tmp_path: Path) -> None:
 @needs_ptd_runtime
 def test_verify_run_survives_a_runtime_crash(capsys, tmp_path: Path) -> None:
     """Without its .ptd an XNNPACK method cannot load (1.5.1 segfaults): reported, not fatal."""
-    from programs import xnnpack_linear_program
+    from lowered import xnnpack_linear_program  # lowered once a run, a copy each
 
     built = xnnpack_linear_program(external_tag="model")
     save_ours(built.manager, tmp_path / "mlp.pte")
@@ -359,7 +359,7 @@ def test_verify_run_survives_a_runtime_crash(capsys, tmp_path: Path) -> None:
 
 def test_verify_external_constants(capsys, written, tmp_path: Path) -> None:
     """Emitter constants in a .ptd: a .pte without segment data, tensors found by name."""
-    from programs import portable_linear_program
+    from lowered import portable_linear_program  # lowered once a run, a copy each
 
     built = portable_linear_program()
     save_ours(built.manager, tmp_path / "m.pte")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import upstream
+import warm
 from digests import file_digest
 from programs import write_model_factory
 from terminal import run_on_terminal
@@ -32,9 +33,9 @@ ENGINE = 1 * MiB
 
 
 def cli(*argv: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trtet_store.cli", "cache",
-                           *map(os.fspath, argv)], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
+    """``trtet-store cache ARGV...`` in a warm child (tests/warm.py); the entry point's own
+    script is test_cli_entry_and_option_lines's."""
+    return warm.cli("cache", *argv, timeout=300, cwd=ROOT)
 
 
 def cli_json(*argv: object):
@@ -443,7 +444,8 @@ def test_push_list_pull_and_prune_through_a_bucket(built, here_fs, s3env):
 
 def cli_on_a_terminal(*argv: object) -> tuple[int, str, str]:
     """``cli`` with stderr on a pseudo-terminal (a real tty): (exit code, stdout, stderr)."""
-    # 24 x 120, as a terminal.
+    # 24 x 120, as a terminal. A fresh interpreter, not a warm child: its stderr is a pty
+    # that run_on_terminal opens for it.
     return run_on_terminal([sys.executable, "-m", "trtet_store.cli", "cache",
                             *map(os.fspath, argv)], size=(24, 120), cwd=ROOT)
 
@@ -524,9 +526,8 @@ def test_push_that_loses_the_race_says_so_and_leaves_the_winner(built, here_fs, 
     url = f"s3://{s3env.bucket}/team"
     other = here_fs / "b-record"
     other.write_bytes(b"machine b's build")
-    done = subprocess.run([sys.executable, "-c", RACE, url, s3env.endpoint.url, key,
-                           os.fspath(other), os.fspath(a.directory)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = warm.run(RACE, [url, s3env.endpoint.url, key, other, a.directory], timeout=300,
+                    cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     [line] = done.stdout.splitlines()
     assert ": lost race (another machine published it first (host " in line, line

@@ -1,6 +1,6 @@
 """compile_and_save(..., engine_cache=) on real filesystems, the stub builder counting builds.
 
-Cross-process claims run in fresh interpreters (``python -c CHILD``): each
+Cross-process claims run in separate processes (CHILD, as warm children: tests/warm.py): each
 child compiles the same model with :class:`FakeBuilder`, whose engine bytes
 are seeded by the child's pid, so a rebuilt engine can never pass for the
 cached one. A child appends its pid to a file each time it builds.
@@ -13,11 +13,11 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import warm
 import xxhash
 
 import trtet_store
@@ -32,6 +32,7 @@ from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_rel
 
 out, cache_dir, builds, size, sleep = sys.argv[1], sys.argv[2], sys.argv[3], \
     int(sys.argv[4]), float(sys.argv[5])
+go = sys.argv[6] if len(sys.argv) > 6 else ""  # a build that waits for the test's word
 
 class Counting(FakeBuilder):
     def __call__(self, *args, **kwargs):
@@ -40,6 +41,8 @@ class Counting(FakeBuilder):
             f.flush()
             os.fsync(f.fileno())
         time.sleep(sleep)  # the slow build
+        while go and not os.path.exists(go):
+            time.sleep(0.02)
         return super().__call__(*args, **kwargs)
 
 builder = Counting(engine_sizes=(size,), seeds=(os.getpid(),))
@@ -59,13 +62,11 @@ class MustNotBuild:
 
 
 def _start(out: Path, cache: Path, builds: Path, *, size: int = 2 * MiB,
-           sleep: float = 0.0) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, os.fspath(out), os.fspath(cache), os.fspath(builds),
-         str(size), str(sleep)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           sleep: float = 0.0, go: Path | None = None) -> warm.WarmChild:
+    return warm.popen(CHILD, [out, cache, builds, size, sleep, *([go] if go else [])])
 
 
-def _result(proc: subprocess.Popen, timeout: float = 300) -> dict:
+def _result(proc: warm.WarmChild, timeout: float = 300) -> dict:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])
@@ -123,8 +124,17 @@ def test_a_second_process_builds_nothing_and_writes_the_first_ones_engine_bytes(
 
 
 def test_eight_processes_of_one_model_run_one_build(here_fs):
-    cache, builds = here_fs / "cache", here_fs / "builds"
-    procs = [_start(here_fs / f"m{i}.pte", cache, builds, sleep=3.0) for i in range(8)]
+    cache, builds, go = here_fs / "cache", here_fs / "builds", here_fs / "go"
+    procs = [_start(here_fs / f"m{i}.pte", cache, builds, go=go) for i in range(8)]
+    # The state, not a sleep: one builds (and waits for our word), seven wait on its lock.
+    deadline = time.monotonic() + 300
+    while not (len(_builds(builds)) == 1 and
+               sum(_blocked_on_a_lock(p.pid) for p in procs) == 7):
+        assert len(_builds(builds)) <= 1, _builds(builds)  # a second build: no single flight
+        assert time.monotonic() < deadline, (_builds(builds), [p.poll() for p in procs])
+        assert all(p.poll() is None for p in procs), [p.poll() for p in procs]
+        time.sleep(0.05)
+    go.touch()
     results = [_result(p, timeout=600) for p in procs]
     assert len(_builds(builds)) == 1, _builds(builds)
     built = [r["built"] for r in results if r["built"]]

@@ -13,11 +13,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 from programs import MODEL_FACTORY
 
 from trtet_store.io.units import MiB
@@ -76,12 +76,11 @@ with installed(FakeBuilder(engine_sizes=(2 << 20,))):
 '''
 
 
-def child(cfg: dict, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def child(cfg: dict, env: dict | None = None) -> warm.WarmChild:
+    return warm.popen(CHILD, [json.dumps(cfg)], cwd=ROOT, env=env)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[list[dict], str]:
+def finish(proc: warm.WarmChild, timeout: float = 300) -> tuple[list[dict], str]:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-4000:]
     return json.loads(out.strip().splitlines()[-1]), err
@@ -100,7 +99,7 @@ def config(base: Path, s3: Any, name: str, **kw: Any) -> dict:
     return cfg
 
 
-def wait_file(path: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+def wait_file(path: str, proc: warm.WarmChild, timeout: float = 120) -> None:
     import time
 
     deadline = time.monotonic() + timeout
@@ -202,12 +201,12 @@ def test_the_cli_says_a_tier_problem_and_a_damaged_rebuild_in_one_line(here_fs, 
     cache = here_fs / "cache"
 
     def cli(out: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-c", CLI, "compile-and-save", "--no-progress",
-             f"{here_fs / 'model.py'}:make", os.fspath(here_fs / out), "--engine-cache",
-             os.fspath(cache), "--engine-cache-remote", "s3://no-such-bucket-45/engines",
-             "--endpoint-url", s3env.endpoint.url],
-            cwd=ROOT, capture_output=True, text=True, timeout=300)
+        return warm.run(
+            CLI, ["compile-and-save", "--no-progress",
+                  f"{here_fs / 'model.py'}:make", os.fspath(here_fs / out), "--engine-cache",
+                  os.fspath(cache), "--engine-cache-remote", "s3://no-such-bucket-45/engines",
+                  "--endpoint-url", s3env.endpoint.url],
+            cwd=ROOT, timeout=300)
 
     first = cli("a.pte")
     assert first.returncode == 0, first.stderr[-3000:]

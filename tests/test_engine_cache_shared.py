@@ -1,8 +1,9 @@
 """The engine cache's shared tier (issue 37), machine against machine, on the SeaweedFS fixture.
 
-Each "machine" is a cache directory used by its own process: a fresh
-interpreter running CHILD, which exports the small model with the stub
-TensorRT builder through ``compile_and_save(..., engine_cache=EngineCache(dir,
+Each "machine" is a cache directory used by its own process: a warm child
+(tests/warm.py: forked from a server that imported torch once) running
+CHILD, which exports the small model with the stub TensorRT builder through
+``compile_and_save(..., engine_cache=EngineCache(dir,
 remote=url, endpoint_url=...))`` and prints one JSON line: the engines it
 built (their xxh3-128), the cache's events, and what each publish sent. Builds
 are also counted by appending the builder's pid to a shared file. Each test
@@ -16,13 +17,12 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 import xxhash
 
 from trtet_store.io import Progress
@@ -125,10 +125,8 @@ class Machines:
     def pte(self, name: str, run: str = "") -> Path:
         return self.base / f"{name}{run}.pte"
 
-    def start(self, cfg: dict, env: dict | None = None) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env)
+    def start(self, cfg: dict, env: dict | None = None) -> warm.WarmChild:
+        return warm.popen(CHILD, [json.dumps(cfg)], cwd=ROOT, env=env)
 
     def run(self, name: str, run: str = "", *, env: dict | None = None, **kw: Any
             ) -> tuple[dict, str]:
@@ -163,7 +161,7 @@ class Machines:
         return RemoteTier(self.url, endpoint_url=self.s3.endpoint.url, client=self.s3.client)
 
 
-def result(proc: subprocess.Popen, timeout: float = 300) -> tuple[dict, str]:
+def result(proc: warm.WarmChild, timeout: float = 300) -> tuple[dict, str]:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-4000:]
     return json.loads(out.strip().splitlines()[-1]), err

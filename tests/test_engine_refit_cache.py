@@ -3,7 +3,7 @@
 Real filesystems, the stub builder counting builds and :class:`FakeRefitter`
 (its engine is a function of the structure entry and the new weights, so
 each test computes what the ``.pte`` must hold). Cross-process claims run in
-fresh interpreters (``python -c CHILD``) that count builds and refits by
+separate processes (CHILD, as warm children: tests/warm.py) that count builds and refits by
 appending to files.
 """
 
@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+import warm
 
 import trtet_store
 from trtet_store.export import engine_cache, engine_refit, engine_reuse
@@ -72,16 +71,15 @@ print(json.dumps({"events": [e.to_json() for e in report.engine_cache]}))
 '''
 
 
-def _start(here: Path, name: str, **cfg) -> subprocess.Popen:
+def _start(here: Path, name: str, **cfg) -> warm.WarmChild:
     cfg = {"cache": os.fspath(here / "cache"), "builds": os.fspath(here / "builds"),
            "refits": os.fspath(here / "refits"), "size": 2 * MiB,
            "out": os.fspath(here / f"{name}.pte"), "store": os.fspath(here / f"store-{name}"),
            **cfg}
-    return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return warm.popen(CHILD, [json.dumps(cfg)], cwd=ROOT)
 
 
-def _result(proc: subprocess.Popen, timeout: float = 600) -> dict:
+def _result(proc: warm.WarmChild, timeout: float = 600) -> dict:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])

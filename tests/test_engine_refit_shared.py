@@ -1,7 +1,7 @@
 """New weights across machines: structure entries through the shared tier (issue 46 item 5).
 
-Each "machine" is a cache directory used by its own process (a fresh
-interpreter running CHILD) against the real SeaweedFS fixture, as in
+Each "machine" is a cache directory used by its own process (a warm
+child, tests/warm.py, running CHILD) against the real SeaweedFS fixture, as in
 ``test_engine_cache_shared``. The child exports the small model with
 refittable settings (``immutable_weights=False``), its weights multiplied by
 ``scale`` (a fine-tune when not 1), through the stub builder (counted in a
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import warm
 from test_engine_cache_shared import Machines, engines_in, key_of
 
 from trtet_store.io.units import MiB
@@ -68,10 +67,8 @@ class RefitMachines(Machines):
     def config(self, name: str, run: str = "", **kw: Any) -> dict:
         return super().config(name, run, refits=os.fspath(self.base / "refits"), **kw)
 
-    def start(self, cfg: dict, env: dict | None = None) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env)
+    def start(self, cfg: dict, env: dict | None = None) -> warm.WarmChild:
+        return warm.popen(CHILD, [json.dumps(cfg)], cwd=ROOT, env=env)
 
     def refits(self) -> list[str]:
         path = self.base / "refits"

@@ -10,27 +10,25 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import weakref
 from pathlib import Path
 
 import pytest
+import warm
 from versions import needs_file_backed_data, needs_ptd_runtime  # noqa: E402
 
 pytest.importorskip("executorch.exir")
 
+from lowered import portable_linear_program, xnnpack_linear_program  # noqa: E402
 from programs import (  # noqa: E402
     MiB,
     NamedEntry,
     concat,
     executorch_outputs,
     named_data_program,
-    portable_linear_program,
     standard_entries,
     write_payload_file,
-    xnnpack_linear_program,
 )
 
 from trtet_store.export import _executorch_private as priv  # noqa: E402
@@ -87,13 +85,14 @@ def write_concat(layouts, tmp_path: Path) -> None:
 
 
 def run_in_runtime(pte: Path, ptd: Path | None, inputs, method: str = "forward") -> dict:
-    """Load and run ``pte`` in a fresh interpreter; returns {"outputs": [...]} or {"error": str}."""
+    """Load and run ``pte`` in a child of its own (a warm one, tests/warm.py: a crash stays
+    there); returns {"outputs": [...]} or {"error": str}."""
     code = textwrap.dedent(
         """
         import json, sys, torch
         from executorch.runtime import Runtime
         pte, ptd, method = sys.argv[1], sys.argv[2] or None, sys.argv[3]
-        inputs = [torch.tensor(x) for x in json.loads(sys.stdin.read())]
+        inputs = [torch.tensor(x) for x in json.loads(sys.argv[4])]
         program = Runtime.get().load_program(pte, data_path=ptd)
         try:
             m = program.load_method(method)
@@ -104,14 +103,8 @@ def run_in_runtime(pte: Path, ptd: Path | None, inputs, method: str = "forward")
         print("RESULT " + json.dumps({"outputs": [o.tolist() for o in outs]}))
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, os.fspath(pte), os.fspath(ptd or ""), method],
-        input=json.dumps([x.tolist() for x in inputs]),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    proc = warm.run(code, [pte, ptd or "", method, json.dumps([x.tolist() for x in inputs])],
+                    timeout=300, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (
         f"runtime exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 from digests import file_digest
-from programs import executorch_outputs, xnnpack_linear_program
+from lowered import xnnpack_linear_program  # lowered once a run, a copy each
+from programs import executorch_outputs
 from test_fetch_support import MiB, put_program
 from versions import needs_file_backed_data
 

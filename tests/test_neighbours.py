@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from digests import file_digest
-from programs import portable_linear_program, xnnpack_linear_program
+from lowered import portable_linear_program, xnnpack_linear_program  # once a run, copied
 from versions import needs_file_backed_data
 
 import trtet_store

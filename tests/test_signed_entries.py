@@ -23,6 +23,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import warm
 import xxhash
 from programs import write_model_factory
 from test_engine_cache_shared import Machines, engines_in, key_of, outcomes
@@ -256,6 +257,7 @@ def test_keys_come_from_the_environment_then_the_config_file(here_fs, keys, monk
 
 
 def test_without_cryptography_keys_say_what_to_install(here_fs, keys):
+    # A fresh interpreter, not a warm child: "cryptography" must not be imported yet.
     code = textwrap.dedent("""
         import sys
         sys.modules["cryptography"] = None  # as if not installed
@@ -304,9 +306,7 @@ def test_keygen_makes_0600_keys_and_never_overwrites_or_follows_a_link(here_fs):
     (victim / "secret").chmod(0o600)
     old = os.umask(0)
     try:
-        done = subprocess.run([sys.executable, "-m", "trtet_store.cli", "cache", "keygen",
-                               os.fspath(shared / "ci.key")], capture_output=True, text=True,
-                              cwd=ROOT, timeout=120)
+        done = warm.cli("cache", "keygen", shared / "ci.key", cwd=ROOT, timeout=120)
     finally:
         os.umask(old)
     assert done.returncode == 0, done.stderr
@@ -319,9 +319,7 @@ def test_keygen_makes_0600_keys_and_never_overwrites_or_follows_a_link(here_fs):
     assert done.stdout.strip().endswith(f"key id {key_id}"), done.stdout
     # Again: refused, nothing overwritten.
     before = _state(shared, victim)
-    again = subprocess.run([sys.executable, "-m", "trtet_store.cli", "cache", "keygen",
-                            os.fspath(shared / "ci.key")], capture_output=True, text=True,
-                           cwd=ROOT, timeout=120)
+    again = warm.cli("cache", "keygen", shared / "ci.key", cwd=ROOT, timeout=120)
     assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
     assert "exists: keygen never overwrites a key" in again.stderr
     assert _state(shared, victim) == before
@@ -439,11 +437,10 @@ with installed(FakeBuilder(engine_sizes=(1 << 20,))):
 
 
 def _cli(*argv: object, compile_: bool = False) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", COMPILE] if compile_ else \
-        [sys.executable, "-m", "trtet_store.cli"]
-    return subprocess.run([*cmd, *map(os.fspath, argv)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600, env=env_with(
-                              **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}))
+    """The CLI in a warm child (tests/warm.py), each command its own process."""
+    return warm.run(COMPILE if compile_ else warm.CLI, argv, cwd=ROOT, timeout=600,
+                    env=env_with(**{k: v for k, v in os.environ.items()
+                                    if k.startswith("AWS_")}))
 
 
 def test_cli_keygen_then_compile_push_and_pull_with_keys(here_fs, s3env):

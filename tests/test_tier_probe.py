@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 from conditions_proxy import ConditionsProxy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,8 +165,7 @@ print(json.dumps(runs))
 def export_two(tmp_path: Path, url: str, endpoint: str, out: str) -> tuple[list[dict], str]:
     cfg = {"cache": os.fspath(tmp_path / "cache"), "url": url, "endpoint": endpoint,
            "out": os.fspath(tmp_path / out)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = warm.run(CHILD, [json.dumps(cfg)], cwd=ROOT, timeout=600)  # tests/warm.py
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -231,10 +229,8 @@ def test_the_cli_push_is_refused_with_one_line(here_fs, s3env):
     url = f"s3://{s3env.bucket}/team"
     before = bucket_state(s3env)
     with proxy(s3env, BOTH) as px:
-        done = subprocess.run([sys.executable, "-m", "trtet_store.cli", "cache", "push",
-                               "--remote", url, "--endpoint-url", px.url,
-                               "--dir", os.fspath(here_fs / "cache")],
-                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        done = warm.cli("cache", "push", "--remote", url, "--endpoint-url", px.url,
+                        "--dir", here_fs / "cache", timeout=300, cwd=ROOT)
     assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("trtet-store")]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
