@@ -59,7 +59,10 @@ DURATIONS = Path(os.environ.get("TRTET_DURATIONS") or TESTS / "durations.json")
 
 #: Imports that make a test depend on the ExecuTorch version.
 ROOTS = ("torch", "torchvision", "executorch", "torch_tensorrt", "trtet_store.export",
-         "trtet_store.testing.stub_tensorrt")
+         "trtet_store.testing.stub_tensorrt",
+         # tests/warm.py imports no torch itself: its forkserver preloads torch and
+         # executorch.exir by name, and every child it starts has them.
+         "warm")
 #: The modules whose loading, during an unmarked test, fails it.
 WATCHED = ("torch", "executorch")
 
