@@ -1,12 +1,6 @@
-"""CacheFiles: a cache directory's files: key records, use stamps, blobs, their seals, the lock.
-
-What :class:`~trtet_store.cache.BlobCache`'s parts share (its putter,
-evictor and checker each hold this, none the others' insides). Paths:
-``keys/<key>.json`` (a record: key, blob, size, created, metadata),
-``keys/<key>.use`` (a hit appends a byte and stamps its mtime: hits and
-"least recently used" for every process), ``blobs/<name>`` and its seal
-``blobs/<name>.json`` (an :class:`~trtet_store.io.Seal`), ``tmp/`` and the
-cache-wide ``lock``.
+"""CacheFiles: a cache directory's files, which each of :class:`~trtet_store.cache.BlobCache`'s
+parts holds: ``keys/<key>.json`` (records), ``keys/<key>.use`` (use stamps), ``blobs/<name>``
+and its seal ``blobs/<name>.json`` (an :class:`~trtet_store.io.Seal`), ``tmp/``, ``lock``.
 """
 
 from __future__ import annotations
@@ -77,11 +71,7 @@ class CacheFiles:
             os.close(fd)
 
     def write_json(self, path: Path, data: Mapping[str, Any]) -> None:
-        """Write ``path`` complete or not at all (io's :func:`~trtet_store.io.write_atomic`).
-
-        Its temp file is made in ``tmp/``, where recovery removes what a kill
-        left; every caller holds the cache-wide lock, so no recovery runs meanwhile.
-        """
+        """Write ``path`` complete or not at all, its temp file in ``tmp/`` (under the lock)."""
         write_atomic(path, json.dumps(data, sort_keys=True).encode(),
                      temp_dir=self.directory / "tmp")
 
@@ -149,10 +139,9 @@ class CacheFiles:
             return None
 
     def stamp(self, key: str, *, hit: bool = True) -> bool:
-        """Record a use on disk: one byte appended (a hit, unless not ``hit``), the mtime now.
+        """Record a use: a byte appended (a ``hit``; else only an existing stamp), mtime now.
 
-        Without ``hit`` only an existing stamp is set (nothing made). Returns
-        whether it was; a use not recorded costs LRU precision, never a hit.
+        Returns whether it was; a use not recorded costs LRU precision, never a hit.
         """
         if self.read_only:
             return False
@@ -188,7 +177,6 @@ class CacheFiles:
             return None
 
     def write_seal(self, name: str, seal: Seal) -> None:
-        """Under the lock. write_atomic fsyncs ``blobs/`` after the seal's rename."""
         self.write_json(self.seal(name), seal.to_json())
 
     def reseal(self, name: str, seal: Seal) -> None:
@@ -205,8 +193,7 @@ class CacheFiles:
     def relinked(self, name: str) -> None:
         """Under the lock: reseal after our own link or unlink of the blob (only its ctime moved).
 
-        Any other change is left for a hit to re-digest (a kill before this
-        costs the next hit one re-digest, never a wrong answer).
+        Any other change is left for a hit to re-digest (as is a kill before this).
         """
         seal = self.read_seal(name)
         with contextlib.suppress(OSError):

@@ -1,17 +1,10 @@
-"""The seal: a file's bytes trusted by its identity (one ``stat``), else read again.
+"""The seal: a file's bytes (size, digests) and the identity of the file they were read from.
 
-A :class:`Seal` records what a file's bytes are (size, digest, chunk
-digests) and the identity of the file they were read from (device, inode,
-size, mtime, ctime: :func:`~trtet_store.io.file_identity`). The discipline,
-written here once for every store:
-
-- **trust by identity**: a file whose identity is the sealed one holds the
-  sealed bytes, and nothing is read (:meth:`Seal.holds`);
-- **else re-digest**: a changed identity costs one full read; the same
-  bytes renew the seal, other bytes are refused (:meth:`Seal.check`);
-- **reseal after our own link**: a hard link made or removed by the store
-  itself changes the ctime and nothing else, so only then may the seal take
-  the new identity unread (:func:`same_identity` with ``relink=True``).
+Written once for every store: trust a file whose identity (device, inode,
+size, mtime, ctime) is the sealed one, reading nothing; else read it again:
+the same bytes renew the seal, others are refused (:meth:`Seal.check`). Our
+own hard link or unlink changes the ctime alone: only then is the new
+identity taken unread (:func:`same_identity` with ``relink=True``).
 """
 
 from __future__ import annotations
@@ -35,9 +28,9 @@ def same_identity(sealed: Identity | None, now: Identity, *, relink: bool = Fals
     of the file changes and nothing else does (the one place this is decided).
     """
     n = 4 if relink else 5
-    ident = [file_identity(x) if isinstance(x, os.stat_result) else tuple(x or ())
-             for x in (sealed, now)]
-    return len(ident[0]) == 5 and ident[0][:n] == ident[1][:n]
+    a, b = (file_identity(x) if isinstance(x, os.stat_result) else tuple(x or ())
+            for x in (sealed, now))
+    return len(a) == 5 and a[:n] == b[:n]
 
 
 @dataclass(frozen=True)
@@ -63,8 +56,8 @@ class Seal:
                    tuple(doc["chunk_digests"]), tuple(doc["identity"]))
 
     def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "digest": self.digest, "chunk_size": self.chunk_size,
-                "chunk_digests": list(self.chunk_digests), "identity": list(self.identity)}
+        return dict(dataclasses.asdict(self), chunk_digests=list(self.chunk_digests),
+                    identity=list(self.identity))
 
     def holds(self, st: os.stat_result) -> str | None:
         """None when ``st`` is the sealed file; a reason, or ``"identity"`` (re-digest to tell)."""
@@ -89,9 +82,8 @@ class Seal:
               full: bool = False) -> tuple[str | None, Seal | None]:
         """Trust the open file by its identity, else (or with ``full``) read it again.
 
-        ``(None, None)``: as sealed, nothing read. ``(None, seal)``: read, and
-        the sealed bytes: ``seal`` is what to keep (a changed identity renewed).
-        ``(reason, None)``: not the sealed bytes; never serve them.
+        ``(None, None)``: as sealed, unread; ``(None, seal)``: read, the sealed
+        bytes, ``seal`` to keep; ``(reason, None)``: never serve them.
         """
         problem = self.holds(st)
         if problem == "identity" or (problem is None and full):
