@@ -7,7 +7,6 @@ a file another user owns.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -85,12 +84,6 @@ class Checker:
     def recover(self, *, downloads: bool = True) -> list[Path]:
         """Clean what interrupted inserts and evictions left (:meth:`BlobCache.recover`)."""
         removed: list[Path] = []
-
-        def rm(path: Path) -> None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-                removed.append(path)
-
         with self.files.locked():
             if downloads:
                 removed += self.evictor.sweep().removed
@@ -103,7 +96,7 @@ class Checker:
                     except FileNotFoundError:
                         continue
                     if fd is not None:  # its writer is gone
-                        rm(path)
+                        removed += self.files.unlink(path)
                         os.close(fd)
             keys, blobs = self.files.directory / "keys", self.files.directory / "blobs"
             for name in os.listdir(keys):
@@ -123,13 +116,13 @@ class Checker:
                     entry = None
                 if entry is None or self.files.read_seal(entry.blob) is None or \
                         not self.files.blob(entry.blob).exists():
-                    rm(keys / name)
+                    removed += self.files.unlink(keys / name)
                     continue
                 referenced.add(entry.blob)
                 rows[key] = (entry.blob, entry.size, entry.last_use_ns)
             for name in os.listdir(keys):
                 if name.endswith(".use") and not (keys / f"{name[:-4]}.json").exists():
-                    rm(keys / name)
+                    removed += self.files.unlink(keys / name)
             unreferenced = {name.removesuffix(".json") for name in os.listdir(blobs)} - referenced
             for name in sorted(unreferenced):
                 removed += self.evictor.remove_blob_unless_pinned(name)

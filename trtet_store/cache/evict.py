@@ -106,13 +106,9 @@ class Evictor:
         try:
             # Record first: a kill after this leaves a blob no record references,
             # which recovery removes; never a record without its bytes being served.
-            for p in (self.files.record(key), self.files.use(key)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
+            self.files.unlink(self.files.record(key), self.files.use(key))
             if self.files.summary.refs(blob) <= 1:
-                for p in (self.files.seal(blob), path):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(p)
+                self.files.unlink(self.files.seal(blob), path)
             self.files.summary.drop(key)
             return True
         finally:
@@ -138,13 +134,8 @@ class Evictor:
         fd = _hold_blob(path)
         if fd is None:
             return []
-        removed = []
         try:
-            for p in (self.files.seal(name), path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-                    removed.append(p)
-            return removed
+            return self.files.unlink(self.files.seal(name), path)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -170,9 +161,7 @@ class Evictor:
                 return
             log.warning("engine cache: dropping entry %r: %s", key, reason)
             self.dropped[key] = reason
-            for p in (self.files.record(key), self.files.use(key)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
+            self.files.unlink(self.files.record(key), self.files.use(key))
             self.files.summary.drop(key)
             if entry is not None:
                 self.remove_blob_if_unreferenced(entry.blob)
@@ -202,13 +191,9 @@ class Evictor:
                 pass
             for entry in self.files.scan():  # rare (a damaged blob): the records, not the summary
                 if entry.blob == name:
-                    for p in (self.files.record(entry.key), self.files.use(entry.key)):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(p)
+                    self.files.unlink(self.files.record(entry.key), self.files.use(entry.key))
                     self.files.summary.drop(entry.key)
-            for p in (self.files.seal(name), self.files.blob(name)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
+            self.files.unlink(self.files.seal(name), self.files.blob(name))
 
     def prune(self, max_bytes: int | None = None) -> list[str]:
         """Evict least recently used entries down to ``max_bytes`` (:meth:`BlobCache.prune`)."""

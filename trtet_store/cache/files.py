@@ -75,6 +75,16 @@ class CacheFiles:
         write_atomic(path, json.dumps(data, sort_keys=True).encode(),
                      temp_dir=self.directory / "tmp")
 
+    @staticmethod
+    def unlink(*paths: Path) -> list[Path]:
+        """Unlink each of ``paths`` that is there, in order; the ones removed."""
+        removed = []
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed.append(path)
+        return removed
+
     def temp(self) -> tuple[Path, int]:
         """A new temp file in ``tmp/``, flocked by us (recovery leaves it alone while we live)."""
         path = self.directory / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex}"

@@ -295,8 +295,7 @@ class Putter:
         if isinstance(source, Blob):
             source.mark_consumed()
         else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(src)
+            self.files.unlink(src)
         # Removing a link changed the blob's ctime: seal it again.
         with self.files.locked():
             self.files.relinked(name)
