@@ -49,14 +49,15 @@ def test_a_seal_trusts_by_identity_re_reads_a_changed_file_and_refuses_other_byt
         assert bytes_digested() == before
         assert seal.check(fd, os.fstat(fd), full=True) == (None, seal)  # read, same seal
         assert bytes_digested() == before + seal.size
-        os.chmod(path, 0o400)  # the ctime moves: re-read, the same bytes renew the seal
+        st = os.fstat(fd)  # a new mtime (set: a coarse clock may not move it): re-read,
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # the same bytes renew it
         problem, renewed = seal.check(fd, os.fstat(fd))
         assert problem is None and renewed == seal.renewed(os.fstat(fd)) != seal
         assert renewed.identity == file_identity(os.fstat(fd))
-        os.chmod(path, 0o600)
         wfd = os.open(path, os.O_WRONLY)
         os.pwrite(wfd, b"\0", 2 * MiB + 3)
         os.close(wfd)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2))
         assert seal.check(fd, os.fstat(fd)) == ("digest mismatch (first bad chunk 2)", None)
         assert seal.renewed(os.fstat(fd), relink=True) is None  # the mtime moved too
         os.truncate(path, 10)
