@@ -37,6 +37,7 @@ eviction and prune (:mod:`.evict`), verify and recover (:mod:`.check`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import os
 import time
@@ -184,6 +185,15 @@ class BlobCache:
         # read-only one such as `trtet-store cache list`), in a directory checked above.
         # Not the partial downloads here: the next remote hit of their key resumes them.
         self.recovered: list[Path] = [] if self.read_only else self.recover(downloads=False)
+
+    def __copy__(self) -> BlobCache:
+        """A view of the same files with its own bounds (a put's raised floor, export's)."""
+        view = object.__new__(BlobCache)
+        view.__dict__.update(self.__dict__)
+        view.evictor = copy.copy(self.evictor)
+        view.putter = Putter(view.files, view.evictor)
+        view.checker = Checker(view.files, view.evictor)
+        return view
 
     # -- get --------------------------------------------------------------------
 
