@@ -123,7 +123,7 @@ class _PausedCommit:
         self.paused, self.go = threading.Event(), threading.Event()
         self.points: list[str] = []
         self.result: Any = None
-        real = cache._write_json
+        real = cache.files.write_json
 
         def write_json(path: Path, data: Any) -> None:
             watched = path.parent.name in ("blobs", "keys")
@@ -133,7 +133,7 @@ class _PausedCommit:
             if watched:
                 self._point(f"after {path.parent.name}/{path.name}")
 
-        cache._write_json = write_json  # the seam: this instance only
+        cache.files.write_json = write_json  # the seam: this instance only
         self.thread = threading.Thread(target=self._run, args=(key, source), daemon=True)
 
     def _point(self, where: str) -> None:
@@ -153,7 +153,7 @@ class _PausedCommit:
     def __exit__(self, *exc: object) -> None:
         self.go.set()
         self.thread.join(60)
-        del self.cache._write_json
+        del self.cache.files.write_json
 
 
 def _read_in_thread(read: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -224,7 +224,7 @@ def test_a_reader_of_the_old_entry_never_drops_the_entry_that_replaced_it(
     (here_fs / "new").write_bytes(new)
     assert cache.put("k", here_fs / "old").stored
     other = BlobCache(here_fs / "c", max_bytes=64 * MiB)
-    real = other._read_seal
+    real = other.files.read_seal
     replaced: list[Any] = []
 
     def replace_first(*args: Any, **kwargs: Any) -> Any:
@@ -232,13 +232,13 @@ def test_a_reader_of_the_old_entry_never_drops_the_entry_that_replaced_it(
             replaced.append(cache.put("k", here_fs / "new"))
         return real(*args, **kwargs)
 
-    other._read_seal = replace_first  # the seam: this instance only
+    other.files.read_seal = replace_first  # the seam: this instance only
     if reader == "get":
         got = _get_bytes(other, "k")
         assert got in (None, old, new)
     else:
         other.verify()
-    del other._read_seal
+    del other.files.read_seal
     assert replaced and replaced[0].stored, replaced
     assert _get_bytes(cache, "k") == new, (
         f"the entry that replaced the one a reader ({reader}) was reading was dropped")

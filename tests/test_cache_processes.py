@@ -83,7 +83,7 @@ elif op == "fill":
         cache.put(f"{prefix}-{i}", src)
         os.unlink(src)
         # Check the bound as the cache sees it, under its lock (a consistent view).
-        with cache._locked():
+        with cache.files.locked():
             total = cache.stats().bytes
         if total > max_bytes:
             with open(violations, "a") as f:
@@ -299,7 +299,7 @@ def _kill_child(cache_dir: Path, scratch: Path, bad: Path, errors: Path, progres
             r = cache.put(key, src, {"seed": seed}, consume=rng.random() < 0.3)
             with open(progress, "a") as f:  # what the kills interrupted: puts, evictions
                 f.write(f"{int(r.stored)} {len(r.evicted)} {int(hit is None)}\n")
-            with cache._locked():
+            with cache.files.locked():
                 if cache.stats().bytes > KILL_BOUND:
                     with open(bad, "a") as b:
                         b.write(f"bound {cache.stats().bytes}\n")

@@ -37,7 +37,7 @@ def _fill(cache: BlobCache, where: Path, n: int, first: int = 0) -> None:
 
 def _records(cache: BlobCache) -> dict[str, tuple[str, int]]:
     """What the records say: each key's blob and size (read from disk now)."""
-    return {e.key: (e.blob, e.size) for e in cache._scan()}
+    return {e.key: (e.blob, e.size) for e in cache.files.scan()}
 
 
 def _used(records: dict[str, tuple[str, int]]) -> int:
@@ -46,21 +46,21 @@ def _used(records: dict[str, tuple[str, int]]) -> int:
 
 def _believed(cache: BlobCache) -> dict[str, tuple[str, int]]:
     """What this process's summary says, after the check the next locked step makes."""
-    with cache._locked():
-        summary = cache._summary
+    with cache.files.locked():
+        summary = cache.files.summary
         summary.check()
         return {k: (r[0], r[1]) for k, r in summary._rows.items()}
 
 
 def _count_reads(cache: BlobCache) -> Callable[[], int]:
     calls = [0]
-    real = cache._read_entry
+    real = cache.files.read_entry
 
     def counted(key: str):
         calls[0] += 1
         return real(key)
 
-    cache._read_entry = counted  # our own method, on this instance only
+    cache.files.read_entry = counted  # our own method, on this instance only
     return lambda: calls[0]
 
 
@@ -71,12 +71,12 @@ def _put_reads(directory: Path, where: Path, n: int) -> tuple[int, int, tuple[st
     """Record reads of a put that fits and of one that evicts, in a cache of ``n`` entries."""
     cache = BlobCache(directory, max_bytes=(n + 1) * SIZE)
     _fill(cache, where, n)
-    rebuilds = cache._summary.rebuilds
+    rebuilds = cache.files.summary.rebuilds
     reads = _count_reads(cache)
     assert cache.put("fits", _source(where, 10_001)).evicted == ()
     fits = reads()
     evicting = cache.put("evicts", _source(where, 10_002))
-    assert cache._summary.rebuilds == rebuilds  # nothing changed behind its back
+    assert cache.files.summary.rebuilds == rebuilds  # nothing changed behind its back
     return fits, reads() - fits, evicting.evicted
 
 
@@ -118,11 +118,11 @@ def test_a_summary_that_is_not_the_records_is_rebuilt_and_the_bound_holds(
             snap["entries"][change["put"][0]] = change["put"][1:]
         del snap["entries"]["k3"]
         _replace(summary, json.dumps(snap).encode() + b"\n")
-    rebuilds = cache._summary.rebuilds
+    rebuilds = cache.files.summary.rebuilds
     assert cache.put("new", _source(here_fs, 99)).evicted == ("k0",)
     records = _records(cache)
     assert _used(records) <= 4 * SIZE and set(records) == {"k1", "k2", "k3", "new"}
-    assert cache._summary.rebuilds == rebuilds + 1
+    assert cache.files.summary.rebuilds == rebuilds + 1
     assert _believed(cache) == records
     assert _believed(BlobCache(cache.directory, max_bytes=4 * SIZE)) == records
 
@@ -132,9 +132,9 @@ def test_records_changed_by_code_that_knows_no_summary_are_seen(here_fs: Path) -
     live = BlobCache(here_fs / "c", max_bytes=4 * SIZE)
     _fill(live, here_fs, 3)
     older = BlobCache(live.directory, max_bytes=100 * SIZE)
-    older._summary.put = older._summary.drop = lambda *a, **k: None  # knows no summary
+    older.files.summary.put = older.files.summary.drop = lambda *a, **k: None  # knows no summary
     _fill(older, here_fs, 2, first=3)  # 5 entries now: over live's bound
-    older._drop_key("k1", "an older release's drop")  # 4 left
+    older.evictor.drop_key("k1", "an older release's drop")  # 4 left
     assert live.put("new", _source(here_fs, 99)).evicted == ("k0",)
     records = _records(live)
     assert set(records) == {"k2", "k3", "k4", "new"} and _used(records) <= 4 * SIZE
@@ -150,13 +150,13 @@ def _killed_at(directory: Path, where: Path, step: str, max_bytes: int, seed: in
     if pid == 0:  # the writer
         try:
             cache = BlobCache(directory, max_bytes=max_bytes)
-            real = getattr(cache._summary, step)
+            real = getattr(cache.files.summary, step)
 
             def die(*args, **kwargs):
                 os.kill(os.getpid(), signal.SIGKILL)
                 return real(*args, **kwargs)
 
-            setattr(cache._summary, step, die)
+            setattr(cache.files.summary, step, die)
             cache.put(f"k{seed}", _source(where, seed))
         finally:
             os._exit(3)  # not killed: the step was never reached
@@ -196,9 +196,9 @@ def test_the_marker_holds_on_each_filesystem_so_nothing_is_rebuilt(make_fs, fsty
     mnt = make_fs(fstype, mib)
     cache = BlobCache(mnt / "c", max_bytes=4 * SIZE)
     _fill(cache, mnt, 1)  # an empty cache has no summary: its first put "rebuilds" from none
-    rebuilds = cache._summary.rebuilds
+    rebuilds = cache.files.summary.rebuilds
     _fill(cache, mnt, 5, first=1)  # two evictions among them
     again = BlobCache(cache.directory, max_bytes=4 * SIZE)
-    assert (cache._summary.rebuilds - rebuilds, again._summary.rebuilds) == (0, 0)
+    assert (cache.files.summary.rebuilds - rebuilds, again.files.summary.rebuilds) == (0, 0)
     assert _believed(again) == _records(again) and set(_records(again)) == {"k2", "k3", "k4",
                                                                               "k5"}

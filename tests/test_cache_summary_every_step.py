@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from trtet_store.cache import BlobCache
+from trtet_store.cache.files import CacheFiles
 from trtet_store.cache.summary import Summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def put(cache: BlobCache, key: str, seed: int, scratch: Path, size: int = SIZE):
 
 def truth(cache: BlobCache) -> tuple[dict[str, tuple[str, int]], int]:
     """What the records say: key -> (blob, size), and the distinct blobs' bytes."""
-    rows = {e.key: (e.blob, e.size) for e in cache._scan()}
+    rows = {e.key: (e.blob, e.size) for e in cache.files.scan()}
     return rows, sum(dict(rows.values()).values())
 
 
@@ -60,17 +61,17 @@ def view(summary: Summary) -> tuple[dict[str, tuple[str, int]], int]:
 def from_disk(cache: BlobCache) -> tuple[bool, tuple[dict[str, tuple[str, int]], int]]:
     """A new process's first look: (whether it trusts the file, what it then knows)."""
     fresh = Summary(cache.directory, lambda: ((e.key, e.blob, e.size, e.last_use_ns)
-                                              for e in cache._scan()))
-    with cache._locked():
+                                              for e in cache.files.scan()))
+    with cache.files.locked():
         fresh.check()
     return fresh.rebuilds == 0, view(fresh)
 
 
 def agrees(cache: BlobCache) -> None:
     """Under the lock, ``cache``'s summary (stale in memory or not) says what the records say."""
-    with cache._locked():
-        cache._summary.check()
-        assert view(cache._summary) == truth(cache)
+    with cache.files.locked():
+        cache.files.summary.check()
+        assert view(cache.files.summary) == truth(cache)
 
 
 # -- SIGKILL at every step --------------------------------------------------------------
@@ -220,13 +221,13 @@ class _Counter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.on = False
         self.counts = {"record reads": 0, "listings": 0, "stat": 0, "open": 0}
-        real_read = BlobCache._read_entry
+        real_read = CacheFiles.read_entry
 
         def read_entry(cache, key):
             self._add("record reads")
             return real_read(cache, key)
 
-        monkeypatch.setattr(BlobCache, "_read_entry", read_entry)
+        monkeypatch.setattr(CacheFiles, "read_entry", read_entry)
         for name, what in (("listdir", "listings"), ("stat", "stat"), ("open", "open")):
             monkeypatch.setattr(os, name, self._wrap(getattr(os, name), what))
 

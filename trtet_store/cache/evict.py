@@ -1,6 +1,6 @@
-"""BlobCache's eviction: least recently used entries go, pinned ones stay (a mixin).
+"""BlobCache's eviction: least recently used entries go, pinned ones stay.
 
-Everything here runs under the cache-wide lock (``_locked``), so the room is
+Everything here runs under the cache-wide lock (``CacheFiles.locked``), so the room is
 checked, made and taken in one critical section. An entry goes record first:
 a kill after that leaves a blob no record names, which recovery removes;
 never a record whose bytes are gone. A blob a :class:`~trtet_store.cache.Hit`
@@ -15,21 +15,30 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from trtet_store.cache.downloads import remove_unheld
-from trtet_store.io import UnsafeLockFileError, file_identity, free_bytes, try_lock
-
-if TYPE_CHECKING:
-    from trtet_store.cache.store import BlobCache
+from trtet_store.cache.downloads import DownloadSweep, remove_unheld
+from trtet_store.cache.files import CacheFiles
+from trtet_store.io import UnsafeLockFileError, free_bytes, same_identity, try_lock
 
 log = logging.getLogger("trtet_store.cache")
 
 
-class Eviction:
-    """:class:`~trtet_store.cache.BlobCache`'s eviction, drops and :meth:`prune`."""
+class Evictor:
+    """A cache's eviction, drops and :meth:`prune`, within ``max_bytes`` and ``min_free``."""
 
-    def _make_room(self: BlobCache, new_bytes: int, new_disk: int, *, exclude: str | None = None,
+    def __init__(self, files: CacheFiles, *, max_bytes: int, min_free: int) -> None:
+        self.files, self.max_bytes, self.min_free = files, max_bytes, min_free
+        #: key -> why get() dropped its entry (damaged): what a rebuild's report says.
+        self.dropped: dict[str, str] = {}
+        #: The last clear, prune or recover's sweep of partial downloads (cache/downloads.py).
+        self.swept = DownloadSweep()
+
+    def sweep(self) -> DownloadSweep:
+        """Under the lock: remove the partial downloads no live download holds."""
+        self.swept = remove_unheld(self.files.directory)
+        return self.swept
+
+    def make_room(self, new_bytes: int, new_disk: int, *, exclude: str | None = None,
                    keep_blob: str | None = None,
                    bound: int | None = None) -> tuple[str | None, list[str]]:
         """Under the lock: evict least recently used entries until ``new_bytes`` fit.
@@ -44,7 +53,7 @@ class Eviction:
         victim only while free space is what is short.
         """
         bound = self.max_bytes if bound is None else bound
-        summary = self._summary
+        summary = self.files.summary
         evicted: list[str] = []
         pinned = 0
         free: int | None = None
@@ -56,7 +65,7 @@ class Eviction:
                 return (f"no room under the bound: {total} bytes cached + {new_bytes} new > "
                         f"{bound}")
             if free is None:
-                free = free_bytes(self.directory)
+                free = free_bytes(self.files.directory)
             if free - new_disk < self.min_free:
                 short = (f"not enough free space: {free} bytes free, {new_disk} needed, "
                          f"{self.min_free} kept free (min_free)")
@@ -66,13 +75,13 @@ class Eviction:
 
         why = problem()
         if why is not None:
-            candidates = summary.least_recent(self._last_use)
+            candidates = summary.least_recent(self.files.last_use)
             try:
                 for key in candidates:
                     row = summary.row(key)
                     if row is None or key == exclude or row[0] == keep_blob:
                         continue
-                    if self._evict(key, row[0]):
+                    if self.evict(key, row[0]):
                         evicted.append(key)
                     else:
                         pinned += 1
@@ -88,151 +97,115 @@ class Eviction:
                      len(evicted), ", ".join(evicted))
         return why, evicted
 
-    def _last_use(self: BlobCache, key: str) -> int | None:
-        """The key's use stamp (mtime of ``keys/<key>.use``), or None without one."""
-        try:
-            return os.stat(self._use(key)).st_mtime_ns
-        except OSError:
-            return None
-
-    def _evict(self: BlobCache, key: str, blob: str) -> bool:
+    def evict(self, key: str, blob: str) -> bool:
         """Remove one entry unless a hit pins its blob. Under the lock."""
-        path = self._blob(blob)
+        path = self.files.blob(blob)
         fd = _hold_blob(path)
         if fd is None:
             return False
         try:
             # Record first: a kill after this leaves a blob no record references,
             # which recovery removes; never a record without its bytes being served.
-            for p in (self._record(key), self._use(key)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-            if self._summary.refs(blob) <= 1:
-                for p in (self._seal(blob), path):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(p)
-            self._summary.drop(key)
+            self.files.unlink(self.files.record(key), self.files.use(key))
+            if self.files.summary.refs(blob) <= 1:
+                self.files.unlink(self.files.seal(blob), path)
+            self.files.summary.drop(key)
             return True
         finally:
             if fd >= 0:
                 os.close(fd)
 
-    def _remove_blob_if_unreferenced(self: BlobCache, name: str) -> None:
+    def remove_blob_if_unreferenced(self, name: str) -> None:
         """Under the lock: unlink blob ``name`` (unless pinned) if no record names it.
 
         The summary tells (every record change is in it, or it is rebuilt).
         """
-        if self._summary.refs(name) == 0:
-            self._remove_blob_unless_pinned(name)
+        if self.files.summary.refs(name) == 0:
+            self.remove_blob_unless_pinned(name)
 
-    def _remove_blob_unless_pinned(self: BlobCache, name: str) -> list[Path]:
+    def remove_blob_unless_pinned(self, name: str) -> list[Path]:
         """Under the lock: unlink a blob no record names, and its seal, unless a hit pins it.
 
         A hit taken just before its key was replaced may still hold the old
         blob: it stays (with its seal) until a later recovery finds it free.
         Returns the paths removed.
         """
-        path = self._blob(name)
+        path = self.files.blob(name)
         fd = _hold_blob(path)
         if fd is None:
             return []
-        removed = []
         try:
-            for p in (self._seal(name), path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-                    removed.append(p)
-            return removed
+            return self.files.unlink(self.files.seal(name), path)
         finally:
             if fd >= 0:
                 os.close(fd)
 
-    def _drop_key(self: BlobCache, key: str, reason: str, blob: str | None = None) -> None:
+    def drop_key(self, key: str, reason: str, blob: str | None = None) -> None:
         """Drop ``key``'s record (and its blob if no other key names it).
 
         ``blob`` is the blob the caller found wrong: when the record names
         another one by the time the lock is held, a put replaced the entry
         since the caller read it (and removed that blob), and the new entry stays.
         """
-        if self.read_only:
+        if self.files.read_only:
             log.warning("engine cache: dropping entry %r: %s", key, reason)
             self.dropped[key] = reason
             return
-        with self._locked():
+        with self.files.locked():
             entry = None
             with contextlib.suppress(ValueError):
-                entry = self._read_entry(key)
+                entry = self.files.read_entry(key)
             if blob is not None and (entry is None or entry.blob != blob):
                 log.info("engine cache: entry %r was replaced while read (%s): kept", key,
                          reason)
                 return
             log.warning("engine cache: dropping entry %r: %s", key, reason)
             self.dropped[key] = reason
-            for p in (self._record(key), self._use(key)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-            self._summary.drop(key)
+            self.files.unlink(self.files.record(key), self.files.use(key))
+            self.files.summary.drop(key)
             if entry is not None:
-                self._remove_blob_if_unreferenced(entry.blob)
+                self.remove_blob_if_unreferenced(entry.blob)
 
-    def drop(self: BlobCache, key: str, reason: str) -> bool:
-        """Remove ``key``'s entry (its blob too when no other key names it), saying ``reason``.
-
-        For an entry that is whole but no longer wanted (a refit's structure entry
-        whose refit failed). Unlike a damaged entry's drop, the next :meth:`get`
-        is a plain miss. Returns whether there was an entry to drop.
-        """
-        if self.read_only or not os.path.exists(self._record(key)):
+    def drop(self, key: str, reason: str) -> bool:
+        """Remove ``key``'s entry, saying ``reason`` (:meth:`BlobCache.drop`)."""
+        if self.files.read_only or not os.path.exists(self.files.record(key)):
             return False
-        self._drop_key(key, reason)
+        self.drop_key(key, reason)
         self.dropped.pop(key, None)  # not damaged: nothing for a rebuild's report to say
         return True
 
-    def _drop_blob(self: BlobCache, name: str, reason: str, seen: os.stat_result) -> None:
+    def drop_blob(self, name: str, reason: str, seen: os.stat_result) -> None:
         """A blob whose bytes are not the sealed ones: it and every key naming it go.
 
         ``seen`` is the file found damaged: when another process replaced it
         since (a put of the same bytes repairs a blob), the new one stays.
         """
         log.warning("engine cache: dropping damaged blob %s (never served): %s", name, reason)
-        if self.read_only:
+        if self.files.read_only:
             return
-        with self._locked():
+        with self.files.locked():
             try:
-                if file_identity(os.stat(self._blob(name))) != file_identity(seen):
+                if not same_identity(seen, os.stat(self.files.blob(name))):
                     return
             except FileNotFoundError:
                 pass
-            for entry in self._scan():  # rare (a damaged blob): the records, not the summary
+            for entry in self.files.scan():  # rare (a damaged blob): the records, not the summary
                 if entry.blob == name:
-                    for p in (self._record(entry.key), self._use(entry.key)):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(p)
-                    self._summary.drop(entry.key)
-            for p in (self._seal(name), self._blob(name)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
+                    self.files.unlink(self.files.record(entry.key), self.files.use(entry.key))
+                    self.files.summary.drop(entry.key)
+            self.files.unlink(self.files.seal(name), self.files.blob(name))
 
-
-    def prune(self: BlobCache, max_bytes: int | None = None) -> list[str]:
-        """Evict least recently used entries down to ``max_bytes`` (default: the bound).
-
-        Also down to where the filesystem keeps ``min_free``.
-
-        Returns the evicted keys. Entries in use are kept (the result may
-        then exceed ``max_bytes``; :meth:`stats` tells). Partial downloads
-        no live download holds go too (:mod:`.downloads`; what went and
-        what was kept is in :attr:`swept`).
-        """
+    def prune(self, max_bytes: int | None = None) -> list[str]:
+        """Evict least recently used entries down to ``max_bytes`` (:meth:`BlobCache.prune`)."""
         if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(
                 max_bytes, int) or max_bytes < 0):
             raise ValueError(f"prune's max_bytes must be an int >= 0, got {max_bytes!r}")
-        if self.read_only:
-            raise OSError(errno.EROFS, f"the cache {self.directory} is read-only: cannot prune",
-                          os.fspath(self.directory))
-        with self._locked():
-            self.swept = remove_unheld(self.directory)
-            _, evicted = self._make_room(0, 0, bound=max_bytes)
+        if self.files.read_only:
+            raise OSError(errno.EROFS, f"the cache {self.files.directory} is read-only: cannot "
+                          "prune", os.fspath(self.files.directory))
+        with self.files.locked():
+            self.sweep()
+            _, evicted = self.make_room(0, 0, bound=max_bytes)
         return evicted
 
 

@@ -1,4 +1,4 @@
-"""BlobCache's put: a source's bytes in, complete or absent, under the bound (a mixin).
+"""BlobCache's put: a source's bytes in, complete or absent, under the bound.
 
 The bytes go to a temp file in ``tmp/`` (a hard link of the source with
 ``consume=True``; else cloned, else copied after making room), are fsynced
@@ -23,22 +23,13 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trtet_store.cache.evict import Evictor
+from trtet_store.cache.files import CacheFiles
 from trtet_store.cache.layout import blob_name, check_key, owned_by_cache
 from trtet_store.cache.results import Hit, PutResult
-from trtet_store.io import (
-    Blob,
-    Digests,
-    copy_all,
-    digest_fd,
-    file_identity,
-    try_clone,
-    try_lock,
-)
-
-if TYPE_CHECKING:
-    from trtet_store.cache.store import BlobCache
+from trtet_store.io import Blob, Digests, Seal, copy_all, same_identity, try_clone, try_lock
 
 log = logging.getLogger("trtet_store.cache")
 
@@ -46,48 +37,16 @@ log = logging.getLogger("trtet_store.cache")
 _SKIP_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
 
 
-class Puts:
-    """:class:`~trtet_store.cache.BlobCache`'s :meth:`put` and the steps of its commit."""
+class Putter:
+    """A cache's :meth:`put` and the steps of its commit (room made by its evictor)."""
 
-    def put(self: BlobCache, key: str, source: os.PathLike | str | Blob,
+    def __init__(self, files: CacheFiles, evictor: Evictor) -> None:
+        self.files, self.evictor = files, evictor
+
+    def put(self, key: str, source: os.PathLike | str | Blob,
             metadata: Mapping[str, Any] | None = None, *, consume: bool = False,
             digests: Digests | None = None, pin: bool = False) -> PutResult:
-        """Store ``source``'s bytes under ``key``; a bound, space or permission problem is a skip.
-
-        Parameters
-        ----------
-        key : str
-            An opaque name (e.g. a hex digest): letters, digits, ``._-``.
-        source : path-like or Blob
-            A regular file. Cloned where the filesystem allows, else copied;
-            left as it was unless ``consume``.
-        metadata : mapping, optional
-            JSON-serializable; recorded with the entry, returned with hits.
-        consume : bool
-            The caller gives the file up: where it shares the cache's
-            filesystem it is hard linked in (no byte copied) and removed once
-            the entry is durable; a :class:`~trtet_store.io.Blob` is released.
-            Left as it was when the entry is skipped.
-        digests : Digests, optional
-            The source's digests, computed or checked by the caller (a
-            download checked as it arrived), with the identity of the file
-            they were taken of: trusted while the file keeps that identity
-            (checked before and after its bytes enter), so the put reads
-            nothing. A :class:`~trtet_store.io.Blob` source with digests
-            brings its own. Without them (or once the file changed), the
-            entered bytes are read and digested once.
-        pin : bool
-            Hand the stored entry back pinned, as ``result.hit`` (a
-            :class:`Hit` the caller closes), pinned under the cache-wide lock
-            of the commit: no eviction comes between the entry's commit and
-            the pin. What a caller that consumed its only copy of the bytes
-            into the cache needs to go on using them.
-
-        Returns
-        -------
-        PutResult
-            ``stored``, or skipped with ``reason`` (also logged).
-        """
+        """Store ``source``'s bytes under ``key`` (:meth:`BlobCache.put`)."""
         check_key(key)
         if not isinstance(pin, bool):
             raise TypeError(f"pin must be a bool, got {type(pin).__name__}")
@@ -105,15 +64,15 @@ class Puts:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"cache source {src} is not a regular file")
         size = st.st_size
-        if consume and owned_by_cache(self.directory, src):
+        if consume and owned_by_cache(self.files.directory, src):
             raise ValueError(f"cache source {src} is a file of the cache itself: it cannot be "
                              "consumed (put it without consume=True)")
-        if self.read_only:
-            return self._skip(key, size, f"the cache {self.directory} is on a read-only "
+        if self.files.read_only:
+            return self._skip(key, size, f"the cache {self.files.directory} is on a read-only "
                               "filesystem or not writable")
-        if size > self.max_bytes:
+        if size > self.evictor.max_bytes:
             return self._skip(key, size, f"{size} bytes is larger than the cache's bound "
-                              f"of {self.max_bytes} bytes")
+                              f"of {self.evictor.max_bytes} bytes")
         pins: list[int] = []
         try:
             try:
@@ -123,7 +82,7 @@ class Puts:
                 if exc.errno not in _SKIP_ERRNOS:
                     raise
                 return self._skip(key, size, f"{os.strerror(exc.errno)} while caching "
-                                  f"({exc.filename or self.directory})")
+                                  f"({exc.filename or self.files.directory})")
             if result.skipped:
                 log.warning("engine cache: %s not stored: %s", key, result.reason)
             elif consume:
@@ -137,11 +96,11 @@ class Puts:
             for fd in pins:
                 os.close(fd)
 
-    def _skip(self: BlobCache, key: str, size: int, reason: str) -> PutResult:
+    def _skip(self, key: str, size: int, reason: str) -> PutResult:
         log.warning("engine cache: %s not stored: %s", key, reason)
         return PutResult(key=key, stored=False, size=size, reason=reason)
 
-    def _put(self: BlobCache, key: str, src: Path, size: int, meta: dict[str, Any],
+    def _put(self, key: str, src: Path, size: int, meta: dict[str, Any],
              consume: bool, source: os.PathLike | str | Blob,
              digests: Digests | None, pins: list[int] | None) -> PutResult:
         src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
@@ -158,7 +117,7 @@ class Puts:
             evicted: list[str] = []  # to make room for a copy, before the commit
             if consume:
                 # A hard link of the source, locked first so recovery never takes it.
-                tmp = self.directory / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex}"
+                tmp = self.files.directory / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex}"
                 try:
                     fcntl.flock(src_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     os.link(src, tmp)
@@ -167,7 +126,7 @@ class Puts:
                     log.debug("cannot link %s into the cache (%s): placing a copy", src, exc)
                     tmp = None
             if placement is None:
-                tmp, fd = self._temp()
+                tmp, fd = self.files.temp()
                 placement = self._place(src_fd, fd, size, key, evicted)
                 if isinstance(placement, PutResult):
                     return placement
@@ -180,34 +139,34 @@ class Puts:
             if known is not None and self._still(known, os.fstat(src_fd), placement):
                 # The bytes that entered are the file's, which is still the one the
                 # digests were taken of: nothing is read back (issue 42).
-                digest, chunks, got = known.digest, known.chunk_digests, known.size
+                new = Seal(known.size, known.digest, known.chunk_size, tuple(known.chunk_digests))
             else:
-                digest, chunks, got = digest_fd(read_fd, self.chunk_size)
-            if got != size:
+                new = Seal.read(read_fd, self.files.chunk_size)
+            if new.size != size:
                 return PutResult(key=key, stored=False, size=size,
                                  reason=f"the source {src} changed size while it was cached "
-                                 f"({size} -> {got} bytes)")
+                                 f"({size} -> {new.size} bytes)")
             claimed = digests or (Digests(source.digest, source.size, source.chunk_size,
                                           tuple(source.chunk_digests))
                                   if isinstance(source, Blob) and source.has_digests else None)
             if claimed is not None and (
-                    claimed.digest != digest or
-                    claimed.chunks_for(self.chunk_size) not in (None, tuple(chunks))):
+                    claimed.digest != new.digest or
+                    claimed.chunks_for(self.files.chunk_size) not in (None, new.chunk_digests)):
                 # The staged blob's own seal (or the caller's check) disagrees: its file
                 # changed since. Caching it would serve bytes nobody built.
                 return PutResult(key=key, stored=False, size=size,
                                  reason=f"the {'blob' if isinstance(source, Blob) else 'file'} "
                                  f"{src} no longer holds the bytes it was sealed with")
-            with self._locked():
-                result = self._commit(key, tmp, read_fd, digest, chunks, size, meta, placement)
+            with self.files.locked():
+                result = self._commit(key, tmp, read_fd, new, meta, placement)
                 if pins is not None and result.stored:
                     if placement == "link":
                         # Our exclusive lock is on the blob's very inode: it would block the
                         # pin. Dropped under the cache-wide lock, which every eviction
                         # needs, so nothing can evict the entry before it is pinned.
                         fcntl.flock(src_fd, fcntl.LOCK_UN)
-                    pins.append(try_lock(self._blob(blob_name(digest, size)), create=False,
-                                         readonly=True, wait=True, shared=True))
+                    pins.append(try_lock(self.files.blob(blob_name(new.digest, size)),
+                                         create=False, readonly=True, wait=True, shared=True))
             if result.stored and result.placement != "dedup":
                 tmp = None  # renamed into blobs/
             if evicted:
@@ -223,7 +182,7 @@ class Puts:
                 os.close(fd)
             os.close(src_fd)
 
-    def _pinned(self: BlobCache, key: str, result: PutResult, fd: int) -> Hit:
+    def _pinned(self, key: str, result: PutResult, fd: int) -> Hit:
         """The entry ``result`` stored, as a hit on ``fd`` (its pin, taken at the commit).
 
         Its identity is the seal's as it is now (after a consume's reseal), so
@@ -234,24 +193,24 @@ class Puts:
         """
         try:
             name = blob_name(result.digest, result.size)
-            seal = self._read_seal(name)
+            seal = self.files.read_seal(name)
             entry = None
             with contextlib.suppress(ValueError):
-                entry = self._read_entry(key)
+                entry = self.files.read_entry(key)
             sealed = seal is not None and entry is not None and entry.blob == name
-            return Hit(key=key, path=self._blob(name), fd=fd, size=result.size,
+            return Hit(key=key, path=self.files.blob(name), fd=fd, size=result.size,
                        digest=result.digest,
-                       chunk_size=int(seal["chunk_size"]) if sealed else self.chunk_size,
-                       chunk_digests=seal["chunk_digests"] if sealed else (),
+                       chunk_size=seal.chunk_size if sealed else self.files.chunk_size,
+                       chunk_digests=seal.chunk_digests if sealed else (),
                        metadata=entry.metadata if entry is not None else {},
                        created=entry.created if entry is not None else time.time(),
                        hits=entry.hits if entry is not None else 0, resealed=False,
-                       identity=seal["identity"] if sealed else ())
+                       identity=seal.identity if sealed else ())
         except BaseException:
             os.close(fd)
             raise
 
-    def _known(self: BlobCache, source: os.PathLike | str | Blob, digests: Digests | None,
+    def _known(self, source: os.PathLike | str | Blob, digests: Digests | None,
                st: os.stat_result) -> Digests | None:
         """The digests a put may take instead of reading: given, or a sealed Blob's.
 
@@ -262,9 +221,9 @@ class Puts:
             digests = Digests(source.digest, source.size, source.chunk_size,
                               tuple(source.chunk_digests), tuple(source.identity))
         if digests is None or digests.identity is None or \
-                digests.chunks_for(self.chunk_size) is None:
+                digests.chunks_for(self.files.chunk_size) is None:
             return None
-        if file_identity(st) != tuple(digests.identity) or digests.size != st.st_size:
+        if not same_identity(digests.identity, st) or digests.size != st.st_size:
             log.debug("cache put: %s changed since its digests were taken; digesting it", st)
             return None
         return digests
@@ -275,102 +234,68 @@ class Puts:
 
         A hard link changes the inode's ctime and nothing else.
         """
-        n = 4 if placement == "link" else 5
-        return file_identity(st)[:n] == tuple(known.identity or ())[:n]
+        return same_identity(known.identity, st, relink=placement == "link")
 
-    def _place(self: BlobCache, src_fd: int, fd: int, size: int, key: str,
+    def _place(self, src_fd: int, fd: int, size: int, key: str,
                evicted: list[str]) -> str | PutResult:
         """Clone the source into the temp file, else copy it (after making room for it)."""
         if try_clone(src_fd, fd, size):
             return "clone"
-        with self._locked():
-            why, evicted[:] = self._make_room(size, size, exclude=key)
+        with self.files.locked():
+            why, evicted[:] = self.evictor.make_room(size, size, exclude=key)
         if why:
             return PutResult(key=key, stored=False, size=size, reason=why,
                              evicted=tuple(evicted))
         copy_all(src_fd, fd, size)
         return "copy"
 
-    def _commit(self: BlobCache, key: str, tmp: Path, fd: int, digest: str, chunks: tuple[int, ...],
-                size: int, meta: dict[str, Any], placement: str) -> PutResult:
+    def _commit(self, key: str, tmp: Path, fd: int, new: Seal, meta: dict[str, Any],
+                placement: str) -> PutResult:
         """Under the lock: make room, rename the blob in, seal it, write the record."""
+        size, digest = new.size, new.digest
         name = blob_name(digest, size)
         old = None
         with contextlib.suppress(ValueError):
-            old = self._read_entry(key)
-        dedup = self._intact(name)
+            old = self.files.read_entry(key)
+        dedup = self.files.intact(name)
         if old is not None and old.blob == name and dedup:
             return PutResult(key=key, stored=True, size=size, placement="dedup", digest=digest,
                              reason="the same bytes were already cached under this key")
-        why, evicted = self._make_room(0 if dedup else size, 0, exclude=key, keep_blob=name)
+        why, evicted = self.evictor.make_room(0 if dedup else size, 0, exclude=key, keep_blob=name)
         if why:
             return PutResult(key=key, stored=False, size=size, reason=why,
                              evicted=tuple(evicted))
         if dedup:
             placement = "dedup"
         else:
-            os.rename(tmp, self._blob(name))
-            seal = {"size": size, "digest": digest, "chunk_size": self.chunk_size,
-                    "chunk_digests": list(chunks), "identity": list(file_identity(os.fstat(fd)))}
+            os.rename(tmp, self.files.blob(name))
             # write_atomic fsyncs blobs/ after the seal's rename: the blob's own entry,
             # renamed in before it, is durable with it, before the record names it.
-            self._write_json(self._seal(name), seal)
+            self.files.write_seal(name, new.renewed(os.fstat(fd)))
         now = time.time()
         # The use stamp first: the record's write_atomic then fsyncs keys/ for both
         # (a kill between them leaves a .use no record names, which recovery removes).
-        use = os.open(self._use(key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        use = os.open(self.files.use(key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
                       | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         try:
             stamp = int(now * 1e9)
             os.utime(use, ns=(stamp, stamp))
         finally:
             os.close(use)
-        self._write_json(self._record(key), {"key": key, "blob": name, "size": size,
-                                             "created": now, "metadata": meta})
-        self._summary.put(key, name, size, stamp)  # after the record: a kill between rebuilds
+        self.files.write_json(self.files.record(key), {"key": key, "blob": name, "size": size,
+                                                       "created": now, "metadata": meta})
+        self.files.summary.put(key, name, size, stamp)  # after the record: a kill: rebuilt
         if old is not None and old.blob != name:
-            self._remove_blob_if_unreferenced(old.blob)
+            self.evictor.remove_blob_if_unreferenced(old.blob)
         return PutResult(key=key, stored=True, size=size, placement=placement,
                          evicted=tuple(evicted), digest=digest)
 
-    def _intact(self: BlobCache, name: str) -> bool:
-        """Whether blob ``name`` is there and still as sealed (one ``stat``), to share it.
-
-        A blob whose identity changed is not shared: the new bytes replace it
-        (same name, same digest), so a damaged file is repaired, never reused.
-        """
-        seal = self._read_seal(name)
-        try:
-            st = os.stat(self._blob(name))
-        except FileNotFoundError:
-            return False
-        return seal is not None and file_identity(st) == tuple(seal["identity"])
-
-    def _consume(self: BlobCache, source: os.PathLike | str | Blob, src: Path, name: str) -> None:
+    def _consume(self, source: os.PathLike | str | Blob, src: Path, name: str) -> None:
         """The entry is durable: release the caller's file (a hard link of it may be the blob)."""
         if isinstance(source, Blob):
             source.mark_consumed()
         else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(src)
-        # Removing a link changed the blob's ctime: seal it again (a kill before
-        # this costs the next hit one re-digest, never a wrong answer). Only the
-        # ctime may differ; any other change is left for a hit to re-digest.
-        with self._locked():
-            seal = self._read_seal(name)
-            with contextlib.suppress(OSError):
-                now = file_identity(os.stat(self._blob(name)))
-                if seal is not None and tuple(seal["identity"])[:4] == now[:4] and \
-                        tuple(seal["identity"]) != now:
-                    self._write_json(self._seal(name),
-                                     dict(seal, identity=list(now),
-                                          chunk_digests=list(seal["chunk_digests"])))
-
-    def _temp(self: BlobCache) -> tuple[Path, int]:
-        """A new temp file in ``tmp/``, flocked by us (recovery leaves it alone while we live)."""
-        path = self.directory / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex}"
-        fd = try_lock(path, create=True)
-        if fd is None:  # a fresh uuid name: nobody else can hold it
-            raise OSError(errno.EBUSY, "temp file locked by another process", os.fspath(path))
-        os.fchmod(fd, 0o600)
-        return path, fd
+            self.files.unlink(src)
+        # Removing a link changed the blob's ctime: seal it again.
+        with self.files.locked():
+            self.files.relinked(name)

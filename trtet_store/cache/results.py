@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtet_store.io import Digests, ExternalFile, file_identity
+from trtet_store.io import Digests, ExternalFile, same_identity
 
 
 class CacheWaitTimeout(TimeoutError):
@@ -84,7 +84,7 @@ class Hit:
         after reading them (a write, truncate or replacement in between
         changes the identity).
         """
-        return bool(self.identity) and file_identity(os.fstat(self.fileno())) == self.identity
+        return same_identity(self.identity, os.fstat(self.fileno()))
 
     def digests(self) -> Digests:
         """The sealed digests of the hit's bytes, checked by the hit (identity, or a re-read)."""

@@ -29,52 +29,37 @@ Why each piece is shaped as it is:
   identity (one ``stat``); a changed identity costs a full re-digest, and
   bytes that differ are dropped, logged and never served.
 
-The put path is in :mod:`.put`; eviction and prune in :mod:`.evict`; verify,
-recover and clear in :mod:`.check` (mixins of :class:`BlobCache`).
+:class:`BlobCache` composes its parts, each holding the directory's files
+(:mod:`.files`) and none another's insides: the put path (:mod:`.put`),
+eviction and prune (:mod:`.evict`), verify and recover (:mod:`.check`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
-import json
-import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cache.check import Checks
+from trtet_store.cache.check import Checker
 from trtet_store.cache.directory import open_cache_directory
-from trtet_store.cache.downloads import DownloadSweep
-from trtet_store.cache.evict import Eviction
-from trtet_store.cache.layout import (
-    check_key,
-    default_directory,
-    is_blob_name,
-    refuse_foreign,
-)
-from trtet_store.cache.put import Puts
+from trtet_store.cache.evict import Evictor
+from trtet_store.cache.files import CacheFiles
+from trtet_store.cache.layout import check_key, default_directory, refuse_foreign
+from trtet_store.cache.put import Putter
 from trtet_store.cache.results import (
+    CacheStats,
     CacheWaitTimeout,
+    EntryInfo,
     Hit,
     PutResult,
+    VerifyReport,
 )
-from trtet_store.cache.summary import Summary
-from trtet_store.io import (
-    Blob,
-    Digests,
-    MiB,
-    UnsafeLockFileError,
-    file_identity,
-    try_lock,
-    unlock_file,
-    write_atomic,
-)
-
-log = logging.getLogger("trtet_store.cache")
+from trtet_store.io import Blob, Digests, MiB, UnsafeLockFileError, try_lock, unlock_file
 
 DEFAULT_CHUNK_SIZE = MiB
 
@@ -94,19 +79,6 @@ def check_verify(verify: object) -> str:
                          f"it was sealed with: no byte read) or 'full' (re-read and re-digest "
                          f"every hit), got {verify!r}")
     return verify
-
-
-@dataclass
-class _Entry:
-    """A key record as read from disk (under the lock or not)."""
-
-    key: str
-    blob: str
-    size: int
-    created: float
-    metadata: dict[str, Any]
-    last_use_ns: int
-    hits: int
 
 
 class Claim:
@@ -129,7 +101,13 @@ class Claim:
         return self.cache.put(self.key, source, metadata, consume=consume, digests=digests)
 
 
-class BlobCache(Puts, Eviction, Checks):
+def _part(part: str, name: str) -> property:
+    """An attribute of one of the cache's parts, read and set through the cache."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value))
+
+
+class BlobCache:
     """A bounded directory of blobs keyed by opaque strings, safe across processes.
 
     Parameters
@@ -164,7 +142,14 @@ class BlobCache(Puts, Eviction, Checks):
     Opening the cache to write runs :meth:`recover` (temp files of dead
     writers, records whose blob is gone, blobs no record references). On a
     read-only filesystem the cache opens as with ``read_only=True``.
+    ``dropped`` maps a key to why :meth:`get` dropped its entry (damaged);
+    ``swept`` is the last clear, prune or recover's sweep of partial downloads.
     """
+
+    directory, chunk_size, read_only = (_part("files", n) for n in (
+        "directory", "chunk_size", "read_only"))
+    max_bytes, min_free, dropped, swept = (_part("evictor", n) for n in (
+        "max_bytes", "min_free", "dropped", "swept"))
 
     def __init__(self, directory: os.PathLike | str | None = None, *, max_bytes: int,
                  min_free: int = 0, chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -178,130 +163,37 @@ class BlobCache(Puts, Eviction, Checks):
                     f"{name} must be {'positive' if low else 'zero or more'} bytes, got {value}"
                     + ("; a cache of 0 bytes can hold nothing: to disable caching, pass no "
                        "cache" if name == "max_bytes" else ""))
-        self.max_bytes = max_bytes
-        self.min_free = min_free
-        self.chunk_size = chunk_size
-        #: key -> why get() dropped its entry (damaged): what a rebuild's report says.
-        self.dropped: dict[str, str] = {}
-        self.directory = (default_directory() if directory is None
-                          else Path(directory)).absolute()
+        directory = (default_directory() if directory is None else Path(directory)).absolute()
         try:
             # A link, another user's directory or one that is not a cache is refused here,
             # before anything in it is read, created or removed (cache/directory.py).
-            writable = open_cache_directory(self.directory, create=not read_only)
+            writable = open_cache_directory(directory, create=not read_only)
         except (PermissionError, FileNotFoundError, NotADirectoryError):
             raise
         except OSError as exc:
             if exc.errno not in (errno.EROFS, errno.EACCES):
                 raise
-            raise OSError(exc.errno, f"cannot create the engine cache {self.directory}: "
+            raise OSError(exc.errno, f"cannot create the engine cache {directory}: "
                           f"{os.strerror(exc.errno)}; pass a writable directory=",
-                          os.fspath(self.directory)) from None
-        self.read_only = not writable
+                          os.fspath(directory)) from None
+        #: The parts: the directory's files, and what puts, evicts and checks them.
+        self.files = CacheFiles(directory, chunk_size=chunk_size, read_only=not writable)
+        self.evictor = Evictor(self.files, max_bytes=max_bytes, min_free=min_free)
+        self.putter = Putter(self.files, self.evictor)
+        self.checker = Checker(self.files, self.evictor)
         # Recovery removes what it does not recognise: only on a write open (never on a
         # read-only one such as `trtet-store cache list`), in a directory checked above.
-        #: The last clear, prune or recover's sweep of partial downloads (cache/downloads.py).
-        self.swept = DownloadSweep()
-        #: The used bytes and last-use order the bound needs (cache/summary.py).
-        self._summary = Summary(self.directory, lambda: (
-            (e.key, e.blob, e.size, e.last_use_ns) for e in self._scan()))
         # Not the partial downloads here: the next remote hit of their key resumes them.
         self.recovered: list[Path] = [] if self.read_only else self.recover(downloads=False)
 
-    # -- paths ----------------------------------------------------------------
-
-    def _record(self, key: str) -> Path:
-        return self.directory / "keys" / f"{key}.json"
-
-    def _use(self, key: str) -> Path:
-        return self.directory / "keys" / f"{key}.use"
-
-    def _blob(self, name: str) -> Path:
-        return self.directory / "blobs" / name
-
-    def _seal(self, name: str) -> Path:
-        return self.directory / "blobs" / f"{name}.json"
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The cache-wide lock: commits, evictions, drops and recovery run under it."""
-        fd = try_lock(self.directory / "lock", create=True, wait=True)
-        self._summary.begin()  # others may have changed the records since we last held it
-        try:
-            yield
-        finally:
-            os.close(fd)
-
-    def _write_json(self, path: Path, data: Mapping[str, Any]) -> None:
-        """Write ``path`` complete or not at all (io's :func:`~trtet_store.io.write_atomic`).
-
-        Its temp file is made in ``tmp/``, where recovery removes what a kill
-        left; every caller holds the cache-wide lock, so no recovery runs meanwhile.
-        """
-        write_atomic(path, json.dumps(data, sort_keys=True).encode(),
-                     temp_dir=self.directory / "tmp")
-
-    # -- reading records --------------------------------------------------------
-
-    def _read_entry(self, key: str) -> _Entry | None:
-        """The key's record, or None when it is missing; ValueError when it is unreadable."""
-        path = self._record(key)
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                refuse_foreign(path, st, "record")
-                raw = json.loads(f.read())
-        except FileNotFoundError:
-            return None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"unreadable record {path}: {exc}") from None
-        try:
-            if raw["key"] != key or not is_blob_name(raw["blob"]):
-                raise ValueError(f"record {path} names key {raw['key']!r} blob {raw['blob']!r}")
-            entry = _Entry(key=key, blob=raw["blob"], size=int(raw["size"]),
-                           created=float(raw["created"]), metadata=dict(raw["metadata"]),
-                           last_use_ns=int(raw["created"] * 1e9), hits=0)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"unreadable record {path}: {exc}") from None
-        try:
-            ust = os.stat(self._use(key))
-        except FileNotFoundError:
-            pass
-        else:
-            entry.last_use_ns, entry.hits = ust.st_mtime_ns, ust.st_size
-        return entry
-
-    def _read_seal(self, name: str) -> dict[str, Any] | None:
-        path = self._seal(name)
-        try:
-            with open(path, "rb") as f:
-                refuse_foreign(path, os.fstat(f.fileno()), "seal")
-                seal = json.loads(f.read())
-            seal["identity"] = tuple(seal["identity"])
-            seal["chunk_digests"] = tuple(seal["chunk_digests"])
-            int(seal["size"]), str(seal["digest"]), int(seal["chunk_size"])
-        except FileNotFoundError:
-            return None
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
-            return None
-        return seal
-
-    def _scan(self) -> list[_Entry]:
-        """Every readable record (unreadable ones are left to :meth:`recover`)."""
-        out = []
-        try:
-            names = os.listdir(self.directory / "keys")
-        except FileNotFoundError:  # a read-only open of an empty (adoptable) directory
-            return out
-        for name in sorted(names):
-            if not name.endswith(".json"):
-                continue
-            key = name[:-5]
-            with contextlib.suppress(ValueError):
-                entry = self._read_entry(key)
-                if entry is not None:
-                    out.append(entry)
-        return out
+    def __copy__(self) -> BlobCache:
+        """A view of the same files with its own bounds (a put's raised floor, export's)."""
+        view = object.__new__(BlobCache)
+        view.__dict__.update(self.__dict__)
+        view.evictor = copy.copy(self.evictor)
+        view.putter = Putter(view.files, view.evictor)
+        view.checker = Checker(view.files, view.evictor)
+        return view
 
     # -- get --------------------------------------------------------------------
 
@@ -322,33 +214,33 @@ class BlobCache(Puts, Eviction, Checks):
         check_key(key)
         check_verify(verify)
         try:
-            entry = self._read_entry(key)
+            entry = self.files.read_entry(key)
         except ValueError as exc:
-            self._drop_key(key, str(exc))
+            self.evictor.drop_key(key, str(exc))
             return None
         if entry is None:
             return None
-        seal = self._read_seal(entry.blob)
-        if seal is None or int(seal["size"]) != entry.size:
-            self._drop_key(key, f"its blob {entry.blob} has no valid seal", entry.blob)
+        seal = self.files.read_seal(entry.blob)
+        if seal is None or seal.size != entry.size:
+            self.evictor.drop_key(key, f"its blob {entry.blob} has no valid seal", entry.blob)
             return None
-        path = self._blob(entry.blob)
+        path = self.files.blob(entry.blob)
         try:
             # The pin. Blocking: an eviction holds the exclusive lock only to unlink.
             fd = try_lock(path, create=False, readonly=True, wait=True, shared=True)
         except FileNotFoundError:
             if not os.path.lexists(path):
-                self._drop_key(key, f"its blob {path} is gone", entry.blob)
+                self.evictor.drop_key(key, f"its blob {path} is gone", entry.blob)
             return None  # else replaced while we waited (a put repaired it): a miss
         except UnsafeLockFileError:  # a link or a special file, never followed or opened
-            self._drop_key(key, "the blob is not a regular file", entry.blob)
+            self.evictor.drop_key(key, "the blob is not a regular file", entry.blob)
             return None
         try:
             st = os.fstat(fd)
             refuse_foreign(path, st, "blob")
             # Still the entry? An eviction may have removed it before we locked.
             try:
-                again = self._read_entry(key)
+                again = self.files.read_entry(key)
                 same = again is not None and again.blob == entry.blob and \
                     os.path.samestat(os.stat(path), st)
             except (FileNotFoundError, ValueError):
@@ -356,28 +248,24 @@ class BlobCache(Puts, Eviction, Checks):
             if not same:
                 os.close(fd)
                 return None
-            resealed = verified = False
-            problem = self._check_blob(fd, st, seal)
-            if problem == "identity" or (problem is None and verify == "full"):
-                changed, verified = problem == "identity", True
-                problem = self._redigest(fd, seal)
-                if problem is None and changed:
-                    resealed = True
-                    self._reseal(entry.blob, seal, st)
+            problem, renewed = seal.check(fd, st, full=verify == "full")
+            if resealed := renewed not in (None, seal):
+                self.files.reseal(entry.blob, renewed)
             if problem is not None:
                 os.close(fd)
                 self.dropped[key] = problem
-                self._drop_blob(entry.blob, f"entry {key!r}: {problem}", st)
+                self.evictor.drop_blob(entry.blob, f"entry {key!r}: {problem}", st)
                 return None
         except BaseException:
             with contextlib.suppress(OSError):
                 os.close(fd)
             raise
-        self._stamp(key)
-        return Hit(key=key, path=path, fd=fd, size=entry.size, digest=seal["digest"],
-                   chunk_size=int(seal["chunk_size"]), chunk_digests=seal["chunk_digests"],
+        self.files.stamp(key)
+        seal = renewed or seal
+        return Hit(key=key, path=path, fd=fd, size=entry.size, digest=seal.digest,
+                   chunk_size=seal.chunk_size, chunk_digests=seal.chunk_digests,
                    metadata=entry.metadata, created=entry.created, hits=entry.hits,
-                   resealed=resealed, identity=file_identity(st), verified=verified)
+                   resealed=resealed, identity=seal.identity, verified=renewed is not None)
 
     def touch(self, key: str) -> bool:
         """Make ``key``'s entry the most recently used (its use stamp to now), counting no hit.
@@ -386,39 +274,103 @@ class BlobCache(Puts, Eviction, Checks):
         entry, touched with each use of its builds: eviction takes them first).
         Returns whether the entry had a use stamp to set (no entry: nothing made).
         """
-        if self.read_only:
-            return False
-        try:
-            fd = os.open(self._use(key), os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
-                         | os.O_NONBLOCK)
-        except OSError:
-            return False
-        try:
-            now = time.time_ns()
-            os.utime(fd, ns=(now, now))
-        except OSError as exc:  # costs LRU precision, never a hit
-            log.debug("could not touch %s: %s", key, exc)
-            return False
-        finally:
-            os.close(fd)
-        return True
+        return self.files.stamp(key, hit=False)
 
-    def _stamp(self, key: str) -> None:
-        """Record a use on disk: one byte appended (hits) and the mtime set to now (LRU)."""
-        if self.read_only:
-            return
-        path = self._use(key)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-                         | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
-            try:
-                os.write(fd, b"h")
-                now = time.time_ns()
-                os.utime(fd, ns=(now, now))
-            finally:
-                os.close(fd)
-        except OSError as exc:  # a use not recorded costs LRU precision, never a hit
-            log.debug("could not stamp the use of %s: %s", key, exc)
+    def put(self, key: str, source: os.PathLike | str | Blob,
+            metadata: Mapping[str, Any] | None = None, *, consume: bool = False,
+            digests: Digests | None = None, pin: bool = False) -> PutResult:
+        """Store ``source``'s bytes under ``key``; a bound, space or permission problem is a skip.
+
+        Parameters
+        ----------
+        key : str
+            An opaque name (e.g. a hex digest): letters, digits, ``._-``.
+        source : path-like or Blob
+            A regular file. Cloned where the filesystem allows, else copied;
+            left as it was unless ``consume``.
+        metadata : mapping, optional
+            JSON-serializable; recorded with the entry, returned with hits.
+        consume : bool
+            The caller gives the file up: where it shares the cache's
+            filesystem it is hard linked in (no byte copied) and removed once
+            the entry is durable; a :class:`~trtet_store.io.Blob` is released.
+            Left as it was when the entry is skipped.
+        digests : Digests, optional
+            The source's digests, computed or checked by the caller (a
+            download checked as it arrived), with the identity of the file
+            they were taken of: trusted while the file keeps that identity
+            (checked before and after its bytes enter), so the put reads
+            nothing. A :class:`~trtet_store.io.Blob` source with digests
+            brings its own. Without them (or once the file changed), the
+            entered bytes are read and digested once.
+        pin : bool
+            Hand the stored entry back pinned, as ``result.hit`` (a
+            :class:`Hit` the caller closes), pinned under the cache-wide lock
+            of the commit: no eviction comes between the entry's commit and
+            the pin. What a caller that consumed its only copy of the bytes
+            into the cache needs to go on using them.
+
+        Returns
+        -------
+        PutResult
+            ``stored``, or skipped with ``reason`` (also logged).
+        """
+        return self.putter.put(key, source, metadata, consume=consume, digests=digests, pin=pin)
+
+    def drop(self, key: str, reason: str) -> bool:
+        """Remove ``key``'s entry (its blob too when no other key names it), saying ``reason``.
+
+        For an entry that is whole but no longer wanted (a refit's structure entry
+        whose refit failed). Unlike a damaged entry's drop, the next :meth:`get`
+        is a plain miss. Returns whether there was an entry to drop.
+        """
+        return self.evictor.drop(key, reason)
+
+    def prune(self, max_bytes: int | None = None) -> list[str]:
+        """Evict least recently used entries down to ``max_bytes`` (default: the bound).
+
+        Also down to where the filesystem keeps ``min_free``.
+
+        Returns the evicted keys. Entries in use are kept (the result may
+        then exceed ``max_bytes``; :meth:`stats` tells). Partial downloads
+        no live download holds go too (:mod:`.downloads`; what went and
+        what was kept is in :attr:`swept`).
+        """
+        return self.evictor.prune(max_bytes)
+
+    def clear(self) -> list[str]:
+        """Remove every entry not in use, and every partial download no download holds.
+
+        Returns the removed keys (the downloads removed and kept: :attr:`swept`).
+        """
+        return self.prune(0)
+
+    def verify(self) -> VerifyReport:
+        """Re-digest every entry in full; drop (and log) each whose bytes are not as sealed."""
+        return self.checker.verify()
+
+    def recover(self, *, downloads: bool = True) -> list[Path]:
+        """Clean what interrupted inserts and evictions left; returns the removed paths.
+
+        Temp files of dead writers (their flock is free), records that are
+        unreadable or whose blob or seal is gone, use stamps without a
+        record, seals without a blob, blobs without a seal or without any
+        record, and free single-flight lock files; with ``downloads``, each
+        partial download in ``downloads/`` no live download holds (its
+        directory is in the result; what was kept is in :attr:`swept`).
+        Runs when the cache opens, without ``downloads``: a cut remote hit
+        keeps its partial download for the next hit of the key to resume.
+        Any file owned by another user is refused (PermissionError), never
+        removed.
+        """
+        return self.checker.recover(downloads=downloads)
+
+    def entries(self) -> list[EntryInfo]:
+        """Every entry, most recently used first (reads records only; no bytes)."""
+        return self.checker.entries()
+
+    def stats(self) -> CacheStats:
+        return self.checker.stats()
 
     # -- single flight ------------------------------------------------------------
 

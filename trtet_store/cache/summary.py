@@ -73,7 +73,7 @@ class _Untrusted(Exception):
 
 
 class Summary:
-    """What :meth:`~trtet_store.cache.BlobCache._make_room` needs, without reading every record.
+    """What :meth:`~trtet_store.cache.evict.Evictor.make_room` needs, without reading every record.
 
     Every method runs under the cache-wide lock. :meth:`begin` is called when
     the lock is taken; the first query after it checks the file and the

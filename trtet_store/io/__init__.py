@@ -62,6 +62,7 @@ from trtet_store.io.safedir import (
     staging_directory,
     write_atomic,
 )
+from trtet_store.io.seal import Seal, same_identity
 from trtet_store.io.units import GiB, MiB, format_mib
 from trtet_store.io.versioned import (
     VersionedWrite,
@@ -128,6 +129,8 @@ __all__ = [
     "RecordFile",
     "NotOursError",
     "SafeDir",
+    "Seal",
+    "same_identity",
     "UnsafeDirectoryError",
     "UnsafeLockFileError",
     "check_staging_directory",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trtet_store.io import names
 from trtet_store.io.digests import digest_file, file_identity
 from trtet_store.io.errors import BlobChangedError, BlobInUseError
+from trtet_store.io.seal import same_identity
 
 if TYPE_CHECKING:
     from trtet_store.io.blobstore import BlobStore
@@ -202,8 +203,7 @@ class Blob:
             except FileNotFoundError:
                 raise BlobChangedError(self.path, "the file is gone") from None
         now = file_identity(st)
-        n = 5 if ctime else 4
-        if now[:n] != tuple(self.identity[:n]):
+        if not same_identity(self.identity, now, relink=not ctime):
             names = ("device", "inode", "size", "mtime", "ctime")
             what = ", ".join(f"{k} {a} -> {b}" for k, a, b in zip(names, self.identity, now,
                                                                   strict=True)

@@ -41,6 +41,7 @@ from trtet_store.io.digests import DEFAULT_CHUNK_SIZE, Digester, Digests, file_i
 from trtet_store.io.lock import try_lock, unlock_file
 from trtet_store.io.orphans import Orphan, collect_stale, list_orphans
 from trtet_store.io.safedir import SafeDir
+from trtet_store.io.seal import same_identity
 from trtet_store.io.sidecar import read_meta, write_meta
 from trtet_store.io.units import format_mib
 
@@ -442,7 +443,7 @@ class BlobStore:
         sealed = meta.get("identity")
         # Trust recorded digests only for the very file they were taken of,
         # unchanged since (ctime excluded: the store's own rename updated it).
-        if sealed and tuple(sealed[:4]) == file_identity(st)[:4] and meta.get("chunk_digests"):
+        if sealed and same_identity(sealed, st, relink=True) and meta.get("chunk_digests"):
             digest, chunks = meta.get("digest"), tuple(meta["chunk_digests"])
             chunk_size = meta.get("chunk_size", chunk_size)
         dest = self._next_path()

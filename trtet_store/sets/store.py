@@ -107,6 +107,7 @@ from trtet_store.io import (
     digest_file,
     file_identity,
     read_ours,
+    same_identity,
     staging_directory,
     try_lock,
     unlock_file,
@@ -177,7 +178,7 @@ class ContentStore:
         st = os.lstat(self.path(digest))
         if relink:
             sealed = self._sealed_identity(digest)
-            if sealed is None or sealed[:4] != list(file_identity(st)[:4]):
+            if not same_identity(sealed, st, relink=True):
                 return
         doc = {"xxh3": digest, "size": st.st_size, "identity": list(file_identity(st))}
         if sha256 is not None:  # taken as the bytes arrived (a signed set's check: .signed)

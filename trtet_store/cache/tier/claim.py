@@ -11,18 +11,19 @@ answer's ContentLength before its body is read): a larger one is not read,
 said once, and judged as a damaged lease. With trusted keys on the tier,
 only a lease signed by one of them holds a waiter (:func:`.lease.lease_refusal`):
 any other is said once at WARNING and taken over at once. Time is the
-tier's :attr:`RemoteTier.clock`.
+tier's :attr:`RemoteTier.clock`. It takes the tier's :class:`.bucket.TierBucket` and
+its ``lookup``, never the tier.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trtet_store.cache.tier.bucket import TierBucket
 from trtet_store.cache.tier.entry import RemoteEntry, check_key
 from trtet_store.cache.tier.lease import (
-    SYSTEM_CLOCK,
     Lease,
     LeaseWaitTimeout,
     LeaseWatch,
@@ -33,18 +34,17 @@ from trtet_store.cache.tier.lease import (
     put,
 )
 from trtet_store.cache.tier.probe import require_conditional_writes
+from trtet_store.remote.errors import RemoteError
 from trtet_store.remote.jsondoc import LEASE_MAX_BYTES
 from trtet_store.remote.s3 import PreconditionFailed
-
-if TYPE_CHECKING:
-    from trtet_store.cache.tier.store import RemoteTier
 
 __all__ = ["claim"]
 
 log = logging.getLogger("trtet_store.cache.tier")  # the tier's one logger (store.py's)
 
 
-def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
+def claim(tier: TierBucket, lookup: Callable[[str], RemoteEntry | None], key: str, *,
+          timeout: float | None = None,
           on_wait: Callable[[dict[str, Any]], None] | None = None) -> Lease | RemoteEntry:
     """:meth:`RemoteTier.claim` (see there)."""
     check_key(key)
@@ -53,9 +53,9 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
                                 or not timeout >= 0):
         raise ValueError(f"timeout must be a number of seconds >= 0 or None, not "
                          f"{timeout!r}")
-    clock = getattr(tier, "clock", None) or SYSTEM_CLOCK
+    clock = tier.clock
     deadline = None if timeout is None else clock.monotonic() + timeout
-    lkey = tier._lease(key)
+    lkey = tier.lease_key(key)
     holder = new_holder()
     trusted = tier.trusted_keys
     watch = LeaseWatch(f"{tier.url}: {key}", tier.lease_ttl, deadline, clock)
@@ -65,7 +65,7 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
                           bucket=tier.bucket, object_key=lkey)
 
     while True:
-        entry = tier.lookup(key)
+        entry = lookup(key)
         if entry is not None:
             return entry
         got = tier.s3.get_dated(tier.bucket, lkey, LEASE_MAX_BYTES)
@@ -76,7 +76,7 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
                 etag = put(tier.s3, tier.bucket, lkey, body(), if_none_match=True)
             except PreconditionFailed:
                 continue  # another claimer got there first: look again
-            return tier._acquired(key, lkey, holder, etag, started)
+            return _acquired(tier, lookup, key, lkey, holder, etag, started)
         if got.data is None:
             watch.oversized(got.size, LEASE_MAX_BYTES)
         parsed = parse_lease(got.data)
@@ -108,10 +108,27 @@ def claim(tier: RemoteTier, key: str, *, timeout: float | None = None,
                 log.warning("%s: %s: took over the build lease of %s (pid %s), unchanged for "
                             "%.1f s (its ttl %.1f s)", tier.url, key, doc.get("host"),
                             doc.get("pid"), unchanged, ttl)
-            return tier._acquired(key, lkey, holder, new, started)
+            return _acquired(tier, lookup, key, lkey, holder, new, started)
         if on_wait is not None:
             on_wait(doc)
         clock.sleep(_pause(tier.poll, deadline, clock, timeout, key, tier.url, doc))
+
+
+def _acquired(tier: TierBucket, lookup: Callable[[str], RemoteEntry | None], key: str,
+              lkey: str, holder: str, etag: str, started: float) -> Lease | RemoteEntry:
+    lease = Lease(tier.s3, tier.bucket, lkey, key, holder, etag, started, tier.lease_ttl,
+                  signing_key=tier.signing_key)
+    # The previous holder may have published and released between our look at the
+    # pointer and our put: then the entry is the answer, not a second build.
+    try:
+        entry = lookup(key)
+    except RemoteError:
+        lease.release()
+        raise
+    if entry is not None:
+        lease.release()
+        return entry
+    return lease
 
 
 def _pause(poll: float, deadline: float | None, clock: Any, timeout: float | None, key: str,

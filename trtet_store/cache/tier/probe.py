@@ -32,8 +32,8 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from typing import TYPE_CHECKING
 
+from trtet_store.cache.tier.bucket import TierBucket
 from trtet_store.cache.tier.lease import put
 from trtet_store.remote.errors import (
     AccessDeniedError,
@@ -43,9 +43,6 @@ from trtet_store.remote.errors import (
     RemoteError,
 )
 from trtet_store.remote.s3 import S3, PreconditionFailed, Transient
-
-if TYPE_CHECKING:
-    from trtet_store.cache.tier.store import RemoteTier
 
 __all__ = ["PROBE_DIR", "forget", "probe", "require_conditional_writes"]
 
@@ -64,7 +61,7 @@ _guard = threading.Lock()
 _NOT_A_VERDICT = (Transient, AccessDeniedError, BucketNotFoundError)
 
 
-def require_conditional_writes(tier: RemoteTier) -> None:
+def require_conditional_writes(tier: TierBucket) -> None:
     """Return if ``tier``'s server honours conditional writes (probed once per endpoint, bucket).
 
     Raises

@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from trtet_store.cache.tier.entry import check_key
+from trtet_store.cache.tier.bucket import TierBucket
+from trtet_store.cache.tier.entry import RemoteEntry, check_key
 from trtet_store.cache.tier.lease import LEASE_SUFFIX, prunable
 from trtet_store.remote.errors import ObjectChangedError
 from trtet_store.remote.jsondoc import LEASE_MAX_BYTES
 from trtet_store.remote.s3 import PreconditionFailed
 
-if TYPE_CHECKING:
-    from trtet_store.cache.tier.store import RemoteTier
-
 __all__ = ["prune"]
 
 
-def prune(tier: RemoteTier, older_than: float, *, dry_run: bool = False) -> list[str]:
-    """:meth:`RemoteTier.prune` (see there)."""
+def prune(tier: TierBucket, older_than: float, *, dry_run: bool = False,
+          entries: Callable[[], list[RemoteEntry]], delete: Callable[[RemoteEntry], None],
+          lookup: Callable[[str], RemoteEntry | None]) -> list[str]:
+    """:meth:`RemoteTier.prune` (see there): its entries, as ``entries``, ``delete`` and
+    ``lookup`` tell them, and what ``tier`` lists."""
     if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
             or not older_than >= 0:
         raise ValueError(f"older_than must be a number of seconds >= 0, not {older_than!r}")
@@ -32,11 +33,11 @@ def prune(tier: RemoteTier, older_than: float, *, dry_run: bool = False) -> list
     cutoff = now - older_than
     removed: list[str] = []
     kept_attempts: set[str] = set()
-    for entry in tier.entries():
+    for entry in entries():
         if entry.created < cutoff:
             if not dry_run:
                 try:
-                    tier.delete(entry)
+                    delete(entry)
                 except ObjectChangedError:
                     kept_attempts.add(entry.attempt)  # replaced meanwhile: not ours
                     continue
@@ -75,11 +76,11 @@ def prune(tier: RemoteTier, older_than: float, *, dry_run: bool = False) -> list
         with contextlib.suppress(ValueError):
             check_key(key)
             # Looked at once more: a pointer written since our listing keeps it.
-            current = tier.lookup(key)
+            current = lookup(key)
             if current is not None and current.attempt == adir:
                 continue
             if not dry_run:
-                tier._remove_attempt(f"{tier.prefix}{adir}")
+                tier.remove_attempt(f"{tier.prefix}{adir}")
             removed.append(adir)
     return removed
 

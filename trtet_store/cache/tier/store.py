@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cache.tier.bucket import TierBucket
 from trtet_store.cache.tier.entry import (
     DamagedPointer,
     RemoteEntry,
@@ -65,7 +66,6 @@ from trtet_store.cache.tier.entry import (
     parse_files,
 )
 from trtet_store.cache.tier.lease import (
-    LEASE_SUFFIX,
     SYSTEM_CLOCK,
     Clock,
     Lease,
@@ -83,7 +83,6 @@ from trtet_store.remote.errors import (
     ManifestError,
     ObjectChangedError,
     ObjectNotFoundError,
-    RemoteError,
     RemoteURLError,
 )
 from trtet_store.remote.jsondoc import POINTER_MAX_BYTES
@@ -221,11 +220,15 @@ class RemoteTier:
     def _pointer(self, key: str) -> str:
         return f"{self.prefix}{key}{POINTER_SUFFIX}"
 
-    def _lease(self, key: str) -> str:
-        return f"{self.prefix}{key}{LEASE_SUFFIX}"
-
     def _url(self, object_key: str) -> str:
         return f"s3://{self.bucket}/{object_key}"
+
+    @property
+    def where(self) -> TierBucket:
+        """What claim, probe and prune take of this tier (made now from its attributes)."""
+        return TierBucket(self.s3, self.bucket, self.prefix, self.url, self.endpoint_url,
+                          self.lease_ttl, self.poll, self.signing_key, self.trusted_keys,
+                          self.clock)
 
     # --- reading ---------------------------------------------------------------------
 
@@ -468,7 +471,7 @@ class RemoteTier:
         if replace is not None and (current is None or current.etag != replace.etag):
             return TierPublish(key, False, "the entry to replace was replaced or removed "
                                "meanwhile", 0, current)
-        require_conditional_writes(self)  # before our first write; after a read (the bucket)
+        require_conditional_writes(self.where)  # before our first write; after a read
         attempt = attempt_id(self.origin, described)
         if replace is not None and replace.attempt == f"{key}/{attempt}/":
             attempt += f"-r{os.urandom(4).hex()}"
@@ -515,7 +518,7 @@ class RemoteTier:
         except PreconditionFailed:
             winner = self.lookup(key)
             if winner is None or winner.attempt != entry.attempt:
-                self._remove_attempt(adir)
+                self.where.remove_attempt(adir)
             if winner is None:
                 why = ("the pointer there is not one this version reads, or was removed "
                        "meanwhile" if replace is None else
@@ -527,7 +530,7 @@ class RemoteTier:
             return TierPublish(key, False, why, sent, winner)
         entry.etag = etag
         if replace is not None and replace.attempt != entry.attempt:
-            self._remove_attempt(f"{self.prefix}{replace.attempt}")
+            self.where.remove_attempt(f"{self.prefix}{replace.attempt}")
         return TierPublish(key, True, None, sent, entry)
 
     def _check_attempt(self, key: str, adir: str, described: list[dict[str, Any]]) -> bool:
@@ -558,32 +561,11 @@ class RemoteTier:
         if not ok:
             log.warning("%s: the completed attempt %s does not hold these files as it "
                         "stands; it is removed and sent again", self.url, adir)
-            self._remove_attempt(adir)
+            self.where.remove_attempt(adir)
             return False
         log.info("%s: %s: the upload of %s was complete already; committing it", self.url,
                  key, adir)
         return True
-
-    def _remove_attempt(self, adir: str) -> None:
-        """Delete every object under ``adir`` (manifests first), best effort, logged.
-
-        Called only for an attempt no pointer names any more (a replaced or
-        pruned entry's, a lost race's, an orphan's): its objects have no
-        reader, so they go whatever their ETag. An object someone rewrote
-        (the tampering a replace repairs) would otherwise stay, billed, for
-        good. An attempt directory is its origin's alone, and a replacement
-        never reuses the damaged one's (``-r`` suffix).
-        """
-        try:
-            keys = self.s3.list_keys(self.bucket, adir, delimiter="")
-            # The manifest first: a directory without it is never taken for complete.
-            for k in sorted(keys, key=lambda k: not k.endswith(MANIFEST_SUFFIX)):
-                self.s3.delete(self.bucket, k)
-            for u in self.s3.list_uploads(self.bucket, adir):
-                self.s3.abort(self.bucket, u.key, u.upload_id)
-        except RemoteError as exc:
-            log.warning("%s: could not remove %s (%s); prune removes it later", self.url,
-                        adir, exc)
 
     def delete(self, entry: RemoteEntry) -> None:
         """Delete ``entry``: its pointer (``If-Match`` its ETag) first, then its objects.
@@ -596,7 +578,7 @@ class RemoteTier:
         if not isinstance(entry, RemoteEntry):
             raise TypeError(f"entry must be a RemoteEntry, not {entry!r}")
         self.s3.delete(self.bucket, self._pointer(entry.key), if_match=entry.etag)
-        self._remove_attempt(f"{self.prefix}{entry.attempt}")
+        self.where.remove_attempt(f"{self.prefix}{entry.attempt}")
 
     def prune(self, older_than: float, *, dry_run: bool = False) -> list[str]:
         """Remove entries, orphan attempt directories and dead leases older than ``older_than`` s.
@@ -617,7 +599,8 @@ class RemoteTier:
         """
         from trtet_store.cache.tier.prune import prune
 
-        return prune(self, older_than, dry_run=dry_run)
+        return prune(self.where, older_than, dry_run=dry_run, entries=self.entries,
+                     delete=self.delete, lookup=self.lookup)
 
     # --- leases ----------------------------------------------------------------------
 
@@ -656,23 +639,7 @@ class RemoteTier:
         """
         from trtet_store.cache.tier.claim import claim
 
-        return claim(self, key, timeout=timeout, on_wait=on_wait)
-
-    def _acquired(self, key: str, lkey: str, holder: str, etag: str,
-                  started: float) -> Lease | RemoteEntry:
-        lease = Lease(self.s3, self.bucket, lkey, key, holder, etag, started, self.lease_ttl,
-                      signing_key=self.signing_key)
-        # The previous holder may have published and released between our look at the
-        # pointer and our put: then the entry is the answer, not a second build.
-        try:
-            entry = self.lookup(key)
-        except RemoteError:
-            lease.release()
-            raise
-        if entry is not None:
-            lease.release()
-            return entry
-        return lease
+        return claim(self.where, self.lookup, key, timeout=timeout, on_wait=on_wait)
 
 
 def _name_by_sha256(described: list[dict[str, Any]], parsed: Sequence[tuple[Any, ...]],
