@@ -98,7 +98,7 @@ def test_the_source_scan_marks_what_reaches_torch(tmp_path: Path) -> None:
                     "imports trtet_store.testing.stub_tensorrt"),
         "helper.py": ("import programs\n", "imports programs -> torch"),
         "chain.py": ("from test_fetch_neighbours import x\n",
-                     "imports test_fetch_neighbours -> programs -> torch"),
+                     "imports test_fetch_neighbours -> lowered -> programs -> torch"),
         "child.py": ('CHILD = """\nimport sys\nfrom trtet_store.export import compile\n"""\n',
                      "starts a child script importing trtet_store.export"),
         "skip.py": ('import pytest\ntorch = pytest.importorskip("torch")\n', "imports torch"),
