@@ -293,3 +293,19 @@ def test_recover_says_a_journal_not_ours_at_warning(here, caplog):
         (r.levelname, r.getMessage()) for r in said]
     assert "not ours" in said[0].getMessage() and "its plan has no outputs" in \
         said[0].getMessage()
+
+
+def test_a_pin_of_another_token_is_not_this_journals_pin(here, caplog):
+    """journal.py plan_problem: the pin's whole name is ``.trtet-pin-<token>`` of this
+    journal's token, not any name with the prefix (final audit V5: ``startswith`` passed
+    every test). Another write's pin beside it protects that write's staged files; a
+    journal naming it would have recovery delete it."""
+    other = "f" * len(T1)
+    assert other != T1
+    theirs = Path(pin_path(here, other))
+    theirs.write_bytes(b"another write's pin\n")
+    plan = Plan(token=T1, outputs=[first_output(here)], pins=[os.fspath(theirs)])
+    path = journal_path(here / "model.pte", T1)
+    path.write_bytes(journal_text(plan, DONE))
+    refused(here, path, f"its plan names the pin {theirs}, not one of its token", caplog)
+    assert theirs.read_bytes() == b"another write's pin\n"

@@ -88,3 +88,23 @@ def test_a_refusal_reads_as_its_one_line(top: Path) -> None:
         read_ours(shared / "j", limit=10)
     assert str(caught.value) == (f"file {shared / 'j'} is not ours: owned by uid {NOBODY}, "
                                  f"not by uid {os.geteuid()}; left alone")
+
+
+def test_a_root_owned_file_is_not_ours_for_another_user_unless_root_is_allowed(top):
+    """owned.py ours_problem: root's file is ours only to root, or where ``allow_root`` says
+    an administrator's file is trusted (key and config files). Final audit V6: accepting
+    uid 0 for every reader passed every test, all of which read as root."""
+    d = shared_dir(top)
+    roots = d / "roots.json"
+    roots.write_bytes(b'{"root": "wrote this"}')
+    os.chmod(roots, 0o644)
+    assert roots.stat().st_uid == 0
+
+    def read_as_nobody() -> None:
+        with pytest.raises(NotOursError, match="owned by uid 0, not by uid 65534"):
+            read_ours(roots, limit=4096, what="record")
+        assert read_ours(roots, limit=4096, allow_root=True, what="key file") == \
+            b'{"root": "wrote this"}'
+
+    as_nobody(read_as_nobody)
+    assert roots.read_bytes() == b'{"root": "wrote this"}' and roots.stat().st_uid == 0

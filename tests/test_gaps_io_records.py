@@ -204,3 +204,17 @@ def test_a_buffer_or_constant_name_with_a_quote_is_refused(buffered: bytes, key:
     said = record_problem(_with_program(buffered, edit))
     assert counted[0] > 0
     assert said == f"its program's {key} \"b'); import os; ('\" is not a plain name", said
+
+
+@pytest.mark.parametrize("expr", ["dir()", "len(s0)", "str + s0", "id"])
+def test_an_expression_naming_a_short_builtin_is_refused(plain: bytes, expr: str) -> None:
+    """record_check.py ``_SYMBOL``: a symbol is letters AND digits (``s0``, ``u12``); a bare
+    name of up to three letters is a Python builtin to ``sympify``'s ``eval`` (``dir``,
+    ``len``, ``str``, ``id``). Final audit V2: digits made optional passed every test."""
+    name = expr.split("(")[0].split()[0]
+    said = record_problem(_with_program(plain, lambda d: d["graph_module"]["graph"][
+        "sym_int_values"].update({"s0": {"as_expr": {"expr_str": expr, "hint": None}}})))
+    assert said == f"its program's expression {expr!r} names {name!r}", said
+    assert record_problem(_with_program(plain, lambda d: d["graph_module"]["graph"][
+        "sym_int_values"].update({"s0": {"as_expr": {"expr_str": "s0 + u12*2", "hint": None}}}))
+    ) is None  # symbols with their digits: data
