@@ -30,7 +30,7 @@ from test_signing_sha256 import env as env  # the fixture  # noqa: PLC0414
 from trtet_store.cache.tier import RemoteEntry, keygen
 from trtet_store.cache.tier.claim import _pause
 from trtet_store.cache.tier.entry import parse_files
-from trtet_store.cache.tier.lease import LeaseWaitTimeout
+from trtet_store.cache.tier.lease import Clock, LeaseWaitTimeout, LeaseWatch
 from trtet_store.cache.tier.signing import (
     MAX_SIGNATURES,
     load_public_key,
@@ -265,3 +265,47 @@ def test_a_leases_ttl_is_its_own_up_to_twice_ours_and_never_zero_or_a_bool() -> 
         ttl, why = capped_ttl(bad, 300.0)
         assert ttl == 300.0 and why == f"its ttl {bad!r} is not a number of seconds; 300 s " \
             "is used", (bad, ttl, why)
+
+
+class _Steps(Clock):
+    """A clock the test moves (no wall time passes)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def time(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def test_two_holders_old_signed_leases_replayed_in_turn_do_not_renew_it() -> None:
+    """lease.py LeaseWatch._token: a signed lease counts as renewed only when its holder's
+    beat moves past the highest seen (``beat > last``). A bucket writer holding two old
+    signed bodies (holder A at beat 5, holder B at beat 1) and writing them in turn makes
+    every look see a changed holder; with ``>=`` (final audit V8, which passed every test)
+    each replay reset the ttl and the waiter waited for ever. Here it is judged dead one
+    ttl after B first appeared."""
+    clock = _Steps()
+    watch = LeaseWatch("s3://b/cache: k", own_ttl=10.0, deadline=None, clock=clock)
+    bodies = [{"holder": "A", "beat": 5, "ttl": 10.0}, {"holder": "B", "beat": 1, "ttl": 10.0}]
+    dead_at = None
+    for look in range(12):  # a look every 4 s for 48 s, the bodies alternating
+        dead, _ttl, _unchanged = watch.look(bodies[look % 2], f"etag-{look}", None, None,
+                                            signed=True)
+        if dead:
+            dead_at = look
+            break
+        clock.sleep(4.0)
+    # B (a holder not seen before) renews it at 4 s; nothing after does: dead at 16 s.
+    assert dead_at == 4, dead_at
+    # An honest holder whose beat moves on keeps it alive all the while.
+    honest = LeaseWatch("s3://b/cache: k", own_ttl=10.0, deadline=None, clock=clock)
+    for beat in range(12):
+        assert not honest.look({"holder": "A", "beat": beat, "ttl": 10.0}, f"e{beat}", None,
+                               None, signed=True)[0]
+        clock.sleep(4.0)
