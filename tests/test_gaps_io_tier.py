@@ -309,3 +309,18 @@ def test_two_holders_old_signed_leases_replayed_in_turn_do_not_renew_it() -> Non
         assert not honest.look({"holder": "A", "beat": beat, "ttl": 10.0}, f"e{beat}", None,
                                None, signed=True)[0]
         clock.sleep(4.0)
+
+
+@pytest.mark.parametrize(("age", "pruned"), [(15.0, False), (19.9, False), (20.1, True)])
+def test_prune_removes_a_lease_only_after_two_of_its_ttls_on_the_servers_clock(
+        age: float, pruned: bool) -> None:
+    """lease.py prunable: a live holder rewrites its lease every ttl/3 and a waiter takes
+    over after one ttl, so prune waits two (a late renewal keeps its lease). Final audit
+    V9 (one ttl) passed every test: no test dated a lease between one and two ttls."""
+    from trtet_store.cache.tier.lease import prunable
+    from trtet_store.remote.jsondoc import Dated
+
+    body = b'{"holder": "h", "beat": 3, "ttl": 10.0}'
+    dated = Dated(body, "etag", len(body), modified=5000.0, server_now=5000.0 + age)
+    assert dated.age == pytest.approx(age)
+    assert prunable(dated, 30.0) is pruned  # the lease's own ttl (10 s) counts, not ours
