@@ -15,8 +15,9 @@ range is fetched again without touching the others.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from trtet_store.io import MiB
 from trtet_store.remote.manifest import ObjectEntry, PieceEntry
@@ -201,17 +202,7 @@ def pieces_within(spec: ObjectSpec, start: int, end: int) -> list[PieceEntry]:
 def expected_sha256(spec: ObjectSpec, start: int, end: int) -> list[tuple[int, int, str]]:
     """``(offset, size, sha256 hex)`` of every manifest chunk inside ``[start, end)`` (a
     signed manifest's; as :func:`expected_chunks`, whose grid it shares)."""
-    out = []
-    for p in pieces_within(spec, start, end):
-        for k, digest in enumerate(p.sha256 or ()):
-            off = p.offset + k * spec.chunk_size
-            size = min(spec.chunk_size, p.offset + p.size - off)
-            if off >= end or off + size <= start:
-                continue
-            if off < start or off + size > end:
-                raise ValueError(f"{spec.name}: range [{start}, {end}) cuts the chunk at {off}")
-            out.append((off, size, digest))
-    return out
+    return _chunks_within(spec, start, end, lambda p: p.sha256 or ())
 
 
 def expected_chunks(spec: ObjectSpec, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -220,9 +211,16 @@ def expected_chunks(spec: ObjectSpec, start: int, end: int) -> list[tuple[int, i
     ``[start, end)`` must fall on chunk boundaries (as ranges do): every
     chunk it touches is then wholly inside it.
     """
+    return _chunks_within(spec, start, end, lambda p: p.chunks)
+
+
+def _chunks_within(spec: ObjectSpec, start: int, end: int,
+                   digests: Callable[[Any], Sequence[Any]]) -> list[tuple[int, int, Any]]:
+    """``(offset, size, digest)`` of the chunks inside ``[start, end)``, each piece's
+    digests taken by ``digests`` (its xxh3-64 list, or a signed manifest's sha256 list)."""
     out = []
     for p in pieces_within(spec, start, end):
-        for k, digest in enumerate(p.chunks):
+        for k, digest in enumerate(digests(p)):
             off = p.offset + k * spec.chunk_size
             size = min(spec.chunk_size, p.offset + p.size - off)
             if off >= end or off + size <= start:
