@@ -161,10 +161,18 @@ def test_a_network_failure_says_how_to_resume_and_the_resume_downloads_only_the_
     assert not (here_fs / "model.pte").exists()
     proxy.clear()
     before = proxy.body_bytes[("response", "GET")]
-    report = fetch(url, here_fs / "model.pte", client=client, range_size=MiB, concurrency=1)
+    said = []
+    report = fetch(url, here_fs / "model.pte", client=client, range_size=MiB, concurrency=1,
+                   progress=said.append)
     assert (here_fs / "model.pte").read_bytes() == data
     # The four ranges that got through: the 16 KiB header piece and three 1 MiB ranges.
     assert report.bytes_resumed == sizes[0] + 3 * MiB
+    # Progress counts them before a byte is downloaded, and on every line after.
+    first = next((i for i, p in enumerate(said) if p.resumed), None)
+    assert first is not None, said[:3]
+    assert said[first].downloaded == 0 and said[first].done == report.bytes_resumed, said
+    assert all(p.resumed == report.bytes_resumed for p in said[first:])
+    assert said[-1].done == said[-1].total == len(data)
     assert report.bytes_downloaded == len(data) - report.bytes_resumed
     assert (proxy.body_bytes[("response", "GET")] - before
             <= len(data) - report.bytes_resumed + 64 * 1024)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING
+from typing import Any
 
 from trtet_store.io import InOrderDigest, MiB
 from trtet_store.remote.checksum import crc_functions
@@ -35,9 +36,6 @@ from trtet_store.remote.errors import (
     ProgramSignatureError,
 )
 from trtet_store.remote.s3 import ReadInterrupted, Transient
-
-if TYPE_CHECKING:
-    from trtet_store.remote.download.receive import _Fetch
 
 # The fetch's logger: a range's retry is said as the fetch's own line.
 log = logging.getLogger("trtet_store.remote.download.receive")
@@ -63,9 +61,33 @@ def pieces_of(spec: ObjectSpec, rng: Range) -> list[Range]:
 
 
 class RangeDownload:
-    """:class:`~.receive._Fetch`'s download step: :meth:`download` and one range's GET."""
+    """One fetch attempt's download step: :meth:`download` and one range's GET.
 
-    def download(self: _Fetch, plans: list[ObjectPlan], stage: Staging) -> int:
+    Held by :class:`~.receive._Fetch` for an attempt: it is given what it reads
+    (the reader, the bucket, the fetch's settings) and what it reports through
+    (``tick`` for progress, ``resumed`` once the resumed bytes are known), and
+    keeps its own results: :attr:`in_order` (the objects digested as they
+    arrive) and :attr:`range_retries`.
+    """
+
+    def __init__(self, reader: Any, bucket: str, *, concurrency: int, range_size: int,
+                 attempts: int, sha256: bool, tick: Callable[..., None],
+                 resumed: Callable[[int], None], resume_command: Callable[[], str]) -> None:
+        self.reader = reader
+        self.bucket = bucket
+        self.concurrency = concurrency
+        self.range_size = range_size
+        self.attempts = attempts
+        self.sha256 = sha256
+        self._tick = tick
+        self._resumed = resumed
+        self.resume_command = resume_command
+        #: Objects digested as they arrive (every byte downloaded by this attempt).
+        self.in_order: dict[int, InOrderDigest] = {}
+        self.range_retries = 0
+        self._mutex = threading.Lock()
+
+    def download(self, plans: list[ObjectPlan], stage: Staging) -> int:
         """Every range not staged yet, in parallel; returns the bytes kept from a resumed fetch."""
         todo: list[tuple[ObjectSpec, Run, Range]] = []
         resumed = 0
@@ -74,8 +96,7 @@ class RangeDownload:
                 kept, missing = self._replan_run(plan.spec, index, run, stage)
                 resumed += sum(r.size for r in kept)
                 todo += [(plan.spec, run, rng) for rng in missing]
-        self.resumed = resumed
-        self.in_order = {}
+        self._resumed(resumed)
         for obj, plan in enumerate(plans):
             # Digested as it arrives when every byte of it is downloaded now: the
             # ranges, each checked by a GET thread, are added in offset order.
@@ -117,7 +138,7 @@ class RangeDownload:
             writer.close()  # writes what was queued; raises a write's failure
         return resumed
 
-    def _replan_run(self: _Fetch, spec: ObjectSpec, index: int, run: Run,
+    def _replan_run(self, spec: ObjectSpec, index: int, run: Run,
                     stage: Staging) -> tuple[list[Range], list[Range]]:
         """``(kept, to download)``: the run's journaled ranges that still check, and the rest.
 
@@ -161,7 +182,7 @@ class RangeDownload:
         run.ranges = sorted([*kept, *missing], key=lambda r: r.offset)
         return kept, missing
 
-    def _one_range(self: _Fetch, spec: ObjectSpec, run: Run, rng: Range, writer: RangeWriter,
+    def _one_range(self, spec: ObjectSpec, run: Run, rng: Range, writer: RangeWriter,
                    stop: threading.Event) -> None:
         compute, combine = crc_functions(spec.checksum[0] if spec.checksum else "crc64nvme")
         pieces = pieces_of(spec, rng)
@@ -254,7 +275,7 @@ class RangeDownload:
                 else:
                     writer.give_back(buf)
 
-    def _retry(self: _Fetch, spec: ObjectSpec, rng: Range, why: str, attempt: int) -> None:
+    def _retry(self, spec: ObjectSpec, rng: Range, why: str, attempt: int) -> None:
         with self._mutex:
             self.range_retries += 1
         log.info("s3://%s/%s bytes %d-%d: %s; retry %d of %d", self.bucket, spec.key,

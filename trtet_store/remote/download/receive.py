@@ -304,7 +304,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
 # --- one attempt at one version ------------------------------------------------------------
 
 
-class _Fetch(RangeDownload):
+class _Fetch:
     def __init__(self, url: str, bucket: str, key: str, dest: Path, reuse: list[Path],
                  reader: Reader, concurrency: int, range_size: int,
                  progress: Callable[[FetchProgress], Any] | None, attempts: int,
@@ -545,6 +545,21 @@ class _Fetch(RangeDownload):
                               trusted_keys=self.trusted_paths, **self.flags)
 
     # 4. download: :class:`.ranges.RangeDownload` ---------------------------------------
+
+    def download(self, plans: list[ObjectPlan], stage: Staging) -> int:
+        """Every range not staged yet (:class:`.ranges.RangeDownload`); the bytes resumed."""
+        ranges = RangeDownload(self.reader, self.bucket, concurrency=self.concurrency,
+                               range_size=self.range_size, attempts=self.attempts,
+                               sha256=self.sha256, tick=self._tick,
+                               resumed=self._set_resumed, resume_command=self.resume_command)
+        try:
+            return ranges.download(plans, stage)
+        finally:
+            self.in_order = ranges.in_order
+            self.range_retries += ranges.range_retries
+
+    def _set_resumed(self, resumed: int) -> None:
+        self.resumed = resumed  # progress counts it from the first tick on
 
     # 5. verify -------------------------------------------------------------------------
 
