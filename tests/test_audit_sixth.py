@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from keyed import with_keys
 from records_helpers import exported_archive
 from sets_helpers import write
 from test_tier_no_code import archive, members_of
@@ -120,13 +121,7 @@ def test_a_program_name_with_a_quote_space_or_backslash_is_refused(
 
 @pytest.fixture
 def env(s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    for var in ("TRTET_SIGNING_KEY", "TRTET_TRUSTED_KEYS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("TRTET_CONFIG_FILE", os.fspath(tmp_path / "no-config"))
-    keys = tmp_path / "keys"
-    keys.mkdir(mode=0o700)
-    s3env.team = keygen(keys / "team.key")
-    s3env.keys = keys
+    with_keys(s3env, tmp_path, monkeypatch)
     s3env.url = f"s3://{s3env.bucket}/llm/v3/"
     return s3env
 

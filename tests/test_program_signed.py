@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import xxhash
 from attacker import listing, tree
+from keyed import with_keys
 from sets_helpers import write
 
 import trtet_store
@@ -37,15 +38,7 @@ MKEY = KEY + ".trtet.json"
 
 @pytest.fixture
 def env(s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from trtet_store.remote.keys import keygen
-
-    for var in ("TRTET_SIGNING_KEY", "TRTET_TRUSTED_KEYS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("TRTET_CONFIG_FILE", os.fspath(tmp_path / "no-config"))
-    keys = tmp_path / "keys"
-    keys.mkdir(mode=0o700)
-    s3env.team, s3env.evil = keygen(keys / "team.key"), keygen(keys / "evil.key")
-    s3env.keys = keys
+    with_keys(s3env, tmp_path, monkeypatch)
     s3env.url = f"s3://{s3env.bucket}/{KEY}"
     return s3env
 

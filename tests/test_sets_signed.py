@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from keyed import with_keys
 from sets_helpers import write, xxh
 
 from trtet_store.remote.upload.config import PublishConfig
@@ -30,15 +31,7 @@ MiB = 1 << 20
 
 @pytest.fixture
 def env(s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from trtet_store.cache.tier import keygen
-
-    for var in ("TRTET_SIGNING_KEY", "TRTET_TRUSTED_KEYS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("TRTET_CONFIG_FILE", os.fspath(tmp_path / "no-config"))
-    keys = tmp_path / "keys"
-    keys.mkdir(mode=0o700)
-    s3env.team, s3env.evil = keygen(keys / "team.key"), keygen(keys / "evil.key")
-    s3env.keys = keys
+    with_keys(s3env, tmp_path, monkeypatch)
     s3env.url = f"s3://{s3env.bucket}/llm/v3/"
     return s3env
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import xxhash
+from keyed import with_keys
 
 from trtet_store.cache.tier import RemoteEntry, RemoteTier, TierEntryError, TierSignatureError
 from trtet_store.io import bytes_digested
@@ -32,16 +33,7 @@ MiB = 1 << 20
 
 @pytest.fixture
 def env(s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from trtet_store.cache.tier import keygen
-
-    for var in ("TRTET_SIGNING_KEY", "TRTET_TRUSTED_KEYS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("TRTET_CONFIG_FILE", os.fspath(tmp_path / "no-config"))
-    keys = tmp_path / "keys"
-    keys.mkdir(mode=0o700)
-    s3env.team = keygen(keys / "team.key")
-    s3env.evil = keygen(keys / "evil.key")
-    s3env.keys = keys
+    with_keys(s3env, tmp_path, monkeypatch)
     return s3env
 
 
