@@ -1,10 +1,11 @@
-"""The signing rules of the shared tier's entries and leases, and of the key files, each at its
-edge (gap hunt, hardening round 5): what a bucket writer can write into a pointer or a lease
-(too many signatures, a lease for another bucket, an unsigned or unreadable lease, a ttl of
-Infinity or a thousand times the waiter's), and what a user is told.
+"""The signing rules of the shared tier's entries and leases (RemoteTier's signing and
+lease modules), and of the key files, each at its edge (gap hunt, hardening round 5): what
+a bucket writer can write into a pointer or a lease (too many signatures, a lease for
+another bucket, an unsigned or unreadable lease, a ttl of Infinity or a thousand times the
+waiter's), and what a user is told.
 
-Pure functions on real ed25519 keys made in ``tmp_path`` (no server): each test is well under
-a second.
+Pure functions on real ed25519 keys made in ``tmp_path`` (no server): each test is well
+under a second.
 """
 
 from __future__ import annotations

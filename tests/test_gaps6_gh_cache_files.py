@@ -1,0 +1,194 @@
+"""The cache's own files at the states their checks exist for (gap hunt, hardening round 5).
+
+A record that names another key, or a blob outside ``blobs/``; a link planted at a key's
+use stamp (on a hit, and before the put that writes it); a source of exactly the bound;
+a re-put over a blob damaged in place; two keys sharing one blob when one is evicted; a
+blob replaced between its pin and the check that it is still the entry's. Each proves
+what is outside the cache is byte-identical and the surviving entries serve their bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+from digests import file_digest
+
+from trtet_store.cache import BlobCache
+
+MiB = 1 << 20
+
+
+def content(seed: int, size: int = 64 * 1024) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def source(tmp: Path, name: str, data: bytes) -> Path:
+    (tmp / "src").mkdir(exist_ok=True)
+    path = tmp / "src" / name
+    path.write_bytes(data)
+    return path
+
+
+def read_hit(cache: BlobCache, key: str) -> bytes | None:
+    hit = cache.get(key)
+    if hit is None:
+        return None
+    with hit:
+        return os.pread(hit.fileno(), hit.size + 1, 0)
+
+
+def record(cache: BlobCache, key: str) -> dict:
+    return json.loads((cache.directory / "keys" / f"{key}.json").read_text())
+
+
+def victim(tmp: Path, name: str = "victim") -> tuple[Path, tuple]:
+    path = tmp / name
+    path.write_bytes(b"the victim's own bytes\n")
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    st = os.lstat(path)
+    return path, (file_digest(path), st.st_size, st.st_mtime_ns, st.st_mode)
+
+
+def unchanged(path: Path) -> tuple:
+    st = os.lstat(path)
+    return (file_digest(path), st.st_size, st.st_mtime_ns, st.st_mode)
+
+
+def test_a_record_that_names_another_key_is_not_this_key_s_entry(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    a, b = content(1), content(2)
+    cache.put("a", source(tmp_path, "a", a))
+    cache.put("b", source(tmp_path, "b", b))
+    # keys/a.json rewritten with b's record (a copy, a restore gone wrong): a is not b.
+    (cache.directory / "keys" / "a.json").write_text(json.dumps(record(cache, "b")))
+    assert read_hit(cache, "a") is None
+    assert read_hit(cache, "b") == b
+
+
+@pytest.mark.parametrize("blob", ["../../victim", "../keys/b.json", "x/../../../victim"])
+def test_a_record_naming_a_blob_outside_blobs_never_reaches_it(tmp_path: Path,
+                                                               blob: str) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    path, before = victim(tmp_path)
+    (tmp_path / "victim.json").write_text("{}")  # where a seal of "../../victim" would be
+    b = content(2)
+    cache.put("a", source(tmp_path, "a", content(1)))
+    cache.put("b", source(tmp_path, "b", b))
+    rec = record(cache, "a")
+    (cache.directory / "keys" / "a.json").write_text(json.dumps(dict(rec, blob=blob)))
+    assert read_hit(cache, "a") is None
+    cache.recover()
+    assert unchanged(path) == before and (tmp_path / "victim.json").read_text() == "{}"
+    assert read_hit(cache, "b") == b and record(cache, "b")["key"] == "b"
+
+
+def test_a_hit_never_stamps_its_use_through_a_planted_link(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(1)
+    cache.put("a", source(tmp_path, "a", data))
+    path, before = victim(tmp_path)
+    use = cache.directory / "keys" / "a.use"
+    os.unlink(use)
+    os.symlink(path, use)
+    assert read_hit(cache, "a") == data  # a use not recorded costs LRU precision, not the hit
+    assert unchanged(path) == before
+    assert os.path.islink(use)
+
+
+def test_a_put_never_writes_its_use_stamp_through_a_planted_link(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    path, before = victim(tmp_path)
+    os.symlink(path, cache.directory / "keys" / "a.use")
+    with contextlib.suppress(OSError):  # refused (ELOOP) is fine; writing through it is not
+        cache.put("a", source(tmp_path, "a", content(1)))
+    assert unchanged(path) == before  # not truncated, no mtime put on it
+
+
+def test_a_source_of_exactly_the_bound_is_stored(tmp_path: Path) -> None:
+    data = content(3, 256 * 1024)
+    cache = BlobCache(tmp_path / "c", max_bytes=len(data))
+    got = cache.put("a", source(tmp_path, "a", data))
+    assert got.stored, got.reason
+    assert read_hit(cache, "a") == data
+    over = BlobCache(tmp_path / "d", max_bytes=len(data) - 1)
+    got = over.put("a", source(tmp_path, "a", data))
+    assert not got.stored and "larger than the cache's bound" in (got.reason or "")
+
+
+def test_a_put_of_the_same_bytes_over_a_blob_damaged_in_place_repairs_it(tmp_path: Path
+                                                                          ) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(4)
+    cache.put("a", source(tmp_path, "a", data))
+    blob = cache.directory / "blobs" / record(cache, "a")["blob"]
+    with open(blob, "r+b") as f:  # a media error: the same size, other bytes
+        f.write(b"\0" * 4096)
+    again = cache.put("a", source(tmp_path, "a2", data))
+    assert again.stored and again.placement != "dedup", again
+    assert read_hit(cache, "a") == data
+    assert blob.read_bytes() == data
+
+
+def test_evicting_one_of_two_keys_that_share_a_blob_keeps_the_blob(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    shared, other = content(5), content(6)
+    # Least recently used first: a, then c; b (a's bytes) last.
+    for key, data in (("a", shared), ("c", other), ("b", shared)):
+        assert cache.put(key, source(tmp_path, key, data)).stored
+    evicted = cache.prune(len(shared))
+    assert "a" in evicted and "b" not in evicted, evicted
+    assert read_hit(cache, "b") == shared
+
+
+def test_a_blob_replaced_after_its_pin_is_a_miss_not_a_hit(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """The pin taken, then the entry's blob replaced (an eviction and a new put of the key
+    between the record's read and the lock): the pinned file is no longer the entry's."""
+    import trtet_store.cache.store as store_mod
+
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(7)
+    cache.put("a", source(tmp_path, "a", data))
+    blob = cache.directory / "blobs" / record(cache, "a")["blob"]
+    real = store_mod.refuse_foreign
+    swapped = []
+
+    def barrier(path, st, what):  # runs right after the pin's fstat
+        if what == "blob" and not swapped:
+            fresh = tmp_path / "fresh"
+            fresh.write_bytes(data)
+            os.rename(fresh, blob)  # the same name, another inode
+            swapped.append(True)
+        return real(path, st, what)
+
+    monkeypatch.setattr(store_mod, "refuse_foreign", barrier)
+    assert cache.get("a") is None and swapped
+
+
+def test_a_key_put_again_with_other_bytes_leaves_only_its_new_blob(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    cache.put("a", source(tmp_path, "a", content(8)))
+    old = record(cache, "a")["blob"]
+    new_data = content(9)
+    cache.put("a", source(tmp_path, "a2", new_data))
+    new = record(cache, "a")["blob"]
+    assert new != old
+    assert sorted(os.listdir(cache.directory / "blobs")) == [new, f"{new}.json"]
+    assert read_hit(cache, "a") == new_data
+
+
+def test_a_record_whose_size_is_not_its_seal_s_is_dropped(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(10)
+    cache.put("a", source(tmp_path, "a", data))
+    rec = record(cache, "a")
+    (cache.directory / "keys" / "a.json").write_text(json.dumps(dict(rec, size=rec["size"] - 1)))
+    assert cache.get("a") is None
+    assert not (cache.directory / "keys" / "a.json").exists()
+    assert "no valid seal" in cache.dropped.get("a", "") or "a" not in cache.dropped
