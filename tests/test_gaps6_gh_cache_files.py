@@ -192,3 +192,18 @@ def test_a_record_whose_size_is_not_its_seal_s_is_dropped(tmp_path: Path) -> Non
     assert cache.get("a") is None
     assert not (cache.directory / "keys" / "a.json").exists()
     assert "no valid seal" in cache.dropped.get("a", "") or "a" not in cache.dropped
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_a_copied_blob_is_readable_by_its_owner_only_whatever_the_umask(tmp_path: Path,
+                                                                       umask: int) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    src = source(tmp_path, "a", content(11))
+    os.chmod(src, 0o644)
+    old = os.umask(umask)
+    try:
+        assert cache.put("a", src).stored
+    finally:
+        os.umask(old)
+    blob = cache.directory / "blobs" / record(cache, "a")["blob"]
+    assert os.stat(blob).st_mode & 0o777 == 0o600
