@@ -207,3 +207,89 @@ def test_a_copied_blob_is_readable_by_its_owner_only_whatever_the_umask(tmp_path
         os.umask(old)
     blob = cache.directory / "blobs" / record(cache, "a")["blob"]
     assert os.stat(blob).st_mode & 0o777 == 0o600
+
+
+def test_a_cache_of_zero_bytes_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_bytes must be positive bytes, got 0"):
+        BlobCache(tmp_path / "c", max_bytes=0)
+    assert not (tmp_path / "c").exists()
+    assert BlobCache(tmp_path / "d", max_bytes=1).stats().max_bytes == 1
+
+
+def test_a_file_of_the_cache_itself_cannot_be_consumed(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(12)
+    cache.put("a", source(tmp_path, "a", data))
+    blob = cache.directory / "blobs" / record(cache, "a")["blob"]
+    with pytest.raises(ValueError, match="is a file of the cache itself"):
+        cache.put("b", blob, consume=True)
+    assert blob.read_bytes() == data and read_hit(cache, "a") == data
+    assert not (cache.directory / "keys" / "b.json").exists()
+
+
+def test_a_source_that_grows_while_it_is_consumed_is_not_stored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The source appended to after its size was taken, before its bytes are read back."""
+    from trtet_store.cache.put import Putter
+
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(13)
+    src = source(tmp_path, "a", data)
+    real = Putter._known
+
+    def barrier(self, *args):  # after the stat that gave the size, before the link and read
+        with open(src, "ab") as f:
+            f.write(b"appended by the writer")
+        return real(self, *args)
+
+    monkeypatch.setattr(Putter, "_known", barrier)
+    got = cache.put("a", src, consume=True)
+    assert not got.stored and "changed size while it was cached" in (got.reason or ""), got
+    assert src.read_bytes() == data + b"appended by the writer"  # a skip leaves the source
+    assert cache.get("a") is None and os.listdir(cache.directory / "blobs") == []
+
+
+def test_given_digests_of_other_bytes_without_the_cache_s_chunks_are_not_stored(
+        tmp_path: Path) -> None:
+    from trtet_store.io import Digests
+
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(14)
+    src = source(tmp_path, "a", data)
+    # Of another span than the cache's (no chunk digests to compare), and another digest.
+    told = Digests("0" * 32, len(data), len(data), (0,), None)
+    got = cache.put("a", src, digests=told)
+    assert not got.stored and "no longer holds the bytes" in (got.reason or ""), got
+    assert cache.get("a") is None
+
+
+def test_a_damaged_blob_repaired_by_another_put_before_its_drop_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """get() finds the blob damaged; before it takes the lock to drop it, another process's
+    put of the same bytes has renamed a good blob in: the good one and its records stay."""
+    from trtet_store.cache.files import CacheFiles
+
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(15)
+    cache.put("a", source(tmp_path, "a", data))
+    blob = cache.directory / "blobs" / record(cache, "a")["blob"]
+    with open(blob, "r+b") as f:
+        f.write(b"\0" * 4096)
+    real = CacheFiles.locked
+    armed = []
+
+    @contextlib.contextmanager
+    def barrier(self):
+        if armed and armed.pop():
+            fresh = tmp_path / "repaired"
+            fresh.write_bytes(data)
+            os.rename(fresh, blob)
+        with real(self):
+            yield
+
+    monkeypatch.setattr(CacheFiles, "locked", barrier)
+    armed.append(True)
+    assert cache.get("a") is None  # the damaged file was never served
+    assert not armed  # the repair ran, before the drop's lock
+    monkeypatch.undo()
+    assert read_hit(cache, "a") == data
