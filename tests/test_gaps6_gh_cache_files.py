@@ -293,3 +293,22 @@ def test_a_damaged_blob_repaired_by_another_put_before_its_drop_is_kept(
     assert not armed  # the repair ran, before the drop's lock
     monkeypatch.undo()
     assert read_hit(cache, "a") == data
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+@pytest.mark.parametrize("what", ["record", "seal", "blob"])
+def test_a_record_seal_or_blob_of_another_uid_is_refused_on_a_hit_and_left_alone(
+        tmp_path: Path, what: str) -> None:
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(16)
+    cache.put("a", source(tmp_path, "a", data))
+    name = record(cache, "a")["blob"]
+    path = {"record": cache.directory / "keys" / "a.json",
+            "seal": cache.directory / "blobs" / f"{name}.json",
+            "blob": cache.directory / "blobs" / name}[what]
+    os.chown(path, 65534, 65534)  # another user's file in its place
+    before = (file_digest(path), os.lstat(path).st_mode)
+    with pytest.raises(PermissionError, match=f"engine cache {what} .* owned by uid 65534"):
+        cache.get("a")
+    st = os.lstat(path)
+    assert (file_digest(path), st.st_mode) == before and st.st_uid == 65534  # never removed
