@@ -1,0 +1,57 @@
+"""The shared tier's pointer as a bucket writer can write it, and claim's arguments (RemoteTier,
+gap hunt of hardening round 5): a pointer copied to another key's name, one naming a file
+twice or with a sha256 that is not one, each refused as a damaged pointer; a NaN wait
+timeout refused before any request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtet_store.cache.tier import RemoteTier
+from trtet_store.cache.tier.entry import RemoteEntry
+
+KEY = "k" * 32
+SHA = "a" * 64
+
+
+def pointer(key: str = KEY, files: list | None = None) -> bytes:
+    files = files or [{"name": "e0", "size": 10, "digest": "0" * 32, "sha256": SHA}]
+    return RemoteEntry(key, "", 1.0, "a", "host", f"{key}/a-0000000000000000/", files,
+                       {"gpu": "sm_90"}).to_json()
+
+
+def test_a_pointer_parses_as_its_own_key_s_only() -> None:
+    assert RemoteEntry.from_json(pointer(), "etag", KEY).key == KEY
+    other = "o" * 32
+    with pytest.raises(ValueError, match=f"the pointer names key '{KEY}', not '{other}'"):
+        RemoteEntry.from_json(pointer(), "etag", other)  # copied to another key's name
+
+
+def test_a_pointer_naming_one_file_twice_is_damaged() -> None:
+    f = {"name": "e0", "size": 10, "digest": "0" * 32, "sha256": SHA}
+    with pytest.raises(ValueError, match="one name twice"):
+        RemoteEntry.from_json(pointer(files=[f, dict(f, size=11)]), "etag", KEY)
+
+
+@pytest.mark.parametrize("sha", ["A" * 64, "a" * 63, "g" * 64, "a" * 64 + "\n", 7])
+def test_a_pointer_whose_sha256_is_not_a_lowercase_hex_digest_is_damaged(sha: Any) -> None:
+    doc = json.loads(pointer())
+    doc["files"][0]["sha256"] = sha
+    with pytest.raises(ValueError, match="not a sha256 hex digest"):
+        RemoteEntry.from_json(json.dumps(doc).encode(), "etag", KEY)
+
+
+@pytest.mark.parametrize("timeout", [math.nan, -1.0, True, "5"])
+def test_a_wait_timeout_that_is_not_a_number_of_seconds_is_refused(
+        s3env: Any, tmp_path: Path, timeout: Any) -> None:
+    tier = RemoteTier(f"s3://{s3env.bucket}/c", endpoint_url=s3env.endpoint.url, origin="a",
+                      journal_dir=tmp_path / "j")
+    with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+        tier.claim(KEY, timeout=timeout)
+    assert "Contents" not in s3env.client.list_objects_v2(Bucket=s3env.bucket, Prefix="c/")
