@@ -55,3 +55,35 @@ def test_a_wait_timeout_that_is_not_a_number_of_seconds_is_refused(
     with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
         tier.claim(KEY, timeout=timeout)
     assert "Contents" not in s3env.client.list_objects_v2(Bucket=s3env.bucket, Prefix="c/")
+
+
+def _objects(env: Any, prefix: str = "c/") -> list[str]:
+    got = env.client.list_objects_v2(Bucket=env.bucket, Prefix=prefix)
+    return sorted(o["Key"] for o in got.get("Contents", []))
+
+
+def test_delete_of_an_entry_whose_pointer_changed_since_deletes_nothing(s3env: Any,
+                                                                        tmp_path: Path) -> None:
+    from trtet_store.remote.errors import ObjectChangedError
+
+    tier = RemoteTier(f"s3://{s3env.bucket}/c", endpoint_url=s3env.endpoint.url, origin="a",
+                      journal_dir=tmp_path / "j")
+    src = tmp_path / "e0"
+    src.write_bytes(b"engine bytes " * 1000)
+    assert tier.publish(KEY, [("e0", src)], {"gpu": "sm_90"}).published
+    seen = tier.lookup(KEY)
+    assert seen is not None
+    before = _objects(s3env)
+    # Another publisher's pointer since (here the bucket writer's, the same doc rewritten).
+    doc = json.loads(s3env.client.get_object(Bucket=s3env.bucket,
+                                             Key=f"c/{KEY}.json")["Body"].read())
+    doc["host"] = "republished"
+    s3env.client.put_object(Bucket=s3env.bucket, Key=f"c/{KEY}.json",
+                            Body=json.dumps(doc).encode())
+    with pytest.raises(ObjectChangedError):
+        tier.delete(seen)
+    assert _objects(s3env) == before
+    now = tier.lookup(KEY)
+    assert now is not None and now.host == "republished"
+    tier.delete(now)  # the version read now goes, with its objects
+    assert _objects(s3env) == []
