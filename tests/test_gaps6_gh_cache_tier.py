@@ -87,3 +87,29 @@ def test_delete_of_an_entry_whose_pointer_changed_since_deletes_nothing(s3env: A
     assert now is not None and now.host == "republished"
     tier.delete(now)  # the version read now goes, with its objects
     assert _objects(s3env) == []
+
+
+def test_a_signed_publish_of_a_file_whose_handed_xxh3_is_not_its_bytes_publishes_nothing(
+        s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller hands a file over with an xxh3 (taken before it changed): the upload's own
+    pass reads other bytes, so the sha256 it took is not of the described file; nothing is
+    signed over the mix."""
+    import xxhash
+    from keyed import with_keys
+
+    from trtet_store.io import SourceChangedError
+
+    env = with_keys(s3env, tmp_path, monkeypatch)
+    src = tmp_path / "e0"
+    src.write_bytes(b"the bytes now " * 4096)
+    stale = xxhash.xxh3_128_hexdigest(b"the bytes then" * 4096)  # same size, other bytes
+    tier = RemoteTier(f"s3://{env.bucket}/c", endpoint_url=env.endpoint.url, origin="a",
+                      journal_dir=tmp_path / "j", signing_key=env.keys / "team.key")
+    try:
+        got = tier.publish(KEY, [("e0", src, stale)], {})
+    except SourceChangedError as exc:
+        assert "the upload read bytes with xxh3-128" in str(exc), exc
+    else:
+        assert not got.published, got
+    assert tier.lookup(KEY) is None
+    assert f"c/{KEY}.json" not in _objects(env)
