@@ -113,3 +113,33 @@ def test_a_signed_publish_of_a_file_whose_handed_xxh3_is_not_its_bytes_publishes
         assert not got.published, got
     assert tier.lookup(KEY) is None
     assert f"c/{KEY}.json" not in _objects(env)
+
+
+def test_an_entry_published_between_the_look_and_the_lease_is_the_claim_s_answer(
+        s3env: Any, tmp_path: Path) -> None:
+    """The previous holder publishes (and releases) right after our look at the pointer and
+    before our lease is written: the claim answers the entry, not a second build's lease."""
+    from trtet_store.cache.tier import Lease
+
+    def tier(origin: str) -> RemoteTier:
+        return RemoteTier(f"s3://{s3env.bucket}/c", endpoint_url=s3env.endpoint.url,
+                          origin=origin, journal_dir=tmp_path / origin)
+
+    waiter, holder = tier("w"), tier("h")
+    src = tmp_path / "e0"
+    src.write_bytes(b"built by the holder " * 1000)
+    real = waiter.lookup
+    looks = []
+
+    def barrier(key: str) -> Any:
+        got = real(key)
+        looks.append(got)
+        if len(looks) == 1:  # after our look, before our lease: the holder publishes
+            assert holder.publish(key, [("e0", src)], {}).published
+        return got
+
+    waiter.lookup = barrier  # type: ignore[method-assign]
+    got = waiter.claim(KEY, timeout=5)
+    assert not isinstance(got, Lease), got
+    assert isinstance(got, RemoteEntry) and got.origin == "h"
+    assert f"c/{KEY}.lease" not in _objects(s3env)  # our lease released at once
