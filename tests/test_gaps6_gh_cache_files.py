@@ -312,3 +312,53 @@ def test_a_record_seal_or_blob_of_another_uid_is_refused_on_a_hit_and_left_alone
         cache.get("a")
     st = os.lstat(path)
     assert (file_digest(path), st.st_mode) == before and st.st_uid == 65534  # never removed
+
+
+def test_given_digests_of_another_chunk_span_are_not_sealed_as_the_cache_s(tmp_path: Path
+                                                                           ) -> None:
+    """Digests taken in 64 KiB chunks, handed to a cache of 1 MiB chunks: a seal needs the
+    cache's span, so the blob is digested, and its hit's chunks are of the cache's span."""
+    from trtet_store.io import Digester, Digests, file_identity
+
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB, chunk_size=MiB)
+    data = content(17, 3 * MiB + 5)
+    src = source(tmp_path, "a", data)
+    d = Digester(64 * 1024)
+    d.update(data)
+    digest, chunks = d.finish()
+    told = Digests(digest, len(data), 64 * 1024, tuple(chunks), file_identity(src.stat()))
+    assert cache.put("a", src, digests=told).stored
+    with cache.get("a", verify="full") as hit:
+        assert hit.chunk_size == MiB and len(hit.chunk_digests) == 4
+        assert hit.digest == digest
+
+
+def test_a_blob_replaced_while_its_hit_waited_for_the_pin_keeps_its_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The blob's name is empty at the pin's open (an eviction and a put's repair in flight),
+    and there again right after: a miss for this get, the key kept for the next."""
+    import trtet_store.cache.store as store_mod
+
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = content(18)
+    cache.put("a", source(tmp_path, "a", data))
+    blob = cache.directory / "blobs" / record(cache, "a")["blob"]
+    aside = tmp_path / "aside"
+    real = store_mod.try_lock
+    done = []
+
+    def barrier(path, **kw):
+        if Path(path) == blob and not done:
+            done.append(True)
+            os.rename(blob, aside)  # gone at the open...
+            try:
+                return real(path, **kw)
+            finally:
+                os.rename(aside, blob)  # ...and back before the look that follows
+        return real(path, **kw)
+
+    monkeypatch.setattr(store_mod, "try_lock", barrier)
+    assert cache.get("a") is None and done
+    monkeypatch.undo()
+    assert (cache.directory / "keys" / "a.json").exists()
+    assert read_hit(cache, "a") == data

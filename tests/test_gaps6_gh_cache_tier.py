@@ -143,3 +143,42 @@ def test_an_entry_published_between_the_look_and_the_lease_is_the_claim_s_answer
     assert not isinstance(got, Lease), got
     assert isinstance(got, RemoteEntry) and got.origin == "h"
     assert f"c/{KEY}.lease" not in _objects(s3env)  # our lease released at once
+
+
+def test_a_wait_ends_at_its_deadline_exactly_never_one_poll_more(s3env: Any,
+                                                                 tmp_path: Path) -> None:
+    """A live holder's lease; the waiter's clock (a test's, moved only by its sleeps) reaches
+    the deadline exactly: the wait ends there (LeaseWaitTimeout), not in a loop of zero sleeps."""
+    from trtet_store.cache.tier import Lease, LeaseWaitTimeout
+    from trtet_store.cache.tier.lease import Clock
+
+    class StepClock(Clock):
+        def __init__(self) -> None:
+            self.t, self.sleeps = 0.0, []
+
+        def monotonic(self) -> float:
+            return self.t
+
+        def time(self) -> float:
+            return 1_800_000_000.0 + self.t
+
+        def sleep(self, seconds: float) -> None:
+            self.sleeps.append(seconds)
+            assert len(self.sleeps) < 20, f"a hot loop: {self.sleeps}"
+            self.t += seconds
+
+    def tier(origin: str) -> RemoteTier:
+        return RemoteTier(f"s3://{s3env.bucket}/c", endpoint_url=s3env.endpoint.url,
+                          origin=origin, journal_dir=tmp_path / origin, lease_ttl=300.0,
+                          poll=75.0)
+
+    held = tier("h").claim(KEY)
+    assert isinstance(held, Lease)
+    try:
+        waiter = tier("w")
+        waiter.clock = clock = StepClock()
+        with pytest.raises(LeaseWaitTimeout):
+            waiter.claim(KEY, timeout=150.0)
+        assert clock.sleeps == [75.0, 75.0] and clock.t == 150.0
+    finally:
+        held.release()
