@@ -36,3 +36,38 @@ def test_an_endpoint_that_never_answered_is_said_as_such_not_as_an_interruption(
     said = str(caught.value)
     assert f"could not connect to 127.0.0.1:{port}" in said and "fetch-set" not in said, said
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("source", ["TRTET_TRUSTED_KEYS", "config file"])
+def test_a_signed_set_is_fetched_with_trusted_keys_from_the_environment(
+        s3env, here_fs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        source: str) -> None:
+    """The trust comes from the environment (or the config file), not the call: the set
+    is checked by it, and each blob's own fetch into the store (a blob's manifest is
+    unsigned: the signed set vouches for its bytes) does not ask it again."""
+    from keyed import with_keys
+    from sets_helpers import write
+
+    from trtet_store.remote.upload.config import PublishConfig
+    from trtet_store.sets import publish_set
+
+    env = with_keys(s3env, tmp_path, monkeypatch)
+    url = f"s3://{env.bucket}/signed/v1/"
+    members = {"a": [write(here_fs / "src" / "a" / "model.pte", 4096 + 5, 1),
+                     write(here_fs / "src" / "foundation.ptd", 8192 + 11, 7)]}
+    publish_set(members, url, endpoint_url=env.endpoint.url, signing_key=env.keys / "team.key",
+                config=PublishConfig(journal_dir=env.journal_dir))
+    pub = env.keys / "team.key.pub"
+    if source == "TRTET_TRUSTED_KEYS":
+        monkeypatch.setenv("TRTET_TRUSTED_KEYS", os.fspath(pub))
+    else:
+        config = tmp_path / "config"
+        config.write_text(f"[trtet_store]\ntrusted_keys = {pub}\n")
+        config.chmod(0o600)
+        monkeypatch.setenv("TRTET_CONFIG_FILE", os.fspath(config))
+    out = here_fs / "out"
+    out.mkdir()
+    rep = fetch_set(url, out / "a", "a", endpoint_url=env.endpoint.url, store=out / "store")
+    assert [(out / "a" / p.name).read_bytes() for p in members["a"]] == \
+        [p.read_bytes() for p in members["a"]]
+    assert rep.bytes_downloaded == sum(p.stat().st_size for p in members["a"])
