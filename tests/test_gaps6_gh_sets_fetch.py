@@ -71,3 +71,26 @@ def test_a_signed_set_is_fetched_with_trusted_keys_from_the_environment(
     assert [(out / "a" / p.name).read_bytes() for p in members["a"]] == \
         [p.read_bytes() for p in members["a"]]
     assert rep.bytes_downloaded == sum(p.stat().st_size for p in members["a"])
+
+
+def test_the_rerun_command_names_a_loaded_key_by_its_file_and_skips_one_without(
+        tmp_path: Path) -> None:
+    """``trusted_keys`` given as loaded PublicKeys: the command names each by the file it
+    was read from; a key made in memory (no file) cannot be named and is left out."""
+    import dataclasses
+    import shlex
+
+    from trtet_store.remote.keys import keygen, load_public_key
+    from trtet_store.sets.fetch import fetch_set_command
+
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    keygen(keys / "team.key")
+    loaded = load_public_key(keys / "team.key.pub")
+    assert loaded.source
+    bare = dataclasses.replace(loaded, source="")
+    words = shlex.split(fetch_set_command("s3://b/set/", tmp_path / "d",
+                                          trusted_keys=[loaded, bare, keys / "other.pub"]))
+    assert words == ["trtet-store", "fetch-set", "s3://b/set/", os.fspath(tmp_path / "d"),
+                     "--trusted-key", loaded.source,
+                     "--trusted-key", os.fspath(keys / "other.pub")]
