@@ -56,3 +56,36 @@ def test_a_malformed_sha256_is_refused_in_one_line(change, said: str) -> None:
     with pytest.raises(ManifestError) as caught:
         Manifest.from_json(json.dumps(doc).encode())
     assert said in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize("change", ["fewer", "object-missing", "chunk-list-missing", "none"])
+def test_a_signed_manifest_that_names_a_chunk_by_xxh3_only_is_not_vouched_for(
+        tmp_path, change: str) -> None:
+    """The team key signed it, but not every object and chunk is named by sha256 (a list
+    one short, an object's own missing, a piece without its list): with trusted keys it
+    is refused as naming its bytes by xxh3 only, before anything else is read of it."""
+    from trtet_store.remote.download.describe import program_refusal
+    from trtet_store.remote.keyconfig import resolve_trusted
+    from trtet_store.remote.keys import keygen, load_signing_key
+    from trtet_store.remote.manifest import SIGNATURE_DOMAIN
+    from trtet_store.remote.signing import sign_document
+
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    keygen(keys / "team.key")
+    trusted = resolve_trusted([keys / "team.key.pub"])
+    doc = _doc()
+    o = doc["objects"][0]
+    if change == "fewer":
+        o["pieces"][0]["sha256"] = [SHA, SHA]
+    elif change == "object-missing":
+        del o["sha256"]
+    elif change == "chunk-list-missing":
+        del o["pieces"][0]["sha256"]
+    signed = json.loads(sign_document(doc, load_signing_key(keys / "team.key"),
+                                      SIGNATURE_DOMAIN))
+    why = program_refusal(signed, trusted)
+    if change == "none":
+        assert why is None
+    else:
+        assert why is not None and "names its objects by xxh3 only" in why, why
