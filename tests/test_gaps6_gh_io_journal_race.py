@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 from attacker import NOBODY
 from test_audit_journal_plans import here as here  # the fixture  # noqa: PLC0414
