@@ -66,3 +66,26 @@ def test_recover_leaves_another_users_stray_temp_and_lock_alone(top: Path) -> No
     assert [(o.journal, o.action) for o in outcomes] == [(mine, "removed stray")]
     assert listing(top) == theirs
     assert all((top / k).stat().st_uid == NOBODY for k in theirs)
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_link_or_fifo_of_ours_at_a_lock_name_is_left_and_recover_goes_on(top: Path,
+                                                                          kind: str) -> None:
+    """recovery.py _remove_unheld_lock: ``except UnsafeLockFileError: return False``. A link
+    or FIFO at a destination lock's name passes the sweep's owner check when it is ours (or
+    was swapped in after it): it is never a lock to remove, and recover() goes on."""
+    from trtet_store import recover
+    from trtet_store.io.names import temp_path
+
+    target = top / "target"
+    target.write_bytes(b"root's file")
+    lock = lock_path_of(top / "model.pte")
+    if kind == "link":
+        os.symlink(target, lock)
+    else:
+        os.mkfifo(lock)
+    mine = temp_path(top / "mine.pte", "fedcba9876543210")
+    mine.write_bytes(b"a stray of ours")
+    outcomes = recover(top)
+    assert [(o.journal, o.action) for o in outcomes] == [(mine, "removed stray")]
+    assert os.path.lexists(lock) and target.read_bytes() == b"root's file"
