@@ -51,7 +51,8 @@ def test_a_journal_swapped_before_its_lock_is_judged_on_the_locked_descriptor(he
             try:
                 journal = Journal.open_if_abandoned(path)
             except NotOursError as exc:
-                assert f"owned by uid {NOBODY}, not by uid 0" in str(exc), exc
+                assert str(exc) == (f"write journal {path} is not ours: owned by uid {NOBODY}, "
+                                    "not by uid 0; left alone"), exc
                 refused += 1
                 continue
             except FileNotFoundError:
