@@ -146,8 +146,8 @@ def test_a_set_publish_prunes_only_what_is_old_enough_and_as_listed(s3env: Any,
 
     url = f"s3://{s3env.bucket}/rel/"
     cfg = PublishConfig(journal_dir=s3env.journal_dir)
-    publish_set({"a": [write(tmp_path / "a" / "model.pte", 5000, 1)]}, url,
-                endpoint_url=s3env.endpoint.url, config=cfg)
+    kept = [write(tmp_path / "k" / "model.pte", 5000, 1)]  # named throughout, and old
+    publish_set({"k": kept}, url, endpoint_url=s3env.endpoint.url, config=cfg)
     first = next(k for k in _state(s3env, "rel/blobs/") if not k.endswith(".json"))
     body = s3env.client.get_object(Bucket=s3env.bucket, Key=first)["Body"].read()
     doc = json.loads(s3env.client.get_object(Bucket=s3env.bucket,
@@ -164,14 +164,15 @@ def test_a_set_publish_prunes_only_what_is_old_enough_and_as_listed(s3env: Any,
               if k.startswith((stray, raced))}
     time.sleep(2.1)
     m2 = [write(tmp_path / "b" / "model.pte", 5000, 2)]
-    young = publish_set({"a": m2}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+    young = publish_set({"k": kept, "a": m2}, url, endpoint_url=s3env.endpoint.url, config=cfg,
                         if_exists="replace", gc_grace=3600)
     assert young.pruned == []
     assert {k: v for k, v in _state(s3env, "rel/blobs/").items() if k in before} == before
     client = RewritesBeforeDelete(s3env.endpoint.url, s3env.client, s3env.bucket, {raced})
-    report = publish_set({"a": m2 + [write(tmp_path / "b" / "x.ptd", 5000, 3)]}, url,
+    report = publish_set({"k": kept, "a": m2 + [write(tmp_path / "b" / "x.ptd", 5000, 3)]}, url,
                          client=client, config=cfg, if_exists="replace", gc_grace=1)
     after = _state(s3env, "rel/blobs/")
     assert stray not in after and f"{stray}.trtet.json" not in after
     assert after[raced] == hashlib.sha256(client.rewritten[raced]).hexdigest()
     assert "a" * 32 in report.pruned and "b" * 32 not in report.pruned
+    assert {first, f"{first}.trtet.json"} <= set(after)  # the named blob and its manifest
