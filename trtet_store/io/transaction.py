@@ -38,12 +38,7 @@ from trtet_store.io.journal import (
 from trtet_store.io.ladder import PLACEMENTS
 from trtet_store.io.layout import Layout, Piece
 from trtet_store.io.lock import lock_file, unlock_file
-from trtet_store.io.options import (
-    DEFAULT_CHUNK_SIZE,
-    AutoChunk,
-    ProgressCallback,
-    progress_caller,
-)
+from trtet_store.io.options import DEFAULT_CHUNK_SIZE, AutoChunk, ProgressCallback, progress_caller
 from trtet_store.io.place import place_payload
 from trtet_store.io.recovery import recover_destination
 from trtet_store.io.report import PlacementRecord, WriteReport

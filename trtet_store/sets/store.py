@@ -17,12 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from trtet_store.io import (
-    SafeDir,
-    SealedDir,
-    SourceChangedError,
-    clone_or_copy,
-)
+from trtet_store.io import SafeDir, SealedDir, SourceChangedError, clone_or_copy
 from trtet_store.remote.errors import FetchVerificationError, ObjectChangedError
 from trtet_store.remote.s3 import S3
 
