@@ -102,7 +102,8 @@ def _tier(s3env: Any, client: S3 | None = None) -> RemoteTier:
                       client=client, origin="a", journal_dir=s3env.journal_dir / "a")
 
 
-def _entry(tier: RemoteTier, tmp_path: Path, key: str, created: float) -> None:
+def _entry(tier: RemoteTier, tmp_path: Path, key: str, age: float) -> None:
+    """An entry published now whose pointer says it was created ``age`` s ago."""
     from trtet_store.cache.tier.lease import put
 
     f = tmp_path / key / "record"
@@ -110,7 +111,7 @@ def _entry(tier: RemoteTier, tmp_path: Path, key: str, created: float) -> None:
     f.write_bytes(hashlib.sha256(key.encode()).digest() * 40)
     tier.publish(key, [("record", f)], {})
     e = tier.lookup(key)
-    e.created = created
+    e.created = time.time() - age
     put(tier.s3, tier.bucket, f"cache/{key}.json", e.to_json(), if_match=e.etag)
 
 
@@ -118,12 +119,12 @@ def test_tier_prune_keeps_a_young_entry_and_one_rewritten_before_its_delete(
         s3env: Any, tmp_path: Path) -> None:
     writer = s3env.client
     plain = _tier(s3env)
-    _entry(plain, tmp_path, "old", time.time() - 7200)
-    _entry(plain, tmp_path, "raced", time.time() - 7200)
+    _entry(plain, tmp_path, "old", 7200)
+    _entry(plain, tmp_path, "raced", 7200)
     s3env.client.put_object(Bucket=s3env.bucket, Key="cache/dead.lease", Body=b"{}")
     s3env.client.put_object(Bucket=s3env.bucket, Key="cache/raced2.lease", Body=b"{}")
     time.sleep(2.1)  # the leases' LastModified (whole seconds) 2 s behind
-    _entry(plain, tmp_path, "young", time.time())
+    _entry(plain, tmp_path, "young", 0)
     before = _state(s3env, "cache/")
     tier = _tier(s3env, RewritesBeforeDelete(s3env.endpoint.url, writer, s3env.bucket,
                                              {"cache/raced.json", "cache/raced2.lease"}))
