@@ -29,4 +29,4 @@ def test_only_the_face_lives_at_the_package_root() -> None:
     assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "__main__.py"]
     assert sorted(p.name for p in (root / "remote").glob("*.py")) == [
         "__init__.py", "checksum.py", "errors.py", "filenames.py", "jsondoc.py", "keyconfig.py",
-        "keys.py", "manifest.py", "report.py", "s3.py", "signing.py", "url.py"]
+        "keys.py", "manifest.py", "report.py", "s3.py", "signing.py", "sweep.py", "url.py"]

@@ -83,7 +83,7 @@ import logging
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from trtet_store.cache import BlobCache, PutResult, TieredCache, TierOutcome
 from trtet_store.cache.tiered import Voice
@@ -96,10 +96,15 @@ from trtet_store.export.engine_key import (
 from trtet_store.export.engine_key import compute_capability as compute_capability_of_this_gpu
 from trtet_store.io import try_lock
 
-if TYPE_CHECKING:
-    from trtet_store.export.engine_cache import EngineCache  # annotations only
-
 log = logging.getLogger("trtet_store.cache")
+
+
+class HasLevels(Protocol):
+    """What the adapter takes of an :class:`~trtet_store.EngineCache`: its levels (this
+    module never imports engine_cache, which imports it)."""
+
+    @property
+    def tiered(self) -> TieredCache: ...
 
 __all__ = ["KIND", "RemoteOutcome", "UntrustedBucketError", "detect_tensorrt_version",
            "for_torch_tensorrt"]
@@ -409,7 +414,7 @@ def _adapter_class(base: type) -> type:
     return cls
 
 
-def for_torch_tensorrt(cache: EngineCache | BlobCache | os.PathLike | str | None = None, *,
+def for_torch_tensorrt(cache: HasLevels | BlobCache | os.PathLike | str | None = None, *,
                        max_bytes: int | None = None, tensorrt_version: str | None = None,
                        compute_capability: str | tuple[int, int] | None = None,
                        remote: str | None = None, endpoint_url: str | None = None,

@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trtet_store.inspector.model import Inspection, show_bytes
 from trtet_store.io.units import PAGE, MiB
-
-if TYPE_CHECKING:
-    from trtet_store.inspector.model import Inspection
 
 HEAD_BYTES = 64  # what both runtime readers load first
 PTE_IDENTIFIER = b"ET12"
@@ -26,16 +24,6 @@ TRT_READ_LIMIT = MiB
 RUNTIME_TIMEOUT = 600
 
 DATA_LOCATION = {0: "INLINE", 1: "SEGMENT"}
-
-
-def show_bytes(b: bytes) -> str:
-    try:
-        text = b.decode("ascii")
-    except UnicodeDecodeError:
-        text = None
-    if text is not None and text.isprintable():
-        return text
-    return "0x" + b.hex()
 
 
 def u32(b: bytes, off: int) -> int:

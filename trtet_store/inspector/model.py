@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtet_store.inspector.common import show_bytes
+
+def show_bytes(b: bytes) -> str:
+    try:
+        text = b.decode("ascii")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and text.isprintable():
+        return text
+    return "0x" + b.hex()
 
 
 def jsonable(obj: Any) -> Any:

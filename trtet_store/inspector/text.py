@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from trtet_store.inspector.common import show_bytes
-from trtet_store.inspector.model import Inspection, VerifyResult
+from trtet_store.inspector.model import Inspection, VerifyResult, show_bytes
 from trtet_store.io.units import GiB, KiB, MiB
 
 

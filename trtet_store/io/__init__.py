@@ -63,6 +63,7 @@ from trtet_store.io.safedir import (
     write_atomic,
 )
 from trtet_store.io.seal import Seal, same_identity
+from trtet_store.io.sealdir import SealedDir
 from trtet_store.io.units import GiB, MiB, format_mib
 from trtet_store.io.versioned import (
     VersionedWrite,
@@ -130,6 +131,7 @@ __all__ = [
     "NotOursError",
     "SafeDir",
     "Seal",
+    "SealedDir",
     "same_identity",
     "UnsafeDirectoryError",
     "UnsafeLockFileError",

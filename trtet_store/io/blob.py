@@ -15,15 +15,21 @@ import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from trtet_store.io import names
 from trtet_store.io.digests import digest_file, file_identity
 from trtet_store.io.errors import BlobChangedError, BlobInUseError
 from trtet_store.io.seal import same_identity
 
-if TYPE_CHECKING:
-    from trtet_store.io.blobstore import BlobStore
+
+class BlobOwner(Protocol):
+    """What a blob asks of its store (a :class:`~.blobstore.BlobStore`, which imports this)."""
+
+    drop_behind: bool
+
+    def _write_meta(self, blob: Blob) -> None: ...
+
 
 # The blob store's logger: these messages were the store's before they had a
 # module, and users filter on its name.
@@ -97,7 +103,7 @@ class Blob:
 
     def __init__(
         self,
-        store: BlobStore,
+        store: BlobOwner,
         path: Path,
         size: int,
         digest: str | None,

@@ -19,7 +19,6 @@ import stat
 import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from trtet_store.io import fs, ladder, names, replay, transfer
@@ -39,21 +38,15 @@ from trtet_store.io.journal import (
 from trtet_store.io.ladder import PLACEMENTS
 from trtet_store.io.layout import Layout, Piece
 from trtet_store.io.lock import lock_file, unlock_file
-from trtet_store.io.options import ProgressCallback, progress_caller
+from trtet_store.io.options import DEFAULT_CHUNK_SIZE, AutoChunk, ProgressCallback, progress_caller
 from trtet_store.io.place import place_payload
 from trtet_store.io.recovery import recover_destination
 from trtet_store.io.report import PlacementRecord, WriteReport
-from trtet_store.io.units import MiB
 from trtet_store.io.validate import check_pieces, validate
 
 # The name the transaction has always logged under (tests and users filter on it).
 log = logging.getLogger("trtet_store.writer")
 
-# A move's peak-disk budget (two steps of half this; see transfer.move_step)
-# and a copy's step. One fdatasync per 32 MiB step instead of two per 8 MiB
-# cut a third off a durable 1 GiB move (benchmarks/README.md); 64 MiB is
-# small next to any disk that holds an engine.
-DEFAULT_CHUNK_SIZE = 64 * MiB
 
 
 class _Output:
@@ -586,32 +579,6 @@ def _view(piece: Piece) -> memoryview:
     tensor of gigabytes written from its own memory (a copy cost a 2 GiB
     safetensors save 0.7 s of 2.4 s)."""
     return memoryview(piece).cast("B")
-
-
-@dataclass(frozen=True)
-class AutoChunk:
-    """``chunk_size`` that fits the free space: at most ``limit``, halved until the write fits.
-
-    A move's steps are a third of the budget, so a smaller budget only means
-    more syncs: on the plain disk measured, 64 MiB moved 2 GiB at 1.33x the
-    floor and 192 MiB at 1.40x (benchmarks/README.md), so the budget never
-    grows past ``limit`` and shrinks only where the disk is nearly full.
-
-    Parameters
-    ----------
-    limit : int
-        The largest budget (default 64 MiB, the fixed default).
-    minimum : int
-        The smallest: below three digest chunks a step cannot shrink.
-    """
-
-    limit: int = DEFAULT_CHUNK_SIZE
-    minimum: int = 3 * MiB
-
-    def __post_init__(self) -> None:
-        if not 0 < self.minimum <= self.limit:
-            raise ValueError(f"AutoChunk needs 0 < minimum <= limit, got {self.minimum}, "
-                             f"{self.limit}")
 
 
 #: Inline bytes of one output from which they are synced and journaled as on

@@ -35,10 +35,10 @@ The steps, in order:
    set manifest changed since our commit (the newer publish tidies its own
    base). Each goes only as the version listed: its manifest at the
    version read (which must name that ETag), then the object ``If-Match``
-   that ETag (:func:`_remove_blob`); a renewed blob refuses both. The new
-   manifest lists them (``removing``) before they go: a publish killed
-   between its commit and its clean-up leaves them there, and the next
-   publish of the set removes them.
+   that ETag (:func:`_blob_first`, through :mod:`trtet_store.remote.sweep`);
+   a renewed blob refuses both. The new manifest lists them (``removing``)
+   before they go: a publish killed between its commit and its clean-up
+   leaves them there, and the next publish of the set removes them.
 
 What is left open: ETags are digests of the bytes and the part layout, so
 a blob renewed twice may come back to an ETag it had; a clean-up stalled
@@ -69,7 +69,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import replace as replace_config
 from datetime import timedelta
@@ -86,6 +86,7 @@ from trtet_store.remote.errors import (
 )
 from trtet_store.remote.keyconfig import resolve_signing
 from trtet_store.remote.manifest import (
+    MANIFEST_SUFFIX,
     MAX_PART_SIZE,
     MIN_PART_SIZE,
     Manifest,
@@ -96,6 +97,7 @@ from trtet_store.remote.manifest import (
     manifest_key,
 )
 from trtet_store.remote.s3 import S3, PreconditionFailed
+from trtet_store.remote.sweep import Listed, plan_sweep
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
 from trtet_store.remote.upload.parts import choose_part_size
 from trtet_store.remote.upload.program import sources_of
@@ -643,50 +645,40 @@ def _to_remove(s3: S3, bucket: str, prefix: str, old: SetManifest | None,
 def _remove_unnamed(s3: S3, bucket: str, prefix: str, skey: str, ours: str,
                     new: SetManifest) -> list[str]:
     """The blobs ``new.removing`` lists, removed (each only at the ETag recorded)."""
-    gone = sorted(new.removing)
-    if not gone:
+    if not new.removing:
         return []
     head = s3.head(bucket, skey)
     if head is None or head.etag != ours:
         log.info("s3://%s/%s changed since our commit; the newer publish removes what it "
                  "replaced", bucket, skey)
         return []
-    removed = []
-    for digest in gone:
-        if _remove_blob(s3, bucket, blob_key(prefix, digest), new.removing[digest]):
-            removed.append(digest)
-    return removed
+    plan = plan_sweep([Listed(blob_key(prefix, d), e) for d, e in new.removing.items()], (), 0)
+    return [k.rpartition("/")[2] for k in plan.execute(s3, bucket, first=_blob_first(s3, bucket))]
 
 
-def _remove_blob(s3: S3, bucket: str, key: str, etag: str) -> bool:
-    """Remove the blob at ``key`` if it is still the version ``etag``: its manifest, then it.
+def _blob_first(s3: S3, bucket: str) -> Callable[[Listed], list[tuple[str, str]] | None]:
+    """What the sweep deletes before a blob: its manifest, at the version read now, which must
+    name the blob's listed ETag (None: keep the blob).
 
-    Both deletes are conditional, so a blob renewed since it was listed
-    (:func:`_renew`: a new ETag, a new manifest) is never touched: its
-    manifest is deleted only at the version read here, which must name
-    ``etag``, and the object only at ``etag``. The manifest goes first: a
-    blob manifest a reader finds always names an object that is there. A
-    renewal that lands between the two writes its manifest against the
-    version we deleted, fails, and is tried again (the object stays).
+    A blob renewed since it was listed (:func:`_renew`: a new ETag, a new
+    manifest) is never touched. The manifest goes first: a blob manifest a
+    reader finds always names an object that is there. A renewal that lands
+    between the two writes its manifest against the version we deleted,
+    fails, and is tried again (the object stays). A manifest left without its
+    object (listed as itself) goes alone.
     """
-    mkey = manifest_key(key)
-    try:
+    def first(item: Listed) -> list[tuple[str, str]] | None:
+        if item.key.endswith(MANIFEST_SUFFIX):
+            return []
+        mkey = manifest_key(item.key)
         got = s3.get(bucket, mkey)
-        if got is not None:
-            if _names(got[0], key) != etag:
-                log.info("s3://%s/%s was written again since it was listed; kept", bucket, key)
-                return False
-            s3.delete(bucket, mkey, if_match=got[1])
-        elif s3.head(bucket, key) is None:
-            return False  # removed already (by the publish that listed it, killed after)
-        s3.delete(bucket, key, if_match=etag)
-    except PreconditionFailed:
-        log.info("s3://%s/%s changed since it was listed; kept", bucket, key)
-        return False
-    except RemoteError as exc:
-        log.warning("s3://%s/%s could not be removed (%s); it stays, unnamed", bucket, key, exc)
-        return False
-    return True
+        if got is None:  # None: removed already (by the publish that listed it, killed after)
+            return [] if s3.head(bucket, item.key) is not None else None
+        if _names(got[0], item.key) != item.etag:
+            log.info("s3://%s/%s was written again since it was listed; kept", bucket, item.key)
+            return None
+        return [(mkey, got[1])]
+    return first
 
 
 def _names(doc: bytes, key: str) -> str | None:
@@ -718,11 +710,11 @@ def _prune(s3: S3, bucket: str, prefix: str, skey: str, ours: str, new: SetManif
     """The blobs no manifest names, older than ``grace`` seconds, removed; their digests.
 
     Ages are by the server's clock: LastModified against our committed set
-    manifest's. Skipped: what ``new`` names, what it lists in ``removing``
+    manifest's. Kept: what ``new`` names, what it lists in ``removing``
     (the clean-up's), anything younger (a concurrent publisher's upload, or
     a renewal, not committed yet), and everything once the set manifest is
     not ours any more (the newer publish prunes). Each goes as the version
-    listed (:func:`_remove_blob`): a blob renewed since, to be named by a
+    listed (:func:`_blob_first`): a blob renewed since, to be named by a
     publish under way, refuses the delete. Best effort, like the clean-up.
     """
     try:
@@ -735,31 +727,18 @@ def _prune(s3: S3, bucket: str, prefix: str, skey: str, ours: str, new: SetManif
     except RemoteError as exc:
         log.warning("s3://%s/%s%s was not pruned (%s)", bucket, prefix, BLOBS, exc)
         return []
-    skip = set(new.blobs) | set(new.removing)
-    objects: dict[str, tuple[float, str]] = {}
-    manifests: dict[str, tuple[float, str]] = {}
-    for key, modified, etag in listed:
-        name = key[len(prefix + BLOBS):]
-        digest, dot, rest = name.partition(".")
-        if not _HEX128.fullmatch(digest) or digest in skip or \
-                mine.modified - modified < grace:
-            continue
-        if not dot:
-            objects[digest] = (modified, etag)
-        elif name == manifest_key(digest):  # <hex>.trtet.json
-            manifests[digest] = (modified, etag)
-    pruned = []
-    for digest, (_, etag) in sorted(objects.items()):
-        if _remove_blob(s3, bucket, blob_key(prefix, digest), etag):
-            pruned.append(digest)
-    for digest, (_, etag) in sorted(manifests.items()):
-        if digest in objects:
-            continue
-        try:  # a manifest left without its object (a clean-up killed in between)
-            s3.delete(bucket, manifest_key(blob_key(prefix, digest)), if_match=etag)
-        except RemoteError as exc:
-            log.info("s3://%s/%s: kept (%s)", bucket, manifest_key(blob_key(prefix, digest)),
-                     exc)
+    keep = {blob_key(prefix, d) for d in (*new.blobs, *new.removing)}
+    named = keep | {manifest_key(k) for k in keep}
+    objects = {k for k, _, _ in listed if _HEX128.fullmatch(k.rpartition("/")[2])}
+    # A blob's manifest goes with it; one left without its object (a clean-up killed in
+    # between) goes alone.
+    listing = [Listed(k, etag, modified) for k, modified, etag in listed
+               if k in objects or (k.endswith(MANIFEST_SUFFIX) and k[:-len(MANIFEST_SUFFIX)]
+                                   not in objects and _HEX128.fullmatch(
+                                       k[len(prefix + BLOBS):-len(MANIFEST_SUFFIX)]))]
+    plan = plan_sweep(listing, named, grace, now=mine.modified)
+    gone = plan.execute(s3, bucket, first=_blob_first(s3, bucket))
+    pruned = [k.rpartition("/")[2] for k in gone if k in objects]
     if pruned:
         log.info("pruned %d blob(s) under s3://%s/%s%s that no manifest names, older than "
                  "%.0f s", len(pruned), bucket, prefix, BLOBS, grace)

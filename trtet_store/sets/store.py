@@ -1,118 +1,23 @@
 """The local content store: every blob a machine holds for any set, once, named by its digest.
 
-A directory of files named by their xxh3-128 (``<store>/<hex>``), read-only
-(0444) once complete. A blob is downloaded into it by
-:func:`trtet_store.fetch` (ranged GETs checked against the blob's own
-manifest, resumable from the store's ``.trtet-staging``, written by an
-atomic rename), then checked against the digest that names it, so a name
-in the store is always its bytes' digest. Members are placed from here
-(:mod:`.place`); a blob another member or another set brought is not
-downloaded again.
-
-**Seals: the digests travel with the bytes.** When a blob's xxh3-128 has
-been checked (after its download, or after a re-read), the store writes its
-seal, ``.trtet-seals/<hex>`` (a small JSON record): the file's identity
-then (device, inode, size, mtime, ctime;
-:func:`~trtet_store.io.file_identity`), as the engine cache seals its
-entries. A placement trusts a blob whose identity is still
-the sealed one (one ``stat``): it is placed without reading it again, and a
-copy is not read back. A blob whose identity changed (written in place, even
-with the same size; replaced; touched) is read again once: the same bytes
-are sealed anew, other bytes are refused
-(:class:`~trtet_store.io.VerificationError`, "remove it and fetch again"),
-and nothing is placed from it. A blob without a seal (an older store) is
-read once and sealed.
-
-**Without reflinks (ext4), the store keeps a reference.** Where the store
-cannot clone into the destination and ``link=False``, a member's files are
-not copied out of the store: a blob this fetch downloaded is sealed in the
-store as above, then moved (renamed, :class:`~trtet_store.io.BlobStore`
-``adopt`` and a ``consume`` transaction: no byte copied or read back) into
-the member's ``write_files`` transaction, as an ordinary writable 0644 file
-of its own (no hard link). Its seal then records a *reference*
-(:meth:`ContentStore.refer`): ``"ref"``, the placed file's absolute path,
-and that file's identity after the placement. The store holds no bytes of
-it, so after K members the disk holds K copies, and a first ``fetch_set``
-writes each byte once, as ``fetch`` does.
-
-A later member (another set too) that needs the blob: the store's own
-file if it holds one (as on XFS); else the referenced file is opened once
-(``O_NOFOLLOW | O_NONBLOCK``), its identity checked by ``fstat`` on that
-descriptor against the recorded one, and copied into the store from that
-same descriptor (:meth:`ContentStore.take_reference`): a directory on its
-path renamed or swapped (``renameat2(RENAME_EXCHANGE)``) leads the open to
-another inode, which is refused, and cannot redirect a copy already open.
-The descriptor's identity is checked again after the copy: unchanged, the
-copy is the sealed bytes (any write in between changes its mtime and
-ctime), sealed without a read and moved into the new member in turn (the
-reference follows it); changed, the copy is discarded and the blob
-downloaded. A reference is recorded only for the very inode the blob was
-moved to (its device and inode in the store before the move), taken by
-``fstat`` on the placed name opened without following a link. Seals are
-read under the one rule (:func:`~trtet_store.io.read_ours`).
-
-A reference whose file is gone or changed (an in-place write, ExecuTorch's
-``save`` truncating it) is dropped, logged at INFO, and the blob downloaded
-again; the member's file is its own and is never touched. A blob the store
-held before this fetch (an older store, a ``link=True`` or XFS-era fetch,
-one completed by a killed fetch) stays in the store and is copied, as
-before. A store on another filesystem than the destination keeps today's
-copy (a rename cannot reach). In this mode a fetch holds its member's blob
-locks (in digest order) until its references are written, so no other
-process copies from the store's name while the blob leaves it; a
-transaction that fails gives the blob back to its store name.
-
-**Two processes, one store.** A blob is downloaded under its own lock,
-``.trtet-seals/<hex>.lock`` (an exclusive ``flock``, waited for; removed by
-its holder as it lets go, :func:`~trtet_store.io.unlock_file`): a second
-``fetch_set`` that needs a blob another process is downloading waits for
-it, then finds it sealed (or a reference to the first one's file) and
-downloads nothing; on XFS and btrfs two blobs are downloaded at once. A
-killed holder's lock is released by the kernel, and the next taker resumes
-its download.
-
-Where it lives: ``store=`` of :func:`~trtet_store.sets.fetch_set`, by
-default ``.trtet-blobs`` beside the destination directory (its parent), so
-that sets fetched into sibling directories share it and, on one filesystem,
-a reflink places a file with no new disk.
-
-Why not the engine cache's blob store (``trtet_store.cache``, also named by
-xxh3-128): the set room uses only io's and remote's faces (the cache is a
-sibling, not a floor); the cache evicts under a byte budget and lives where
-builds stage (often another filesystem than the destination, where a clone
-cannot reach); and a blob here must stay while a member placed by hard link
-shares its inode. Both stores keep the same discipline (complete or absent,
-named by the digest, checked on use), so one can adopt the other's files
-later without a re-download.
+A :class:`~trtet_store.io.SealedDir` of files named by their xxh3-128
+(``<store>/<hex>``, 0444), filled by :meth:`ContentStore.download`, plus what
+is its own: a seal may record a *reference* to the placed file that is the
+blob (:meth:`ContentStore.refer`, :meth:`ContentStore.take_reference`). The
+seals, references, locks and why this is not the engine cache's store:
+``docs/DESIGN.md``, "The content store".
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
-from trtet_store.io import (
-    MiB,
-    NotOursError,
-    SafeDir,
-    SourceChangedError,
-    VerificationError,
-    clone_or_copy,
-    digest_file,
-    file_identity,
-    read_ours,
-    same_identity,
-    staging_directory,
-    try_lock,
-    unlock_file,
-    write_atomic,
-)
+from trtet_store.io import SafeDir, SealedDir, SourceChangedError, clone_or_copy
 from trtet_store.remote.errors import FetchVerificationError, ObjectChangedError
 from trtet_store.remote.s3 import S3
 
@@ -120,20 +25,16 @@ log = logging.getLogger("trtet_store.sets")
 
 #: The default store's name, beside the destination directory.
 STORE_DIR = ".trtet-blobs"
-#: The seals' directory in the store: ``<hex>`` each, the blob's identity when checked.
-SEALS_DIR = ".trtet-seals"
 #: Where a blob waits (on the store's filesystem) while a transaction moves it into place.
 MOVING_DIR = ".trtet-moving"
 STORE_TODO = ("remove it or pass store= a directory of your own (0700, not a link, "
               "owned by you)")
-#: The most bytes a seal may hold (a small JSON object).
-SEAL_MAX_BYTES = 64 * 1024
 #: How a referenced file is opened: never through a link, never waiting on a FIFO.
 _REF_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class ContentStore:
-    """A directory of blobs named by their xxh3-128 hex digest.
+class ContentStore(SealedDir):
+    """A directory of blobs named by their xxh3-128 hex digest (a :class:`SealedDir`).
 
     Parameters
     ----------
@@ -144,100 +45,7 @@ class ContentStore:
     """
 
     def __init__(self, root: os.PathLike | str) -> None:
-        self.root = Path(root).absolute()
-        staging_directory(self.root, todo=STORE_TODO).close()
-
-    def path(self, digest: str) -> Path:
-        return self.root / digest
-
-    @contextlib.contextmanager
-    def locked(self, digest: str) -> Iterator[None]:
-        """Hold the blob's download lock (waiting for another process that holds it)."""
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self.root / SEALS_DIR, 0o700)
-        path = self.root / SEALS_DIR / (digest + ".lock")
-        fd = try_lock(path, create=True, wait=True)
-        assert fd is not None  # wait=True never returns None
-        try:
-            yield
-        finally:
-            unlock_file(fd, path)
-
-    def seal_path(self, digest: str) -> Path:
-        return self.root / SEALS_DIR / digest
-
-    def seal(self, digest: str, *, relink: bool = False, sha256: str | None = None) -> None:
-        """Record the blob's identity now, as the one whose bytes are ``digest``.
-
-        Called only right after its bytes were checked against ``digest``,
-        or with ``relink=True`` after our own hard link to it, which changed
-        only its ctime: then only when the rest of its identity is the
-        sealed one (a write meanwhile leaves the old seal, which no longer
-        matches, so the blob is read again at its next use).
-        """
-        st = os.lstat(self.path(digest))
-        if relink:
-            sealed = self._sealed_identity(digest)
-            if not same_identity(sealed, st, relink=True):
-                return
-        doc = {"xxh3": digest, "size": st.st_size, "identity": list(file_identity(st))}
-        if sha256 is not None:  # taken as the bytes arrived (a signed set's check: .signed)
-            doc["sha256"] = sha256
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self.root / SEALS_DIR, 0o700)
-        write_atomic(self.seal_path(digest), json.dumps(doc).encode(), mode=0o444)
-
-    def _seal_doc(self, digest: str) -> object:
-        """The blob's seal as JSON, read under the one rule (ours, regular, capped), or None."""
-        try:
-            return json.loads(read_ours(self.seal_path(digest), limit=SEAL_MAX_BYTES,
-                                        what="store seal"))
-        except NotOursError as exc:
-            log.warning("%s", exc)
-            return None
-        except (OSError, ValueError):
-            return None
-
-    def _sealed_identity(self, digest: str) -> list[int] | None:
-        doc = self._seal_doc(digest)
-        if not isinstance(doc, dict) or doc.get("xxh3") != digest:
-            return None
-        ident = doc.get("identity")
-        return ident if isinstance(ident, list) and len(ident) == 5 else None
-
-    def sealed(self, digest: str) -> bool:
-        """Whether the blob is still the file whose bytes were checked (one ``lstat``)."""
-        try:
-            st = os.lstat(self.path(digest))
-        except FileNotFoundError:
-            return False
-        return stat.S_ISREG(st.st_mode) and \
-            self._sealed_identity(digest) == list(file_identity(st))
-
-    def check(self, digest: str, size: int, chunk_size: int,
-              chunks: tuple[int, ...]) -> bool:
-        """Make sure the blob is ``digest``'s bytes before it is placed; True when sealed.
-
-        A blob whose identity is the sealed one is trusted without a read.
-        Another is read once against ``digest`` and the set's chunk digests:
-        sealed anew when it matches (False: it was read), refused otherwise.
-
-        Raises
-        ------
-        VerificationError
-            Its bytes are not the set's: nothing is placed from it.
-        """
-        if self.sealed(digest):
-            return True
-        path = self.path(digest)
-        got, got_chunks, n = digest_file(path, chunk_size, False)
-        if n != size or got != digest or tuple(got_chunks) != tuple(chunks):
-            raise VerificationError(
-                f"{path}: the store's blob (changed since it was checked; remove it and fetch "
-                "again)", None, os.fspath(path))
-        log.info("%s: changed identity, same bytes: sealed anew", path)
-        self.seal(digest)
-        return False
+        super().__init__(root, todo=STORE_TODO)
 
     def inode(self, digest: str) -> tuple[int, int]:
         """The store's blob's (device, inode): what :meth:`refer` expects at the placed name."""
@@ -263,7 +71,7 @@ class ContentStore:
             fd = os.open(path, _REF_FLAGS)
         except OSError as exc:
             log.warning("%s: not recorded as blob %s (%s)", path, digest, exc.strerror)
-            self._drop(digest)
+            self.unseal(digest)
             return False
         try:
             st = os.fstat(fd)
@@ -272,13 +80,9 @@ class ContentStore:
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != tuple(inode):
             log.warning("%s: not the file blob %s was moved to (a directory on its path "
                         "changed?); not recorded as a reference", path, digest)
-            self._drop(digest)
+            self.unseal(digest)
             return False
-        doc = {"xxh3": digest, "size": st.st_size, "identity": list(file_identity(st)),
-               "ref": os.fspath(path)}
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self.root / SEALS_DIR, 0o700)
-        write_atomic(self.seal_path(digest), json.dumps(doc).encode(), mode=0o444)
+        self.write_seal(digest, st, ref=os.fspath(path))
         return True
 
     def reference(self, digest: str, size: int) -> Path | None:
@@ -294,7 +98,7 @@ class ContentStore:
         None, the blob is downloaded again. The file is never read to learn
         whether its bytes are still the blob's.
         """
-        doc = self._seal_doc(digest)
+        doc = self.read_seal(digest)
         if not isinstance(doc, dict) or not isinstance(doc.get("ref"), str):
             return None
         ref = Path(doc["ref"])
@@ -302,13 +106,12 @@ class ContentStore:
             st = os.lstat(ref)
         except FileNotFoundError:
             st = None
-        if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == size and \
-                doc.get("xxh3") == digest and doc.get("identity") == list(file_identity(st)):
+        if st is not None and st.st_size == size and doc.get("xxh3") == digest and \
+                self.matches(doc.get("identity"), st):
             return ref, doc["identity"]
         log.info("%s: %s since it was placed as blob %s; the reference is dropped and the "
                  "blob is downloaded again", ref, "gone" if st is None else "changed", digest)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.seal_path(digest))
+        self.unseal(digest)
         return None
 
     def take_reference(self, digest: str, size: int, chunk_size: int) -> bool:
@@ -336,20 +139,20 @@ class ContentStore:
         except OSError as exc:  # gone, a link (ELOOP), a FIFO or socket (ENXIO), ...
             log.info("%s: cannot be opened as blob %s (%s); the reference is dropped and the "
                      "blob downloaded again", ref, digest, exc.strerror)
-            self._drop(digest)
+            self.unseal(digest)
             return False
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or list(file_identity(st)) != before:
+            if not self.matches(before, st):
                 log.info("%s: not the file placed as blob %s (changed, or reached through a "
                          "directory swapped since); the reference is dropped and the blob "
                          "downloaded again", ref, digest)
-                self._drop(digest)
+                self.unseal(digest)
                 return False
             _reference_step("copy", ref)
             try:
                 _copy_reference(fd, ref, dest, size)
-                ok = list(file_identity(os.fstat(fd))) == before
+                ok = self.matches(before, os.fstat(fd))
             except (SourceChangedError, OSError) as exc:
                 if not isinstance(exc, SourceChangedError) and exc.errno not in (
                         errno.EIO, errno.ENOENT):
@@ -364,16 +167,10 @@ class ContentStore:
         finally:
             os.close(fd)
         if not ok:
-            for p in (dest, self.seal_path(digest)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
+            self.remove(digest)
             return False
         self.seal(digest)  # the sealed bytes: the source kept its identity throughout
         return True
-
-    def _drop(self, digest: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.seal_path(digest))
 
     def holds(self, digest: str, size: int) -> bool:
         """Whether a complete blob of this digest and size is here (one ``lstat``).
@@ -424,7 +221,7 @@ class ContentStore:
                                          f"({exc}); refused: publish the set again") from exc
         got = rep.objects[0].digest
         if got is None:  # resumed: not every byte passed this call's digest
-            got = digest_file(dest, MiB, False)[0]
+            got = self.digest(dest)
         if got != digest:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(dest)

@@ -17,6 +17,8 @@ from trtet_store.remote.s3 import S3
 
 log = logging.getLogger("trtet_store.cache.tier")
 
+POINTER_SUFFIX = ".json"
+
 
 @dataclass(frozen=True)
 class TierBucket:
@@ -32,6 +34,9 @@ class TierBucket:
     signing_key: Any
     trusted_keys: Any
     clock: Clock
+
+    def pointer_key(self, key: str) -> str:
+        return f"{self.prefix}{key}{POINTER_SUFFIX}"
 
     def lease_key(self, key: str) -> str:
         return f"{self.prefix}{key}{LEASE_SUFFIX}"

@@ -14,55 +14,47 @@ from collections.abc import Callable
 from trtet_store.cache.tier.bucket import TierBucket
 from trtet_store.cache.tier.entry import RemoteEntry, check_key
 from trtet_store.cache.tier.lease import LEASE_SUFFIX, prunable
-from trtet_store.remote.errors import ObjectChangedError
 from trtet_store.remote.jsondoc import LEASE_MAX_BYTES
-from trtet_store.remote.s3 import PreconditionFailed
+from trtet_store.remote.sweep import Listed, plan_sweep
 
 __all__ = ["prune"]
 
 
 def prune(tier: TierBucket, older_than: float, *, dry_run: bool = False,
-          entries: Callable[[], list[RemoteEntry]], delete: Callable[[RemoteEntry], None],
+          entries: Callable[[], list[RemoteEntry]],
           lookup: Callable[[str], RemoteEntry | None]) -> list[str]:
-    """:meth:`RemoteTier.prune` (see there): its entries, as ``entries``, ``delete`` and
-    ``lookup`` tell them, and what ``tier`` lists."""
+    """:meth:`RemoteTier.prune` (see there): its entries, as ``entries`` and ``lookup``
+    tell them, and what ``tier`` lists. Pointers and leases go by one sweep
+    (:mod:`trtet_store.remote.sweep`), each ``If-Match`` the version judged."""
     if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
             or not older_than >= 0:
         raise ValueError(f"older_than must be a number of seconds >= 0, not {older_than!r}")
     now = time.time()
-    cutoff = now - older_than
-    removed: list[str] = []
-    kept_attempts: set[str] = set()
-    for entry in entries():
-        if entry.created < cutoff:
-            if not dry_run:
-                try:
-                    delete(entry)
-                except ObjectChangedError:
-                    kept_attempts.add(entry.attempt)  # replaced meanwhile: not ours
-                    continue
-            removed.append(entry.key)
-        else:
-            kept_attempts.add(entry.attempt)
-    listing = tier.s3.list_dated(tier.bucket, tier.prefix)
+    pointers = {tier.pointer_key(e.key): e for e in entries()}
+    listing = [Listed(k, e.etag, e.created) for k, e in pointers.items()]
     newest: dict[str, float] = {}
-    for k, _, modified in listing:
+    alive: set[str] = set()
+    for k, _, modified in tier.s3.list_dated(tier.bucket, tier.prefix):
         rest = k[len(tier.prefix):]
         parts = rest.split("/")
         if len(parts) == 3:
             adir = f"{parts[0]}/{parts[1]}/"
             newest[adir] = max(newest.get(adir, 0.0), modified)
-        elif len(parts) == 1 and rest.endswith(LEASE_SUFFIX) and modified < cutoff:
+        elif len(parts) == 1 and rest.endswith(LEASE_SUFFIX) and now - modified >= older_than:
             got = tier.s3.get_dated(tier.bucket, k, LEASE_MAX_BYTES)
-            # Dead by the server's clock: unchanged for two of its (capped) ttls.
-            if got is None or not prunable(got, tier.lease_ttl):
+            if got is None:
                 continue
-            if not dry_run:
-                try:
-                    tier.s3.delete(tier.bucket, k, if_match=got.etag)
-                except PreconditionFailed:
-                    continue  # renewed or taken over meanwhile: alive
-            removed.append(rest)
+            listing.append(Listed(k, got.etag, modified))
+            # Dead by the server's clock: unchanged for two of its (capped) ttls.
+            if not prunable(got, tier.lease_ttl):
+                alive.add(k)
+    plan = plan_sweep(listing, dict.fromkeys(alive, "a live lease"), older_than, now=now)
+    gone = [i.key for i in plan.doomed] if dry_run else plan.execute(tier.s3, tier.bucket)
+    kept_attempts = {e.attempt for e in pointers.values()}  # kept, or removed with its pointer
+    for k in gone:
+        if k in pointers and not dry_run:
+            tier.remove_attempt(f"{tier.prefix}{pointers[k].attempt}")
+    removed = [pointers[k].key if k in pointers else k[len(tier.prefix):] for k in gone]
     for u in tier.s3.list_uploads(tier.bucket, tier.prefix):
         parts = u.key[len(tier.prefix):].split("/")
         if len(parts) == 3:
@@ -70,7 +62,7 @@ def prune(tier: TierBucket, older_than: float, *, dry_run: bool = False,
             started = u.initiated.timestamp() if hasattr(u.initiated, "timestamp") else now
             newest[adir] = max(newest.get(adir, 0.0), started)
     for adir, modified in sorted(newest.items()):
-        if adir in kept_attempts or modified >= cutoff:
+        if adir in kept_attempts or now - modified < older_than:
             continue
         key = adir.split("/")[0]
         with contextlib.suppress(ValueError):
@@ -83,4 +75,3 @@ def prune(tier: TierBucket, older_than: float, *, dry_run: bool = False,
                 tier.remove_attempt(f"{tier.prefix}{adir}")
             removed.append(adir)
     return removed
-

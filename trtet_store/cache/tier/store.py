@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cache.tier.bucket import TierBucket
+from trtet_store.cache.tier.bucket import POINTER_SUFFIX, TierBucket
 from trtet_store.cache.tier.entry import (
     DamagedPointer,
     RemoteEntry,
@@ -98,7 +98,6 @@ __all__ = ["LeaseWaitTimeout", "RemoteTier", "TierDownload", "TierPublish"]
 
 log = logging.getLogger("trtet_store.cache.tier")
 
-POINTER_SUFFIX = ".json"
 
 
 class RemoteTier:
@@ -600,7 +599,7 @@ class RemoteTier:
         from trtet_store.cache.tier.prune import prune
 
         return prune(self.where, older_than, dry_run=dry_run, entries=self.entries,
-                     delete=self.delete, lookup=self.lookup)
+                     lookup=self.lookup)
 
     # --- leases ----------------------------------------------------------------------
 

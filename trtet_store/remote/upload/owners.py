@@ -15,7 +15,8 @@ import posixpath
 
 from trtet_store.remote.errors import ManifestError, OwnedByOtherProgramError, RemoteError
 from trtet_store.remote.manifest import named_keys, program_key_of
-from trtet_store.remote.s3 import S3, PreconditionFailed
+from trtet_store.remote.s3 import S3
+from trtet_store.remote.sweep import Listed, plan_sweep
 from trtet_store.remote.url import RemoteURL
 
 # The publish's logger, as before these rules left send.py.
@@ -89,26 +90,15 @@ def remove_replaced(s3: S3, bucket: str, key: str, mkey: str, previous: dict[str
         log.warning("the replaced version's objects %s are kept: the other programs' "
                     "manifests could not be listed (%s)", ", ".join(gone), exc)
         return []
-    removed = []
-    for k in gone:
-        if posixpath.dirname(k) != where or program_key_of(k) is not None:
-            log.warning("s3://%s/%s is kept: the replaced manifest named it, but it is not "
-                        "an object beside the program", bucket, k)
-            continue
-        if k in owners:
-            log.info("s3://%s/%s is kept: s3://%s/%s names it too", bucket, k, bucket,
-                     owners[k])
-            continue
-        try:
-            s3.delete(bucket, k, if_match=previous[k])
-        except PreconditionFailed:
-            log.info("s3://%s/%s is kept: it changed since the replaced version", bucket, k)
-            continue
-        except (RemoteError, OSError) as exc:
-            log.warning("s3://%s/%s, which the replaced version had and the new one does "
-                        "not, could not be removed (%s); it stays", bucket, k, exc)
-            continue
-        removed.append(k)
+    beside = [k for k in gone if posixpath.dirname(k) == where and program_key_of(k) is None]
+    for k in sorted(set(gone) - set(beside)):
+        log.warning("s3://%s/%s is kept: the replaced manifest named it, but it is not "
+                    "an object beside the program", bucket, k)
+    named = {k: f"s3://{bucket}/{owners[k]} names it too" for k in beside if k in owners}
+    # No grace: the replaced manifest's ETag is the version judged.
+    plan = plan_sweep([Listed(k, previous[k]) for k in beside], named, 0)
+    removed = plan.execute(s3, bucket)
+    for k in removed:
         log.info("removed s3://%s/%s: the replaced version had it, no manifest names it now",
                  bucket, k)
     return removed
