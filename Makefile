@@ -87,18 +87,13 @@ test-all:
 	   echo "test-all: no test ran in either lane" >&2; exit 5; fi; \
 	 test $$ra -eq 0 && test $$rb -eq 0
 
-# Refresh tests/durations.json (the lanes' split and budgets): the whole suite on each
-# version, side by side as test-all's lanes run, each recording its per-test times.
-# Run it on the machine kind CI uses, with nothing else running, and commit the file.
-durations:
-	$(MAKE) venv EXECUTORCH=1.5.1
-	$(MAKE) venv EXECUTORCH=1.4.1
-	@mkdir -p $(TEST_LOGS)
-	@$(MAKE) --no-print-directory test EXECUTORCH=1.5.1 PYTEST_ARGS="--write-durations $(PYTEST_ARGS)" > $(TEST_LOGS)/durations-1.5.1.log 2>&1 & a=$$!; \
-	 $(MAKE) --no-print-directory test EXECUTORCH=1.4.1 PYTEST_ARGS="--write-durations $(PYTEST_ARGS)" > $(TEST_LOGS)/durations-1.4.1.log 2>&1 & b=$$!; \
-	 wait $$a; ra=$$?; wait $$b; rb=$$?; \
-	 tail -n 3 $(TEST_LOGS)/durations-1.5.1.log $(TEST_LOGS)/durations-1.4.1.log; \
-	 echo "durations: tests/durations.json (exit $$ra and $$rb)"; test $$ra -eq 0 && test $$rb -eq 0
+# Refresh tests/durations.json (the lanes' split and budgets) from what the lanes last
+# ran: every lane run records its per-test times in $(TEST_LOGS)/durations/ (one file a
+# version and part); this merges them, keyed by version, and prints the split they give.
+# So: `make test-all` (on the machine kind CI uses, with nothing else running), then
+# `make durations`, and commit the file.
+durations: venv
+	$(BIN)/python tests/lanes.py merge $(TEST_LOGS)/durations
 
 # Long fuzzing and kill variants: tests marked `slow`, which conftest.py
 # skips unless TRTET_LONG=1.

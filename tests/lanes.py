@@ -21,18 +21,28 @@ The guard
 Lanes (``--lane=K/N --lane-versions=V1,...,VN``; ``make test-all``)
     Lane K runs on ExecuTorch VK: every ``executorch`` test, and its share of the
     unmarked tests, split between the lanes by test file, greedily by the durations
-    recorded in tests/durations.json (a file or test not there counts
-    ``DEFAULT_SECONDS`` a test). ``--lane-part=plain`` runs only the share of unmarked
+    recorded in tests/durations.json, each lane starting from its whole executorch part
+    on its own version (a lane is its unmarked part, then its executorch part: the split
+    balances the sums). A test not recorded counts its file's median (``DEFAULT_SECONDS``
+    where the file has none). ``--lane-part=plain`` runs only the share of unmarked
     tests (marked modules are not even imported), ``--lane-part=executorch`` only the
     marked tests.
+
+Recording (``make durations``)
+    Every lane run writes its per-test times (setup, call and teardown) to
+    test-logs/durations/<version>-lane-K-of-N-<part>.json (``--record-durations`` for a
+    run outside a lane); ``make durations`` (``python tests/lanes.py merge``) merges them
+    into tests/durations.json, keyed by version: a marked test under the version it ran
+    on, an unmarked one under the version it ran on only (it does not depend on it). So
+    a ``make test-all`` then ``make durations`` refreshes every test's time, at no extra
+    run. ``--write-durations`` merges one run's times at once.
 
 Time checks
     A test whose call takes over 60 s (``TRTET_CREEP_SECONDS``) fails unless marked
     ``long_test`` (or listed in ``LONG_TESTS``, or ``slow``). In a lane, the run fails
     when its tests took more than 120% of what tests/durations.json recorded for them,
     naming the biggest growers; ``TRTET_LANE_BUDGET`` scales that budget (``2`` on a
-    machine twice as slow) or turns it off (``off``). ``--write-durations`` records this
-    run's times into tests/durations.json (``make durations``).
+    machine twice as slow) or turns it off (``off``).
 """
 
 from __future__ import annotations
@@ -331,13 +341,6 @@ def load_durations(path: Path = DURATIONS) -> dict[str, dict[str, float]]:
     return {k: v for k, v in _load(path).items() if isinstance(v, dict) and not k.startswith("_")}
 
 
-def load_file_estimates(path: Path = DURATIONS) -> dict[str, float]:
-    """{test file: seconds}, for files none of whose tests has a recorded time (the file's
-    ``_file_estimates``; ``make durations`` makes them unneeded)."""
-    estimates = _load(path).get("_file_estimates", {})
-    return {k: float(v) for k, v in estimates.items()} if isinstance(estimates, dict) else {}
-
-
 def recorded_seconds(durations: dict[str, dict[str, float]], nodeid: str,
                      version: str) -> float | None:
     """The recorded time of one test on ``version``, else on another version, else None."""
@@ -347,14 +350,55 @@ def recorded_seconds(durations: dict[str, dict[str, float]], nodeid: str,
     return max(known) if known else None
 
 
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def file_medians(durations: dict[str, dict[str, float]]) -> dict[str | None, dict[str, float]]:
+    """{version: {test file: median recorded seconds of its tests}}, and under ``None`` the
+    same over every version: what an unrecorded test of that file is taken to cost."""
+    by: dict[str | None, dict[str, list[float]]] = {None: {}}
+    for version, section in durations.items():
+        for nodeid, seconds in section.items():
+            for key in (version, None):
+                by.setdefault(key, {}).setdefault(_module_path(nodeid), []).append(
+                    float(seconds))
+    return {key: {f: _median(v) for f, v in files.items()} for key, files in by.items()}
+
+
 def expected_seconds(durations: dict[str, dict[str, float]], nodeid: str,
-                     version: str | None) -> float:
-    """The recorded time of one test: on ``version``, else the mean of the others, else
-    ``DEFAULT_SECONDS``."""
+                     version: str | None,
+                     medians: dict[str | None, dict[str, float]] | None = None) -> float:
+    """The recorded time of one test: on ``version``, else the mean of the others; a test
+    recorded nowhere counts its file's median (on ``version``, else on any), else
+    ``DEFAULT_SECONDS``. ``medians``: :func:`file_medians` of ``durations``, computed once."""
     if version is not None and nodeid in durations.get(version, {}):
         return float(durations[version][nodeid])
     known = [float(d[nodeid]) for d in durations.values() if nodeid in d]
-    return sum(known) / len(known) if known else DEFAULT_SECONDS
+    if known:
+        return sum(known) / len(known)
+    if medians is None:
+        medians = file_medians(durations)
+    path = _module_path(nodeid)
+    for key in (version, None):
+        if path in medians.get(key, {}):
+            return medians[key][path]
+    return DEFAULT_SECONDS
+
+
+def executorch_loads(durations: dict[str, dict[str, float]], versions: list[str]
+                     ) -> list[float]:
+    """Each lane's executorch part on its version, in recorded seconds: every marked test
+    the file holds (on any version), at its time on that version, else at its time on the
+    others, else at its file's median. Known only from the file: a lane's unmarked part
+    does not even import the marked modules."""
+    medians = file_medians(durations)
+    marked = sorted({nodeid for section in durations.values() for nodeid in section
+                     if nodeid_is_marked(nodeid)})
+    return [sum(expected_seconds(durations, nodeid, version, medians) for nodeid in marked)
+            for version in versions]
 
 
 def split(units: dict[str, float], bases: list[float]) -> dict[str, int]:
@@ -368,27 +412,82 @@ def split(units: dict[str, float], bases: list[float]) -> dict[str, int]:
     return where
 
 
-def write_durations(seen: dict[str, float], version: str, path: Path = DURATIONS) -> None:
-    """Merge this run's times into ``path`` under ``version`` (locked: lanes write side by
-    side); tests of modules that no longer exist are dropped."""
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(data, out, indent=1)
+        out.write("\n")
+    os.replace(tmp, path)
+
+
+def recording_name(version: str, lane: tuple[int, int] | None, part: str) -> str:
+    """The file a run records its per-test times in, under the record directory."""
+    where = f"lane-{lane[0]}-of-{lane[1]}" if lane else "run"
+    return f"{version}-{where}-{part}.json"
+
+
+def merge_recordings(recordings: list[dict[str, Any]], path: Path = DURATIONS) -> dict[str, Any]:
+    """Merge runs' recordings (:meth:`LanesPlugin.record`) into the durations file at
+    ``path``, oldest first; returns what it wrote.
+
+    A marked test's time goes under the version it ran on. An unmarked test does not
+    depend on the version: its time goes under the version it ran on and is dropped from
+    the others (the newest recording wins). A ``complete`` recording (no ``-k``, ``-m``,
+    ``--deselect`` or test ids) ran each of its files whole: that file's tests it did not
+    run are dropped (renamed or removed tests). Tests of files that no longer exist are
+    dropped. Locked: lanes may write side by side."""
     lock_path = Path(tempfile.gettempdir()) / f"trtet-durations-{os.getuid()}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = _load(path)
-        section = data.setdefault(version, {})
-        section.update({k: round(v, 2) for k, v in seen.items()})
-        for key in [k for k in section if not (REPO / _module_path(k)).is_file()]:
-            del section[key]
-        data[version] = dict(sorted(section.items()))
-        estimates = data.get("_file_estimates", {})
-        recorded = {_module_path(k) for k in section}
-        for key in [k for k in estimates if k in recorded]:  # measured now
-            del estimates[key]
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".durations.")
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(dict(sorted(data.items())), out, indent=1)
-            out.write("\n")
-        os.replace(tmp, path)
+        data.pop("_file_estimates", None)  # replaced by complete recordings and medians
+        notes = data.setdefault("_recorded", {})
+        for rec in sorted(recordings, key=lambda r: str(r.get("finished", ""))):
+            version = str(rec["version"])
+            for kind in ("executorch", "plain"):
+                seen = {k: float(v) for k, v in rec.get(kind, {}).items()}
+                sections = [version] if kind == "executorch" else [
+                    v for v in data if not v.startswith("_")] + [version]
+                files = {_module_path(k) for k in seen}
+                for name in dict.fromkeys(sections):
+                    section = data.setdefault(name, {})
+                    for key in list(section):
+                        stale = rec.get("complete") and _module_path(key) in files \
+                            and key not in seen
+                        other = kind == "plain" and name != version and key in seen
+                        if stale or other:
+                            del section[key]
+                data[version].update({k: round(v, 2) for k, v in seen.items()})
+            notes[version] = {k: rec.get(k) for k in ("finished", "load", "lane", "part")}
+        for name in [v for v in data if not v.startswith("_")]:
+            section = {k: v for k, v in data[name].items()
+                       if (REPO / _module_path(k)).is_file()}
+            data[name] = dict(sorted(section.items()))
+        data = dict(sorted(data.items()))
+        _write_json(path, data)
+        return data
+
+
+def write_durations(seen: dict[str, float], version: str, path: Path = DURATIONS,
+                    marked: set[str] | None = None) -> None:
+    """Merge one run's times into ``path`` under ``version`` (``--write-durations``)."""
+    marked = marked or set()
+    merge_recordings([{"version": version, "finished": _now(), "load": _load_average(),
+                       "executorch": {k: v for k, v in seen.items() if k in marked},
+                       "plain": {k: v for k, v in seen.items() if k not in marked}}], path)
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover
+        return []
 
 
 # --- the plugin -----------------------------------------------------------------------------
@@ -404,7 +503,10 @@ def addoption(parser: pytest.Parser) -> None:
     group.addoption("--lane-part", default="all", choices=("all", "plain", "executorch"),
                     help="plain: only the unmarked share; executorch: only marked tests")
     group.addoption("--write-durations", action="store_true",
-                    help="record this run's per-test times into tests/durations.json")
+                    help="merge this run's per-test times into tests/durations.json at once")
+    group.addoption("--record-durations", action="store_true",
+                    help="record this run's per-test times into test-logs/durations/ "
+                         "(every lane run does); make durations merges them")
 
 
 WITNESS_ENV = "TRTET_TORCH_WITNESS"
@@ -434,6 +536,8 @@ class LanesPlugin:
                 f"but this venv has {self.version}")
         self.durations = load_durations()
         self.seconds: dict[str, float] = {}
+        self.marked_ids: set[str] = set()
+        self.load_at_start = _load_average()
         self.ran: set[str] = set()
         self.session: pytest.Session | None = None
         self.lane_note = ""
@@ -473,30 +577,22 @@ class LanesPlugin:
                 item.add_marker(pytest.mark.executorch(reason=reason))
         marked = [i for i in items if i.get_closest_marker("executorch") is not None]
         plain = [i for i in items if i.get_closest_marker("executorch") is None]
+        self.marked_ids = {i.nodeid for i in marked}
         keep_marked = self.part in ("all", "executorch")
         keep_plain = self.part in ("all", "plain")
         if self.lane is not None:
             k, n = self.lane
-            estimates = load_file_estimates()
-            recorded_files = {_module_path(nodeid) for section in self.durations.values()
-                              for nodeid in section}
+            medians = file_medians(self.durations)
             units: dict[str, float] = {}
-            for item in plain:
-                unit = _module_path(item.nodeid)
+            # the executorch part collects no unmarked test: its note reads them from the file
+            plain_ids = [i.nodeid for i in plain] if self.part != "executorch" else [
+                nodeid for section in self.durations.values() for nodeid in section
+                if not nodeid_is_marked(nodeid)]
+            for nodeid in dict.fromkeys(plain_ids):
+                unit = _module_path(nodeid)
                 units[unit] = units.get(unit, 0.0) + expected_seconds(
-                    self.durations, item.nodeid, None)
-            for unit in units:
-                if unit not in recorded_files and unit in estimates:
-                    units[unit] = estimates[unit]
-            # each lane's executorch tests, on its version (known only from the file: the
-            # unmarked part does not even import their modules)
-            recorded_marked = sorted({nodeid for section in self.durations.values()
-                                      for nodeid in section if nodeid_is_marked(nodeid)})
-            estimated = sum(seconds for unit, seconds in estimates.items()
-                            if unit not in recorded_files and nodeid_is_marked(unit))
-            bases = [estimated + sum(expected_seconds(self.durations, nodeid, version)
-                                     for nodeid in recorded_marked)
-                     for version in self.versions]
+                    self.durations, nodeid, None, medians)
+            bases = executorch_loads(self.durations, self.versions)
             where = split(units, bases)
             mine = {u for u, lane in where.items() if lane == k - 1}
             loads = [bases[i] + sum(units[u] for u, lane in where.items() if lane == i)
@@ -582,12 +678,44 @@ class LanesPlugin:
 
     # the lane budget, the slowest, the durations file
 
+    def complete(self) -> bool:
+        """Whether this run ran each of its files whole (nothing chosen by -k, -m, ids)."""
+        opt = self.config.option
+        return not (getattr(opt, "keyword", "") or getattr(opt, "markexpr", "")
+                    or getattr(opt, "deselect", None) or getattr(opt, "lf", False)
+                    or any("::" in str(a) for a in self.config.args))
+
+    def record(self) -> Path:
+        """This run's per-test times (setup, call and teardown) into the record directory
+        (``TRTET_RECORD_DIR``, else test-logs/durations/ under the rootdir), one file a
+        version, lane and part; ``make durations`` merges them (:func:`merge_recordings`)."""
+        directory = Path(os.environ.get("TRTET_RECORD_DIR")
+                         or Path(self.config.rootpath) / "test-logs" / "durations")
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / recording_name(self.version, self.lane, self.part)
+        _write_json(path, {
+            "version": self.version, "part": self.part,
+            "lane": f"{self.lane[0]}/{self.lane[1]}" if self.lane else None,
+            "complete": self.complete(), "finished": _now(),
+            "load": [self.load_at_start, _load_average()],
+            "executorch": {k: round(v, 3) for k, v in sorted(self.seconds.items())
+                           if k in self.marked_ids},
+            "plain": {k: round(v, 3) for k, v in sorted(self.seconds.items())
+                      if k not in self.marked_ids}})
+        return path
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.config.getoption("--write-durations") and self.seconds:
-            write_durations(self.seconds, self.version)
+            write_durations(self.seconds, self.version, marked=self.marked_ids)
             terminalreporter.write_line(
                 f"durations: {len(self.seconds)} tests recorded under executorch "
                 f"{self.version} in {DURATIONS}")
+        if (self.lane is not None or self.config.getoption("--record-durations")) \
+                and self.seconds:
+            where = self.record()
+            terminalreporter.write_line(
+                f"durations: {len(self.seconds)} tests' times in {where} (make durations "
+                "merges them into tests/durations.json)")
         if self.lane is None or not self.seconds:
             return
         knob = os.environ.get("TRTET_LANE_BUDGET", "1").strip().lower()
@@ -627,3 +755,67 @@ class LanesPlugin:
             "on a much slower machine set TRTET_LANE_BUDGET=2 (a factor) or off", red=True)
         if self.session is not None:
             self.session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- make durations -------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/lanes.py merge [RECORDING|DIRECTORY]...``: merge lane runs'
+    recordings into tests/durations.json (``TRTET_DURATIONS``) and say what the split
+    becomes; the recordings are moved into a ``merged/`` folder beside them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tests/lanes.py")
+    sub = parser.add_subparsers(dest="command", required=True)
+    merge = sub.add_parser("merge", help="merge recordings into the durations file")
+    merge.add_argument("paths", nargs="+", type=Path)
+    merge.add_argument("--versions", default="1.5.1,1.4.1",
+                       help="the lanes' versions, for the split it prints")
+    merge.add_argument("--keep", action="store_true", help="leave the recordings in place")
+    args = parser.parse_args(argv)
+    files = sorted({f for p in args.paths
+                    for f in ([p] if p.is_file() else sorted(p.glob("*.json")))})
+    recordings = []
+    for f in files:
+        rec = _load(f)
+        if "version" in rec:
+            recordings.append(rec)
+            n = len(rec.get("executorch", {})) + len(rec.get("plain", {}))
+            print(f"durations: {f}: {n} tests on executorch {rec['version']} "
+                  f"(lane {rec.get('lane')}, {rec.get('part')}, load {rec.get('load')})")
+    if not recordings:
+        print("durations: no recording found (run make test-all or make lane first)",
+              file=sys.stderr)
+        return 1
+    data = merge_recordings(recordings)
+    durations = load_durations()
+    for version, section in durations.items():
+        marked = sum(1 for k in section if nodeid_is_marked(k))
+        print(f"durations: {DURATIONS}: executorch {version}: {len(section)} tests "
+              f"({marked} executorch), {sum(section.values()):.0f} s")
+    versions = args.versions.split(",")
+    bases = executorch_loads(durations, versions)
+    medians = file_medians(durations)
+    units: dict[str, float] = {}
+    for nodeid in {k for section in durations.values() for k in section
+                   if not nodeid_is_marked(k)}:
+        units[_module_path(nodeid)] = units.get(_module_path(nodeid), 0.0) + \
+            expected_seconds(durations, nodeid, None, medians)
+    where = split(units, bases)
+    for i, version in enumerate(versions):
+        plain = sum(units[u] for u, lane in where.items() if lane == i)
+        print(f"durations: lane {i + 1} (executorch {version}): executorch part "
+              f"{bases[i]:.0f} s + unmarked part {plain:.0f} s = {bases[i] + plain:.0f} s")
+    if not args.keep:
+        for f in files:
+            done = f.parent / "merged"
+            done.mkdir(exist_ok=True)
+            os.replace(f, done / f.name)
+    del data
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(TESTS))
+    sys.exit(main())
