@@ -24,7 +24,10 @@ Lanes (``--lane=K/N --lane-versions=V1,...,VN``; ``make test-all``)
     recorded in tests/durations.json, each lane starting from its whole executorch part
     on its own version (a lane is its unmarked part, then its executorch part: the split
     balances the sums). A test not recorded counts its file's median (``DEFAULT_SECONDS``
-    where the file has none). ``--lane-part=plain`` runs only the share of unmarked
+    where the file has none). The lanes of the versions after the first run only a
+    named smoke subset of the multi-machine engine-cache families (``SMOKE_FAMILIES``;
+    ``--no-smoke``: all), said in their summary lines. ``--lane-part=plain`` runs only
+    the share of unmarked
     tests (marked modules are not even imported), ``--lane-part=executorch`` only the
     marked tests.
 
@@ -128,6 +131,56 @@ LONG_TESTS: dict[str, str] = {
     "tests/test_crash_powercut.py": "about 200 power cuts a test, up to 45 s (review)",
     "tests/test_tier_probe.py": "torch child machines (the review's multi-machine families)",
 }
+
+#: The multi-machine engine-cache families (child "machines" or processes sharing one
+#: cache or bucket): file -> the tests (function names; every parameter) that the lanes of
+#: the other versions run, their smoke subset. The whole family runs in the lane of the
+#: first version (``--lane-versions``: 1.5.1); the others run the named subset, which
+#: shows the family's path working on that version (the lease, tier and signing logic
+#: they prove does not depend on ExecuTorch's version: it runs in full once). Outside a
+#: lane (``make test``) and with ``--no-smoke``, every test runs. Each lane says so in
+#: its summary line.
+SMOKE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "tests/test_engine_cache_shared.py": (
+        "test_a_second_machine_builds_nothing_and_downloads_each_engine_byte_once",
+        "test_two_machines_starting_one_key_together_run_one_build",
+        "test_the_remote_arguments_are_checked_before_anything_is_made",
+    ),
+    "tests/test_engine_refit_shared.py": (
+        "test_a_teammates_fine_tune_downloads_the_structure_entry_once_and_refits",
+    ),
+    "tests/test_signed_entries.py": (
+        "test_only_entries_signed_by_a_trusted_key_are_served",
+        "test_key_arguments_are_checked_before_anything_is_made",
+    ),
+    "tests/test_engine_cache_said.py": (
+        "test_a_tampered_shared_entry_is_warned_and_its_rebuild_says_why",
+    ),
+    "tests/test_engine_cache_export.py": (
+        "test_a_second_process_builds_nothing_and_writes_the_first_ones_engine_bytes",
+        "test_a_damaged_entry_is_rebuilt_never_served",
+        "test_a_failing_cache_never_fails_the_export",
+        "test_a_two_method_program_is_served_per_method",
+    ),
+    "tests/test_engine_refit_cache.py": (
+        "test_new_weights_with_refittable_settings_are_refit_then_a_clone",
+        "test_a_failed_refit_falls_back_to_a_build_with_the_reason_and_nothing_torn",
+        "test_the_refit_gate_reads_both_the_entry_and_the_export",
+    ),
+}
+
+
+def smoke_drops(nodeid: str, version: str, versions: list[str]) -> bool:
+    """Whether a lane on ``version`` leaves ``nodeid`` out: a test of a multi-machine family
+    (:data:`SMOKE_FAMILIES`) outside its smoke subset, in a lane not of the first version."""
+    if not versions or version == versions[0]:
+        return False
+    family = SMOKE_FAMILIES.get(_module_path(nodeid))
+    if family is None:
+        return False
+    name = nodeid.split("::", 1)[1].split("[", 1)[0] if "::" in nodeid else ""
+    return name not in family
+
 
 #: Seconds a test counts when tests/durations.json has no time for it.
 DEFAULT_SECONDS = 1.0
@@ -388,16 +441,18 @@ def expected_seconds(durations: dict[str, dict[str, float]], nodeid: str,
     return DEFAULT_SECONDS
 
 
-def executorch_loads(durations: dict[str, dict[str, float]], versions: list[str]
-                     ) -> list[float]:
+def executorch_loads(durations: dict[str, dict[str, float]], versions: list[str],
+                     smoke: bool = True) -> list[float]:
     """Each lane's executorch part on its version, in recorded seconds: every marked test
     the file holds (on any version), at its time on that version, else at its time on the
-    others, else at its file's median. Known only from the file: a lane's unmarked part
-    does not even import the marked modules."""
+    others, else at its file's median; with ``smoke``, less what :func:`smoke_drops`
+    leaves out. Known only from the file: a lane's unmarked part does not even import the
+    marked modules."""
     medians = file_medians(durations)
     marked = sorted({nodeid for section in durations.values() for nodeid in section
                      if nodeid_is_marked(nodeid)})
-    return [sum(expected_seconds(durations, nodeid, version, medians) for nodeid in marked)
+    return [sum(expected_seconds(durations, nodeid, version, medians) for nodeid in marked
+                if not (smoke and smoke_drops(nodeid, version, versions)))
             for version in versions]
 
 
@@ -502,6 +557,9 @@ def addoption(parser: pytest.Parser) -> None:
                     help="the ExecuTorch version of each lane (default: this one for all)")
     group.addoption("--lane-part", default="all", choices=("all", "plain", "executorch"),
                     help="plain: only the unmarked share; executorch: only marked tests")
+    group.addoption("--no-smoke", action="store_true",
+                    help="lanes of the other versions run the multi-machine engine-cache "
+                         "families whole too (not only their smoke subset)")
     group.addoption("--write-durations", action="store_true",
                     help="merge this run's per-test times into tests/durations.json at once")
     group.addoption("--record-durations", action="store_true",
@@ -541,6 +599,7 @@ class LanesPlugin:
         self.ran: set[str] = set()
         self.session: pytest.Session | None = None
         self.lane_note = ""
+        self.smoke_note = ""
         self.budget_problem: list[str] = []
         self._before: dict[str, Any] = {}
         # the child witness: a sitecustomize first on PYTHONPATH, a file per run
@@ -592,18 +651,30 @@ class LanesPlugin:
                 unit = _module_path(nodeid)
                 units[unit] = units.get(unit, 0.0) + expected_seconds(
                     self.durations, nodeid, None, medians)
-            bases = executorch_loads(self.durations, self.versions)
+            smoke = not config.getoption("--no-smoke")
+            bases = executorch_loads(self.durations, self.versions, smoke)
             where = split(units, bases)
             mine = {u for u, lane in where.items() if lane == k - 1}
             loads = [bases[i] + sum(units[u] for u, lane in where.items() if lane == i)
                      for i in range(n)]
             plain_mine = [i for i in plain if _module_path(i.nodeid) in mine]
+            families = [i for i in marked if _module_path(i.nodeid) in SMOKE_FAMILIES]
+            dropped = [i for i in families
+                       if smoke and smoke_drops(i.nodeid, self.version, self.versions)]
+            if families and keep_marked:
+                self.smoke_note = (
+                    f"smoke: {len(families) - len(dropped)} of {len(families)} tests of the "
+                    "multi-machine engine-cache families (tests/lanes.py SMOKE_FAMILIES), their "
+                    f"full form in lane 1 (executorch {self.versions[0]})" if dropped else
+                    f"the multi-machine engine-cache families in full ({len(families)} tests)")
+            marked = [i for i in marked if all(i is not d for d in dropped)]
             self.lane_note = (
                 f"lane {k}/{n} (executorch {self.version}): {len(marked)} executorch tests"
                 f"{'' if keep_marked else ' (not in this part)'}, {len(plain_mine)} of "
                 f"{len(plain)} others ({len(mine)} of {len(units)} files)"
                 f"{'' if keep_plain else ' (not in this part)'}; recorded seconds by lane: "
-                + ", ".join(f"{load:.0f}" for load in loads))
+                + ", ".join(f"{load:.0f}" for load in loads)
+                + (f"; {self.smoke_note}" if self.smoke_note else ""))
             plain = plain_mine
         selected = (marked if keep_marked else []) + (plain if keep_plain else [])
         chosen = {id(i) for i in selected}
@@ -728,7 +799,8 @@ class LanesPlugin:
         line = (f"lane {self.lane[0]}/{self.lane[1]} ({self.part}, executorch {self.version}): "
                 f"{len(self.seconds)} tests in {sum(self.seconds.values()):.0f} s; the "
                 f"{len(expected)} recorded took {total:.0f} s, tests/durations.json says "
-                f"{total_expected:.0f} s" + (f" ({unrecorded} not recorded)" if unrecorded else ""))
+                f"{total_expected:.0f} s" + (f" ({unrecorded} not recorded)" if unrecorded else "")
+                + (f"; {self.smoke_note}" if self.smoke_note else ""))
         if knob in ("off", "0", "no", "false"):
             terminalreporter.write_line(line + " (TRTET_LANE_BUDGET=off: not checked)")
             return

@@ -14,7 +14,7 @@ import lanes
 
 TESTS = Path(__file__).resolve().parent
 # Real test files (the merge drops tests of files that do not exist): one marked, one not.
-MARKED = "tests/test_engine_cache_shared.py"
+MARKED = "tests/test_engine_reuse.py"  # not one of the smoke families
 PLAIN = "tests/test_lanes.py"
 
 
@@ -108,3 +108,24 @@ def test_a_lane_run_records_every_test_and_make_durations_merges_it(tmp_path: Pa
     assert (rec_path.parent / "merged" / rec_path.name).is_file() and not rec_path.exists()
     # (the merge keeps tests of files under the repository only: these are under tmp_path)
     assert json.loads(durations.read_text())["_recorded"][version]["lane"] == "1/1"
+
+
+def test_the_lanes_of_other_versions_run_the_named_smoke_subset_of_the_families() -> None:
+    family = "tests/test_engine_refit_shared.py"
+    kept = lanes.SMOKE_FAMILIES[family][0]
+    versions = ["1.5.1", "1.4.1"]
+    other = f"{family}::test_push_and_pull_carry_structure_entries"
+    assert not lanes.smoke_drops(f"{family}::{kept}", "1.4.1", versions)
+    assert not lanes.smoke_drops(f"{family}::{kept}[a-b]", "1.4.1", versions)  # parameters
+    assert lanes.smoke_drops(other, "1.4.1", versions)
+    assert not lanes.smoke_drops(other, "1.5.1", versions)  # the full form on the first
+    assert not lanes.smoke_drops(f"{MARKED}::t", "1.4.1", versions)  # not a family
+    durations = {"1.5.1": {f"{family}::{kept}": 5.0, other: 7.0},
+                 "1.4.1": {f"{family}::{kept}": 5.0, other: 7.0}}
+    assert lanes.executorch_loads(durations, versions) == [12.0, 5.0]
+    assert lanes.executorch_loads(durations, versions, smoke=False) == [12.0, 12.0]
+    # every name in the table is a test of its file (a renamed test would silently drop)
+    for path, names in lanes.SMOKE_FAMILIES.items():
+        text = (TESTS.parent / path).read_text()
+        for name in names:
+            assert f"def {name}(" in text, (path, name)
