@@ -49,7 +49,10 @@ test: venv
 # `executorch` (given by tests/conftest.py to tests that load torch or ExecuTorch, or
 # start a child that does) on its own version, and its share of the other tests, which
 # do not depend on the version and so run once: split between the lanes by test file,
-# balanced by the times in tests/durations.json (`make durations` refreshes it).
+# balanced by the times in tests/durations.json (`make durations` refreshes it from the
+# lanes' last run), each lane counted whole (its executorch part included). Lane 2 runs a
+# named smoke subset of the multi-machine engine-cache families (tests/lanes.py
+# SMOKE_FAMILIES), lane 1 their full form; its summary line says so.
 # A lane is two pytest runs: its share of the unmarked tests first, in a process that
 # never imports torch (so a test that does fails, naming the marker), then the marked
 # tests. Each lane's output is kept in test-logs/ and printed whole when both are done;

@@ -94,42 +94,17 @@ NOT_EXECUTORCH: dict[str, str] = {
 
 #: Tests allowed over ``TRTET_CREEP_SECONDS`` of call time, and why (or mark them
 #: ``@pytest.mark.long_test``): a nodeid (without parameters: all of them) or a test file.
-#: Those measured over 60 s of call time on 2026-12-07 on a machine at load 13-17 (two
-#: suites and other work on 2 cores); the files measured by the architecture review
-#: (2026-12-07, one file at a time at load 5-7) to hold tests of 40 s or more, which that
-#: day's run did not reach. Drop an entry once its test is made faster.
-_LOADED = "over 60 s of call time at load 13-17"
+#: Kept: those whose call took 20 s or more (a third of the limit) on the idle fresh-clone
+#: run of 2026-12-07 (/work/ci-check2.log, both lanes side by side), which a run beside
+#: ``stress-ng`` (the suite must pass loaded) may take past 60 s. The 18 other entries of
+#: the loaded day's list (60-350 s at load 13-17) took under 20 s there (most under 8 s),
+#: and the durations file agrees: they were dropped. Drop an entry once its test is faster.
+_IDLE = "on the idle fresh-clone run of 2026-12-07"
 LONG_TESTS: dict[str, str] = {
-    "tests/test_bench.py::test_bench_auto_shows_insert_on_ext4_and_clone_on_xfs":
-        f"{_LOADED} (221 s): the benchmark on two filesystems",
-    "tests/test_bench.py::test_bench_here_says_it_is_shared": f"{_LOADED} (153 s)",
-    "tests/test_bench.py::test_bench_interrupted_tears_the_filesystem_down": f"{_LOADED} (88 s)",
-    "tests/test_cache_digests.py::test_a_damaged_blob_is_never_served_and_is_rebuilt":
-        f"{_LOADED} (77 s)",
-    "tests/test_cache_partial_downloads.py::"
-    "test_clear_prune_recover_remove_an_unheld_partial_and_keep_a_held_one": f"{_LOADED} (67 s)",
-    "tests/test_cache_processes.py::test_200_kills_during_inserts_and_evictions_serve_nothing_torn":
-        f"{_LOADED} (99 s): 200 SIGKILLs",
-    "tests/test_cli.py::test_compile_and_save_several_methods_with_a_backend_config":
-        f"{_LOADED} (114 s): compiling children",
-    "tests/test_cli.py::test_verify_run_loads_program": f"{_LOADED} (63 s)",
-    "tests/test_cli_stub_builder.py::"
-    "test_compile_and_save_from_the_shell_builds_then_hits_then_hits_remotely":
-        f"{_LOADED} (349 s): compile-and-save children from the shell",
-    "tests/test_crash_kill.py::test_sigkill_during_rollback_loses_nothing": f"{_LOADED} (81 s)",
-    "tests/test_cli_cache.py": "CLI children compiling (187 s for the terminal test at load 13-17)",
-    "tests/test_engine_cache_shared.py": "torch child machines, 15-72 s a test (review)",
-    "tests/test_engine_cache_export.py": "8 torch children at once, 75 s (review)",
-    "tests/test_engine_refit_cache.py": "8 torch children making one refit, 53 s (review)",
-    "tests/test_engine_refit_shared.py": "torch children (review: 77 s for 4 tests)",
-    "tests/test_engine_cache_said.py": "torch children (review: 108 s for 7 tests)",
-    "tests/test_signed_entries.py": "torch children (review: 92 s for 8 tests)",
-    "tests/test_inline_engines.py": "the peak-RSS child, 53 s (review)",
-    "tests/test_executorch_layout.py": "XNNPACK lowering and runtime loads, 17-29 s (review)",
-    "tests/test_fuzz_writer.py": "the state machine on tmpfs, 57 s (review)",
-    "tests/test_publish_resume.py": "20 SIGKILLs through a 12 MiB/s proxy, 56 s (review)",
-    "tests/test_crash_powercut.py": "about 200 power cuts a test, up to 45 s (review)",
-    "tests/test_tier_probe.py": "torch child machines (the review's multi-machine families)",
+    "tests/test_publish_resume.py": f"20 SIGKILLs through a 12 MiB/s proxy, 28 s {_IDLE}",
+    "tests/test_cli_cache.py": f"CLI children compiling; the terminal test 22 s {_IDLE}",
+    "tests/test_crash_powercut.py": f"about 200 power cuts a test, up to 22 s {_IDLE}",
+    "tests/test_inline_engines.py": f"the peak-RSS child (a fresh interpreter), 20 s {_IDLE}",
 }
 
 #: The multi-machine engine-cache families (child "machines" or processes sharing one
