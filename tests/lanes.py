@@ -545,6 +545,18 @@ def addoption(parser: pytest.Parser) -> None:
 WITNESS_ENV = "TRTET_TORCH_WITNESS"
 
 
+def _forkserver_pid() -> int | None:
+    """The pid of this run's multiprocessing forkserver (tests/warm.py's), if one started.
+
+    Its preload imports torch and executorch once, at collection, overlapping whatever
+    tests run first (unmarked ones too, outside a lane's parts): its import is not theirs.
+    Its children inherit the imports and never import again, so they stay guarded."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
 class LanesPlugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -689,7 +701,9 @@ class LanesPlugin:
                 lines = f.read().decode(errors="replace").split("\n")
         except OSError:
             return None
-        lines = [line for line in lines if line]
+        server = _forkserver_pid()
+        lines = [line for line in lines if line and not (
+            server is not None and re.search(rf"\(pid {server}\b", line))]
         if lines:
             return ("a child process of this test, which is not marked executorch, imported "
                     f"{lines[0]}: its result may depend on the ExecuTorch version, so it must "

@@ -172,9 +172,10 @@ def test_prune_removes_a_lease_dead_for_two_ttls(env: Any, tcp_proxy: Any) -> No
     assert isinstance(dead, Lease)
     dead._stop_renewing()
     # More than 2 x ttl (20 s) on the server's clock: read through a proxy whose Date is
-    # 20.5 s on (no wall time waited).
+    # 22 s on (no wall time waited; Date and Last-Modified are whole seconds, so the age
+    # read is at least 22 s less a second's rounding).
     skewed = tcp_proxy(env.endpoint.url)
-    skewed.date_skew = 20.5
+    skewed.date_skew = 22.0
     tier = _tier(env, "p", skewed.url, lease_ttl=10.0)
     assert tier.prune(3600) == []  # --older-than still bounds it
     assert tier.prune(0, dry_run=True) == ["G.lease"]
