@@ -49,7 +49,10 @@ test: venv
 # `executorch` (given by tests/conftest.py to tests that load torch or ExecuTorch, or
 # start a child that does) on its own version, and its share of the other tests, which
 # do not depend on the version and so run once: split between the lanes by test file,
-# balanced by the times in tests/durations.json (`make durations` refreshes it).
+# balanced by the times in tests/durations.json (`make durations` refreshes it from the
+# lanes' last run), each lane counted whole (its executorch part included). Lane 2 runs a
+# named smoke subset of the multi-machine engine-cache families (tests/lanes.py
+# SMOKE_FAMILIES), lane 1 their full form; its summary line says so.
 # A lane is two pytest runs: its share of the unmarked tests first, in a process that
 # never imports torch (so a test that does fails, naming the marker), then the marked
 # tests. Each lane's output is kept in test-logs/ and printed whole when both are done;
@@ -87,18 +90,13 @@ test-all:
 	   echo "test-all: no test ran in either lane" >&2; exit 5; fi; \
 	 test $$ra -eq 0 && test $$rb -eq 0
 
-# Refresh tests/durations.json (the lanes' split and budgets): the whole suite on each
-# version, side by side as test-all's lanes run, each recording its per-test times.
-# Run it on the machine kind CI uses, with nothing else running, and commit the file.
-durations:
-	$(MAKE) venv EXECUTORCH=1.5.1
-	$(MAKE) venv EXECUTORCH=1.4.1
-	@mkdir -p $(TEST_LOGS)
-	@$(MAKE) --no-print-directory test EXECUTORCH=1.5.1 PYTEST_ARGS="--write-durations $(PYTEST_ARGS)" > $(TEST_LOGS)/durations-1.5.1.log 2>&1 & a=$$!; \
-	 $(MAKE) --no-print-directory test EXECUTORCH=1.4.1 PYTEST_ARGS="--write-durations $(PYTEST_ARGS)" > $(TEST_LOGS)/durations-1.4.1.log 2>&1 & b=$$!; \
-	 wait $$a; ra=$$?; wait $$b; rb=$$?; \
-	 tail -n 3 $(TEST_LOGS)/durations-1.5.1.log $(TEST_LOGS)/durations-1.4.1.log; \
-	 echo "durations: tests/durations.json (exit $$ra and $$rb)"; test $$ra -eq 0 && test $$rb -eq 0
+# Refresh tests/durations.json (the lanes' split and budgets) from what the lanes last
+# ran: every lane run records its per-test times in $(TEST_LOGS)/durations/ (one file a
+# version and part); this merges them, keyed by version, and prints the split they give.
+# So: `make test-all` (on the machine kind CI uses, with nothing else running), then
+# `make durations`, and commit the file.
+durations: venv
+	$(BIN)/python tests/lanes.py merge $(TEST_LOGS)/durations
 
 # Long fuzzing and kill variants: tests marked `slow`, which conftest.py
 # skips unless TRTET_LONG=1.

@@ -15,6 +15,10 @@ carry several). :class:`Fault` rules fire at chosen moments:
   the end of the stream (a body cut short at a known byte; an RST may drop
   what the client had not read yet).
 
+``date_skew`` (seconds, settable at any time) moves every response's ``Date``
+header that far: the server's clock as a client reads it, so an object written now
+looks ``date_skew`` seconds old (Date less Last-Modified) without waiting.
+
 A rule picks its messages by direction (``"request"`` or ``"response"``),
 an optional predicate on :class:`Message` (a response's message carries the
 request it answers, so "the response to a ranged GET of key K" is
@@ -163,6 +167,8 @@ class _Stream:
         rest = bytes(self.head[end + 4:])
         raw = bytes(self.head[:end + 4])
         self.head.clear()
+        if self.direction == "response" and self.proxy.date_skew:
+            raw = _skew_date(raw, self.proxy.date_skew)
         out += raw
         lines = raw.decode("latin-1").split("\r\n")
         headers = {}
@@ -267,12 +273,15 @@ class TcpProxy:
     request_rate : float or None
         Bytes per second each connection may send toward the server (a slow
         uplink, so a test can stop a client mid-upload); None: no limit.
+    date_skew : float
+        Seconds added to every response's ``Date`` (0: untouched).
     """
 
     def __init__(self, target: tuple[str, int], faults: list[Fault] | None = None,
                  request_rate: float | None = None, port: int = 0) -> None:
         self.target = target
         self.request_rate = request_rate
+        self.date_skew = 0.0
         self.faults: list[Fault] = list(faults or [])
         self.fired: list[tuple[Fault, Message]] = []
         self.body_bytes: Counter = Counter()
@@ -405,6 +414,20 @@ class TcpProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _skew_date(head: bytes, seconds: float) -> bytes:
+    """``head`` (a response's start line and headers) with its Date moved ``seconds`` on."""
+    import email.utils
+
+    lines = head.split(b"\r\n")
+    for i, line in enumerate(lines):
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"date":
+            when = email.utils.parsedate_to_datetime(value.strip().decode("latin-1"))
+            moved = email.utils.formatdate(when.timestamp() + seconds, usegmt=True)
+            lines[i] = name + b": " + moved.encode("latin-1")
+    return b"\r\n".join(lines)
 
 
 def _reset(sock: socket.socket) -> None:

@@ -2,20 +2,25 @@
 
 ``TRTET_STUB_TENSORRT=1`` puts :mod:`trtet_store.testing.stub_tensorrt` at the
 TensorRT seam for one ``trtet-store compile-and-save``: the whole path after
-the build runs for real. Run as a user runs it (a subprocess, stdout and
-stderr as printed): a build, then a local hit, then on a second cache a
+the build runs for real. Run as a user runs it (a process of its own, stdout
+and stderr as printed): a build, then a local hit, then on a second cache a
 remote hit through SeaweedFS. The variable's misuses are refused in one line
 before anything is written.
+
+Each command is the CLI's ``main`` in a warm child (tests/warm.py: a process forked
+from a server that imported torch, ExecuTorch and the stub once), not a fresh
+interpreter: nothing here is about imports or the console script (test_cli_entry_and_option_lines
+and test_first_hour keep those fresh).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import warm
 
 from trtet_store.cli.stub_builder import ENV
 
@@ -44,8 +49,7 @@ def _run(cwd: Path, *argv: object, stub: str | None = "1", s3=None, prelude: str
     if s3 is not None:
         env.update(s3.endpoint.environ())
     code = f"{prelude}import sys; from trtet_store.cli import main; sys.exit(main())"
-    return subprocess.run([sys.executable, "-c", code, *map(os.fspath, argv)],
-                          capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+    return warm.run(code, argv, timeout=600, cwd=cwd, env=env)
 
 
 def _engine_lines(out: str) -> list[str]:
@@ -88,7 +92,9 @@ def test_compile_and_save_from_the_shell_builds_then_hits_then_hits_remotely(s3,
      "builder (a test aid), or unset it"),
     ("1", ["--backend", "xnnpack"], "", f"{ENV}=1 stands in for the TensorRT build, and "
      f"--backend xnnpack builds no engines: unset {ENV}"),
-    ("1", [], "import sys; sys.modules['trtet_store.testing.stub_tensorrt'] = None; ",
+    # (the warm child has the stub imported: hidden from sys.modules and its package)
+    ("1", [], "import sys; sys.modules['trtet_store.testing.stub_tensorrt'] = None; "
+     "import trtet_store.testing as t; t.__dict__.pop('stub_tensorrt', None); ",
      f"{ENV}=1 needs the stub builder, trtet_store.testing.stub_tensorrt, and its "
      "requirements (torch, xxhash): import of trtet_store.testing.stub_tensorrt halted; None "
      f"in sys.modules; install them or unset {ENV}"),

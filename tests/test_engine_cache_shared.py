@@ -40,6 +40,18 @@ from trtet_store.export import engine_cache
 from trtet_store.cache.tier import RemoteTier
 from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 
+clock = None
+if cfg.get("clock"):  # the lease wait's clock moves only as it sleeps (tests/clocks.py's),
+    # and a sleep moves it at least cfg["clock"] s: a look every that many seconds of it
+    from trtet_store.cache.tier import store as tier_store
+    from trtet_store.cache.tier.lease import Clock
+    class TestClock(Clock):
+        t = 0.0
+        def monotonic(self): return self.t
+        def time(self): return 1_800_000_000.0 + self.t
+        def sleep(self, seconds): self.t += max(seconds, cfg["clock"])
+    clock = tier_store.SYSTEM_CLOCK = TestClock()
+
 if cfg.get("capability"):  # this "machine's GPU"
     engine_cache.compute_capability = lambda: cfg["capability"]
 
@@ -84,7 +96,8 @@ with installed(builder):
     report = trtet_store.compile_and_save(module, inputs, cfg["out"], engine_cache=cache)
 print(json.dumps({"pid": os.getpid(), "built": [d for _, d in builder.built],
                   "events": [e.to_json() for e in report.engine_cache], "sent": sent,
-                  "seconds": time.monotonic() - t0, "origin": cache.origin()}))
+                  "seconds": time.monotonic() - t0, "origin": cache.origin(),
+                  "waited": None if clock is None else clock.t}))
 '''
 
 
@@ -275,21 +288,24 @@ def test_two_machines_starting_one_key_together_run_one_build(machines):
 
 
 def test_a_waiter_builds_once_the_killed_builders_lease_expires(machines):
-    ttl = 2.0
+    # B's lease wait runs on a clock that moves only as it sleeps: the ttl costs no wall
+    # time, and is long enough that no stall here ages A's lease past it on the server's
+    # clock (B must judge it by its own clock: unchanged for a ttl).
+    ttl = 30.0
     a = machines.start(machines.config("a", ttl=ttl, block=os.fspath(machines.base / "never")))
     wait_for(lambda: machines.built() and any(k.endswith(".lease") for k in machines.objects()),
              "A building under its lease", procs=(a,))
     lease = next(k for k in machines.objects() if k.endswith(".lease"))
     a.send_signal(signal.SIGKILL)
     a.communicate()
-    killed = time.time()
-    b, err = machines.run("b", ttl=ttl)
+    b, err = machines.run("b", ttl=ttl, clock=ttl / 3)  # B looks every 10 s of its clock
     pids = [p for p, _ in machines.built()]
     assert pids == [a.pid, b["pid"]], pids
     assert outcomes(b) == [("miss", True, True)]
     assert "took over the build lease" in err, err[-3000:]
-    # B built only after the lease had stayed unchanged for its ttl on B's clock.
-    assert machines.built()[1][1] - killed >= ttl
+    # B built only after the lease had stayed unchanged for its ttl on B's clock, and not
+    # after its wait_timeout (2 x ttl).
+    assert ttl < b["waited"] <= ttl + 10, b["waited"]
     assert engines_in(machines.pte("b")) == b["built"]
     assert lease not in machines.objects()  # B released it after publishing
     assert not machines.pte("a").exists()
@@ -620,10 +636,13 @@ def _build_key(here_fs) -> str:
 def test_a_lease_claiming_ttl_1e12_holds_an_export_at_most_twice_its_lease_ttl(machines):
     """Issue 44 item 6: the bucket's ttl is capped; the wait is said on stderr, once; it builds."""
     key = _build_key(machines.base)
-    ttl = 3.0  # capped at 6 s: B's lowering before its first look fits in it, even loaded
+    # B's wait runs on a clock that moves only as it sleeps (a look every 10 s of it):
+    # capped at 60 s of it, no wall time, and no stall here can age the lease past that on
+    # the server's clock.
+    ttl = 30.0
     ready, go = machines.base / "ready", machines.base / "go"
-    proc = machines.start(machines.config("b", ttl=ttl, wait=60, ready=os.fspath(ready),
-                                          go=os.fspath(go)))
+    proc = machines.start(machines.config("b", ttl=ttl, wait=600, ready=os.fspath(ready),
+                                          go=os.fspath(go), clock=10.0))
     wait_for(ready.exists, "B loaded", procs=(proc,))
     # Written by another writer right before B looks, and never renewed.
     now = time.time()
@@ -635,15 +654,14 @@ def test_a_lease_claiming_ttl_1e12_holds_an_export_at_most_twice_its_lease_ttl(m
     waited = b["seconds"]
     assert outcomes(b) == [("miss", True, True)]
     assert len(b["built"]) == 1
-    # Capped at 2 x 3 s (plus Last-Modified's second and the lowering before the look);
-    # uncapped, B would wait out its whole 60 s. The bound sits between the two, far from
-    # both, so that a loaded machine's stall is not read as a missing cap.
-    assert b["seconds"] < 30, (b["seconds"], waited)
-    assert "(its ttl 1e+12 s is capped to 6 s)" in err
+    # Capped at 2 x 30 s of B's clock (B looks every 10 s of it); uncapped, B would wait
+    # out its whole 600 s.
+    assert 60 < b["waited"] <= 70, (b["waited"], waited)
+    assert "(its ttl 1e+12 s is capped to 60 s)" in err
     lines = [ln for ln in err.splitlines() if "mallory" in ln]
     assert len(lines) == 2, err[-3000:]
     assert f"{key} is being built by holder {'e' * 32} (host mallory, pid 666); its lease " \
-        "runs until " in lines[0] and "(its ttl 1e+12 s is capped to 6 s)" in lines[0]
+        "runs until " in lines[0] and "(its ttl 1e+12 s is capped to 60 s)" in lines[0]
     assert "waiting for its entry until " in lines[0]
     assert "took over the build lease of mallory (pid 666)" in lines[1]
     assert machines.tier().lookup(key) is not None

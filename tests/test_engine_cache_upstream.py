@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import upstream
+import warm
 
 from trtet_store.cache import BlobCache
 from trtet_store.io import MiB
@@ -79,7 +79,9 @@ def hash_of(i: int) -> str:
     return f"{i:064x}" * 3  # upstream's hashes are 192 hex characters
 
 
-# Each step runs in a fresh process: upstream keeps its sizes per process.
+# Each step runs in a process of its own: upstream keeps its sizes per process. (A warm
+# child, tests/warm.py: forked from a server that never loaded the wheel's module, which
+# each child loads afresh, as a new interpreter would.)
 CHILD = textwrap.dedent("""
     import random, sys
     from pathlib import Path
@@ -112,9 +114,7 @@ CHILD = textwrap.dedent("""
 
 def child(kind: str, directory: Path, wheel: Path, step: str, *,
           size: int = ENGINE) -> str:
-    done = subprocess.run([sys.executable, "-c", CHILD, kind, os.fspath(directory),
-                           os.fspath(wheel), step, str(size), str(BOUND)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = warm.run(CHILD, [kind, directory, wheel, step, size, BOUND], timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -235,8 +235,7 @@ def test_a_process_killed_between_its_temp_file_and_the_put_leaves_nothing(here_
         cache.cache.put = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
         cache.save("h" * 64, os.urandom(3 << 20))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    done = warm.run(code, timeout=120, cwd=ROOT)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     ours = ("lock", "CACHEDIR.TAG")  # the cache's own lock and marker
     left = [p for p in directory.rglob("*") if p.is_file() and p.name not in ours]
@@ -335,11 +334,11 @@ def test_four_processes_inserting_at_once_keep_the_bound(here_fs, wheel, mod):
     """Each save's temp file is outside the bound; the commits are under the cache's lock."""
     directory, bound = here_fs / "busy", 40 * MiB  # 12 entries of 8 MiB, room for 4
     BlobCache(directory, max_bytes=bound)
-    procs = [subprocess.Popen([sys.executable, "-c", INSERTER, os.fspath(directory),
-                               os.fspath(wheel), str(3 * n), str(bound)],
-                              cwd=ROOT, stderr=subprocess.PIPE, text=True) for n in range(4)]
+    procs = [warm.popen(INSERTER, [directory, wheel, 3 * n, bound], cwd=ROOT)
+             for n in range(4)]
     for p in procs:
-        assert p.wait(timeout=300) == 0, p.stderr.read()[-2000:]
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
     ours = adapter(directory, trt="t", max_bytes=bound)
     assert ours.cache.stats().bytes <= bound
     kept = [i for i in range(12) if ours.check(hash_of(i)) is not None]

@@ -1,6 +1,7 @@
 """An export that dies after its TensorRT build leaves engines the next export reuses.
 
-A child process compiles with the stubbed builder and is killed (``os._exit``)
+A child process (a warm one, tests/warm.py: forked from a server that imported torch
+once) compiles with the stubbed builder and is killed (``os._exit``)
 while the program is being written; the staged engines and the build record
 outlive it as orphans. The same export run again must take them over and write
 the program without building: its builder raises if called.
@@ -9,12 +10,11 @@ the program without building: its builder raises if called.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+import warm
 import xxhash
 
 import trtet_store
@@ -51,8 +51,7 @@ class MustNotBuild:
 
 def _crash(out: Path, *, other_weights: bool = False) -> None:
     code = CRASHING_EXPORT.format(out=os.fspath(out), other_weights=other_weights)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600)
+    done = warm.run(code, timeout=600)
     assert done.returncode == 3, done.stderr[-3000:]
 
 

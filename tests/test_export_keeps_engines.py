@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import warm
 import xxhash
 from test_compile_and_save import delegate_blobs
 
@@ -326,9 +326,8 @@ with installed(Announcing(engine_sizes=({size},))):
 
 def _killed_between_builds(out: Path, size: int = 2 * MiB) -> None:
     """Run a two-method export in a child and SIGKILL it as its second build starts."""
-    child = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT.format(out=os.fspath(out),
-                                                                         size=size)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a warm child (tests/warm.py): its own process, SIGKILLed as a fresh one would be
+    child = warm.popen(KILLED_EXPORT.format(out=os.fspath(out), size=size))
     try:
         line = child.stdout.readline()
         assert line == "second build\n", child.stderr.read()[-3000:]

@@ -101,3 +101,13 @@ def engine_bytes(seed: int, n: int) -> bytes:
 
 def files_digest(paths: Sequence[os.PathLike | str]) -> dict[str, str]:
     return {Path(p).name: xxhash.xxh3_128_hexdigest(Path(p).read_bytes()) for p in paths}
+
+
+def assert_nothing_under(s3, prefix: str) -> None:
+    """No object and no unfinished upload under ``prefix``. (Here, not in test_publish.py,
+    which imports the TensorRT stub: a module importing it from there is marked executorch
+    and runs in both lanes.)"""
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
+    assert [o["Key"] for o in listed] == []
+    uploads = s3.client.list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix)
+    assert uploads.get("Uploads", []) == []

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from test_lease_trust import TestClock
+from clocks import TestClock
 from test_signing_sha256 import _files, _tier
 from test_signing_sha256 import env as env  # the fixture  # noqa: PLC0414
 

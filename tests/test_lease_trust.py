@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clocks import TestClock
 
 from trtet_store.cache.tier import Lease, LeaseWaitTimeout, RemoteTier, keygen
 from trtet_store.cache.tier.lease import Clock, lease_body, lease_refusal
@@ -38,29 +38,6 @@ from trtet_store.testing.proxy import CountingProxy
 MiB = 1 << 20
 KEY = "k" * 32
 LKEY = f"cache/{KEY}.lease"
-
-
-class TestClock(Clock):
-    """A waiter's clock that moves only when it sleeps; ``on_sleep`` runs at each sleep."""
-
-    __test__ = False
-
-    def __init__(self, on_sleep: Callable[[TestClock], None] | None = None) -> None:
-        self.t = 0.0
-        self.sleeps = 0
-        self.on_sleep = on_sleep
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def time(self) -> float:
-        return 1_800_000_000.0 + self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-        self.sleeps += 1
-        if self.on_sleep is not None:
-            self.on_sleep(self)
 
 
 @pytest.fixture

@@ -30,8 +30,7 @@ from pathlib import Path
 import pytest
 from attacker import listing
 from digests import file_digest
-from test_fetch_support import MiB, b64crc, piece_entries, put_program
-from test_publish import assert_nothing_under
+from test_fetch_support import MiB, assert_nothing_under, b64crc, piece_entries, put_program
 
 import trtet_store
 from trtet_store.remote import FileNameError

@@ -16,6 +16,7 @@ import tracemalloc
 from pathlib import Path
 
 import xxhash
+from test_fetch_support import assert_nothing_under  # noqa: F401 (test_publish_refusals)
 
 import trtet_store
 from trtet_store.bench.measure import (
@@ -68,14 +69,6 @@ def saved_digests(program, directory: Path) -> dict[str, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     trtet_store.save_program(program, directory / "model.pte")
     return {p.name: p for p in directory.iterdir()}
-
-
-def assert_nothing_under(s3, prefix: str) -> None:
-    """No object and no unfinished upload under ``prefix``."""
-    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
-    assert [o["Key"] for o in listed] == []
-    uploads = s3.client.list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix)
-    assert uploads.get("Uploads", []) == []
 
 
 def _publish_measured(program, url, s3env, mnt: Path, part_size: int):

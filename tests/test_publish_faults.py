@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from tcp_proxy import Fault
-from test_publish import assert_nothing_under
+from test_fetch_support import assert_nothing_under
 
 import trtet_store
 from trtet_store.io.units import MiB

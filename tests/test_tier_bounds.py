@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clocks import TestClock
 
 from trtet_store.cache.tier import Lease, LeaseWaitTimeout, RemoteTier
 from trtet_store.cache.tier.entry import DamagedPointer
@@ -79,39 +80,44 @@ def env(s3env: Any) -> Any:
 @pytest.mark.parametrize("claimed", [1e12, float("inf"), float("nan"), -5, "forever", None])
 def test_a_lease_claiming_a_huge_or_damaged_ttl_holds_a_waiter_at_most_twice_its_own(
         env: Any, caplog: Any, claimed: Any) -> None:
-    # Long enough that the waiter's first look finds the lease alive even when the machine
-    # stalls between the put and the look (1.5 s was not: CI took it over at once).
-    own = 3.0
+    # The wait's clock moves only as it sleeps (no wall time waited), so its ttl can be long
+    # enough that no stall of this machine ages the lease past it on the server's clock
+    # between the put and the takeover (a few looks, a poll of 5 s each on that clock).
+    own = 30.0
     _put(env, "cache/K.lease", _lease(claimed))
-    tier = _tier(env, lease_ttl=own)
-    start = time.monotonic()
+    tier = _tier(env, lease_ttl=own, poll=5.0)
+    tier.clock = clock = TestClock()
     with caplog.at_level(logging.INFO, "trtet_store"):
-        got = tier.claim("K", timeout=30)
-    waited = time.monotonic() - start
+        got = tier.claim("K", timeout=300)
     assert isinstance(got, Lease)
     got.release()
-    # Never renewed: taken over once unchanged for the capped ttl (2 x 3 s), or 3 s for a
-    # ttl that is no number: the takeover says which ttl it judged by. (The wait's wall
-    # time is only a hang guard here: a loaded CI machine stalls for seconds.)
-    assert waited < 25, waited
+    # Never renewed: taken over once unchanged for the capped ttl (2 x 30 s), or 30 s for a
+    # ttl that is no number, on the waiter's clock: the takeover says which ttl it judged
+    # by, and it waited that long (to the poll after it), not the timeout.
     ttl = 2 * own if claimed == 1e12 else own
+    assert ttl < clock.t <= ttl + 5.0, clock.t
     took = _warnings(caplog, "took over the build lease of elsewhere")
     assert len(took) == 1 and f"(its ttl {ttl:.1f} s)" in took[0], caplog.text
     started = _warnings(caplog, "is being built by holder " + "f" * 32)
     assert len(started) == 1, caplog.text
     assert "elsewhere" in started[0] and "its lease runs until" in started[0]
-    assert ("capped to 6 s" if claimed == 1e12 else
-            "is not a number of seconds; 3 s is used") in started[0]
+    assert ("capped to 60 s" if claimed == 1e12 else
+            "is not a number of seconds; 30 s is used") in started[0]
 
 
 def test_a_renewed_lease_is_waited_out_with_one_warning_past_its_ttl(
         env: Any, caplog: Any) -> None:
-    holder = _tier(env, "h", lease_ttl=1.0).claim("R")
+    holder = _tier(env, "h", lease_ttl=10.0).claim("R")
     assert isinstance(holder, Lease)
+    holder._stop_renewing()  # renewed below, between the waiter's looks, as a live holder
+    waiter = _tier(env, "w", lease_ttl=10.0, poll=1.0)
+    # The waiter's clock moves only as it sleeps (no wall time waited); the holder renews
+    # at every third of its polls (3 s of that clock, within the ttl of 10 s).
+    waiter.clock = TestClock(lambda c: c.sleeps % 3 or holder.renew())
     try:
         with caplog.at_level(logging.INFO, "trtet_store"), \
-                pytest.raises(LeaseWaitTimeout, match="waited 3.5 s for the build lease"):
-            _tier(env, "w", lease_ttl=1.0).claim("R", timeout=3.5)
+                pytest.raises(LeaseWaitTimeout, match="waited 35 s for the build lease"):
+            waiter.claim("R", timeout=35)
     finally:
         holder.release()
     assert not holder.lost
@@ -125,13 +131,18 @@ def test_a_renewed_lease_is_waited_out_with_one_warning_past_its_ttl(
 # --- leases: staleness on the server's clock; prune (45.16, 45.4) ----------------------------
 
 
-def test_a_lease_dead_for_longer_than_its_ttl_is_taken_over_at_once(env: Any) -> None:
+def test_a_lease_dead_for_longer_than_its_ttl_is_taken_over_at_once(
+        env: Any, tcp_proxy: Any) -> None:
     dead = _tier(env, "d", lease_ttl=2.0).claim("D")
     assert isinstance(dead, Lease)
     dead._stop_renewing()  # a killed holder: its lease stays as it was
-    time.sleep(4.5)  # dead for more than its ttl, on the server's clock
+    # Dead for more than its ttl on the server's clock: the waiter reads the server through
+    # a proxy whose Date is 4.5 s on (as after a 4.5 s wait; no wall time waited).
+    skewed = tcp_proxy(env.endpoint.url)
+    skewed.date_skew = 4.5
     looks: list[dict] = []
-    got = _tier(env, "w", lease_ttl=2.0).claim("D", timeout=30, on_wait=looks.append)
+    got = _tier(env, "w", skewed.url, lease_ttl=2.0).claim("D", timeout=30,
+                                                            on_wait=looks.append)
     assert isinstance(got, Lease) and got.holder != dead.holder
     got.release()
     # At the first look: no wait for a whole ttl more on the waiter's own clock (a
@@ -140,25 +151,32 @@ def test_a_lease_dead_for_longer_than_its_ttl_is_taken_over_at_once(env: Any) ->
 
 
 def test_prune_keeps_a_lease_renewed_within_two_ttls_and_its_holder_renews_it(
-        env: Any) -> None:
-    tier = _tier(env, "p", lease_ttl=3.0)
+        env: Any, tcp_proxy: Any) -> None:
+    tier = _tier(env, "p", lease_ttl=10.0)
     held = tier.claim("H")
     assert isinstance(held, Lease)
     held._stop_renewing()  # its next renewal is ours to make, after prune
-    time.sleep(2.2)  # more than ttl/3 (1 s) since its last write, less than 2 x ttl (6 s)
-    assert tier.prune(0) == []
+    # Prune reads the server through a proxy whose Date is 15 s on: the lease is unchanged
+    # for more than its ttl (10 s), less than two (20 s), on the server's clock.
+    skewed = tcp_proxy(env.endpoint.url)
+    skewed.date_skew = 15.0
+    assert _tier(env, "p", skewed.url, lease_ttl=10.0).prune(0) == []
     assert "cache/H.lease" in _keys(env)
     assert held.renew() and not held.lost
     held.release()
     assert _keys(env) == []
 
 
-def test_prune_removes_a_lease_dead_for_two_ttls(env: Any) -> None:
-    tier = _tier(env, "p", lease_ttl=1.0)
-    dead = tier.claim("G")
+def test_prune_removes_a_lease_dead_for_two_ttls(env: Any, tcp_proxy: Any) -> None:
+    dead = _tier(env, "p", lease_ttl=10.0).claim("G")
     assert isinstance(dead, Lease)
     dead._stop_renewing()
-    time.sleep(3.5)  # more than 2 x ttl on the server's clock
+    # More than 2 x ttl (20 s) on the server's clock: read through a proxy whose Date is
+    # 22 s on (no wall time waited; Date and Last-Modified are whole seconds, so the age
+    # read is at least 22 s less a second's rounding).
+    skewed = tcp_proxy(env.endpoint.url)
+    skewed.date_skew = 22.0
+    tier = _tier(env, "p", skewed.url, lease_ttl=10.0)
     assert tier.prune(3600) == []  # --older-than still bounds it
     assert tier.prune(0, dry_run=True) == ["G.lease"]
     assert tier.prune(0) == ["G.lease"]
