@@ -2,7 +2,8 @@
 
 The program is signed; every ranged GET of it is cut (a proxy resets the
 response), so the fetch gives up with FetchInterruptedError. The command it
-says to run again names each trusted key given (``--trusted-key``): a rerun
+says to run again names each trusted key given (``--trusted-key``), as a path or as a key
+loaded from one: a rerun
 without them would fetch under another trust than the one asked for.
 """
 
@@ -20,10 +21,13 @@ from tcp_proxy import Fault, TcpProxy
 
 import trtet_store
 from trtet_store.remote.errors import FetchInterruptedError
+from trtet_store.remote.keys import load_public_key
 
 
+@pytest.mark.parametrize("given", ["path", "loaded key"])
 def test_an_interrupted_signed_fetch_says_to_rerun_it_with_its_trusted_keys(
-        s3env: Any, here_fs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s3env: Any, here_fs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        given: str) -> None:
     env = with_keys(s3env, tmp_path, monkeypatch)
     url = f"s3://{env.bucket}/k/model.pte"
     src = write(here_fs / "src" / "model.pte", 64 * 1024 + 5, 3)
@@ -39,9 +43,10 @@ def test_an_interrupted_signed_fetch_says_to_rerun_it_with_its_trusted_keys(
     pub = env.keys / "team.key.pub"
     out = here_fs / "out"
     out.mkdir()
+    trusted = pub if given == "path" else load_public_key(pub)
     cut = [Fault("response", "reset", at=100, match=ranged_get, times=10_000)]
     with TcpProxy(target, cut) as proxy, pytest.raises(FetchInterruptedError) as caught:
-        trtet_store.fetch(url, out / "model.pte", endpoint_url=proxy.url, trusted_keys=[pub])
+        trtet_store.fetch(url, out / "model.pte", endpoint_url=proxy.url, trusted_keys=[trusted])
     words = shlex.split(caught.value.resume)
     assert words[:2] == ["trtet-store", "fetch"], words
     i = words.index("--trusted-key")

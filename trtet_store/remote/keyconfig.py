@@ -148,6 +148,17 @@ def _load_trusted(trusted_keys: Any) -> dict[str, PublicKey] | None:
     return trusted
 
 
+def key_files(keys: Any) -> list[str]:
+    """The files the given keys were read from, for a command to repeat: a path as given, a
+    loaded key's ``source``; a key read from no file is left out."""
+    files = []
+    for key in keys or ():
+        path = getattr(key, "source", key)
+        if path and isinstance(path, (str, os.PathLike)):
+            files.append(os.fspath(path))
+    return files
+
+
 def resolve_trusted(trusted_keys: Any = None) -> dict[str, PublicKey] | None:
     """``{key id: public key}`` or None: :func:`resolve_keys`'s second half alone."""
     if trusted_keys is None:

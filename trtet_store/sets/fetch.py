@@ -60,7 +60,7 @@ from trtet_store.remote.errors import (
     FetchVerificationError,
     ObjectNotFoundError,
 )
-from trtet_store.remote.keyconfig import resolve_trusted
+from trtet_store.remote.keyconfig import key_files, resolve_trusted
 from trtet_store.remote.s3 import RETRY_WINDOW, S3, Transient
 from trtet_store.sets.machine import Machine, pick_member
 from trtet_store.sets.manifest import SET_KEY, SET_MAX_BYTES, SetManifest, blob_key
@@ -435,10 +435,8 @@ def fetch_set_command(url: str, dest: os.PathLike | str, member: str | None = No
             words += ["--tensorrt", machine.tensorrt]
     if endpoint_url:
         words += ["--endpoint-url", endpoint_url]
-    for key in trusted_keys or ():  # given ones; the environment's apply again by themselves
-        path = getattr(key, "source", key)
-        if path:
-            words += ["--trusted-key", os.fspath(path)]
+    for path in key_files(trusted_keys):  # given ones; the environment's apply again
+        words += ["--trusted-key", path]
     return shlex.join(words)
 
 

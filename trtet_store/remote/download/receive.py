@@ -107,7 +107,7 @@ from trtet_store.remote.errors import (
     ProgramSignatureError,
 )
 from trtet_store.remote.filenames import check_destination
-from trtet_store.remote.keyconfig import resolve_trusted
+from trtet_store.remote.keyconfig import key_files, resolve_trusted
 from trtet_store.remote.report import FetchedObject, FetchProgress, FetchReport
 from trtet_store.remote.s3 import S3
 
@@ -271,8 +271,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     job.names = None if names is None else list(names)
     job.sha256 = bool(sha256)
     job.trusted = trusted
-    job.trusted_paths = [k for k in trusted_keys or () if isinstance(k, (str, os.PathLike))] \
-        if trusted_keys is not False else []
+    job.trusted_paths = key_files(trusted_keys) if trusted_keys is not False else []
     job.flags = {"replace_needed": replace_needed, "program_only": program_only}
     start = time.monotonic()
     restarts = 0
