@@ -72,7 +72,8 @@ __all__ = ["add_parser", "cmd_cache", "parse_age"]
 
 #: The kinds of entries, as the metadata names them, and how ``list`` shows them.
 KINDS = {"trtet_store.tensorrt.engine": "engine", "trtet_store.tensorrt.build": "build",
-         "trtet_store.tensorrt.structure": "structure", "torch_tensorrt.packed": "torch-tensorrt"}
+         "trtet_store.tensorrt.structure": "structure", "torch_tensorrt.packed": "torch-tensorrt",
+         "trtet_store.tensorrt.timing": "timing"}
 
 
 def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
