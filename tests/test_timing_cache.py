@@ -158,6 +158,32 @@ def test_a_second_build_starts_warm_and_times_nothing_it_learned(here_fs, machin
     assert _cache(here_fs).stats().entries == len(rows)
 
 
+class _DiesMidWrite(FakeBuilder):
+    """A build that fails halfway through rewriting its timing cache (as a crash would)."""
+
+    def __call__(self, exported_program, arg_inputs, kwarg_inputs, store, settings):
+        with open(settings["timing_cache_path"], "r+b") as f:
+            f.write(b"half-written garbage")
+        raise RuntimeError("the build died mid-write")
+
+
+def test_a_build_dying_mid_write_of_its_copy_leaves_the_entry_whole(here_fs, machine):
+    module, inputs = linear_relu()
+    _export(here_fs, "a", module, inputs, FakeBuilder(engine_sizes=(MiB,)))
+    [key] = _timing_entries(here_fs)
+    before = _entry_bytes(here_fs, key)
+    _fine_tune(module)
+    with pytest.raises(RuntimeError, match="died mid-write"):
+        _export(here_fs, "b", module, inputs, _DiesMidWrite(engine_sizes=(MiB,)))
+    # The build wrote its private copy, never the entry: whole, sealed, and warm next time.
+    assert _entry_bytes(here_fs, key) == before
+    assert _cache(here_fs).verify().ok
+    assert os.listdir(here_fs / "cache" / "tmp") == []
+    builder = FakeBuilder(engine_sizes=(MiB,))
+    [event] = _export(here_fs, "c", module, inputs, builder).engine_cache
+    assert event.timing_cache.startswith("timing cache: warm") and builder.timed == [0]
+
+
 def test_a_caller_timing_cache_path_is_left_to_the_caller(here_fs, machine):
     module, inputs = linear_relu()
     mine = here_fs / "mine.bin"

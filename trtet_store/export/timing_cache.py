@@ -1,4 +1,4 @@
-"""TensorRT timing caches in the engine cache: keyed per exact GPU and TensorRT build, merged by key.
+"""TensorRT timing caches in the engine cache: keyed per GPU and TensorRT build, merged by key.
 
 Most of a TensorRT build is tactic timing, and a timing cache lets a build
 skip the timing of every tactic it holds. This module is the engine cache's
@@ -190,6 +190,7 @@ class TimingSaid:
     merged: bool | None = None  # None: nothing to merge (the build wrote nothing new)
     merge_reason: str | None = None
     after: int | None = None  # entries in the entry after the merge
+    tier: Any = None  # what the shared tier did (:class:`.timing_tier.TierSaid`), with one
 
     def line(self) -> str:
         """``timing cache: warm, 1,234 entries`` or ``timing cache: cold``."""
@@ -197,13 +198,33 @@ class TimingSaid:
             "timing cache: cold"
         if self.reason:
             text += f" ({self.reason})"
+        tier = self.tier
+        if tier is not None and tier.downloaded:
+            text += f", {tier.downloaded:,} bytes from the shared cache"
+        if tier is not None and tier.fetched_reason:
+            text += f" ({tier.fetched_reason})"
         if self.merged is False:
             text += f"; not merged: {self.merge_reason}"
+        if tier is not None and tier.published is False:
+            text += f"; not published: {tier.publish_reason}"
         return text
 
 
 def _count(data: bytes) -> int:
     return count_entries(data) if data else 0
+
+
+def _combined(current: bytes | None, learned: bytes) -> tuple[bytes, dict[str, Any]]:
+    """The seam's merge of the entry as it is now with what a build learned (or fetched)."""
+    out = learned if current is None else combine(current, learned, ignore_mismatch=False)
+    return out, {"entries": _count(out)}
+
+
+def _metadata(facts: dict[str, Any]) -> dict[str, Any]:
+    """A timing entry's metadata: its kind, the facts it is keyed by, what ``cache list`` shows."""
+    return {"kind": TIMING_KIND, "timing": facts,
+            "compute_capability": facts["compute_capability"],
+            "versions": [n.split(" ", 1) for n in facts["tensorrt"]]}
 
 
 def build_warm(cache: EngineCache, build: Callable[..., BuildResult],
@@ -224,6 +245,13 @@ def build_warm(cache: EngineCache, build: Callable[..., BuildResult],
     def check(meta: dict[str, Any]) -> str | None:
         return entry_problem(meta, facts)
 
+    tier = None
+    if cache.remote is not None:  # the team's entry first, when it changed since taken in
+        from trtet_store.export import timing_tier
+
+        tier = timing_tier.TierSaid()
+        timing_tier.pull(cache, key, check, _combined, _metadata(facts),
+                         limit=MAX_TIMING_BYTES, said=tier)
     try:
         copied = copy_out(blobs, key, check, limit=MAX_TIMING_BYTES)
     except OSError as exc:
@@ -241,10 +269,17 @@ def build_warm(cache: EngineCache, build: Callable[..., BuildResult],
                 reason = f"unreadable ({exc})"
                 os.ftruncate(copied.fd, 0)
                 copied.warm = False
-        said = TimingSaid(key, copied.warm, entries, reason)
+        said = TimingSaid(key, copied.warm, entries, reason, tier=tier)
         log.info("engine cache %s: %s", cache.directory, said.line())
         built = build(timing_cache_path=os.fspath(copied.path))
         _merge(cache, said, copied, facts)
+    if tier is not None and said.merged:  # what this build learned, to the team
+        from trtet_store.export import timing_tier
+
+        timing_tier.push(cache, key, check, lambda theirs, mine: combine(
+            theirs, mine, ignore_mismatch=False), _combined,
+            lambda out: {**_metadata(facts), "entries": _count(out)},
+            limit=MAX_TIMING_BYTES, said=tier)
     if said.merged is False:
         log.warning("engine cache %s: the timing cache %s was not merged: %s",
                     cache.directory, key, said.merge_reason)
@@ -265,16 +300,10 @@ def _merge(cache: EngineCache, said: TimingSaid, copied: Any, facts: dict[str, A
         said.merged, said.merge_reason = False, f"the build's timing cache is gone ({exc})"
         return
 
-    def combined(current: bytes | None, learned: bytes) -> tuple[bytes, dict[str, Any]]:
-        out = learned if current is None else combine(current, learned, ignore_mismatch=False)
-        return out, {"entries": _count(out)}
-
-    meta = {"kind": TIMING_KIND, "timing": facts,
-            "compute_capability": facts["compute_capability"],
-            "versions": [n.split(" ", 1) for n in facts["tensorrt"]]}
     try:
-        done = merge_in(cache.blobs, said.key, copied.path, combined,
-                        lambda m: entry_problem(m, facts), meta, limit=MAX_TIMING_BYTES)
+        done = merge_in(cache.blobs, said.key, copied.path, _combined,
+                        lambda m: entry_problem(m, facts), _metadata(facts),
+                        limit=MAX_TIMING_BYTES)
     except (OSError, ValueError, RuntimeError) as exc:
         said.merged, said.merge_reason = False, f"{type(exc).__name__}: {exc}"
         return

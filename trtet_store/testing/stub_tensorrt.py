@@ -7,6 +7,13 @@ bytes streamed into the blob store in 1 MiB pieces, as the real builder
 streams its engines, with a state record shaped like torch-tensorrt 2.14.0's
 (:func:`engine_record`), read by the real :func:`~trtet_store.export.tensorrt.engine_state`.
 Everything after the seam runs for real. Install it with :func:`installed`.
+
+Given ``timing_cache_path`` (the engine cache's private copy), :class:`FakeBuilder`
+does what TensorRT does with it: loads it (a cache made for another key is
+ignored, as TensorRT ignores a header that is not its own), times the tactics it
+lacks (``tactic_seconds`` each, counted in ``timed``) and rewrites the file; its
+``combine`` and ``count_entries`` are the timing-cache seam's (the format:
+:data:`TIMING_MAGIC`).
 """
 
 from __future__ import annotations
@@ -138,7 +145,7 @@ class FakeBuilder:
 
 
     def _time_tactics(self, exported_program, settings) -> None:
-        """What TensorRT does with ``timing_cache_path``: load it, time what it lacks, rewrite it."""
+        """What TensorRT does with ``timing_cache_path``: load, time what it lacks, rewrite."""
         from trtet_store.export import timing_cache
 
         path = settings["timing_cache_path"]
@@ -318,9 +325,7 @@ def installed(builder: FakeBuilder, *, refitter: FakeRefitter | None = None
     The timing-cache seam too: :func:`trtet_store.export.timing_cache.combine` and
     ``count_entries`` become the builder's (its text format, :data:`TIMING_MAGIC`).
     """
-    from trtet_store.export import tensorrt
-
-    from trtet_store.export import timing_cache
+    from trtet_store.export import tensorrt, timing_cache
 
     saved = (tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine,
              tensorrt.check_refit)
