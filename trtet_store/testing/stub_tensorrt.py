@@ -159,7 +159,7 @@ class FakeBuilder:
                 self.mismatched.append(theirs)
             else:
                 have = entries
-        wanted = timing_tactics(exported_program, self.tactics_per_layer)
+        wanted = list(dict.fromkeys(timing_tactics(exported_program, self.tactics_per_layer)))
         missing = [t for t in wanted if t not in have]
         self.timed.append(len(missing))
         self.warm.append(len(wanted) - len(missing))
@@ -218,7 +218,8 @@ def write_timing_cache(header: str, entries: dict[str, str]) -> bytes:
 
 def timing_tactics(exported_program: Any, per_layer: int = 4) -> list[str]:
     """The tactics a build of ``exported_program`` times: ``per_layer`` per operator, named
-    by its target and output shape (two models with a layer in common share its tactics)."""
+    by its target and output shape, as TensorRT keys a timing by the layer's signature
+    (identical layers, in one model or two, share their tactics)."""
     out = []
     for node in exported_program.graph.nodes:
         if node.op != "call_function":
