@@ -180,3 +180,31 @@ def test_an_unsigned_shared_entry_is_refused_where_keys_are_trusted(here_fs, s3e
     [event] = _export(here_fs, "c", cache, module, inputs, c).engine_cache
     assert event.timing_cache.startswith("timing cache: warm"), event.timing_cache
     assert c.timed == [0]
+
+
+def test_push_and_pull_carry_timing_entries(here_fs, s3env, monkeypatch):
+    module, inputs = linear_relu()
+    local = trtet_store.EngineCache(here_fs / "A", max_bytes=1 << 30, min_free=0)
+    _export(here_fs, "a", local, module, inputs, FakeBuilder(engine_sizes=(MiB,)))
+    with installed(FakeBuilder()):  # the timing seam (combine) is the stub's here
+        key = _key()
+        pushed = {p.key: p for p in _cache(here_fs, "A", s3env).push()}
+        assert pushed[key].published and pushed[key].sent > 0
+        _, data = _tier_entry(s3env)
+        # Pushed again with nothing new: nothing sent, said so.
+        again = {p.key: p for p in _cache(here_fs, "A", s3env).push([key])}
+        assert not again[key].published and again[key].sent == 0
+
+        b = _cache(here_fs, "B", s3env)
+        assert b.pull([key]) == [(key, len(data))]
+        hit = b.blobs.get(key)
+        with hit:
+            assert parse_timing_cache(Path(hit.path).read_bytes())[1] == \
+                parse_timing_cache(data)[1]
+        # A machine of another compute capability is refused the entry, nothing cached.
+        monkeypatch.setattr(timing_cache, "gpu_facts",
+                            lambda: {**SM89, "compute_capability": "sm_86"})
+        c = _cache(here_fs, "C", s3env)
+        with pytest.raises(ValueError, match="compute_capability 'sm_89' \\(here 'sm_86'\\)"):
+            c.pull([key])
+        assert [e.key for e in c.entries()] == []
