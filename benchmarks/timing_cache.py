@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from trtet_store.testing.stub_tensorrt import FakeBuilder, installed
 
     def builder() -> FakeBuilder:
-        return FakeBuilder(engine_sizes=(args.engine_mib << 20,),
+        return FakeBuilder(keep_timing=True, engine_sizes=(args.engine_mib << 20,),
                            tactic_seconds=args.tactic_ms / 1000,
                            tactics_per_layer=args.tactics_per_layer)
 

@@ -125,7 +125,7 @@ def test_the_facts_come_from_where_the_build_key_takes_them():
 
 def test_a_second_build_starts_warm_and_times_nothing_it_learned(here_fs, machine):
     module, inputs = linear_relu()
-    builder = FakeBuilder(engine_sizes=(MiB,))
+    builder = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     first = _export(here_fs, "a", module, inputs, builder)
     wanted = _tactics(module, inputs)
     [event] = first.engine_cache
@@ -170,7 +170,7 @@ class _DiesMidWrite(FakeBuilder):
 
 def test_a_build_dying_mid_write_of_its_copy_leaves_the_entry_whole(here_fs, machine):
     module, inputs = linear_relu()
-    _export(here_fs, "a", module, inputs, FakeBuilder(engine_sizes=(MiB,)))
+    _export(here_fs, "a", module, inputs, FakeBuilder(keep_timing=True, engine_sizes=(MiB,)))
     [key] = _timing_entries(here_fs)
     before = _entry_bytes(here_fs, key)
     _fine_tune(module)
@@ -180,7 +180,7 @@ def test_a_build_dying_mid_write_of_its_copy_leaves_the_entry_whole(here_fs, mac
     assert _entry_bytes(here_fs, key) == before
     assert _cache(here_fs).verify().ok
     assert os.listdir(here_fs / "cache" / "tmp") == []
-    builder = FakeBuilder(engine_sizes=(MiB,))
+    builder = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     [event] = _export(here_fs, "c", module, inputs, builder).engine_cache
     assert event.timing_cache.startswith("timing cache: warm") and builder.timed == [0]
 
@@ -189,7 +189,7 @@ def test_a_caller_timing_cache_path_is_left_to_the_caller(here_fs, machine):
     module, inputs = linear_relu()
     mine = here_fs / "mine.bin"
     mine.write_bytes(b"")
-    builder = FakeBuilder(engine_sizes=(MiB,))
+    builder = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     report = _export(here_fs, "a", module, inputs, builder, timing_cache_path=os.fspath(mine))
     assert report.engine_cache[0].timing_cache is None
     assert _timing_entries(here_fs) == {}
@@ -198,7 +198,7 @@ def test_a_caller_timing_cache_path_is_left_to_the_caller(here_fs, machine):
 
 def test_a_timing_entry_is_evicted_like_any_entry(here_fs, machine):
     module, inputs = linear_relu()
-    _export(here_fs, "a", module, inputs, FakeBuilder(engine_sizes=(MiB,)))
+    _export(here_fs, "a", module, inputs, FakeBuilder(keep_timing=True, engine_sizes=(MiB,)))
     [key] = _timing_entries(here_fs)
     cache = _cache(here_fs)
     cache.blobs.touch(key)  # the most recent: a bound of one tiny entry keeps only it
@@ -214,7 +214,7 @@ def test_a_timing_entry_is_evicted_like_any_entry(here_fs, machine):
 
 def test_a_cache_of_another_gpu_or_tensorrt_build_is_never_loaded(here_fs, machine):
     module, inputs = linear_relu()
-    builder = FakeBuilder(engine_sizes=(MiB,))
+    builder = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     machine(compute_capability="sm_86", gpu="NVIDIA A10")
     _export(here_fs, "a", module, inputs, builder)
     for n, fact in enumerate([{}, {"tensorrt": ["tensorrt-cu12 10.14.1.49"]}]):
@@ -241,7 +241,7 @@ def test_an_entry_under_this_key_made_for_another_device_is_refused_and_replaced
     (here_fs / "planted").write_bytes(planted)
     _cache(here_fs).blobs.put(key, here_fs / "planted", {
         "kind": timing_cache.TIMING_KIND, "timing": foreign})
-    builder = FakeBuilder(engine_sizes=(MiB,))
+    builder = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     [event] = _export(here_fs, "a", module, inputs, builder).engine_cache
     assert event.timing_cache.startswith("timing cache: cold (it was made for another "
                                          "compute_capability 'sm_86' (here 'sm_89')")
@@ -258,7 +258,7 @@ def test_a_merge_tensorrt_refuses_leaves_the_entry_as_it_was_and_says_why(here_f
     (here_fs / "planted").write_bytes(planted)
     _cache(here_fs).blobs.put(key, here_fs / "planted", {
         "kind": timing_cache.TIMING_KIND, "timing": timing_cache.timing_facts({})})
-    builder = FakeBuilder(engine_sizes=(MiB,))
+    builder = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     [event] = _export(here_fs, "a", module, inputs, builder).engine_cache
     assert event.outcome == "miss" and event.stored  # the export itself is unharmed
     assert "not merged: the merge was refused, the entry is left as it was: timing cache " \
@@ -269,7 +269,7 @@ def test_a_merge_tensorrt_refuses_leaves_the_entry_as_it_was_and_says_why(here_f
 
 def test_a_damaged_entry_is_never_handed_to_a_build_which_runs_cold(here_fs, machine):
     module, inputs = linear_relu()
-    builder = FakeBuilder(engine_sizes=(MiB,))
+    builder = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     _export(here_fs, "a", module, inputs, builder)
     [key] = _timing_entries(here_fs)
     hit = _cache(here_fs).blobs.get(key)
@@ -300,7 +300,7 @@ timing_cache.gpu_facts = lambda: cfg["facts"]
 torch.manual_seed(0)
 module = torch.nn.Sequential(torch.nn.Linear(16, cfg["width"]), torch.nn.ReLU()).eval()
 inputs = (torch.randn(2, 16),)
-builder = FakeBuilder(engine_sizes=(1 << 20,), tactic_seconds=cfg["tactic_seconds"])
+builder = FakeBuilder(keep_timing=True, engine_sizes=(1 << 20,), tactic_seconds=cfg["tactic_seconds"])
 open(cfg["ready"] + str(os.getpid()), "w").close()
 while not os.path.exists(cfg["go"]):
     time.sleep(0.005)

@@ -69,7 +69,7 @@ def _tier_entry(s3: Any) -> tuple[dict, bytes]:
 
 def test_machine_b_first_build_starts_warm_from_the_tier(here_fs, s3env):
     module, inputs = linear_relu()
-    a = FakeBuilder(engine_sizes=(MiB,))
+    a = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     [event] = _export(here_fs, "a", _cache(here_fs, "A", s3env), module, inputs,
                       a).engine_cache
     assert event.timing_cache == "timing cache: cold" and event.published
@@ -80,7 +80,7 @@ def test_machine_b_first_build_starts_warm_from_the_tier(here_fs, s3env):
 
     with torch.no_grad():
         module[0].weight.mul_(-1)  # B's model: A's layers, new weights: B must build
-    b = FakeBuilder(engine_sizes=(MiB,))
+    b = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     [event] = _export(here_fs, "b", _cache(here_fs, "B", s3env), module, inputs,
                       b).engine_cache
     assert event.outcome == "miss"
@@ -141,7 +141,7 @@ def test_two_machines_racing_a_publish_both_end_up_in_the_entry(here_fs, s3env):
 def test_a_damaged_shared_entry_is_refused_and_the_build_runs_cold(here_fs, s3env):
     module, inputs = linear_relu()
     _export(here_fs, "a", _cache(here_fs, "A", s3env), module, inputs,
-            FakeBuilder(engine_sizes=(MiB,)))
+            FakeBuilder(keep_timing=True, engine_sizes=(MiB,)))
     doc, data = _tier_entry(s3env)
     bad = bytearray(data)
     bad[-3] ^= 1
@@ -149,7 +149,7 @@ def test_a_damaged_shared_entry_is_refused_and_the_build_runs_cold(here_fs, s3en
                             Body=bytes(bad))  # a bucket writer
     with torch.no_grad():
         module[0].weight.mul_(-1)
-    b = FakeBuilder(engine_sizes=(MiB,))
+    b = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     [event] = _export(here_fs, "b", _cache(here_fs, "B", s3env), module, inputs,
                       b).engine_cache
     assert event.timing_cache.startswith("timing cache: cold"), event.timing_cache
@@ -162,10 +162,10 @@ def test_an_unsigned_shared_entry_is_refused_where_keys_are_trusted(here_fs, s3e
     env = with_keys(s3env, tmp_path, monkeypatch)
     module, inputs = linear_relu()
     _export(here_fs, "a", _cache(here_fs, "A", env), module, inputs,
-            FakeBuilder(engine_sizes=(MiB,)))  # unsigned
+            FakeBuilder(keep_timing=True, engine_sizes=(MiB,)))  # unsigned
     with torch.no_grad():
         module[0].weight.mul_(-1)
-    b = FakeBuilder(engine_sizes=(MiB,))
+    b = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     cache = _cache(here_fs, "B", env, trusted_keys=[env.keys / "team.key.pub"],
                    signing_key=env.keys / "team.key")
     [event] = _export(here_fs, "b", cache, module, inputs, b).engine_cache
@@ -175,7 +175,7 @@ def test_an_unsigned_shared_entry_is_refused_where_keys_are_trusted(here_fs, s3e
     # B's signed merge replaced it: a third machine trusting the team key starts warm.
     with torch.no_grad():
         module[0].bias.add_(1.0)
-    c = FakeBuilder(engine_sizes=(MiB,))
+    c = FakeBuilder(keep_timing=True, engine_sizes=(MiB,))
     cache = _cache(here_fs, "C", env, trusted_keys=[env.keys / "team.key.pub"])
     [event] = _export(here_fs, "c", cache, module, inputs, c).engine_cache
     assert event.timing_cache.startswith("timing cache: warm"), event.timing_cache
@@ -185,7 +185,7 @@ def test_an_unsigned_shared_entry_is_refused_where_keys_are_trusted(here_fs, s3e
 def test_push_and_pull_carry_timing_entries(here_fs, s3env, monkeypatch):
     module, inputs = linear_relu()
     local = trtet_store.EngineCache(here_fs / "A", max_bytes=1 << 30, min_free=0)
-    _export(here_fs, "a", local, module, inputs, FakeBuilder(engine_sizes=(MiB,)))
+    _export(here_fs, "a", local, module, inputs, FakeBuilder(keep_timing=True, engine_sizes=(MiB,)))
     with installed(FakeBuilder()):  # the timing seam (combine) is the stub's here
         key = _key()
         pushed = {p.key: p for p in _cache(here_fs, "A", s3env).push()}
