@@ -311,14 +311,14 @@ def _engine_event(e: Any) -> str:
         text += f", {e.reason}"
     if getattr(e, "missed_because", None):  # what differs from the closest cached build
         text += f", missed because {e.missed_because}"
-    if getattr(e, "timing_cache", None):  # where the build's tactic timing started
-        text += f", {e.timing_cache}"
     published = getattr(e, "published", None)
     if published is not None:  # a remote tier was asked: say what became of the build there
         text += ", published" if published else \
             f", not published ({getattr(e, 'publish_reason', None) or 'no reason given'})"
     if getattr(e, "remote_reason", None):
         text += f"; the shared entry was not used: {e.remote_reason}"
+    if getattr(e, "timing_cache", None):  # where the build's tactic timing started
+        text += f"; {e.timing_cache}"
     return text
 
 

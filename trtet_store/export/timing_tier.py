@@ -75,6 +75,9 @@ def pull(cache: EngineCache, key: str, check: Callable[[dict[str, Any]], str | N
     tier = cache.remote
     if tier is None:
         return
+    if cache.tiered.health.down is not None:  # said already by the build's own lookup
+        said.fetched_reason = "the shared cache is not usable now"
+        return
     scratch = _scratch(cache)
     try:
         _, meta = _local(cache, key, limit)
@@ -97,8 +100,8 @@ def pull(cache: EngineCache, key: str, check: Callable[[dict[str, Any]], str | N
             said.fetched_reason = done.reason
     except Exception as exc:  # the tier is an optimisation: never the export's failure
         said.fetched_reason = f"the shared cache was not usable ({type(exc).__name__}: {exc})"
-        log.warning("engine cache %s: timing cache %s not fetched: %s", cache.directory, key,
-                    said.fetched_reason)
+        log.info("engine cache %s: timing cache %s not fetched: %s", cache.directory, key,
+                 said.fetched_reason)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -110,6 +113,9 @@ def push(cache: EngineCache, key: str, check: Callable[[dict[str, Any]], str | N
     """Merge the local entry of ``key`` into the tier's and publish it (If-Match)."""
     tier = cache.remote
     if tier is None:
+        return
+    if cache.tiered.health.down is not None:  # said already by the build's own lookup
+        said.published, said.publish_reason = False, "the shared cache is not usable now"
         return
     scratch = _scratch(cache)
     try:
@@ -134,8 +140,8 @@ def push(cache: EngineCache, key: str, check: Callable[[dict[str, Any]], str | N
     except Exception as exc:  # the tier is an optimisation: never the export's failure
         said.published = False
         said.publish_reason = f"the shared cache was not usable ({type(exc).__name__}: {exc})"
-        log.warning("engine cache %s: timing cache %s not published: %s", cache.directory,
-                    key, said.publish_reason)
+        log.info("engine cache %s: timing cache %s not published: %s", cache.directory,
+                 key, said.publish_reason)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
