@@ -300,7 +300,8 @@ timing_cache.gpu_facts = lambda: cfg["facts"]
 torch.manual_seed(0)
 module = torch.nn.Sequential(torch.nn.Linear(16, cfg["width"]), torch.nn.ReLU()).eval()
 inputs = (torch.randn(2, 16),)
-builder = FakeBuilder(keep_timing=True, engine_sizes=(1 << 20,), tactic_seconds=cfg["tactic_seconds"])
+builder = FakeBuilder(keep_timing=True, engine_sizes=(1 << 20,),
+                      tactic_seconds=cfg["tactic_seconds"])
 open(cfg["ready"] + str(os.getpid()), "w").close()
 while not os.path.exists(cfg["go"]):
     time.sleep(0.005)

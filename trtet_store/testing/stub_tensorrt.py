@@ -9,11 +9,11 @@ streams its engines, with a state record shaped like torch-tensorrt 2.14.0's
 Everything after the seam runs for real. Install it with :func:`installed`.
 
 Given ``timing_cache_path`` (the engine cache's private copy) and made with
-``keep_timing=True``, :class:`FakeBuilder` does what TensorRT does with it: loads it (a cache made for another key is
-ignored, as TensorRT ignores a header that is not its own), times the tactics it
-lacks (``tactic_seconds`` each, counted in ``timed``) and rewrites the file; its
-``combine`` and ``count_entries`` are the timing-cache seam's (the format:
-:data:`TIMING_MAGIC`).
+``keep_timing=True``, :class:`FakeBuilder` does what TensorRT does with it:
+loads it (a cache made for another key is ignored, as TensorRT ignores a header
+that is not its own), times the tactics it lacks (``tactic_seconds`` each,
+counted in ``timed``) and rewrites the file; its ``combine`` and
+``count_entries`` are the timing-cache seam's (the format: :data:`TIMING_MAGIC`).
 """
 
 from __future__ import annotations
@@ -335,7 +335,8 @@ def installed(builder: FakeBuilder, *, refitter: FakeRefitter | None = None
     timing_saved = (timing_cache.combine, timing_cache.count_entries)
     tensorrt.build_engines, tensorrt.check_available = builder, lambda: None
     # The stub's seam whatever the builder (a test's own callable keeps no timing cache).
-    timing_cache.combine, timing_cache.count_entries = FakeBuilder.combine, FakeBuilder.count_entries
+    timing_cache.combine = FakeBuilder.combine
+    timing_cache.count_entries = FakeBuilder.count_entries
     if refitter is not None:
         tensorrt.refit_engine, tensorrt.check_refit = refitter, refitter.check
     try:
