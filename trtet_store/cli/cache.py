@@ -72,7 +72,10 @@ __all__ = ["add_parser", "cmd_cache", "parse_age"]
 
 #: The kinds of entries, as the metadata names them, and how ``list`` shows them.
 KINDS = {"trtet_store.tensorrt.engine": "engine", "trtet_store.tensorrt.build": "build",
-         "trtet_store.tensorrt.structure": "structure", "torch_tensorrt.packed": "torch-tensorrt"}
+         "trtet_store.tensorrt.structure": "structure", "torch_tensorrt.packed": "torch-tensorrt",
+         "trtet_store.tensorrt.timing": "timing"}
+#: A TensorRT timing cache's kind (``trtet_store.export.timing_cache.TIMING_KIND``).
+TIMING = "trtet_store.tensorrt.timing"
 
 
 def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -334,15 +337,20 @@ def _list(cache: Any, args: argparse.Namespace) -> int:
 
 def _stats(cache: Any, args: argparse.Namespace) -> int:
     s = cache.stats()
+    timing = [e for e in cache.entries() if e.metadata.get("kind") == TIMING]
     if args.json:
-        print(json.dumps(dict(dataclasses.asdict(s), directory=os.fspath(s.directory)),
-                         indent=1))
+        print(json.dumps(dict(dataclasses.asdict(s), directory=os.fspath(s.directory),
+                              timing={"entries": len(timing),
+                                      "bytes": sum(e.size for e in timing)}), indent=1))
         return 0
     print(f"directory:  {s.directory}{' (read-only)' if s.read_only else ''}")
     print(f"entries:    {s.entries} ({s.blobs} distinct blobs)")
     print(f"bytes:      {mib(s.bytes)} of a {mib(s.max_bytes)} bound (this command's; each "
           "program opens the cache with its own)")
     print(f"hits:       {s.hits}")
+    if timing:  # TensorRT timing caches, one per GPU, TensorRT build and flag set
+        print(f"timing:     {len(timing)} timing cache(s), {mib(sum(e.size for e in timing))}, "
+              f"{sum(int(e.metadata.get('entries') or 0) for e in timing):,} tactic entries")
     print(f"downloads:  {mib(s.downloads_bytes)} in downloads/ (remote hits being downloaded, "
           "or cut off and kept to resume; clear removes those no download holds)")
     print(f"free:       {mib(s.free_bytes)} on its filesystem")

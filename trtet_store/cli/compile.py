@@ -317,6 +317,8 @@ def _engine_event(e: Any) -> str:
             f", not published ({getattr(e, 'publish_reason', None) or 'no reason given'})"
     if getattr(e, "remote_reason", None):
         text += f"; the shared entry was not used: {e.remote_reason}"
+    if getattr(e, "timing_cache", None):  # where the build's tactic timing started
+        text += f"; {e.timing_cache}"
     return text
 
 

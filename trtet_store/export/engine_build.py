@@ -141,6 +141,7 @@ def _same_filesystem(a: Path, b: Path) -> bool:
 
 def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: str, *,
                  timeout: float | None = None, refit: RefitSource | None = None,
+                 settings: dict[str, Any] | None = None,
                  ) -> tuple[BuildResult, list[EngineCacheEvent]]:
     """A lowering's build through the cache: a hit, or ``build()`` then a put, one per key.
 
@@ -165,8 +166,12 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
     tier's full entry; the tier's structure entry (downloaded into the local
     cache, checked as a build entry, then refit under the lease); the build,
     which publishes its full entry, then its structure entry.
+
+    ``settings`` (the build's compile settings): a build starts from this
+    machine's timing cache for them and merges what it learned back
+    (:func:`.timing_cache.build_warm`; ``build`` then takes ``timing_cache_path=``).
     """
-    from trtet_store.export import engine_refit
+    from trtet_store.export import engine_refit, timing_cache
 
     key = cache.key(fingerprint)
     tiered = cache.tiered
@@ -251,7 +256,11 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
         # Issue 46 item 6: what differs from the closest cached build (metadata only);
         # a damaged entry of this very key says why itself (the rebuild's reason).
         because = _missed_because(cache, key, fingerprint) if damage is None else None
-        built = refitted.built if refitted is not None else build()
+        timing = None
+        if refitted is not None:
+            built = refitted.built
+        else:
+            built, timing = timing_cache.build_warm(cache, build, settings)
         reserve = 0
         link = False
         if _same_filesystem(cache.directory, Path(store.directory)) and \
@@ -313,6 +322,8 @@ def build_cached(cache: EngineCache, build: Any, store: BlobStore, fingerprint: 
             None, published, publish_reason, remote_reason, because,
             refitted.written[i] if refitted is not None else None,
             refitted.seconds[i] if refitted is not None else None))
+        if timing is not None:
+            events[-1].timing_cache = timing.line()
         if downloaded is not None:  # the structure entry's download, on the first engine
             events[-1].downloaded = downloaded if i == 0 else 0
         if complete:

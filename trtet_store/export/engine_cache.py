@@ -489,11 +489,17 @@ class EngineCache:
         """
         self._tier("push()")
         check_progress(progress, "push")
+        from trtet_store.export import timing_cache, timing_entries
+
         if keys is None:
             wanted = sorted(e.key for e in self.entries() if e.metadata.get("kind") in
                             (RECORD_KIND, engine_key.STRUCTURE_RECORD_KIND))
+            timing = sorted(e.key for e in self.entries()
+                            if e.metadata.get("kind") == timing_cache.TIMING_KIND)
         else:
             wanted = key_list(keys, "push")
+            timing = [k for k in wanted if k.startswith(timing_cache.TIMING_PREFIX)]
+            wanted = [k for k in wanted if k not in timing]
         missing = []
         sizes: dict[str, int] = {}
         for key in wanted:
@@ -519,7 +525,8 @@ class EngineCache:
                                               progress=tally.key(sizes[key]))
             tally.settled(sizes[key])
             out.append(result)
-        return out
+        # Timing caches (kind timing): merged into the tier's, not first-writer-wins.
+        return out + timing_entries.push_entries(self, timing)
 
     def pull(self, keys: Sequence[str], *,
              progress: Callable[[Progress], Any] | None = None) -> list[tuple[str, int]]:
@@ -552,7 +559,14 @@ class EngineCache:
         """
         tier = self._tier("pull()")
         check_progress(progress, "pull")
+        from trtet_store.export import timing_cache, timing_entries
+
         wanted = key_list(keys, "pull")
+        timing = [k for k in wanted if k.startswith(timing_cache.TIMING_PREFIX)]
+        if timing:  # timing caches: fetched, verified and merged into the local entry
+            done = [(k, timing_entries.pull_entry(self, k)) for k in timing]
+            rest = [k for k in wanted if k not in timing]
+            return done + (self.pull(rest, progress=progress) if rest else [])
         entries: dict[str, RemoteEntry | None] = {}
         for key in wanted:
             cached = self.lookup(key)

@@ -80,6 +80,9 @@ class EngineCacheEvent:
     #: engine (into the staging store, digested as they went) and the seconds it took.
     written: int | None = None
     seconds: float | None = None
+    #: A build: where its TensorRT timing started (``"timing cache: warm, 1,234 entries"``
+    #: or ``"timing cache: cold"``, :mod:`.timing_cache`); None for a hit or a refit.
+    timing_cache: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -398,11 +398,12 @@ def _engines_of(method: _Method, store: BlobStore, settings: dict[str, Any],
         from trtet_store.export import engine_build, engine_refit
 
         built, found = engine_build.build_cached(
-            cache, lambda: engine_reuse.build_or_reuse(
-                method.program, method.args, method.kwargs, store, settings,
+            cache, lambda **timing: engine_reuse.build_or_reuse(
+                method.program, method.args, method.kwargs, store, {**settings, **timing},
                 fingerprint=fingerprint),
             store, fingerprint, timeout=cache_timeout,
-            refit=engine_refit.source(method.program, method.args, method.kwargs, settings))
+            refit=engine_refit.source(method.program, method.args, method.kwargs, settings),
+            settings=settings)
         if events is not None:
             events += found
         by_fingerprint[fingerprint] = built

@@ -7,6 +7,13 @@ bytes streamed into the blob store in 1 MiB pieces, as the real builder
 streams its engines, with a state record shaped like torch-tensorrt 2.14.0's
 (:func:`engine_record`), read by the real :func:`~trtet_store.export.tensorrt.engine_state`.
 Everything after the seam runs for real. Install it with :func:`installed`.
+
+Given ``timing_cache_path`` (the engine cache's private copy) and made with
+``keep_timing=True``, :class:`FakeBuilder` does what TensorRT does with it:
+loads it (a cache made for another key is ignored, as TensorRT ignores a header
+that is not its own), times the tactics it lacks (``tactic_seconds`` each,
+counted in ``timed``) and rewrites the file; its ``combine`` and
+``count_entries`` are the timing-cache seam's (the format: :data:`TIMING_MAGIC`).
 """
 
 from __future__ import annotations
@@ -95,9 +102,19 @@ class FakeBuilder:
     built: list = field(default_factory=list)  # (engine, xxh3-128 of the bytes written)
     seconds: float = 0.0  # spent staging engines
     cpu_tail: int = 0
+    # The timing cache (see timing_tactics), kept only with keep_timing (off by default, so
+    # that other tests' caches hold what they did): each tactic it lacks costs this much.
+    keep_timing: bool = False
+    tactic_seconds: float = 0.0
+    tactics_per_layer: int = 4
+    timed: list = field(default_factory=list)  # per build: tactics timed (its cache lacked)
+    warm: list = field(default_factory=list)  # per build: tactics its cache held already
+    mismatched: list = field(default_factory=list)  # headers of caches for another key
 
     def __call__(self, exported_program, arg_inputs, kwarg_inputs, store, settings):
         start = time.monotonic()
+        if self.keep_timing and settings.get("timing_cache_path"):
+            self._time_tactics(exported_program, settings)
         out = exported_program.module()(*arg_inputs, **(kwarg_inputs or {}))
         seeds = self.seeds or tuple(range(len(self.engine_sizes)))
         engines = []
@@ -127,6 +144,93 @@ class FakeBuilder:
 
         return BuildResult(torch.export.export(Engines(), tuple(arg_inputs), strict=False),
                            engines)
+
+
+    def _time_tactics(self, exported_program, settings) -> None:
+        """What TensorRT does with ``timing_cache_path``: load, time what it lacks, rewrite."""
+        from trtet_store.export import timing_cache
+
+        path = settings["timing_cache_path"]
+        header = timing_cache.timing_key(timing_cache.timing_facts(settings))
+        with open(path, "rb") as f:
+            data = f.read()
+        have: dict[str, str] = {}
+        if data:
+            theirs, entries = parse_timing_cache(data)
+            if theirs != header:  # TensorRT ignores a cache of another device (a warning)
+                self.mismatched.append(theirs)
+            else:
+                have = entries
+        wanted = list(dict.fromkeys(timing_tactics(exported_program, self.tactics_per_layer)))
+        missing = [t for t in wanted if t not in have]
+        self.timed.append(len(missing))
+        self.warm.append(len(wanted) - len(missing))
+        if missing and self.tactic_seconds:
+            time.sleep(self.tactic_seconds * len(missing))
+        for t in missing:
+            have[t] = xxhash.xxh3_64_hexdigest(f"{header}|{t}|{time.monotonic_ns()}".encode())[:8]
+        with open(path, "wb") as f:  # as Torch-TensorRT rewrites its timing_cache_path
+            f.write(write_timing_cache(header, have))
+
+    @staticmethod
+    def combine(base: bytes, learned: bytes, *, ignore_mismatch: bool = False) -> bytes:
+        """The stub's ``ITimingCache.combine``: ``base`` with ``learned``'s tactics added
+        (``base``'s kept where both have one); headers that differ are refused unless
+        ``ignore_mismatch`` (then ``learned``'s tactics join under ``base``'s header)."""
+        from trtet_store.export.timing_cache import MergeRefused
+
+        mine, have = parse_timing_cache(base)
+        theirs, more = parse_timing_cache(learned)
+        if mine != theirs and not ignore_mismatch:
+            raise MergeRefused(f"timing cache header mismatch: {mine} vs {theirs}")
+        return write_timing_cache(mine, {**more, **have})
+
+    @staticmethod
+    def count_entries(data: bytes) -> int:
+        return len(parse_timing_cache(data)[1]) if data else 0
+
+
+#: The stub's timing cache: a text file. First line this magic, second ``header <key>``
+#: (the timing key of the device, TensorRT and flags it was made for, as TensorRT's own
+#: header), then one ``<tactic> <choice>`` line per entry, sorted by tactic (8 hex digits
+#: of xxh3-64 each). Two builds of one tactic may choose differently (random: identical
+#: GPUs write different bytes), so caches are merged by tactic, never by bytes.
+TIMING_MAGIC = "trtet-fake-timing-cache 1"
+
+
+def parse_timing_cache(data: bytes) -> tuple[str, dict[str, str]]:
+    """``(header, {tactic: choice})`` of a stub timing cache; ValueError when it is not one."""
+    lines = data.decode("ascii").split("\n")
+    if len(lines) < 3 or lines[0] != TIMING_MAGIC or not lines[1].startswith("header ") \
+            or lines[-1] != "":
+        raise ValueError("not a fake timing cache")
+    entries = {}
+    for line in lines[2:-1]:
+        tactic, _, choice = line.partition(" ")
+        if len(tactic) != 16 or len(choice) != 8:
+            raise ValueError(f"not a fake timing cache entry: {line!r}")
+        entries[tactic] = choice
+    return lines[1].removeprefix("header "), entries
+
+
+def write_timing_cache(header: str, entries: dict[str, str]) -> bytes:
+    body = "".join(f"{t} {c}\n" for t, c in sorted(entries.items()))
+    return f"{TIMING_MAGIC}\nheader {header}\n{body}".encode("ascii")
+
+
+def timing_tactics(exported_program: Any, per_layer: int = 4) -> list[str]:
+    """The tactics a build of ``exported_program`` times: ``per_layer`` per operator, named
+    by its target and output shape, as TensorRT keys a timing by the layer's signature
+    (identical layers, in one model or two, share their tactics)."""
+    out = []
+    for node in exported_program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        shape = tuple(val.shape) if hasattr(val, "shape") else None
+        for k in range(per_layer):
+            out.append(xxhash.xxh3_64_hexdigest(f"{node.target}|{shape}|{k}".encode()))
+    return out
 
 
 def linear_relu() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
@@ -219,12 +323,20 @@ class FakeRefitter:
 @contextlib.contextmanager
 def installed(builder: FakeBuilder, *, refitter: FakeRefitter | None = None
               ) -> Iterator[FakeBuilder]:
-    """Put ``builder`` (and ``refitter``) at the seams, skip the CUDA check, for the duration."""
-    from trtet_store.export import tensorrt
+    """Put ``builder`` (and ``refitter``) at the seams, skip the CUDA check, for the duration.
+
+    The timing-cache seam too: :func:`trtet_store.export.timing_cache.combine` and
+    ``count_entries`` become the builder's (its text format, :data:`TIMING_MAGIC`).
+    """
+    from trtet_store.export import tensorrt, timing_cache
 
     saved = (tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine,
              tensorrt.check_refit)
+    timing_saved = (timing_cache.combine, timing_cache.count_entries)
     tensorrt.build_engines, tensorrt.check_available = builder, lambda: None
+    # The stub's seam whatever the builder (a test's own callable keeps no timing cache).
+    timing_cache.combine = FakeBuilder.combine
+    timing_cache.count_entries = FakeBuilder.count_entries
     if refitter is not None:
         tensorrt.refit_engine, tensorrt.check_refit = refitter, refitter.check
     try:
@@ -232,3 +344,4 @@ def installed(builder: FakeBuilder, *, refitter: FakeRefitter | None = None
     finally:
         (tensorrt.build_engines, tensorrt.check_available, tensorrt.refit_engine,
          tensorrt.check_refit) = saved
+        timing_cache.combine, timing_cache.count_entries = timing_saved
