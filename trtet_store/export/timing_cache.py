@@ -43,8 +43,8 @@ from trtet_store.export import engine_key
 from trtet_store.io.units import MiB
 
 if TYPE_CHECKING:
-    from trtet_store.export.engine_cache import EngineCache
     from trtet_store.export.tensorrt import BuildResult
+    from trtet_store.export.timing_tier import CacheLevels
 
 __all__ = ["IMPLEMENTATION_FLAGS", "MAX_TIMING_BYTES", "TIMING_KIND", "TIMING_PREFIX",
            "MergeRefused", "TimingSaid", "build_warm", "combine", "count_entries", "entry_problem",
@@ -227,7 +227,7 @@ def _metadata(facts: dict[str, Any]) -> dict[str, Any]:
             "versions": [n.split(" ", 1) for n in facts["tensorrt"]]}
 
 
-def build_warm(cache: EngineCache, build: Callable[..., BuildResult],
+def build_warm(cache: CacheLevels, build: Callable[..., BuildResult],
                settings: Mapping[str, Any] | None) -> tuple[BuildResult, TimingSaid | None]:
     """``build()`` started from this key's timing cache, what it learned merged back.
 
@@ -286,7 +286,7 @@ def build_warm(cache: EngineCache, build: Callable[..., BuildResult],
     return built, said
 
 
-def _merge(cache: EngineCache, said: TimingSaid, copied: Any, facts: dict[str, Any]) -> None:
+def _merge(cache: CacheLevels, said: TimingSaid, copied: Any, facts: dict[str, Any]) -> None:
     """Merge the build's timing cache into the entry (under its single flight); never raises
     for a cache problem."""
     try:

@@ -15,7 +15,7 @@ from trtet_store.cache import mergeable_tier
 from trtet_store.export.timing_tier import TierSaid, _local, _scratch, pull
 
 if TYPE_CHECKING:
-    from trtet_store.export.engine_cache import EngineCache
+    from trtet_store.export.timing_tier import CacheLevels
 
 __all__ = ["pull_entry", "push_entries"]
 
@@ -32,7 +32,7 @@ def _entry_check(facts: dict[str, Any] | None) -> Callable[[dict[str, Any]], str
     return check
 
 
-def push_entries(cache: EngineCache, keys: list[str]) -> list[Any]:
+def push_entries(cache: CacheLevels, keys: list[str]) -> list[Any]:
     """``cache push`` of timing entries: each merged into the tier's (If-Match, retried).
 
     Returns a :class:`~trtet_store.cache.tier.TierPublish` per key
@@ -66,7 +66,7 @@ def push_entries(cache: EngineCache, keys: list[str]) -> list[Any]:
     return out
 
 
-def pull_entry(cache: EngineCache, key: str, settings: dict[str, Any] | None = None) -> int:
+def pull_entry(cache: CacheLevels, key: str, settings: dict[str, Any] | None = None) -> int:
     """``cache pull`` of a timing entry: fetched, verified, merged into the local one.
 
     Refused (ValueError) when it was made for another GPU, TensorRT build,

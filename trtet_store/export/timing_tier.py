@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
 
@@ -34,11 +34,29 @@ from trtet_store.cache.mergeable import merge_in
 from trtet_store.io import read_fd_capped
 
 if TYPE_CHECKING:
-    from trtet_store.export.engine_cache import EngineCache
+    from trtet_store.cache import BlobCache
+    from trtet_store.cache.tier import RemoteTier
+    from trtet_store.cache.tiered import TieredCache
 
 log = logging.getLogger("trtet_store.engine_cache")
 
-__all__ = ["TierSaid", "pull", "push"]
+__all__ = ["CacheLevels", "TierSaid", "pull", "push"]
+
+
+class CacheLevels(Protocol):
+    """What the timing modules take of an :class:`~trtet_store.EngineCache`: its levels
+    (they never import engine_cache, which imports them)."""
+
+    directory: Any
+
+    @property
+    def blobs(self) -> BlobCache: ...
+
+    @property
+    def remote(self) -> RemoteTier | None: ...
+
+    @property
+    def tiered(self) -> TieredCache: ...
 
 
 @dataclass
@@ -52,7 +70,7 @@ class TierSaid:
     sent: int = 0  # bytes uploaded (the merged entry's size), 0 when not published
 
 
-def _local(cache: EngineCache, key: str, limit: int) -> tuple[bytes | None, dict[str, Any]]:
+def _local(cache: CacheLevels, key: str, limit: int) -> tuple[bytes | None, dict[str, Any]]:
     """The local entry's bytes (checked against its seal) and metadata, or (None, {})."""
     hit = cache.blobs.get(key)
     if hit is None:
@@ -64,11 +82,11 @@ def _local(cache: EngineCache, key: str, limit: int) -> tuple[bytes | None, dict
         return data, dict(hit.metadata)
 
 
-def _scratch(cache: EngineCache) -> str:
+def _scratch(cache: CacheLevels) -> str:
     return tempfile.mkdtemp(prefix="trtet-timing-")  # mode 0700: ours alone
 
 
-def pull(cache: EngineCache, key: str, check: Callable[[dict[str, Any]], str | None],
+def pull(cache: CacheLevels, key: str, check: Callable[[dict[str, Any]], str | None],
          combined: Callable[[bytes | None, bytes], tuple[bytes, dict[str, Any]]],
          metadata: dict[str, Any], *, limit: int, said: TierSaid) -> None:
     """Take the tier's entry of ``key`` into the local one when it changed since last taken."""
@@ -106,7 +124,7 @@ def pull(cache: EngineCache, key: str, check: Callable[[dict[str, Any]], str | N
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def push(cache: EngineCache, key: str, check: Callable[[dict[str, Any]], str | None],
+def push(cache: CacheLevels, key: str, check: Callable[[dict[str, Any]], str | None],
          combine: Callable[[bytes, bytes], bytes],
          combined: Callable[[bytes | None, bytes], tuple[bytes, dict[str, Any]]],
          metadata: Callable[[bytes], dict[str, Any]], *, limit: int, said: TierSaid) -> None:
