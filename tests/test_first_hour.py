@@ -276,25 +276,109 @@ def _child(*argv: object, cwd: Path) -> tuple[dict, str, str]:
     return json.loads(last), done.stdout, "\n".join(rest)
 
 
+#: Each command that needs no model, run one after another in one fresh interpreter: the
+#: modules it added are told per command (a command that imports torch is named).
+EVERY = """
+import contextlib, io, json, sys
+from trtet_store.cli import main
+done = []
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchao")
+                   or m in ("executorch.exir", "executorch.exir.program"))
+    done.append({"argv": " ".join(argv), "code": code, "heavy": heavy[:3],
+                 "said": bool(out.getvalue().strip())})
+print(json.dumps(done))
+"""
+
+
 @needs_file_backed_data  # `written` keeps its engines in eng.ptd (--external-engine-data)
-@pytest.mark.parametrize("argv", [["inspect", "a.pte"], ["cache", "--dir", "cache", "list"]])
-def test_inspect_and_cache_list_import_no_torch(written, argv) -> None:
-    """Before (inspect): torch and all of executorch.exir imported, 4-6 s, to read headers."""
-    got, out, err = _child(*argv, cwd=written)
-    assert got == {"code": 0, "heavy": []}, (got, err)
-    assert out.strip() and not err, err  # it answered, and said nothing on stderr
+def test_commands_that_need_no_model_import_no_torch(written, s3env, tmp_path, capsys) -> None:
+    """--help, inspect, verify without --run, cache list/stats/prune and list/push/pull/prune
+    --remote, publish of files, fetch, publish-set, fetch-set, recover: none imports torch or
+    ExecuTorch's exporter (``executorch.exir``), in one interpreter, one after another.
+    Before (inspect, verify): torch and all of executorch.exir imported, 4-6 s, to read
+    headers; (cache pull) 10-14 s for 4 MiB."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    assert main(["cache", "--dir", str(written / "cache"), "--json", "list"]) == 0
+    [key] = [r["key"] for r in json.loads(capsys.readouterr().out) if r["kind"] == "build"]
+    url, ep = f"s3://{s3env.bucket}", ["--endpoint-url", s3env.endpoint.url]
+    local = ["cache", "--dir", str(written / "cache")]
+    pulled = ["cache", "--dir", str(tmp_path / "pulled")]
+    every = [
+        ["--help"], ["inspect", "a.pte"], ["inspect", "--json", "a.pte"],
+        ["verify", "a.pte", "--data", "eng.ptd"],
+        [*local, "list"], [*local, "stats"], [*local, "prune", "--max-bytes", "1G"],
+        [*local, "push", "--remote", f"{url}/tier", *ep, "--no-progress"],
+        [*local, "list", "--remote", f"{url}/tier", *ep],
+        [*pulled, "pull", "--remote", f"{url}/tier", *ep, "--no-progress", key],
+        [*local, "prune", "--remote", f"{url}/tier", "--older-than", "30d", *ep],
+        ["publish", "a.pte", "eng.ptd", f"{url}/m/a.pte", *ep, "--no-progress"],
+        ["fetch", f"{url}/m/a.pte", str(tmp_path / "got.pte"), *ep, "--no-progress"],
+        ["publish-set", f"{url}/set/", "--member", "a", "a.pte", "eng.ptd", *ep,
+         "--no-progress"],
+        ["fetch-set", f"{url}/set/", str(tmp_path / "set"), *ep, "--no-progress"],
+        ["recover", str(written)],
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, "TORCH_LOGS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, "-c", EVERY, json.dumps(every)], cwd=written,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = json.loads(proc.stdout)
+    assert [d["argv"] for d in done] == [" ".join(a) for a in every]
+    assert [d for d in done if d["code"] != 0 or not d["said"] or d["heavy"]] == [], \
+        (done, proc.stderr[-3000:])
+    assert proc.stderr == "", proc.stderr  # and said nothing on stderr (no warnings)
+    assert (tmp_path / "got.pte").is_file() and (tmp_path / "set").is_dir()
+
+
+def test_third_party_warnings_only_with_v(written) -> None:
+    """Before: "Failed to load .../torchao/_C_mxfp8...so" and torch's "W... _pytree.py:630]
+    ... Enum subclass" on every command that imports torch (compile-and-save's factory does;
+    without TensorRT and the stub it then fails, one line)."""
+    got, out, err = _child("compile-and-save", "m.py:make", "x.pte", "--no-progress",
+                           cwd=written)
+    assert got["code"] == 1 and "torch" in got["heavy"], (got, err)
+    assert err.startswith("trtet-store compile-and-save: TensorRTUnavailableError: ") and \
+        len(err.splitlines()) == 1, err
+    got, _out, err = _child("-v", "compile-and-save", "m.py:make", "x.pte", "--no-progress",
+                            cwd=written)
+    # (torchao's logger under -v's format, or torch's own handler: both from the venv's pins)
+    assert got["code"] == 1 and ("WARNING torchao" in err or "_pytree.py" in err), err
+    assert not (written / "x.pte").exists()
 
 
 @needs_file_backed_data
-def test_third_party_warnings_only_with_v(written) -> None:
-    """Before: "Failed to load .../torchao/_C_mxfp8...so" and torch's "W... _pytree.py:630]
-    ... Enum subclass" on every command that imports torch (inspect of a .ptd does)."""
-    got, out, err = _child("inspect", "eng.ptd", cwd=written)
-    assert got["code"] == 0 and "torch" in got["heavy"] and out.strip()
-    assert err == "", err
-    got, _out, err = _child("-v", "inspect", "eng.ptd", cwd=written)
-    # (torchao's logger under -v's format, or torch's own handler: both from the venv's pins)
-    assert got["code"] == 0 and ("WARNING torchao" in err or "_pytree.py" in err), err
+def test_the_ptd_reader_without_torch_reads_what_executorchs_reads(written) -> None:
+    """A .ptd's FlatTensor read in pure Python (inspect X.ptd, verify --data: no torch, no
+    flatc) has ExecuTorch's reader's fields, on a real file; a cut flatbuffer is refused."""
+    from executorch.exir.scalar_type import ScalarType
+    from executorch.extension.flat_tensor.serialize.serialize import _deserialize_to_flat_tensor
+
+    from trtet_store.export._executorch_private.flat_tensor import read_flat_tensor
+
+    def fields(ft):
+        return (ft.version, [(s.offset, s.size) for s in ft.segments],
+                [(n.key, n.segment_index, n.tensor_layout and (
+                    n.tensor_layout.scalar_type, list(n.tensor_layout.sizes),
+                    list(n.tensor_layout.dim_order))) for n in ft.named_data])
+
+    data = (written / "eng.ptd").read_bytes()
+    fb_end = int.from_bytes(data[16:24], "little") + int.from_bytes(data[24:32], "little")
+    ours = fields(read_flat_tensor(data[:fb_end], ScalarType))
+    assert ours == fields(_deserialize_to_flat_tensor(data[:fb_end]))
+    assert len(ours[1]) == 1 and ours[1][0][1] > 0 and ours[2][0][0]
+    with pytest.raises(ValueError, match="outside the flatbuffer"):
+        read_flat_tensor(data[:64])
 
 
 AFTER = """
