@@ -408,3 +408,51 @@ def test_executorch_imports_for_real_after_a_torch_free_inspect(written) -> None
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", AFTER], cwd=written, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+# -- cache pull takes the key as `cache list --remote` shows it, or a unique prefix ----------
+
+def test_cache_pull_takes_the_listed_key_or_a_unique_prefix(tmp_path, s3env, monkeypatch,
+                                                            capsys) -> None:
+    """Before: "trtet-store cache: ValueError: 'trt-0b164ac6-no-gpu' is in neither the engine
+    cache ... nor the shared tier ... (list it with `trtet-store cache list --remote`)": the
+    listing's own (shortened) key refused, and its hint pointing back to the listing."""
+    import json
+
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text(FACTORY.format(seed=0))
+    (tmp_path / "w.py").write_text(FACTORY.format(seed=0).replace("16, 16)", "16, 32)"))
+    local = ["cache", "--dir", str(tmp_path / "cache")]
+    for factory in ("m.py:make", "w.py:make"):
+        assert main(["compile-and-save", factory, "a.pte", "--engine-cache=cache",
+                     "--no-progress"]) == 0
+    remote = ["--remote", f"s3://{s3env.bucket}/tier", "--endpoint-url", s3env.endpoint.url]
+    assert main([*local, "push", *remote, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main([*local, "--json", "list", *remote]) == 0
+    keys = sorted(r["key"] for r in json.loads(capsys.readouterr().out))
+    assert len(keys) == 2
+    assert main([*local, "list", *remote]) == 0
+    listed = [x.split()[0] for x in capsys.readouterr().out.splitlines()[1:-1]]
+    short = next(x for x in listed if keys[0].startswith(x[:len("trt-") + 8]))
+    assert short != keys[0] and len(short) < len(keys[0])
+
+    def pull(into: str, key: str) -> tuple[int, str, str]:
+        code = main(["cache", "--dir", str(tmp_path / into), "pull", *remote, "--no-progress",
+                     key])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = pull("by-listing", short)  # as the listing shows it
+    assert code == 0, err
+    assert out.splitlines()[0] == f"{short}: 4.0 MiB downloaded", out
+    prefix = keys[1][:len("trt-") + 6]  # 6 digits of the digest, as git takes them
+    code, out, err = pull("by-prefix", prefix)
+    assert code == 0 and out.splitlines()[0].endswith(": 4.0 MiB downloaded"), err
+    code, out, err = pull("ambiguous", "trt-")
+    assert code == 1 and out == ""
+    assert err == (f"trtet-store cache: ValueError: 'trt-' names 2 entries of "
+                   f"s3://{s3env.bucket}/tier: {', '.join(sorted(listed))}; give more of the "
+                   "key\n"), err
+    assert not (tmp_path / "ambiguous").exists()
