@@ -381,6 +381,70 @@ def test_the_ptd_reader_without_torch_reads_what_executorchs_reads(written) -> N
         read_flat_tensor(data[:64])
 
 
+def _large_flat_tensor() -> bytes:
+    """A FlatTensor flatbuffer with 64-bit offsets and sizes and a tensor layout."""
+    import flatbuffers  # ExecuTorch's dependency (its generated readers use it)
+
+    b = flatbuffers.Builder(0)
+    key = b.CreateString("weights/w")
+    b.StartObject(2)
+    b.PrependUint64Slot(0, 2**40 + 4096, 0)
+    b.PrependUint64Slot(1, 2**33 + 5, 0)
+    seg = b.EndObject()
+    b.StartVector(4, 2, 4)
+    b.PrependInt32(7)
+    b.PrependInt32(3)
+    sizes = b.EndVector()
+    b.StartVector(1, 2, 1)
+    b.PrependUint8(0)
+    b.PrependUint8(1)
+    dims = b.EndVector()
+    b.StartObject(3)
+    b.PrependInt8Slot(0, 6, 0)
+    b.PrependUOffsetTRelativeSlot(1, sizes, 0)
+    b.PrependUOffsetTRelativeSlot(2, dims, 0)
+    layout = b.EndObject()
+    b.StartObject(3)
+    b.PrependUOffsetTRelativeSlot(0, key, 0)
+    b.PrependUint32Slot(1, 1, 0)
+    b.PrependUOffsetTRelativeSlot(2, layout, 0)
+    nd = b.EndObject()
+    b.StartVector(4, 2, 4)
+    b.PrependUOffsetTRelative(seg)
+    b.PrependUOffsetTRelative(seg)
+    segs = b.EndVector()
+    b.StartVector(4, 1, 4)
+    b.PrependUOffsetTRelative(nd)
+    nds = b.EndVector()
+    b.StartObject(3)
+    b.PrependUint32Slot(0, 0, 0)
+    b.PrependUOffsetTRelativeSlot(1, segs, 0)
+    b.PrependUOffsetTRelativeSlot(2, nds, 0)
+    root = b.EndObject()
+    b.Finish(root, file_identifier=b"FT01")
+    return bytes(b.Output())
+
+
+def test_the_ptd_reader_reads_64_bit_segments_and_layouts() -> None:
+    """Offsets and sizes past 4 GiB, a tensor layout, two segments: the same fields as
+    ExecuTorch's reader (flatc) gives, from a flatbuffer built here."""
+    from executorch.exir.scalar_type import ScalarType
+    from executorch.extension.flat_tensor.serialize.serialize import _deserialize_to_flat_tensor
+
+    from trtet_store.export._executorch_private.flat_tensor import read_flat_tensor
+
+    data = _large_flat_tensor()
+    theirs, ours = _deserialize_to_flat_tensor(data), read_flat_tensor(data, ScalarType)
+    assert [(s.offset, s.size) for s in ours.segments] == \
+        [(s.offset, s.size) for s in theirs.segments] == [(2**40 + 4096, 2**33 + 5)] * 2
+    [nd], [want] = ours.named_data, theirs.named_data
+    assert (nd.key, nd.segment_index) == (want.key, want.segment_index) == ("weights/w", 1)
+    layout = nd.tensor_layout
+    assert (layout.scalar_type, layout.sizes, layout.dim_order) == (
+        want.tensor_layout.scalar_type, list(want.tensor_layout.sizes),
+        list(want.tensor_layout.dim_order)) == (ScalarType.FLOAT, [3, 7], [1, 0])
+
+
 AFTER = """
 import sys
 from trtet_store.cli import main
