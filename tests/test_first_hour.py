@@ -341,6 +341,7 @@ def test_commands_that_need_no_model_import_no_torch(written, s3env, tmp_path, c
     assert (tmp_path / "got.pte").is_file() and (tmp_path / "set").is_dir()
 
 
+@needs_file_backed_data  # `written` (its engines in eng.ptd)
 def test_third_party_warnings_only_with_v(written) -> None:
     """Before: "Failed to load .../torchao/_C_mxfp8...so" and torch's "W... _pytree.py:630]
     ... Enum subclass" on every command that imports torch (compile-and-save's factory does;
