@@ -2,7 +2,7 @@
 them), and ``bench --help`` and the documentation say the same of ``--filesystem auto``.
 
 Before: ``bench --payload-size 64M --fs-size tight`` failed "payloads too small for a tight
-filesystem: a move's needs (208.0 MiB) are not well below the payload size"; ``bench --help``
+filesystem: a move's needs (198.0 MiB) are not well below the payload size"; ``bench --help``
 said "auto: ext4 as root, else here" where the README said "ext4, then XFS (one table each)".
 """
 
