@@ -276,25 +276,174 @@ def _child(*argv: object, cwd: Path) -> tuple[dict, str, str]:
     return json.loads(last), done.stdout, "\n".join(rest)
 
 
+#: Each command that needs no model, run one after another in one fresh interpreter: the
+#: modules it added are told per command (a command that imports torch is named).
+EVERY = """
+import contextlib, io, json, sys
+from trtet_store.cli import main
+done = []
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchao")
+                   or m in ("executorch.exir", "executorch.exir.program"))
+    done.append({"argv": " ".join(argv), "code": code, "heavy": heavy[:3],
+                 "said": bool(out.getvalue().strip())})
+print(json.dumps(done))
+"""
+
+
 @needs_file_backed_data  # `written` keeps its engines in eng.ptd (--external-engine-data)
-@pytest.mark.parametrize("argv", [["inspect", "a.pte"], ["cache", "--dir", "cache", "list"]])
-def test_inspect_and_cache_list_import_no_torch(written, argv) -> None:
-    """Before (inspect): torch and all of executorch.exir imported, 4-6 s, to read headers."""
-    got, out, err = _child(*argv, cwd=written)
-    assert got == {"code": 0, "heavy": []}, (got, err)
-    assert out.strip() and not err, err  # it answered, and said nothing on stderr
+def test_commands_that_need_no_model_import_no_torch(written, s3env, tmp_path, capsys) -> None:
+    """--help, inspect, verify without --run, cache list/stats/prune and list/push/pull/prune
+    --remote, publish of files, fetch, publish-set, fetch-set, recover: none imports torch or
+    ExecuTorch's exporter (``executorch.exir``), in one interpreter, one after another.
+    Before (inspect, verify): torch and all of executorch.exir imported, 4-6 s, to read
+    headers; (cache pull) 10-14 s for 4 MiB."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    assert main(["cache", "--dir", str(written / "cache"), "--json", "list"]) == 0
+    [key] = [r["key"] for r in json.loads(capsys.readouterr().out) if r["kind"] == "build"]
+    url, ep = f"s3://{s3env.bucket}", ["--endpoint-url", s3env.endpoint.url]
+    local = ["cache", "--dir", str(written / "cache")]
+    pulled = ["cache", "--dir", str(tmp_path / "pulled")]
+    every = [
+        ["--help"], ["inspect", "a.pte"], ["inspect", "--json", "a.pte"],
+        ["verify", "a.pte", "--data", "eng.ptd"],
+        [*local, "list"], [*local, "stats"], [*local, "prune", "--max-bytes", "1G"],
+        [*local, "push", "--remote", f"{url}/tier", *ep, "--no-progress"],
+        [*local, "list", "--remote", f"{url}/tier", *ep],
+        [*pulled, "pull", "--remote", f"{url}/tier", *ep, "--no-progress", key],
+        [*local, "prune", "--remote", f"{url}/tier", "--older-than", "30d", *ep],
+        ["publish", "a.pte", "eng.ptd", f"{url}/m/a.pte", *ep, "--no-progress"],
+        ["fetch", f"{url}/m/a.pte", str(tmp_path / "got.pte"), *ep, "--no-progress"],
+        ["publish-set", f"{url}/set/", "--member", "a", "a.pte", "eng.ptd", *ep,
+         "--no-progress"],
+        ["fetch-set", f"{url}/set/", str(tmp_path / "set"), *ep, "--no-progress"],
+        ["recover", str(written)],
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, "TORCH_LOGS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, "-c", EVERY, json.dumps(every)], cwd=written,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = json.loads(proc.stdout)
+    assert [d["argv"] for d in done] == [" ".join(a) for a in every]
+    assert [d for d in done if d["code"] != 0 or not d["said"] or d["heavy"]] == [], \
+        (done, proc.stderr[-3000:])
+    assert proc.stderr == "", proc.stderr  # and said nothing on stderr (no warnings)
+    assert (tmp_path / "got.pte").is_file() and (tmp_path / "set").is_dir()
+
+
+@needs_file_backed_data  # `written` (its engines in eng.ptd)
+def test_third_party_warnings_only_with_v(written) -> None:
+    """Before: "Failed to load .../torchao/_C_mxfp8...so" and torch's "W... _pytree.py:630]
+    ... Enum subclass" on every command that imports torch (compile-and-save's factory does;
+    without TensorRT and the stub it then fails, one line)."""
+    got, out, err = _child("compile-and-save", "m.py:make", "x.pte", "--no-progress",
+                           cwd=written)
+    assert got["code"] == 1 and "torch" in got["heavy"], (got, err)
+    assert err.startswith("trtet-store compile-and-save: TensorRTUnavailableError: ") and \
+        len(err.splitlines()) == 1, err
+    got, _out, err = _child("-v", "compile-and-save", "m.py:make", "x.pte", "--no-progress",
+                            cwd=written)
+    # (torchao's logger under -v's format, or torch's own handler: both from the venv's pins)
+    assert got["code"] == 1 and ("WARNING torchao" in err or "_pytree.py" in err), err
+    assert not (written / "x.pte").exists()
 
 
 @needs_file_backed_data
-def test_third_party_warnings_only_with_v(written) -> None:
-    """Before: "Failed to load .../torchao/_C_mxfp8...so" and torch's "W... _pytree.py:630]
-    ... Enum subclass" on every command that imports torch (inspect of a .ptd does)."""
-    got, out, err = _child("inspect", "eng.ptd", cwd=written)
-    assert got["code"] == 0 and "torch" in got["heavy"] and out.strip()
-    assert err == "", err
-    got, _out, err = _child("-v", "inspect", "eng.ptd", cwd=written)
-    # (torchao's logger under -v's format, or torch's own handler: both from the venv's pins)
-    assert got["code"] == 0 and ("WARNING torchao" in err or "_pytree.py" in err), err
+def test_the_ptd_reader_without_torch_reads_what_executorchs_reads(written) -> None:
+    """A .ptd's FlatTensor read in pure Python (inspect X.ptd, verify --data: no torch, no
+    flatc) has ExecuTorch's reader's fields, on a real file; a cut flatbuffer is refused."""
+    from executorch.exir.scalar_type import ScalarType
+    from executorch.extension.flat_tensor.serialize.serialize import _deserialize_to_flat_tensor
+
+    from trtet_store.export._executorch_private.flat_tensor import read_flat_tensor
+
+    def fields(ft):
+        return (ft.version, [(s.offset, s.size) for s in ft.segments],
+                [(n.key, n.segment_index, n.tensor_layout and (
+                    n.tensor_layout.scalar_type, list(n.tensor_layout.sizes),
+                    list(n.tensor_layout.dim_order))) for n in ft.named_data])
+
+    data = (written / "eng.ptd").read_bytes()
+    fb_end = int.from_bytes(data[16:24], "little") + int.from_bytes(data[24:32], "little")
+    ours = fields(read_flat_tensor(data[:fb_end], ScalarType))
+    assert ours == fields(_deserialize_to_flat_tensor(data[:fb_end]))
+    assert len(ours[1]) == 1 and ours[1][0][1] > 0 and ours[2][0][0]
+    with pytest.raises(ValueError, match="outside the flatbuffer"):
+        read_flat_tensor(data[:64])
+
+
+def _large_flat_tensor() -> bytes:
+    """A FlatTensor flatbuffer with 64-bit offsets and sizes and a tensor layout."""
+    import flatbuffers  # ExecuTorch's dependency (its generated readers use it)
+
+    b = flatbuffers.Builder(0)
+    key = b.CreateString("weights/w")
+    b.StartObject(2)
+    b.PrependUint64Slot(0, 2**40 + 4096, 0)
+    b.PrependUint64Slot(1, 2**33 + 5, 0)
+    seg = b.EndObject()
+    b.StartVector(4, 2, 4)
+    b.PrependInt32(7)
+    b.PrependInt32(3)
+    sizes = b.EndVector()
+    b.StartVector(1, 2, 1)
+    b.PrependUint8(0)
+    b.PrependUint8(1)
+    dims = b.EndVector()
+    b.StartObject(3)
+    b.PrependInt8Slot(0, 6, 0)
+    b.PrependUOffsetTRelativeSlot(1, sizes, 0)
+    b.PrependUOffsetTRelativeSlot(2, dims, 0)
+    layout = b.EndObject()
+    b.StartObject(3)
+    b.PrependUOffsetTRelativeSlot(0, key, 0)
+    b.PrependUint32Slot(1, 1, 0)
+    b.PrependUOffsetTRelativeSlot(2, layout, 0)
+    nd = b.EndObject()
+    b.StartVector(4, 2, 4)
+    b.PrependUOffsetTRelative(seg)
+    b.PrependUOffsetTRelative(seg)
+    segs = b.EndVector()
+    b.StartVector(4, 1, 4)
+    b.PrependUOffsetTRelative(nd)
+    nds = b.EndVector()
+    b.StartObject(3)
+    b.PrependUint32Slot(0, 0, 0)
+    b.PrependUOffsetTRelativeSlot(1, segs, 0)
+    b.PrependUOffsetTRelativeSlot(2, nds, 0)
+    root = b.EndObject()
+    b.Finish(root, file_identifier=b"FT01")
+    return bytes(b.Output())
+
+
+def test_the_ptd_reader_reads_64_bit_segments_and_layouts() -> None:
+    """Offsets and sizes past 4 GiB, a tensor layout, two segments: the same fields as
+    ExecuTorch's reader (flatc) gives, from a flatbuffer built here."""
+    from executorch.exir.scalar_type import ScalarType
+    from executorch.extension.flat_tensor.serialize.serialize import _deserialize_to_flat_tensor
+
+    from trtet_store.export._executorch_private.flat_tensor import read_flat_tensor
+
+    data = _large_flat_tensor()
+    theirs, ours = _deserialize_to_flat_tensor(data), read_flat_tensor(data, ScalarType)
+    assert [(s.offset, s.size) for s in ours.segments] == \
+        [(s.offset, s.size) for s in theirs.segments] == [(2**40 + 4096, 2**33 + 5)] * 2
+    [nd], [want] = ours.named_data, theirs.named_data
+    assert (nd.key, nd.segment_index) == (want.key, want.segment_index) == ("weights/w", 1)
+    layout = nd.tensor_layout
+    assert (layout.scalar_type, layout.sizes, layout.dim_order) == (
+        want.tensor_layout.scalar_type, list(want.tensor_layout.sizes),
+        list(want.tensor_layout.dim_order)) == (ScalarType.FLOAT, [3, 7], [1, 0])
 
 
 AFTER = """
@@ -324,3 +473,51 @@ def test_executorch_imports_for_real_after_a_torch_free_inspect(written) -> None
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", AFTER], cwd=written, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+# -- cache pull takes the key as `cache list --remote` shows it, or a unique prefix ----------
+
+def test_cache_pull_takes_the_listed_key_or_a_unique_prefix(tmp_path, s3env, monkeypatch,
+                                                            capsys) -> None:
+    """Before: "trtet-store cache: ValueError: 'trt-0b164ac6-no-gpu' is in neither the engine
+    cache ... nor the shared tier ... (list it with `trtet-store cache list --remote`)": the
+    listing's own (shortened) key refused, and its hint pointing back to the listing."""
+    import json
+
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text(FACTORY.format(seed=0))
+    (tmp_path / "w.py").write_text(FACTORY.format(seed=0).replace("16, 16)", "16, 32)"))
+    local = ["cache", "--dir", str(tmp_path / "cache")]
+    for factory in ("m.py:make", "w.py:make"):
+        assert main(["compile-and-save", factory, "a.pte", "--engine-cache=cache",
+                     "--no-progress"]) == 0
+    remote = ["--remote", f"s3://{s3env.bucket}/tier", "--endpoint-url", s3env.endpoint.url]
+    assert main([*local, "push", *remote, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main([*local, "--json", "list", *remote]) == 0
+    keys = sorted(r["key"] for r in json.loads(capsys.readouterr().out))
+    assert len(keys) == 2
+    assert main([*local, "list", *remote]) == 0
+    listed = [x.split()[0] for x in capsys.readouterr().out.splitlines()[1:-1]]
+    short = next(x for x in listed if keys[0].startswith(x[:len("trt-") + 8]))
+    assert short != keys[0] and len(short) < len(keys[0])
+
+    def pull(into: str, key: str) -> tuple[int, str, str]:
+        code = main(["cache", "--dir", str(tmp_path / into), "pull", *remote, "--no-progress",
+                     key])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = pull("by-listing", short)  # as the listing shows it
+    assert code == 0, err
+    assert out.splitlines()[0] == f"{short}: 4.0 MiB downloaded", out
+    prefix = keys[1][:len("trt-") + 6]  # 6 digits of the digest, as git takes them
+    code, out, err = pull("by-prefix", prefix)
+    assert code == 0 and out.splitlines()[0].endswith(": 4.0 MiB downloaded"), err
+    code, out, err = pull("ambiguous", "trt-")
+    assert code == 1 and out == ""
+    assert err == (f"trtet-store cache: ValueError: 'trt-' names 2 entries of "
+                   f"s3://{s3env.bucket}/tier: {', '.join(sorted(listed))}; give more of the "
+                   "key\n"), err
+    assert not (tmp_path / "ambiguous").exists()

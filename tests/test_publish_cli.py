@@ -145,8 +145,8 @@ def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_noth
                                            Key=f"{prefix}/{path.name}")["Body"]
             assert digest(body.read()) == file_digest(path), (prefix, path.name)
 
-    # Again without --replace: refused in one line, the published objects kept, and
-    # the engine just built kept too (a failed publish never costs the build) ...
+    # Again without --replace: refused in one line before the build (the key is checked
+    # first: nothing built, nothing written), the published objects kept ...
     first = FakeBuilder(engine_sizes=(3 * MiB,), seeds=(8,))
     with installed(first):
         assert main(["compile-and-save", target, "--publish", url, "--endpoint-url",
@@ -154,14 +154,13 @@ def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_noth
     trt.unregister_engines(list(trt._engines.values()))
     err = capsys.readouterr().err.strip()
     assert err.startswith("trtet-store compile-and-save: KeyExistsError") and "\n" not in err
-    assert "engines are kept in" in err, err
+    assert err.endswith("(checked before the build: nothing built or written)"), err
     body = s3env.client.get_object(Bucket=s3env.bucket, Key="c/m.pte")["Body"].read()
     assert digest(body) == file_digest(out)
-    assert len(first.built) == 1
-    assert [p.name for p in work.iterdir()] == [".trtet-publish-staging"]
+    assert first.built == []
+    assert list(work.iterdir()) == []
 
-    # ... so the run with --replace builds nothing, publishes that engine, and leaves
-    # nothing behind.
+    # ... and the run with --replace builds, publishes, and leaves nothing behind.
     again = FakeBuilder(engine_sizes=(3 * MiB,), seeds=(9,))
     try:
         with installed(again):
@@ -169,7 +168,7 @@ def test_compile_and_save_publish_sends_what_save_program_writes_and_writes_noth
                          s3env.endpoint.url, "--replace", *common]) == 0
     finally:
         trt.unregister_engines(list(trt._engines.values()))
-    assert again.built == []
+    assert len(again.built) == 1
     assert list(work.iterdir()) == []
 
 

@@ -195,10 +195,16 @@ class BenchConfig:
 
     @property
     def effective_chunk_size(self) -> int:
-        """The chunk size trtet_store will use."""
+        """The chunk size trtet_store will use: ``chunk_size``, else the writer's default,
+        but on a ``tight`` filesystem at most a 16th of the payloads (whole MiB, at least
+        one), so that a move's needs stay well below small payloads."""
         from trtet_store.io.writer import DEFAULT_CHUNK_SIZE
 
-        return self.chunk_size or DEFAULT_CHUNK_SIZE
+        if self.chunk_size:
+            return self.chunk_size
+        if self.fs_size == "tight":
+            return max(MiB, min(DEFAULT_CHUNK_SIZE, self.total_payload_bytes // 16 // MiB * MiB))
+        return DEFAULT_CHUNK_SIZE
 
 
 # --- command-line options --------------------------------------------------------------
@@ -247,7 +253,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"trtet_store's move/copy step (default {format_size(DEFAULT_CHUNK_SIZE)})")
     add("--filesystem", choices=("auto", *FILESYSTEMS), default=d.filesystem,
         help="dedicated filesystem type (root only), or 'here' for a temp dir on "
-        "the current filesystem; auto: ext4 as root, else here")
+        "the current filesystem; auto: ext4, then XFS (a table each) as root, else here")
     add("--fs-size", type=_fs_size_arg, default=d.fs_size, metavar="fit|tight|SIZE",
         help="size of the dedicated filesystem: fit (every method fits), tight "
         "(the payloads fit once, not twice), or a size")

@@ -267,7 +267,7 @@ def run_method(
                     # An insert is a kind of move: the writer only considers
                     # payloads it may move for it.
                     placements={"insert", "move"} if method == "insert" else {method},
-                    chunk_size=config.chunk_size,
+                    chunk_size=config.effective_chunk_size,
                     progress=step,
                 )
         except InsufficientSpaceError as exc:

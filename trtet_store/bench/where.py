@@ -195,7 +195,9 @@ def space_needed(config: BenchConfig) -> tuple[int, int | None]:
         if high >= 2 * payload:
             raise BenchError(
                 "payloads too small for a tight filesystem: a move's needs "
-                f"({format_size(low - payload)}) are not well below the payload size"
+                f"({format_size(low - payload)}, with a {format_size(chunk)} step) are not "
+                f"well below the payloads ({format_size(payload)}): give larger payloads, a "
+                "smaller --chunk-size, or --fs-size fit"
             )
         return low, high
     return 2 * payload + 2 * chunk + overhead + 16 * MiB, None

@@ -236,6 +236,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
             tier = RemoteTier(remote, endpoint_url=args.endpoint_url, **keys)
             if args.action in ("list", "prune"):  # the bucket alone: no local directory
                 return REMOTE_ACTIONS[args.action](tier, args)
+            if args.action == "pull":
+                args.keys = _keys_as_listed(tier, args.keys)
     except Exception as exc:
         return report_error(exc, "cache")
     if not os.path.lexists(directory) and args.action != "pull":
@@ -303,6 +305,28 @@ def _short(key: str) -> str:
     """``trtet-1a2b3c4d-sm_90.e0``: a key's digest cut to 8 digits (``--json`` has it whole)."""
     m = re.fullmatch(r"([A-Za-z_]+)-([0-9a-f]{16,})(.*)", key)
     return f"{m.group(1)}-{m.group(2)[:8]}{m.group(3)}" if m else key
+
+
+def _keys_as_listed(tier: Any, given: list[str]) -> list[str]:
+    """``cache pull``'s keys: each whole, as ``cache list --remote`` shows it (its digest
+    cut to 8 digits), or any prefix of it that names one entry, as git takes a commit's.
+    An ambiguous prefix is refused naming the entries; a key no entry has is left to
+    ``pull`` (it is in neither cache). The bucket is listed only when a key is not whole
+    (no 32-digit digest)."""
+    if all(re.search(r"[0-9a-f]{32}", k) for k in given):
+        return list(given)
+    entries, _damaged = tier.listing()
+    known = sorted({e.key for e in entries})
+    out = []
+    for k in given:
+        found = [full for full in known if full == k or _short(full) == k
+                 or full.startswith(k) or _short(full).startswith(k)]
+        if len(found) > 1 and k not in known:
+            shown = ", ".join(_short(f) for f in found[:8]) + (", ..." if len(found) > 8 else "")
+            raise ValueError(f"{k!r} names {len(found)} entries of {tier.url}: {shown}; give "
+                             "more of the key")
+        out.append(found[0] if len(found) == 1 else k)
+    return out
 
 
 def _list(cache: Any, args: argparse.Namespace) -> int:

@@ -194,6 +194,12 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         print(f"trtet-store compile-and-save: {ENV}=1: engines are built by the stub builder "
               "(a test aid, no TensorRT): the programs hold no runnable engine",
               file=sys.stderr)
+    # Without OUT (--publish alone), the flags that need it are refused first: a usage
+    # error before any request.
+    no_out = args.publish is not None and len(args.paths) == (0 if args.method else 1)
+    refused = (_needs_out(args) if no_out else None) or _check_before_build(args)
+    if refused is not None:
+        return refused
     try:
         source, inputs, out = sources.compile_source(
             args.paths, args.method, out_optional=args.publish is not None)
@@ -278,6 +284,75 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Said after each refusal of :func:`_check_before_build`.
+_BEFORE = "(checked before the build: nothing built or written)"
+
+
+def _check_before_build(args: argparse.Namespace) -> int | None:
+    """The remote destinations checked before the factory runs and any engine is built
+    (with real TensorRT a build takes minutes to hours); a refusal is one line, exit 1.
+
+    ``--publish``: the URL, the bucket and the credentials (HeadBucket), and, without
+    ``--replace``, that neither the key nor its manifest exists. ``--engine-cache-remote``:
+    the URL, the key files (``--signing-key``, ``--trusted-key``, or the configured
+    ones), the bucket and the credentials; an endpoint that does not answer is left to
+    the tier (its rule: a warning, and the build goes on). None: go on.
+    """
+    if args.publish is None and args.engine_cache_remote is None:
+        return None
+    from trtet_store.remote.errors import EndpointUnreachableError
+
+    def refuse(text: str) -> int:
+        return fail("compile-and-save", f"{text} {_BEFORE}")
+
+    if args.publish is not None:
+        from trtet_store.remote.manifest import manifest_key
+        from trtet_store.remote.s3 import S3
+        from trtet_store.remote.url import RemoteURL
+
+        try:
+            dest = RemoteURL.parse(args.publish)
+        except Exception as exc:  # noqa: BLE001 - the URL's own message quotes it
+            return refuse(one_line(exc))
+        try:
+            s3 = S3(args.endpoint_url)
+            s3.check_bucket(dest.bucket)
+            existing = [] if args.replace else \
+                [k for k in (dest.key, manifest_key(dest.key)) if s3.head(dest.bucket, k)]
+        except Exception as exc:  # noqa: BLE001 - one line, whatever it is
+            return refuse(f"--publish {args.publish}: {one_line(exc)}")
+        if existing:  # as publish says it (KeyExistsError), before the build
+            return refuse(f"KeyExistsError: "
+                          f"{', '.join(f's3://{dest.bucket}/{k}' for k in existing)} already "
+                          "exist; pass --replace to publish a new version")
+    if args.engine_cache_remote is not None:
+        from trtet_store.remote.keyconfig import resolve_signing, resolve_trusted
+
+        for flag, resolve, value in (("--signing-key", resolve_signing, args.signing_key),
+                                     ("--trusted-key", resolve_trusted, args.trusted_key)):
+            try:
+                resolve(value)
+            except FileNotFoundError as exc:
+                return refuse(f"{flag} {exc.filename}: no such file")
+            except Exception as exc:  # noqa: BLE001
+                return refuse(f"{flag}: {one_line(exc)}")
+        from trtet_store.cache.tier import RemoteTier
+        from trtet_store.remote.errors import RemoteURLError
+
+        try:
+            tier = RemoteTier(args.engine_cache_remote, endpoint_url=args.endpoint_url)
+        except RemoteURLError as exc:  # its message quotes the URL
+            return refuse(one_line(exc))
+        try:
+            tier.check()
+        except EndpointUnreachableError:
+            pass  # the tier's rule: an outage warns, the build goes on
+        except Exception as exc:  # noqa: BLE001
+            return refuse(f"--engine-cache-remote {args.engine_cache_remote}: "
+                          f"{one_line(exc)}")
+    return None
+
+
 def _written(report: Any, *, versioned: bool) -> str:
     """The program's path to print: a versioned write's OUT does not exist, so the path
     through the link it switched (``out/a/a.pte``), and where the link points now."""
@@ -327,12 +402,8 @@ _LOCAL_ONLY = {"etrecord": "--etrecord", "versioned": "--versioned",
                "keep_versions": "--keep-versions", "timeout": "--timeout"}
 
 
-def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | None,
-                         backend_config: Any, stub: Any = None) -> int:
-    """``compile-and-save --publish URL`` without OUT, over ``remote.compile_and_publish``."""
-    from trtet_store import remote
-    from trtet_store.cli.publish import print_report, progress_bar
-
+def _needs_out(args: argparse.Namespace) -> int | None:
+    """--publish without OUT: the flags that write local files (or refit) refused."""
     given = [flag for attr, flag in _LOCAL_ONLY.items() if getattr(args, attr, None)]
     if given:
         return fail("compile-and-save", f"{', '.join(given)} need OUT (they write local "
@@ -341,6 +412,18 @@ def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | 
         return fail("compile-and-save", "--refittable needs OUT (a refit reuses a cached "
                     "engine: give OUT and --engine-cache); --publish without OUT builds "
                     "immutable engines")
+    return None
+
+
+def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | None,
+                         backend_config: Any, stub: Any = None) -> int:
+    """``compile-and-save --publish URL`` without OUT, over ``remote.compile_and_publish``."""
+    from trtet_store import remote
+    from trtet_store.cli.publish import print_report, progress_bar
+
+    refused = _needs_out(args)
+    if refused is not None:
+        return refused
     bar = progress_bar(args)
     try:
         with bar, stub or contextlib.nullcontext():

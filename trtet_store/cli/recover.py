@@ -50,6 +50,12 @@ def add_parser(sub: Any) -> None:
         "and of the set store's interrupted downloads beside DIR (never of one that is "
         "running)",
     )
+    r.add_argument(
+        "--discard-parts",
+        action="store_true",
+        help="remove the half-written files (.part) that killed runs left in "
+        "DIR/.trtet-staging (never a running one's)",
+    )
     r.set_defaults(func=cmd_recover)
 
 
@@ -87,10 +93,39 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     # Uploads a crashed publish of DIR's files left open.
     publishes = print_interrupted(directory=args.dir)
-    if not args.json and not outcomes and not fetches and not publishes and fetches_ok:
+    parts = _parts(args)
+    if not args.json and not outcomes and not fetches and not publishes and not parts \
+            and fetches_ok:
         print(f"{shown(args.dir)}: nothing to recover")
     stuck = [o for o in outcomes if o.action in ("busy", "damaged", "stuck")]
     return 1 if stuck or not fetches_ok else 0
+
+
+def _parts(args: argparse.Namespace) -> int:
+    """Name (or, with ``--discard-parts``, remove) the half-written files (``.part``) that
+    killed runs left in ``DIR/.trtet-staging`` (a killed build's engine, say); how many."""
+    from trtet_store.io import format_mib
+    from trtet_store.io.orphans import collect_stale, stale_parts
+
+    staging = args.dir / ".trtet-staging"
+    parts = stale_parts(staging)
+    if not parts:
+        return 0
+    out = sys.stderr if args.json else sys.stdout
+    total = format_mib(sum(size for _, size in parts))
+    if args.discard_parts:
+        removed = {p for p in collect_stale(staging) if any(p == q for q, _ in parts)}
+        total = format_mib(sum(size for p, size in parts if p in removed))
+        print(f"{len(removed)} half-written file(s) of killed runs removed ({total}) from "
+              f"{shown(staging)}", file=out)
+        return len(parts)
+    for path, size in parts:
+        print(f"{shown(path)}: {format_mib(size)} half-written by a killed run (a .part: "
+              "never used)", file=out)
+    flag = shlex.join(["trtet-store", "recover", os.fspath(args.dir), "--discard-parts"])
+    print(f"{len(parts)} half-written file(s) of killed runs, {total}: remove them with "
+          f"{shown(flag)}", file=out)
+    return len(parts)
 
 
 def _fetches(args: argparse.Namespace) -> tuple[bool, int]:

@@ -13,6 +13,7 @@ this module (neither imports the other at import time).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -48,13 +49,31 @@ def compute_capability() -> str:
 
     Part of every key: an engine is built for one GPU architecture, and a
     cache shared between machines must never hand it to another.
+
+    Where no CUDA driver can be loaded, no GPU is there for torch either: said
+    without importing torch (``cache pull`` needs no model, :func:`_no_cuda_driver`).
     """
+    if "torch" not in sys.modules and _no_cuda_driver():
+        return NO_GPU
     import torch
 
     if not torch.cuda.is_available():
         return NO_GPU
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}"
+
+
+def _no_cuda_driver() -> bool:
+    """Whether the CUDA driver library (``libcuda.so.1``) cannot be loaded: then
+    ``torch.cuda.is_available()`` is False too. Any other case (a driver, with or
+    without a device) is left to torch."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
 
 
 def build_key(fingerprint: str, capability: str | None = None) -> str:
@@ -132,9 +151,11 @@ def entry_problem(entry: RemoteEntry, capability: str | None = None) -> str | No
         if value != here:
             return (f"{what} was built for compute capability {value!r}; this machine's "
                     f"GPU is {here!r}")
-    from trtet_store.export import engine_reuse
-
-    mine = {str(n): str(v) for n, v in engine_reuse.build_versions()}
+    # engine_reuse's (where imported: tests replace it there), else without torch.
+    reuse = sys.modules.get("trtet_store.export.engine_reuse")
+    if reuse is None:
+        from trtet_store.export import build_versions as reuse
+    mine = {str(n): str(v) for n, v in reuse.build_versions()}
     try:
         theirs = {str(n): str(v) for n, v in record.get("versions") or []}
     except (TypeError, ValueError):

@@ -30,12 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import importlib.metadata
 import io
 import logging
 import os
-import re
-import sys
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,55 +58,14 @@ log = logging.getLogger("trtet_store.tensorrt")
 ENGINE_KIND = "trtet_store.tensorrt.engine"
 RECORD_KIND = "trtet_store.tensorrt.build"
 
-#: Distributions whose version changes what a build makes: torch, Torch-TensorRT,
-#: and every TensorRT wheel, whatever its CUDA flavour (``tensorrt``,
-#: ``tensorrt-cu12``, ``tensorrt-cu13``, ``tensorrt-cu12-libs``,
-#: ``tensorrt-cu13-bindings``, ...): names as PEP 503 normalizes them.
-VERSIONED_DISTRIBUTIONS = re.compile(r"^(torch|torch-tensorrt|tensorrt(-[a-z0-9-]+)?)$")
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-#: (the import path and each entry's mtime, its versions): what build_versions last found.
-_versions_seen: tuple[tuple[tuple[str, int | None], ...], list[tuple[str, str]]] | None = None
-
-
-def _import_path_state() -> tuple[tuple[str, int | None], ...]:
-    """``sys.path`` and each directory's mtime: an install or an upgrade changes one of them
-    (a ``*.dist-info`` directory added or removed)."""
-    out = []
-    for entry in sys.path:
-        try:
-            out.append((entry, os.stat(entry or ".").st_mtime_ns))
-        except OSError:
-            out.append((entry, None))
-    return tuple(out)
-
-
-def build_versions() -> list[tuple[str, str]]:
-    """``(name, version)`` of every installed distribution a build depends on, sorted.
-
-    Found by pattern (:data:`VERSIONED_DISTRIBUTIONS`) among everything
-    ``importlib.metadata`` sees, so an install with ``tensorrt-cu12`` or only
-    the ``*-libs`` wheels is fingerprinted by its real TensorRT version.
-    Reading every distribution's metadata costs 0.1 s (a hit's export asks
-    two or three times): the answer is kept while ``sys.path`` and its
-    directories' mtimes stay as they were.
-    """
-    global _versions_seen
-    state = _import_path_state()
-    seen = _versions_seen
-    if seen is not None and seen[0] == state:
-        return list(seen[1])
-    found = set()
-    for dist in importlib.metadata.distributions():
-        name = _normalized(dist.metadata.get("Name") or "")
-        if VERSIONED_DISTRIBUTIONS.match(name):
-            found.add((name, dist.version))
-    _versions_seen = (state, sorted(found))
-    return sorted(found)
+# build_versions (with its cache and pattern) lives in a module without torch: ``cache pull``
+# checks a shared entry's versions against this machine's (engine_key.entry_problem).
+from trtet_store.export.build_versions import (  # noqa: E402, F401 (engine_reuse's names)
+    VERSIONED_DISTRIBUTIONS,
+    _import_path_state,
+    _normalized,
+    build_versions,
+)
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,6 +193,30 @@ def _age(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def stale_parts(directory: os.PathLike | str) -> list[tuple[Path, int]]:
+    """The half-written files (``.part``) of dead stores in ``directory``, with their sizes:
+    what :func:`collect_stale` (run when a store next opens there) removes. Nothing is
+    changed; links are not followed; a directory that is not there has none."""
+    found: list[tuple[Path, int]] = []
+    top = Path(directory)
+    try:
+        entries = sorted(top.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    live = _Liveness(top)
+    for f in entries:
+        token = names.blob_token(f.name)
+        if token is None or not f.name.endswith(PART_SUFFIX) or live.alive(token):
+            continue
+        try:
+            st = os.lstat(f)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found.append((f, st.st_size))
+    return found
 
 
 def collect_stale(directory: Path) -> list[Path]:

@@ -255,7 +255,22 @@ def program_from_flatbuffer(data: bytes) -> Any:
 
 
 def flat_tensor_from_flatbuffer(data: bytes) -> Any:
-    """A ``.ptd``'s FlatTensor (ExecuTorch's dataclasses) from its flatbuffer bytes."""
+    """A ``.ptd``'s FlatTensor (ExecuTorch's dataclasses) from its flatbuffer bytes.
+
+    Where torch is not imported yet, read in pure Python (the same fields,
+    :func:`~trtet_store.export._executorch_private.flat_tensor.read_flat_tensor`):
+    ExecuTorch's reader imports torch and runs ``flatc``.
+    """
+    import sys
+
+    if "torch" not in sys.modules:
+        from trtet_store.export._executorch_private.flat_tensor import read_flat_tensor
+
+        try:
+            scalar_type = _import_without_torch("executorch.exir.scalar_type").ScalarType
+        except (ImportError, AttributeError):
+            scalar_type = None
+        return read_flat_tensor(data, scalar_type)
     try:
         from executorch.extension.flat_tensor.serialize.serialize import (
             _deserialize_to_flat_tensor,

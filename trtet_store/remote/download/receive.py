@@ -197,6 +197,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         fetched as before. ``False``: none looked up (a caller that checks
         the bytes by its own signed document).
 
+    Notes
+    -----
     The ``.ptd`` files are written by a rename over their names: a symbolic
     link there is replaced, never written through (``path`` itself is
     followed, as ``write_files`` follows a destination).
