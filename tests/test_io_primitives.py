@@ -68,7 +68,9 @@ def test_clone_or_copy_clones_on_xfs_and_copies_on_ext4(make_fs, fstype, placeme
     assert file_digest(src) == digest(data)  # the source is intact
     grew = _used(mnt) - before
     if placement == "clone":
-        assert grew < 2 * MiB, f"a clone took {grew} bytes of disk"  # shared, not copied
+        # shared, not copied: a copy takes the 16 MiB; the bound leaves XFS room for the
+        # metadata a reflink adds (the refcount btree, log) however busy the machine is
+        assert grew < size // 2, f"a clone took {grew} bytes of disk"
     else:
         assert grew >= size - MiB, f"a copy took only {grew} bytes"
 
