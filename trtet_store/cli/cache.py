@@ -10,6 +10,9 @@ A thin shell over :class:`trtet_store.EngineCache` (``entries``, ``stats``,
     trtet-store cache [--dir DIR] [--json] verify    # exit 1 when a damaged entry was dropped
     trtet-store cache [--dir DIR] [--json] clear
     trtet-store cache [--dir DIR] [--json] recover   # remove what interrupted writers left
+    trtet-store cache [--dir DIR] [--json] export-timing OUT [--key KEY] [--replace]
+        # a merged TensorRT timing cache (default: this machine's) to OUT, for
+        # trtexec --timingCacheFile OUT or TensorRT-LLM's --input_timing_cache OUT
 
     # the shared tier in a bucket (issue 37); --endpoint-url URL on each. push and pull
     # show a bar (bytes across the keys) when stderr is a terminal; --no-progress: none.
@@ -155,7 +158,10 @@ def add_parser(sub: Any) -> None:
                        ("push", "publish local builds to the bucket (first wins)"),
                        ("pull", "download builds from the bucket into the local cache"),
                        ("keygen", "write a new ed25519 key pair for signed shared entries: "
-                        "PATH (private, 0600) and PATH.pub; never overwrites")):
+                        "PATH (private, 0600) and PATH.pub; never overwrites"),
+                       ("export-timing", "write a merged TensorRT timing cache (default: this "
+                        "machine's) to a file, for trtexec --timingCacheFile or TensorRT-LLM's "
+                        "--input_timing_cache")):
         a = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         _common_options(a, suppress=True)
         if name == "prune":
@@ -171,6 +177,16 @@ def add_parser(sub: Any) -> None:
             _remote_options(a, required=name in ("push", "pull"))
         if name in ("list", "push", "pull"):
             _key_options(a)
+        if name == "export-timing":
+            a.add_argument("out", type=Path, metavar="OUT",
+                           help="the file to write (atomically; an existing one is left alone "
+                           "unless --replace)")
+            a.add_argument("--key", default=None, metavar="KEY",
+                           help="the timing entry (trt-t-..., as `cache list` shows it, or a "
+                           "prefix naming one); default: the one made for this machine's GPU, "
+                           "TensorRT, CUDA and driver")
+            a.add_argument("--replace", action="store_true",
+                           help="overwrite OUT if it exists")
         if name == "keygen":
             a.add_argument("path", type=Path, metavar="PATH",
                            help="the private key file to create (the public one: PATH.pub)")
@@ -240,6 +256,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
                 args.keys = _keys_as_listed(tier, args.keys)
     except Exception as exc:
         return report_error(exc, "cache")
+    if not os.path.lexists(directory) and args.action == "export-timing":
+        print(f"trtet-store cache: no engine cache at {directory}: no timing cache to export "
+              "(nothing written)", file=sys.stderr)
+        return 1
     if not os.path.lexists(directory) and args.action != "pull":
         return _absent(args, directory)
     try:
@@ -586,6 +606,24 @@ def _pull(cache: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_timing(cache: Any, args: argparse.Namespace) -> int:
+    done = cache.export_timing_cache(args.out, args.key, replace=args.replace)
+    facts = done.facts
+    if args.json:
+        print(json.dumps({"key": done.key, "path": os.fspath(done.path), "bytes": done.size,
+                          "entries": done.entries, "xxh3_128": done.digest, "facts": facts},
+                         indent=1))
+        return 0
+    entries = f"{done.entries:,} entries, " if done.entries is not None else ""
+    made = ", ".join(str(x) for x in (
+        facts.get("gpu"), facts.get("compute_capability"), *(facts.get("tensorrt") or []),
+        f"CUDA {facts.get('cuda')}", f"driver {facts.get('driver')}") if x is not None)
+    print(f"wrote {done.path}: the timing cache {done.key} ({entries}{done.size:,} bytes) of "
+          f"{made}; on such a machine: trtexec --timingCacheFile={done.path}, or "
+          f"TensorRT-LLM's --input_timing_cache {done.path}")
+    return 0
+
+
 def _keygen(args: argparse.Namespace) -> int:
     from trtet_store.cache.tier.signing import keygen
 
@@ -603,5 +641,5 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 ACTIONS = {"list": _list, "stats": _stats, "prune": _prune, "verify": _verify, "clear": _clear,
-           "recover": _recover, "push": _push, "pull": _pull}
+           "recover": _recover, "push": _push, "pull": _pull, "export-timing": _export_timing}
 REMOTE_ACTIONS = {"list": _remote_list, "prune": _remote_prune}

@@ -603,6 +603,22 @@ class EngineCache:
             out.append((key, downloaded))
         return out
 
+    def export_timing_cache(self, destination: os.PathLike | str, key: str | None = None, *,
+                            replace: bool = False) -> Any:
+        """Write a merged TensorRT timing cache to a file, for ``trtexec --timingCacheFile``
+        or TensorRT-LLM's ``--input_timing_cache``.
+
+        ``key``: a timing entry's key (``trt-t-...``, or a prefix naming one);
+        default this machine's (its GPU, TensorRT, CUDA and driver; refused
+        when it has several, one per builder flag set). Digest-checked as it is
+        copied out, written atomically, never over an existing file unless
+        ``replace``. Returns a :class:`~.timing_entries.TimingExport`; see
+        :func:`.timing_entries.export_entry` for what is refused.
+        """
+        from trtet_store.export import timing_entries
+
+        return timing_entries.export_entry(self, destination, key, replace=replace)
+
     def for_torch_tensorrt(self, **kwargs: Any) -> Any:
         """This cache as Torch-TensorRT's ``custom_engine_cache=``; see
         :func:`trtet_store.export.trt_engine_cache.for_torch_tensorrt` for ``kwargs``."""

@@ -1,24 +1,31 @@
-"""``trtet-store cache push`` and ``pull`` of timing entries (kind ``timing``).
+"""``trtet-store cache push``, ``pull`` and ``export-timing`` of timing entries (kind ``timing``).
 
 :mod:`.timing_cache` says what a timing entry is and :mod:`.timing_tier` moves one
 through the shared tier; :class:`~.engine_cache.EngineCache` calls these two for the
-``trt-t-`` keys of a push or a pull.
+``trt-t-`` keys of a push or a pull, and :func:`export_entry` for
+``export_timing_cache`` (a file for ``trtexec --timingCacheFile``).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import xxhash
 
 from trtet_store.cache import mergeable_tier
 from trtet_store.export.timing_tier import TierSaid, _local, _scratch, pull
+from trtet_store.io import read_fd_capped
 
 if TYPE_CHECKING:
     from trtet_store.export.timing_tier import CacheLevels
 
-__all__ = ["pull_entry", "push_entries"]
-
+__all__ = ["TimingExport", "export_entry", "pull_entry", "push_entries"]
 
 
 def _entry_check(facts: dict[str, Any] | None) -> Callable[[dict[str, Any]], str | None]:
@@ -90,3 +97,118 @@ def pull_entry(cache: CacheLevels, key: str, settings: dict[str, Any] | None = N
     if said.fetched_reason:
         raise ValueError(f"the shared entry {key!r} was not taken in: {said.fetched_reason}")
     return said.downloaded
+
+
+@dataclass
+class TimingExport:
+    """What :func:`export_entry` wrote: ``path`` holds the entry ``key``'s bytes, whole."""
+
+    key: str
+    path: Path
+    size: int
+    entries: int | None  # tactic entries, as the entry's metadata counts them
+    digest: str  # xxh3-128 of the bytes written (the entry's sealed digest)
+    facts: dict[str, Any]  # the GPU, TensorRT, CUDA, driver and flags it was made for
+
+
+def _this_machine(cache: CacheLevels) -> str:
+    """The one local timing entry made for this machine's GPU, TensorRT, CUDA and driver."""
+    from trtet_store.export import timing_cache
+
+    facts = timing_cache.gpu_facts()
+    mine = sorted(e.key for e in cache.blobs.entries()
+                  if e.metadata.get("kind") == timing_cache.TIMING_KIND
+                  and isinstance(e.metadata.get("timing"), dict)
+                  and all(e.metadata["timing"].get(k) == v for k, v in facts.items()))
+    if not mine:
+        raise ValueError(
+            f"no timing cache for this machine ({facts.get('gpu')}, "
+            f"{facts.get('compute_capability')}, {', '.join(facts.get('tensorrt') or [])}, "
+            f"CUDA {facts.get('cuda')}, driver {facts.get('driver')}) in the engine cache "
+            f"{cache.directory}: a TensorRT build with the engine cache makes one "
+            "(`trtet-store cache list` shows kind timing)")
+    if len(mine) > 1:
+        raise ValueError(f"{len(mine)} timing caches for this machine in the engine cache "
+                         f"{cache.directory} (one per builder flag set): {', '.join(mine)}; "
+                         "name one (key=...)")
+    return mine[0]
+
+
+def _named(cache: CacheLevels, key: str) -> str:
+    """``key`` whole, or a prefix of one local timing entry's key (as git takes a commit's)."""
+    from trtet_store.export import timing_cache
+
+    if re.fullmatch(r"trt-t-[0-9a-f]{32}-.+", key):
+        return key
+    found = sorted(e.key for e in cache.blobs.entries() if e.key.startswith(key)
+                   and e.metadata.get("kind") == timing_cache.TIMING_KIND)
+    if len(found) > 1:
+        raise ValueError(f"{key!r} names {len(found)} timing caches of the engine cache "
+                         f"{cache.directory}: {', '.join(found)}; give more of the key")
+    return found[0] if found else key
+
+
+def export_entry(cache: CacheLevels, destination: os.PathLike | str, key: str | None = None,
+                 *, replace: bool = False) -> TimingExport:
+    """Write the merged timing cache of ``key`` (default: this machine's) to ``destination``.
+
+    The file is TensorRT's serialized timing cache, as ``trtexec
+    --timingCacheFile`` and TensorRT-LLM's ``--input_timing_cache`` load it.
+    The entry is read from its pinned blob and its bytes are checked against
+    the entry's seal (size, xxh3-128) before anything is written: a damaged
+    entry is dropped and nothing is written. ``destination`` is written
+    atomically (a temp file beside it, fsynced, renamed; mode 0644), in a
+    directory of ours (not a link, not writable by others unless sticky),
+    never through a link; an existing ``destination`` is left alone unless
+    ``replace``.
+
+    Raises
+    ------
+    ValueError
+        ``key`` is not in the cache, or is not a timing cache; no key given
+        and this machine has none (or several: one per flag set); damaged.
+    FileExistsError
+        ``destination`` exists and not ``replace``.
+    """
+    from trtet_store.export import timing_cache
+    from trtet_store.io import SafeDir
+
+    destination = Path(destination)
+    key = _this_machine(cache) if key is None else _named(cache, key)
+    if not replace and os.path.lexists(destination):
+        raise FileExistsError(f"{destination} exists: left as it was (pass replace=True "
+                              "(--replace) to overwrite it)")
+    hit = cache.blobs.get(key)
+    if hit is None:
+        why = cache.blobs.dropped.get(key)
+        raise ValueError(f"no entry {key!r} in the engine cache {cache.directory}"
+                         + (f" (it was damaged and dropped: {why})" if why else "")
+                         + ": `trtet-store cache list` shows its timing caches (kind timing)")
+    with hit:
+        meta = dict(hit.metadata)
+        if meta.get("kind") != timing_cache.TIMING_KIND:
+            raise ValueError(f"{key!r} is not a timing cache (kind {meta.get('kind')!r}) in the "
+                             f"engine cache {cache.directory}: nothing written")
+        limit = timing_cache.MAX_TIMING_BYTES
+        if hit.size > limit:
+            raise ValueError(f"the timing cache {key!r} holds {hit.size} bytes, over the "
+                             f"{limit} allowed: nothing written")
+        data = read_fd_capped(hit.fileno(), limit, hit.path, "cache entry")
+        digest = xxhash.xxh3_128_hexdigest(data)
+        if len(data) != hit.size or digest != hit.digest:
+            why = (f"its bytes ({len(data)}, xxh3-128 {digest}) are not the sealed ones "
+                   f"({hit.size}, {hit.digest})")
+            cache.blobs.drop(key, f"damaged: {why}")
+            raise ValueError(f"the timing cache {key!r} is damaged ({why}): dropped, nothing "
+                             "written")
+    with SafeDir.open(destination.parent, what="directory to export into",
+                      todo="export into a directory of yours") as where:
+        try:
+            where.write_atomic(destination.name, data, mode=0o644, replace=replace)
+        except FileExistsError:  # made meanwhile: still never overwritten
+            raise FileExistsError(f"{destination} exists: left as it was (pass replace=True "
+                                  "(--replace) to overwrite it)") from None
+    facts = meta.get("timing") if isinstance(meta.get("timing"), dict) else {}
+    entries = meta.get("entries")
+    return TimingExport(key, destination, len(data),
+                        int(entries) if isinstance(entries, int) else None, digest, facts)
