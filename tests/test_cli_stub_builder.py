@@ -68,7 +68,9 @@ def test_compile_and_save_from_the_shell_builds_then_hits_then_hits_remotely(s3,
     assert built.returncode == 0, built.stderr
     assert built.stderr.count(STUB_LINE) == 1, built.stderr
     [event] = _engine_lines(built.stdout)
-    assert event.startswith("miss, cached (") and event.endswith(", published"), built.stdout
+    said, timing = event.split("; ", 1)  # the build's own words, then its timing cache's
+    assert said.startswith("miss, cached (") and said.endswith(", published"), built.stdout
+    assert timing == "timing cache: cold", built.stdout  # the first build of this key
 
     hit = _run(tmp_path, "compile-and-save", "m.py:make", "out/b.pte",
                "--engine-cache", tmp_path / "cache-a", *remote, s3=s3)
