@@ -39,6 +39,27 @@ def _flat_tensor() -> bytes:
     return bytes(b.Output())
 
 
+def _named_flat_tensor() -> bytes:
+    """A FlatTensor flatbuffer with one named datum, key ``weights/w``, segment 0."""
+    import flatbuffers
+
+    b = flatbuffers.Builder(0)
+    key = b.CreateString("weights/w")
+    b.StartObject(3)
+    b.PrependUOffsetTRelativeSlot(0, key, 0)
+    b.PrependUint32Slot(1, 0, 0)
+    nd = b.EndObject()
+    b.StartVector(4, 1, 4)
+    b.PrependUOffsetTRelative(nd)
+    nds = b.EndVector()
+    b.StartObject(3)
+    b.PrependUint32Slot(0, 1, 0)
+    b.PrependUOffsetTRelativeSlot(2, nds, 0)
+    root = b.EndObject()
+    b.Finish(root, file_identifier=b"FT01")
+    return bytes(b.Output())
+
+
 def _with_vtable_at(data: bytes, where: int) -> bytes:
     """``data`` with the root table's soffset rewritten so its vtable is at ``where``."""
     root = struct.unpack_from("<I", data, 0)[0]
@@ -73,3 +94,14 @@ def test_a_root_offset_past_the_end_is_refused() -> None:
     bad = struct.pack("<I", len(data) + 8) + data[4:]
     with pytest.raises(ValueError, match="outside the flatbuffer"):
         read_flat_tensor(bad)
+
+
+def test_a_string_longer_than_the_rest_of_the_buffer_is_refused() -> None:
+    data = _named_flat_tensor()
+    assert [n.key for n in read_flat_tensor(data).named_data] == ["weights/w"]
+    at = data.index(b"weights/w") - 4  # the string's length, just before its bytes
+    assert struct.unpack_from("<I", data, at)[0] == len("weights/w")
+    for n in (len(data) - at - 4 + 1, 2**32 - 1):  # one byte past the end; the most
+        bad = data[:at] + struct.pack("<I", n) + data[at + 4:]
+        with pytest.raises(ValueError, match=rf"a string of {n} bytes at {at} runs past"):
+            read_flat_tensor(bad)
