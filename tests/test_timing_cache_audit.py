@@ -237,3 +237,32 @@ def test_merge_in_replaces_an_entry_over_the_limit_and_says_why(here_fs):
     hit = cache.blobs.get(key)
     with hit:
         assert Path(hit.path).read_bytes() == small
+
+
+def test_timing_tier_push_takes_in_the_etag_it_published_so_the_next_pull_downloads_nothing(
+        here_fs, s3env, proxy):
+    # The first machine to publish holds all it published already: the merge back of what
+    # it published is the same bytes, and must still record the ETag taken in.
+    key = _key()
+    a = _tiered(here_fs, "A", s3env, proxy.endpoint_url)
+    data = write_timing_cache(key, _entries(4000, "mine"))
+    src = here_fs / "entry"
+    src.write_bytes(data)
+    assert a.blobs.put(key, src, {**timing_cache._metadata(_facts()), "entries": 4000}).stored
+    with installed(FakeBuilder()):
+        pushed = timing_tier.TierSaid()
+        timing_tier.push(a, key, _check, FakeBuilder.combine, timing_cache._combined,
+                         lambda out: {**timing_cache._metadata(_facts()),
+                                      "entries": FakeBuilder.count_entries(out)},
+                         limit=MiB, said=pushed)
+        assert pushed.published and pushed.sent >= len(data), pushed
+        hit = a.blobs.get(key)
+        with hit:
+            assert Path(hit.path).read_bytes() == data
+            assert dict(hit.metadata).get("tier_etag") == a.remote.lookup(key).etag
+        proxy.reset()
+        pulled = timing_tier.TierSaid()
+        timing_tier.pull(a, key, _check, timing_cache._combined,
+                         timing_cache._metadata(_facts()), limit=MiB, said=pulled)
+    assert pulled.downloaded == 0 and pulled.fetched_reason is None, pulled
+    assert proxy.downstream < len(data) // 4, proxy.downstream
