@@ -266,3 +266,29 @@ def test_timing_tier_push_takes_in_the_etag_it_published_so_the_next_pull_downlo
                          timing_cache._metadata(_facts()), limit=MiB, said=pulled)
     assert pulled.downloaded == 0 and pulled.fetched_reason is None, pulled
     assert proxy.downstream < len(data) // 4, proxy.downstream
+
+
+def test_timing_tier_pull_of_an_entry_this_machine_holds_all_of_is_downloaded_once(
+        here_fs, s3env, proxy):
+    # Merged in, the tier's entry changes nothing here (same bytes): its ETag is taken in
+    # all the same, so the next build downloads nothing.
+    key = _key()
+    theirs = _entries(4000, "t")
+    _published(here_fs, s3env, write_timing_cache(key, theirs))
+    b = _tiered(here_fs, "B", s3env, proxy.endpoint_url)
+    mine = write_timing_cache(key, {**theirs, **_entries(10, "b")})
+    src = here_fs / "entry"
+    src.write_bytes(mine)
+    assert b.blobs.put(key, src, {**timing_cache._metadata(_facts()), "entries": 4010}).stored
+    with installed(FakeBuilder()):
+        for n in range(2):
+            proxy.reset()
+            said = timing_tier.TierSaid()
+            timing_tier.pull(b, key, _check, timing_cache._combined,
+                             timing_cache._metadata(_facts()), limit=MiB, said=said)
+            assert said.fetched_reason is None, said
+            assert (said.downloaded > 0) == (n == 0), (n, said)
+    assert proxy.downstream < len(mine) // 4, proxy.downstream
+    hit = b.blobs.get(key)
+    with hit:
+        assert Path(hit.path).read_bytes() == mine
