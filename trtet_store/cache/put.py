@@ -258,7 +258,9 @@ class Putter:
         with contextlib.suppress(ValueError):
             old = self.files.read_entry(key)
         dedup = self.files.intact(name)
-        if old is not None and old.blob == name and dedup:
+        # The same bytes with the same metadata: nothing to write. New metadata for the
+        # same bytes (a timing entry taking in the tier's ETag) is recorded below.
+        if old is not None and old.blob == name and dedup and old.metadata == meta:
             return PutResult(key=key, stored=True, size=size, placement="dedup", digest=digest,
                              reason="the same bytes were already cached under this key")
         why, evicted = self.evictor.make_room(0 if dedup else size, 0, exclude=key, keep_blob=name)
