@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from trtet_store.io import read_fd_capped, read_ours
+from trtet_store.io import pwrite_all, read_fd_capped, read_ours
 
 if TYPE_CHECKING:
     from trtet_store.cache.results import PutResult
@@ -114,9 +114,7 @@ def copy_out(cache: BlobCache, key: str, check: Callable[[dict[str, Any]], str |
                 return copied
             data, copied.reason = _entry_bytes(cache, hit, limit)
         if data is not None:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            pwrite_all(fd, data, 0)
             copied.warm, copied.digest = True, xxhash.xxh3_128_hexdigest(data)
     except BaseException:
         copied.close()
@@ -167,10 +165,9 @@ def merge_in(cache: BlobCache, key: str, learned: os.PathLike | str,
             return Merged(False, f"the merge was refused, the entry is left as it was: {exc}")
         path, fd = cache.files.temp()
         try:
-            view = memoryview(combined)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            # No fsync here: this temp file is copied by the put, which fsyncs its own copy
+            # before the record names it.
+            pwrite_all(fd, combined, 0)
             meta = {**metadata, **extra}
             put = cache.put(key, path, meta)
         finally:
