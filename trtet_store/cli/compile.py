@@ -321,10 +321,10 @@ def _check_before_build(args: argparse.Namespace) -> int | None:
                 [k for k in (dest.key, manifest_key(dest.key)) if s3.head(dest.bucket, k)]
         except Exception as exc:  # noqa: BLE001 - one line, whatever it is
             return refuse(f"--publish {args.publish}: {one_line(exc)}")
-        if existing:  # as publish says it (KeyExistsError), before the build
-            return refuse(f"KeyExistsError: "
-                          f"{', '.join(f's3://{dest.bucket}/{k}' for k in existing)} already "
-                          "exist; pass --replace to publish a new version")
+        if existing:  # as publish says it, before the build
+            from trtet_store.remote.errors import KeyExistsError
+
+            return refuse(one_line(KeyExistsError.of(dest.bucket, existing)))
     if args.engine_cache_remote is not None:
         from trtet_store.remote.keyconfig import resolve_signing, resolve_trusted
 

@@ -82,6 +82,13 @@ class ConflictError(RemoteError):
 class KeyExistsError(ConflictError):
     """The key already holds an object and ``replace=True`` was not asked for."""
 
+    @classmethod
+    def of(cls, bucket: str, existing: list[str]) -> KeyExistsError:
+        """The refusal of a publish whose ``existing`` keys of ``bucket`` are there (one
+        message for the publish and for the CLI's check before a build)."""
+        return cls(f"{', '.join(f's3://{bucket}/{k}' for k in existing)} already exist; "
+                   "pass replace=True (--replace) to publish a new version", existing[0])
+
 
 class OwnedByOtherProgramError(KeyExistsError):
     """The key is named by another program's manifest: no publish replaces it, ``replace`` or not.

@@ -369,9 +369,7 @@ def _plan(sources: list[ObjectSource], url: str | RemoteURL, journal: Journal, *
     if heads[mkey] is not None:
         existing.append(mkey)
     if existing and not replace and state is None:
-        raise KeyExistsError(f"{', '.join(f's3://{bucket}/{k}' for k in existing)} already "
-                             "exist; pass replace=True (--replace) to publish a new version",
-                             existing[0])
+        raise KeyExistsError.of(bucket, existing)
 
     if state is None:
         manifest_base = heads[mkey].etag if heads[mkey] is not None else None
