@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import xxhash
+from timing_machine import machine  # noqa: F401 - the autouse fixture
 
 import trtet_store
 from trtet_store.cache import mergeable_tier
@@ -33,13 +33,6 @@ from trtet_store.testing.stub_tensorrt import (
 )
 
 MiB = 1 << 20
-SM89 = {"gpu": "NVIDIA L4", "compute_capability": "sm_89",
-        "tensorrt": ["tensorrt-cu12 10.14.1.48"], "cuda": "12.8", "driver": "570.124.06"}
-
-
-@pytest.fixture(autouse=True)
-def machine(monkeypatch):
-    monkeypatch.setattr(timing_cache, "gpu_facts", lambda: dict(SM89))
 
 
 def _facts() -> dict[str, Any]:

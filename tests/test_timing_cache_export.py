@@ -14,9 +14,9 @@ import os
 import re
 from pathlib import Path
 
-import pytest
 import xxhash
 from attacker import tree
+from timing_machine import SM89, machine  # noqa: F401 - the autouse fixture
 
 import trtet_store
 from trtet_store.cli import main
@@ -31,13 +31,6 @@ from trtet_store.testing.stub_tensorrt import (
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
-SM89 = {"gpu": "NVIDIA L4", "compute_capability": "sm_89",
-        "tensorrt": ["tensorrt-cu12 10.14.1.48"], "cuda": "12.8", "driver": "570.124.06"}
-
-
-@pytest.fixture(autouse=True)
-def machine(monkeypatch):
-    monkeypatch.setattr(timing_cache, "gpu_facts", lambda: dict(SM89))
 
 
 def _cache(here: Path) -> trtet_store.EngineCache:

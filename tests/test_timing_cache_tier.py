@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from keyed import with_keys
+from timing_machine import SM89, machine  # noqa: F401 - the autouse fixture
 
 import trtet_store
 from trtet_store.cache import mergeable_tier
@@ -30,13 +31,6 @@ from trtet_store.testing.stub_tensorrt import (
 )
 
 MiB = 1 << 20
-SM89 = {"gpu": "NVIDIA L4", "compute_capability": "sm_89",
-        "tensorrt": ["tensorrt-cu12 10.14.1.48"], "cuda": "12.8", "driver": "570.124.06"}
-
-
-@pytest.fixture(autouse=True)
-def machine(monkeypatch):
-    monkeypatch.setattr(timing_cache, "gpu_facts", lambda: dict(SM89))
 
 
 def _cache(here: Path, name: str, s3: Any, **kw: Any) -> trtet_store.EngineCache:
