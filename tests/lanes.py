@@ -45,7 +45,11 @@ Time checks
     ``long_test`` (or listed in ``LONG_TESTS``, or ``slow``). In a lane, the run fails
     when its tests took more than 120% of what tests/durations.json recorded for them,
     naming the biggest growers; ``TRTET_LANE_BUDGET`` scales that budget (``2`` on a
-    machine twice as slow) or turns it off (``off``).
+    machine twice as slow) or turns it off (``off``). Both limits also scale by the
+    machine's pace (:func:`machine_pace`): a fixed loop timed every 20 s of a run, whose
+    median over the pace recorded with the durations file says how much less CPU this
+    run gets (a machine loaded by ``stress-ng`` or other work, a slower kind). A loaded
+    machine is not failed for its load alone; a test that grew against its neighbours is.
 """
 
 from __future__ import annotations
@@ -56,8 +60,10 @@ import fcntl
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -163,6 +169,37 @@ DEFAULT_SECONDS = 1.0
 #: when it grew by less than ``BUDGET_FLOOR_SECONDS`` (small runs).
 BUDGET_FACTOR = 1.2
 BUDGET_FLOOR_SECONDS = float(os.environ.get("TRTET_BUDGET_FLOOR_SECONDS", "30"))
+
+#: How often a run times :func:`machine_pace` (seconds of wall time between samples).
+PACE_EVERY_SECONDS = 20.0
+_PACE_WORK = 200_000  # about 20 ms of pure Python on an idle machine of CI's kind
+PACE_ENV = "TRTET_MACHINE_PACE"  # tests state the pace with it instead of measuring
+
+
+def machine_pace() -> float:
+    """Seconds a fixed pure-Python loop takes now, the median of three: how much CPU this
+    process gets. A median, not the best, because the loop spans many scheduler slices
+    under load and the best of a few would still read an idle machine."""
+    stated = os.environ.get(PACE_ENV)
+    if stated:
+        return float(stated)
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        total = 0
+        for i in range(_PACE_WORK):
+            total += i % 7
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def pace_scale(now: float | None, recorded: float | None) -> float:
+    """The factor this run's limits scale by: its pace over the recording's, never below 1
+    (a faster machine keeps the recorded budget); 1 where either is unknown."""
+    if not now or not recorded:
+        return 1.0
+    return max(1.0, now / recorded)
+
 
 _IMPORT_IN_TEXT = re.compile(
     r"(?m)^\s*(?:import|from)\s+(torch|torchvision|executorch|torch_tensorrt|"
@@ -369,6 +406,14 @@ def load_durations(path: Path = DURATIONS) -> dict[str, dict[str, float]]:
     return {k: v for k, v in _load(path).items() if isinstance(v, dict) and not k.startswith("_")}
 
 
+def recorded_pace(version: str, path: Path = DURATIONS) -> float | None:
+    """The pace (:func:`machine_pace`) of the run whose recording ``version``'s times last
+    came from, if it recorded one."""
+    note = _load(path).get("_recorded", {}).get(version)
+    pace = note.get("pace") if isinstance(note, dict) else None
+    return float(pace) if isinstance(pace, (int, float)) and pace > 0 else None
+
+
 def recorded_seconds(durations: dict[str, dict[str, float]], nodeid: str,
                      version: str) -> float | None:
     """The recorded time of one test on ``version``, else on another version, else None."""
@@ -488,7 +533,7 @@ def merge_recordings(recordings: list[dict[str, Any]], path: Path = DURATIONS) -
                         if stale or other:
                             del section[key]
                 data[version].update({k: round(v, 2) for k, v in seen.items()})
-            notes[version] = {k: rec.get(k) for k in ("finished", "load", "lane", "part")}
+            notes[version] = {k: rec.get(k) for k in ("finished", "load", "pace", "lane", "part")}
         for name in [v for v in data if not v.startswith("_")]:
             section = {k: v for k, v in data[name].items()
                        if (REPO / _module_path(k)).is_file()}
@@ -503,6 +548,7 @@ def write_durations(seen: dict[str, float], version: str, path: Path = DURATIONS
     """Merge one run's times into ``path`` under ``version`` (``--write-durations``)."""
     marked = marked or set()
     merge_recordings([{"version": version, "finished": _now(), "load": _load_average(),
+                       "pace": machine_pace(),
                        "executorch": {k: v for k, v in seen.items() if k in marked},
                        "plain": {k: v for k, v in seen.items() if k not in marked}}], path)
 
@@ -583,6 +629,9 @@ class LanesPlugin:
         self.seconds: dict[str, float] = {}
         self.marked_ids: set[str] = set()
         self.load_at_start = _load_average()
+        self.paces = [machine_pace()]
+        self._paced_at = time.monotonic()
+        self.recorded_pace = recorded_pace(self.version)
         self.ran: set[str] = set()
         self.session: pytest.Session | None = None
         self.lane_note = ""
@@ -716,7 +765,8 @@ class LanesPlugin:
         outcome = yield
         report = outcome.get_result()
         if report.when == "call":
-            limit = float(os.environ.get("TRTET_CREEP_SECONDS", "60"))
+            limit = float(os.environ.get("TRTET_CREEP_SECONDS", "60")) * pace_scale(
+                self.paces[-1], self.recorded_pace)
             exempt = (item.get_closest_marker("long_test") or item.get_closest_marker("slow")
                       or any(key in LONG_TESTS for key in (
                           item.nodeid, item.nodeid.split("[", 1)[0], _module_path(item.nodeid))))
@@ -724,7 +774,7 @@ class LanesPlugin:
                 report.outcome = "failed"
                 report.longrepr = (
                     f"{item.nodeid} took {report.duration:.0f} s of call time, over "
-                    f"{limit:.0f} s (TRTET_CREEP_SECONDS): make it faster, or mark it "
+                    f"{limit:.0f} s (TRTET_CREEP_SECONDS x the pace): make it faster, or mark it "
                     "long_test (it still runs on every run) or slow (make test-long only)")
         if report.when in ("call", "teardown") and report.passed:
             problem = self._guard(item)
@@ -735,6 +785,21 @@ class LanesPlugin:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if report.when == "teardown" and \
+                time.monotonic() - self._paced_at >= PACE_EVERY_SECONDS:
+            self.paces.append(machine_pace())
+            self._paced_at = time.monotonic()
+
+    def pace(self) -> float:
+        """This run's pace so far: the median of its samples (:func:`machine_pace`)."""
+        return statistics.median(self.paces)
+
+    def pace_note(self) -> str:
+        scale = pace_scale(self.pace(), self.recorded_pace)
+        if self.recorded_pace is None:
+            return f"pace {self.pace() * 1000:.1f} ms (none recorded: not scaled)"
+        return (f"pace {self.pace() * 1000:.1f} ms, {self.recorded_pace * 1000:.1f} ms "
+                f"recorded: limits x{scale:.2f}")
 
     # the lane budget, the slowest, the durations file
 
@@ -758,6 +823,7 @@ class LanesPlugin:
             "lane": f"{self.lane[0]}/{self.lane[1]}" if self.lane else None,
             "complete": self.complete(), "finished": _now(),
             "load": [self.load_at_start, _load_average()],
+            "pace": round(self.pace(), 5),
             "executorch": {k: round(v, 3) for k, v in sorted(self.seconds.items())
                            if k in self.marked_ids},
             "plain": {k: round(v, 3) for k, v in sorted(self.seconds.items())
@@ -789,7 +855,7 @@ class LanesPlugin:
                 f"{len(self.seconds)} tests in {sum(self.seconds.values()):.0f} s; the "
                 f"{len(expected)} recorded took {total:.0f} s, tests/durations.json says "
                 f"{total_expected:.0f} s" + (f" ({unrecorded} not recorded)" if unrecorded else "")
-                + (f"; {self.smoke_note}" if self.smoke_note else ""))
+                + (f"; {self.smoke_note}" if self.smoke_note else "") + f"; {self.pace_note()}")
         if knob in ("off", "0", "no", "false"):
             terminalreporter.write_line(line + " (TRTET_LANE_BUDGET=off: not checked)")
             return
@@ -797,6 +863,7 @@ class LanesPlugin:
             scale = float(knob)
         except ValueError:
             scale = 1.0
+        scale *= pace_scale(self.pace(), self.recorded_pace)
         budget = total_expected * BUDGET_FACTOR * scale
         if total <= budget or total - total_expected * scale < BUDGET_FLOOR_SECONDS:
             terminalreporter.write_line(line + f" (budget {budget:.0f} s)")
@@ -805,7 +872,7 @@ class LanesPlugin:
                          reverse=True)[:5]
         terminalreporter.write_line(
             line + f": OVER its budget of {budget:.0f} s (120%"
-            + (f" x TRTET_LANE_BUDGET={scale:g}" if scale != 1 else "")
+            + (f" x {scale:.2f} (TRTET_LANE_BUDGET and the pace)" if scale != 1 else "")
             + "). Biggest growers against tests/durations.json:", red=True, bold=True)
         for grew, nodeid in growers:
             terminalreporter.write_line(

@@ -156,7 +156,7 @@ def test_a_test_over_the_limit_fails_unless_marked_long(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout
     assert "1 failed, 1 passed" in result.stdout
     assert "FAILED test_generated.py::test_slow - " in result.stdout, result.stdout
-    assert "of call time, over 0 s (TRTET_CREEP_SECONDS): make it faster, or mark it " \
+    assert "of call time, over 0 s (TRTET_CREEP_SECONDS x the pace): make it faster, or mark it " \
            "long_test" in result.stdout
 
 
@@ -183,6 +183,46 @@ def test_a_lane_over_its_budget_fails_naming_the_growers(tmp_path: Path) -> None
     relaxed = run_pytest(suite, "--lane=1/1", env={**env, "TRTET_LANE_BUDGET": "off"})
     assert relaxed.returncode == 0, relaxed.stdout
     assert "TRTET_LANE_BUDGET=off: not checked" in relaxed.stdout
+
+
+def test_a_loaded_machine_scales_the_limits_by_its_pace(tmp_path: Path) -> None:
+    # The same growth fails on a machine of the recording's pace and passes on one five
+    # times slower (stress-ng beside the run): the budget and the per-test limit scale by
+    # the run's pace over the recorded one. The pace is stated (TRTET_MACHINE_PACE), not
+    # measured, so the test does not depend on how loaded this machine is.
+    suite = make_suite(tmp_path, """
+        import time
+
+        def test_grew():
+            time.sleep(0.6)
+
+        def test_steady():
+            pass
+    """)
+    version = lanes.executorch_version()
+    durations = tmp_path / "durations.json"
+    durations.write_text(json.dumps({
+        "_recorded": {version: {"pace": 0.01}},
+        version: {"test_generated.py::test_grew": 0.1, "test_generated.py::test_steady": 0.1}}))
+    env = {"TRTET_DURATIONS": str(durations), "TRTET_BUDGET_FLOOR_SECONDS": "0",
+           "TRTET_LANE_BUDGET": "1", "TRTET_CREEP_SECONDS": "0.2"}
+    same = run_pytest(suite, "--lane=1/1", env={**env, "TRTET_MACHINE_PACE": "0.01"})
+    assert same.returncode == 1, same.stdout
+    assert "FAILED test_generated.py::test_grew - " in same.stdout, same.stdout
+    assert "OVER its budget of 0 s" in same.stdout and "limits x1.00" in same.stdout
+    loaded = run_pytest(suite, "--lane=1/1", env={**env, "TRTET_MACHINE_PACE": "0.05"})
+    assert loaded.returncode == 0, loaded.stdout
+    assert "pace 50.0 ms, 10.0 ms recorded: limits x5.00 (budget 1 s)" in loaded.stdout
+
+
+def test_a_recording_keeps_its_pace_for_the_next_runs_budget(tmp_path: Path) -> None:
+    recording = {"version": "9.9", "finished": "2026-12-07T00:00:00Z", "pace": 0.02,
+                 "executorch": {}, "plain": {"tests/test_lanes.py::test_plain": 0.5}}
+    data = lanes.merge_recordings([recording], tmp_path / "durations.json")
+    assert data["_recorded"]["9.9"]["pace"] == 0.02
+    assert lanes.pace_scale(0.05, 0.02) == 2.5
+    assert lanes.pace_scale(0.01, 0.02) == 1.0  # a faster machine keeps the budget
+    assert lanes.pace_scale(0.05, None) == 1.0
 
 
 def test_the_unmarked_part_never_imports_a_marked_module(tmp_path: Path) -> None:
