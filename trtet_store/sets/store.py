@@ -42,7 +42,7 @@ class ContentStore(SealedDir):
     root : path-like
         The directory; created 0700 if missing. A link, another user's
         directory or one others may write to is refused
-        (:class:`~trtet_store.UnsafeDirectoryError`).
+        (:class:`~trtet_store.io.UnsafeDirectoryError`).
     """
 
     def __init__(self, root: os.PathLike | str) -> None:
