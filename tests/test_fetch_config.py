@@ -102,6 +102,7 @@ def test_fetch_set_config_and_keywords_make_the_same_fetch(s3env, tmp_path):
 
 @pytest.mark.parametrize("call", ["fetch", "fetch_set"])
 def test_a_keyword_beside_config_with_another_value_is_refused_before_anything(tmp_path, call):
+    # "b" is no bucket name: a refusal that came too late would be a RemoteURLError, at once.
     before = listing(tmp_path)
     config = FetchConfig(range_size=2 * MiB)
     with pytest.raises(TypeError, match=rf"{call}\(\): range_size given both as keyword "
