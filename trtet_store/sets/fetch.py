@@ -48,8 +48,9 @@ from trtet_store.io import (
     NeededByAnotherError,
     digest_file,
     free_bytes,
+    merge_options,
 )
-from trtet_store.remote.download.options import FetchConfig, fetch_config_of
+from trtet_store.remote.download.options import FetchConfig
 from trtet_store.remote.download.program import check_ptds_to_write
 from trtet_store.remote.errors import (
     EndpointUnreachableError,
@@ -177,7 +178,8 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     for name, flag in (("link", link), ("replace_needed", replace_needed)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, not {flag!r}")
-    cfg = fetch_config_of(config, "fetch_set", concurrency=concurrency, range_size=range_size)
+    cfg = merge_options(FetchConfig, config, "fetch_set", "config",
+                        dict(concurrency=concurrency, range_size=range_size))
     bucket, prefix = parse_set_url(url)
     where = f"s3://{bucket}/{prefix}"
     target = Path(dest).absolute()

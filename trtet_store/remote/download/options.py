@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtet_store.io import UNSET, GiB, MiB, merge_options
+from trtet_store.io import GiB, MiB
 from trtet_store.remote.url import RemoteURL
 
 DEFAULT_RANGE_SIZE = 32 * MiB
@@ -106,21 +106,6 @@ class FetchConfig:
     def __post_init__(self) -> None:
         check_options(concurrency=self.concurrency, range_size=self.range_size,
                       attempts=self.attempts)
-
-
-def fetch_config_of(config: FetchConfig | None, where: str, *, concurrency: Any = UNSET,
-                    range_size: Any = UNSET, attempts: Any = UNSET) -> FetchConfig:
-    """``config``, or one built from the old keywords (:data:`UNSET` when not given).
-
-    Raises
-    ------
-    TypeError
-        ``config`` is not a FetchConfig, or a keyword is given beside it with
-        another value.
-    """
-    return merge_options(FetchConfig, config, where, "config",
-                         {"concurrency": concurrency, "range_size": range_size,
-                          "attempts": attempts})
 
 
 def resume_command(url: str, dest: os.PathLike | str, *,

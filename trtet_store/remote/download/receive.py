@@ -65,6 +65,7 @@ from trtet_store.io import (
     InsufficientSpaceError,
     check_staging_directory,
     free_bytes,
+    merge_options,
     recover,
     write_files,
 )
@@ -73,7 +74,6 @@ from trtet_store.remote.download.options import (
     FetchConfig,
     check_options,
     client_endpoint,
-    fetch_config_of,
     parse_url,
     resume_command,
 )
@@ -246,8 +246,8 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         raise TypeError("reuse takes a list of paths, e.g. reuse=[old_pte], not one path")
     if if_replaced not in ("restart", "error"):
         raise ValueError(f"if_replaced must be 'restart' or 'error', not {if_replaced!r}")
-    cfg = fetch_config_of(config, "fetch", concurrency=concurrency, range_size=range_size,
-                          attempts=attempts)
+    cfg = merge_options(FetchConfig, config, "fetch", "config", dict(
+        concurrency=concurrency, range_size=range_size, attempts=attempts))
     check_options(max_restarts=max_restarts, wait_replaced=wait_replaced)
     concurrency = cfg.concurrency
     for name, flag in (("replace_needed", replace_needed), ("program_only", program_only)):
