@@ -104,6 +104,9 @@ def test_a_bad_option_is_refused_when_the_object_is_made():
         LoweringOptions(backend="tensorrtt")
     with pytest.raises(ValueError, match="applies to backend='tensorrt'"):
         LoweringOptions(backend="xnnpack", weight_streaming_budget_per_engine=1)
+    for field in ("external_engine_data", "external_weights"):
+        with pytest.raises(ValueError, match="escape"):
+            LoweringOptions(**{field: "../escape"})
 
 
 def test_the_callers_lowering_is_not_changed(here_fs):
