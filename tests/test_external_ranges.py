@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from faults import FaultInjector
 
-from trtet_store import ExternalFile, SourceChangedError, VerificationError, write_file
-from trtet_store.io import fs
+from trtet_store import ExternalFile, VerificationError, write_file
+from trtet_store.io import SourceChangedError, fs
 from trtet_store.io.journal import Plan
 from trtet_store.io.units import MiB
 

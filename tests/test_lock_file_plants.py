@@ -19,8 +19,8 @@ import pytest
 from crash_dying import in_child
 from test_staging_dir_attacks import NOBODY, as_nobody, shared_dir, state, victim
 
-from trtet_store import UnsafeLockFileError, write_file
-from trtet_store.io import try_lock
+from trtet_store import write_file
+from trtet_store.io import UnsafeLockFileError, try_lock
 from trtet_store.io.names import lock_path_of
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from test_staging_dir_attacks import NOBODY, as_nobody, shared_dir, state, victim
 
-from trtet_store import UnsafeDirectoryError, recover
-from trtet_store.io import STAGING_DIR
+from trtet_store import recover
+from trtet_store.io import STAGING_DIR, UnsafeDirectoryError
 
 #: A blob of a dead store (no lock file): recover lists it as an orphan.
 BLOB = "0123456789abcdef-0.blob"

@@ -26,8 +26,15 @@ from attacker import tree as state
 from tcp_proxy import Fault
 from test_fetch_support import MiB, engine_bytes, engine_program, put_program
 
-from trtet_store import UnsafeDirectoryError, UnsafeLockFileError
-from trtet_store.io import STAGING_DIR, RecordFile, SafeDir, read_records, write_atomic
+from trtet_store.io import (
+    STAGING_DIR,
+    RecordFile,
+    SafeDir,
+    UnsafeDirectoryError,
+    UnsafeLockFileError,
+    read_records,
+    write_atomic,
+)
 from trtet_store.remote.download.receive import fetch
 from trtet_store.remote.download.staging import fetch_id
 from trtet_store.remote.errors import FetchVerificationError

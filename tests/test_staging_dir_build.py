@@ -19,9 +19,9 @@ from attacker import NOBODY
 from attacker import tree as state
 
 import trtet_store
-from trtet_store import UnsafeDirectoryError, remote
+from trtet_store import remote
 from trtet_store.export import tensorrt as trt
-from trtet_store.io import STAGING_DIR
+from trtet_store.io import STAGING_DIR, UnsafeDirectoryError
 from trtet_store.remote.upload import program
 from trtet_store.testing.stub_tensorrt import FakeBuilder, installed, linear_relu
 

@@ -25,8 +25,8 @@ from crash_dying import DIED, die, in_child
 from digests import digest, file_digest
 from faults import FaultInjector, WrappedCalls
 
-from trtet_store import Blob, BlobStore, ConcurrentWriteError, recover, write_file
-from trtet_store.io import fs, lock
+from trtet_store import BlobStore, ConcurrentWriteError, recover, write_file
+from trtet_store.io import Blob, fs, lock
 from trtet_store.io.errors import BlobChangedError, InsufficientSpaceError
 from trtet_store.io.names import lock_path_of
 from trtet_store.io.units import MiB

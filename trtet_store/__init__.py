@@ -10,26 +10,15 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from trtet_store.io import (
-    Blob,
-    BlobChangedError,
-    BlobInUseError,
     BlobStore,
     ConcurrentWriteError,
     ExternalFile,
-    IncompleteJournal,
     InsufficientSpaceError,
-    JournalError,
     NeededByAnotherError,
-    Orphan,
     Progress,
-    SourceChangedError,
     StorageError,
-    StuckJournalError,
-    UnsafeDirectoryError,
-    UnsafeLockFileError,
     VerificationError,
     WriteOptions,
-    WriteReport,
     write_file,
     write_files,
 )
@@ -58,7 +47,18 @@ _LAZY = {
     "SetMember": "trtet_store.sets.publish",
     "NoMemberFitsError": "trtet_store.sets.machine",
     "SharedCacheWarning": "trtet_store.cache.tier.health",
+    "LoweringOptions": "trtet_store.export.options",
+    "PublishConfig": "trtet_store.remote.upload.config",
+    "FetchConfig": "trtet_store.remote.download.options",
+    "RemoteError": "trtet_store.remote.errors",
 }
+
+# io's own names that were on this face; each access warns where to import it.
+_MOVED_TO_IO = frozenset({
+    "Blob", "BlobChangedError", "BlobInUseError", "IncompleteJournal", "JournalError",
+    "Orphan", "SourceChangedError", "StuckJournalError", "UnsafeDirectoryError",
+    "UnsafeLockFileError", "WriteReport",
+})
 
 if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.cache.directory import CacheDirectoryError
@@ -67,8 +67,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from trtet_store.export.engine_cache import EngineCache
     from trtet_store.export.executorch import save, save_program, write_tensor_data
     from trtet_store.export.lowering import export as export_program
+    from trtet_store.export.options import LoweringOptions
     from trtet_store.io.recovery import recover
+    from trtet_store.remote.download.options import FetchConfig
     from trtet_store.remote.download.receive import fetch
+    from trtet_store.remote.errors import RemoteError
+    from trtet_store.remote.upload.config import PublishConfig
     from trtet_store.remote.upload.program import publish
     from trtet_store.sets.fetch import fetch_set
     from trtet_store.sets.machine import NoMemberFitsError
@@ -77,10 +81,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _MOVED_TO_IO:
+        import warnings
+
+        warnings.warn(f"trtet_store.{name} is io's: import it from trtet_store.io (this "
+                      "alias goes in the next release)", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module("trtet_store.io"), name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'trtet_store' has no attribute {name!r}")
-    import importlib
 
     attr = {"export_program": "export", "SetMember": "Member"}.get(name, name)
     value = getattr(importlib.import_module(module), attr)
@@ -89,31 +100,24 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Blob",
-    "BlobChangedError",
-    "BlobInUseError",
     "BlobStore",
     "CacheDirectoryError",
     "ConcurrentWriteError",
     "EngineCache",
     "ExternalFile",
-    "IncompleteJournal",
+    "FetchConfig",
     "InsufficientSpaceError",
-    "JournalError",
+    "LoweringOptions",
     "NeededByAnotherError",
     "NoMemberFitsError",
-    "Orphan",
     "Progress",
+    "PublishConfig",
+    "RemoteError",
     "SetMember",
     "SharedCacheWarning",
-    "SourceChangedError",
     "StorageError",
-    "StuckJournalError",
-    "UnsafeDirectoryError",
-    "UnsafeLockFileError",
     "VerificationError",
     "WriteOptions",
-    "WriteReport",
     "compile_and_save",
     "export_program",
     "fetch",

@@ -31,7 +31,7 @@ from trtet_store.cli.stub_builder import ENV, StubBuilderError, stub_builder
 __all__ = ["add_parser", "cmd_compile_and_save"]
 
 
-#: compile-and-save's backends (``trtet_store.export.lowering.BACKENDS``, which imports no
+#: compile-and-save's backends (``trtet_store.export.options.BACKENDS``, which imports no
 #: further here: the CLI judges ``--backend`` before torch is imported).
 BACKENDS = ("tensorrt", "xnnpack")
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtet_store.export.options import LoweringOptions
 from trtet_store.io import BlobStore, WriteReport
 from trtet_store.io.names import STAGING_DIR
 from trtet_store.io.safedir import staging_directory
@@ -90,21 +91,11 @@ def compile_and_save(
     inputs: tuple | None,
     path: os.PathLike | str,
     *,
-    backend: str = "tensorrt",
     arg_inputs: tuple | None = None,
     kwarg_inputs: dict | None = None,
     dynamic_shapes: Any = None,
-    retrace: bool | None = None,
-    transform_passes: Any = None,
-    partitioners: Any = None,
-    compile_specs: Any = None,
-    compile_config: Any = None,
-    constant_methods: dict[str, Any] | None = None,
+    lowering: LoweringOptions | None = None,
     backend_config: Any = None,
-    external_engine_data: str | None = None,
-    external_weights: str | None = None,
-    generate_etrecord: bool = False,
-    weight_streaming_budget_per_engine: int | None = None,
     store: BlobStore | os.PathLike | str | None = None,
     progress: Any = None,
     segment_alignment: int | None = None,
@@ -113,7 +104,7 @@ def compile_and_save(
     replace_needed: bool = False,
     engine_cache: Any = None,
     engine_cache_timeout: float | None = None,
-    **compile_settings: Any,
+    **keywords: Any,
 ) -> CompileReport:
     """Compile ``source`` and write it as an ExecuTorch program, each engine on disk once.
 
@@ -135,29 +126,17 @@ def compile_and_save(
         Example positional inputs (``arg_inputs`` is the same under its newer name).
     path : path-like
         The ``.pte`` to write (any name); ``.ptd`` files go beside it.
-    backend : {"tensorrt", "xnnpack"}
-        ``"xnnpack"`` lowers for CPU through the same store and writer.
-    arg_inputs, kwarg_inputs, dynamic_shapes, retrace, transform_passes, partitioners
+    arg_inputs, kwarg_inputs, dynamic_shapes
         As for :func:`trtet_store.export.export`.
-    compile_specs, compile_config, constant_methods, weight_streaming_budget_per_engine
-        As for :func:`trtet_store.export.export`.
+    lowering : LoweringOptions, optional
+        How it is lowered (see :class:`~trtet_store.LoweringOptions`; its
+        ``generate_etrecord`` also writes ``<path stem>_etrecord.bin``). Its
+        fields are still accepted as keywords; one given beside ``lowering``
+        with another value is a ``TypeError``.
     backend_config : ExecutorchBackendConfig, optional
         For ``to_executorch``. With TensorRT, a ``segment_alignment`` left at
         ExecuTorch's default (128) becomes 4096, so that every engine starts on
         a page (what clone and insert need); ``segment_alignment=`` overrides both.
-    external_engine_data : str, optional
-        Put engines (or, for XNNPACK, the weights) in ``<name>.ptd``. By default
-        each TensorRT engine is inline in its delegate's segment of the ``.pte``,
-        the layout torch-tensorrt-executorch-runtime 0.1.0 loads. With a name,
-        engines are named data in ``<name>.ptd`` (``engine_key`` in each
-        delegate): no released TensorRT runtime reads that layout yet, and it
-        needs executorch 1.5.
-    external_weights : str, optional
-        The weights of the partitions TensorRT leaves to others in ``<name>.ptd``
-        (see :func:`trtet_store.export.export`).
-    generate_etrecord : bool
-        Also write ``<path stem>_etrecord.bin``. It is written before any engine
-        is moved; if it fails, the program is still written and the failure raised.
     store : BlobStore or path-like, optional
         Where engines are staged. Defaults to a store in ``.trtet-staging``
         beside ``path``, on the output's filesystem, so engines can be moved.
@@ -185,8 +164,8 @@ def compile_and_save(
     replace_needed : bool
         Replace a ``.ptd`` that another ``.pte`` beside ``path`` needs (see
         :func:`trtet_store.save_program`). By default such a write is refused:
-        before the build for the ``.ptd`` files named up front
-        (``external_engine_data``, ``external_weights``), at the write for
+        before the build for the ``.ptd`` files named up front (the
+        lowering's ``external_engine_data``, ``external_weights``), at the write for
         others (the engines built are kept then, as after any failed write).
     engine_cache : EngineCache or bool, optional
         A :class:`trtet_store.EngineCache` (``True``: the default one). A hit
@@ -200,9 +179,9 @@ def compile_and_save(
     engine_cache_timeout : float, optional
         Seconds to wait for another process building the same engines
         (default: until it finishes or dies).
-    **compile_settings
-        Passed to Torch-TensorRT's compiler; each must be a setting it knows
-        (see :mod:`trtet_store.export.trt_settings`).
+    **keywords
+        Torch-TensorRT compile settings, each one it knows (see
+        :mod:`trtet_store.export.trt_settings`), and the old lowering keywords.
 
     Returns
     -------
@@ -233,10 +212,11 @@ def compile_and_save(
     """
     start = time.monotonic()
     path = Path(path).absolute()
-    from trtet_store.export.trt_settings import check_compile_settings
+    from trtet_store.export.options import lowering_of
 
-    check_compile_settings("compile_and_save", backend, compile_settings,
-                           inspect.signature(compile_and_save).parameters)
+    lowering, compile_settings = lowering_of(lowering, "compile_and_save", keywords,
+                                             inspect.signature(compile_and_save).parameters)
+    backend = lowering.backend
     _check_output(path)
     if segment_alignment is not None:
         _check_alignment(segment_alignment)
@@ -247,10 +227,11 @@ def compile_and_save(
     from trtet_store.export.lowering import _check_constant_methods, export
     from trtet_store.io.versioned import keep_of, version_link
 
-    _check_constant_methods(constant_methods, ())
+    _check_constant_methods(lowering.constant_methods, ())
     if keep_of(versioned) is not None:
         version_link(path)  # a name taken by something else: refused before the build
-    destinations = _destinations(path, external_engine_data, external_weights)
+    destinations = _destinations(path, lowering.external_engine_data,
+                                 lowering.external_weights)
     _wait_until_free(destinations, timeout)
     if keep_of(versioned) is None and not replace_needed:
         # Before the build: a refusal must not cost one.
@@ -279,20 +260,15 @@ def compile_and_save(
     written = False
     try:
         edge = export(source, inputs=inputs, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs,
-                      dynamic_shapes=dynamic_shapes, retrace=retrace,
-                      transform_passes=transform_passes, partitioners=partitioners,
-                      compile_specs=compile_specs, compile_config=compile_config,
-                      constant_methods=constant_methods, generate_etrecord=generate_etrecord,
-                      weight_streaming_budget_per_engine=weight_streaming_budget_per_engine,
-                      backend=backend, store=store, external_engine_data=external_engine_data,
-                      external_weights=external_weights, engine_cache=cache,
-                      engine_cache_timeout=engine_cache_timeout, **compile_settings)
+                      dynamic_shapes=dynamic_shapes, lowering=lowering, store=store,
+                      engine_cache=cache, engine_cache_timeout=engine_cache_timeout,
+                      **compile_settings)
         engines = edge.trtet_staged[0]
         program = edge.to_executorch(config)
         report = CompileReport(path, engines=_listed_once(engines),
                                engine_cache=list(getattr(edge, "trtet_cache", [])))
         etrecord_error = None
-        if generate_etrecord:
+        if lowering.generate_etrecord:
             report.etrecord = path.with_name(path.stem + "_etrecord.bin")
             try:
                 # Before any engine moves: the ETRecord may read them.

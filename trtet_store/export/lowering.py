@@ -31,14 +31,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from executorch.exir import EdgeCompileConfig, EdgeProgramManager
+    from executorch.exir import EdgeProgramManager
     from torch.export import ExportedProgram
 
+    from trtet_store.export.options import LoweringOptions
     from trtet_store.io import BlobStore
 
 log = logging.getLogger("trtet_store.export")
 
-BACKENDS = ("tensorrt", "xnnpack")
 DEFAULT_METHOD = "forward"
 
 
@@ -49,21 +49,11 @@ def export(
     arg_inputs: Sequence[Any] | None = None,
     kwarg_inputs: Mapping[str, Any] | None = None,
     dynamic_shapes: Any = None,
-    retrace: bool | None = None,
-    transform_passes: Any = None,
-    partitioners: Sequence[Any] | Mapping[str, Sequence[Any] | None] | None = None,
-    compile_specs: Sequence[Any] | Mapping[str, Sequence[Any] | None] | None = None,
-    compile_config: EdgeCompileConfig | None = None,
-    constant_methods: Mapping[str, Any] | None = None,
-    generate_etrecord: bool = False,
-    weight_streaming_budget_per_engine: int | None = None,
-    backend: str = "tensorrt",
+    lowering: LoweringOptions | None = None,
     store: BlobStore | None = None,
-    external_engine_data: str | None = None,
-    external_weights: str | None = None,
     engine_cache: Any = None,
     engine_cache_timeout: float | None = None,
-    **compile_settings: Any,
+    **keywords: Any,
 ) -> EdgeProgramManager:
     """Lower ``source`` to an ExecuTorch Edge program, each TensorRT engine staged in ``store``.
 
@@ -84,41 +74,14 @@ def export(
         Example keyword inputs for a module source.
     dynamic_shapes : optional
         Passed to ``torch.export.export`` for a module source.
-    retrace : bool, optional
-        Accepted for parity; an ExportedProgram or a mapping refuses ``True``
-        as upstream does, a module is always traced.
-    transform_passes : sequence, mapping or PassManager, optional
-        ExecuTorch transform passes, for every method or per method.
-    partitioners : sequence or mapping, optional
-        Extra partitioners run after TensorRT's (or XNNPACK's), in the given
-        order, for every method or per method. Give each method its own
-        instances; one whose compile specs name a method is refused under
-        another method.
-    compile_specs : sequence or mapping, optional
-        For the TensorRT partitioner, for every method or per method.
-    compile_config : EdgeCompileConfig, optional
-        Default: ``EdgeCompileConfig(_check_ir_validity=False)`` for TensorRT
-        (engine placeholders are not core ATen), ExecuTorch's default otherwise.
-    constant_methods : mapping, optional
-        Methods returning a constant (e.g. a vocabulary size); keys must be
-        identifiers and must not name a method.
-    generate_etrecord : bool
-        Ask ExecuTorch for an ETRecord.
-    weight_streaming_budget_per_engine : int, optional
-        Bytes of each engine's weights that may stay resident on the GPU.
-    backend : {"tensorrt", "xnnpack"}
-        ``"xnnpack"`` lowers for CPU (what machines without a GPU run).
+    lowering : LoweringOptions, optional
+        How it is lowered: backend, passes, partitioners, specs, the ``.ptd``
+        layout (see :class:`~trtet_store.LoweringOptions`). Its fields are
+        still accepted as keywords; one given beside ``lowering`` with
+        another value is a ``TypeError``.
     store : BlobStore, optional
         Where engines are staged. Default: the per-user default store; put it
         on the output's filesystem so that engines can be moved or cloned.
-    external_engine_data : str, optional
-        Engines (or, for XNNPACK, the weights) in ``<name>.ptd``; see
-        :func:`trtet_store.compile_and_save`.
-    external_weights : str, optional
-        The weights of what TensorRT leaves to other partitioners (e.g.
-        XNNPACK) in ``<name>.ptd``, engines staying inline: a hybrid program
-        whose CPU weights ship apart. With ``backend="xnnpack"`` the same as
-        ``external_engine_data``.
     engine_cache : EngineCache or bool, optional
         A :class:`trtet_store.EngineCache` (``True``: the default one, per
         user). A build found there is not built: its engines are cloned from
@@ -130,8 +93,8 @@ def export(
     engine_cache_timeout : float, optional
         Seconds to wait for another process building the same engines;
         default: until it finishes or dies. ``CacheWaitTimeout`` past it.
-    **compile_settings
-        Passed to Torch-TensorRT's compiler.
+    **keywords
+        Torch-TensorRT compile settings (and the old lowering keywords).
 
     Returns
     -------
@@ -157,36 +120,25 @@ def export(
         The store's directory holds staged engines of other builds that no
         export has taken (a crashed or failed one's): disk nobody uses.
     """
-    from trtet_store.export.trt_settings import check_compile_settings
+    from trtet_store.export.options import lowering_of
 
-    check_compile_settings("export", backend, compile_settings,
-                           inspect.signature(export).parameters)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    opts, compile_settings = lowering_of(lowering, "export", keywords,
+                                         inspect.signature(export).parameters)
+    backend, external_engine_data = opts.backend, opts.external_engine_data
     if inputs is not None and arg_inputs is not None:
         raise ValueError("give inputs or arg_inputs, not both (they are the same argument)")
     args = inputs if inputs is not None else arg_inputs
     check_inputs_tuple(args, "inputs" if inputs is not None else "arg_inputs")
-    from trtet_store.export.named_data import ptd_file_name
-
-    for name in (external_engine_data, external_weights):
-        if name is not None:
-            ptd_file_name(name)
+    external_weights = opts.external_weights
     if backend != "tensorrt" and external_weights is None:
         external_weights = external_engine_data
-    if backend != "tensorrt":
-        if weight_streaming_budget_per_engine is not None:
-            raise ValueError("weight_streaming_budget_per_engine applies to backend='tensorrt'")
-        if compile_specs is not None:
-            raise ValueError("compile_specs are for the TensorRT partitioner "
-                             "(backend='tensorrt')")
-    methods = _methods(source, args, kwarg_inputs, dynamic_shapes, retrace)
+    methods = _methods(source, args, kwarg_inputs, dynamic_shapes, opts.retrace)
     names = tuple(methods)
-    extra = _per_method(partitioners, names, "partitioners")
+    extra = _per_method(opts.partitioners, names, "partitioners")
     _refuse_misnamed_partitioners(extra)
-    specs = _per_method(compile_specs, names, "compile_specs")
-    _check_constant_methods(constant_methods, names)
-    passes = _per_method_passes(transform_passes, names)
+    specs = _per_method(opts.compile_specs, names, "compile_specs")
+    _check_constant_methods(opts.constant_methods, names)
+    passes = _per_method_passes(opts.transform_passes, names)
     from trtet_store.export import tensorrt
 
     if backend == "tensorrt" and any(m.needs_build for m in methods.values()):
@@ -203,7 +155,7 @@ def export(
 
     # Checked here, before a build: a bad budget or named layout must cost nothing.
     partitioner_for = {name: _first_partitioner(backend, specs[name], external_engine_data,
-                                                weight_streaming_budget_per_engine)
+                                                opts.weight_streaming_budget_per_engine)
                        for name in names}
     own_store = store is None
     if store is None:
@@ -233,9 +185,9 @@ def export(
             programs[name] = program
         edge = _lower(programs, single=not isinstance(source, Mapping), passes=passes,
                       partitioners={n: [partitioner_for[n], *extra[n]] for n in names},
-                      constant_methods=constant_methods,
-                      compile_config=compile_config, backend=backend,
-                      generate_etrecord=generate_etrecord)
+                      constant_methods=opts.constant_methods,
+                      compile_config=opts.compile_config, backend=backend,
+                      generate_etrecord=opts.generate_etrecord)
     except BaseException:
         # What was built survives the failure: kept in the caller's store, or
         # left as orphans of our own, for the next export of the same build.

@@ -42,17 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from trtet_store.io import (
+    UNSET,
     Digests,
     InsufficientSpaceError,
     NeededByAnotherError,
     digest_file,
     free_bytes,
+    merge_options,
 )
-from trtet_store.remote.download.options import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_RANGE_SIZE,
-    check_options,
-)
+from trtet_store.remote.download.options import FetchConfig
 from trtet_store.remote.download.program import check_ptds_to_write
 from trtet_store.remote.errors import (
     EndpointUnreachableError,
@@ -95,9 +93,9 @@ def read_set(s3: S3, bucket: str, prefix: str) -> tuple[SetManifest, str]:
 def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
               machine: Machine | None = None, store: os.PathLike | str | None = None,
               link: bool = False, endpoint_url: str | None = None, client: S3 | None = None,
-              concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
-              placements: list[str] | None = None,
-              replace_needed: bool = False, trusted_keys: Any = None) -> SetFetchReport:
+              config: FetchConfig | None = None, placements: list[str] | None = None,
+              replace_needed: bool = False, trusted_keys: Any = None,
+              concurrency: int = UNSET, range_size: int = UNSET) -> SetFetchReport:
     """Fetch one member of the set at ``url`` into the directory ``dest``.
 
     Parameters
@@ -122,8 +120,9 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
         every name sharing the inode, the store's and other members' too.
     endpoint_url, client
         The server (as ``fetch``).
-    concurrency, range_size
-        Ranged GETs in flight and bytes per GET (as ``fetch``).
+    config : FetchConfig, optional
+        How each blob comes down (as ``fetch``'s); its ``concurrency`` and
+        ``range_size`` are still accepted as keywords.
     placements : list of str, optional
         Limit the placements (``clone``, ``move``, ``copy``), for tests and
         benchmarks; without ``move`` the store keeps every blob it downloads.
@@ -179,7 +178,8 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     for name, flag in (("link", link), ("replace_needed", replace_needed)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, not {flag!r}")
-    check_options(concurrency=concurrency, range_size=range_size)
+    cfg = merge_options(FetchConfig, config, "fetch_set", "config",
+                        dict(concurrency=concurrency, range_size=range_size))
     bucket, prefix = parse_set_url(url)
     where = f"s3://{bucket}/{prefix}"
     target = Path(dest).absolute()
@@ -189,7 +189,7 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     trusted = resolve_trusted(trusted_keys)
     # fetch's retry policy for every call (the set manifest, each blob's HEAD and GETs): a
     # server restarted within RETRY_WINDOW seconds is waited out. A given client keeps its own.
-    s3 = client if client is not None else S3(endpoint_url, max_connections=concurrency + 2,
+    s3 = client if client is not None else S3(endpoint_url, max_connections=cfg.concurrency + 2,
                                               retry_window=RETRY_WINDOW)
     again = fetch_set_command(url, target, member, machine=machine, store=store, link=link,
                               endpoint_url=endpoint_url, replace_needed=replace_needed,
@@ -245,14 +245,14 @@ def fetch_set(url: str, dest: os.PathLike | str, member: str | None = None, *,
     with held, _resumable(where, s3, again):
         return _fetch_locked(s3, bucket, prefix, where, manifest, version, member, entry,
                              target, program, cas, report, may_move, link=link,
-                             concurrency=concurrency, range_size=range_size,
-                             placements=placements, replace_needed=replace_needed, shas=shas)
+                             config=cfg, placements=placements,
+                             replace_needed=replace_needed, shas=shas)
 
 
 def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetManifest,
                   version: str, member: str, entry, target: Path, program: Path,
                   cas: ContentStore, report: SetFetchReport, may_move: bool, *, link: bool,
-                  concurrency: int, range_size: int, placements: list[str] | None,
+                  config: FetchConfig, placements: list[str] | None,
                   replace_needed: bool, shas: dict[str, str] | None = None) -> SetFetchReport:
     """Steps 2 and 3 (under the member's blob locks where ``may_move``)."""
     report.bytes_in_store, missing = _missing(cas, entry)
@@ -271,7 +271,7 @@ def _fetch_locked(s3: S3, bucket: str, prefix: str, where: str, manifest: SetMan
             else:
                 report.bytes_downloaded += cas.download(
                     s3, bucket, blob_key(prefix, f.blob), f.blob, f.size, f.crc64nvme,
-                    concurrency=concurrency, range_size=range_size, sha256=shas is not None)
+                    config=config, sha256=shas is not None)
             fresh.add(f.blob)
     t1 = time.monotonic()
     report.seconds_download = t1 - t0

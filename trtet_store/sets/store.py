@@ -18,6 +18,7 @@ import stat
 from pathlib import Path
 
 from trtet_store.io import SafeDir, SealedDir, SourceChangedError, clone_or_copy
+from trtet_store.remote.download.options import FetchConfig
 from trtet_store.remote.errors import FetchVerificationError, ObjectChangedError
 from trtet_store.remote.s3 import S3
 
@@ -41,7 +42,7 @@ class ContentStore(SealedDir):
     root : path-like
         The directory; created 0700 if missing. A link, another user's
         directory or one others may write to is refused
-        (:class:`~trtet_store.UnsafeDirectoryError`).
+        (:class:`~trtet_store.io.UnsafeDirectoryError`).
     """
 
     def __init__(self, root: os.PathLike | str) -> None:
@@ -184,8 +185,7 @@ class ContentStore(SealedDir):
         return stat.S_ISREG(st.st_mode) and st.st_size == size
 
     def download(self, s3: S3, bucket: str, key: str, digest: str, size: int,
-                 crc64nvme: str, *, concurrency: int, range_size: int,
-                 sha256: bool = False) -> int:
+                 crc64nvme: str, *, config: FetchConfig, sha256: bool = False) -> int:
         """Fetch the blob at ``key`` into the store; the bytes downloaded.
 
         Checked three ways: HeadObject's size and CRC64NVME against the set
@@ -214,8 +214,8 @@ class ContentStore(SealedDir):
         dest = self.path(digest)
         try:
             rep = fetch(f"s3://{bucket}/{key}", dest, client=s3, names=[digest],
-                        if_replaced="error", concurrency=concurrency, range_size=range_size,
-                        sha256=sha256, trusted_keys=False)  # the set manifest vouches
+                        if_replaced="error", config=config, sha256=sha256,
+                        trusted_keys=False)  # the set manifest vouches
         except ObjectChangedError as exc:
             raise FetchVerificationError(f"{where} is not the version its manifest names "
                                          f"({exc}); refused: publish the set again") from exc

@@ -192,7 +192,7 @@ class RemoteTier:
         self.poll = float(poll)
         self.concurrency = concurrency
         self.journal_dir = journal_dir
-        from trtet_store.remote.download.receive import DEFAULT_RANGE_SIZE, check_options
+        from trtet_store.remote.download.options import DEFAULT_RANGE_SIZE, check_options
 
         self.range_size = DEFAULT_RANGE_SIZE if range_size is None else range_size
         check_options(concurrency=concurrency, range_size=self.range_size)

@@ -1,5 +1,5 @@
-"""A fetch's options: their defaults and bounds, the check that refuses bad ones, and the
-command that continues a fetch with every option it had.
+"""A fetch's options: :class:`FetchConfig`, their defaults and bounds, the check that
+refuses bad ones, and the command that continues a fetch with every option it had.
 
 The CLI, the shared tier and :func:`~trtet_store.remote.download.receive.fetch`
 check options here, before anything is read, created or sent.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trtet_store.io import GiB, MiB
@@ -70,6 +71,41 @@ def check_options(*, concurrency: int = DEFAULT_CONCURRENCY,
                         f"{type(wait_replaced).__name__} ({wait_replaced!r})")
     if not wait_replaced >= 0:  # NaN too
         raise ValueError(f"wait_replaced must be at least 0 seconds, not {wait_replaced}")
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """How a fetch brings bytes down; ``config=`` of ``fetch`` and ``fetch_set``.
+
+    The fetch-side twin of :class:`~trtet_store.PublishConfig`. The old
+    keywords of the same names still work; one given beside ``config`` with
+    another value is a ``TypeError``.
+
+    Parameters
+    ----------
+    concurrency : int
+        Ranged GETs in flight, 1 to 256. Memory is bounded by
+        ``(concurrency + 2) x range_size``.
+    range_size : int
+        Bytes per GET, 1 MiB to 1 GiB (ranges end on the manifest's 1 MiB chunk
+        boundaries). A resume may use another range size than the fetch it
+        continues: staged bytes are kept by what they cover.
+    attempts : int
+        Tries per range (network errors, bytes that fail their digests).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad value (:func:`check_options`), when it is made.
+    """
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    range_size: int = DEFAULT_RANGE_SIZE
+    attempts: int = 5
+
+    def __post_init__(self) -> None:
+        check_options(concurrency=self.concurrency, range_size=self.range_size,
+                      attempts=self.attempts)
 
 
 def resume_command(url: str, dest: os.PathLike | str, *,

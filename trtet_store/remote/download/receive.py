@@ -59,18 +59,19 @@ from typing import Any
 
 from trtet_store.io import (
     STAGING_DIR,
+    UNSET,
     ExternalFile,
     InOrderDigest,
     InsufficientSpaceError,
     check_staging_directory,
     free_bytes,
+    merge_options,
     recover,
     write_files,
 )
 from trtet_store.remote.download.describe import describe, wait_for_new_version
 from trtet_store.remote.download.options import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_RANGE_SIZE,
+    FetchConfig,
     check_options,
     client_endpoint,
     parse_url,
@@ -121,9 +122,10 @@ log = logging.getLogger("trtet_store.remote.download.receive")
 
 def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | str] = (),
           client: Any = None, endpoint_url: str | None = None,
-          concurrency: int = DEFAULT_CONCURRENCY, range_size: int = DEFAULT_RANGE_SIZE,
+          config: FetchConfig | None = None,
           progress: Callable[[FetchProgress], Any] | None = None, if_replaced: str = "restart",
-          max_restarts: int = 3, wait_replaced: float = 30.0, attempts: int = 5,
+          max_restarts: int = 3, wait_replaced: float = 30.0,
+          concurrency: int = UNSET, range_size: int = UNSET, attempts: int = UNSET,
           placements: Sequence[str] | None = None, replace_needed: bool = False,
           program_only: bool = False, names: Sequence[str] | None = None,
           sha256: bool = False, trusted_keys: Any = None) -> FetchReport:
@@ -148,13 +150,10 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         Default: one made the way boto3 finds credentials, at ``endpoint_url``.
         Every call goes through :class:`~trtet_store.remote.s3.S3` (one error
         vocabulary with publish); request-level retries are the client's.
-    concurrency : int
-        Ranged GETs in flight, 1 to 256. Memory is bounded by
-        ``(concurrency + 2) x range_size``.
-    range_size : int
-        Bytes per GET, 1 MiB to 1 GiB (ranges end on the manifest's 1 MiB chunk
-        boundaries). A resume may use another range size than the fetch it
-        continues: staged bytes are kept by what they cover.
+    config : FetchConfig, optional
+        How the bytes come down: ``concurrency``, ``range_size``, ``attempts``
+        (see :class:`~trtet_store.FetchConfig`). Those three keywords still
+        work; one given beside ``config`` with another value is a ``TypeError``.
     progress : callable, optional
         Called with a :class:`FetchProgress` as bytes arrive or are found.
     if_replaced : {"restart", "error"}
@@ -163,8 +162,6 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         How many times to start again against a new version.
     wait_replaced : float
         Seconds to wait for a publish in progress to write its manifest.
-    attempts : int
-        Tries per range (network errors, bytes that fail their digests).
     placements : sequence of str, optional
         Limit the final write's placements (as ``write_files``), for benchmarks.
     replace_needed : bool
@@ -249,8 +246,10 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
         raise TypeError("reuse takes a list of paths, e.g. reuse=[old_pte], not one path")
     if if_replaced not in ("restart", "error"):
         raise ValueError(f"if_replaced must be 'restart' or 'error', not {if_replaced!r}")
-    check_options(concurrency=concurrency, range_size=range_size, attempts=attempts,
-                  max_restarts=max_restarts, wait_replaced=wait_replaced)
+    cfg = merge_options(FetchConfig, config, "fetch", "config", dict(
+        concurrency=concurrency, range_size=range_size, attempts=attempts))
+    check_options(max_restarts=max_restarts, wait_replaced=wait_replaced)
+    concurrency = cfg.concurrency
     for name, flag in (("replace_needed", replace_needed), ("program_only", program_only)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, not {flag!r}")
@@ -266,7 +265,7 @@ def fetch(url: str, path: os.PathLike | str, *, reuse: Sequence[os.PathLike | st
     # caller made keeps its own retries.
     reader = Reader(s3, bucket, RETRY_WINDOW if client is None else 0.0)
     job = _Fetch(url, bucket, key, dest, [Path(p).absolute() for p in reuse], reader,
-                 concurrency, range_size, progress, attempts, placements)
+                 concurrency, cfg.range_size, progress, cfg.attempts, placements)
     job.endpoint_url = endpoint_url or client_endpoint(s3.client)
     job.if_replaced = if_replaced
     job.replace_needed, job.program_only = replace_needed, program_only
