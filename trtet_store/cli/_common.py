@@ -25,10 +25,10 @@ from typing import Any
 
 from trtet_store.io.units import format_mib, parse_size
 
-__all__ = ["DEFAULT_WIDTH", "ERROR_TABLE", "LOG_INTERVAL", "ErrorContext", "OptionValueError",
-           "Parser", "ProgressBar", "add_s3_options", "bar_interval", "cli_words",
-           "endpoint_url_arg", "explain", "fail", "mib", "one_line", "report_error",
-           "sigterm_as_exit", "size_arg"]
+__all__ = ["DEFAULT_WIDTH", "ERROR_TABLE", "LOG_INTERVAL", "OPTIONS", "ErrorContext",
+           "OptionValueError", "Parser", "ProgressBar", "add_option", "add_s3_options",
+           "bar_interval", "cli_words", "endpoint_url_arg", "explain", "fail", "mib", "one_line",
+           "report_error", "sigterm_as_exit", "size_arg"]
 
 
 class OptionValueError(argparse.ArgumentTypeError):
@@ -79,18 +79,45 @@ def endpoint_url_arg(text: str) -> str:
     return text
 
 
-def add_s3_options(parser: argparse.ArgumentParser) -> None:
+#: The options several commands take, each declared once: its argparse keywords, and
+#: the help every command shows unless it says what the option does there (huggingface_hub's
+#: ``TokenOpt``/``RevisionOpt``). :func:`add_option` adds one.
+OPTIONS: dict[str, dict[str, Any]] = {
+    "--endpoint-url": {"default": None, "type": endpoint_url_arg,
+                       "metavar": "http(s)://HOST[:PORT]", "help": "the S3 endpoint (default: "
+                       "what boto3 finds, e.g. AWS_ENDPOINT_URL)"},
+    "--json": {"action": "store_true", "help": "print JSON instead of text"},
+    "--no-progress": {"action": "store_true",
+                      "help": "no progress bar (there is none when stderr is no terminal)"},
+    "--replace": {"action": "store_true"},
+    "--replace-needed": {"action": "store_true"},
+    "--journal-dir": {"type": Path, "default": None, "metavar": "DIR"},
+    "--signing-key": {"type": Path, "default": None, "metavar": "PATH"},
+    "--trusted-key": {"type": Path, "action": "append", "default": None, "metavar": "PATH"},
+}
+
+
+def add_option(parser: argparse.ArgumentParser, flag: str, help: str | None = None,
+               **changes: Any) -> None:
+    """Add the shared option ``flag`` (:data:`OPTIONS`) to ``parser``, with ``help`` where
+    the command says what it does there, and ``changes`` to its keywords (a default)."""
+    parser.add_argument(flag, **{**OPTIONS[flag], **({"help": help} if help else {}),
+                                 **changes})
+
+
+def add_s3_options(parser: argparse.ArgumentParser, *, json: bool = True,
+                   progress: bool = True) -> None:
     """Add the options of every command that talks to S3 (publish, fetch, compile-and-save).
 
     ``--endpoint-url`` (default: what boto3 finds), ``--json`` (print the
-    report as JSON) and ``--no-progress``.
+    report as JSON; ``json=False`` where the command has its own) and
+    ``--no-progress`` (``progress=False``: the command draws no bar).
     """
-    parser.add_argument("--endpoint-url", default=None, type=endpoint_url_arg,
-                        metavar="http(s)://HOST[:PORT]",
-                        help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no progress bar (there is none when stderr is no terminal)")
+    add_option(parser, "--endpoint-url")
+    if json:
+        add_option(parser, "--json", "print the report as JSON")
+    if progress:
+        add_option(parser, "--no-progress")
 
 
 def size_arg(text: str) -> int:

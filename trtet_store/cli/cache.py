@@ -65,7 +65,8 @@ from typing import Any
 from trtet_store.cli._common import (
     OptionValueError,
     ProgressBar,
-    endpoint_url_arg,
+    add_option,
+    add_s3_options,
     mib,
     report_error,
     size_arg,
@@ -87,9 +88,7 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     default: Any = argparse.SUPPRESS if suppress else None
     parser.add_argument("--dir", type=Path, default=default, metavar="DIR",
                         help="the cache directory (default: $XDG_CACHE_HOME/trtet_store/engines)")
-    parser.add_argument("--json", action="store_true",
-                        default=argparse.SUPPRESS if suppress else False,
-                        help="print JSON instead of text")
+    add_option(parser, "--json", default=argparse.SUPPRESS if suppress else False)
 
 
 #: ``--older-than`` units, in seconds.
@@ -114,25 +113,6 @@ def parse_age(text: str) -> float:
         raise OptionValueError(f"an age cannot be negative: {text!r}; give how long ago, "
                                "e.g. 7d (0s: everything)")
     return float(m.group(2)) * AGE_UNITS[m.group(3)]
-
-
-def _remote_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    # Not add_s3_options: its --json would collide with the cache command's own.
-    parser.add_argument("--remote", required=required, default=None,
-                        metavar="s3://BUCKET[/PREFIX]",
-                        help="the shared tier: a bucket (and a prefix) every machine uses")
-    parser.add_argument("--endpoint-url", default=None, type=endpoint_url_arg,
-                        metavar="http(s)://HOST[:PORT]",
-                        help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
-
-
-def _key_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
-                        help="with --remote: sign the entries published with this ed25519 "
-                        "private key (default: TRTET_SIGNING_KEY or the config file)")
-    parser.add_argument("--trusted-key", type=Path, action="append", default=None,
-                        metavar="PATH", help="with --remote: accept only entries signed by this "
-                        "public key (repeatable; default: TRTET_TRUSTED_KEYS or the config file)")
 
 
 def add_parser(sub: Any) -> None:
@@ -174,9 +154,16 @@ def add_parser(sub: Any) -> None:
             a.add_argument("--dry-run", action="store_true",
                            help="with --remote: say what would be removed, remove nothing")
         if name in ("list", "prune", "push", "pull"):
-            _remote_options(a, required=name in ("push", "pull"))
+            a.add_argument("--remote", required=name in ("push", "pull"), default=None,
+                           metavar="s3://BUCKET[/PREFIX]",
+                           help="the shared tier: a bucket (and a prefix) every machine uses")
+            # Not add_s3_options' --json: the cache command has its own.
+            add_s3_options(a, json=False, progress=name in ("push", "pull"))
         if name in ("list", "push", "pull"):
-            _key_options(a)
+            add_option(a, "--signing-key", "with --remote: sign the entries published with "
+                       "this ed25519 private key (default: TRTET_SIGNING_KEY or the config file)")
+            add_option(a, "--trusted-key", "with --remote: accept only entries signed by this "
+                       "public key (repeatable; default: TRTET_TRUSTED_KEYS or the config file)")
         if name == "export-timing":
             a.add_argument("out", type=Path, metavar="OUT",
                            help="the file to write (atomically; an existing one is left alone "
@@ -185,14 +172,10 @@ def add_parser(sub: Any) -> None:
                            help="the timing entry (trt-t-..., as `cache list` shows it, or a "
                            "prefix naming one); default: the one made for this machine's GPU, "
                            "TensorRT, CUDA and driver")
-            a.add_argument("--replace", action="store_true",
-                           help="overwrite OUT if it exists")
+            add_option(a, "--replace", "overwrite OUT if it exists")
         if name == "keygen":
             a.add_argument("path", type=Path, metavar="PATH",
                            help="the private key file to create (the public one: PATH.pub)")
-        if name in ("push", "pull"):
-            a.add_argument("--no-progress", action="store_true",
-                           help="no progress bar (there is none when stderr is no terminal)")
         if name == "push":
             a.add_argument("keys", nargs="*", metavar="KEY",
                            help="build keys to publish (default: every local build)")

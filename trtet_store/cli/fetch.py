@@ -17,6 +17,7 @@ from typing import Any
 
 from trtet_store.cli._common import (
     ProgressBar,
+    add_option,
     add_s3_options,
     mib,
     one_line,
@@ -50,16 +51,14 @@ def add_parser(sub: Any) -> None:
                    help="bytes per GET, 1M to 1G (e.g. 16M; default 32M)")
     f.add_argument("--if-replaced", choices=("restart", "error"), default="restart",
                    help="when the program is replaced mid-fetch: start again (default) or fail")
-    f.add_argument("--replace-needed", action="store_true",
-                   help="replace a .ptd that another .pte of OUT's directory needs (default: "
-                   "refused; fetch into a directory of its own instead)")
+    add_option(f, "--replace-needed", "replace a .ptd that another .pte of OUT's directory "
+               "needs (default: refused; fetch into a directory of its own instead)")
     f.add_argument("--program-only", action="store_true",
                    help="fetch a .pte that has no manifest though it needs .ptd files "
                    "(default: refused, naming them)")
-    f.add_argument("--trusted-key", type=Path, action="append", default=None, metavar="PATH",
-                   help="fetch only a program whose manifest this public key signed, each "
-                   "byte checked by sha256 (repeatable; default TRTET_TRUSTED_KEYS, else the "
-                   "config file's)")
+    add_option(f, "--trusted-key", "fetch only a program whose manifest this public key "
+               "signed, each byte checked by sha256 (repeatable; default TRTET_TRUSTED_KEYS, "
+               "else the config file's)")
     add_s3_options(f)  # --endpoint-url, --json, --no-progress
     f.set_defaults(func=cmd_fetch)
 

@@ -20,7 +20,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import ProgressBar, add_s3_options, fail, mib, one_line, size_arg
+from trtet_store.cli._common import (
+    ProgressBar,
+    add_option,
+    add_s3_options,
+    fail,
+    mib,
+    one_line,
+    size_arg,
+)
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_publish", "print_interrupted", "print_report", "progress_bar"]
@@ -40,8 +48,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("paths", nargs="+", metavar="FILE... s3://BUCKET/KEY",
                    help="the files, then the destination (with --abort or --list: only the "
                         "destination)")
-    p.add_argument("--replace", action="store_true",
-                   help="replace an existing program (only the version found now)")
+    add_option(p, "--replace", "replace an existing program (only the version found now)")
     p.add_argument("--resume", action="store_true",
                    help="resume an interrupted publish of this destination; fail if there "
                         "is none (without it, one is resumed when found)")
@@ -53,14 +60,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--part-size", type=size_arg, default=None, metavar="SIZE",
                    help="bytes per part, 5M to 5G (default 8M, grown to fit 10,000 parts)")
     p.add_argument("--concurrency", type=int, default=None, help="parts in flight (default 8)")
-    p.add_argument("--journal-dir", type=Path, default=None,
-                   help="where resume journals live (default $XDG_STATE_HOME/trtet_store/"
-                        "publish)")
+    add_option(p, "--journal-dir", "where resume journals live (default $XDG_STATE_HOME/"
+               "trtet_store/publish)")
     p.add_argument("--no-index", action="store_true",
                    help="neither use nor update the bucket's engine-digest index")
-    p.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
-                   help="sign the manifest with this ed25519 key (objects named by sha256 "
-                   "too; default TRTET_SIGNING_KEY, else the config file's)")
+    add_option(p, "--signing-key", "sign the manifest with this ed25519 key (objects named "
+               "by sha256 too; default TRTET_SIGNING_KEY, else the config file's)")
     add_s3_options(p)  # --endpoint-url, --json, --no-progress
     p.set_defaults(func=cmd_publish)
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cli._common import add_option
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_recover"]
@@ -36,7 +37,7 @@ def add_parser(sub: Any) -> None:
         "is in DIR (the output directory).",
     )
     r.add_argument("dir", type=Path, metavar="DIR")
-    r.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_option(r, "--json")
     r.add_argument(
         "--abandon",
         action="store_true",

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import add_s3_options, mib, report_error
+from trtet_store.cli._common import add_option, add_s3_options, mib, report_error
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_fetch_set", "cmd_publish_set"]
@@ -45,15 +45,13 @@ def add_parser(sub: Any) -> None:
                    help="what a member's engines need: cc=8.9, tensorrt=10.3.0, "
                    "executorch=1.5.1, version_compatible=true, "
                    "hardware_compatibility=ampere_plus")
-    p.add_argument("--replace", action="store_true", help="replace an existing set")
-    p.add_argument("--journal-dir", type=Path, default=None, metavar="DIR",
-                   help="where each blob's resumable upload journal goes")
+    add_option(p, "--replace", "replace an existing set")
+    add_option(p, "--journal-dir", "where each blob's resumable upload journal goes")
     p.add_argument("--gc-grace", type=float, default=24.0, metavar="HOURS",
                    help="after the commit, prune blobs no manifest names that are older "
                    "than this (default 24; 0 only where no other publisher of the set runs)")
-    p.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
-                   help="sign the set manifest with this ed25519 key (blobs named by sha256 "
-                   "too; default TRTET_SIGNING_KEY, else the config file's)")
+    add_option(p, "--signing-key", "sign the set manifest with this ed25519 key (blobs named "
+               "by sha256 too; default TRTET_SIGNING_KEY, else the config file's)")
     add_s3_options(p)
     p.set_defaults(func=cmd_publish_set)
 
@@ -73,16 +71,15 @@ def add_parser(sub: Any) -> None:
                    help="the local content store (default: .trtet-blobs beside DIR)")
     f.add_argument("--link", action="store_true",
                    help="place hard links to the store (read-only files, no new disk)")
-    f.add_argument("--replace-needed", action="store_true",
-                   help="replace a .ptd that another .pte of DIR needs (default: refused, "
-                   "and such a .ptd of the previous member is kept)")
+    add_option(f, "--replace-needed", "replace a .ptd that another .pte of DIR needs "
+               "(default: refused, and such a .ptd of the previous member is kept)")
     f.add_argument("--compute-capability", default=None, metavar="X.Y",
                    help="this machine's GPU, instead of asking nvidia-smi")
     f.add_argument("--tensorrt", default=None, metavar="VERSION",
                    help="this machine's TensorRT, instead of the installed package's")
-    f.add_argument("--trusted-key", type=Path, action="append", default=None, metavar="PATH",
-                   help="fetch only a set signed by this public key, each blob checked by "
-                   "sha256 (repeatable; default TRTET_TRUSTED_KEYS, else the config file's)")
+    add_option(f, "--trusted-key", "fetch only a set signed by this public key, each blob "
+               "checked by sha256 (repeatable; default TRTET_TRUSTED_KEYS, else the config "
+               "file's)")
     add_s3_options(f)
     f.set_defaults(func=cmd_fetch_set)
 

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cli._common import add_option
+
 __all__ = ["add_parser", "cmd_inspect", "cmd_verify"]
 
 
@@ -38,7 +40,7 @@ def add_parser(sub: Any) -> None:
         "blob headers of a .pte or .ptd; payload bytes are not read.",
     )
     i.add_argument("file", type=Path, metavar="FILE")
-    i.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_option(i, "--json")
     i.set_defaults(func=cmd_inspect)
 
     v = sub.add_parser(
@@ -70,7 +72,7 @@ def add_parser(sub: Any) -> None:
         help="an engine's expected xxh3-128 digest (repeat for each engine); any TensorRT "
         "engine with another digest is an error",
     )
-    v.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_option(v, "--json")
     v.set_defaults(func=cmd_verify)
 
 
