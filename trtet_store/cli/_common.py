@@ -240,11 +240,14 @@ def _endpoint(exc: BaseException, ctx: ErrorContext) -> list[str]:
 #: so subclasses come before their bases. A class is looked up only in a
 #: module already imported: an error of a module never loaded cannot have been
 #: raised, and botocore is not imported to explain a local failure. Anything
-#: not listed is ``Type: message`` (:func:`one_line`); every error is printed
-#: as ``trtet-store COMMAND: line`` with a non-zero exit, never a traceback
-#: (``-v`` shows it).
+#: not listed is ``Type: message`` (:func:`one_line`), and so is everything but
+#: :data:`PLAIN_ROWS` where the caller asks for ``plain`` (publish's lines name
+#: the type); every error is printed as ``trtet-store COMMAND: line`` with a
+#: non-zero exit, never a traceback (``-v`` shows it).
 ERROR_TABLE: list[tuple[str, str, Callable[[BaseException, ErrorContext], list[str]]]] = [
     ("builtins", "KeyboardInterrupt", _interrupted),
+    ("trtet_store.remote.errors", "UploadKeptError", lambda e, c: [
+        f"{one_line(e)}\n  resume: {c.resume}" if c.resume else one_line(e)]),
     ("botocore.exceptions", "NoCredentialsError", lambda e, c: [
         "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, choose a "
         "profile with AWS_PROFILE, or run where an instance role applies"]),
@@ -278,6 +281,10 @@ ERROR_TABLE: list[tuple[str, str, Callable[[BaseException, ErrorContext], list[s
 ]
 
 
+#: The rows a ``plain`` report still takes: what says how to go on.
+PLAIN_ROWS = ("KeyboardInterrupt", "UploadKeptError")
+
+
 def _table_class(module: str, name: str) -> type | None:
     loaded = sys.modules.get(module)
     cls = getattr(loaded, name, None) if loaded is not None else None
@@ -285,7 +292,7 @@ def _table_class(module: str, name: str) -> type | None:
 
 
 def explain(exc: BaseException, command: str, *, out: os.PathLike | str | None = None,
-            resume: str | None = None) -> list[str]:
+            resume: str | None = None, plain: bool = False) -> list[str]:
     """The lines that say what failed and what to do (each printed after ``trtet-store CMD: ``).
 
     Parameters
@@ -297,7 +304,10 @@ def explain(exc: BaseException, command: str, *, out: os.PathLike | str | None =
     out : path-like, optional
         The command's output, where it has one.
     resume : str, optional
-        The command line that resumes an interrupted run.
+        The command line that resumes an interrupted run (a kept upload's, and the one
+        that gives it up).
+    plain : bool
+        ``Type: message`` but for :data:`PLAIN_ROWS`.
 
     Returns
     -------
@@ -306,17 +316,17 @@ def explain(exc: BaseException, command: str, *, out: os.PathLike | str | None =
     """
     ctx = ErrorContext(command, Path(out) if out is not None else None, resume)
     for module, name, lines in ERROR_TABLE:
-        cls = _table_class(module, name)
+        cls = None if plain and name not in PLAIN_ROWS else _table_class(module, name)
         if cls is not None and isinstance(exc, cls):
             return lines(exc, ctx)
     return [one_line(exc)]
 
 
-def report_error(exc: BaseException, command: str, *, out: os.PathLike | str | None = None,
-                 resume: str | None = None) -> int:
-    """Print :func:`explain`'s lines to stderr; return the exit code (130 interrupted, else 1)."""
-    for line in explain(exc, command, out=out, resume=resume):
-        print(f"trtet-store {command}: {cli_words(line)}", file=sys.stderr)
+def report_error(exc: BaseException, command: str, **context: Any) -> int:
+    """Print :func:`explain`'s lines (``context``: its keywords) to stderr, each through
+    :func:`fail`; return the exit code (130 interrupted, else 1)."""
+    for line in explain(exc, command, **context):
+        fail(command, line)
     return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 

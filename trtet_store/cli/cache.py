@@ -67,6 +67,7 @@ from trtet_store.cli._common import (
     ProgressBar,
     add_option,
     add_s3_options,
+    fail,
     mib,
     report_error,
     size_arg,
@@ -218,14 +219,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from trtet_store import EngineCache
     from trtet_store.cache import default_directory
 
-    if args.action == "keygen":  # no cache directory: a key pair where PATH says
-        return _keygen(args)
     refused = _check_remote_args(args)
     if refused is not None:
         return refused
     directory = args.dir if args.dir is not None else default_directory()
     remote = getattr(args, "remote", None)
     try:
+        if args.action == "keygen":  # no cache directory: a key pair where PATH says
+            return _keygen(args)
         if remote is not None:
             # The URL judged before anything else: no request, no file written.
             from trtet_store.cache.tier import RemoteTier
@@ -237,15 +238,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
                 return REMOTE_ACTIONS[args.action](tier, args)
             if args.action == "pull":
                 args.keys = _keys_as_listed(tier, args.keys)
-    except Exception as exc:
-        return report_error(exc, "cache")
-    if not os.path.lexists(directory) and args.action == "export-timing":
-        print(f"trtet-store cache: no engine cache at {directory}: no timing cache to export "
-              "(nothing written)", file=sys.stderr)
-        return 1
-    if not os.path.lexists(directory) and args.action != "pull":
-        return _absent(args, directory)
-    try:
+        if not os.path.lexists(directory) and args.action == "export-timing":
+            return fail("cache", f"no engine cache at {directory}: no timing cache to export "
+                        "(nothing written)")
+        if not os.path.lexists(directory) and args.action != "pull":
+            return _absent(args, directory)
         # min_free=0: the CLI only reads, or prunes to a byte bound it is given.
         if remote is None:
             # list and stats only look: nothing created, nothing removed (no recovery).
@@ -610,10 +607,7 @@ def _export_timing(cache: Any, args: argparse.Namespace) -> int:
 def _keygen(args: argparse.Namespace) -> int:
     from trtet_store.cache.tier.signing import keygen
 
-    try:
-        public = keygen(args.path)
-    except Exception as exc:
-        return report_error(exc, "cache")
+    public = keygen(args.path)
     if args.json:
         print(json.dumps({"private_key": os.fspath(args.path), "public_key": public.source,
                           "key_id": public.key_id}, indent=1))

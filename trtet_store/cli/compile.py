@@ -199,7 +199,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             args.paths, args.method, out_optional=args.publish is not None)
         backend_config = sources.backend_config(args.backend_config)
     except Exception as exc:
-        return fail("compile-and-save", one_line(exc))
+        return report_error(exc, "compile-and-save", plain=True)
     if out is None:  # --publish without OUT: from the program's pieces, nothing written here
         return _compile_and_publish(args, source, inputs, backend_config, stub)
     kwargs: dict[str, Any] = {"backend": args.backend}

@@ -20,7 +20,6 @@ from trtet_store.cli._common import (
     add_option,
     add_s3_options,
     mib,
-    one_line,
     report_error,
     size_arg,
 )
@@ -125,10 +124,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     try:
         with bar:
             report = fetch(args.url, args.out, **kwargs)
-    except KeyFileError as exc:
-        print(f"{prefix}: {one_line(exc)}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, RemoteError, OSError) as exc:
+    except (KeyboardInterrupt, KeyFileError, RemoteError, OSError) as exc:
         # The CLI's one error table (cli._common.ERROR_TABLE) says what failed and what to do.
         return report_error(exc, "fetch", out=args.out, resume=resume)
     if args.json:

@@ -26,7 +26,7 @@ from trtet_store.cli._common import (
     add_s3_options,
     fail,
     mib,
-    one_line,
+    report_error,
     size_arg,
 )
 from trtet_store.cli._shown import shown
@@ -146,7 +146,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                                           journal_dir=args.journal_dir) is None:
             return _fail(f"--resume: no interrupted publish of {url} to resume")
     except (remote.RemoteError, ValueError) as exc:
-        return _fail(one_line(exc))
+        return report_error(exc, "publish", plain=True)
     import trtet_store
 
     bar = progress_bar(args)
@@ -159,11 +159,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     try:
         with bar, warnings_shown(args, bar):
             report = trtet_store.publish(files, url, **kwargs)
-    except remote.UploadKeptError as exc:
-        return _fail(f"{one_line(exc)}\n  resume: trtet-store publish --resume "
-                     f"{' '.join(files)} {url}\n  give up: trtet-store publish --abort {url}")
     except (remote.RemoteError, OSError, ValueError, TypeError) as exc:
-        return _fail(one_line(exc))
+        again = f"trtet-store publish --resume {' '.join(files)} {url}"
+        return report_error(exc, "publish", plain=True,
+                            resume=f"{again}\n  give up: trtet-store publish --abort {url}")
     print_report(report, url, args.json)
     return 0
 

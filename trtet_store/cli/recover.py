@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import add_option
+from trtet_store.cli._common import add_option, report_error
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_recover"]
@@ -70,8 +70,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     try:
         outcomes = trtet_store.recover(args.dir, abandon=args.abandon)
     except Exception as exc:
-        print(f"trtet-store recover: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return report_error(exc, "recover", plain=True)
     if args.json:
         print(json.dumps([o.to_json() for o in outcomes], indent=1))
     elif outcomes:

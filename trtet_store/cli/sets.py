@@ -177,9 +177,7 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"{prefix}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
-    except KeyFileError as exc:
-        return report_error(exc, "fetch-set", out=args.out)
-    except (KeyboardInterrupt, RemoteError, OSError) as exc:
+    except (KeyboardInterrupt, KeyFileError, RemoteError, OSError) as exc:
         # Ctrl-C says to run the same fetch-set again (a network failure's message does).
         again = fetch_set_command(args.url, Path(args.out).absolute(), args.member,
                                   machine=machine, store=args.store, link=args.link,
