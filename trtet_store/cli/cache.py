@@ -528,16 +528,19 @@ def _remote_list(tier: Any, args: argparse.Namespace) -> int:
 
 
 def _remote_prune(tier: Any, args: argparse.Namespace) -> int:
-    removed = tier.prune(args.older_than, dry_run=args.dry_run)
+    kept: dict[str, str] = {}
+    removed = tier.prune(args.older_than, dry_run=args.dry_run, kept=kept)
     if args.json:
         print(json.dumps({"removed": removed, "older_than": args.older_than,
-                          "dry_run": args.dry_run}, indent=1))
+                          "dry_run": args.dry_run, "kept": kept}, indent=1))
         return 0
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {len(removed)} entries and leftovers older than {args.older_than:g} s "
           f"from {tier.url}")
     for name in removed:
         print(f"  {name}")
+    for name, why in sorted(kept.items()):
+        print(f"  kept {name}: {why}")
     return 0
 
 
