@@ -167,11 +167,12 @@ def cli_words(text: str) -> str:
     return text
 
 
-def fail(command: str, text: str) -> int:
+def fail(command: str, text: str, code: int = 1) -> int:
     """Print ``trtet-store COMMAND: text`` to stderr, in the CLI's spelling
-    (:func:`cli_words`); return the exit code 1."""
+    (:func:`cli_words`); return the exit code ``code`` (2: a usage error found after
+    parsing, as argparse's own)."""
     print(f"trtet-store {command}: {cli_words(text)}", file=sys.stderr)
-    return 1
+    return code
 
 
 @contextlib.contextmanager

@@ -56,7 +56,6 @@ import dataclasses
 import json
 import os
 import re
-import sys
 import time
 import types
 from pathlib import Path
@@ -186,9 +185,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _usage(text: str) -> int:
-    """A usage error found after parsing: one line, exit code 2 (as argparse's own)."""
-    print(f"trtet-store cache: {text}", file=sys.stderr)
-    return 2
+    return fail("cache", text, 2)
 
 
 def _check_remote_args(args: argparse.Namespace) -> int | None:

@@ -182,8 +182,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     try:
         stub = stub_builder(args.backend)
     except StubBuilderError as exc:
-        print(f"trtet-store compile-and-save: {exc}", file=sys.stderr)
-        return 2
+        return fail("compile-and-save", str(exc), 2)
     if stub is not None:
         print(f"trtet-store compile-and-save: {ENV}=1: engines are built by the stub builder "
               "(a test aid, no TensorRT): the programs hold no runnable engine",

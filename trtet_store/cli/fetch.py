@@ -19,6 +19,7 @@ from trtet_store.cli._common import (
     ProgressBar,
     add_option,
     add_s3_options,
+    fail,
     mib,
     report_error,
     size_arg,
@@ -106,12 +107,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from trtet_store.remote.download.receive import fetch, resume_command
     from trtet_store.remote.keys import KeyFileError
 
-    prefix = "trtet-store fetch"
     try:
         options = _options(args)
     except ValueError as exc:
-        print(f"{prefix}: {exc}", file=sys.stderr)
-        return 2
+        return fail("fetch", str(exc), 2)
     flags = {"replace_needed": args.replace_needed, "program_only": args.program_only}
     resume = resume_command(args.url, args.out, reuse=args.reuse,
                             endpoint_url=args.endpoint_url, if_replaced=args.if_replaced,
@@ -143,5 +142,5 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     for path in report.removed:
         print(f"  {shown(path)}: removed (the previous version's; no longer in the manifest)")
     if not report.verified:
-        print(f"{prefix}: warning: {report.unverified_reason}", file=sys.stderr)
+        print(f"trtet-store fetch: warning: {report.unverified_reason}", file=sys.stderr)
     return 0

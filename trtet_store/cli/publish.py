@@ -70,10 +70,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_publish)
 
 
-def _fail(text: str) -> int:
-    return fail("publish", text)
-
-
 def _postfix(p: Any) -> str:
     """What a :class:`~trtet_store.remote.report.PublishProgress` update adds to the bar."""
     return (f"sent {mib(p.sent)}, copied {mib(p.copied)}"
@@ -141,10 +137,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if args.abort:
             return _abort(files, url, args)
         if not files:
-            return _fail("give the files to publish, then s3://BUCKET/KEY")
+            return fail("publish", "give the files to publish, then s3://BUCKET/KEY")
         if args.resume and remote.pending(url, endpoint_url=args.endpoint_url,
                                           journal_dir=args.journal_dir) is None:
-            return _fail(f"--resume: no interrupted publish of {url} to resume")
+            return fail("publish", f"--resume: no interrupted publish of {url} to resume")
     except (remote.RemoteError, ValueError) as exc:
         return report_error(exc, "publish", plain=True)
     import trtet_store
@@ -187,7 +183,7 @@ def _list(files: list[str], url: str, args: argparse.Namespace) -> int:
     from trtet_store import remote
 
     if files:
-        return _fail("--list takes only s3://BUCKET[/PREFIX]")
+        return fail("publish", "--list takes only s3://BUCKET[/PREFIX]")
     uploads = remote.list_uploads(url, endpoint_url=args.endpoint_url)
     for u in uploads:
         print(f"{u.initiated}  {shown(u.upload_id)}  {shown(u.key)}")  # the bucket's names
@@ -201,7 +197,7 @@ def _abort(files: list[str], url: str, args: argparse.Namespace) -> int:
     from trtet_store import remote
 
     if files:
-        return _fail("--abort takes only s3://BUCKET/KEY")
+        return fail("publish", "--abort takes only s3://BUCKET/KEY")
     aborted = remote.abort(url, endpoint_url=args.endpoint_url, journal_dir=args.journal_dir)
     bucket = url[5:].partition("/")[0]
     for u in aborted:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import add_option, report_error
+from trtet_store.cli._common import add_option, fail, report_error
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_recover"]
@@ -65,8 +65,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     import trtet_store
 
     if not args.dir.is_dir():
-        print(f"trtet-store recover: {args.dir} is not a directory", file=sys.stderr)
-        return 1
+        return fail("recover", f"{args.dir} is not a directory")
     try:
         outcomes = trtet_store.recover(args.dir, abandon=args.abandon)
     except Exception as exc:
@@ -145,8 +144,7 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
     try:
         found = interrupted_fetches(args.dir)
     except StagingLinkError as exc:
-        print(f"trtet-store recover: {exc.strerror}", file=sys.stderr)
-        return False, 0
+        return not fail("recover", f"{exc.strerror}"), 0
     ok = True
     out = sys.stderr if args.json else sys.stdout  # --json's stdout is the JSON alone
     discard = shown(shlex.join(["trtet-store", "recover", os.fspath(args.dir),
@@ -160,8 +158,7 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
             try:
                 removed = discard_fetch(args.dir, f)
             except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
-                print(f"trtet-store recover: {exc}", file=sys.stderr)
-                ok = False
+                ok = not fail("recover", str(exc))
                 continue
             print(f"discarded fetch {what} ({staged}: {removed} staged file(s) and its "
                   "journal removed)", file=out)
@@ -221,8 +218,7 @@ def _store_fetches(args: argparse.Namespace, out: Any, discard: str) -> tuple[bo
             try:
                 removed = discard_fetch(store, f)
             except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
-                print(f"trtet-store recover: {exc}", file=sys.stderr)
-                ok = False
+                ok = not fail("recover", str(exc))
                 continue
             print(f"discarded the set store's download of {what} ({staged}: {removed} staged "
                   f"file(s) and its journal removed from {shown(store / STAGING_DIR)})",

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import add_option, add_s3_options, mib, report_error
+from trtet_store.cli._common import add_option, add_s3_options, fail, mib, report_error
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_fetch_set", "cmd_publish_set"]
@@ -111,16 +111,13 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
     from trtet_store.remote import PublishConfig, RemoteError
     from trtet_store.sets import Member, publish_set
 
-    prefix = "trtet-store publish-set"
     members: dict[str, Any] = {}
     for name, *files in args.member:
         if not files:
-            print(f"{prefix}: --member {name}: give its .pte (and .ptd files) after the name",
-                  file=sys.stderr)
-            return 2
+            return fail("publish-set", f"--member {name}: give its .pte (and .ptd files) after "
+                        "the name", 2)
         if name in members:
-            print(f"{prefix}: --member {name} given twice", file=sys.stderr)
-            return 2
+            return fail("publish-set", f"--member {name} given twice", 2)
         members[name] = files
     try:
         needs = _needs(args.needs, set(members))
@@ -129,8 +126,7 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
         if not 0 <= args.gc_grace < float("inf"):
             raise ValueError(f"--gc-grace must be a number of hours >= 0, not {args.gc_grace}")
     except (TypeError, ValueError) as exc:
-        print(f"{prefix}: {exc}", file=sys.stderr)
-        return 2
+        return fail("publish-set", str(exc), 2)
     try:
         report = publish_set(members, args.url, endpoint_url=args.endpoint_url, config=config,
                              if_exists="replace" if args.replace else "error",
@@ -160,7 +156,6 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
     from trtet_store.sets import Machine, fetch_set
     from trtet_store.sets.fetch import fetch_set_command
 
-    prefix = "trtet-store fetch-set"
     machine = None
     if args.compute_capability is not None or args.tensorrt is not None:
         try:
@@ -168,15 +163,13 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
             machine = Machine(args.compute_capability or detected.compute_capability,
                               args.tensorrt or detected.tensorrt)
         except ValueError as exc:
-            print(f"{prefix}: {exc}", file=sys.stderr)
-            return 2
+            return fail("fetch-set", str(exc), 2)
     try:
         report = fetch_set(args.url, args.out, args.member, machine=machine, store=args.store,
                            link=args.link, endpoint_url=args.endpoint_url,
                            replace_needed=args.replace_needed, trusted_keys=args.trusted_key)
     except KeyError as exc:
-        print(f"{prefix}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 1
+        return fail("fetch-set", str(exc.args[0] if exc.args else exc))
     except (KeyboardInterrupt, KeyFileError, RemoteError, OSError) as exc:
         # Ctrl-C says to run the same fetch-set again (a network failure's message does).
         again = fetch_set_command(args.url, Path(args.out).absolute(), args.member,
@@ -186,7 +179,7 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
                                   trusted_keys=args.trusted_key)
         return report_error(exc, "fetch-set", out=args.out, resume=again)
     for line in report.left_alone:  # a file we did not make: said, never acted on
-        print(f"{prefix}: {line}", file=sys.stderr)
+        print(f"trtet-store fetch-set: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import add_option
+from trtet_store.cli._common import add_option, fail
 
 __all__ = ["add_parser", "cmd_inspect", "cmd_verify"]
 
@@ -83,8 +82,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         ins = inspect_file(args.file)
     except OSError as exc:
-        print(f"trtet-store inspect: {exc}", file=sys.stderr)
-        return 1
+        return fail("inspect", str(exc))
     if args.json:
         print(json.dumps(ins.to_json(), indent=1))
     else:
@@ -100,12 +98,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         result = verify(args.file, data=args.data, run=args.run,
                         engine_digests=args.engine_digest)
     except (OSError, ValueError) as exc:
-        print(f"trtet-store verify: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError) else 1
+        return fail("verify", str(exc), 2 if isinstance(exc, ValueError) else 1)
     member = _set_member(args.file)
     if isinstance(member, str):
-        print(f"trtet-store verify: {member}", file=sys.stderr)
-        return 1
+        return fail("verify", member)
     if args.json:
         doc = result.to_json()
         if member is not None:
