@@ -59,3 +59,42 @@ def test_a_bad_key_file_is_one_line_through_the_table(tmp_path, capsys) -> None:
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("trtet-store fetch: KeyFileError: ") and os.fspath(key) in line, line
     assert list(out.parent.iterdir()) == []
+
+
+def test_each_shared_option_is_declared_once() -> None:
+    """A flag of ``OPTIONS`` is added only through ``add_option``: on every command that has
+    it, the same type, action, default and metavar; no command module declares it again."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    import trtet_store.cli as cli
+    from trtet_store.cli import build_parser
+    from trtet_store.cli._common import OPTIONS
+
+    pattern = re.compile(r"add_argument\(\s*\"(--[a-z-]+)\"")
+    for source in Path(cli.__file__).parent.glob("*.py"):
+        declared = set(pattern.findall(source.read_text())) & set(OPTIONS)
+        assert not declared, f"{source.name} declares {sorted(declared)} itself"
+
+    def parsers(p: argparse.ArgumentParser):
+        yield p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    yield from parsers(sub)
+
+    seen: dict[str, int] = {}
+    for p in parsers(build_parser()):
+        for a in p._actions:
+            flag = next((s for s in a.option_strings if s in OPTIONS), None)
+            if flag is None:
+                continue
+            seen[flag] = seen.get(flag, 0) + 1
+            want = OPTIONS[flag]
+            assert (a.type, a.metavar) == (want.get("type"), want.get("metavar")), (p.prog, flag)
+            kind = {"store_true": argparse._StoreTrueAction,
+                    "append": argparse._AppendAction}.get(want.get("action"),
+                                                           argparse._StoreAction)
+            assert type(a) is kind, (p.prog, flag)
+    assert all(n >= 2 for n in seen.values()) and set(seen) == set(OPTIONS), seen
