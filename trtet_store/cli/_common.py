@@ -25,10 +25,10 @@ from typing import Any
 
 from trtet_store.io.units import format_mib, parse_size
 
-__all__ = ["DEFAULT_WIDTH", "ERROR_TABLE", "LOG_INTERVAL", "ErrorContext", "OptionValueError",
-           "Parser", "ProgressBar", "add_s3_options", "bar_interval", "cli_words",
-           "endpoint_url_arg", "explain", "fail", "mib", "one_line", "report_error",
-           "sigterm_as_exit", "size_arg"]
+__all__ = ["DEFAULT_WIDTH", "ERROR_TABLE", "LOG_INTERVAL", "OPTIONS", "ErrorContext",
+           "OptionValueError", "Parser", "ProgressBar", "add_option", "add_s3_options",
+           "bar_interval", "cli_words", "endpoint_url_arg", "explain", "fail", "mib", "one_line",
+           "report_error", "sigterm_as_exit", "size_arg"]
 
 
 class OptionValueError(argparse.ArgumentTypeError):
@@ -79,18 +79,45 @@ def endpoint_url_arg(text: str) -> str:
     return text
 
 
-def add_s3_options(parser: argparse.ArgumentParser) -> None:
+#: The options several commands take, each declared once: its argparse keywords, and
+#: the help every command shows unless it says what the option does there (huggingface_hub's
+#: ``TokenOpt``/``RevisionOpt``). :func:`add_option` adds one.
+OPTIONS: dict[str, dict[str, Any]] = {
+    "--endpoint-url": {"default": None, "type": endpoint_url_arg,
+                       "metavar": "http(s)://HOST[:PORT]", "help": "the S3 endpoint (default: "
+                       "what boto3 finds, e.g. AWS_ENDPOINT_URL)"},
+    "--json": {"action": "store_true", "help": "print JSON instead of text"},
+    "--no-progress": {"action": "store_true",
+                      "help": "no progress bar (there is none when stderr is no terminal)"},
+    "--replace": {"action": "store_true"},
+    "--replace-needed": {"action": "store_true"},
+    "--journal-dir": {"type": Path, "default": None, "metavar": "DIR"},
+    "--signing-key": {"type": Path, "default": None, "metavar": "PATH"},
+    "--trusted-key": {"type": Path, "action": "append", "default": None, "metavar": "PATH"},
+}
+
+
+def add_option(parser: argparse.ArgumentParser, flag: str, help: str | None = None,
+               **changes: Any) -> None:
+    """Add the shared option ``flag`` (:data:`OPTIONS`) to ``parser``, with ``help`` where
+    the command says what it does there, and ``changes`` to its keywords (a default)."""
+    parser.add_argument(flag, **{**OPTIONS[flag], **({"help": help} if help else {}),
+                                 **changes})
+
+
+def add_s3_options(parser: argparse.ArgumentParser, *, json: bool = True,
+                   progress: bool = True) -> None:
     """Add the options of every command that talks to S3 (publish, fetch, compile-and-save).
 
     ``--endpoint-url`` (default: what boto3 finds), ``--json`` (print the
-    report as JSON) and ``--no-progress``.
+    report as JSON; ``json=False`` where the command has its own) and
+    ``--no-progress`` (``progress=False``: the command draws no bar).
     """
-    parser.add_argument("--endpoint-url", default=None, type=endpoint_url_arg,
-                        metavar="http(s)://HOST[:PORT]",
-                        help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no progress bar (there is none when stderr is no terminal)")
+    add_option(parser, "--endpoint-url")
+    if json:
+        add_option(parser, "--json", "print the report as JSON")
+    if progress:
+        add_option(parser, "--no-progress")
 
 
 def size_arg(text: str) -> int:
@@ -140,11 +167,12 @@ def cli_words(text: str) -> str:
     return text
 
 
-def fail(command: str, text: str) -> int:
+def fail(command: str, text: str, code: int = 1) -> int:
     """Print ``trtet-store COMMAND: text`` to stderr, in the CLI's spelling
-    (:func:`cli_words`); return the exit code 1."""
+    (:func:`cli_words`); return the exit code ``code`` (2: a usage error found after
+    parsing, as argparse's own)."""
     print(f"trtet-store {command}: {cli_words(text)}", file=sys.stderr)
-    return 1
+    return code
 
 
 @contextlib.contextmanager
@@ -213,11 +241,14 @@ def _endpoint(exc: BaseException, ctx: ErrorContext) -> list[str]:
 #: so subclasses come before their bases. A class is looked up only in a
 #: module already imported: an error of a module never loaded cannot have been
 #: raised, and botocore is not imported to explain a local failure. Anything
-#: not listed is ``Type: message`` (:func:`one_line`); every error is printed
-#: as ``trtet-store COMMAND: line`` with a non-zero exit, never a traceback
-#: (``-v`` shows it).
+#: not listed is ``Type: message`` (:func:`one_line`), and so is everything but
+#: :data:`PLAIN_ROWS` where the caller asks for ``plain`` (publish's lines name
+#: the type); every error is printed as ``trtet-store COMMAND: line`` with a
+#: non-zero exit, never a traceback (``-v`` shows it).
 ERROR_TABLE: list[tuple[str, str, Callable[[BaseException, ErrorContext], list[str]]]] = [
     ("builtins", "KeyboardInterrupt", _interrupted),
+    ("trtet_store.remote.errors", "UploadKeptError", lambda e, c: [
+        f"{one_line(e)}\n  resume: {c.resume}" if c.resume else one_line(e)]),
     ("botocore.exceptions", "NoCredentialsError", lambda e, c: [
         "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, choose a "
         "profile with AWS_PROFILE, or run where an instance role applies"]),
@@ -251,6 +282,10 @@ ERROR_TABLE: list[tuple[str, str, Callable[[BaseException, ErrorContext], list[s
 ]
 
 
+#: The rows a ``plain`` report still takes: what says how to go on.
+PLAIN_ROWS = ("KeyboardInterrupt", "UploadKeptError")
+
+
 def _table_class(module: str, name: str) -> type | None:
     loaded = sys.modules.get(module)
     cls = getattr(loaded, name, None) if loaded is not None else None
@@ -258,7 +293,7 @@ def _table_class(module: str, name: str) -> type | None:
 
 
 def explain(exc: BaseException, command: str, *, out: os.PathLike | str | None = None,
-            resume: str | None = None) -> list[str]:
+            resume: str | None = None, plain: bool = False) -> list[str]:
     """The lines that say what failed and what to do (each printed after ``trtet-store CMD: ``).
 
     Parameters
@@ -270,7 +305,10 @@ def explain(exc: BaseException, command: str, *, out: os.PathLike | str | None =
     out : path-like, optional
         The command's output, where it has one.
     resume : str, optional
-        The command line that resumes an interrupted run.
+        The command line that resumes an interrupted run (a kept upload's, and the one
+        that gives it up).
+    plain : bool
+        ``Type: message`` but for :data:`PLAIN_ROWS`.
 
     Returns
     -------
@@ -279,17 +317,17 @@ def explain(exc: BaseException, command: str, *, out: os.PathLike | str | None =
     """
     ctx = ErrorContext(command, Path(out) if out is not None else None, resume)
     for module, name, lines in ERROR_TABLE:
-        cls = _table_class(module, name)
+        cls = None if plain and name not in PLAIN_ROWS else _table_class(module, name)
         if cls is not None and isinstance(exc, cls):
             return lines(exc, ctx)
     return [one_line(exc)]
 
 
-def report_error(exc: BaseException, command: str, *, out: os.PathLike | str | None = None,
-                 resume: str | None = None) -> int:
-    """Print :func:`explain`'s lines to stderr; return the exit code (130 interrupted, else 1)."""
-    for line in explain(exc, command, out=out, resume=resume):
-        print(f"trtet-store {command}: {cli_words(line)}", file=sys.stderr)
+def report_error(exc: BaseException, command: str, **context: Any) -> int:
+    """Print :func:`explain`'s lines (``context``: its keywords) to stderr, each through
+    :func:`fail`; return the exit code (130 interrupted, else 1)."""
+    for line in explain(exc, command, **context):
+        fail(command, line)
     return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 

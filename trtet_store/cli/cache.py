@@ -56,7 +56,6 @@ import dataclasses
 import json
 import os
 import re
-import sys
 import time
 import types
 from pathlib import Path
@@ -65,7 +64,9 @@ from typing import Any
 from trtet_store.cli._common import (
     OptionValueError,
     ProgressBar,
-    endpoint_url_arg,
+    add_option,
+    add_s3_options,
+    fail,
     mib,
     report_error,
     size_arg,
@@ -87,9 +88,7 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     default: Any = argparse.SUPPRESS if suppress else None
     parser.add_argument("--dir", type=Path, default=default, metavar="DIR",
                         help="the cache directory (default: $XDG_CACHE_HOME/trtet_store/engines)")
-    parser.add_argument("--json", action="store_true",
-                        default=argparse.SUPPRESS if suppress else False,
-                        help="print JSON instead of text")
+    add_option(parser, "--json", default=argparse.SUPPRESS if suppress else False)
 
 
 #: ``--older-than`` units, in seconds.
@@ -114,25 +113,6 @@ def parse_age(text: str) -> float:
         raise OptionValueError(f"an age cannot be negative: {text!r}; give how long ago, "
                                "e.g. 7d (0s: everything)")
     return float(m.group(2)) * AGE_UNITS[m.group(3)]
-
-
-def _remote_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    # Not add_s3_options: its --json would collide with the cache command's own.
-    parser.add_argument("--remote", required=required, default=None,
-                        metavar="s3://BUCKET[/PREFIX]",
-                        help="the shared tier: a bucket (and a prefix) every machine uses")
-    parser.add_argument("--endpoint-url", default=None, type=endpoint_url_arg,
-                        metavar="http(s)://HOST[:PORT]",
-                        help="the S3 endpoint (default: what boto3 finds, e.g. AWS_ENDPOINT_URL)")
-
-
-def _key_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
-                        help="with --remote: sign the entries published with this ed25519 "
-                        "private key (default: TRTET_SIGNING_KEY or the config file)")
-    parser.add_argument("--trusted-key", type=Path, action="append", default=None,
-                        metavar="PATH", help="with --remote: accept only entries signed by this "
-                        "public key (repeatable; default: TRTET_TRUSTED_KEYS or the config file)")
 
 
 def add_parser(sub: Any) -> None:
@@ -174,9 +154,16 @@ def add_parser(sub: Any) -> None:
             a.add_argument("--dry-run", action="store_true",
                            help="with --remote: say what would be removed, remove nothing")
         if name in ("list", "prune", "push", "pull"):
-            _remote_options(a, required=name in ("push", "pull"))
+            a.add_argument("--remote", required=name in ("push", "pull"), default=None,
+                           metavar="s3://BUCKET[/PREFIX]",
+                           help="the shared tier: a bucket (and a prefix) every machine uses")
+            # Not add_s3_options' --json: the cache command has its own.
+            add_s3_options(a, json=False, progress=name in ("push", "pull"))
         if name in ("list", "push", "pull"):
-            _key_options(a)
+            add_option(a, "--signing-key", "with --remote: sign the entries published with "
+                       "this ed25519 private key (default: TRTET_SIGNING_KEY or the config file)")
+            add_option(a, "--trusted-key", "with --remote: accept only entries signed by this "
+                       "public key (repeatable; default: TRTET_TRUSTED_KEYS or the config file)")
         if name == "export-timing":
             a.add_argument("out", type=Path, metavar="OUT",
                            help="the file to write (atomically; an existing one is left alone "
@@ -185,14 +172,10 @@ def add_parser(sub: Any) -> None:
                            help="the timing entry (trt-t-..., as `cache list` shows it, or a "
                            "prefix naming one); default: the one made for this machine's GPU, "
                            "TensorRT, CUDA and driver")
-            a.add_argument("--replace", action="store_true",
-                           help="overwrite OUT if it exists")
+            add_option(a, "--replace", "overwrite OUT if it exists")
         if name == "keygen":
             a.add_argument("path", type=Path, metavar="PATH",
                            help="the private key file to create (the public one: PATH.pub)")
-        if name in ("push", "pull"):
-            a.add_argument("--no-progress", action="store_true",
-                           help="no progress bar (there is none when stderr is no terminal)")
         if name == "push":
             a.add_argument("keys", nargs="*", metavar="KEY",
                            help="build keys to publish (default: every local build)")
@@ -202,9 +185,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _usage(text: str) -> int:
-    """A usage error found after parsing: one line, exit code 2 (as argparse's own)."""
-    print(f"trtet-store cache: {text}", file=sys.stderr)
-    return 2
+    return fail("cache", text, 2)
 
 
 def _check_remote_args(args: argparse.Namespace) -> int | None:
@@ -235,14 +216,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from trtet_store import EngineCache
     from trtet_store.cache import default_directory
 
-    if args.action == "keygen":  # no cache directory: a key pair where PATH says
-        return _keygen(args)
     refused = _check_remote_args(args)
     if refused is not None:
         return refused
     directory = args.dir if args.dir is not None else default_directory()
     remote = getattr(args, "remote", None)
     try:
+        if args.action == "keygen":  # no cache directory: a key pair where PATH says
+            return _keygen(args)
         if remote is not None:
             # The URL judged before anything else: no request, no file written.
             from trtet_store.cache.tier import RemoteTier
@@ -254,15 +235,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
                 return REMOTE_ACTIONS[args.action](tier, args)
             if args.action == "pull":
                 args.keys = _keys_as_listed(tier, args.keys)
-    except Exception as exc:
-        return report_error(exc, "cache")
-    if not os.path.lexists(directory) and args.action == "export-timing":
-        print(f"trtet-store cache: no engine cache at {directory}: no timing cache to export "
-              "(nothing written)", file=sys.stderr)
-        return 1
-    if not os.path.lexists(directory) and args.action != "pull":
-        return _absent(args, directory)
-    try:
+        if not os.path.lexists(directory) and args.action == "export-timing":
+            return fail("cache", f"no engine cache at {directory}: no timing cache to export "
+                        "(nothing written)")
+        if not os.path.lexists(directory) and args.action != "pull":
+            return _absent(args, directory)
         # min_free=0: the CLI only reads, or prunes to a byte bound it is given.
         if remote is None:
             # list and stats only look: nothing created, nothing removed (no recovery).
@@ -548,16 +525,19 @@ def _remote_list(tier: Any, args: argparse.Namespace) -> int:
 
 
 def _remote_prune(tier: Any, args: argparse.Namespace) -> int:
-    removed = tier.prune(args.older_than, dry_run=args.dry_run)
+    kept: dict[str, str] = {}
+    removed = tier.prune(args.older_than, dry_run=args.dry_run, kept=kept)
     if args.json:
         print(json.dumps({"removed": removed, "older_than": args.older_than,
-                          "dry_run": args.dry_run}, indent=1))
+                          "dry_run": args.dry_run, "kept": kept}, indent=1))
         return 0
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {len(removed)} entries and leftovers older than {args.older_than:g} s "
           f"from {tier.url}")
     for name in removed:
         print(f"  {name}")
+    for name, why in sorted(kept.items()):
+        print(f"  kept {name}: {why}")
     return 0
 
 
@@ -627,10 +607,7 @@ def _export_timing(cache: Any, args: argparse.Namespace) -> int:
 def _keygen(args: argparse.Namespace) -> int:
     from trtet_store.cache.tier.signing import keygen
 
-    try:
-        public = keygen(args.path)
-    except Exception as exc:
-        return report_error(exc, "cache")
+    public = keygen(args.path)
     if args.json:
         print(json.dumps({"private_key": os.fspath(args.path), "public_key": public.source,
                           "key_id": public.key_id}, indent=1))

@@ -19,6 +19,7 @@ from typing import Any
 from trtet_store.cli._common import (
     OptionValueError,
     ProgressBar,
+    add_option,
     add_s3_options,
     fail,
     mib,
@@ -135,20 +136,16 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="with --versioned (implied), keep N versions instead of 3",
     )
-    c.add_argument(
-        "--replace-needed",
-        action="store_true",
-        help="replace a .ptd that another .pte beside OUT needs (by default refused, before "
-        "the build: ExecuTorch names .ptd files by tag, so two programs collide)",
-    )
+    add_option(c, "--replace-needed", "replace a .ptd that another .pte beside OUT needs (by "
+               "default refused, before the build: ExecuTorch names .ptd files by tag, so two "
+               "programs collide)")
     c.add_argument(
         "--publish", default=None, metavar="s3://BUCKET/KEY.pte",
         help="publish the program there (as `trtet-store publish` does). Without OUT, "
              "nothing local is written: the program is exported, its engines staged in a "
              "temporary store under --store (default: the current directory), and published "
              "straight from its pieces; with OUT, the files written are published")
-    c.add_argument("--replace", action="store_true",
-                   help="with --publish: replace an existing program there")
+    add_option(c, "--replace", "with --publish: replace an existing program there")
     c.add_argument(
         "--engine-cache", nargs="?", const="", default=None, metavar="DIR",
         help="take engines from the engine cache and put new builds in it (a hit skips the "
@@ -167,15 +164,12 @@ def add_parser(sub: Any) -> None:
              "a cached engine whose file is unchanged since it was sealed (device, inode, "
              "size, mtime, ctime) without reading it; full reads and digests every hit "
              "again. `trtet-store cache verify` scrubs the whole cache")
-    c.add_argument(
-        "--signing-key", type=Path, default=None, metavar="PATH",
-        help="with --engine-cache-remote: sign what is published with this ed25519 private "
-             "key (`trtet-store cache keygen`; default: TRTET_SIGNING_KEY or the config file)")
-    c.add_argument(
-        "--trusted-key", type=Path, action="append", default=None, metavar="PATH",
-        help="with --engine-cache-remote: use only shared entries signed by this public key "
-             "(repeatable; default: TRTET_TRUSTED_KEYS or the config file); others are a "
-             "miss, never served")
+    add_option(c, "--signing-key", "with --engine-cache-remote: sign what is published with "
+               "this ed25519 private key (`trtet-store cache keygen`; default: "
+               "TRTET_SIGNING_KEY or the config file)")
+    add_option(c, "--trusted-key", "with --engine-cache-remote: use only shared entries "
+               "signed by this public key (repeatable; default: TRTET_TRUSTED_KEYS or the "
+               "config file); others are a miss, never served")
     add_s3_options(c)  # --endpoint-url, --json, --no-progress
     c.set_defaults(func=cmd_compile_and_save)
 
@@ -188,8 +182,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
     try:
         stub = stub_builder(args.backend)
     except StubBuilderError as exc:
-        print(f"trtet-store compile-and-save: {exc}", file=sys.stderr)
-        return 2
+        return fail("compile-and-save", str(exc), 2)
     if stub is not None:
         print(f"trtet-store compile-and-save: {ENV}=1: engines are built by the stub builder "
               "(a test aid, no TensorRT): the programs hold no runnable engine",
@@ -205,7 +198,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
             args.paths, args.method, out_optional=args.publish is not None)
         backend_config = sources.backend_config(args.backend_config)
     except Exception as exc:
-        return fail("compile-and-save", one_line(exc))
+        return report_error(exc, "compile-and-save", plain=True)
     if out is None:  # --publish without OUT: from the program's pieces, nothing written here
         return _compile_and_publish(args, source, inputs, backend_config, stub)
     kwargs: dict[str, Any] = {"backend": args.backend}

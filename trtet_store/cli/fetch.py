@@ -17,9 +17,10 @@ from typing import Any
 
 from trtet_store.cli._common import (
     ProgressBar,
+    add_option,
     add_s3_options,
+    fail,
     mib,
-    one_line,
     report_error,
     size_arg,
 )
@@ -50,16 +51,14 @@ def add_parser(sub: Any) -> None:
                    help="bytes per GET, 1M to 1G (e.g. 16M; default 32M)")
     f.add_argument("--if-replaced", choices=("restart", "error"), default="restart",
                    help="when the program is replaced mid-fetch: start again (default) or fail")
-    f.add_argument("--replace-needed", action="store_true",
-                   help="replace a .ptd that another .pte of OUT's directory needs (default: "
-                   "refused; fetch into a directory of its own instead)")
+    add_option(f, "--replace-needed", "replace a .ptd that another .pte of OUT's directory "
+               "needs (default: refused; fetch into a directory of its own instead)")
     f.add_argument("--program-only", action="store_true",
                    help="fetch a .pte that has no manifest though it needs .ptd files "
                    "(default: refused, naming them)")
-    f.add_argument("--trusted-key", type=Path, action="append", default=None, metavar="PATH",
-                   help="fetch only a program whose manifest this public key signed, each "
-                   "byte checked by sha256 (repeatable; default TRTET_TRUSTED_KEYS, else the "
-                   "config file's)")
+    add_option(f, "--trusted-key", "fetch only a program whose manifest this public key "
+               "signed, each byte checked by sha256 (repeatable; default TRTET_TRUSTED_KEYS, "
+               "else the config file's)")
     add_s3_options(f)  # --endpoint-url, --json, --no-progress
     f.set_defaults(func=cmd_fetch)
 
@@ -108,12 +107,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from trtet_store.remote.download.receive import fetch, resume_command
     from trtet_store.remote.keys import KeyFileError
 
-    prefix = "trtet-store fetch"
     try:
         options = _options(args)
     except ValueError as exc:
-        print(f"{prefix}: {exc}", file=sys.stderr)
-        return 2
+        return fail("fetch", str(exc), 2)
     flags = {"replace_needed": args.replace_needed, "program_only": args.program_only}
     resume = resume_command(args.url, args.out, reuse=args.reuse,
                             endpoint_url=args.endpoint_url, if_replaced=args.if_replaced,
@@ -126,10 +123,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     try:
         with bar:
             report = fetch(args.url, args.out, **kwargs)
-    except KeyFileError as exc:
-        print(f"{prefix}: {one_line(exc)}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, RemoteError, OSError) as exc:
+    except (KeyboardInterrupt, KeyFileError, RemoteError, OSError) as exc:
         # The CLI's one error table (cli._common.ERROR_TABLE) says what failed and what to do.
         return report_error(exc, "fetch", out=args.out, resume=resume)
     if args.json:
@@ -148,5 +142,5 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     for path in report.removed:
         print(f"  {shown(path)}: removed (the previous version's; no longer in the manifest)")
     if not report.verified:
-        print(f"{prefix}: warning: {report.unverified_reason}", file=sys.stderr)
+        print(f"trtet-store fetch: warning: {report.unverified_reason}", file=sys.stderr)
     return 0

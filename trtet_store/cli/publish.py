@@ -20,7 +20,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import ProgressBar, add_s3_options, fail, mib, one_line, size_arg
+from trtet_store.cli._common import (
+    ProgressBar,
+    add_option,
+    add_s3_options,
+    fail,
+    mib,
+    report_error,
+    size_arg,
+)
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_publish", "print_interrupted", "print_report", "progress_bar"]
@@ -40,8 +48,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("paths", nargs="+", metavar="FILE... s3://BUCKET/KEY",
                    help="the files, then the destination (with --abort or --list: only the "
                         "destination)")
-    p.add_argument("--replace", action="store_true",
-                   help="replace an existing program (only the version found now)")
+    add_option(p, "--replace", "replace an existing program (only the version found now)")
     p.add_argument("--resume", action="store_true",
                    help="resume an interrupted publish of this destination; fail if there "
                         "is none (without it, one is resumed when found)")
@@ -53,20 +60,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--part-size", type=size_arg, default=None, metavar="SIZE",
                    help="bytes per part, 5M to 5G (default 8M, grown to fit 10,000 parts)")
     p.add_argument("--concurrency", type=int, default=None, help="parts in flight (default 8)")
-    p.add_argument("--journal-dir", type=Path, default=None,
-                   help="where resume journals live (default $XDG_STATE_HOME/trtet_store/"
-                        "publish)")
+    add_option(p, "--journal-dir", "where resume journals live (default $XDG_STATE_HOME/"
+               "trtet_store/publish)")
     p.add_argument("--no-index", action="store_true",
                    help="neither use nor update the bucket's engine-digest index")
-    p.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
-                   help="sign the manifest with this ed25519 key (objects named by sha256 "
-                   "too; default TRTET_SIGNING_KEY, else the config file's)")
+    add_option(p, "--signing-key", "sign the manifest with this ed25519 key (objects named "
+               "by sha256 too; default TRTET_SIGNING_KEY, else the config file's)")
     add_s3_options(p)  # --endpoint-url, --json, --no-progress
     p.set_defaults(func=cmd_publish)
-
-
-def _fail(text: str) -> int:
-    return fail("publish", text)
 
 
 def _postfix(p: Any) -> str:
@@ -136,12 +137,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if args.abort:
             return _abort(files, url, args)
         if not files:
-            return _fail("give the files to publish, then s3://BUCKET/KEY")
+            return fail("publish", "give the files to publish, then s3://BUCKET/KEY")
         if args.resume and remote.pending(url, endpoint_url=args.endpoint_url,
                                           journal_dir=args.journal_dir) is None:
-            return _fail(f"--resume: no interrupted publish of {url} to resume")
+            return fail("publish", f"--resume: no interrupted publish of {url} to resume")
     except (remote.RemoteError, ValueError) as exc:
-        return _fail(one_line(exc))
+        return report_error(exc, "publish", plain=True)
     import trtet_store
 
     bar = progress_bar(args)
@@ -154,11 +155,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     try:
         with bar, warnings_shown(args, bar):
             report = trtet_store.publish(files, url, **kwargs)
-    except remote.UploadKeptError as exc:
-        return _fail(f"{one_line(exc)}\n  resume: trtet-store publish --resume "
-                     f"{' '.join(files)} {url}\n  give up: trtet-store publish --abort {url}")
     except (remote.RemoteError, OSError, ValueError, TypeError) as exc:
-        return _fail(one_line(exc))
+        again = f"trtet-store publish --resume {' '.join(files)} {url}"
+        return report_error(exc, "publish", plain=True,
+                            resume=f"{again}\n  give up: trtet-store publish --abort {url}")
     print_report(report, url, args.json)
     return 0
 
@@ -183,7 +183,7 @@ def _list(files: list[str], url: str, args: argparse.Namespace) -> int:
     from trtet_store import remote
 
     if files:
-        return _fail("--list takes only s3://BUCKET[/PREFIX]")
+        return fail("publish", "--list takes only s3://BUCKET[/PREFIX]")
     uploads = remote.list_uploads(url, endpoint_url=args.endpoint_url)
     for u in uploads:
         print(f"{u.initiated}  {shown(u.upload_id)}  {shown(u.key)}")  # the bucket's names
@@ -197,7 +197,7 @@ def _abort(files: list[str], url: str, args: argparse.Namespace) -> int:
     from trtet_store import remote
 
     if files:
-        return _fail("--abort takes only s3://BUCKET/KEY")
+        return fail("publish", "--abort takes only s3://BUCKET/KEY")
     aborted = remote.abort(url, endpoint_url=args.endpoint_url, journal_dir=args.journal_dir)
     bucket = url[5:].partition("/")[0]
     for u in aborted:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtet_store.cli._common import add_option, fail, report_error
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_recover"]
@@ -36,7 +37,7 @@ def add_parser(sub: Any) -> None:
         "is in DIR (the output directory).",
     )
     r.add_argument("dir", type=Path, metavar="DIR")
-    r.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_option(r, "--json")
     r.add_argument(
         "--abandon",
         action="store_true",
@@ -64,13 +65,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
     import trtet_store
 
     if not args.dir.is_dir():
-        print(f"trtet-store recover: {args.dir} is not a directory", file=sys.stderr)
-        return 1
+        return fail("recover", f"{args.dir} is not a directory")
     try:
         outcomes = trtet_store.recover(args.dir, abandon=args.abandon)
     except Exception as exc:
-        print(f"trtet-store recover: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return report_error(exc, "recover", plain=True)
     if args.json:
         print(json.dumps([o.to_json() for o in outcomes], indent=1))
     elif outcomes:
@@ -145,8 +144,7 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
     try:
         found = interrupted_fetches(args.dir)
     except StagingLinkError as exc:
-        print(f"trtet-store recover: {exc.strerror}", file=sys.stderr)
-        return False, 0
+        return not fail("recover", f"{exc.strerror}"), 0
     ok = True
     out = sys.stderr if args.json else sys.stdout  # --json's stdout is the JSON alone
     discard = shown(shlex.join(["trtet-store", "recover", os.fspath(args.dir),
@@ -160,8 +158,7 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
             try:
                 removed = discard_fetch(args.dir, f)
             except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
-                print(f"trtet-store recover: {exc}", file=sys.stderr)
-                ok = False
+                ok = not fail("recover", str(exc))
                 continue
             print(f"discarded fetch {what} ({staged}: {removed} staged file(s) and its "
                   "journal removed)", file=out)
@@ -221,8 +218,7 @@ def _store_fetches(args: argparse.Namespace, out: Any, discard: str) -> tuple[bo
             try:
                 removed = discard_fetch(store, f)
             except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
-                print(f"trtet-store recover: {exc}", file=sys.stderr)
-                ok = False
+                ok = not fail("recover", str(exc))
                 continue
             print(f"discarded the set store's download of {what} ({staged}: {removed} staged "
                   f"file(s) and its journal removed from {shown(store / STAGING_DIR)})",

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trtet_store.cli._common import add_s3_options, mib, report_error
+from trtet_store.cli._common import add_option, add_s3_options, fail, mib, report_error
 from trtet_store.cli._shown import shown
 
 __all__ = ["add_parser", "cmd_fetch_set", "cmd_publish_set"]
@@ -45,15 +45,13 @@ def add_parser(sub: Any) -> None:
                    help="what a member's engines need: cc=8.9, tensorrt=10.3.0, "
                    "executorch=1.5.1, version_compatible=true, "
                    "hardware_compatibility=ampere_plus")
-    p.add_argument("--replace", action="store_true", help="replace an existing set")
-    p.add_argument("--journal-dir", type=Path, default=None, metavar="DIR",
-                   help="where each blob's resumable upload journal goes")
+    add_option(p, "--replace", "replace an existing set")
+    add_option(p, "--journal-dir", "where each blob's resumable upload journal goes")
     p.add_argument("--gc-grace", type=float, default=24.0, metavar="HOURS",
                    help="after the commit, prune blobs no manifest names that are older "
                    "than this (default 24; 0 only where no other publisher of the set runs)")
-    p.add_argument("--signing-key", type=Path, default=None, metavar="PATH",
-                   help="sign the set manifest with this ed25519 key (blobs named by sha256 "
-                   "too; default TRTET_SIGNING_KEY, else the config file's)")
+    add_option(p, "--signing-key", "sign the set manifest with this ed25519 key (blobs named "
+               "by sha256 too; default TRTET_SIGNING_KEY, else the config file's)")
     add_s3_options(p)
     p.set_defaults(func=cmd_publish_set)
 
@@ -73,16 +71,15 @@ def add_parser(sub: Any) -> None:
                    help="the local content store (default: .trtet-blobs beside DIR)")
     f.add_argument("--link", action="store_true",
                    help="place hard links to the store (read-only files, no new disk)")
-    f.add_argument("--replace-needed", action="store_true",
-                   help="replace a .ptd that another .pte of DIR needs (default: refused, "
-                   "and such a .ptd of the previous member is kept)")
+    add_option(f, "--replace-needed", "replace a .ptd that another .pte of DIR needs "
+               "(default: refused, and such a .ptd of the previous member is kept)")
     f.add_argument("--compute-capability", default=None, metavar="X.Y",
                    help="this machine's GPU, instead of asking nvidia-smi")
     f.add_argument("--tensorrt", default=None, metavar="VERSION",
                    help="this machine's TensorRT, instead of the installed package's")
-    f.add_argument("--trusted-key", type=Path, action="append", default=None, metavar="PATH",
-                   help="fetch only a set signed by this public key, each blob checked by "
-                   "sha256 (repeatable; default TRTET_TRUSTED_KEYS, else the config file's)")
+    add_option(f, "--trusted-key", "fetch only a set signed by this public key, each blob "
+               "checked by sha256 (repeatable; default TRTET_TRUSTED_KEYS, else the config "
+               "file's)")
     add_s3_options(f)
     f.set_defaults(func=cmd_fetch_set)
 
@@ -114,16 +111,13 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
     from trtet_store.remote import PublishConfig, RemoteError
     from trtet_store.sets import Member, publish_set
 
-    prefix = "trtet-store publish-set"
     members: dict[str, Any] = {}
     for name, *files in args.member:
         if not files:
-            print(f"{prefix}: --member {name}: give its .pte (and .ptd files) after the name",
-                  file=sys.stderr)
-            return 2
+            return fail("publish-set", f"--member {name}: give its .pte (and .ptd files) after "
+                        "the name", 2)
         if name in members:
-            print(f"{prefix}: --member {name} given twice", file=sys.stderr)
-            return 2
+            return fail("publish-set", f"--member {name} given twice", 2)
         members[name] = files
     try:
         needs = _needs(args.needs, set(members))
@@ -132,8 +126,7 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
         if not 0 <= args.gc_grace < float("inf"):
             raise ValueError(f"--gc-grace must be a number of hours >= 0, not {args.gc_grace}")
     except (TypeError, ValueError) as exc:
-        print(f"{prefix}: {exc}", file=sys.stderr)
-        return 2
+        return fail("publish-set", str(exc), 2)
     try:
         report = publish_set(members, args.url, endpoint_url=args.endpoint_url, config=config,
                              if_exists="replace" if args.replace else "error",
@@ -163,7 +156,6 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
     from trtet_store.sets import Machine, fetch_set
     from trtet_store.sets.fetch import fetch_set_command
 
-    prefix = "trtet-store fetch-set"
     machine = None
     if args.compute_capability is not None or args.tensorrt is not None:
         try:
@@ -171,18 +163,14 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
             machine = Machine(args.compute_capability or detected.compute_capability,
                               args.tensorrt or detected.tensorrt)
         except ValueError as exc:
-            print(f"{prefix}: {exc}", file=sys.stderr)
-            return 2
+            return fail("fetch-set", str(exc), 2)
     try:
         report = fetch_set(args.url, args.out, args.member, machine=machine, store=args.store,
                            link=args.link, endpoint_url=args.endpoint_url,
                            replace_needed=args.replace_needed, trusted_keys=args.trusted_key)
     except KeyError as exc:
-        print(f"{prefix}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 1
-    except KeyFileError as exc:
-        return report_error(exc, "fetch-set", out=args.out)
-    except (KeyboardInterrupt, RemoteError, OSError) as exc:
+        return fail("fetch-set", str(exc.args[0] if exc.args else exc))
+    except (KeyboardInterrupt, KeyFileError, RemoteError, OSError) as exc:
         # Ctrl-C says to run the same fetch-set again (a network failure's message does).
         again = fetch_set_command(args.url, Path(args.out).absolute(), args.member,
                                   machine=machine, store=args.store, link=args.link,
@@ -191,7 +179,7 @@ def cmd_fetch_set(args: argparse.Namespace) -> int:
                                   trusted_keys=args.trusted_key)
         return report_error(exc, "fetch-set", out=args.out, resume=again)
     for line in report.left_alone:  # a file we did not make: said, never acted on
-        print(f"{prefix}: {line}", file=sys.stderr)
+        print(f"trtet-store fetch-set: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
+
+from trtet_store.cli._common import add_option, fail
 
 __all__ = ["add_parser", "cmd_inspect", "cmd_verify"]
 
@@ -38,7 +39,7 @@ def add_parser(sub: Any) -> None:
         "blob headers of a .pte or .ptd; payload bytes are not read.",
     )
     i.add_argument("file", type=Path, metavar="FILE")
-    i.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_option(i, "--json")
     i.set_defaults(func=cmd_inspect)
 
     v = sub.add_parser(
@@ -70,7 +71,7 @@ def add_parser(sub: Any) -> None:
         help="an engine's expected xxh3-128 digest (repeat for each engine); any TensorRT "
         "engine with another digest is an error",
     )
-    v.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_option(v, "--json")
     v.set_defaults(func=cmd_verify)
 
 
@@ -81,8 +82,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         ins = inspect_file(args.file)
     except OSError as exc:
-        print(f"trtet-store inspect: {exc}", file=sys.stderr)
-        return 1
+        return fail("inspect", str(exc))
     if args.json:
         print(json.dumps(ins.to_json(), indent=1))
     else:
@@ -98,12 +98,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         result = verify(args.file, data=args.data, run=args.run,
                         engine_digests=args.engine_digest)
     except (OSError, ValueError) as exc:
-        print(f"trtet-store verify: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError) else 1
+        return fail("verify", str(exc), 2 if isinstance(exc, ValueError) else 1)
     member = _set_member(args.file)
     if isinstance(member, str):
-        print(f"trtet-store verify: {member}", file=sys.stderr)
-        return 1
+        return fail("verify", member)
     if args.json:
         doc = result.to_json()
         if member is not None:

@@ -22,7 +22,8 @@ __all__ = ["prune"]
 
 def prune(tier: TierBucket, older_than: float, *, dry_run: bool = False,
           entries: Callable[[], list[RemoteEntry]],
-          lookup: Callable[[str], RemoteEntry | None]) -> list[str]:
+          lookup: Callable[[str], RemoteEntry | None],
+          kept: dict[str, str] | None = None) -> list[str]:
     """:meth:`RemoteTier.prune` (see there): its entries, as ``entries`` and ``lookup``
     tell them, and what ``tier`` lists. Pointers and leases go by one sweep
     (:mod:`trtet_store.remote.sweep`), each ``If-Match`` the version judged."""
@@ -54,7 +55,12 @@ def prune(tier: TierBucket, older_than: float, *, dry_run: bool = False,
     for k in gone:
         if k in pointers and not dry_run:
             tier.remove_attempt(f"{tier.prefix}{pointers[k].attempt}")
-    removed = [pointers[k].key if k in pointers else k[len(tier.prefix):] for k in gone]
+    def name(k: str) -> str:
+        return pointers[k].key if k in pointers else k[len(tier.prefix):]
+
+    removed = [name(k) for k in gone]
+    if kept is not None:
+        kept.update((name(k), why) for k, why in plan.kept.items())
     for u in tier.s3.list_uploads(tier.bucket, tier.prefix):
         parts = u.key[len(tier.prefix):].split("/")
         if len(parts) == 3:

@@ -579,7 +579,8 @@ class RemoteTier:
         self.s3.delete(self.bucket, self._pointer(entry.key), if_match=entry.etag)
         self.where.remove_attempt(f"{self.prefix}{entry.attempt}")
 
-    def prune(self, older_than: float, *, dry_run: bool = False) -> list[str]:
+    def prune(self, older_than: float, *, dry_run: bool = False,
+              kept: dict[str, str] | None = None) -> list[str]:
         """Remove entries, orphan attempt directories and dead leases older than ``older_than`` s.
 
         An entry goes by its pointer's ``created`` (pointer first, ``If-Match``,
@@ -594,12 +595,13 @@ class RemoteTier:
         -------
         list of str
             What was (or, with ``dry_run``, would be) removed: keys of entries,
-            ``<key>/<attempt>/`` of attempt directories, ``<key>.lease``.
+            ``<key>/<attempt>/`` of attempt directories, ``<key>.lease``. ``kept``
+            (given) gets the entries and leases the sweep kept, named so, and why.
         """
         from trtet_store.cache.tier.prune import prune
 
         return prune(self.where, older_than, dry_run=dry_run, entries=self.entries,
-                     lookup=self.lookup)
+                     lookup=self.lookup, kept=kept)
 
     # --- leases ----------------------------------------------------------------------
 
