@@ -220,11 +220,11 @@ class BlobCache:
             return None
         if entry is None:
             return None
-        seal = self.files.read_seal(entry.blob)
+        seal = self.files.blobs.read(entry.blob)
         if seal is None or seal.size != entry.size:
             self.evictor.drop_key(key, f"its blob {entry.blob} has no valid seal", entry.blob)
             return None
-        path = self.files.blob(entry.blob)
+        path = self.files.blobs.path(entry.blob)
         try:
             # The pin. Blocking: an eviction holds the exclusive lock only to unlink.
             fd = try_lock(path, create=False, readonly=True, wait=True, shared=True)
