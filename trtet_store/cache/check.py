@@ -67,9 +67,7 @@ class Checker:
                 else:
                     try:
                         st = os.fstat(fd)
-                        problem, renewed = seal.check(fd, st, full=True)
-                        if renewed not in (None, seal):
-                            self.files.reseal(entry.blob, renewed)
+                        problem, _ = self.files.check(entry.blob, seal, fd, st, full=True)
                     finally:
                         release(fd)
             checked += 1

@@ -108,7 +108,7 @@ class Evictor:
             # which recovery removes; never a record without its bytes being served.
             self.files.unlink(self.files.record(key), self.files.use(key))
             if self.files.summary.refs(blob) <= 1:
-                self.files.unlink(self.files.blobs.seal_path(blob), path)
+                self.files.blobs.remove(blob)
             self.files.summary.drop(key)
             return True
         finally:
@@ -135,7 +135,7 @@ class Evictor:
         if fd is None:
             return []
         try:
-            return self.files.unlink(self.files.blobs.seal_path(name), path)
+            return self.files.blobs.remove(name)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -193,7 +193,7 @@ class Evictor:
                 if entry.blob == name:
                     self.files.unlink(self.files.record(entry.key), self.files.use(entry.key))
                     self.files.summary.drop(entry.key)
-            self.files.unlink(self.files.blobs.seal_path(name), self.files.blobs.path(name))
+            self.files.blobs.remove(name)
 
     def prune(self, max_bytes: int | None = None) -> list[str]:
         """Evict least recently used entries down to ``max_bytes`` (:meth:`BlobCache.prune`)."""

@@ -172,11 +172,14 @@ class CacheFiles:
             os.close(fd)
         return True
 
-    def reseal(self, name: str, seal: Seal) -> None:
-        """Record a re-digested blob's new identity (its bytes are the sealed ones)."""
-        if self.read_only:
-            return
-        with self.locked():
-            if not self.blobs.renew(name, seal):
-                return
-        log.info("engine cache blob %s changed identity with the same bytes: resealed", name)
+    def check(self, name: str, seal: Seal, fd: int, st: os.stat_result, *,
+              full: bool = False) -> tuple[str | None, Seal | None]:
+        """:meth:`~trtet_store.io.Seal.check` of the open blob ``name``: the same bytes under
+        a new identity are resealed (under the lock; not on a read-only cache)."""
+        problem, renewed = seal.check(fd, st, full=full)
+        if renewed not in (None, seal) and not self.read_only:
+            with self.locked():
+                if self.blobs.renew(name, renewed):
+                    log.info("engine cache blob %s changed identity with the same bytes: "
+                             "resealed", name)
+        return problem, renewed

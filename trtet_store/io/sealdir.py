@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trtet_store.io import fs
 from trtet_store.io.digests import digest_file
 from trtet_store.io.errors import VerificationError
 from trtet_store.io.lock import try_lock, unlock_file
@@ -184,8 +185,12 @@ class SealedDir:
         if self.sealed(name):
             return True
         path = self.path(name)
-        got, got_chunks, n = digest_file(path, chunk_size, False)
-        if n != size or got != name or tuple(got_chunks) != tuple(chunks):
+        fd = fs.calls.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            problem = Seal(size, name, chunk_size, tuple(chunks)).recheck(fd)
+        finally:
+            os.close(fd)
+        if problem is not None:
             raise VerificationError(
                 f"{path}: the store's blob (changed since it was checked; remove it and fetch "
                 "again)", None, os.fspath(path))
@@ -202,8 +207,11 @@ class SealedDir:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.seal_path(name))
 
-    def remove(self, name: str) -> None:
-        """The file and its seal, whichever are there."""
-        for p in (self.path(name), self.seal_path(name)):
+    def remove(self, name: str) -> list[Path]:
+        """The seal, then the file, whichever are there; the paths removed."""
+        removed = []
+        for p in (self.seal_path(name), self.path(name)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
+                removed.append(p)
+        return removed
