@@ -114,8 +114,8 @@ class _PausedCommit:
     """Runs ``cache.put(key, source)`` in a thread that stops at one point of the commit.
 
     The points are before and after each seal or record write
-    (``_write_json`` of ``blobs/*.json`` and ``keys/*.json``): ``pause_at`` is
-    the index of the point in that order.
+    (``files.blobs.write`` of ``blobs/*.json``, ``files.write_json`` of ``keys/*.json``):
+    ``pause_at`` is the index of the point in that order.
     """
 
     def __init__(self, cache: BlobCache, key: str, source: Path, pause_at: int) -> None:
@@ -123,17 +123,17 @@ class _PausedCommit:
         self.paused, self.go = threading.Event(), threading.Event()
         self.points: list[str] = []
         self.result: Any = None
-        real = cache.files.write_json
+        real, real_seal = cache.files.write_json, cache.files.blobs.write
 
-        def write_json(path: Path, data: Any) -> None:
-            watched = path.parent.name in ("blobs", "keys")
-            if watched:
-                self._point(f"before {path.parent.name}/{path.name}")
-            real(path, data)
-            if watched:
-                self._point(f"after {path.parent.name}/{path.name}")
+        def write(path: Path, write: Callable[[], None]) -> None:
+            self._point(f"before {path.parent.name}/{path.name}")
+            write()
+            self._point(f"after {path.parent.name}/{path.name}")
 
-        cache.files.write_json = write_json  # the seam: this instance only
+        # The seams: this instance only.
+        cache.files.write_json = lambda path, data: write(path, lambda: real(path, data))
+        cache.files.blobs.write = lambda name, seal: write(
+            cache.files.blobs.seal_path(name), lambda: real_seal(name, seal))
         self.thread = threading.Thread(target=self._run, args=(key, source), daemon=True)
 
     def _point(self, where: str) -> None:
@@ -153,7 +153,7 @@ class _PausedCommit:
     def __exit__(self, *exc: object) -> None:
         self.go.set()
         self.thread.join(60)
-        del self.cache.files.write_json
+        del self.cache.files.write_json, self.cache.files.blobs.write
 
 
 def _read_in_thread(read: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -224,7 +224,7 @@ def test_a_reader_of_the_old_entry_never_drops_the_entry_that_replaced_it(
     (here_fs / "new").write_bytes(new)
     assert cache.put("k", here_fs / "old").stored
     other = BlobCache(here_fs / "c", max_bytes=64 * MiB)
-    real = other.files.read_seal
+    real = other.files.blobs.read
     replaced: list[Any] = []
 
     def replace_first(*args: Any, **kwargs: Any) -> Any:
@@ -232,13 +232,13 @@ def test_a_reader_of_the_old_entry_never_drops_the_entry_that_replaced_it(
             replaced.append(cache.put("k", here_fs / "new"))
         return real(*args, **kwargs)
 
-    other.files.read_seal = replace_first  # the seam: this instance only
+    other.files.blobs.read = replace_first  # the seam: this instance only
     if reader == "get":
         got = _get_bytes(other, "k")
         assert got in (None, old, new)
     else:
         other.verify()
-    del other.files.read_seal
+    del other.files.blobs.read
     assert replaced and replaced[0].stored, replaced
     assert _get_bytes(cache, "k") == new, (
         f"the entry that replaced the one a reader ({reader}) was reading was dropped")

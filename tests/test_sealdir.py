@@ -53,3 +53,48 @@ def test_a_write_before_the_link_keeps_the_old_seal_and_is_refused(tmp_path: Pat
     with pytest.raises(VerificationError, match="changed since it was checked"):
         d.check(name, len(data), CHUNK, chunks)
     assert d.path(name).read_bytes()[:1] == b"X"  # refused, left as it is
+
+
+# -- the relink rule, once, over both stores' seal forms ---------------------------------------
+
+
+def _in_form(tmp_path: Path, beside: bool, data: bytes) -> tuple[SealedDir, str]:
+    """A sealed file in the content store's form, or in the engine cache's (``blobs/``)."""
+    from trtet_store.io import Seal
+
+    if not beside:
+        d, name, _ = _sealed(tmp_path, data)
+        return d, name
+    (tmp_path / "blobs").mkdir(mode=0o700)
+    d = SealedDir(tmp_path / "blobs", beside=True, temp_dir=tmp_path)
+    name = f"{xxhash.xxh3_128(data).hexdigest()}-{len(data)}"
+    d.path(name).write_bytes(data)
+    fd = os.open(d.path(name), os.O_RDONLY)
+    try:
+        d.write(name, Seal.read(fd, CHUNK))
+    finally:
+        os.close(fd)
+    return d, name
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["store-form", "cache-form"])
+def test_relinked_renews_only_a_seal_whose_file_kept_all_but_its_ctime(
+        tmp_path: Path, beside: bool) -> None:
+    data = b"R" * (2 * CHUNK + 9)
+    d, name = _in_form(tmp_path, beside, data)
+    assert d.sealed(name) and d.seal_path(name).exists()
+    os.link(d.path(name), tmp_path / "member")  # our own link: the ctime moves
+    assert not d.sealed(name)
+    digested = bytes_digested()
+    d.relinked(name)
+    assert d.sealed(name) and bytes_digested() == digested  # renewed unread
+    kept = d.seal_path(name).read_bytes()
+    st = os.stat(d.path(name))
+    os.chmod(d.path(name), 0o644)
+    with open(d.path(name), "r+b") as f:  # same size, other bytes, the mtime set back
+        f.write(b"X")
+    os.utime(d.path(name), ns=(st.st_atime_ns, st.st_mtime_ns - 1_000_000_000))
+    os.link(d.path(name), tmp_path / "member2")
+    d.relinked(name)
+    assert not d.sealed(name), "a file written before our link was resealed unread"
+    assert d.seal_path(name).read_bytes() == kept

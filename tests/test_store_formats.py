@@ -82,3 +82,61 @@ def test_the_new_store_writes_the_old_seal_byte_for_byte(tmp_path: Path) -> None
     os.unlink(root / ".trtet-seals" / d)
     ContentStore(root).seal(d)
     assert (root / ".trtet-seals" / d).read_bytes() == old
+
+
+# -- the engine cache's directory, as e040da2's BlobCache wrote it ---------------------------
+
+
+def old_cache_entry(directory: Path, key: str, data: bytes, chunk: int) -> str:
+    """e040da2's ``Puts._commit`` of ``data`` under ``key``: blob, seal, use stamp, record."""
+    from trtet_store.io import digest_file
+
+    digest = xxhash.xxh3_128(data).hexdigest()
+    name = f"{digest}-{len(data)}"
+    blob = directory / "blobs" / name
+    blob.write_bytes(data)
+    _, chunks, _ = digest_file(blob, chunk, False)
+    seal = {"size": len(data), "digest": digest, "chunk_size": chunk,
+            "chunk_digests": list(chunks), "identity": list(file_identity(os.stat(blob)))}
+    write_atomic(directory / "blobs" / f"{name}.json", json.dumps(seal, sort_keys=True).encode(),
+                 temp_dir=directory / "tmp")
+    use = directory / "keys" / f"{key}.use"
+    use.write_bytes(b"")
+    write_atomic(directory / "keys" / f"{key}.json", json.dumps(
+        {"key": key, "blob": name, "size": len(data), "created": 1.5e9, "metadata": {"m": 1}},
+        sort_keys=True).encode(), temp_dir=directory / "tmp")
+    return name
+
+
+def test_an_old_cache_directory_hits_unread_and_the_new_cache_seals_as_it_did(
+        tmp_path: Path) -> None:
+    from trtet_store.cache import BlobCache
+    from trtet_store.io import MiB
+
+    directory = tmp_path / "c"
+    BlobCache(directory, max_bytes=64 * MiB)  # the layout (CACHEDIR.TAG, keys/, blobs/, ...)
+    data = os.urandom(2 * MiB + 5)
+    name = old_cache_entry(directory, "k" * 16, data, MiB)
+    old_seal_bytes = (directory / "blobs" / f"{name}.json").read_bytes()
+    before_blobs = tree(directory / "blobs")
+
+    digested = bytes_digested()
+    cache = BlobCache(directory, max_bytes=64 * MiB)  # opened to write: recovery keeps it
+    for _ in range(2):
+        with cache.get("k" * 16) as hit:
+            assert hit.path.read_bytes() == data
+            assert (hit.metadata, hit.resealed, hit.verified) == ({"m": 1}, False, False)
+            assert hit.identity == tuple(json.loads(old_seal_bytes)["identity"])
+    assert [e.key for e in cache.entries()] == ["k" * 16]
+    assert bytes_digested() == digested  # trusted by its old seal: not one byte digested
+    assert tree(directory / "blobs") == before_blobs  # nothing resealed or rewritten
+
+    # The new put writes the very seal the old one did, for the same file.
+    os.unlink(directory / "blobs" / name)
+    os.unlink(directory / "blobs" / f"{name}.json")
+    (tmp_path / "src").write_bytes(data)
+    assert cache.put("k" * 16, tmp_path / "src").stored
+    st = os.stat(directory / "blobs" / name)
+    want = dict(json.loads(old_seal_bytes), identity=list(file_identity(st)))
+    assert (directory / "blobs" / f"{name}.json").read_bytes() == \
+        json.dumps(want, sort_keys=True).encode()

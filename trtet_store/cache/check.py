@@ -31,7 +31,7 @@ class Checker:
         """Every entry, most recently used first (reads records only; no bytes)."""
         out = []
         for e in self.files.scan():
-            seal = self.files.read_seal(e.blob)
+            seal = self.files.blobs.read(e.blob)
             out.append(EntryInfo(key=e.key, size=e.size, digest=seal.digest if seal else "",
                                  last_use=e.last_use_ns / 1e9, hits=e.hits, created=e.created,
                                  metadata=e.metadata))
@@ -51,8 +51,8 @@ class Checker:
         """Re-digest every entry in full; drop (and log) each whose bytes are not as sealed."""
         checked, dropped = 0, []
         for entry in self.files.scan():
-            seal = self.files.read_seal(entry.blob)
-            path = self.files.blob(entry.blob)
+            seal = self.files.blobs.read(entry.blob)
+            path = self.files.blobs.path(entry.blob)
             problem, st = None, None
             if seal is None:
                 problem = "no valid seal"
@@ -67,9 +67,7 @@ class Checker:
                 else:
                     try:
                         st = os.fstat(fd)
-                        problem, renewed = seal.check(fd, st, full=True)
-                        if renewed not in (None, seal):
-                            self.files.reseal(entry.blob, renewed)
+                        problem, _ = self.files.check(entry.blob, seal, fd, st, full=True)
                     finally:
                         release(fd)
             checked += 1
@@ -114,8 +112,8 @@ class Checker:
                 except ValueError as exc:
                     log.warning("engine cache: removing %s", exc)
                     entry = None
-                if entry is None or self.files.read_seal(entry.blob) is None or \
-                        not self.files.blob(entry.blob).exists():
+                if entry is None or self.files.blobs.read(entry.blob) is None or \
+                        not self.files.blobs.path(entry.blob).exists():
                     removed += self.files.unlink(keys / name)
                     continue
                 referenced.add(entry.blob)

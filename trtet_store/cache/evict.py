@@ -99,7 +99,7 @@ class Evictor:
 
     def evict(self, key: str, blob: str) -> bool:
         """Remove one entry unless a hit pins its blob. Under the lock."""
-        path = self.files.blob(blob)
+        path = self.files.blobs.path(blob)
         fd = _hold_blob(path)
         if fd is None:
             return False
@@ -108,7 +108,7 @@ class Evictor:
             # which recovery removes; never a record without its bytes being served.
             self.files.unlink(self.files.record(key), self.files.use(key))
             if self.files.summary.refs(blob) <= 1:
-                self.files.unlink(self.files.seal(blob), path)
+                self.files.blobs.remove(blob)
             self.files.summary.drop(key)
             return True
         finally:
@@ -130,12 +130,12 @@ class Evictor:
         blob: it stays (with its seal) until a later recovery finds it free.
         Returns the paths removed.
         """
-        path = self.files.blob(name)
+        path = self.files.blobs.path(name)
         fd = _hold_blob(path)
         if fd is None:
             return []
         try:
-            return self.files.unlink(self.files.seal(name), path)
+            return self.files.blobs.remove(name)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -185,7 +185,7 @@ class Evictor:
             return
         with self.files.locked():
             try:
-                if not same_identity(seen, os.stat(self.files.blob(name))):
+                if not same_identity(seen, os.stat(self.files.blobs.path(name))):
                     return
             except FileNotFoundError:
                 pass
@@ -193,7 +193,7 @@ class Evictor:
                 if entry.blob == name:
                     self.files.unlink(self.files.record(entry.key), self.files.use(entry.key))
                     self.files.summary.drop(entry.key)
-            self.files.unlink(self.files.seal(name), self.files.blob(name))
+            self.files.blobs.remove(name)
 
     def prune(self, max_bytes: int | None = None) -> list[str]:
         """Evict least recently used entries down to ``max_bytes`` (:meth:`BlobCache.prune`)."""

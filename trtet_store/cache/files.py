@@ -1,6 +1,7 @@
 """CacheFiles: a cache directory's files, which each of :class:`~trtet_store.cache.BlobCache`'s
 parts holds: ``keys/<key>.json`` (records), ``keys/<key>.use`` (use stamps), ``blobs/<name>``
-and its seal ``blobs/<name>.json`` (an :class:`~trtet_store.io.Seal`), ``tmp/``, ``lock``.
+and its seal ``blobs/<name>.json`` (``blobs/`` an :class:`~trtet_store.io.SealedDir`),
+``tmp/``, ``lock``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from trtet_store.cache.layout import is_blob_name, refuse_foreign
 from trtet_store.cache.summary import Summary
-from trtet_store.io import Seal, try_lock, write_atomic
+from trtet_store.io import Seal, SealedDir, try_lock, write_atomic
 
 log = logging.getLogger("trtet_store.cache")
 
@@ -44,6 +45,10 @@ class CacheFiles:
         self.directory = directory
         self.chunk_size = chunk_size
         self.read_only = read_only
+        #: ``blobs/<name>``, each sealed in ``blobs/<name>.json`` (a seal another user owns:
+        #: PermissionError, never trusted or removed).
+        self.blobs = SealedDir(directory / "blobs", beside=True, temp_dir=directory / "tmp",
+                               refuse=lambda path, st: refuse_foreign(path, st, "seal"))
         #: The used bytes and last-use order the bound needs (cache/summary.py).
         self.summary = Summary(directory, lambda: (
             (e.key, e.blob, e.size, e.last_use_ns) for e in self.scan()))
@@ -53,12 +58,6 @@ class CacheFiles:
 
     def use(self, key: str) -> Path:
         return self.directory / "keys" / f"{key}.use"
-
-    def blob(self, name: str) -> Path:
-        return self.directory / "blobs" / name
-
-    def seal(self, name: str) -> Path:
-        return self.directory / "blobs" / f"{name}.json"
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -173,49 +172,14 @@ class CacheFiles:
             os.close(fd)
         return True
 
-    # -- seals --------------------------------------------------------------------------
-
-    def read_seal(self, name: str) -> Seal | None:
-        path = self.seal(name)
-        try:
-            with open(path, "rb") as f:
-                refuse_foreign(path, os.fstat(f.fileno()), "seal")
-                return Seal.from_json(json.loads(f.read()))
-        except FileNotFoundError:
-            return None
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
-            return None
-
-    def write_seal(self, name: str, seal: Seal) -> None:
-        self.write_json(self.seal(name), seal.to_json())
-
-    def reseal(self, name: str, seal: Seal) -> None:
-        """Record a re-digested blob's new identity (its bytes are the sealed ones)."""
-        if self.read_only:
-            return
-        with self.locked():
-            if self.read_seal(name) is None:
-                return
-            with contextlib.suppress(OSError):
-                self.write_seal(name, seal)
-        log.info("engine cache blob %s changed identity with the same bytes: resealed", name)
-
-    def relinked(self, name: str) -> None:
-        """Under the lock: reseal after our own link or unlink of the blob (only its ctime moved).
-
-        Any other change is left for a hit to re-digest (as is a kill before this).
-        """
-        seal = self.read_seal(name)
-        with contextlib.suppress(OSError):
-            new = seal and seal.renewed(os.stat(self.blob(name)), relink=True)
-            if new is not None and new != seal:
-                self.write_seal(name, new)
-
-    def intact(self, name: str) -> bool:
-        """Whether blob ``name`` is there and still as sealed (one ``stat``), to share it."""
-        seal = self.read_seal(name)
-        try:
-            st = os.stat(self.blob(name))
-        except FileNotFoundError:
-            return False
-        return seal is not None and seal.holds(st) is None
+    def check(self, name: str, seal: Seal, fd: int, st: os.stat_result, *,
+              full: bool = False) -> tuple[str | None, Seal | None]:
+        """:meth:`~trtet_store.io.Seal.check` of the open blob ``name``: the same bytes under
+        a new identity are resealed (under the lock; not on a read-only cache)."""
+        problem, renewed = seal.check(fd, st, full=full)
+        if renewed not in (None, seal) and not self.read_only:
+            with self.locked():
+                if self.blobs.renew(name, renewed):
+                    log.info("engine cache blob %s changed identity with the same bytes: "
+                             "resealed", name)
+        return problem, renewed

@@ -165,7 +165,7 @@ class Putter:
                         # pin. Dropped under the cache-wide lock, which every eviction
                         # needs, so nothing can evict the entry before it is pinned.
                         fcntl.flock(src_fd, fcntl.LOCK_UN)
-                    pins.append(try_lock(self.files.blob(blob_name(new.digest, size)),
+                    pins.append(try_lock(self.files.blobs.path(blob_name(new.digest, size)),
                                          create=False, readonly=True, wait=True, shared=True))
             if result.stored and result.placement != "dedup":
                 tmp = None  # renamed into blobs/
@@ -193,12 +193,12 @@ class Putter:
         """
         try:
             name = blob_name(result.digest, result.size)
-            seal = self.files.read_seal(name)
+            seal = self.files.blobs.read(name)
             entry = None
             with contextlib.suppress(ValueError):
                 entry = self.files.read_entry(key)
             sealed = seal is not None and entry is not None and entry.blob == name
-            return Hit(key=key, path=self.files.blob(name), fd=fd, size=result.size,
+            return Hit(key=key, path=self.files.blobs.path(name), fd=fd, size=result.size,
                        digest=result.digest,
                        chunk_size=seal.chunk_size if sealed else self.files.chunk_size,
                        chunk_digests=seal.chunk_digests if sealed else (),
@@ -257,7 +257,7 @@ class Putter:
         old = None
         with contextlib.suppress(ValueError):
             old = self.files.read_entry(key)
-        dedup = self.files.intact(name)
+        dedup = self.files.blobs.sealed(name)
         # The same bytes with the same metadata: nothing to write. New metadata for the
         # same bytes (a timing entry taking in the tier's ETag) is recorded below.
         if old is not None and old.blob == name and dedup and old.metadata == meta:
@@ -270,10 +270,10 @@ class Putter:
         if dedup:
             placement = "dedup"
         else:
-            os.rename(tmp, self.files.blob(name))
+            os.rename(tmp, self.files.blobs.path(name))
             # write_atomic fsyncs blobs/ after the seal's rename: the blob's own entry,
             # renamed in before it, is durable with it, before the record names it.
-            self.files.write_seal(name, new.renewed(os.fstat(fd)))
+            self.files.blobs.write(name, new.renewed(os.fstat(fd)))
         now = time.time()
         # The use stamp first: the record's write_atomic then fsyncs keys/ for both
         # (a kill between them leaves a .use no record names, which recovery removes).
@@ -299,5 +299,5 @@ class Putter:
         else:
             self.files.unlink(src)
         # Removing a link changed the blob's ctime: seal it again.
-        with self.files.locked():
-            self.files.relinked(name)
+        with self.files.locked(), contextlib.suppress(OSError):
+            self.files.blobs.relinked(name)

@@ -220,11 +220,11 @@ class BlobCache:
             return None
         if entry is None:
             return None
-        seal = self.files.read_seal(entry.blob)
+        seal = self.files.blobs.read(entry.blob)
         if seal is None or seal.size != entry.size:
             self.evictor.drop_key(key, f"its blob {entry.blob} has no valid seal", entry.blob)
             return None
-        path = self.files.blob(entry.blob)
+        path = self.files.blobs.path(entry.blob)
         try:
             # The pin. Blocking: an eviction holds the exclusive lock only to unlink.
             fd = try_lock(path, create=False, readonly=True, wait=True, shared=True)
@@ -248,9 +248,7 @@ class BlobCache:
             if not same:
                 os.close(fd)
                 return None
-            problem, renewed = seal.check(fd, st, full=verify == "full")
-            if resealed := renewed not in (None, seal):
-                self.files.reseal(entry.blob, renewed)
+            problem, renewed = self.files.check(entry.blob, seal, fd, st, full=verify == "full")
             if problem is not None:
                 os.close(fd)
                 self.dropped[key] = problem
@@ -261,7 +259,7 @@ class BlobCache:
                 os.close(fd)
             raise
         self.files.stamp(key)
-        seal = renewed or seal
+        resealed, seal = renewed not in (None, seal), renewed or seal
         return Hit(key=key, path=path, fd=fd, size=entry.size, digest=seal.digest,
                    chunk_size=seal.chunk_size, chunk_digests=seal.chunk_digests,
                    metadata=entry.metadata, created=entry.created, hits=entry.hits,

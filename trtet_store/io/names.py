@@ -183,8 +183,3 @@ def store_lock_path(directory: Path, token: str) -> Path:
 def store_lock_glob() -> str:
     """A glob pattern for the store locks in a directory."""
     return f"{STORE_LOCK_PREFIX}*{STORE_LOCK_SUFFIX}"
-
-
-def store_lock_token(name: str) -> str:
-    """The token in a store lock's name."""
-    return name[len(STORE_LOCK_PREFIX): -len(STORE_LOCK_SUFFIX)]

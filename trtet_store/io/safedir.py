@@ -17,9 +17,9 @@ resolved under one open directory:
   O_NOFOLLOW`` (:meth:`SafeDir.create`): a name that exists, link or not, is
   never written through; :meth:`SafeDir.create_replacing` removes such a name
   (by ``dir_fd``, which unlinks a link itself) and creates it anew;
-- opens of existing files, renames, links, unlinks and subdirectories go by
+- opens of existing files, renames, links and unlinks go by
   the same handle (:meth:`open_existing`, :meth:`rename`, :meth:`link`,
-  :meth:`unlink`, :meth:`private_subdirectory`);
+  :meth:`unlink`);
 - :meth:`SafeDir.write_atomic` is an atomic small-file write on top: a fresh
   temp file, fsync, rename (or link if absent), fsync of the directory.
 
@@ -194,27 +194,6 @@ class SafeDir:
         except FileNotFoundError:
             if not missing_ok:
                 raise
-
-    def private_subdirectory(self, name: str, *, allow_sticky: bool = False,
-                             what: str = "directory",
-                             todo: str = "remove it, or use another directory") -> SafeDir:
-        """``name`` here, made 0700 if missing, opened and checked as :meth:`open`."""
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o700, dir_fd=self.fd)
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=self.fd)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                problem = directory_problem(self.lstat(name), allow_sticky=allow_sticky)
-                raise UnsafeDirectoryError(self.path / name, what,
-                                           problem or "it is not a directory", todo) from None
-            raise
-        problem = directory_problem(os.fstat(fd), allow_sticky=allow_sticky)
-        if problem:
-            os.close(fd)
-            raise UnsafeDirectoryError(self.path / name, what, problem, todo)
-        return SafeDir(fd, self.path / name)
 
     def fsync(self) -> None:
         """Make renames, links and unlinks in this directory durable."""

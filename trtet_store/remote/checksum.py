@@ -128,10 +128,3 @@ class PieceDigester(Digester):
     def chunk_sha256(self) -> tuple[str, ...] | None:
         """The sha256 hex of each chunk (after :meth:`finish`), or None unless asked for."""
         return tuple(self._cshas) if self._cshas is not None else None
-
-
-def digest_bytes(data: bytes | bytearray | memoryview) -> tuple[str, tuple[int, ...]]:
-    """:class:`PieceDigester` over ``data`` in one go."""
-    d = PieceDigester()
-    d.update(data)
-    return d.finish()
