@@ -16,9 +16,10 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
 import xxhash
 
-from trtet_store.io import SealedDir
+from trtet_store.io import SealedDir, VerificationError
 from trtet_store.io.sealdir import SEALS_DIR
 
 CHUNK = 4096
@@ -97,3 +98,17 @@ def test_remove_takes_the_file_and_its_seal_and_unseal_only_the_seal(tmp_path: P
     assert sorted(os.listdir(d.root / SEALS_DIR)) == []
     d.remove(name)  # neither there: nothing to do
     d.unseal(name)
+
+
+def test_check_refuses_the_right_digest_under_another_size_or_other_chunks(
+        tmp_path: Path) -> None:
+    data = b"C" * (2 * CHUNK + 5)
+    d, name = _store(tmp_path, data)
+    chunks = tuple(xxhash.xxh3_64_intdigest(data[i:i + CHUNK])
+                   for i in range(0, len(data), CHUNK))
+    d.unseal(name)  # read at its next check
+    for size, said in ((len(data) + 1, chunks), (len(data), chunks[:-1] + (chunks[-1] ^ 1,))):
+        with pytest.raises(VerificationError, match="changed since it was checked"):
+            d.check(name, size, CHUNK, said)  # what a set says of the blob is not its bytes
+        assert not d.sealed(name) and not d.seal_path(name).exists()
+    assert d.check(name, len(data), CHUNK, chunks) is False and d.sealed(name)
