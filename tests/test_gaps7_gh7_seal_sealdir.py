@@ -112,3 +112,39 @@ def test_check_refuses_the_right_digest_under_another_size_or_other_chunks(
             d.check(name, size, CHUNK, said)  # what a set says of the blob is not its bytes
         assert not d.sealed(name) and not d.seal_path(name).exists()
     assert d.check(name, len(data), CHUNK, chunks) is False and d.sealed(name)
+
+
+def test_locked_makes_a_second_holder_wait_and_leaves_no_lock_file(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    d, name = _store(tmp_path)
+    order: list[str] = []
+    inside = threading.Event()
+
+    def second() -> None:
+        inside.wait(10)
+        with d.locked(name):
+            order.append("second in")
+
+    t = threading.Thread(target=second)
+    t.start()
+    with d.locked(name):
+        assert d.seal_path(name + ".lock").exists()
+        inside.set()
+        time.sleep(0.5)  # the second holder is waiting on the lock meanwhile
+        order.append("first out")
+    t.join(10)
+    assert order == ["first out", "second in"]
+    assert not os.path.lexists(d.seal_path(name + ".lock"))  # its holder removed it
+    assert sorted(os.listdir(d.root / SEALS_DIR)) == [name]
+
+
+def test_sealed_is_false_for_a_missing_file_and_digest_reads_the_whole_file(
+        tmp_path: Path) -> None:
+    data = b"D" * (3 * 1024 * 1024 + 17)  # more than one read step
+    d, name = _store(tmp_path, data)
+    assert SealedDir.digest(d.path(name)) == name == xxhash.xxh3_128(data).hexdigest()
+    os.unlink(d.path(name))
+    assert not d.sealed(name)  # its seal stays, vouching for nothing
+    assert d.seal_path(name).exists()
