@@ -1,0 +1,46 @@
+"""sets.store.ContentStore's references and sets.manifest.check_member_files' empty member.
+
+A seal that records a *reference* (``"ref"``: the placed file that is the blob) vouches
+only for the blob it names (``"xxh3"``): one at another blob's place (here B's seal
+naming A, for A's very file) gives no reference for B, and is dropped. A member with no
+files is refused by the closed-set rule itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from trtet_store.io.safedir import write_atomic
+from trtet_store.remote.errors import FileNameError
+from trtet_store.sets.manifest import check_member_files
+from trtet_store.sets.store import ContentStore
+
+
+def test_a_reference_seal_naming_another_blob_gives_no_reference(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path / "store")
+    placed = tmp_path / "m" / "w.ptd"
+    placed.parent.mkdir()
+    data = b"A" * 5000
+    placed.write_bytes(data)
+    a = xxhash.xxh3_128(data).hexdigest()
+    b = xxhash.xxh3_128(b"B" * 5000).hexdigest()
+    cas.write_seal(a, os.lstat(placed), ref=os.fspath(placed))
+    assert cas.reference(a, len(data)) == placed  # A's own seal: the reference holds
+    doc = json.loads(cas.seal_path(a).read_bytes())
+    write_atomic(cas.seal_path(b), json.dumps(doc).encode(), mode=0o444)  # names A, at B
+    assert cas.reference(b, len(data)) is None
+    assert not cas.seal_path(b).exists()  # dropped: B is downloaded when needed
+    assert not cas.take_reference(b, len(data), 4096)
+    assert not cas.path(b).exists() and placed.read_bytes() == data  # nothing copied
+    assert cas.reference(a, len(data)) == placed
+
+
+def test_a_member_with_no_files_is_refused() -> None:
+    with pytest.raises(FileNameError, match="has no files"):
+        check_member_files([], "set member 'a'")
+    check_member_files(["model.pte", "cpu.ptd"], "set member 'a'")
