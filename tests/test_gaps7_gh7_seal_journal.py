@@ -95,3 +95,37 @@ def test_a_complete_but_unreadable_plan_is_damaged_not_a_crash(line: bytes,
                                                                tmp_path: Path) -> None:
     with pytest.raises(JournalError):
         parse(line + b"\n", tmp_path / "j")
+
+
+def test_read_gives_our_journals_plan_and_state_and_refuses_another_users(
+        tmp_path: Path) -> None:
+    from trtet_store.io import NotOursError
+    from trtet_store.io.journal import DONE, read
+
+    d = tmp_path / "d"
+    d.mkdir()
+    path, plan = _plan(d)
+    path.write_bytes((plan.to_json() + "\n" + f'{{"state":"{DONE}"}}' + "\n").encode())
+    got, state = read(path)
+    assert (got.token, got.outputs[0].dest, state) == (T1, plan.outputs[0].dest, DONE)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(NotOursError, match="owned by uid 65534"):
+        read(path)
+
+
+def test_a_write_removes_its_own_destinations_torn_journal_and_goes_ahead(
+        tmp_path: Path, caplog) -> None:
+    """recover_destination: a journal of this very destination whose plan line was never
+    completed (its writer killed while writing it) is removed by the next write of it."""
+    from trtet_store.io import write_file
+
+    d = tmp_path / "d"
+    d.mkdir()
+    dest = d / "model.pte"
+    dest.write_bytes(b"old")
+    torn = journal_path(dest, T1)
+    torn.write_bytes(b'{"token": "0123456789abcdef", "outp')  # no newline: never complete
+    write_file(dest, [b"the new program"])
+    assert dest.read_bytes() == b"the new program"
+    assert not torn.exists()
+    assert sorted(os.listdir(d)) == ["model.pte"]
