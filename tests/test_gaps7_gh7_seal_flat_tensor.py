@@ -87,3 +87,21 @@ def test_a_named_datums_tensor_layout_is_read_field_by_field() -> None:
     # No layout written: None, as ExecuTorch's reader gives an absent table.
     bare = read_flat_tensor(_version_only(1))
     assert bare.named_data == []
+
+
+def test_a_named_datum_without_a_key_reads_as_the_empty_key() -> None:
+    import flatbuffers
+
+    b = flatbuffers.Builder(0)
+    b.StartObject(3)
+    b.PrependUint32Slot(1, 2, 0)  # a segment index, no key, no layout
+    nd = b.EndObject()
+    b.StartVector(4, 1, 4)
+    b.PrependUOffsetTRelative(nd)
+    nds = b.EndVector()
+    b.StartObject(3)
+    b.PrependUOffsetTRelativeSlot(2, nds, 0)
+    root = b.EndObject()
+    b.Finish(root)
+    [nd_read] = read_flat_tensor(bytes(b.Output())).named_data
+    assert (nd_read.key, nd_read.segment_index, nd_read.tensor_layout) == ("", 2, None)
