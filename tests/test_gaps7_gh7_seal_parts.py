@@ -3,7 +3,8 @@ half-written ``.part`` files of dead stores, looked at without following a link.
 
 A link planted at a dead store's ``.part`` name is not a half-written file of
 ours: it is neither named with its target's size nor followed by
-``--discard-parts`` (the link itself may go; its target stays, byte for byte).
+``--discard-parts`` (the link itself may go; its target stays, byte for byte). A
+``.part`` whose name carries no store's token is no store's: never named.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def test_stale_parts_does_not_follow_a_link_at_a_parts_name(tmp_path: Path, caps
     os.symlink(target, link)
     real = staging / f"{DEAD}-cachereal.blob.part"
     real.write_bytes(b"r" * 3 * 1024 * 1024)
+    for name in ("notes.part", "abc-cachex.blob.part"):  # no store's token in the name
+        (staging / name).write_bytes(b"a user's own file")
 
     assert stale_parts(staging) == [(real, 3 * 1024 * 1024)]
     assert stale_parts(tmp_path / "missing") == []
@@ -40,3 +43,5 @@ def test_stale_parts_does_not_follow_a_link_at_a_parts_name(tmp_path: Path, caps
     assert said.startswith("1 half-written file(s) of killed runs removed (3.0 MiB)"), said
     assert not real.exists()
     assert target.read_bytes() == b"v" * 5_000_000  # never followed
+    assert (staging / "notes.part").read_bytes() == b"a user's own file"
+    assert sorted(os.listdir(staging)) == ["abc-cachex.blob.part", "notes.part"]
