@@ -44,3 +44,28 @@ def test_a_member_with_no_files_is_refused() -> None:
     with pytest.raises(FileNameError, match="has no files"):
         check_member_files([], "set member 'a'")
     check_member_files(["model.pte", "cpu.ptd"], "set member 'a'")
+
+
+def test_refer_refusing_the_file_at_the_placed_name_drops_the_blobs_seal(
+        tmp_path: Path) -> None:
+    """ContentStore.refer records only the very inode moved there; any other file at the
+    placed name (here one swapped in, a link) records nothing and drops the old seal."""
+    cas = ContentStore(tmp_path / "store")
+    data = b"R" * 5000
+    digest = xxhash.xxh3_128(data).hexdigest()
+    cas.path(digest).write_bytes(data)
+    cas.seal(digest)
+    inode = cas.inode(digest)
+    placed = tmp_path / "m" / "w.ptd"
+    placed.parent.mkdir()
+    placed.write_bytes(data)  # the same bytes, another inode: not the blob moved there
+    assert not cas.refer(digest, placed, inode)
+    assert not cas.seal_path(digest).exists()
+    cas.seal(digest)
+    link = tmp_path / "m" / "l.ptd"
+    os.symlink(cas.path(digest), link)  # a link to the blob itself
+    assert not cas.refer(digest, link, inode)
+    assert not cas.seal_path(digest).exists()
+    os.rename(cas.path(digest), tmp_path / "m" / "moved.ptd")  # the blob itself, moved
+    assert cas.refer(digest, tmp_path / "m" / "moved.ptd", inode)
+    assert cas.reference(digest, len(data)) == tmp_path / "m" / "moved.ptd"
