@@ -69,3 +69,29 @@ def test_refer_refusing_the_file_at_the_placed_name_drops_the_blobs_seal(
     os.rename(cas.path(digest), tmp_path / "m" / "moved.ptd")  # the blob itself, moved
     assert cas.refer(digest, tmp_path / "m" / "moved.ptd", inode)
     assert cas.reference(digest, len(data)) == tmp_path / "m" / "moved.ptd"
+
+
+def test_a_reference_cut_short_during_its_copy_is_not_taken(tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """take_reference: the placed file truncated between its check and its copy (after the
+    open): the short copy (EIO) is discarded, nothing is left in the store, the reference is
+    dropped, and False says to download the blob."""
+    from trtet_store.sets import store as store_mod
+
+    cas = ContentStore(tmp_path / "store")
+    placed = tmp_path / "m" / "w.ptd"
+    placed.parent.mkdir()
+    data = b"T" * 300_000
+    placed.write_bytes(data)
+    digest = xxhash.xxh3_128(data).hexdigest()
+    cas.write_seal(digest, os.lstat(placed), ref=os.fspath(placed))
+
+    def step(stage: str, ref: Path) -> None:
+        if stage == "copy":
+            os.truncate(ref, 1000)
+
+    monkeypatch.setattr(store_mod, "_reference_step", step)
+    assert cas.take_reference(digest, len(data), 4096) is False
+    assert sorted(os.listdir(cas.root)) == [".trtet-seals"]  # no blob, no temp file
+    assert os.listdir(cas.root / ".trtet-seals") == []
+    assert placed.read_bytes() == data[:1000]  # the member's file: only our truncation
