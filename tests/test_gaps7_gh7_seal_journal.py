@@ -129,3 +129,20 @@ def test_a_write_removes_its_own_destinations_torn_journal_and_goes_ahead(
     assert dest.read_bytes() == b"the new program"
     assert not torn.exists()
     assert sorted(os.listdir(d)) == ["model.pte"]
+
+
+def test_a_missing_directory_is_ours_only_under_a_directory_of_ours(tmp_path: Path) -> None:
+    """_Dirs.ours: a directory gone since (a staging directory deleted) counts as ours only
+    when its parent does: under a shared 1777 directory it is anyone's."""
+    d = tmp_path / "d"
+    d.mkdir()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    path, plan = _plan(d)
+    plan.pins = [os.fspath(d / "gone" / "deeper" / f".trtet-pin-{T1}")]
+    assert plan_problem(path, plan) is None
+    pin = shared / "gone" / f".trtet-pin-{T1}"
+    plan.pins = [os.fspath(pin)]
+    assert plan_problem(path, plan) == \
+        f"its plan names the pin {pin}, outside {d} and any directory of ours"
