@@ -95,3 +95,24 @@ def test_a_reference_cut_short_during_its_copy_is_not_taken(tmp_path: Path,
     assert sorted(os.listdir(cas.root)) == [".trtet-seals"]  # no blob, no temp file
     assert os.listdir(cas.root / ".trtet-seals") == []
     assert placed.read_bytes() == data[:1000]  # the member's file: only our truncation
+
+
+def test_a_store_too_small_for_a_references_copy_says_so(tmp_path: Path, make_fs) -> None:
+    """take_reference: a copy that fails for want of space (ENOSPC) is not taken for a changed
+    reference (which would download the blob into the same full disk): it is raised, and no
+    temp file is left in the store; the member's file is untouched."""
+    import errno
+
+    small = make_fs("tmpfs", 2)
+    cas = ContentStore(small / "store")
+    placed = tmp_path / "m" / "w.ptd"
+    placed.parent.mkdir()
+    data = os.urandom(4 * 1024 * 1024)
+    placed.write_bytes(data)
+    digest = xxhash.xxh3_128(data).hexdigest()
+    cas.write_seal(digest, os.lstat(placed), ref=os.fspath(placed))
+    with pytest.raises(OSError) as caught:
+        cas.take_reference(digest, len(data), 4096)
+    assert caught.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(cas.root)) == [".trtet-seals"]  # no blob, no temp file
+    assert placed.read_bytes() == data
