@@ -148,3 +148,26 @@ def test_sealed_is_false_for_a_missing_file_and_digest_reads_the_whole_file(
     os.unlink(d.path(name))
     assert not d.sealed(name)  # its seal stays, vouching for nothing
     assert d.seal_path(name).exists()
+
+
+def test_the_directory_is_made_0700_and_a_link_or_a_shared_one_refused(tmp_path: Path) -> None:
+    from trtet_store.io import UnsafeDirectoryError
+
+    d = SealedDir(tmp_path / "new", todo="remove it")
+    assert stat.S_IMODE(os.lstat(d.root).st_mode) == 0o700
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    os.symlink(real, tmp_path / "link")
+    with pytest.raises(UnsafeDirectoryError, match="symbolic link.*remove the link please"):
+        SealedDir(tmp_path / "link", todo="remove the link please")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    with pytest.raises(UnsafeDirectoryError):
+        SealedDir(shared, todo="remove it")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(UnsafeDirectoryError):
+        SealedDir(theirs, todo="remove it")
+    assert os.listdir(real) == [] and os.listdir(shared) == [] and os.listdir(theirs) == []
