@@ -33,6 +33,7 @@ def test_stale_parts_does_not_follow_a_link_at_a_parts_name(tmp_path: Path, caps
 
     assert stale_parts(staging) == [(real, 3 * 1024 * 1024)]
     assert stale_parts(tmp_path / "missing") == []
+    assert stale_parts(real) == []  # a file, not a directory: no parts in it
     assert main(["recover", str(out)]) == 0
     said = capsys.readouterr().out
     assert f"{real}: 3.0 MiB half-written" in said and "1 half-written file(s)" in said
