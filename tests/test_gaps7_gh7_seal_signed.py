@@ -86,3 +86,29 @@ def test_check_blobs_never_reads_a_blob_through_a_link_at_its_name(tmp_path: Pat
         check_blobs(cas, [digest], {digest: hashlib.sha256(data).hexdigest()}, WHERE)
     assert caught.value.errno == errno.ELOOP  # refused at the open: nothing read
     assert elsewhere.read_bytes() == data
+
+
+def test_a_seal_over_4_kib_is_not_read_for_its_sha256_the_blob_is(tmp_path: Path) -> None:
+    """_sealed_sha256 reads a store seal (a line of JSON) capped at 4096 bytes: a bigger one
+    is not believed, and the blob is read once for its sha256 instead."""
+    from trtet_store.io import bytes_digested
+    from trtet_store.io.safedir import write_atomic
+
+    data = b"S" * 9000
+    digest = xxhash.xxh3_128(data).hexdigest()
+    real = hashlib.sha256(data).hexdigest()
+    cas = ContentStore(tmp_path / "store")
+    cas.path(digest).write_bytes(data)
+    os.chmod(cas.path(digest), 0o444)
+    cas.seal(digest, sha256=real)
+    doc = json.loads(cas.seal_path(digest).read_bytes())
+    body = json.dumps(doc).encode()
+    write_atomic(cas.seal_path(digest), body + b" " * (4097 - len(body)), mode=0o444)
+    assert cas.sealed(digest)  # the identity still vouches for the file
+    before = bytes_digested()
+    check_blobs(cas, [digest], {digest: real}, WHERE)
+    assert bytes_digested() - before == len(data)  # read once, not trusted from the seal
+    write_atomic(cas.seal_path(digest), body + b" " * (4096 - len(body)), mode=0o444)
+    before = bytes_digested()
+    check_blobs(cas, [digest], {digest: real}, WHERE)
+    assert bytes_digested() == before  # at the cap: the seal's sha256, nothing read
