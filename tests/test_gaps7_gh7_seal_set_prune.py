@@ -6,6 +6,8 @@ trtet_store.remote.sweep's plan_sweep): what goes, judged on the server's clock.
   uploaded a moment ago (gc_grace is an hour);
 - a stray blob with no manifest of its own (a publisher killed before writing
   it) goes, and so does a blob manifest left without its object;
+- an object under ``blobs/`` not named by a digest (``README``, ``notes.trtet.json``)
+  is no blob, and stays;
 - a stray blob whose manifest names another version of it (a renewal under way:
   ``_names`` is not the listed ETag) stays, object and manifest alike.
 """
@@ -74,8 +76,11 @@ def test_a_stray_blob_without_its_manifest_and_a_manifest_without_its_blob_go(
     doc_d["objects"][0].update(key=renewing, name="d" * 32, etag="0" * 32 + "-2")  # another
     s3env.client.put_object(Bucket=s3env.bucket, Key=f"{renewing}.trtet.json",
                             Body=json.dumps(doc_d).encode())
+    foreign = ["rel/blobs/README", "rel/blobs/notes.trtet.json"]  # not named by a digest
+    for k in foreign:
+        s3env.client.put_object(Bucket=s3env.bucket, Key=k, Body=b"someone else's")
     before = _state(s3env, "rel/blobs/")
-    time.sleep(2.1)  # all three older than the grace, by the server's clock
+    time.sleep(2.1)  # all older than the grace, by the server's clock
     report = publish_set({"k": kept}, url, endpoint_url=s3env.endpoint.url, config=cfg,
                          if_exists="replace", gc_grace=1)
     after = _state(s3env, "rel/blobs/")
@@ -85,4 +90,6 @@ def test_a_stray_blob_without_its_manifest_and_a_manifest_without_its_blob_go(
     assert after[renewing] == before[renewing]
     assert after[f"{renewing}.trtet.json"] == before[f"{renewing}.trtet.json"]
     assert after[first] == before[first] and f"{first}.trtet.json" in after  # named
-    assert set(after) == {first, f"{first}.trtet.json", renewing, f"{renewing}.trtet.json"}
+    assert {k: after[k] for k in foreign} == {k: before[k] for k in foreign}  # not blobs
+    assert set(after) == {first, f"{first}.trtet.json", renewing, f"{renewing}.trtet.json",
+                          *foreign}
