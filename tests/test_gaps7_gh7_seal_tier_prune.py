@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from test_sweep import FixedClock
+
 from trtet_store.cache.tier import RemoteTier
 from trtet_store.remote.s3 import S3
 
@@ -22,6 +24,10 @@ def test_prune_keeps_an_old_attempt_with_a_young_open_upload(s3env: Any) -> None
     try:
         tier = RemoteTier(f"s3://{bucket}/cache", endpoint_url=s3env.endpoint.url, origin="a",
                           journal_dir=s3env.journal_dir)
+        # "Now" is one second after the upload started, however long a loaded machine
+        # takes to get here: the objects are over 3 s old then, the open upload 1 s.
+        (started,) = [u.initiated.timestamp() for u in S3(client=c).list_uploads(bucket, "cache/")]
+        tier.clock = FixedClock(started + 1.0)
         assert tier.prune(2.0) == ["gone/c-00000000000000bb/"]
         keys = [o["Key"] for o in c.list_objects_v2(Bucket=bucket).get("Contents", [])]
         assert keys == [f"{busy}record"]

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from trtet_store.cache.tier import RemoteTier
+from trtet_store.cache.tier.lease import Clock
 from trtet_store.remote.s3 import S3
 from trtet_store.remote.sweep import Listed, plan_sweep
 
@@ -97,6 +98,16 @@ def test_the_sweep_keeps_the_named_the_young_and_the_rewritten(s3env: Any, layou
 # --- each caller through its own entry point ------------------------------------------------
 
 
+class FixedClock(Clock):
+    """A clock whose wall time stands still at ``now`` (what the prune calls now)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
 def _tier(s3env: Any, client: S3 | None = None) -> RemoteTier:
     return RemoteTier(f"s3://{s3env.bucket}/cache", endpoint_url=s3env.endpoint.url,
                       client=client, origin="a", journal_dir=s3env.journal_dir / "a")
@@ -128,6 +139,9 @@ def test_tier_prune_keeps_a_young_entry_and_one_rewritten_before_its_delete(
     before = _state(s3env, "cache/")
     tier = _tier(s3env, RewritesBeforeDelete(s3env.endpoint.url, writer, s3env.bucket,
                                              {"cache/raced.json", "cache/raced2.lease"}))
+    # "Now" is one second after the young entry was made, however long a loaded machine
+    # takes to get here: the leases are over 3 s old by then, the young entry 1 s.
+    tier.clock = FixedClock(plain.lookup("young").created + 1.0)
     assert sorted(tier.prune(2.0)) == ["dead.lease", "old"]
     after = _state(s3env, "cache/")
     kept = {k: v for k, v in before.items() if not k.startswith(("cache/old", "cache/dead"))}

@@ -8,7 +8,6 @@ leases when dead by the server's clock (:func:`.lease.prunable`).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 
 from trtet_store.cache.tier.bucket import TierBucket
@@ -30,7 +29,7 @@ def prune(tier: TierBucket, older_than: float, *, dry_run: bool = False,
     if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
             or not older_than >= 0:
         raise ValueError(f"older_than must be a number of seconds >= 0, not {older_than!r}")
-    now = time.time()
+    now = tier.clock.time()  # the tier's clock: a test fixes "now" instead of racing it
     pointers = {tier.pointer_key(e.key): e for e in entries()}
     listing = [Listed(k, e.etag, e.created) for k, e in pointers.items()]
     newest: dict[str, float] = {}
