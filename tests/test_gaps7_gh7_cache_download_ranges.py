@@ -160,3 +160,26 @@ def test_a_piece_whose_sha256_is_not_the_signed_one_is_refused_at_once_and_not_s
     # Nothing placed; the first piece (which checked) not kept staged for a resume.
     assert [n for n in tree(out) if n.endswith((".run", ".journal", ".blob"))] == []
     assert os.listdir(out) in ([], [".trtet-staging"]), os.listdir(out)
+
+
+def test_a_piece_bad_on_every_attempt_gives_up_and_changes_nothing(s3, here_fs, tcp_proxy):
+    """The same byte flipped on each of the two attempts: FetchVerificationError naming the
+    range and the attempts; nothing placed."""
+    from trtet_store.remote.errors import FetchVerificationError
+
+    data = engine_bytes(702, 2 * RANGE + MiB + 3)
+    put_program(s3.client, s3.bucket, "p", {"model.pte": (data, [len(data)])})
+    proxy = tcp_proxy(s3.endpoint.url, [
+        Fault("response", "flip", at=PIECE_SIZE + 12345, match=_ranged("p/model.pte", RANGE)),
+        Fault("response", "flip", at=12345,
+              match=_ranged("p/model.pte", RANGE + PIECE_SIZE))])
+    dest = here_fs / "model.pte"
+    client = S3Endpoint(proxy.url).client(retries={"max_attempts": 1}, read_timeout=5)
+    with pytest.raises(FetchVerificationError) as caught:
+        fetch(f"s3://{s3.bucket}/p/model.pte", dest, client=client, range_size=RANGE,
+              concurrency=1, attempts=2)
+    assert not isinstance(caught.value, ProgramSignatureError)
+    assert f"bytes {RANGE}-{2 * RANGE - 1} did not match the manifest's chunk digests in 2 " \
+        "attempts" in str(caught.value), caught.value
+    assert len(proxy.fired) == 2
+    assert not dest.exists()
