@@ -2,8 +2,8 @@
 
 ``CacheFiles.stamp(key, hit=...)`` records a use in ``keys/<key>.use``: a hit appends a
 byte (creating the stamp), a use that is not a hit only touches a stamp that is there; a
-read-only cache writes none. ``CacheFiles.reseal`` records a blob's new identity only
-while its seal is still there: a blob dropped meanwhile is never given a seal again.
+read-only cache writes none. ``CacheFiles.check`` reseals a blob read under a new identity
+only while its seal is still there: a blob dropped meanwhile is never given a seal again.
 """
 
 from __future__ import annotations
@@ -55,14 +55,24 @@ def test_a_read_only_cache_writes_no_use_stamp(here_fs: Path) -> None:
     assert not use.exists(), "a read-only cache wrote a use stamp"
 
 
-def test_reseal_gives_no_seal_to_a_blob_whose_seal_is_gone(here_fs: Path) -> None:
+def test_a_check_gives_no_seal_to_a_blob_whose_seal_is_gone(here_fs: Path) -> None:
+    """``CacheFiles.check`` of a blob read under a new identity (its mtime moved, the same
+    bytes) reseals it only while its seal is there: one dropped meanwhile (by another
+    process's drop, after this hit read the seal) is never written again."""
     cache = _cache(here_fs)
     files = cache.files
     [name] = [p.name for p in (cache.directory / "blobs").iterdir()
               if not p.name.endswith(".json")]
-    seal = files.read_seal(name)
+    seal = files.blobs.read(name)
     assert seal is not None
-    os.unlink(files.seal(name))  # dropped meanwhile (by another process's drop)
-    files.reseal(name, seal)
-    assert not files.seal(name).exists(), "a dropped blob was sealed again"
-    assert files.read_seal(name) is None
+    path = files.blobs.path(name)
+    os.utime(path, ns=(10**9, 10**9))  # a new identity, the same bytes
+    os.unlink(files.blobs.seal_path(name))  # dropped meanwhile
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        problem, renewed = files.check(name, seal, fd, os.fstat(fd), full=True)
+    finally:
+        os.close(fd)
+    assert problem is None and renewed not in (None, seal)
+    assert not files.blobs.seal_path(name).exists(), "a dropped blob was sealed again"
+    assert files.blobs.read(name) is None
