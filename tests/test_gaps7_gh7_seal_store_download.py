@@ -13,6 +13,7 @@ from typing import Any
 
 from sets_helpers import write
 
+from trtet_store.remote.download.options import FetchConfig
 from trtet_store.remote.s3 import S3
 from trtet_store.remote.upload.config import PublishConfig
 from trtet_store.sets import publish_set
@@ -31,7 +32,8 @@ def test_a_downloaded_blob_is_read_only_and_sealed(s3env: Any, tmp_path: Path) -
     for sha, store in ((True, "signed"), (False, "plain")):
         cas = ContentStore(tmp_path / store)
         got = cas.download(s3, s3env.bucket, blob_key("rel/", digest), digest, blob.size,
-                           blob.crc64nvme, concurrency=2, range_size=1 << 20, sha256=sha)
+                           blob.crc64nvme, config=FetchConfig(concurrency=2, range_size=1 << 20),
+                           sha256=sha)
         assert got == blob.size
         st = os.lstat(cas.path(digest))
         assert stat.S_IMODE(st.st_mode) == 0o444 and st.st_uid == os.geteuid()
