@@ -377,3 +377,37 @@ def test_timing_entries_pull_entry_refusals(here_fs, s3env):
             ValueError, match="was not taken in: the shared entry is refused: its files are"):
         timing_entries.pull_entry(b, _key())
     assert b.blobs.get(_key()) is None and b.blobs.get(other_key) is None
+
+
+# -- timing_cache.build_warm with a tier: only what a build learned is pushed ---------------
+
+
+def test_build_warm_with_a_tier_pushes_nothing_when_the_build_learned_nothing(here_fs, s3env):
+    from trtet_store.export.timing_cache import build_warm
+
+    b = _tiered(here_fs, "B", s3env, s3env.endpoint.url)
+    data = write_timing_cache(_key(), _entries(8, "offline"))  # made here, never pushed
+    _put_local(b, here_fs, data, _meta(data))
+    seen = []
+
+    def build(timing_cache_path: str) -> str:  # reads its copy, learns nothing
+        seen.append(Path(timing_cache_path).read_bytes())
+        return "built"
+
+    with installed(FakeBuilder()):
+        built, said = build_warm(b, build, {})
+    assert built == "built" and seen == [data]
+    assert said is not None and said.warm and said.merged is None, said
+    assert said.tier is not None and said.tier.published is None and said.tier.sent == 0
+    assert b.remote.lookup(_key()) is None  # nothing learned: nothing sent to the team
+
+    def learn(timing_cache_path: str) -> str:  # learns two tactics: merged, then pushed
+        more = {**_entries(8, "offline"), **_entries(2, "new")}
+        Path(timing_cache_path).write_bytes(write_timing_cache(_key(), more))
+        return "built"
+
+    with installed(FakeBuilder()):
+        _, said = build_warm(b, learn, {})
+    assert said.merged is True and said.tier.published is True, said
+    assert parse_timing_cache(_tier_bytes(here_fs, s3env))[1] == \
+        {**_entries(8, "offline"), **_entries(2, "new")}
