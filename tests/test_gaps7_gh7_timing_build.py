@@ -432,3 +432,26 @@ def test_merge_in_refuses_a_learned_file_over_the_limit_before_any_claim(here_fs
                  timing_cache._metadata(_facts()), limit=len(data))
     assert "learned cache file" in str(got.value)
     assert _digests(cache) == before
+
+
+def test_copy_out_and_merge_in_take_an_entry_of_exactly_the_limit(here_fs):
+    cache = _cache(here_fs)
+    data = write_timing_cache(_key(), _entries(9, "o"))
+    _put(cache, here_fs, data)
+    with copy_out(cache.blobs, _key(), _check, limit=len(data)) as copied:
+        assert copied.warm and copied.reason is None
+        assert copied.path.read_bytes() == data
+    learned = here_fs / "learned"
+    learned.write_bytes(write_timing_cache(_key(), _entries(1, "p")))
+    seen = []
+
+    def combined(current: bytes | None, new: bytes) -> tuple[bytes, dict]:
+        seen.append(current)
+        return timing_cache._combined(current, new)
+
+    with installed(FakeBuilder()):
+        done = merge_in(cache.blobs, _key(), learned, combined, _check,
+                        timing_cache._metadata(_facts()), limit=len(data))
+    assert seen == [data] and done.merged and done.replaced is None, done
+    assert parse_timing_cache(_entry_bytes(cache))[1] == {**_entries(9, "o"),
+                                                          **_entries(1, "p")}

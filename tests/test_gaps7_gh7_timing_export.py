@@ -126,3 +126,11 @@ def test_timing_tier_local_entry_changed_after_the_pin_is_never_pushed(here_fs, 
         with pytest.raises(ValueError, match="is not a timing cache in the engine cache"):
             timing_entries.push_entries(cache, [key])
     assert cache.remote.lookup(key) is None
+
+
+def test_export_entry_of_exactly_max_timing_bytes_is_written(here_fs, monkeypatch):
+    key, data = _entry(here_fs, 50, "f")
+    monkeypatch.setattr(timing_cache, "MAX_TIMING_BYTES", len(data))
+    out = here_fs / "out.timing"
+    done = timing_entries.export_entry(_cache(here_fs), out, key)
+    assert done.size == len(data) and out.read_bytes() == data

@@ -411,3 +411,13 @@ def test_build_warm_with_a_tier_pushes_nothing_when_the_build_learned_nothing(he
     assert said.merged is True and said.tier.published is True, said
     assert parse_timing_cache(_tier_bytes(here_fs, s3env))[1] == \
         {**_entries(8, "offline"), **_entries(2, "new")}
+
+
+def test_mergeable_tier_fetch_takes_an_entry_of_exactly_the_limit(here_fs, s3env):
+    data = write_timing_cache(_key(), _entries(40, "lim"))
+    _publish(here_fs, s3env, data)
+    tier = _tiered(here_fs, "B", s3env, s3env.endpoint.url).remote
+    got = mergeable_tier.fetch(tier, _key(), here_fs / "in", _check, limit=len(data))
+    assert got.data == data and got.reason is None, got.reason
+    got = mergeable_tier.fetch(tier, _key(), here_fs / "in", _check, limit=len(data) - 1)
+    assert got.data is None and got.reason.startswith("the shared entry is refused")
