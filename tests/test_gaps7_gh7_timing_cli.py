@@ -177,3 +177,43 @@ def test_wait_timeout_default_is_twice_the_lease_ttl_in_use(tmp_path, s3env):
                                    wait_timeout=None).wait_timeout is None
     assert trtet_store.EngineCache(tmp_path / "e", remote=tier,
                                    wait_timeout=5).wait_timeout == 5
+
+
+# -- compile-and-save: _check_before_build of --engine-cache-remote -------------------------
+
+
+def _before_build_args(tmp_path: Path, **given: object) -> object:
+    import argparse
+
+    return argparse.Namespace(**{"publish": None, "engine_cache_remote": "s3://bucket/tier",
+                                 "endpoint_url": None, "signing_key": None,
+                                 "trusted_key": None, "replace": False, **given})
+
+
+def test_check_before_build_leaves_an_unreachable_tier_to_the_build(tmp_path, monkeypatch,
+                                                                    capsys):
+    from trtet_store.cli.compile import _check_before_build
+
+    for var in ("TRTET_SIGNING_KEY", "TRTET_TRUSTED_KEYS", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", os.fspath(tmp_path / "config"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The endpoint does not answer: the tier's rule (a warning, the build goes on).
+    args = _before_build_args(tmp_path, endpoint_url=f"http://127.0.0.1:{port}")
+    assert _check_before_build(args) is None
+    assert capsys.readouterr().err == ""
+    # A key file that is not there: refused before the build, one line.
+    missing = tmp_path / "no-such.key"
+    args = _before_build_args(tmp_path, endpoint_url=f"http://127.0.0.1:{port}",
+                              signing_key=os.fspath(missing))
+    assert _check_before_build(args) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(f"--signing-key {missing}: no such file (checked before the build: "
+                         "nothing built or written)"), line
