@@ -455,3 +455,20 @@ def test_copy_out_and_merge_in_take_an_entry_of_exactly_the_limit(here_fs):
     assert seen == [data] and done.merged and done.replaced is None, done
     assert parse_timing_cache(_entry_bytes(cache))[1] == {**_entries(9, "o"),
                                                           **_entries(1, "p")}
+
+
+def test_build_warm_of_a_build_that_learned_merges_it_and_counts_the_entries(here_fs):
+    cache = _cache(here_fs)
+    data = write_timing_cache(_key(), _entries(7, "q"))
+    _put(cache, here_fs, data)
+    more = {**_entries(7, "q"), **_entries(2, "r")}
+    build = Build(lambda p: p.write_bytes(write_timing_cache(_key(), more)))
+    with installed(FakeBuilder()):
+        _, said = build_warm(cache, build, {})
+    assert said is not None and said.warm and said.entries == 7
+    assert said.merged is True and said.merge_reason is None and said.after == 9, said
+    assert parse_timing_cache(_entry_bytes(cache))[1] == more
+    hit = cache.blobs.get(_key())
+    with hit:
+        assert dict(hit.metadata)["entries"] == 9
+    assert _tmp_files(cache) == []
