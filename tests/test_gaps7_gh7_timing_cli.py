@@ -60,6 +60,7 @@ def test_keys_as_listed_takes_whole_short_and_prefix_keys_and_refuses_an_ambiguo
     assert _keys_as_listed(tier, ["trt-1234"]) == [c]  # a prefix naming one
     assert _keys_as_listed(tier, ["trt-abcdef011"]) == [a]
     assert _keys_as_listed(tier, ["trt-99999999"]) == ["trt-99999999"]  # none: left to pull
+    assert _keys_as_listed(tier, [a, "trt-1234"]) == [a, c]  # whole and short in one pull
     for ambiguous in ("trt-abcdef01", "trt-abcdef01-sm_89", "trt-"):
         with pytest.raises(ValueError, match="entries of s3://.*give more of the key") as got:
             _keys_as_listed(tier, [ambiguous])

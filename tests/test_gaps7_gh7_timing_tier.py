@@ -282,6 +282,7 @@ def test_publish_merged_retries_a_lost_race_and_keeps_both(here_fs, s3env):
     got = parse_timing_cache(_tier_bytes(here_fs, s3env))[1]
     assert got == {**_entries(10, "a"), **_entries(10, "b"), **_entries(10, "c")}
     assert parse_timing_cache(out)[1] == got
+    assert sorted((here_fs / "s").iterdir()) == []  # no in-N, no out-N left in the scratch
 
 
 def test_publish_merged_gives_up_after_attempts_of_lost_races(here_fs, s3env):
