@@ -218,3 +218,20 @@ def test_check_before_build_leaves_an_unreachable_tier_to_the_build(tmp_path, mo
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.endswith(f"--signing-key {missing}: no such file (checked before the build: "
                          "nothing built or written)"), line
+
+
+def test_needs_out_refuses_refittable_and_local_flags_without_out(capsys):
+    import argparse
+
+    from trtet_store.cli.compile import _LOCAL_ONLY, _needs_out
+
+    none = {attr: None for attr in _LOCAL_ONLY}
+    assert _needs_out(argparse.Namespace(**none, refittable=False)) is None
+    assert _needs_out(argparse.Namespace(**none, refittable=True)) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith("--refittable needs OUT (a refit reuses a cached engine: give OUT and "
+                         "--engine-cache); --publish without OUT builds immutable engines"), line
+    assert _needs_out(argparse.Namespace(**{**none, "etrecord": "x"}, refittable=True)) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith("--etrecord need OUT (they write local files); --publish without OUT "
+                         "writes none"), line
