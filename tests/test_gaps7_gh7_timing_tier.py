@@ -422,3 +422,18 @@ def test_mergeable_tier_fetch_takes_an_entry_of_exactly_the_limit(here_fs, s3env
     assert got.data == data and got.reason is None, got.reason
     got = mergeable_tier.fetch(tier, _key(), here_fs / "in", _check, limit=len(data) - 1)
     assert got.data is None and got.reason.startswith("the shared entry is refused")
+
+
+def test_engine_cache_pull_of_timing_and_build_keys_pulls_both(here_fs, s3env):
+    # timing_entries.pull_entry takes the trt-t- keys; the rest go the builds' way (here: a
+    # build key in neither cache is refused, after the timing entry was taken in).
+    data = write_timing_cache(_key(), _entries(12, "pull"))
+    _publish(here_fs, s3env, data)
+    b = _tiered(here_fs, "B", s3env, s3env.endpoint.url)
+    build = "trt-" + "ab" * 16 + "-sm_89"
+    with installed(FakeBuilder()):
+        with pytest.raises(ValueError, match="is in neither the engine cache"):
+            b.pull([_key(), build])
+        assert _local_bytes(b) == data
+        [(key, got)] = b.pull([_key()])  # taken in already: nothing downloaded
+    assert key == _key() and got == 0
