@@ -134,3 +134,17 @@ def test_export_entry_of_exactly_max_timing_bytes_is_written(here_fs, monkeypatc
     out = here_fs / "out.timing"
     done = timing_entries.export_entry(_cache(here_fs), out, key)
     assert done.size == len(data) and out.read_bytes() == data
+
+
+def test_export_entry_into_a_directory_of_another_user_is_refused(here_fs):
+    key, data = _entry(here_fs, 6, "g")
+    theirs = here_fs / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)  # nobody's directory: they could swap what we write
+    before = sorted(os.listdir(theirs))
+    with pytest.raises(Exception) as got:
+        timing_entries.export_entry(_cache(here_fs), theirs / "out.timing", key)
+    assert "directory to export into" in str(got.value), got.value
+    assert sorted(os.listdir(theirs)) == before == []
+    st = os.stat(theirs)
+    assert (st.st_uid, st.st_mode & 0o7777) == (65534, 0o755)
