@@ -10,6 +10,11 @@ process, with the stub builder) exports the same model through
 exist; the export builds B's own engine (a miss, the refusal in one line),
 and B's program holds B's engine. The same record refused from a local
 cache and a staging store; the check's refusals one by one.
+
+Where (for a grep): ``trtet_store.export.engine_build._served`` catches the
+``UnsafeRecordError`` of a tier hit, drops the local copy (``drop_build``) and
+sets ``cache.tiered.replace[key]`` so B's build replaces the forged entry
+(If-Match); ``engine_reuse.reuse`` refuses a staged record the same way.
 """
 
 from __future__ import annotations
