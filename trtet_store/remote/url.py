@@ -14,6 +14,19 @@ from trtet_store.remote.manifest import MANIFEST_SUFFIX
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,62}")
 
 
+def _split(url: str, example: str, rest: str) -> tuple[str, str]:
+    """``(bucket, what follows it)`` of an ``s3://`` URL, its scheme and bucket name checked."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str like 's3://bucket/{example}', "
+                        f"not {type(url).__name__}")
+    if not url.startswith("s3://"):
+        raise RemoteURLError(f"{url!r}: expected s3://bucket/{rest}")
+    bucket, _, after = url[len("s3://"):].partition("/")
+    if not _BUCKET.fullmatch(bucket):
+        raise RemoteURLError(f"{url!r}: {bucket!r} is not a bucket name")
+    return bucket, after
+
+
 @dataclass(frozen=True)
 class RemoteURL:
     """An object's place: ``bucket`` and ``key`` (the program's key, e.g. ``models/m.pte``)."""
@@ -33,14 +46,7 @@ class RemoteURL:
             segments or a NUL, or a key ending in ``.trtet.json`` (the name
             of a program's manifest, never of a program).
         """
-        if not isinstance(url, str):
-            raise TypeError(f"url must be a str like 's3://bucket/model.pte', "
-                            f"not {type(url).__name__}")
-        if not url.startswith("s3://"):
-            raise RemoteURLError(f"{url!r}: expected s3://bucket/key")
-        bucket, _, key = url[len("s3://"):].partition("/")
-        if not _BUCKET.fullmatch(bucket):
-            raise RemoteURLError(f"{url!r}: {bucket!r} is not a bucket name")
+        bucket, key = _split(url, "model.pte", "key")
         if not key or key.endswith("/"):
             raise RemoteURLError(f"{url!r}: name the program's object, e.g. "
                                  f"s3://{bucket}/{key or ''}model.pte")
@@ -70,14 +76,7 @@ class RemoteURL:
             Not ``s3://``, a bad bucket name, or a segment that is empty,
             ``.`` or ``..`` (or a NUL).
         """
-        if not isinstance(url, str):
-            raise TypeError(f"url must be a str like 's3://bucket/models/v3/', not "
-                            f"{type(url).__name__}")
-        if not url.startswith("s3://"):
-            raise RemoteURLError(f"{url!r}: expected s3://bucket/prefix/")
-        bucket, _, prefix = url[len("s3://"):].partition("/")
-        if not _BUCKET.fullmatch(bucket):
-            raise RemoteURLError(f"{url!r}: {bucket!r} is not a bucket name")
+        bucket, prefix = _split(url, "models/v3/", "prefix/")
         prefix = prefix.rstrip("/")
         if prefix and ("\0" in prefix or any(part in (".", "..", "")
                                              for part in prefix.split("/"))):
