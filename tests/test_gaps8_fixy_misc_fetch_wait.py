@@ -28,6 +28,13 @@ def test_check_options_refuses_a_nan_or_negative_wait_replaced(wait) -> None:
         check_options(wait_replaced=wait)
 
 
+@pytest.mark.parametrize(("wait", "kind"), [(True, "bool"), (False, "bool"), ("30", "str"),
+                                           (None, "NoneType")])
+def test_check_options_refuses_a_wait_replaced_that_is_no_number(wait, kind) -> None:
+    with pytest.raises(TypeError, match=f"wait_replaced must be a number of seconds, not {kind}"):
+        check_options(wait_replaced=wait)
+
+
 @pytest.mark.parametrize("wait", [0, 0.0, 30.0, math.inf])
 def test_check_options_takes_a_wait_of_zero_or_more(wait) -> None:
     check_options(wait_replaced=wait)
