@@ -24,7 +24,14 @@ from typing import Any
 
 import pytest
 import xxhash
+
+# _facts, _key, _check, _meta: timing_cache.timing_facts, timing_key, entry_problem and an
+# entry's metadata, on the machine tests/timing_machine.py pins.
+from timing_machine import check as _check
+from timing_machine import facts as _facts
+from timing_machine import key as _key
 from timing_machine import machine  # noqa: F401 - the autouse fixture
+from timing_machine import meta as _meta
 
 import trtet_store
 from trtet_store.cache import mergeable_tier
@@ -39,22 +46,6 @@ from trtet_store.testing.stub_tensorrt import (
 )
 
 MiB = 1 << 20
-
-
-def _facts() -> dict[str, Any]:
-    return timing_cache.timing_facts({})
-
-
-def _key() -> str:
-    return timing_cache.timing_key(_facts())
-
-
-def _check(m: dict) -> str | None:
-    return timing_cache.entry_problem(m, _facts())
-
-
-def _meta(out: bytes) -> dict:
-    return {**timing_cache._metadata(_facts()), "entries": FakeBuilder.count_entries(out)}
 
 
 def _entries(n: int, tag: str) -> dict[str, str]:

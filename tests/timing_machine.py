@@ -1,7 +1,10 @@
 """The machine the timing-cache tests play: an L4 (its facts), pinned for every test of a
-module that imports ``machine``."""
+module that imports ``machine``; and what those tests ask of it (its facts, its key, whether
+an entry's metadata fits it, the metadata a stored entry of it carries)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -14,3 +17,24 @@ SM89 = {"gpu": "NVIDIA L4", "compute_capability": "sm_89",
 @pytest.fixture(autouse=True)
 def machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timing_cache, "gpu_facts", lambda: dict(SM89))
+
+
+def facts() -> dict[str, Any]:
+    """This machine's timing facts (no extra builder flags)."""
+    return timing_cache.timing_facts({})
+
+
+def key() -> str:
+    return timing_cache.timing_key(facts())
+
+
+def check(metadata: dict) -> str | None:
+    """Why an entry with ``metadata`` is not for this machine, or None."""
+    return timing_cache.entry_problem(metadata, facts())
+
+
+def meta(out: bytes) -> dict:
+    """The metadata of a stored timing entry of this machine holding the cache ``out``."""
+    from trtet_store.testing.stub_tensorrt import FakeBuilder
+
+    return {**timing_cache._metadata(facts()), "entries": FakeBuilder.count_entries(out)}
