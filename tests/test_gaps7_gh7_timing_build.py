@@ -29,6 +29,7 @@ import xxhash
 # _facts, _key, _check, _meta: timing_cache.timing_facts, timing_key, entry_problem and an
 # entry's metadata, on the machine tests/timing_machine.py pins.
 from timing_machine import check as _check
+from timing_machine import entries as _entries
 from timing_machine import facts as _facts
 from timing_machine import key as _key
 from timing_machine import machine  # noqa: F401 - the autouse fixture
@@ -47,10 +48,6 @@ from trtet_store.testing.stub_tensorrt import (
 )
 
 MiB = 1 << 20
-
-
-def _entries(n: int, tag: str) -> dict[str, str]:
-    return {xxhash.xxh3_64_hexdigest(f"{tag}{i}".encode()): f"{i:08x}" for i in range(n)}
 
 
 def _cache(here: Path) -> trtet_store.EngineCache:

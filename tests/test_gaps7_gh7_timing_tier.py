@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import xxhash
 
 # _facts, _key, _check, _meta: timing_cache.timing_facts, timing_key, entry_problem and an
 # entry's metadata, on the machine tests/timing_machine.py pins.
 from timing_machine import check as _check
+from timing_machine import entries as _entries
 from timing_machine import facts as _facts
 from timing_machine import key as _key
 from timing_machine import machine  # noqa: F401 - the autouse fixture
 from timing_machine import meta as _meta
+from timing_machine import tiered as _tiered
 
 import trtet_store
 from trtet_store.cache import mergeable_tier
@@ -46,15 +47,6 @@ from trtet_store.testing.stub_tensorrt import (
 )
 
 MiB = 1 << 20
-
-
-def _entries(n: int, tag: str) -> dict[str, str]:
-    return {xxhash.xxh3_64_hexdigest(f"{tag}{i}".encode()): f"{i:08x}" for i in range(n)}
-
-
-def _tiered(here: Path, name: str, s3: Any, url: str) -> trtet_store.EngineCache:
-    return trtet_store.EngineCache(here / name, max_bytes=1 << 30, min_free=0,
-                                   remote=f"s3://{s3.bucket}/tier", endpoint_url=url)
 
 
 def _publish(here: Path, s3: Any, data: bytes, name: str = "A") -> None:

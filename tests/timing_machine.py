@@ -38,3 +38,18 @@ def meta(out: bytes) -> dict:
     from trtet_store.testing.stub_tensorrt import FakeBuilder
 
     return {**timing_cache._metadata(facts()), "entries": FakeBuilder.count_entries(out)}
+
+
+def entries(n: int, tag: str) -> dict[str, str]:
+    """``n`` timing-cache entries (tactic key -> timing), distinct per ``tag``."""
+    import xxhash
+
+    return {xxhash.xxh3_64_hexdigest(f"{tag}{i}".encode()): f"{i:08x}" for i in range(n)}
+
+
+def tiered(here: Any, name: str, s3: Any, url: str) -> Any:
+    """An EngineCache ``here/name`` whose shared tier is ``s3://<bucket>/tier`` at ``url``."""
+    import trtet_store
+
+    return trtet_store.EngineCache(here / name, max_bytes=1 << 30, min_free=0,
+                                   remote=f"s3://{s3.bucket}/tier", endpoint_url=url)
