@@ -63,7 +63,10 @@ def test_marked_loads_torch_in_process():
 
 def run_pytest(directory: Path, *args: str, env: dict[str, str] | None = None
                ) -> subprocess.CompletedProcess:
-    child_env = dict(os.environ, PYTHONPATH=str(TESTS), **(env or {}))
+    # The pace is stated, never measured, unless a test states its own: a loaded machine
+    # would otherwise scale the child's limits up and a test over them would pass (CI, stop 59).
+    child_env = dict(os.environ, PYTHONPATH=str(TESTS), TRTET_MACHINE_PACE="1e-9")
+    child_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *args],
         cwd=directory, env=child_env, capture_output=True, text=True, timeout=120)
