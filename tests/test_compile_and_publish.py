@@ -93,3 +93,17 @@ def test_a_failed_publish_keeps_the_staged_engines_and_the_next_call_builds_noth
     assert fetched is not None and (tmp_path / "fetched" / "engines.ptd").read_bytes() == published
     assert not staging.exists()  # released once published, the directory removed
     assert list(work.iterdir()) == []
+
+
+def test_compile_and_publish_takes_lowering_options_and_refuses_a_conflicting_keyword(tmp_path):
+    from trtet_store import LoweringOptions
+
+    lowering = LoweringOptions(backend="xnnpack")
+    with pytest.raises(TypeError, match="backend"):
+        remote.compile_and_publish(None, None, "s3://b/m.pte", store=tmp_path,
+                                   lowering=lowering, backend="tensorrt")
+    with pytest.raises(TypeError, match="lowering"):
+        remote.compile_and_publish(None, None, "s3://b/m.pte", store=tmp_path,
+                                   lowering={"backend": "xnnpack"})
+    assert list(tmp_path.iterdir()) == []  # refused before anything was made
+    assert lowering == LoweringOptions(backend="xnnpack")  # the caller's object unchanged

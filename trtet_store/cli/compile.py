@@ -201,17 +201,11 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         return report_error(exc, "compile-and-save", plain=True)
     if out is None:  # --publish without OUT: from the program's pieces, nothing written here
         return _compile_and_publish(args, source, inputs, backend_config, stub)
-    kwargs: dict[str, Any] = {"backend": args.backend}
+    kwargs: dict[str, Any] = {}
     if backend_config is not None:
         kwargs["backend_config"] = backend_config
-    if args.external_engine_data is not None:
-        kwargs["external_engine_data"] = args.external_engine_data
-    if args.external_weights is not None:
-        kwargs["external_weights"] = args.external_weights
     if args.segment_alignment is not None:
         kwargs["segment_alignment"] = args.segment_alignment
-    if args.etrecord:
-        kwargs["generate_etrecord"] = True
     if args.store is not None:
         # A directory, not a BlobStore: the call's own store there keeps a
         # failed run's engines as orphans, where the next run finds them.
@@ -259,7 +253,7 @@ def cmd_compile_and_save(args: argparse.Namespace) -> int:
         # cannot be used) are one line each on stderr, as publish's are. The bar is
         # closed before an error or the report.
         with bar, stub or contextlib.nullcontext(), warnings_shown(args, bar, "compile-and-save"):
-            report = compile_and_save(source, inputs, out, **kwargs)
+            report = compile_and_save(source, inputs, out, lowering=_lowering(args), **kwargs)
     except Exception as exc:
         return report_error(exc, "compile-and-save", out=out)
     if args.json:
@@ -408,6 +402,15 @@ def _needs_out(args: argparse.Namespace) -> int | None:
     return None
 
 
+def _lowering(args: argparse.Namespace) -> Any:
+    """The lowering options the command's flags give (a bad one raised as the call's error)."""
+    from trtet_store import LoweringOptions
+
+    return LoweringOptions(backend=args.backend, external_engine_data=args.external_engine_data,
+                           external_weights=args.external_weights,
+                           generate_etrecord=args.etrecord)
+
+
 def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | None,
                          backend_config: Any, stub: Any = None) -> int:
     """``compile-and-save --publish URL`` without OUT, over ``remote.compile_and_publish``."""
@@ -421,11 +424,9 @@ def _compile_and_publish(args: argparse.Namespace, source: Any, inputs: tuple | 
     try:
         with bar, stub or contextlib.nullcontext():
             report = remote.compile_and_publish(
-                source, inputs, args.publish, store=args.store, backend=args.backend,
+                source, inputs, args.publish, store=args.store, lowering=_lowering(args),
                 backend_config=backend_config, segment_alignment=args.segment_alignment,
-                external_engine_data=args.external_engine_data,
-                external_weights=args.external_weights, endpoint_url=args.endpoint_url,
-                replace=args.replace, progress=bar)
+                endpoint_url=args.endpoint_url, replace=args.replace, progress=bar)
     except Exception as exc:  # noqa: BLE001 - every failure is one line, as compile-and-save's
         from trtet_store.remote.upload.program import publish_staging
 

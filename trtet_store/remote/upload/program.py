@@ -195,16 +195,15 @@ def compile_and_publish(
     url: str,
     *,
     store: os.PathLike | str | None = None,
-    backend: str = "tensorrt",
+    lowering: Any = None,
     backend_config: Any = None,
     segment_alignment: int | None = None,
-    external_engine_data: str | None = None,
-    external_weights: str | None = None,
     endpoint_url: str | None = None,
     replace: bool = False,
     journal_dir: os.PathLike | str | None = None,
     progress: Callable[[PublishProgress], Any] | None = None,
     signing_key: Any = None,
+    **keywords: Any,
 ) -> PublishReport:
     """Lower ``source``, ``to_executorch`` it and publish it, writing no local program file.
 
@@ -226,15 +225,17 @@ def compile_and_publish(
         ``s3://bucket/prefix/model.pte``; the ``.ptd`` files go beside it.
     store : path-like, optional
         The directory the staging directory goes under (default: the current directory).
-    backend : str
-        ``"tensorrt"`` (segments page-aligned unless set) or ``"xnnpack"``.
+    lowering : LoweringOptions, optional
+        How ``source`` is lowered, as ``compile_and_save`` takes it (its backend:
+        ``"tensorrt"``, segments page-aligned unless set, or ``"xnnpack"``; its
+        ``external_engine_data``/``external_weights``: engines, xnnpack weights, or
+        what TensorRT leaves to other partitioners in ``NAME.ptd`` beside the
+        program). Its fields are still accepted as keywords (``backend=``), and
+        Torch-TensorRT compile settings too, as ``compile_and_save`` accepts them.
     backend_config : ExecutorchBackendConfig, optional
         ``to_executorch``'s config, as ``compile_and_save`` takes it (not changed).
     segment_alignment : int, optional
         An explicit segment alignment, a power of two.
-    external_engine_data, external_weights : str, optional
-        Put engines (xnnpack: weights), or what TensorRT leaves to other
-        partitioners, in ``NAME.ptd`` beside the program.
     endpoint_url, replace, journal_dir, progress, signing_key
         As :func:`publish` (``signing_key``: the manifest signed, a signed root; the
         default is ``TRTET_SIGNING_KEY``, else the config file's, else unsigned).
@@ -245,31 +246,35 @@ def compile_and_publish(
 
     Raises
     ------
+    TypeError
+        A keyword neither this function, the lowering options nor the TensorRT
+        compiler knows, or one given beside ``lowering`` with another value:
+        before anything is made.
     Exception
         Whatever the export or :func:`publish` raises; the engines built so
         far stay in ``publish_staging(store)``.
     """
     import contextlib
+    import inspect
 
     # The one lazy export/ import of remote: ExecuTorch and torch load only here.
     from trtet_store.export.compile import executorch_config
     from trtet_store.export.lowering import export as export_program
+    from trtet_store.export.options import lowering_of
     from trtet_store.io import BlobStore
 
-    export_kwargs: dict[str, Any] = {"backend": backend}
-    if external_engine_data is not None:
-        export_kwargs["external_engine_data"] = external_engine_data
-    if external_weights is not None:
-        export_kwargs["external_weights"] = external_weights
+    lowering, settings = lowering_of(lowering, "compile_and_publish", keywords,
+                                     inspect.signature(compile_and_publish).parameters)
     # The same to_executorch config compile_and_save uses, so the objects equal
     # the files compile_and_save would write.
-    config = executorch_config(backend_config, backend, segment_alignment)
+    config = executorch_config(backend_config, lowering.backend, segment_alignment)
     directory = publish_staging(store)
     # Before the build: a link, another user's directory, or one writable by
     # others is refused, and nothing is written in it.
     staging_directory(directory).close()
     with BlobStore(directory) as blobs:
-        edge = export_program(source, inputs=inputs, store=blobs, **export_kwargs)
+        edge = export_program(source, inputs=inputs, store=blobs, lowering=lowering,
+                              **settings)
         program = edge.to_executorch(config)
         try:
             report = publish(program, url, endpoint_url=endpoint_url, replace=replace,
