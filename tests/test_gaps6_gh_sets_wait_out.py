@@ -11,7 +11,6 @@ applies it to each call; one made without does not.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -58,6 +57,20 @@ def test_a_refusal_is_raised_at_once_and_a_blip_is_waited_out() -> None:
     assert wait_out(fn, 5.0) == "ok" and fn.calls == 3
 
 
+class FakeClock:
+    """``time`` for ``s3.wait_out``: ``monotonic`` reads a counter that only ``sleep`` moves."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 1000.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
 def test_a_window_of_zero_is_botocore_s_retries_alone() -> None:
     exc = Transient("503 SlowDown")
     fn = Failing(exc)
@@ -73,12 +86,14 @@ def test_the_wait_never_runs_past_the_window_and_says_the_tries_and_seconds(
     import trtet_store.remote.s3 as s3
 
     monkeypatch.setattr(s3.random, "uniform", lambda a, b: b)
+    # The clock is the test's: a sleep moves it by what was asked, nothing else does, so
+    # a loaded machine's stalls cannot move a try across the window's end.
+    clock = FakeClock()
+    monkeypatch.setattr(s3, "time", clock)
     fn = Failing(Transient("503 SlowDown"))
-    start = time.monotonic()
     with pytest.raises(Transient) as caught:
         wait_out(fn, 1.0)
-    took = time.monotonic() - start
-    assert took < 1.0 + 0.25, took  # a delay that would end past the window is not slept
+    assert clock.slept == [0.25, 0.5]  # a delay that would end past the window is not slept
     said = str(caught.value)
     assert said.startswith("503 SlowDown (gave up after 3 tries over 0."), said
     assert fn.calls == 3

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clocks import TestClock
 
 from trtet_store.cache.tier import (
     Lease,
@@ -348,22 +349,20 @@ def _until(cond: Any, limit: float = 10.0) -> None:
 
 
 def test_a_released_lease_goes_to_the_waiter_at_once(env: Any) -> None:
-    a, b = _lt(env, "a", ttl=4.0), _lt(env, "b")
+    # The waiter's clock moves only when it sleeps (tests/clocks.py), and the holder
+    # releases at its third sleep: 0.15 s on that clock against a 60 s ttl, so only the
+    # deleted lease, never its expiry, can let the waiter in, however slow the machine.
+    a, b = _lt(env, "a", ttl=60.0), _lt(env, "b", ttl=60.0)
     lease = a.claim("L")
     assert isinstance(lease, Lease) and len(lease.holder) == 32
     doc = json.loads(env.client.get_object(Bucket=env.bucket, Key="cache/L.lease")["Body"].read())
-    assert doc["holder"] == lease.holder and doc["ttl"] == 4.0
-    w = _Waiter(b, "L")
-    w.start()
-    _until(lambda: w.waited >= 3)
-    assert w.is_alive()
-    released = time.monotonic()
-    lease.release()
-    w.join(10)
-    # Well before the holder's ttl: the deleted lease, not its expiry, let the waiter in.
-    assert time.monotonic() - released < 2.0
-    assert isinstance(w.result, Lease) and w.result.holder != lease.holder
-    w.result.release()
+    assert doc["holder"] == lease.holder and doc["ttl"] == 60.0
+    looks: list[dict] = []
+    b.clock = TestClock(lambda clock: lease.release() if clock.sleeps == 3 else None)
+    got = b.claim("L", timeout=30.0, on_wait=looks.append)
+    assert isinstance(got, Lease) and got.holder != lease.holder
+    assert len(looks) == 3 and b.clock.sleeps == 3  # in at the first look after the release
+    got.release()
     assert _keys(env, "cache/L.lease") == []
 
 
@@ -397,14 +396,19 @@ def test_a_lease_taken_from_its_holder_is_lost_and_its_release_leaves_the_new_on
 
 
 def test_a_live_lease_makes_a_waiter_time_out(env: Any) -> None:
-    # Renewed every 0.5 s: a renewal may lag by up to 1.5 s on a loaded machine.
-    a, b = _lt(env, "a", ttl=1.5), _lt(env, "b", ttl=1.5)
+    # Renewed at each of the waiter's sleeps (its clock moves only then, 5 s a look), the
+    # holder's background renewals stopped: the waiter looks for 45 s on its clock, past the
+    # lease's 30 s ttl, so only the renewals keep it live; on the server's clock (Date less
+    # Last-Modified) a renewal is never more than one look old.
+    a, b = _tier(env, "a", lease_ttl=30.0, poll=5.0), _tier(env, "b", lease_ttl=30.0, poll=5.0)
     lease = a.claim("T")
+    lease._stop_renewing()
+    renewed: list[bool] = []
+    b.clock = TestClock(lambda clock: renewed.append(lease.renew()))
     try:
-        start = time.monotonic()
         with pytest.raises(LeaseWaitTimeout):
-            b.claim("T", timeout=2.5)  # past its ttl: only renewals keep it live
-        assert time.monotonic() - start >= 2.5
+            b.claim("T", timeout=45.0)
+        assert b.clock.t >= 45.0 and renewed and all(renewed)
         assert not lease.lost
     finally:
         lease.release()
