@@ -415,18 +415,20 @@ def test_a_live_lease_makes_a_waiter_time_out(env: Any) -> None:
 
 
 def test_a_waiter_returns_the_entry_the_holder_publishes(env: Any, tmp_path: Path) -> None:
-    # A long ttl: the publish (hashing, uploading) may starve the renewals on a loaded
-    # machine, and the waiter is to get the entry, not a takeover.
-    a, b = _lt(env, "a", ttl=5.0), _lt(env, "b")
+    # The holder publishes at the waiter's second sleep; the waiter's clock moves only
+    # when it sleeps and the ttl is 60 s, so the waiter gets the entry, never a takeover,
+    # however long the publish (hashing, uploading) takes on a loaded machine.
+    a, b = _lt(env, "a", ttl=60.0), _lt(env, "b", ttl=60.0)
     lease = a.claim("P")
-    w = _Waiter(b, "P")
-    w.start()
-    _until(lambda: w.waited >= 2)
-    pub = a.publish("P", _files(tmp_path, b"P"), {"x": 1})
-    w.join(10)
+    files = _files(tmp_path, b"P")
+    pubs: list[Any] = []
+    b.clock = TestClock(
+        lambda clock: pubs.append(a.publish("P", files, {"x": 1})) if clock.sleeps == 2 else None)
+    got = b.claim("P", timeout=30.0)
     lease.release()
-    assert isinstance(w.result, RemoteEntry) and w.result.etag == pub.entry.etag
-    assert a.claim("P").etag == pub.entry.etag  # an entry: no lease at all
+    assert isinstance(got, RemoteEntry) and got.etag == pubs[0].entry.etag
+    assert b.clock.sleeps == 2  # returned at the first look after the publish
+    assert a.claim("P").etag == pubs[0].entry.etag  # an entry: no lease at all
 
 
 class _TakeoverBarrier(S3):
@@ -448,10 +450,14 @@ def test_two_waiters_taking_over_a_stale_lease_at_once_one_gets_it(env: Any) -> 
     stale = a.claim("S")
     stale._stop_renewing()
     barrier = threading.Barrier(2)
-    # The winner's lease has a ttl of 3 s: renewed every 1 s, live for the loser's wait.
-    waiters = [_Waiter(_lt(env, o, ttl=3.0,
-                           client=_TakeoverBarrier(barrier, client=env.client)), "S",
-                       timeout=3.0) for o in ("b", "c")]
+    # Each waiter's clock moves only when it sleeps (tests/clocks.py): the stale lease (1 s
+    # ttl) is dead after 1 s on it, and the winner's lease (60 s ttl) stays live through the
+    # loser's 3 s wait without a renewal, however slow the machine.
+    tiers = [_lt(env, o, ttl=60.0, client=_TakeoverBarrier(barrier, client=env.client))
+             for o in ("b", "c")]
+    for tier in tiers:
+        tier.clock = TestClock()
+    waiters = [_Waiter(tier, "S", timeout=3.0) for tier in tiers]
     for w in waiters:
         w.start()
     for w in waiters:
