@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import warm
 import xxhash
+from proclocks import waits_on_a_lock
 
 import trtet_store
 from trtet_store.export import engine_cache
@@ -89,13 +90,6 @@ def engines_in(pte: Path) -> list[str]:
     return out
 
 
-def _blocked_on_a_lock(pid: int) -> bool:
-    """Whether ``pid`` waits for a lock (a ``->`` line of /proc/locks names it)."""
-    with open("/proc/locks") as f:  # "7: -> FLOCK  ADVISORY  WRITE <pid> ..."
-        rows = [line.split() for line in f]
-    return any(len(r) > 5 and r[1] == "->" and r[5] == str(pid) for r in rows)
-
-
 def _used(mnt: Path) -> int:
     os.sync()
     st = os.statvfs(mnt)
@@ -129,7 +123,7 @@ def test_eight_processes_of_one_model_run_one_build(here_fs):
     # The state, not a sleep: one builds (and waits for our word), seven wait on its lock.
     deadline = time.monotonic() + 300
     while not (len(_builds(builds)) == 1 and
-               sum(_blocked_on_a_lock(p.pid) for p in procs) == 7):
+               sum(waits_on_a_lock(p.pid) for p in procs) == 7):
         assert len(_builds(builds)) <= 1, _builds(builds)  # a second build: no single flight
         assert time.monotonic() < deadline, (_builds(builds), [p.poll() for p in procs])
         assert all(p.poll() is None for p in procs), [p.poll() for p in procs]
@@ -152,7 +146,7 @@ def test_a_waiter_builds_when_the_builder_is_killed(here_fs):
         assert time.monotonic() < deadline and builder.poll() is None
         time.sleep(0.1)
     waiter = _start(here_fs / "b.pte", cache, builds, sleep=0.0)
-    while not _blocked_on_a_lock(waiter.pid):  # the waiter waits on the key's flock
+    while not waits_on_a_lock(waiter.pid):  # the waiter waits on the key's flock
         assert time.monotonic() < deadline and waiter.poll() is None
         time.sleep(0.1)
     time.sleep(1.0)  # and has waited a while

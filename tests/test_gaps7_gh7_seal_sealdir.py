@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from proclocks import until_waiting
 
 from trtet_store.io import SealedDir, VerificationError
 from trtet_store.io.sealdir import SEALS_DIR
@@ -116,7 +117,6 @@ def test_check_refuses_the_right_digest_under_another_size_or_other_chunks(
 
 def test_locked_makes_a_second_holder_wait_and_leaves_no_lock_file(tmp_path: Path) -> None:
     import threading
-    import time
 
     d, name = _store(tmp_path)
     order: list[str] = []
@@ -132,7 +132,7 @@ def test_locked_makes_a_second_holder_wait_and_leaves_no_lock_file(tmp_path: Pat
     with d.locked(name):
         assert d.seal_path(name + ".lock").exists()
         inside.set()
-        time.sleep(0.5)  # the second holder is waiting on the lock meanwhile
+        until_waiting(os.getpid(), t.is_alive)  # the second holder waits on the lock
         order.append("first out")
     t.join(10)
     assert order == ["first out", "second in"]

@@ -13,10 +13,10 @@ import fcntl
 import os
 import subprocess
 import threading
-import time
 
 import pytest
 from digests import file_digest
+from proclocks import until_waiting
 
 from trtet_store import BlobStore, write_file, write_files
 from trtet_store.io import fs, names
@@ -37,8 +37,7 @@ def _blocked_try_lock(path, **kwargs):
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    time.sleep(0.3)  # it has opened the file and waits in flock
-    assert thread.is_alive(), result
+    until_waiting(os.getpid(), thread.is_alive)  # it has opened the file and waits in flock
     return thread, result
 
 

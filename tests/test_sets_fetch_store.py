@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proclocks import waits_on_a_lock
 from sets_helpers import write, xxh
 
 from trtet_store.io import VerificationError
@@ -245,13 +246,6 @@ class HoldingProxy(CountingProxy):
             self.held.set()
             self.release.wait(120)
         super()._forward(dst, data, counter)
-
-
-def waits_on_a_lock(pid: int) -> bool:
-    """Whether ``pid`` is blocked in ``flock`` (a ``->`` waiter line of /proc/locks)."""
-    waiters = [line.split() for line in Path("/proc/locks").read_text().splitlines()
-               if " -> " in line]
-    return any(w[5] == str(pid) for w in waiters if len(w) > 5)
 
 
 def test_two_processes_fetching_one_member_into_one_store_download_each_blob_once(
