@@ -277,6 +277,10 @@ def umount(mountpoint: str | os.PathLike[str]) -> tuple[str | None, bool]:
     return None, True
 
 
+#: Seconds a teardown waits for a loop device to go after its unmount (a hang guard).
+DETACH_WAIT = 60.0
+
+
 def teardown(mountpoint: Path, image: Path | None) -> list[str]:
     """Unmount ``mountpoint``, detach ``image``'s loop device, delete the image and mount point.
 
@@ -300,11 +304,14 @@ def teardown(mountpoint: Path, image: Path | None) -> list[str]:
         # unmount. `losetup -d` on a device still held open only re-arms
         # autoclear, which is what we want after a lazy unmount.
         _detach(loop_devices_under(image))
-        for _ in range(40):
-            if not loop_devices_under(image):
-                break
+        # The kernel detaches an autoclear device at its last close, and udev's probe
+        # after the unmount may hold it a while: on a loaded machine (load 20) it took
+        # longer than the 2 s this once allowed. The wait ends as soon as it is gone;
+        # the limit is a hang guard.
+        deadline = time.monotonic() + DETACH_WAIT
+        while loop_devices_under(image) and time.monotonic() < deadline:
             time.sleep(0.05)
-        else:
+        if loop_devices_under(image):
             left = loop_devices_under(image)
             if lazy and all(_autoclear_pending(dev) for dev in left):
                 warnings.warn(
