@@ -88,14 +88,14 @@ class SealedDir:
 
     # -- the seal files, in each form ------------------------------------------------
 
-    def read_seal(self, name: str) -> Any:
+    def read_seal(self, name: str, limit: int | None = None) -> Any:
         """The seal as JSON (either form), or None: read under the one rule (ours, regular,
         capped, a link never followed). One not ours is not trusted (said; its file is read
         again), except another user's in a ``refuse`` directory: NotOursError, left alone."""
         path = self.seal_path(name)
         try:
-            return json.loads(read_ours(path, limit=BESIDE_MAX_BYTES if self.beside
-                                        else SEAL_MAX_BYTES, what=self.what))
+            return json.loads(read_ours(path, limit=limit or (
+                BESIDE_MAX_BYTES if self.beside else SEAL_MAX_BYTES), what=self.what))
         except NotOursError as exc:
             if self.refuse and exc.reason.startswith("owned by"):
                 raise
@@ -106,7 +106,17 @@ class SealedDir:
 
     def read(self, name: str) -> Seal | None:
         """The file's :class:`Seal`, or None when it has none this form can read."""
-        doc = self.read_seal(name)
+        return self._parse(name, self.read_seal(name))
+
+    def kept(self, name: str, field: str, limit: int | None = None
+             ) -> tuple[Seal | None, str | None]:
+        """The store's seal of the file (None: not one of it) and the string ``field`` it keeps
+        beside (``ref``, ``sha256``; None: none), read with ``limit`` if given."""
+        doc = self.read_seal(name, limit)
+        value = doc.get(field) if isinstance(doc, dict) else None
+        return self._parse(name, doc), value if isinstance(value, str) else None
+
+    def _parse(self, name: str, doc: Any) -> Seal | None:
         try:
             if self.beside:
                 return Seal.from_json(doc)
