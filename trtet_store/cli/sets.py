@@ -52,9 +52,8 @@ def add_parser(sub: Any) -> None:
                    "than this (default 24; 0 only where no other publisher of the set runs)")
     add_option(p, "--signing-key", "sign the set manifest with this ed25519 key (blobs named "
                "by sha256 too; default TRTET_SIGNING_KEY, else the config file's)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="send, commit and delete nothing: print the blobs the publish would "
-                   "remove and prune, and those it keeps and why")
+    add_option(p, "--dry-run", "send, commit and delete nothing: print the blobs the publish "
+               "would remove and prune, and those it keeps and why")
     add_s3_options(p)
     p.set_defaults(func=cmd_publish_set)
 

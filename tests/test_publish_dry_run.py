@@ -1,11 +1,13 @@
-"""``trtet-store publish-set --dry-run`` prints the sweeps' plan and sends, commits and
-deletes nothing, on the real S3 server.
+"""``trtet-store publish-set --dry-run`` and ``publish --replace --dry-run`` print the
+sweeps' plan and send, commit and delete nothing, on the real S3 server.
 
 A set is published, then replaced by one whose member ``b`` has other bytes, with a
 killed publish's blob left under ``blobs/`` (no manifest names it) and ``--gc-grace 0``:
 the dry run names the replaced blob the clean-up removes and the orphan the prune
 removes, and keeps the blobs the new set names, saying why; the bucket's listing, each
-key with its ETag, is the same after; the real run then removes exactly those.
+key with its ETag, is the same after; the real run then removes exactly those. A
+program's ``--replace`` that drops one of its ``.ptd`` files: the same, for the
+replaced version's objects.
 """
 
 from __future__ import annotations
@@ -79,3 +81,36 @@ def test_a_publish_set_dry_run_prints_the_plan_and_changes_nothing(s3env, tmp_pa
     for k in ("a", "cpu"):  # what the plan kept is kept, the same version
         key = f"rel/blobs/{digest[k]}"
         assert after[key] == before[key]
+
+
+def test_a_publish_replace_dry_run_prints_the_plan_and_changes_nothing(s3env, tmp_path,
+                                                                       capsys) -> None:
+    pte, a, b = (tmp_path / n for n in ("model.pte", "a.ptd", "b.ptd"))
+    for i, f in enumerate((pte, a, b)):
+        f.write_bytes(os.urandom(50_000 + i))
+    url = f"s3://{s3env.bucket}/prog/model.pte"
+    common = ["--endpoint-url", s3env.endpoint.url, "--no-progress", "--journal-dir",
+              str(s3env.journal_dir)]
+    assert main(["publish", str(pte), str(a), str(b), url, *common]) == 0
+    pte.write_bytes(os.urandom(50_000))  # the new version: another program, no b.ptd
+    capsys.readouterr()
+    before = _listing(s3env)
+    assert "prog/b.ptd" in before
+
+    again = ["publish", str(pte), str(a), url, "--replace", *common]
+    assert main([*again, "--dry-run"]) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert _listing(s3env) == before  # nothing sent, committed, deleted or rewritten
+    assert plan == [f"{url}: dry run, nothing sent or deleted: would remove 1 object(s) of "
+                    "the replaced version that the new one does not name",
+                    f"  s3://{s3env.bucket}/prog/b.ptd: would be removed"]
+    assert main([*again, "--dry-run", "--json"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["removed"] == ["prog/b.ptd"] and _listing(s3env) == before
+    assert main(["publish", str(pte), str(a), url, "--dry-run", *common]) == 2  # no --replace
+    assert _listing(s3env) == before
+
+    assert main(again) == 0
+    after = _listing(s3env)
+    assert set(before) - set(after) == set(dry["removed"]), after
+    assert after["prog/a.ptd"] == before["prog/a.ptd"]  # the same bytes: kept as it was
