@@ -19,9 +19,9 @@ import threading
 from pathlib import Path
 
 import pytest
-import xxhash
 from attacker import as_nobody, shared_dir
 from digests import file_digest
+from test_gaps7_gh7_seal_sealdir import _store as sealed_store
 
 from trtet_store.cache import BlobCache
 from trtet_store.io import Digester, NotOursError, SealedDir
@@ -66,12 +66,8 @@ def _cache(tmp: Path) -> tuple[BlobCache, Path, Path]:
 
 
 def _store(tmp: Path) -> tuple[SealedDir, str]:
-    d = SealedDir(tmp / "store", todo="remove it")
-    name = xxhash.xxh3_128(DATA).hexdigest()
-    d.path(name).write_bytes(DATA)
-    d.seal(name)
-    assert d.sealed(name)
-    return d, name
+    """A content store's form holding ``DATA``, sealed: (the directory, its name)."""
+    return sealed_store(tmp, DATA)
 
 
 def _in_time(fn, fifo: Path):
