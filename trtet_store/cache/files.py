@@ -46,9 +46,10 @@ class CacheFiles:
         self.chunk_size = chunk_size
         self.read_only = read_only
         #: ``blobs/<name>``, each sealed in ``blobs/<name>.json`` (a seal another user owns:
-        #: PermissionError, never trusted or removed).
+        #: NotOursError, a PermissionError, never trusted or removed; a link, a FIFO or one
+        #: over its cap: never followed or read, its entry dropped as one with no valid seal).
         self.blobs = SealedDir(directory / "blobs", beside=True, temp_dir=directory / "tmp",
-                               refuse=lambda path, st: refuse_foreign(path, st, "seal"))
+                               refuse=True)
         #: The used bytes and last-use order the bound needs (cache/summary.py).
         self.summary = Summary(directory, lambda: (
             (e.key, e.blob, e.size, e.last_use_ns) for e in self.scan()))

@@ -90,6 +90,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "--no-progress": {"action": "store_true",
                       "help": "no progress bar (there is none when stderr is no terminal)"},
     "--replace": {"action": "store_true"},
+    "--dry-run": {"action": "store_true"},
     "--replace-needed": {"action": "store_true"},
     "--journal-dir": {"type": Path, "default": None, "metavar": "DIR"},
     "--signing-key": {"type": Path, "default": None, "metavar": "PATH"},

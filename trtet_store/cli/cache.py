@@ -151,8 +151,8 @@ def add_parser(sub: Any) -> None:
             a.add_argument("--older-than", type=parse_age, default=None, metavar="AGE",
                            help="with --remote: remove entries created more than AGE ago "
                            "(7d, 12h, 30m, 90s, 2w) and unnamed upload leftovers as old")
-            a.add_argument("--dry-run", action="store_true",
-                           help="with --remote: say what would be removed, remove nothing")
+            add_option(a, "--dry-run", "with --remote: say what would be removed, remove "
+                       "nothing")
         if name in ("list", "prune", "push", "pull"):
             a.add_argument("--remote", required=name in ("push", "pull"), default=None,
                            metavar="s3://BUCKET[/PREFIX]",

@@ -49,6 +49,8 @@ def add_parser(sub: Any) -> None:
                    help="the files, then the destination (with --abort or --list: only the "
                         "destination)")
     add_option(p, "--replace", "replace an existing program (only the version found now)")
+    add_option(p, "--dry-run", "with --replace: send and delete nothing; print the replaced "
+               "version's objects the publish would remove, and those it keeps and why")
     p.add_argument("--resume", action="store_true",
                    help="resume an interrupted publish of this destination; fail if there "
                         "is none (without it, one is resumed when found)")
@@ -138,6 +140,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
             return _abort(files, url, args)
         if not files:
             return fail("publish", "give the files to publish, then s3://BUCKET/KEY")
+        if args.dry_run:
+            return _dry_run(files, url, args)
         if args.resume and remote.pending(url, endpoint_url=args.endpoint_url,
                                           journal_dir=args.journal_dir) is None:
             return fail("publish", f"--resume: no interrupted publish of {url} to resume")
@@ -176,6 +180,33 @@ def print_report(report: Any, url: str, as_json: bool) -> None:
     print(f"manifest {report.manifest_key}; {mib(report.bytes_sent)} sent, "
           f"{mib(report.bytes_copied)} copied server-side, {mib(report.bytes_resumed)} "
           f"resumed, in {report.seconds:.1f} s")
+
+
+def _dry_run(files: list[str], url: str, args: argparse.Namespace) -> int:
+    """``--replace --dry-run``: the replaced version's objects the publish would remove."""
+    import json
+
+    from trtet_store.remote.upload.owners import replace_dry_run
+
+    if not args.replace:
+        return fail("publish", "--dry-run plans what --replace would remove: give --replace", 2)
+    plan, keys = replace_dry_run([Path(f).name for f in files], url,
+                                 endpoint_url=args.endpoint_url)
+    bucket = url[5:].partition("/")[0]
+    if plan is None:
+        return fail("publish", f"{url}: the other programs' manifests beside it could not be "
+                    "listed: a publish would remove nothing")
+    if args.json:
+        print(json.dumps({"dry_run": True, "removed": [i.key for i in plan.doomed],
+                          "kept": plan.kept, "keys": keys}, indent=1))
+        return 0
+    print(f"{url}: dry run, nothing sent or deleted: would remove {len(plan.doomed)} "
+          "object(s) of the replaced version that the new one does not name")
+    for i in plan.doomed:
+        print(f"  {shown(f's3://{bucket}/{i.key}')}: would be removed")
+    for key, why in sorted(plan.kept.items()):
+        print(f"  kept {shown(f's3://{bucket}/{key}')}: {why}")
+    return 0
 
 
 def _list(files: list[str], url: str, args: argparse.Namespace) -> int:

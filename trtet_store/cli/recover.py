@@ -133,46 +133,27 @@ def _fetches(args: argparse.Namespace) -> tuple[bool, int]:
     Returns ``(ok, how many were named)``; not ok when the staging directory
     is refused or a running fetch was not discarded.
     """
-    from trtet_store.io import ConcurrentWriteError, UnsafeDirectoryError, format_mib
-    from trtet_store.remote.download.interrupted import (
-        StagingLinkError,
-        discard_fetch,
-        interrupted_fetches,
-    )
+    from trtet_store.remote.download.interrupted import StagingLinkError, interrupted_fetches
     from trtet_store.remote.download.receive import resume_command
 
     try:
         found = interrupted_fetches(args.dir)
     except StagingLinkError as exc:
         return not fail("recover", f"{exc.strerror}"), 0
-    ok = True
     out = sys.stderr if args.json else sys.stdout  # --json's stdout is the JSON alone
     discard = shown(shlex.join(["trtet-store", "recover", os.fspath(args.dir),
                                 "--discard-fetches"]))
     store_ok, in_store = _store_fetches(args, out, discard)
-    ok = ok and store_ok
-    for f in found:
-        what = f"{shown(f.url)} -> {shown(f.dest)}"
-        staged = f"{format_mib(f.staged)[:-4]} of {format_mib(f.total)} staged"
-        if args.discard_fetches and not f.running:
-            try:
-                removed = discard_fetch(args.dir, f)
-            except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
-                ok = not fail("recover", str(exc))
-                continue
-            print(f"discarded fetch {what} ({staged}: {removed} staged file(s) and its "
-                  "journal removed)", file=out)
-        elif f.running:
-            print(f"fetch {what} is running ({staged}): not discarded; wait for it to finish",
-                  file=sys.stderr if args.discard_fetches else out)
-            ok = ok and not args.discard_fetches
-        else:
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.since))
-            resume = shown(resume_command(f.url, f.dest)) if f.url and f.dest else \
-                "(its journal is damaged: fetch it again)"
-            print(f"interrupted fetch {what} ({staged}, since {since}): resume: {resume}; "
-                  f"discard: {discard}", file=out)
-    return ok, len(found) + in_store
+    ok = _each_fetch(args, out, args.dir, found, lambda f: {
+        "what": f"{shown(f.url)} -> {shown(f.dest)}", "discard": discard,
+        "resume": shown(resume_command(f.url, f.dest)) if f.url and f.dest else
+        "(its journal is damaged: fetch it again)"}, {
+        "discarded": "discarded fetch {what} ({staged}: {removed} staged file(s) and its "
+                     "journal removed)",
+        "running": "fetch {what} is running ({staged}): not discarded; wait for it to finish",
+        "interrupted": "interrupted fetch {what} ({staged}, since {since}): resume: {resume}; "
+                       "discard: {discard}"})
+    return store_ok and ok, len(found) + in_store
 
 
 def _store_fetches(args: argparse.Namespace, out: Any, discard: str) -> tuple[bool, int]:
@@ -185,18 +166,8 @@ def _store_fetches(args: argparse.Namespace, out: Any, discard: str) -> tuple[bo
     checks it: not a link, our own, not writable by group or others), and so
     is its staging directory; otherwise one line says it was left alone.
     """
-    from trtet_store.io import (
-        STAGING_DIR,
-        ConcurrentWriteError,
-        UnsafeDirectoryError,
-        check_staging_directory,
-        format_mib,
-    )
-    from trtet_store.remote.download.interrupted import (
-        StagingLinkError,
-        discard_fetch,
-        interrupted_fetches,
-    )
+    from trtet_store.io import STAGING_DIR, UnsafeDirectoryError, check_staging_directory
+    from trtet_store.remote.download.interrupted import StagingLinkError, interrupted_fetches
     from trtet_store.sets.store import STORE_DIR
 
     store = args.dir.absolute().parent / STORE_DIR
@@ -210,27 +181,43 @@ def _store_fetches(args: argparse.Namespace, out: Any, discard: str) -> tuple[bo
         print(f"trtet-store recover: the set store beside {shown(args.dir)}: {exc.strerror}",
               file=out)
         return True, 0
+    ok = _each_fetch(args, out, store, found, lambda f: {
+        "what": f"blob {shown(Path(f.dest).name or f.id)} from {shown(f.url)}",
+        "store": shown(store), "staging": shown(store / STAGING_DIR), "discard": discard}, {
+        "discarded": "discarded the set store's download of {what} ({staged}: {removed} "
+                     "staged file(s) and its journal removed from {staging})",
+        "running": "the set store's download of {what} is running ({staged}): not "
+                   "discarded; wait for it to finish",
+        "interrupted": "interrupted download of a killed fetch-set in the set store {store}: "
+                       "{what} ({staged}, since {since}): resume: run the same `trtet-store "
+                       "fetch-set` again (it downloads only what is missing); discard: "
+                       "{discard}"})
+    return ok, len(found)
+
+
+def _each_fetch(args: argparse.Namespace, out: Any, root: Path, found: list[Any],
+                names: Any, lines: dict[str, str]) -> bool:
+    """Discard (``--discard-fetches``) or name each interrupted fetch staged under ``root``,
+    in the caller's ``lines`` (``names(f)`` fills them); not ok when one could not be."""
+    from trtet_store.io import ConcurrentWriteError, UnsafeDirectoryError, format_mib
+    from trtet_store.remote.download.interrupted import discard_fetch
+
     ok = True
     for f in found:
-        what = f"blob {shown(Path(f.dest).name or f.id)} from {shown(f.url)}"
-        staged = f"{format_mib(f.staged)[:-4]} of {format_mib(f.total)} staged"
+        fields = dict(names(f), staged=f"{format_mib(f.staged)[:-4]} of "
+                      f"{format_mib(f.total)} staged",
+                      since=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.since)))
         if args.discard_fetches and not f.running:
             try:
-                removed = discard_fetch(store, f)
+                fields["removed"] = discard_fetch(root, f)
             except (ConcurrentWriteError, UnsafeDirectoryError) as exc:
                 ok = not fail("recover", str(exc))
                 continue
-            print(f"discarded the set store's download of {what} ({staged}: {removed} staged "
-                  f"file(s) and its journal removed from {shown(store / STAGING_DIR)})",
-                  file=out)
+            print(lines["discarded"].format(**fields), file=out)
         elif f.running:
-            print(f"the set store's download of {what} is running ({staged}): not discarded; "
-                  "wait for it to finish", file=sys.stderr if args.discard_fetches else out)
+            print(lines["running"].format(**fields),
+                  file=sys.stderr if args.discard_fetches else out)
             ok = ok and not args.discard_fetches
         else:
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.since))
-            print(f"interrupted download of a killed fetch-set in the set store "
-                  f"{shown(store)}: {what} ({staged}, since {since}): resume: run the same "
-                  f"`trtet-store fetch-set` again (it downloads only what is missing); "
-                  f"discard: {discard}", file=out)
-    return ok, len(found)
+            print(lines["interrupted"].format(**fields), file=out)
+    return ok

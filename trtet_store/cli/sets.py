@@ -52,6 +52,8 @@ def add_parser(sub: Any) -> None:
                    "than this (default 24; 0 only where no other publisher of the set runs)")
     add_option(p, "--signing-key", "sign the set manifest with this ed25519 key (blobs named "
                "by sha256 too; default TRTET_SIGNING_KEY, else the config file's)")
+    add_option(p, "--dry-run", "send, commit and delete nothing: print the blobs the publish "
+               "would remove and prune, and those it keeps and why")
     add_s3_options(p)
     p.set_defaults(func=cmd_publish_set)
 
@@ -130,11 +132,21 @@ def cmd_publish_set(args: argparse.Namespace) -> int:
     try:
         report = publish_set(members, args.url, endpoint_url=args.endpoint_url, config=config,
                              if_exists="replace" if args.replace else "error",
-                             gc_grace=args.gc_grace * 3600, signing_key=args.signing_key)
+                             gc_grace=args.gc_grace * 3600, signing_key=args.signing_key,
+                             dry_run=args.dry_run)
     except (KeyboardInterrupt, RemoteError, OSError, ValueError, TypeError) as exc:
         return report_error(exc, "publish-set")
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
+        return 0
+    if report.dry_run:
+        print(f"{report.url}: dry run, nothing sent, committed or deleted: would remove "
+              f"{len(report.removed)} blob(s) no member names any more, prune "
+              f"{len(report.pruned)} no manifest names")
+        for verb, digests in (("removed", report.removed), ("pruned", report.pruned)):
+            print("".join(f"  blobs/{d}: would be {verb}\n" for d in digests), end="")
+        for digest, why in sorted(report.kept.items()):
+            print(f"  kept blobs/{digest}: {why}")
         return 0
     print(f"{report.url}: {len(report.members)} member(s), {mib(report.bytes_files)} of files "
           f"in {mib(report.bytes_distinct)} distinct: uploaded {mib(report.bytes_uploaded)}, "

@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from trtet_store.io.safedir import staging_directory, write_atomic
 from trtet_store.io.seal import Seal
 from trtet_store.io.units import MiB
 
-__all__ = ["SEALS_DIR", "SEAL_MAX_BYTES", "SealedDir"]
+__all__ = ["BESIDE_MAX_BYTES", "SEALS_DIR", "SEAL_MAX_BYTES", "SealedDir"]
 
 log = logging.getLogger("trtet_store.sets")
 
@@ -43,6 +43,9 @@ log = logging.getLogger("trtet_store.sets")
 SEALS_DIR = ".trtet-seals"
 #: The most bytes a seal may hold (a small JSON object).
 SEAL_MAX_BYTES = 64 * 1024
+#: The most an engine cache seal may hold: its chunk digests, at most 22 bytes each in
+#: JSON, for a blob of up to 700 GiB in the cache's 1 MiB chunks.
+BESIDE_MAX_BYTES = 16 * MiB
 
 
 class SealedDir:
@@ -50,15 +53,17 @@ class SealedDir:
 
     ``todo``: ``root`` is created 0700 here, and a link, another user's or
     a shared one refused, ``todo`` saying what to do; None: the caller opened
-    and checked it. ``beside``: the engine cache's form (module docstring),
-    a seal file another user owns refused by ``refuse(path, st)``.
+    and checked it. ``beside``: the engine cache's form (module docstring).
+    ``refuse``: a seal file another user owns raises NotOursError (else it is
+    not trusted, as a link, a FIFO or one over its cap always is).
     """
 
     def __init__(self, root: os.PathLike | str, *, todo: str | None = None,
                  beside: bool = False, temp_dir: Path | None = None,
-                 refuse: Callable[[Path, os.stat_result], None] | None = None) -> None:
+                 refuse: bool = False) -> None:
         self.root = Path(root).absolute()
         self.beside, self.temp_dir, self.refuse = beside, temp_dir, refuse
+        self.what = "engine cache seal" if beside else "store seal"
         if todo is not None:
             staging_directory(self.root, todo=todo).close()
 
@@ -83,21 +88,17 @@ class SealedDir:
 
     # -- the seal files, in each form ------------------------------------------------
 
-    def read_seal(self, name: str) -> Any:
-        """The seal as JSON (either form), or None. The store's is read under the one rule
-        (ours, regular, capped); the cache's refused by ``refuse`` when foreign."""
+    def read_seal(self, name: str, limit: int | None = None) -> Any:
+        """The seal as JSON (either form), or None: read under the one rule (ours, regular,
+        capped, a link never followed). One not ours is not trusted (said; its file is read
+        again), except another user's in a ``refuse`` directory: NotOursError, left alone."""
         path = self.seal_path(name)
-        if self.beside:
-            try:
-                with open(path, "rb") as f:
-                    if self.refuse is not None:
-                        self.refuse(path, os.fstat(f.fileno()))
-                    return json.loads(f.read())
-            except (FileNotFoundError, ValueError):
-                return None
         try:
-            return json.loads(read_ours(path, limit=SEAL_MAX_BYTES, what="store seal"))
+            return json.loads(read_ours(path, limit=limit or (
+                BESIDE_MAX_BYTES if self.beside else SEAL_MAX_BYTES), what=self.what))
         except NotOursError as exc:
+            if self.refuse and exc.reason.startswith("owned by"):
+                raise
             log.warning("%s", exc)
         except (OSError, ValueError):
             pass
@@ -105,7 +106,17 @@ class SealedDir:
 
     def read(self, name: str) -> Seal | None:
         """The file's :class:`Seal`, or None when it has none this form can read."""
-        doc = self.read_seal(name)
+        return self._parse(name, self.read_seal(name))
+
+    def kept(self, name: str, field: str, limit: int | None = None
+             ) -> tuple[Seal | None, str | None]:
+        """The store's seal of the file (None: not one of it) and the string ``field`` it keeps
+        beside (``ref``, ``sha256``; None: none), read with ``limit`` if given."""
+        doc = self.read_seal(name, limit)
+        value = doc.get(field) if isinstance(doc, dict) else None
+        return self._parse(name, doc), value if isinstance(value, str) else None
+
+    def _parse(self, name: str, doc: Any) -> Seal | None:
         try:
             if self.beside:
                 return Seal.from_json(doc)

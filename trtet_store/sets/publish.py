@@ -69,7 +69,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import replace as replace_config
 from datetime import timedelta
@@ -97,7 +97,7 @@ from trtet_store.remote.manifest import (
     manifest_key,
 )
 from trtet_store.remote.s3 import S3, PreconditionFailed
-from trtet_store.remote.sweep import Listed, plan_sweep
+from trtet_store.remote.sweep import Listed, SweepPlan, plan_sweep
 from trtet_store.remote.upload.config import PublishConfig, config_of, replace_of
 from trtet_store.remote.upload.parts import choose_part_size
 from trtet_store.remote.upload.program import sources_of
@@ -200,6 +200,7 @@ def publish_set(
     client: S3 | None = None,
     gc_grace: float | timedelta = DEFAULT_GC_GRACE,
     signing_key: Any = None,
+    dry_run: bool = False,
 ) -> SetPublishReport:
     """Publish a set of programs under one prefix, each distinct file once.
 
@@ -235,6 +236,10 @@ def publish_set(
         Sign the set manifest (:mod:`.signed`): every blob named by sha256
         too, taken in the pass that reads each file. Default:
         ``TRTET_SIGNING_KEY``, else the config file's, else unsigned.
+    dry_run : bool
+        Read every file and the bucket, send, commit and delete nothing: the
+        report's ``removed``, ``pruned`` and ``kept`` are the sweeps' plan
+        (ages by this machine's clock, the real run's by the server's).
 
     Returns
     -------
@@ -314,6 +319,14 @@ def publish_set(
                               {n: [fn for fn, _ in e] for n, e in files.items()})
     report.bytes_files = sum(f.size for e in files.values() for _, f in e)
     report.bytes_distinct = sum(f.size for f in distinct.values())
+    if dry_run:  # the plans the clean-up and the prune would execute after the commit
+        removing = _to_remove(s3, bucket, prefix, old, set(distinct))
+        plan, objects = _prune_plan(s3, bucket, prefix, distinct, removing, grace, None)
+        report.dry_run, report.removed = True, sorted(removing)
+        report.pruned = [i.key.rpartition("/")[2] for i in plan.doomed if i.key in objects]
+        report.kept = {d: why for k, why in plan.kept.items()
+                       if k in objects and (d := k.rpartition("/")[2]) not in removing}
+        return report
     blobs = _send_blobs(s3, bucket, prefix, distinct, cfg, resume, report, old)
 
     # 3. commit, with what the replaced version alone named (and what a publish killed
@@ -723,12 +736,27 @@ def _prune(s3: S3, bucket: str, prefix: str, skey: str, ours: str, new: SetManif
             log.info("s3://%s/%s changed since our commit; the newer publish prunes", bucket,
                      skey)
             return []
-        listed = s3.list_etags(bucket, prefix + BLOBS)
+        plan, objects = _prune_plan(s3, bucket, prefix, new.blobs, new.removing, grace,
+                                    mine.modified)
     except RemoteError as exc:
         log.warning("s3://%s/%s%s was not pruned (%s)", bucket, prefix, BLOBS, exc)
         return []
-    keep = {blob_key(prefix, d) for d in (*new.blobs, *new.removing)}
-    named = keep | {manifest_key(k) for k in keep}
+    gone = plan.execute(s3, bucket, first=_blob_first(s3, bucket))
+    pruned = [k.rpartition("/")[2] for k in gone if k in objects]
+    if pruned:
+        log.info("pruned %d blob(s) under s3://%s/%s%s that no manifest names, older than "
+                 "%.0f s", len(pruned), bucket, prefix, BLOBS, grace)
+    return pruned
+
+
+def _prune_plan(s3: S3, bucket: str, prefix: str, blobs: Iterable[str], removing: Iterable[str],
+                grace: float, now: float | None) -> tuple[SweepPlan, set[str]]:
+    """The prune's plan over ``<prefix>blobs/`` (what the set names or the clean-up removes
+    kept, said why), and the listed keys that are blobs (not their manifests)."""
+    listed = s3.list_etags(bucket, prefix + BLOBS)
+    named = {blob_key(prefix, d): "named by the set" for d in blobs}
+    named.update({blob_key(prefix, d): "removed by the clean-up" for d in removing})
+    named.update({manifest_key(k): why for k, why in named.items()})
     objects = {k for k, _, _ in listed if _HEX128.fullmatch(k.rpartition("/")[2])}
     # A blob's manifest goes with it; one left without its object (a clean-up killed in
     # between) goes alone.
@@ -736,13 +764,7 @@ def _prune(s3: S3, bucket: str, prefix: str, skey: str, ours: str, new: SetManif
                if k in objects or (k.endswith(MANIFEST_SUFFIX) and k[:-len(MANIFEST_SUFFIX)]
                                    not in objects and _HEX128.fullmatch(
                                        k[len(prefix + BLOBS):-len(MANIFEST_SUFFIX)]))]
-    plan = plan_sweep(listing, named, grace, now=mine.modified)
-    gone = plan.execute(s3, bucket, first=_blob_first(s3, bucket))
-    pruned = [k.rpartition("/")[2] for k in gone if k in objects]
-    if pruned:
-        log.info("pruned %d blob(s) under s3://%s/%s%s that no manifest names, older than "
-                 "%.0f s", len(pruned), bucket, prefix, BLOBS, grace)
-    return pruned
+    return plan_sweep(listing, named, grace, now=now), objects
 
 
 __all__ = ["Member", "parse_set_url", "publish_set"]

@@ -35,6 +35,9 @@ class SetPublishReport:
     pruned : list of str
         Blobs no manifest names (a losing publisher's, a killed publish's),
         older than ``gc_grace``, removed after the commit.
+    dry_run : bool
+        Nothing was sent, committed or deleted: ``removed`` and ``pruned`` are what the
+        publish would remove, ``kept`` each blob it would keep and why.
     """
 
     url: str
@@ -50,6 +53,8 @@ class SetPublishReport:
     blobs_present: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    kept: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,13 +23,12 @@ signature by a trusted key that verifies is enough; others are ignored.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from trtet_store.io import is_sha256, read_digests, read_ours
+from trtet_store.io import is_sha256, read_digests
 from trtet_store.remote.errors import FetchVerificationError, ManifestError
 from trtet_store.remote.jsondoc import loads
 from trtet_store.remote.signing import (  # noqa: F401 - MAX_SIGNATURES: as before
@@ -44,7 +43,7 @@ __all__ = ["DOMAIN", "SetSignatureError", "check_blobs", "read_signed_set", "sig
 
 #: What a set's signature covers starts with this, so that it means nothing elsewhere.
 DOMAIN = b"trtet-store/set-manifest-signature/1\n"
-#: A store seal is a line of JSON.
+#: A sha256 seal is a line of JSON (a reference's, with its path, may be longer).
 _SEAL_LIMIT = 4096
 
 
@@ -131,14 +130,8 @@ def read_signed_set(s3: Any, bucket: str, prefix: str, trusted: Mapping[str, Any
 
 def _sealed_sha256(cas: Any, digest: str) -> str | None:
     """The sha256 the store's seal of ``digest`` keeps, while the blob is the sealed file."""
-    if not cas.sealed(digest):
-        return None
-    try:
-        doc = json.loads(read_ours(cas.seal_path(digest), limit=_SEAL_LIMIT, what="seal"))
-    except (OSError, ValueError):
-        return None
-    sha = doc.get("sha256") if isinstance(doc, dict) and doc.get("xxh3") == digest else None
-    return sha if is_sha256(sha) and cas.sealed(digest) else None
+    seal, sha = cas.kept(digest, "sha256", _SEAL_LIMIT) if cas.sealed(digest) else (None, None)
+    return sha if seal is not None and is_sha256(sha) and cas.sealed(digest) else None
 
 
 def check_blobs(cas: Any, blobs: Any, sha256s: Mapping[str, str], where: str) -> None:
@@ -164,10 +157,7 @@ def check_blobs(cas: Any, blobs: Any, sha256s: Mapping[str, str], where: str) ->
                 os.close(fd)
             got = read.sha256 if read.digest == digest else None
         if got is None or got != want:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(cas.path(digest))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(cas.seal_path(digest))
+            cas.remove(digest)
             raise SetSignatureError(
                 f"{where}: blob {digest}: its sha256 is {got}, the signed set says {want}; "
                 "refused, removed from the store, nothing placed")

@@ -99,17 +99,17 @@ class ContentStore(SealedDir):
         None, the blob is downloaded again. The file is never read to learn
         whether its bytes are still the blob's.
         """
-        doc = self.read_seal(digest)
-        if not isinstance(doc, dict) or not isinstance(doc.get("ref"), str):
+        seal, path = self.kept(digest, "ref")
+        if path is None:
             return None
-        ref = Path(doc["ref"])
+        ref = Path(path)
         try:
             st = os.lstat(ref)
         except FileNotFoundError:
             st = None
-        if st is not None and st.st_size == size and doc.get("xxh3") == digest and \
-                self.matches(doc.get("identity"), st):
-            return ref, doc["identity"]
+        if seal is not None and st is not None and st.st_size == size and \
+                seal.holds(st) is None:
+            return ref, list(seal.identity)
         log.info("%s: %s since it was placed as blob %s; the reference is dropped and the "
                  "blob is downloaded again", ref, "gone" if st is None else "changed", digest)
         self.unseal(digest)

@@ -14,9 +14,9 @@ import logging
 import posixpath
 
 from trtet_store.remote.errors import ManifestError, OwnedByOtherProgramError, RemoteError
-from trtet_store.remote.manifest import named_keys, program_key_of
+from trtet_store.remote.manifest import Manifest, manifest_key, named_keys, program_key_of
 from trtet_store.remote.s3 import S3
-from trtet_store.remote.sweep import Listed, plan_sweep
+from trtet_store.remote.sweep import Listed, SweepPlan, plan_sweep
 from trtet_store.remote.url import RemoteURL
 
 # The publish's logger, as before these rules left send.py.
@@ -70,7 +70,7 @@ def owned_error(bucket: str, dest: RemoteURL, owned: list[str],
 
 
 def remove_replaced(s3: S3, bucket: str, key: str, mkey: str, previous: dict[str, str],
-                     kept: set[str]) -> list[str]:
+                    kept: set[str]) -> list[str]:
     """Remove the replaced version's objects that the new manifest no longer names.
 
     Runs after the new manifest is committed and checked. An object goes
@@ -80,25 +80,46 @@ def remove_replaced(s3: S3, bucket: str, key: str, mkey: str, previous: dict[str
     and stays). Best effort: the publish is done; what cannot be removed is
     named in a warning and stays.
     """
+    plan = replaced_plan(s3, bucket, key, mkey, previous, kept)
+    removed = [] if plan is None else plan.execute(s3, bucket)
+    for k in removed:
+        log.info("removed s3://%s/%s: the replaced version had it, no manifest names it now",
+                 bucket, k)
+    return removed
+
+
+def replaced_plan(s3: S3, bucket: str, key: str, mkey: str, previous: dict[str, str],
+                  kept: set[str]) -> SweepPlan | None:
+    """The sweep of :func:`remove_replaced` (a dry run's plan); None: nothing is removed
+    (the other programs' manifests could not be listed)."""
     gone = sorted(k for k in previous if k not in kept)
     if not gone:
-        return []
+        return SweepPlan()
     where = posixpath.dirname(key)
     try:
         owners = owners_of(s3, bucket, key, mkey)
     except (RemoteError, OSError) as exc:
         log.warning("the replaced version's objects %s are kept: the other programs' "
                     "manifests could not be listed (%s)", ", ".join(gone), exc)
-        return []
+        return None
     beside = [k for k in gone if posixpath.dirname(k) == where and program_key_of(k) is None]
     for k in sorted(set(gone) - set(beside)):
         log.warning("s3://%s/%s is kept: the replaced manifest named it, but it is not "
                     "an object beside the program", bucket, k)
     named = {k: f"s3://{bucket}/{owners[k]} names it too" for k in beside if k in owners}
     # No grace: the replaced manifest's ETag is the version judged.
-    plan = plan_sweep([Listed(k, previous[k]) for k in beside], named, 0)
-    removed = plan.execute(s3, bucket)
-    for k in removed:
-        log.info("removed s3://%s/%s: the replaced version had it, no manifest names it now",
-                 bucket, k)
-    return removed
+    return plan_sweep([Listed(k, previous[k]) for k in beside], named, 0)
+
+
+def replace_dry_run(names: list[str], url: str, *, endpoint_url: str | None = None
+                    ) -> tuple[SweepPlan | None, list[str]]:
+    """What a ``--replace`` publish of files named ``names`` (the program's first) to ``url``
+    would remove, read from the manifest there now: ``(plan, the new version's keys)``.
+    Nothing is written."""
+    dest = RemoteURL.parse(url)
+    keys = [dest.key] + [dest.sibling(n) for n in names[1:]]
+    s3 = S3(endpoint_url)
+    mkey = manifest_key(dest.key)
+    got = s3.get(dest.bucket, mkey)
+    previous = {} if got is None else {e.key: e.etag for e in Manifest.from_json(got[0]).objects}
+    return replaced_plan(s3, dest.bucket, dest.key, mkey, previous, set(keys)), keys
