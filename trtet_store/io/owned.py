@@ -35,6 +35,9 @@ from trtet_store.io.errors import StorageError
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+_OWNED_BY = "owned by uid "
+
+
 class NotOursError(StorageError, PermissionError):
     """A file we would read back to decide something is not one we made.
 
@@ -58,6 +61,11 @@ class NotOursError(StorageError, PermissionError):
 
     def __str__(self) -> str:  # one line: the path is in the message already
         return self.strerror
+
+    @property
+    def other_owner(self) -> bool:
+        """Whether the file is another user's (not a link, a FIFO or one too big)."""
+        return self.reason.startswith(_OWNED_BY)
 
 
 def _kind(mode: int) -> str:
@@ -88,7 +96,7 @@ def ours_problem(st: os.stat_result, *, limit: int | None = None,
         return f"{_kind(st.st_mode)}, not a regular file"
     euid = os.geteuid()
     if st.st_uid != euid and not (allow_root and st.st_uid == 0):
-        return f"owned by uid {st.st_uid}, not by uid {euid}"
+        return f"{_OWNED_BY}{st.st_uid}, not by uid {euid}"
     if limit is not None and st.st_size > limit:
         return f"{st.st_size} bytes, over the {limit} such a file may hold"
     return None

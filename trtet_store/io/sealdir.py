@@ -97,7 +97,7 @@ class SealedDir:
             return json.loads(read_ours(path, limit=limit or (
                 BESIDE_MAX_BYTES if self.beside else SEAL_MAX_BYTES), what=self.what))
         except NotOursError as exc:
-            if self.refuse and exc.reason.startswith("owned by"):
+            if self.refuse and exc.other_owner:
                 raise
             log.warning("%s", exc)
         except (OSError, ValueError):
