@@ -1,0 +1,91 @@
+"""io/sealdir.py SealedDir: what a renewal answers, what a seal keeps beside, whose seal is read.
+
+- ``renew`` of a file still sealed records the new identity and says so (True), which the
+  engine cache logs as "resealed" (``return True``);
+- the store's form keeps the sha256 given to ``seal`` beside the seal (``**extra``): what a
+  signed set's check takes instead of reading the blob again;
+- the cache's form (``beside=True``) hands another user's seal file to ``refuse`` (the
+  cache refuses it with PermissionError), never trusting or skipping it quietly
+  (``if self.beside`` in ``read_seal``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+from attacker import NOBODY, tree
+
+from trtet_store.io import Seal, SealedDir
+
+CHUNK = 4096
+
+
+def _cache_form(tmp_path: Path, data: bytes, **kw) -> tuple[SealedDir, str]:
+    root = tmp_path / "blobs"
+    root.mkdir(mode=0o700)
+    d = SealedDir(root, beside=True, temp_dir=tmp_path, **kw)
+    name = f"{xxhash.xxh3_128(data).hexdigest()}-{len(data)}"
+    d.path(name).write_bytes(data)
+    fd = os.open(d.path(name), os.O_RDONLY)
+    try:
+        d.write(name, Seal.read(fd, CHUNK))
+    finally:
+        os.close(fd)
+    return d, name
+
+
+def test_renew_of_a_sealed_file_records_its_new_identity_and_says_so(tmp_path: Path) -> None:
+    data = b"R" * (CHUNK + 3)
+    d, name = _cache_form(tmp_path, data)
+    old = d.read(name)
+    os.link(d.path(name), tmp_path / "copy")  # a new identity (ctime), the same bytes
+    os.unlink(d.path(name))
+    os.rename(tmp_path / "copy", d.path(name))
+    assert not d.sealed(name)
+    fd = os.open(d.path(name), os.O_RDONLY)
+    try:
+        new = Seal.read(fd, CHUNK)
+    finally:
+        os.close(fd)
+    assert new.identity != old.identity
+    assert d.renew(name, new) is True
+    assert d.read(name) == new and d.sealed(name)
+
+
+def test_the_store_form_keeps_the_sha256_given_beside_its_seal(tmp_path: Path) -> None:
+    data = b"S" * 5000
+    root = tmp_path / "store"
+    d = SealedDir(root, todo="remove it")
+    name = xxhash.xxh3_128(data).hexdigest()
+    d.path(name).write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    d.seal(name, sha256=sha)
+    doc = json.loads(d.seal_path(name).read_bytes())
+    assert (doc["xxh3"], doc["size"], doc["sha256"]) == (name, 5000, sha)
+    assert d.sealed(name)
+    d.seal(name)  # sealed again without one: none kept
+    assert "sha256" not in json.loads(d.seal_path(name).read_bytes())
+
+
+def test_another_users_seal_in_the_cache_form_goes_to_refuse(tmp_path: Path) -> None:
+    refused = []
+
+    def refuse(path: Path, st: os.stat_result) -> None:
+        if st.st_uid != os.geteuid():
+            refused.append((path, st.st_uid))
+            raise PermissionError(f"seal {path} is another user's")
+
+    d, name = _cache_form(tmp_path, b"F" * 100, refuse=refuse)
+    assert d.read(name) is not None and refused == []
+    os.chown(d.seal_path(name), NOBODY, NOBODY)
+    before = tree(tmp_path / "blobs")
+    with pytest.raises(PermissionError, match="another user's"):
+        d.read(name)
+    assert refused == [(d.seal_path(name), NOBODY)]
+    assert tree(tmp_path / "blobs") == before
+    assert os.stat(d.seal_path(name)).st_uid == NOBODY
