@@ -45,3 +45,19 @@ def test_the_root_of_another_filesystem_is_not_the_journals_directory(make_fs) -
     first = plan.outputs[0].dest
     assert plan_problem(path, plan) == f"its plan's first output {first} is not in {home}"
     assert os.listdir(home) == [] and os.listdir(other) == []
+
+
+def test_the_journals_directory_named_by_a_link_to_it_is_its_own(tmp_path: Path) -> None:
+    """_Dirs.same_as_home: a directory found the same as the journal's (by device and inode)
+    is remembered as ours (``if ok: self._ours[d] = True``): named through a link to it, it is
+    not then refused by the check that opens a directory without following its last link."""
+    home = tmp_path / "home"
+    home.mkdir()
+    os.symlink(home, tmp_path / "alias")
+    path, plan = _plan(home, dest_dir=tmp_path / "alias")
+    assert plan_problem(path, plan) is None
+    path, plan = _plan(home, dest_dir=tmp_path / "alias")  # a later output there too
+    plan.outputs.append(OutputPlan(dest=f"{tmp_path}/alias/b.pte",
+                                   temp=os.fspath(temp_path(tmp_path / "alias" / "b.pte", T1)),
+                                   backup=None, size=1))
+    assert plan_problem(path, plan) is None
