@@ -61,3 +61,18 @@ def test_the_journals_directory_named_by_a_link_to_it_is_its_own(tmp_path: Path)
                                    temp=os.fspath(temp_path(tmp_path / "alias" / "b.pte", T1)),
                                    backup=None, size=1))
     assert plan_problem(path, plan) is None
+
+
+def test_a_journal_directory_gone_since_makes_no_other_directory_its_own(tmp_path: Path) -> None:
+    """_Dirs.same_as_home_id: the journal's directory can no longer be looked up (renamed
+    away after the journal was read): then no directory is it (``return False``), and a pin
+    in a shared 1777 directory is refused as anyone's."""
+    home = tmp_path / "home"  # never made: as if renamed away since
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    path, plan = _plan(home)
+    pin = shared / f".trtet-pin-{T1}"
+    plan.pins = [os.fspath(pin)]
+    assert plan_problem(path, plan) == \
+        f"its plan names the pin {pin}, outside {home} and any directory of ours"
