@@ -89,3 +89,20 @@ def test_another_users_seal_in_the_cache_form_goes_to_refuse(tmp_path: Path) -> 
     assert refused == [(d.seal_path(name), NOBODY)]
     assert tree(tmp_path / "blobs") == before
     assert os.stat(d.seal_path(name)).st_uid == NOBODY
+
+
+def test_relinked_with_nothing_changed_leaves_the_seal_and_its_sha256(tmp_path: Path) -> None:
+    """relinked: ``if new is not None and new != seal``: a file whose identity did not move
+    at all keeps its seal file as it is (no rewrite, which would drop the sha256 beside)."""
+    data = b"K" * 3000
+    d = SealedDir(tmp_path / "store", todo="remove it")
+    name = xxhash.xxh3_128(data).hexdigest()
+    d.path(name).write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    d.seal(name, sha256=sha)
+    before = os.stat(d.seal_path(name))
+    d.relinked(name)
+    d.seal(name, relink=True)
+    after = os.stat(d.seal_path(name))
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert json.loads(d.seal_path(name).read_bytes())["sha256"] == sha
