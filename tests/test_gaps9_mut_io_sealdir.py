@@ -106,3 +106,24 @@ def test_relinked_with_nothing_changed_leaves_the_seal_and_its_sha256(tmp_path: 
     after = os.stat(d.seal_path(name))
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert json.loads(d.seal_path(name).read_bytes())["sha256"] == sha
+
+
+@pytest.mark.parametrize("identity", [[1, 2, 3, 4], "abcde", {"a": 1}],
+                         ids=["four-members", "a-string", "an-object"])
+def test_a_store_seal_whose_identity_is_not_five_numbers_is_no_seal(tmp_path: Path,
+                                                                   identity) -> None:
+    """read: ``not isinstance(ident, list) or len(ident) != 5``: such a seal vouches for
+    nothing, and no identity is taken from it."""
+    data = b"I" * 700
+    d = SealedDir(tmp_path / "store", todo="remove it")
+    name = xxhash.xxh3_128(data).hexdigest()
+    d.path(name).write_bytes(data)
+    d.seal(name)
+    good = d.sealed_identity(name)
+    assert good is not None and len(good) == 5
+    doc = json.loads(d.seal_path(name).read_bytes())
+    doc["identity"] = identity
+    os.chmod(d.seal_path(name), 0o644)
+    d.seal_path(name).write_text(json.dumps(doc))
+    assert d.read(name) is None and d.sealed_identity(name) is None
+    assert not d.sealed(name)
