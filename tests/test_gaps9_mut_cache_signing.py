@@ -11,6 +11,7 @@ Pure functions on real ed25519 keys made in ``tmp_path`` (no server), well under
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from pathlib import Path
@@ -113,3 +114,23 @@ def test_a_signed_lease_with_any_one_field_changed_is_refused(keys, field: str) 
     bad[field] = LEASE_FIELDS[field]
     why = lease_refusal(bad, "bkt", "cache/k.lease", keys["trusted"]) or ""
     assert "does not verify" in why, (field, why)
+
+
+def test_a_pointer_whose_first_trusted_signature_is_broken_is_vouched_for_by_the_second(
+        tmp_path: Path) -> None:
+    """Two trusted keys (a key rotation): the first's signature bytes were damaged (or a
+    bucket writer wrote junk under its id), the second's verifies. One trusted signature that
+    verifies is enough: ``refusal`` is None and ``verified_by`` names the second key."""
+    d = tmp_path / "two"
+    d.mkdir(mode=0o700)
+    old, new = keygen(d / "old.key"), keygen(d / "new.key")
+    trusted = {old.key_id: old, new.key_id: new}
+    e = _entry()
+    sign_entry(e, load_signing_key(d / "old.key"))
+    sign_entry(e, load_signing_key(d / "new.key"))
+    first, second = e.signatures()
+    assert (first["key"], second["key"]) == (old.key_id, new.key_id)
+    first["ed25519"] = base64.b64encode(b"\x01" * 64).decode("ascii")
+    assert refusal(e, trusted) is None
+    assert verified_by(e, trusted) == new.key_id
+    assert "does not verify" in (refusal(e, {old.key_id: old}) or "")
