@@ -116,3 +116,20 @@ def test_the_same_bytes_with_new_metadata_record_the_new_metadata(tmp_path):
     assert hit is not None
     with hit:
         assert hit.metadata == {"etag": "2"}
+
+
+def test_digests_whose_size_is_not_the_file_s_are_not_trusted(tmp_path):
+    """Digests handed over with the file's identity but another size: not trusted, so the
+    file is read; its bytes are the digest's, so they are stored, under their true size."""
+    cache = BlobCache(tmp_path / "c", max_bytes=64 * MiB)
+    data = os.urandom(3 * 4096)
+    src = _src(tmp_path, "engine", data)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        told = dataclasses.replace(read_digests(fd, cache.files.chunk_size),
+                                   identity=file_identity(os.fstat(fd)), size=len(data) - 1)
+    finally:
+        os.close(fd)
+    got = cache.put("a", src, digests=told)
+    assert got.stored and got.size == len(data), got
+    assert _read(cache, "a") == data
