@@ -134,3 +134,12 @@ def test_a_pointer_whose_first_trusted_signature_is_broken_is_vouched_for_by_the
     assert refusal(e, trusted) is None
     assert verified_by(e, trusted) == new.key_id
     assert "does not verify" in (refusal(e, {old.key_id: old}) or "")
+
+
+def test_an_unsigned_pointer_is_refused_as_not_signed(keys) -> None:
+    e = _entry()
+    assert refusal(e, keys["trusted"]) == ("not signed (this cache accepts only entries "
+                                           "signed by its trusted keys)")
+    assert verified_by(e, keys["trusted"]) is None
+    e.signature = []
+    assert (refusal(e, keys["trusted"]) or "").startswith("not signed")
