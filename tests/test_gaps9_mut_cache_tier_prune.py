@@ -44,3 +44,38 @@ def test_prune_leaves_a_lease_like_object_one_level_down_alone(s3env: Any) -> No
     removed = tier.prune(60.0)
     assert removed == ["dead.lease"], removed
     assert _keys(s3env) == ["cache/k/x.lease"]
+
+
+def _old_lease_and_attempt(s3env: Any) -> tuple[RemoteTier, float]:
+    c, bucket = s3env.client, s3env.bucket
+    body = json.dumps({"holder": "f" * 32, "host": "x", "pid": 1, "started": 1.0,
+                       "renewed": 1.0, "ttl": 0.1, "beat": 1}).encode()
+    c.put_object(Bucket=bucket, Key="cache/dead.lease", Body=body)
+    c.put_object(Bucket=bucket, Key="cache/gone/c-00000000000000bb/record", Body=b"orphan")
+    time.sleep(1.5)  # the lease dead by the server's clock (Date less Last-Modified)
+    stamps = {o["LastModified"].timestamp()
+              for o in c.list_objects_v2(Bucket=bucket, Prefix="cache/")["Contents"]}
+    tier = RemoteTier(f"s3://{bucket}/cache", endpoint_url=s3env.endpoint.url, origin="a",
+                      journal_dir=s3env.journal_dir, lease_ttl=1.0)
+    return tier, max(stamps) if len(stamps) == 1 else -1.0
+
+
+def test_prune_removes_a_lease_and_an_orphan_attempt_of_exactly_the_age_asked(s3env):
+    tier, modified = _old_lease_and_attempt(s3env)
+    if modified < 0:  # the two objects' Last-Modified fell in two seconds: once more
+        for k in _keys(s3env):
+            s3env.client.delete_object(Bucket=s3env.bucket, Key=k)
+        tier, modified = _old_lease_and_attempt(s3env)
+    assert modified >= 0
+    tier.clock = _At(modified + 60.0)  # exactly 60 s old by the prune's clock
+    removed = sorted(tier.prune(60.0))
+    assert removed == ["dead.lease", "gone/c-00000000000000bb/"], removed
+    assert _keys(s3env) == []
+
+
+def test_prune_keeps_a_lease_younger_than_asked_though_its_server_age_is_dead(s3env):
+    tier, modified = _old_lease_and_attempt(s3env)
+    tier.clock = _At(max(modified, 0.0) + 10.0 if modified >= 0 else time.time())
+    removed = tier.prune(60.0)
+    assert removed == [], removed
+    assert "cache/dead.lease" in _keys(s3env)
