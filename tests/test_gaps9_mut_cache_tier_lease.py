@@ -73,3 +73,36 @@ def test_the_same_lease_left_unchanged_is_taken_over_after_its_ttl(env):
         assert _holder_of(env, lkey) == got.holder != HOLDER
     finally:
         got.release()
+
+
+def test_two_holders_old_signed_leases_alternated_do_not_renew_it(env, tmp_path):
+    """With trusted keys a lease counts as renewed only when its holder's signed beat moves
+    on: a bucket writer who alternates two genuine old signed leases of two holders (A at
+    beat 5, B at beat 3) renews nothing after each has been seen once: the waiter takes over
+    one ttl after the last change, not at its deadline."""
+    from trtet_store.cache.tier import keygen
+    from trtet_store.cache.tier.lease import lease_body
+    from trtet_store.cache.tier.signing import load_signing_key
+
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    keygen(keys / "team.key")
+    team = load_signing_key(keys / "team.key")
+    waiter = RemoteTier(f"s3://{env.bucket}/cache", endpoint_url=env.endpoint.url, origin="w",
+                        journal_dir=env.journal_dir / "w", lease_ttl=40.0, poll=10.0,
+                        signing_key=keys / "team.key", trusted_keys=[keys / "team.key.pub"])
+    lkey = waiter.where.lease_key("R")
+    bodies = [lease_body(h * 32, time.time() - 60, 40.0, beat, signing_key=team,
+                         bucket=env.bucket, object_key=lkey) for h, beat in (("a", 5), ("b", 3))]
+    env.client.put_object(Bucket=env.bucket, Key=lkey, Body=bodies[0])
+    clock = TestClock(lambda c: env.client.put_object(Bucket=env.bucket, Key=lkey,
+                                                      Body=bodies[c.sleeps % 2]))
+    waiter.clock = clock
+    got = waiter.claim("R", timeout=200)
+    try:
+        assert isinstance(got, Lease)
+        # B first seen at 10 s (a new holder: a change); nothing after: taken over once
+        # more than the ttl (40 s) has passed since, at the next look.
+        assert 50 < clock.t <= 60, clock.t
+    finally:
+        got.release()
