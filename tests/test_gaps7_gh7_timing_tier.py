@@ -78,6 +78,17 @@ def _local_bytes(cache: trtet_store.EngineCache) -> bytes | None:
         return Path(hit.path).read_bytes()
 
 
+@pytest.fixture(autouse=True)
+def _private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scratch directories are counted in a temp directory of this test's own: the other
+    lane (or any process) runs timing tests beside it and makes its own in /tmp."""
+    import tempfile
+
+    private = tmp_path / "tempdir"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+
+
 def _scratches() -> set[str]:
     import tempfile
 
