@@ -316,3 +316,45 @@ def test_live_sessions_are_not_collected(here_fs, fs_factory):
 def _proc_mounts() -> list[tuple[str, str, str, str]]:
     with open("/proc/mounts") as f:
         return [tuple(line.split()[:4]) for line in f]
+
+
+def test_remount_waits_for_the_old_loop_device_before_mounting_again(make_fs, fs_factory):
+    """A loop device still held after the unmount (udev's probe does it, for longer under
+    load) is not mounted again: `mount -o loop` would reuse it, page cache and all, and a
+    power-cut test would read a shut-down filesystem's cached state. The remount waits
+    until the device is gone, then mounts the image on a fresh one."""
+    import threading
+
+    from trtet_store.testing.loopfs import loop_devices_under, mounted_fstype
+
+    mnt = make_fs("ext4", 64)
+    (mnt / "kept").write_bytes(b"on disk")
+    os.sync()
+    image = fs_factory._mounted[Path(mnt)].image
+    (device,) = loop_devices_under(image)
+    held = os.open(device, os.O_RDONLY)  # as udev's probe holds it
+    done: list[BaseException | None] = []
+
+    def remount() -> None:
+        try:
+            fs_factory.remount(mnt)
+            done.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            done.append(exc)
+
+    thread = threading.Thread(target=remount)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 60
+        while mounted_fstype(os.fspath(mnt)) is not None:  # the unmount happens first
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.02)
+        time.sleep(3.0)  # longer than the 2 s the remount once waited before mounting
+        assert mounted_fstype(os.fspath(mnt)) is None, "mounted on the still-held device"
+        assert thread.is_alive() and loop_devices_under(image) == [device]
+    finally:
+        os.close(held)
+    thread.join(120)
+    assert done == [None]
+    assert mounted_fstype(os.fspath(mnt)) == "ext4"
+    assert (mnt / "kept").read_bytes() == b"on disk"

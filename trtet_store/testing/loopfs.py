@@ -277,8 +277,20 @@ def umount(mountpoint: str | os.PathLike[str]) -> tuple[str | None, bool]:
     return None, True
 
 
-#: Seconds a teardown waits for a loop device to go after its unmount (a hang guard).
+#: Seconds a teardown or remount waits for a loop device to go after its unmount (a hang
+#: guard: the wait ends as soon as it is gone).
 DETACH_WAIT = 60.0
+
+
+def _gone(image: Path, limit: float = DETACH_WAIT) -> bool:
+    """Wait until no loop device is attached to ``image``; False if one still is after
+    ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while loop_devices_under(image):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def teardown(mountpoint: Path, image: Path | None) -> list[str]:
@@ -307,11 +319,9 @@ def teardown(mountpoint: Path, image: Path | None) -> list[str]:
         # The kernel detaches an autoclear device at its last close, and udev's probe
         # after the unmount may hold it a while: on a loaded machine (load 20) it took
         # longer than the 2 s this once allowed. The wait ends as soon as it is gone;
-        # the limit is a hang guard.
-        deadline = time.monotonic() + DETACH_WAIT
-        while loop_devices_under(image) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if loop_devices_under(image):
+        # the limit is a hang guard. After a lazy unmount it stays while still busy: a
+        # short look then, and a warning below.
+        if not _gone(image, 2.0 if lazy else DETACH_WAIT):
             left = loop_devices_under(image)
             if lazy and all(_autoclear_pending(dev) for dev in left):
                 warnings.warn(
@@ -628,12 +638,17 @@ class FilesystemFactory:
         err, lazy = umount(fs.mountpoint)
         if err or lazy:
             raise RuntimeError(err or f"{mountpoint} was busy: it was unmounted lazily")
-        for _ in range(40):  # `mount -o loop` sets autoclear: the device goes by itself
-            if not loop_devices_under(fs.image):
-                break
-            time.sleep(0.05)
-        else:
+        # `mount -o loop` sets autoclear: the device goes by itself at its last close, which
+        # udev's probe after the unmount may delay (past 2 s under load 20). Mounting while
+        # the old device is still attached was seen to give the new mount a shut-down
+        # filesystem's EIO (test_crash_powercut, a loaded CI run), so nothing is mounted
+        # until it is gone.
+        if not _gone(fs.image):
             _detach(loop_devices_under(fs.image))
+            if not _gone(fs.image):
+                raise RuntimeError(f"loop device {', '.join(loop_devices_under(fs.image))} of "
+                                   f"{fs.image} still attached {DETACH_WAIT:.0f} s after "
+                                   f"unmounting {mountpoint}")
         mount = self._find_tool("mount") or "mount"
         argv = [
             mount,
