@@ -62,7 +62,9 @@ def _old_lease_and_attempt(s3env: Any) -> tuple[RemoteTier, float]:
 
 def test_prune_removes_a_lease_and_an_orphan_attempt_of_exactly_the_age_asked(s3env):
     tier, modified = _old_lease_and_attempt(s3env)
-    if modified < 0:  # the two objects' Last-Modified fell in two seconds: once more
+    for _ in range(5):  # the two objects' Last-Modified fell in two seconds: again (a loaded
+        if modified >= 0:  # machine puts them further apart, so more often)
+            break
         for k in _keys(s3env):
             s3env.client.delete_object(Bucket=s3env.bucket, Key=k)
         tier, modified = _old_lease_and_attempt(s3env)
