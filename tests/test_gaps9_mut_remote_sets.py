@@ -1,0 +1,89 @@
+"""sets.store.ContentStore.refer's answer, sets.manifest.check_member_files' twice-named file,
+and sets.signed.check_blobs on a link planted at a blob's name in the store.
+
+- ``ContentStore.refer`` says whether the reference was recorded: True only for the very
+  inode moved there (then :meth:`ContentStore.reference` gives the file), False for any
+  other file at that name (a directory on its path swapped: the seal is dropped).
+- ``check_member_files`` names the file a member names twice (``FileNameError.name``), not
+  the first name of the list.
+- ``check_blobs`` never follows a link at a blob's name in the store: a link to a file of
+  the blob's very bytes is not taken for the blob (refused), and its target is untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from trtet_store.remote.errors import FileNameError
+from trtet_store.sets.manifest import check_member_files
+from trtet_store.sets.signed import SetSignatureError, check_blobs
+from trtet_store.sets.store import ContentStore
+
+
+def _placed(tmp_path: Path, data: bytes) -> tuple[ContentStore, Path, str]:
+    cas = ContentStore(tmp_path / "store")
+    placed = tmp_path / "m" / "w.ptd"
+    placed.parent.mkdir()
+    placed.write_bytes(data)
+    return cas, placed, xxhash.xxh3_128(data).hexdigest()
+
+
+def test_refer_says_true_for_the_inode_moved_there_and_keeps_the_reference(
+        tmp_path: Path) -> None:
+    cas, placed, digest = _placed(tmp_path, b"w" * 3000)
+    st = os.lstat(placed)
+    assert cas.refer(digest, placed, (st.st_dev, st.st_ino)) is True
+    assert cas.reference(digest, 3000) == placed
+
+
+def test_refer_says_false_for_another_file_at_the_name_and_records_nothing(
+        tmp_path: Path) -> None:
+    cas, placed, digest = _placed(tmp_path, b"w" * 3000)
+    other = tmp_path / "m" / "other.ptd"
+    other.write_bytes(b"w" * 3000)
+    st = os.lstat(other)  # the inode moved was another one than the file now at `placed`
+    before = placed.read_bytes()
+    assert cas.refer(digest, placed, (st.st_dev, st.st_ino)) is False
+    assert cas.reference(digest, 3000) is None
+    assert not cas.seal_path(digest).exists()
+    assert placed.read_bytes() == before and other.read_bytes() == before
+
+
+def test_refer_says_false_for_a_link_at_the_name(tmp_path: Path) -> None:
+    cas, placed, digest = _placed(tmp_path, b"w" * 3000)
+    link = tmp_path / "m" / "l.ptd"
+    link.symlink_to(placed)
+    st = os.lstat(placed)  # the link leads to the very inode: still not recorded
+    assert cas.refer(digest, link, (st.st_dev, st.st_ino)) is False
+    assert cas.reference(digest, 3000) is None
+
+
+@pytest.mark.parametrize("names, twice", [
+    (["m.pte", "a.ptd", "b.ptd", "b.ptd"], "b.ptd"),
+    (["m.pte", "b.ptd", "a.ptd", "b.ptd"], "b.ptd"),
+])
+def test_check_member_files_names_the_file_named_twice(names: list[str], twice: str) -> None:
+    with pytest.raises(FileNameError, match="names a file twice") as caught:
+        check_member_files(names, "set member 'a'")
+    assert caught.value.name == twice
+
+
+def test_check_blobs_never_follows_a_link_at_a_blob_s_name(tmp_path: Path) -> None:
+    """A link (ours: the store is 0700) at the blob's name to a file of its very bytes and
+    sha256 is not the blob: refused, the target untouched, nothing vouched for."""
+    data = os.urandom(5000)
+    digest = xxhash.xxh3_128(data).hexdigest()
+    sha = hashlib.sha256(data).hexdigest()
+    cas = ContentStore(tmp_path / "store")
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(data)
+    os.symlink(target, cas.path(digest))
+    with pytest.raises((OSError, SetSignatureError)):
+        check_blobs(cas, [digest], {digest: sha}, "s3://b/set/")
+    assert target.read_bytes() == data
+    assert not cas.seal_path(digest).exists()
