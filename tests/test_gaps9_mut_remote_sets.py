@@ -87,3 +87,27 @@ def test_check_blobs_never_follows_a_link_at_a_blob_s_name(tmp_path: Path) -> No
         check_blobs(cas, [digest], {digest: sha}, "s3://b/set/")
     assert target.read_bytes() == data
     assert not cas.seal_path(digest).exists()
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_check_blobs_removes_a_refused_blob_and_its_seal_from_the_store(
+        tmp_path: Path, sealed: bool) -> None:
+    """The store's blob is the bytes its xxh3-128 names, but not the signed sha256 (what an
+    xxh3 second preimage would give): refused, and the store holds neither the blob nor its
+    seal afterwards (no stray seal that a later look would take for the blob's)."""
+    data = os.urandom(7000)
+    digest = xxhash.xxh3_128(data).hexdigest()
+    cas = ContentStore(tmp_path / "store")
+    cas.path(digest).write_bytes(data)
+    os.chmod(cas.path(digest), 0o444)
+    if sealed:  # downloaded now: its seal keeps the sha256 taken as it arrived
+        cas.seal(digest, sha256=hashlib.sha256(data).hexdigest())
+    else:
+        cas.seal(digest)  # in the store before: read once for its sha256
+    assert cas.sealed(digest)
+    signed = hashlib.sha256(b"the bytes the signer meant").hexdigest()
+    with pytest.raises(SetSignatureError, match=f"blob {digest}: its sha256 is"):
+        check_blobs(cas, [digest], {digest: signed}, "s3://b/set/")
+    assert not os.path.lexists(cas.path(digest))
+    assert not os.path.lexists(cas.seal_path(digest))
+    assert [n for n in os.listdir(cas.root) if digest in n] == []  # no temp, no stray seal
