@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,21 @@ def test_check_blobs_removes_a_refused_blob_and_its_seal_from_the_store(
     assert not os.path.lexists(cas.path(digest))
     assert not os.path.lexists(cas.seal_path(digest))
     assert [n for n in os.listdir(cas.root) if digest in n] == []  # no temp, no stray seal
+
+
+@pytest.mark.parametrize("name, why", [
+    ("../x.pte", "is a path, not a plain file name"),
+    (".trtet-set.json", "is one of trtet_store's own names"),
+    ("a\nb.ptd", "holds a control character"),
+])
+def test_a_program_name_is_refused_for_its_first_reason_not_a_later_one(name: str,
+                                                                       why: str) -> None:
+    """sets.manifest.member_file_problem: the plain-name rule's reason is the one the user
+    reads (a path, our own name, a control character), not "starts with a dot" / "is not a
+    .pte name" said over it."""
+    from trtet_store.sets.manifest import member_file_problem
+
+    assert member_file_problem(name, program=True) == why or \
+        member_file_problem(name, program=True).startswith(why)
+    with pytest.raises(FileNameError, match=re.escape(f"the program's name {name!r} {why}")):
+        check_member_files([name, "w.ptd"], "set member 'a'")
