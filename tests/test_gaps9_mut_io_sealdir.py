@@ -72,23 +72,23 @@ def test_the_store_form_keeps_the_sha256_given_beside_its_seal(tmp_path: Path) -
     assert "sha256" not in json.loads(d.seal_path(name).read_bytes())
 
 
-def test_another_users_seal_in_the_cache_form_goes_to_refuse(tmp_path: Path) -> None:
-    refused = []
+def test_another_users_seal_in_the_cache_form_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """``refuse=True`` (the engine cache): another user's seal raises NotOursError, naming
+    its owner, and nothing in the directory changes; without it, the seal is not trusted."""
+    from trtet_store.io import NotOursError
 
-    def refuse(path: Path, st: os.stat_result) -> None:
-        if st.st_uid != os.geteuid():
-            refused.append((path, st.st_uid))
-            raise PermissionError(f"seal {path} is another user's")
-
-    d, name = _cache_form(tmp_path, b"F" * 100, refuse=refuse)
-    assert d.read(name) is not None and refused == []
+    d, name = _cache_form(tmp_path, b"F" * 100, refuse=True)
+    assert d.read(name) is not None
     os.chown(d.seal_path(name), NOBODY, NOBODY)
     before = tree(tmp_path / "blobs")
-    with pytest.raises(PermissionError, match="another user's"):
+    with pytest.raises(NotOursError, match="owned by uid 65534") as caught:
         d.read(name)
-    assert refused == [(d.seal_path(name), NOBODY)]
+    assert caught.value.other_owner
     assert tree(tmp_path / "blobs") == before
     assert os.stat(d.seal_path(name)).st_uid == NOBODY
+    lenient = SealedDir(tmp_path / "blobs", beside=True, temp_dir=tmp_path)
+    assert lenient.read(name) is None  # not trusted, not raised
+    assert tree(tmp_path / "blobs") == before
 
 
 def test_relinked_with_nothing_changed_leaves_the_seal_and_its_sha256(tmp_path: Path) -> None:
