@@ -9,8 +9,11 @@ a directory, links not followed) or :func:`listing` (one directory's entries).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from crash_dying import in_child
@@ -29,6 +32,18 @@ def as_nobody(fn: Callable[[], object]) -> None:
         fn()
 
     assert in_child(child) == 0
+
+
+@contextlib.contextmanager
+def reachable_dir(prefix: str, mode: int = 0o755) -> Iterator[Path]:
+    """A fresh directory under /tmp that uid 65534 can reach (tmp_path's parents are 0700),
+    of ``mode`` (0o1777: a shared one), removed with all in it afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(path, mode)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
 
 
 def shared_dir(parent: Path, name: str = "shared") -> Path:

@@ -18,13 +18,11 @@ Each proves the planted or victim file is left as it was.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from attacker import NOBODY, as_nobody, listing
+from attacker import NOBODY, as_nobody, listing, reachable_dir
 
 from trtet_store.io import NotOursError
 from trtet_store.io import journal as journal_mod
@@ -36,10 +34,8 @@ T1, T2 = "0123456789abcdef", "fedcba9876543210"
 
 @pytest.fixture
 def top() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gaps9-journal-", dir="/tmp"))
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path)
+    with reachable_dir("gaps9-journal-", 0o755) as path:
+        yield path
 
 
 def _journal_bytes(d: Path, token: str, name: str = "model.pte") -> tuple[Path, bytes]:

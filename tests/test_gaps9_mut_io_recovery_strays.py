@@ -9,13 +9,11 @@ root's own stray temp beside it is removed.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from attacker import NOBODY, as_nobody, listing
+from attacker import NOBODY, as_nobody, listing, reachable_dir
 
 from trtet_store import recover
 from trtet_store.io.names import temp_path
@@ -23,10 +21,8 @@ from trtet_store.io.names import temp_path
 
 @pytest.fixture
 def top() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gaps9-strays-", dir="/tmp"))
-    os.chmod(path, 0o1777)
-    yield path
-    shutil.rmtree(path)
+    with reachable_dir("gaps9-strays-", 0o1777) as path:
+        yield path
 
 
 def test_another_users_link_at_a_stray_temps_name_is_left_alone(top: Path) -> None:
