@@ -36,6 +36,10 @@ BUDGET = 64 * MiB
 CLONE_CALL = 16 * MiB
 # The journal, the directory entries and the output's metadata blocks.
 SLACK = 1 * MiB
+# btrfs: each step's commit copies its trees on write, and the old tree blocks go free only
+# at the next commit: a loaded CI run saw a move 6 MiB over its budget (70.0 MiB against 64),
+# where a copy would be 256 MiB over.
+BTRFS_METADATA = 8 * MiB
 
 CASES = [
     ("ext4", "insert"), ("ext4", "move"), ("ext4", "copy"),
@@ -85,7 +89,7 @@ def test_peak_over_final_state(make_fs, monkeypatch, fstype, placement):
         remap = CLONE_CALL if (fstype, placement) == ("xfs", "clone") else 0
         assert over_final <= SLACK + HEADER + remap, note
     elif placement == "move":
-        assert over_final <= BUDGET + SLACK, note
+        assert over_final <= BUDGET + SLACK + (BTRFS_METADATA if fstype == "btrfs" else 0), note
     else:
         assert mon.peak_extra_bytes <= 2 * PAYLOAD + BUDGET + SLACK, note
     for (path, _), want in zip(outputs, digests, strict=True):
