@@ -114,3 +114,25 @@ def test_a_publish_replace_dry_run_prints_the_plan_and_changes_nothing(s3env, tm
     after = _listing(s3env)
     assert set(before) - set(after) == set(dry["removed"]), after
     assert after["prog/a.ptd"] == before["prog/a.ptd"]  # the same bytes: kept as it was
+
+
+def test_a_dry_run_with_abort_list_or_resume_is_refused_and_aborts_nothing(s3env, tmp_path,
+                                                                             capsys) -> None:
+    """``publish --abort URL --dry-run`` once aborted the upload for real: the pair is a
+    usage error now, refused before any request, the open upload still there."""
+    key = "p/model.pte"
+    url = f"s3://{s3env.bucket}/{key}"
+    upload = s3env.client.create_multipart_upload(Bucket=s3env.bucket, Key=key)["UploadId"]
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"x" * 1000)
+    common = ["--endpoint-url", s3env.endpoint.url, "--no-progress", "--journal-dir",
+              str(s3env.journal_dir), "--dry-run"]
+    capsys.readouterr()
+    for argv in (["publish", "--abort", url], ["publish", "--list", f"s3://{s3env.bucket}/"],
+                 ["publish", "--resume", str(pte), url]):
+        assert main([*argv, *common]) == 2, argv
+        assert "does not go with --list, --abort or --resume" in capsys.readouterr().err
+    uploads = s3env.client.list_multipart_uploads(Bucket=s3env.bucket).get("Uploads", [])
+    assert [(u["Key"], u["UploadId"]) for u in uploads] == [(key, upload)]
+    assert _listing(s3env) == {}
+    s3env.client.abort_multipart_upload(Bucket=s3env.bucket, Key=key, UploadId=upload)

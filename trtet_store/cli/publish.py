@@ -133,6 +133,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from trtet_store import remote
 
     *files, url = args.paths
+    if args.dry_run and (args.list or args.abort or args.resume):
+        # Before any request: --abort would otherwise abort for real.
+        return fail("publish", "--dry-run plans what --replace would remove; it does not "
+                    "go with --list, --abort or --resume", 2)
     try:
         if args.list:
             return _list(files, url, args)
