@@ -141,3 +141,40 @@ def test_the_manifest_used_is_the_one_whose_signature_was_checked(env: Any,
         "placed the writer's member list, not the signed one"
     assert gets == ["whole"], f"the set manifest was read {len(gets)} times: {gets}"
     assert _doc(env) == swapped  # the writer's put landed (right after the verified GET)
+
+
+def test_a_blob_changed_after_its_seal_was_looked_at_is_read_again(
+        env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_blobs: the sha256 a seal keeps (``_sealed_sha256``) is believed only while the
+    blob is still the sealed file; another process of ours replacing the blob (same size)
+    between the seal's first look and its read: read again, refused (SetSignatureError),
+    removed from the store, nothing placed."""
+    from trtet_store.sets.store import ContentStore
+
+    files = _publish(env, tmp_path)
+    store = tmp_path / "store"
+    _fetch(env, tmp_path / "first", "a", store=store, placements=["copy"])  # store keeps it
+    a = xxh(files["a"])
+    assert ContentStore(store).sealed(a)
+    assert ContentStore(store).kept(a, "sha256")[1] == \
+        hashlib.sha256(files["a"].read_bytes()).hexdigest()
+    real_kept = ContentStore.kept
+    swapped: list[str] = []
+
+    def kept_then_swapped(self: Any, name: str, field: str, limit: Any = None) -> Any:
+        got = real_kept(self, name, field, limit)
+        if field == "sha256" and name == a and not swapped:
+            swapped.append(name)  # the blob replaced right after its seal was read
+            tmp = self.root / ".swap.tmp"
+            tmp.write_bytes(os.urandom(files["a"].stat().st_size))
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, self.path(name))
+        return got
+
+    monkeypatch.setattr(ContentStore, "kept", kept_then_swapped)
+    out = tmp_path / "out"
+    with pytest.raises(SetSignatureError, match=f"blob {a}: its sha256 is None"):
+        _fetch(env, out, "a", store=store, placements=["copy"])
+    assert swapped == [a]
+    assert not (out / "a.pte").exists(), "placed from a blob that was not the signed bytes"
+    assert not ContentStore(store).path(a).exists(), "the changed blob kept in the store"
