@@ -15,28 +15,20 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
 from attacker import NOBODY, tree
+from test_sealdir import _in_form
 
 from trtet_store.io import Seal, SealedDir
 
 CHUNK = 4096
 
 
-def _cache_form(tmp_path: Path, data: bytes, **kw) -> tuple[SealedDir, str]:
-    root = tmp_path / "blobs"
-    root.mkdir(mode=0o700)
-    d = SealedDir(root, beside=True, temp_dir=tmp_path, **kw)
-    name = f"{xxhash.xxh3_128(data).hexdigest()}-{len(data)}"
-    d.path(name).write_bytes(data)
-    fd = os.open(d.path(name), os.O_RDONLY)
-    try:
-        d.write(name, Seal.read(fd, CHUNK))
-    finally:
-        os.close(fd)
-    return d, name
+def _cache_form(tmp_path: Path, data: bytes, **kw: Any) -> tuple[SealedDir, str]:
+    return _in_form(tmp_path, True, data, **kw)
 
 
 def test_renew_of_a_sealed_file_records_its_new_identity_and_says_so(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
@@ -58,15 +59,16 @@ def test_a_write_before_the_link_keeps_the_old_seal_and_is_refused(tmp_path: Pat
 # -- the relink rule, once, over both stores' seal forms ---------------------------------------
 
 
-def _in_form(tmp_path: Path, beside: bool, data: bytes) -> tuple[SealedDir, str]:
-    """A sealed file in the content store's form, or in the engine cache's (``blobs/``)."""
+def _in_form(tmp_path: Path, beside: bool, data: bytes, **kw: Any) -> tuple[SealedDir, str]:
+    """A sealed file in the content store's form, or in the engine cache's (``blobs/``,
+    made with ``kw``, e.g. ``refuse=True``)."""
     from trtet_store.io import Seal
 
     if not beside:
         d, name, _ = _sealed(tmp_path, data)
         return d, name
     (tmp_path / "blobs").mkdir(mode=0o700)
-    d = SealedDir(tmp_path / "blobs", beside=True, temp_dir=tmp_path)
+    d = SealedDir(tmp_path / "blobs", beside=True, temp_dir=tmp_path, **kw)
     name = f"{xxhash.xxh3_128(data).hexdigest()}-{len(data)}"
     d.path(name).write_bytes(data)
     fd = os.open(d.path(name), os.O_RDONLY)
