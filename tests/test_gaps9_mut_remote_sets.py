@@ -42,6 +42,23 @@ def test_refer_says_true_for_the_inode_moved_there_and_keeps_the_reference(
     assert cas.reference(digest, 3000) == placed
 
 
+def test_a_reference_rewritten_in_place_with_its_mtime_put_back_is_dropped(
+        tmp_path: Path) -> None:
+    """ContentStore._reference: a placed file written in place with other bytes of the same
+    size and its mtime put back (os.utime) is no longer the blob: its ctime moved, so the
+    reference is dropped (the blob downloaded again), never handed to a later member."""
+    cas, placed, digest = _placed(tmp_path, b"w" * 3000)
+    st = os.lstat(placed)
+    assert cas.refer(digest, placed, (st.st_dev, st.st_ino)) is True
+    with open(placed, "r+b") as f:  # the same inode, the same size, other bytes
+        f.write(b"X" * 3000)
+    os.utime(placed, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.lstat(placed).st_mtime_ns == st.st_mtime_ns
+    assert cas.reference(digest, 3000) is None
+    assert not os.path.lexists(cas.seal_path(digest))  # the reference is forgotten
+    assert cas.take_reference(digest, 3000, 1 << 20) is False
+
+
 def test_refer_says_false_for_another_file_at_the_name_and_records_nothing(
         tmp_path: Path) -> None:
     cas, placed, digest = _placed(tmp_path, b"w" * 3000)
