@@ -10,16 +10,14 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from digests import digest, file_digest
 from faults import FaultInjector, count_calls
 
-from trtet_store import BlobStore, recover
+from trtet_store import BlobStore, recover, write_file
+from trtet_store.io import fs
 from trtet_store.io.units import KiB, MiB
 
 COUNTS: dict[str, int] = {}
@@ -80,34 +78,45 @@ def test_fault_at_every_call_of_adopt(here_fs, mode):
 
 
 def _crash_mid_move(root: Path) -> tuple[bytes, Path, Path]:
-    """A child stages a blob, starts moving it into out/m.pte and is SIGKILLed mid-move."""
+    """A child stages a blob, starts moving it into out/m.pte and is SIGKILLed mid-move.
+
+    The child is forked from this process rather than started as a fresh interpreter:
+    recovery's fault matrix prepares one crash per call, and an interpreter's start-up
+    was most of its time. It is still another process that dies by SIGKILL mid-move,
+    its locks and open files going with it.
+    """
     out = root / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "m.pte").write_bytes(b"old")
     data = os.urandom(MiB)
-    (root / "data.bin").write_bytes(data)
-    script = textwrap.dedent(f"""
-        import os, signal
-        from pathlib import Path
-        from trtet_store import BlobStore, write_file
-        from trtet_store.io import fs
-        store = BlobStore({os.fspath(root / "s")!r}, chunk_size=64 << 10)
-        blob = store.put(Path({os.fspath(root / "data.bin")!r}).read_bytes())
-        print(blob.path, flush=True)
-        real, n = fs.calls.ftruncate, [0]
-        def die(fd, size):
-            real(fd, size)
-            if os.fstat(fd).st_size == size and size % (64 << 10) == 0 and size < (1 << 20):
-                n[0] += 1
-                if n[0] == 3:
-                    os.kill(os.getpid(), signal.SIGKILL)
-        fs.calls.ftruncate = die
-        write_file({os.fspath(out / "m.pte")!r}, [b"h" * 100, blob], consume=True,
-                   chunk_size=64 << 10, placements=["move"])
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    source = Path(proc.stdout.strip())
+    said, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(said)
+            store = BlobStore(root / "s", chunk_size=64 << 10)
+            blob = store.put(data)
+            os.write(tell, os.fsencode(blob.path) + b"\n")
+            real, n = fs.calls.ftruncate, [0]
+
+            def die(fd: int, size: int) -> None:
+                real(fd, size)
+                if os.fstat(fd).st_size == size and size % (64 << 10) == 0 and size < MiB:
+                    n[0] += 1
+                    if n[0] == 3:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            fs.calls.ftruncate = die
+            write_file(out / "m.pte", [b"h" * 100, blob], consume=True,
+                       chunk_size=64 << 10, placements=["move"])
+        finally:
+            os._exit(1)
+    os.close(tell)
+    with os.fdopen(said, "rb") as pipe:
+        told = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    source = Path(os.fsdecode(told.strip()))
     assert 0 < source.stat().st_size < MiB  # the move had started
     return data, out, source
 
