@@ -1,8 +1,8 @@
 """The kill tests' child: stage a scenario's blobs, write, and say on stdout how far it got.
 
 Run as ``python -m crash_child SCENARIO_JSON ROOT`` with the tests directory
-on ``PYTHONPATH`` (:func:`spawn` does both). It prints one line per event,
-and the parent SIGKILLs it at a random moment:
+on ``PYTHONPATH``, or forked from the test process by :func:`spawn`. It prints one
+line per event, and the parent SIGKILLs it at a random moment:
 
 - ``ready``: the blobs are staged and synced; the write starts now.
 - ``rollback``: the write failed and its journal now records that it is
@@ -18,10 +18,15 @@ rollback go unseen.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import subprocess
 import sys
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from crash_scenario import Scenario
@@ -33,22 +38,99 @@ READY, ROLLBACK, DONE, FAILED = "ready", "rollback", "done", "failed"
 FAILED_STATUS = 3
 #: Journal states a write records when it starts undoing itself.
 UNDOING = frozenset({journal.UNPUBLISHING, journal.ROLLING_BACK})
+#: A journal state at whose (durable) mark the child says ``held`` and waits to be
+#: killed: set by a forked child's ``before`` hook, so one kill lands there for sure.
+HOLD_IN: str | None = None
+HELD = "held"
 
 _TESTS = Path(__file__).resolve().parent
 
 
-def spawn(scenario_file: os.PathLike | str, root: os.PathLike | str) -> subprocess.Popen:
+class Forked:
+    """A child forked from the test process running ``target()``: Popen's face for the kill tests.
+
+    The kill tests start one child per kill; a fresh interpreter's start-up was most of
+    each child's time. A fork is still another process: its own locks and open files,
+    which a SIGKILL takes with it. ``stdout`` and ``stderr`` are pipes read as text;
+    ``target``'s return value is the exit status, and the child leaves by ``os._exit``
+    (never back into pytest, whatever happens).
+    """
+
+    def __init__(self, target: Callable[[], int | None]) -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            status = 1
+            try:
+                os.close(out_r)
+                os.close(err_r)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+                status = target() or 0
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(status)
+        os.close(out_w)
+        os.close(err_w)
+        self.pid = pid
+        self.stdout = open(out_r, encoding="utf-8")  # noqa: SIM115
+        self.stderr = open(err_r, encoding="utf-8")  # noqa: SIM115
+        self.returncode: int | None = None
+
+    def _reaped(self, flags: int) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reaped(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status (``-signal`` if killed); ``timeout`` is a hang guard only."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def communicate(self) -> tuple[str, str]:
+        out = self.stdout.read()
+        err = self.stderr.read()
+        self.stdout.close()
+        self.stderr.close()
+        self.wait()
+        return out, err
+
+
+def spawn(scenario_file: os.PathLike | str, root: os.PathLike | str,
+          before: Callable[[], None] | None = None) -> Forked:
     """Start the child on ``scenario_file`` (a :meth:`Scenario.to_json`) under ``root``.
 
-    Its stdout and stderr are pipes of text; the tests directory goes on its
-    ``PYTHONPATH`` so that it imports the test helpers as the tests do.
+    ``before``, if given, runs in the child first (a hook on ``fs.calls``, say).
     """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.fspath(_TESTS), env.get("PYTHONPATH")) if p)
-    return subprocess.Popen(
-        [sys.executable, "-m", "crash_child", os.fspath(scenario_file), os.fspath(root)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    def target() -> int:
+        if before is not None:
+            before()
+        return main([os.fspath(scenario_file), os.fspath(root)])
+
+    return Forked(target)
 
 
 def _say(word: str) -> None:
@@ -72,6 +154,9 @@ def _announce_undoing() -> None:
         if state in UNDOING and not said:
             said = True
             _say(ROLLBACK)
+        if state == HOLD_IN:  # a kill test's set state: the mark is durable, nothing moves
+            _say(HELD)
+            time.sleep(600)
 
     journal.Journal.mark = mark  # this process only: it exists to run one write
 

@@ -1,6 +1,6 @@
 """SIGKILL at random moments of a real write, then recover(): nothing lost, nothing torn.
 
-A child process (``python -m crash_child``) stages five blobs
+A child process (``crash_child``, forked from the test) stages five blobs
 (64 MiB in all) in a store, then writes two outputs from them in one
 consuming transaction with 256 KiB steps (hundreds of chunk boundaries, each
 a place to die). The parent kills it at a random moment, runs
@@ -21,11 +21,10 @@ test-long``): 600 + 400 + 200.
 from __future__ import annotations
 
 import collections
-import os
 import random
-import subprocess
-import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import crash_child
@@ -35,6 +34,7 @@ from crash_verdict import check_recovered, collect_dead_store, journal_state
 from digests import digest
 
 from trtet_store import recover
+from trtet_store.io import fs, journal
 
 KILLS = {"moves": 16, "insert": 8}
 ROLLBACK_KILLS = 10
@@ -53,11 +53,17 @@ def pristine(tmp_path_factory):
 class Child:
     """The writing child, with its stdout read line by line."""
 
-    def __init__(self, scn_file: Path, root: Path, cut_at: int | None = None) -> None:
+    def __init__(self, scn_file: Path, root: Path, cut_at: int | None = None,
+                 hold_in: str | None = None) -> None:
         # cut_at: run the child that says CUT after each step truncation of a
         # move, and HELD after the cut_at-th (0: none), then holds there.
-        self.proc = (crash_child.spawn(scn_file, root) if cut_at is None
-                     else _spawn_saying_cuts(scn_file, root, cut_at))
+        # hold_in: the child says HELD at that journal state's mark and holds there.
+        if cut_at is not None:
+            self.proc = _spawn_saying_cuts(scn_file, root, cut_at)
+        else:
+            self.proc = crash_child.spawn(
+                scn_file, root, before=None if hold_in is None else
+                lambda: setattr(crash_child, "HOLD_IN", hold_in))
         self.lines: list[str] = []
 
     def wait_for(self, word: str) -> bool:
@@ -150,10 +156,16 @@ def run_kills(scn: Scenario, root: Path, kills: int, seed: int, *, during_rollba
     stats = collections.Counter()
     for k in range(kills):
         staging, out, user = scn.install(root)
-        child = Child(scn_file, root)
+        # The first kill of a rollback run is set up, not drawn: the child holds at its
+        # durable rolling_back mark, so one kill lands inside the rollback on any machine.
+        held = during_rollback and k == 0
+        child = Child(scn_file, root, hold_in=journal.ROLLING_BACK if held else None)
         assert child.wait_for(crash_child.READY), child.finish()
         announced = False
-        if during_rollback and k % 2 == 0:
+        if held:
+            assert child.wait_for(crash_child.HELD), child.finish()
+            announced, where_ = True, "held in rollback"
+        elif during_rollback and k % 2 == 0:
             # Half of them inside the rollback, timed from the child's word
             # that its journal records the undoing.
             if child.wait_for(crash_child.ROLLBACK):
@@ -165,6 +177,8 @@ def run_kills(scn: Scenario, root: Path, kills: int, seed: int, *, during_rollba
             where_ = "any"
         child.kill()
         state = journal_state(out) or "no journal"
+        if held:
+            assert state == journal.ROLLING_BACK, (k, state, child.lines)
         if announced:  # once undoing, a write's journal only stays so or goes
             assert state in {*crash_child.UNDOING, "no journal"}, (k, state, child.lines)
         outcomes = recover(out)
@@ -226,37 +240,33 @@ def test_sigkill_during_rollback_loses_nothing(here_fs, pristine):
 CUT, HELD = "cut", "held"
 STEP_KILLS = 6
 
-# crash_child, with each move step's truncation of its source announced from
-# the thread that makes it: the step's sync has returned, and the caller is
-# copying the next step meanwhile. At the TRTET_CUT_AT-th one the thread
-# holds there, so the kill lands in that state.
-_SAYING_CUTS = """
-import os, sys, threading, time
-from trtet_store.io import fs
-import crash_child
-at, seen, real = int(os.environ["TRTET_CUT_AT"]), 0, fs.calls.ftruncate
-def ftruncate(fd, length):
-    global seen
-    real(fd, length)
-    if threading.current_thread() is not threading.main_thread():
-        seen += 1
-        print("cut", flush=True)
-        if at == seen:
-            print("held", flush=True)
-            time.sleep(60)
-fs.calls.ftruncate = ftruncate
-sys.exit(crash_child.main(sys.argv[1:]))
-"""
+def _saying_cuts(cut_at: int) -> Callable[[], None]:
+    """crash_child's hook announcing each move step's truncation of its source.
+
+    Said from the thread that makes it: the step's sync has returned, and the caller is
+    copying the next step meanwhile. At the ``cut_at``-th one the thread holds there,
+    so the kill lands in that state.
+    """
+    def install() -> None:
+        real, seen = fs.calls.ftruncate, [0]
+
+        def ftruncate(fd: int, length: int) -> None:
+            real(fd, length)
+            if threading.current_thread() is not threading.main_thread():
+                seen[0] += 1
+                print(CUT, flush=True)
+                if cut_at == seen[0]:
+                    print(HELD, flush=True)
+                    time.sleep(60)
+
+        fs.calls.ftruncate = ftruncate
+
+    return install
 
 
-def _spawn_saying_cuts(scn_file: Path, root: Path, cut_at: int) -> subprocess.Popen:
-    """crash_child.spawn's child, saying ``cut`` after step truncations (see _SAYING_CUTS)."""
-    env = dict(os.environ, TRTET_CUT_AT=str(cut_at))
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.fspath(Path(crash_child.__file__).parent), env.get("PYTHONPATH")) if p)
-    return subprocess.Popen([sys.executable, "-c", _SAYING_CUTS, os.fspath(scn_file),
-                             os.fspath(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def _spawn_saying_cuts(scn_file: Path, root: Path, cut_at: int) -> crash_child.Forked:
+    """crash_child.spawn's child, saying ``cut`` after step truncations (see _saying_cuts)."""
+    return crash_child.spawn(scn_file, root, before=_saying_cuts(cut_at))
 
 
 @pytest.mark.parametrize("fstype", ["ext4", "xfs"])
