@@ -93,3 +93,43 @@ def test_fetch_refuses_an_option_past_its_cap_before_any_request_or_file(tmp_pat
     with pytest.raises((ValueError, TypeError)):
         fetch("s3://bucket/p/model.pte", out / "model.pte", endpoint_url=DEAD, **kw)
     assert os.listdir(out) == []  # no staging directory, no lock, no journal
+
+
+# --- resume_command and client_endpoint (options.py) ---------------------------------------
+
+def test_resume_command_repeats_every_option_not_at_its_default_and_nothing_else() -> None:
+    import shlex
+
+    from trtet_store.remote.download.options import (
+        DEFAULT_CONCURRENCY,
+        DEFAULT_RANGE_SIZE,
+        resume_command,
+    )
+
+    bare = resume_command("s3://b/p/m.pte", "/o/m.pte", concurrency=DEFAULT_CONCURRENCY,
+                          range_size=DEFAULT_RANGE_SIZE, if_replaced="restart",
+                          replace_needed=False, program_only=False)
+    assert shlex.split(bare) == ["trtet-store", "fetch", "s3://b/p/m.pte", "/o/m.pte"]
+    full = resume_command("s3://b/p/m.pte", "/o dir/m.pte", reuse=["/old/a.pte", "/old/b.pte"],
+                          endpoint_url="http://h:1", concurrency=7, range_size=3 * MiB,
+                          if_replaced="error", trusted_keys=["/k/team.pub"],
+                          replace_needed=True, program_only=True)
+    assert shlex.split(full) == [
+        "trtet-store", "fetch", "s3://b/p/m.pte", "/o dir/m.pte", "--reuse", "/old/a.pte",
+        "--reuse", "/old/b.pte", "--endpoint-url", "http://h:1", "--concurrency", "7",
+        "--range-size", str(3 * MiB), "--if-replaced", "error", "--trusted-key", "/k/team.pub",
+        "--replace-needed", "--program-only"]
+
+
+def test_client_endpoint_names_a_custom_endpoint_and_not_aws_own() -> None:
+    import boto3
+
+    from trtet_store.remote.download.options import client_endpoint
+
+    aws = boto3.client("s3", region_name="eu-west-1", aws_access_key_id="x",
+                       aws_secret_access_key="y")
+    assert client_endpoint(aws) is None  # AWS's own needs no flag
+    mine = boto3.client("s3", region_name="eu-west-1", endpoint_url="http://127.0.0.1:8333",
+                        aws_access_key_id="x", aws_secret_access_key="y")
+    assert client_endpoint(mine) == "http://127.0.0.1:8333"
+    assert client_endpoint(object()) is None
