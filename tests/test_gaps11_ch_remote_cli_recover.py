@@ -1,0 +1,43 @@
+"""cli/recover.py ``cmd_recover`` / ``_parts``: with ``--json`` stdout is the JSON alone.
+
+``trtet-store recover DIR --json`` prints the recovery outcomes as JSON on stdout; the
+lines that name a killed run's half-written ``.part`` (and, with ``--discard-parts``,
+what was removed) go to stderr, so ``recover --json | jq`` keeps working beside a
+killed build. The part is a real killed child's (tests/test_recover_parts.py's
+``_killed_run``); a running store's part stays untouched.
+"""
+
+from __future__ import annotations
+
+import json
+
+from test_recover_parts import _killed_run
+
+from trtet_store.cli import main
+
+
+def test_cmd_recover_json_keeps_the_parts_lines_off_stdout(tmp_path, capsys) -> None:
+    from trtet_store.io import BlobStore
+
+    out = tmp_path / "out"
+    staging = out / ".trtet-staging"
+    running = BlobStore(staging)
+    live = running.directory / f"{running.token}-cachedef.blob.part"
+    live.write_bytes(b"y" * 4096)
+    part = _killed_run(staging)
+    try:
+        capsys.readouterr()
+        assert main(["recover", str(out), "--json"]) == 0
+        said = capsys.readouterr()
+        assert json.loads(said.out) == []  # the JSON alone
+        assert f"{part}: 384.0 MiB half-written by a killed run" in said.err
+        assert "--discard-parts" in said.err
+        assert part.exists()
+
+        assert main(["recover", str(out), "--json", "--discard-parts"]) == 0
+        said = capsys.readouterr()
+        assert json.loads(said.out) == []
+        assert "1 half-written file(s) of killed runs removed (384.0 MiB)" in said.err
+        assert not part.exists() and live.read_bytes() == b"y" * 4096
+    finally:
+        running.close()
