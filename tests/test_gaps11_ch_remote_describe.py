@@ -127,3 +127,27 @@ def test_describe_refuses_a_same_size_object_of_other_bytes_on_its_head_before_a
     assert calls.keys("GetObject") == ["a/model.pte.trtet.json"]
     assert listing(out) == before
     assert not os.path.exists(out / "w.ptd")
+
+
+@pytest.mark.parametrize("bad", [".bashrc", "x.pte"])
+def test_describe_holds_a_bucket_writers_names_to_the_closed_set_before_any_head(
+        s3env, tmp_path, bad):
+    """check_program_names in describe: a .ptd name that is plain but not a program's
+    (a dot file, a second .pte) is refused before any HeadObject."""
+    from trtet_store.remote.errors import FileNameError
+
+    m, _, ptd = _program(s3env)
+    key = f"a/{bad}"
+    etag = s3env.client.put_object(Bucket=s3env.bucket, Key=key, Body=ptd,
+                                   ChecksumAlgorithm="CRC64NVME")["ETag"].strip('"')
+    renamed = dataclasses.replace(m.objects[1], name=bad, key=key, etag=etag)
+    _write_manifest(s3env, "a/model.pte",
+                    dataclasses.replace(m, objects=(m.objects[0], renamed)))
+    out = _dest(tmp_path)
+    before = listing(out)
+    calls = Calls(s3env.client)
+    with pytest.raises(FileNameError):
+        fetch(f"s3://{s3env.bucket}/a/model.pte", out / "model.pte", client=s3env.client)
+    assert calls.keys("HeadObject") == [] and calls.keys("GetObject") == [
+        "a/model.pte.trtet.json"]
+    assert listing(out) == before
