@@ -50,3 +50,17 @@ def test_describe_plain_does_not_verify_by_a_composite_checksum(s3, here_fs):
     assert (here_fs / "blob.bin").read_bytes() == data
     assert not report.verified
     assert "composite multipart checksum" in report.unverified_reason
+
+
+@pytest.mark.parametrize("algorithm", ["CRC32C", "CRC32", "CRC64NVME"])
+def test_describe_plain_verifies_by_each_full_object_checksum(s3, here_fs, algorithm):
+    """A single PUT's checksum is of the whole object: each algorithm _plain knows verifies."""
+    key = f"plain/{algorithm}.bin"
+    data = os.urandom(2 * MiB + 5)
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=data, ChecksumAlgorithm=algorithm)
+    head = s3.client.head_object(Bucket=s3.bucket, Key=key, ChecksumMode="ENABLED")
+    if not head.get(f"Checksum{algorithm}"):
+        pytest.skip(f"the server keeps no {algorithm} here")
+    report = fetch(f"s3://{s3.bucket}/{key}", here_fs / "got.bin", client=s3.client)
+    assert (here_fs / "got.bin").read_bytes() == data
+    assert report.verified and report.unverified_reason is None, report
