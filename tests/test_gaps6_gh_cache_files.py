@@ -5,6 +5,11 @@ use stamp (on a hit, and before the put that writes it); a source of exactly the
 a re-put over a blob damaged in place; two keys sharing one blob when one is evicted; a
 blob replaced between its pin and the check that it is still the entry's. Each proves
 what is outside the cache is byte-identical and the surviving entries serve their bytes.
+
+Functions whose checks these set up: ``cache.files`` (CacheFiles.read_entry, stamp),
+``cache.put`` (Putter._put, _known), ``cache.store`` (BlobCache.get's pin and its check that
+the pinned blob is still the entry's), ``cache.evict`` (Evictor.evict, and drop_blob's
+same_identity check: a blob repaired by another put before the drop's lock is kept).
 """
 
 from __future__ import annotations
