@@ -49,3 +49,21 @@ def test_a_failed_later_probe_step_is_not_remembered_as_a_verdict(tmp_path, s3en
     objects, uploads = bucket_state(s3env)
     assert not [k for k in objects if ".trtet-probe" in k], objects  # nothing left behind
     assert uploads == []
+
+
+def test_a_first_create_refused_412_is_a_verdict_and_deletes_nothing(tmp_path, s3env):
+    """A server that answers the probe's very first create-only PutObject of a new key with
+    412 does not honour conditions (remembered); that key was not made by the probe, so the
+    probe never sends a DELETE for it (``made.clear()``: only its own objects are deleted)."""
+    url = f"s3://{s3env.bucket}/team"
+    before = bucket_state(s3env)
+    with proxy(s3env) as px:
+        px.fail_next(PROBE, 412, "PreconditionFailed", 1)
+        t = tier(url, px.url, tmp_path)
+        with pytest.raises(ConditionalWritesUnsupportedError, match=r"was refused \(412\)"):
+            t.claim("k1")
+        assert [s.method for s in px.seen(PROBE)] == ["PUT"], px.seen(PROBE)  # no DELETE
+        with pytest.raises(ConditionalWritesUnsupportedError, match="does not honour"):
+            t.claim("k1")  # remembered: no second probe
+        assert [s.method for s in px.seen(PROBE)] == ["PUT"]
+    assert bucket_state(s3env) == before
