@@ -67,3 +67,24 @@ def test_a_first_create_refused_412_is_a_verdict_and_deletes_nothing(tmp_path, s
             t.claim("k1")  # remembered: no second probe
         assert [s.method for s in px.seen(PROBE)] == ["PUT"]
     assert bucket_state(s3env) == before
+
+
+def test_a_missing_keys_if_match_answered_404_counts_as_refused(tmp_path, s3env):
+    """AWS answers an ``If-Match`` PutObject of a missing key with 404 NoSuchKey, not 412:
+    ``_refused(..., missing_ok=True)`` takes that as the refusal the probe's third step wants,
+    so the server honours conditions and the lease is ours (probed once)."""
+    url = f"s3://{s3env.bucket}/team"
+    with proxy(s3env) as px:
+        px.fail_next("/missing", 404, "NoSuchKey", 1)
+        t = tier(url, px.url, tmp_path)
+        lease = t.claim("k1")
+        assert isinstance(lease, Lease), lease
+        lease.release()
+        assert not px._failures
+        assert [s.method for s in px.seen(PROBE)] == ["PUT", "PUT", "PUT", "PUT", "DELETE"]
+        again = t.claim("k2")  # remembered as honoured: no second probe
+        assert isinstance(again, Lease)
+        again.release()
+        assert len(px.seen(PROBE)) == 5
+    objects, uploads = bucket_state(s3env)
+    assert objects == {} and uploads == [], (objects, uploads)
