@@ -5,7 +5,7 @@ As boto3 takes its settings, each one separately, first found wins:
 1. the argument (``signing_key=``, ``trusted_keys=``; the CLI's
    ``--signing-key``, ``--trusted-key``);
 2. ``TRTET_SIGNING_KEY=PATH``, ``TRTET_TRUSTED_KEYS=PATH[:PATH...]``
-   (an empty variable counts as unset);
+   (an empty variable, or one naming no file such as ``:``, counts as unset);
 3. the ``[trtet_store]`` section of the config file: ``$TRTET_CONFIG_FILE``,
    else ``$XDG_CONFIG_HOME/trtet_store/config`` (``~/.config/trtet_store/config``)::
 
@@ -164,7 +164,7 @@ def resolve_trusted(trusted_keys: Any = None) -> dict[str, PublicKey] | None:
     if trusted_keys is None:
         text = os.environ.get(ENV_TRUSTED_KEYS)
         base = None
-        if not text:
+        if not text or not _paths(text, None):  # empty, or naming no file (":"): unset
             config, path = _config()
             text = config.get("trusted_keys") or None
             base = path.parent
@@ -178,7 +178,7 @@ def resolve_signing(signing_key: Any = None) -> SigningKey | None:
     if signing_key is None:
         text = os.environ.get(ENV_SIGNING_KEY)
         base = None
-        if not text:
+        if not text or not _paths(text, None):  # empty, or naming no file (" "): unset
             config, path = _config()
             text = config.get("signing_key") or None
             base = path.parent
