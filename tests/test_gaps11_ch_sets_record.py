@@ -49,3 +49,50 @@ def test_remove_unlisted_keeps_a_link_at_a_previous_member_s_name(tmp_path: Path
     assert os.path.islink(d / "lora.ptd") and os.readlink(d / "lora.ptd") == os.fspath(target)
     assert hashlib.sha256(target.read_bytes()).hexdigest() == before
     assert sorted(os.listdir(d)) == ["lora.ptd", "new.pte"]
+
+
+def _io_read() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split(":")[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+def test_read_record_and_verify_member_refuse_a_record_over_its_cap_unread(
+        tmp_path: Path) -> None:
+    """A record of ours one byte over RECORD_MAX_BYTES (valid JSON, padded with spaces, so
+    that only the cap refuses it): read_record says so in one line (left_alone) and
+    returns None (the clean-up it drives removes nothing), verify_member raises
+    NotOursError; neither reads the record's bytes (this process's rchar)."""
+    from trtet_store.io import NotOursError
+    from trtet_store.sets.record import RECORD, RECORD_MAX_BYTES, read_record, verify_member
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "old.pte").write_bytes(b"placed by the previous member")
+    digest, chunks, size = digest_file(d / "old.pte", CHUNK, False)
+    doc = (b'{"chunk_size":%d,"files":[{"chunks":%s,"name":"old.pte","size":%d,"xxh3":"%s"}],'
+           b'"format":"trtet-store-set-member","member":"a","set":"s3://b/p/",'
+           b'"set_version":"e","version":1}' % (CHUNK, str(list(chunks)).encode(), size,
+                                                 digest.encode()))
+    with open(d / RECORD, "wb") as f:
+        f.write(doc)
+        f.write(b" " * (RECORD_MAX_BYTES + 1 - len(doc)))
+    assert os.stat(d / RECORD).st_size == RECORD_MAX_BYTES + 1
+    left: list[str] = []
+    before = _io_read()
+    got = read_record(d, left)
+    read = _io_read() - before
+    assert got is None
+    assert len(left) == 1 and "over the" in left[0] and str(RECORD_MAX_BYTES) in left[0], left
+    assert read < 1 << 20, f"read_record read {read} bytes of a record over its cap"
+    assert remove_unlisted(d, got, {"new.pte"}) == []
+    assert (d / "old.pte").exists()
+    before = _io_read()
+    try:
+        verify_member(d)
+    except NotOursError as exc:
+        assert str(RECORD_MAX_BYTES) in str(exc)
+    else:
+        raise AssertionError("verify_member read a record over its cap")
+    assert _io_read() - before < 1 << 20
