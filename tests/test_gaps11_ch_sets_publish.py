@@ -54,3 +54,30 @@ def test_publish_set_refuses_a_file_rewritten_after_its_digest_pass(
     assert "rel/trtet-set.json" not in keys, keys
     assert f"rel/blobs/{digest}" not in keys, \
         f"the rewritten bytes were published under the digest of the old ones: {keys}"
+
+
+def test_publish_set_gc_grace_as_a_timedelta_counts_its_days(s3env: Any, tmp_path: Path) -> None:
+    """``_grace_of``: a timedelta grace is its total seconds. ``timedelta(days=1)`` keeps a
+    blob no manifest names that was uploaded a moment ago (a concurrent publisher's, not
+    committed yet); ``timedelta(0)`` prunes it (the blob is prunable: only the grace keeps
+    it). A grace that dropped the days (``.seconds`` is 0 for a whole day) would prune it."""
+    from datetime import timedelta
+
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "a" / "model.pte", 5000, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    stray = write(tmp_path / "stray.bin", 4000, 9)
+    key = f"rel/blobs/{xxh(stray)}"
+    s3env.client.put_object(Bucket=s3env.bucket, Key=key, Body=stray.read_bytes())
+    etag = s3env.client.head_object(Bucket=s3env.bucket, Key=key)["ETag"]
+
+    report = publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                         if_exists="replace", gc_grace=timedelta(days=1))
+    assert report.pruned == [], "a blob seconds old was pruned under a grace of one day"
+    assert s3env.client.head_object(Bucket=s3env.bucket, Key=key)["ETag"] == etag
+
+    report = publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                         if_exists="replace", gc_grace=timedelta(0))
+    assert report.pruned == [xxh(stray)]
+    assert key not in _keys(s3env)
