@@ -1,0 +1,53 @@
+"""``trtet-store publish-set --dry-run --gc-grace HOURS`` (cli/sets.py, sets/publish.py's dry run):
+the dry run's prune plan uses the grace given, in hours, as the real run does.
+
+A blob no manifest names, uploaded a moment ago by another client (boto3 on SeaweedFS:
+a concurrent publisher's upload, not committed yet), is younger than any grace above a
+few seconds: the plan keeps it and says why ("younger than 3600 s" for ``--gc-grace 1``,
+86400 s by default); nothing is listed to prune, and the bucket is unchanged (listing and
+ETags). ``--gc-grace 0`` lists it to prune (it is prunable: only the grace keeps it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sets_helpers import write, xxh
+
+from trtet_store.cli import main
+
+
+def _listing(s3: Any) -> dict[str, str]:
+    got = s3.client.list_objects_v2(Bucket=s3.bucket)
+    return {o["Key"]: o["ETag"] for o in got.get("Contents", [])}
+
+
+def test_publish_set_dry_run_plans_the_prune_with_the_grace_given(
+        s3env: Any, tmp_path: Path, capsys: Any) -> None:
+    url = f"s3://{s3env.bucket}/rel/"
+    pte = write(tmp_path / "src" / "model.pte", 5000, 1)
+    argv = ["publish-set", url, "--member", "a", os.fspath(pte), "--journal-dir",
+            os.fspath(s3env.journal_dir), "--endpoint-url", s3env.endpoint.url,
+            "--no-progress"]
+    assert main(argv) == 0
+    theirs = write(tmp_path / "theirs.bin", 3000, 7)
+    name = xxh(theirs)
+    s3env.client.put_object(Bucket=s3env.bucket, Key=f"rel/blobs/{name}",
+                            Body=theirs.read_bytes())
+    capsys.readouterr()
+    before = _listing(s3env)
+
+    for flags, seconds in ((["--gc-grace", "1"], 3600), ([], 86400)):
+        assert main([*argv, "--replace", "--dry-run", *flags]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].endswith("would remove 0 blob(s) no member names any more, prune 0 "
+                               "no manifest names"), out
+        assert f"  kept blobs/{name}: younger than {seconds} s" in out, out
+        assert _listing(s3env) == before
+
+    assert main([*argv, "--replace", "--dry-run", "--gc-grace", "0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"  blobs/{name}: would be pruned" in out, out
+    assert _listing(s3env) == before
