@@ -1,5 +1,8 @@
 """publish_set (sets/publish.py): promises of the digest pass and the commit no other test sets up.
 
+- ``_put_small``: a one-part blob renewed by PutObject is read again; bytes other than
+  the digest pass's are ``SourceChangedError`` naming the file (it was a TypeError: the
+  error was built without its ``what``), nothing put.
 - ``_read``: each local file piece is planned again with the chunk digests taken in the
   digest pass, so a file rewritten between that pass and its upload (same size, its mtime
   put back) is refused by the upload (``SourceChangedError``): never published under a blob
@@ -81,3 +84,48 @@ def test_publish_set_gc_grace_as_a_timedelta_counts_its_days(s3env: Any, tmp_pat
                          if_exists="replace", gc_grace=timedelta(0))
     assert report.pruned == [xxh(stray)]
     assert key not in _keys(s3env)
+
+
+def test_put_small_refuses_a_file_rewritten_before_the_renewal_reads_it(
+        s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_put_small`` (``_renew`` of a one-part blob by PutObject) reads the file again: a
+    rewrite since the digest pass (same size, its mtime put back, so only the bytes tell)
+    is SourceChangedError, not a PutObject of other bytes under the old blob's name. The
+    blob a killed publish left (no set manifest names it) keeps its bytes and ETag, its
+    manifest too, and no set manifest is committed."""
+    import xxhash
+
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    size = 4096 + 17  # one part: renewed by _put_small
+    pte = write(tmp_path / "src" / "model.pte", size, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    xkey = f"rel/blobs/{xxhash.xxh3_128(pte.read_bytes()).hexdigest()}"
+    head = s3env.client.head_object(Bucket=s3env.bucket, Key=xkey)
+    assert head["ETag"].strip('"').endswith("-1"), head["ETag"]  # renewal: by PutObject
+    s3env.client.delete_object(Bucket=s3env.bucket, Key="rel/trtet-set.json")  # killed
+    before = {k: s3env.client.get_object(Bucket=s3env.bucket, Key=k)["Body"].read()
+              for k in (xkey, f"{xkey}.trtet.json")}
+    etags = {k: s3env.client.head_object(Bucket=s3env.bucket, Key=k)["ETag"] for k in before}
+    st = os.stat(pte)
+    real = publish_mod._put_small
+    calls = []
+
+    def rewrite_then_put(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[2])
+        with open(pte, "r+b") as f:
+            f.seek(100)
+            f.write(b"not the bytes digested")
+        os.utime(pte, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(publish_mod, "_put_small", rewrite_then_put)
+    with pytest.raises(SourceChangedError) as caught:
+        publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    assert str(pte) in str(caught.value) and "\n" not in str(caught.value), caught.value
+    assert calls == [xkey], calls
+    assert {k: s3env.client.get_object(Bucket=s3env.bucket, Key=k)["Body"].read()
+            for k in before} == before
+    assert {k: s3env.client.head_object(Bucket=s3env.bucket, Key=k)["ETag"]
+            for k in before} == etags
+    assert "rel/trtet-set.json" not in _keys(s3env)
