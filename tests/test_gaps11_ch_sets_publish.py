@@ -129,3 +129,56 @@ def test_put_small_refuses_a_file_rewritten_before_the_renewal_reads_it(
     assert {k: s3env.client.head_object(Bucket=s3env.bucket, Key=k)["ETag"]
             for k in before} == etags
     assert "rel/trtet-set.json" not in _keys(s3env)
+
+
+def test_to_remove_leaves_out_a_blob_renewed_since_a_killed_clean_up_listed_it(
+        s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_to_remove``: a blob the replaced version lists in ``removing`` (its publish was
+    killed before its clean-up) is carried into the new version's ``removing`` only while
+    it is still the version listed there. One another publisher renewed since (a new
+    ETag, its manifest naming it: to be named by their commit) is theirs: the new
+    manifest does not list it, and the blob and its manifest stay as they are."""
+    import json
+
+    import xxhash
+
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "src" / "model.pte", 5000, 1)
+    extra = write(tmp_path / "src" / "extra.ptd", 6000, 2)
+    publish_set({"a": [pte, extra]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    x = xxhash.xxh3_128(extra.read_bytes()).hexdigest()
+    xkey = f"rel/blobs/{x}"
+    e0 = s3env.client.head_object(Bucket=s3env.bucket, Key=xkey)["ETag"].strip('"')
+    # v1 drops extra.ptd; its publish is killed between its commit and its clean-up.
+    with monkeypatch.context() as m:
+        m.setattr(publish_mod, "_remove_unnamed", lambda *a, **k: [])
+        publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                    if_exists="replace")
+    set_doc = json.loads(s3env.client.get_object(Bucket=s3env.bucket,
+                                                 Key="rel/trtet-set.json")["Body"].read())
+    assert set_doc["removing"] == {x: e0}
+    # Another publisher renews the blob (PutObject: an ETag without "-1"), then its manifest.
+    put = s3env.client.put_object(Bucket=s3env.bucket, Key=xkey, Body=extra.read_bytes())
+    e1 = put["ETag"].strip('"')
+    assert e1 != e0
+    mdoc = json.loads(s3env.client.get_object(Bucket=s3env.bucket,
+                                              Key=f"{xkey}.trtet.json")["Body"].read())
+    mdoc["objects"][0]["etag"] = e1
+    mdoc["objects"][0]["parts"][0]["etag"] = e1
+    s3env.client.put_object(Bucket=s3env.bucket, Key=f"{xkey}.trtet.json",
+                            Body=json.dumps(mdoc).encode())
+    before = {k: (s3env.client.get_object(Bucket=s3env.bucket, Key=k)["Body"].read(),
+                  s3env.client.head_object(Bucket=s3env.bucket, Key=k)["ETag"])
+              for k in (xkey, f"{xkey}.trtet.json")}
+
+    report = publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                         if_exists="replace")
+    set_doc = json.loads(s3env.client.get_object(Bucket=s3env.bucket,
+                                                 Key="rel/trtet-set.json")["Body"].read())
+    assert set_doc["removing"] == {}, \
+        f"the new set lists a blob renewed since (ETag {e1}) to remove at {e0}: {set_doc}"
+    assert x not in report.removed
+    assert {k: (s3env.client.get_object(Bucket=s3env.bucket, Key=k)["Body"].read(),
+                s3env.client.head_object(Bucket=s3env.bucket, Key=k)["ETag"])
+            for k in before} == before
