@@ -51,3 +51,34 @@ def test_publish_set_dry_run_plans_the_prune_with_the_grace_given(
     out = capsys.readouterr().out.splitlines()
     assert f"  blobs/{name}: would be pruned" in out, out
     assert _listing(s3env) == before
+
+
+def test_publish_set_needs_reach_each_member_s_metadata(s3env: Any, tmp_path: Path,
+                                                        capsys: Any) -> None:
+    """``--needs NAME KEY=VALUE,...`` (cli/sets.py ``_needs``): every key reaches the member it
+    names, in the committed set manifest's metadata: ``version_compatible=false`` is false
+    (left out), ``true`` true; ``cc`` is compute_capability; keys take ``-`` for ``_`` and
+    spaces around. A value that is not true/false is refused (2) before any request."""
+    import json
+
+    url = f"s3://{s3env.bucket}/rel/"
+    a = write(tmp_path / "a" / "model.pte", 3000, 1)
+    b = write(tmp_path / "b" / "model.pte", 3001, 2)
+    base = ["publish-set", url, "--member", "a", os.fspath(a), "--member", "b", os.fspath(b),
+            "--journal-dir", os.fspath(s3env.journal_dir), "--endpoint-url",
+            s3env.endpoint.url, "--no-progress"]
+    assert main([*base, "--needs", "a", "version_compatible=yes,cc=8.9"]) == 2
+    err = capsys.readouterr().err
+    assert "version_compatible is true or false" in err and len(err.splitlines()) == 1, err
+    assert _listing(s3env) == {}
+
+    assert main([*base, "--needs", "a", "cc=8.9, tensorrt=10.3.0,version_compatible=False",
+                 "--needs", "b", "compute-capability=8.0,tensorrt=10.3.0,executorch=1.5.1,"
+                 "version-compatible=TRUE,hardware_compatibility=ampere_plus"]) == 0
+    doc = json.loads(s3env.client.get_object(Bucket=s3env.bucket,
+                                             Key="rel/trtet-set.json")["Body"].read())
+    assert doc["members"]["a"]["metadata"] == {"compute_capability": "8.9",
+                                               "tensorrt": "10.3.0"}
+    assert doc["members"]["b"]["metadata"] == {
+        "compute_capability": "8.0", "tensorrt": "10.3.0", "executorch": "1.5.1",
+        "version_compatible": True, "hardware_compatibility": "ampere_plus"}
