@@ -182,3 +182,43 @@ def test_to_remove_leaves_out_a_blob_renewed_since_a_killed_clean_up_listed_it(
     assert {k: (s3env.client.get_object(Bucket=s3env.bucket, Key=k)["Body"].read(),
                 s3env.client.head_object(Bucket=s3env.bucket, Key=k)["ETag"])
             for k in before} == before
+
+
+def test_prune_keeps_out_of_its_report_a_blob_another_clean_up_removed_meanwhile(
+        s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_prune`` through ``_blob_first``: a stray blob listed by the prune, then removed with
+    its manifest by another publisher's clean-up before ours reaches it, is not ours to
+    delete (nothing is asked of the server for it) and not reported as pruned; the
+    prune goes on with the next."""
+    import xxhash
+
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "src" / "model.pte", 5000, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    strays = [write(tmp_path / f"stray{i}.bin", 3000 + i, 10 + i) for i in range(2)]
+    keys = [f"rel/blobs/{xxhash.xxh3_128(p.read_bytes()).hexdigest()}" for p in strays]
+    for p, k in zip(strays, keys, strict=True):
+        s3env.client.put_object(Bucket=s3env.bucket, Key=k, Body=p.read_bytes())
+    gone, other = sorted(keys)
+    real = publish_mod._blob_first
+    deletes: list[str] = []
+
+    def first_after_a_rival(s3: Any, bucket: str) -> Any:
+        inner = real(s3, bucket)
+        s3.client.meta.events.register(
+            "before-parameter-build.s3.DeleteObject",
+            lambda params, **_: deletes.append(params["Key"]))
+
+        def first(item: Any) -> Any:
+            if item.key == gone:  # another publisher's clean-up removed it just now
+                s3env.client.delete_object(Bucket=s3env.bucket, Key=gone)
+            return inner(item)
+        return first
+
+    monkeypatch.setattr(publish_mod, "_blob_first", first_after_a_rival)
+    report = publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                         if_exists="replace", gc_grace=0)
+    assert report.pruned == [other.rpartition("/")[2]], report.pruned
+    assert gone not in deletes, deletes
+    assert other in deletes and other not in _keys(s3env)
