@@ -82,3 +82,49 @@ def test_publish_set_needs_reach_each_member_s_metadata(s3env: Any, tmp_path: Pa
     assert doc["members"]["b"]["metadata"] == {
         "compute_capability": "8.0", "tensorrt": "10.3.0", "executorch": "1.5.1",
         "version_compatible": True, "hardware_compatibility": "ampere_plus"}
+
+
+def test_fetch_set_interrupted_says_the_same_fetch_set_to_run_again(
+        s3env: Any, tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """``trtet-store fetch-set`` stopped by Ctrl-C (cli/sets.py ``cmd_fetch_set``) exits 130
+    with one line naming the very fetch-set to run again (``fetch_set_command``: --member,
+    --store, --link, --endpoint-url as given); that command, run, finishes the member and
+    downloads only the blob the store still lacks."""
+    import shlex
+
+    import trtet_store.sets.store as store_mod
+
+    url = f"s3://{s3env.bucket}/rel/"
+    pte = write(tmp_path / "src" / "a" / "model.pte", 70_000, 1)
+    ptd = write(tmp_path / "src" / "a" / "weights.ptd", 90_000, 2)
+    assert main(["publish-set", url, "--member", "a", os.fspath(pte), os.fspath(ptd),
+                 "--journal-dir", os.fspath(s3env.journal_dir), "--endpoint-url",
+                 s3env.endpoint.url, "--no-progress"]) == 0
+    out, store = tmp_path / "out", tmp_path / "blobs"
+    real = store_mod.ContentStore.download
+    calls = []
+
+    def download(self: Any, *args: Any, **kwargs: Any) -> int:
+        calls.append(args[3])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(store_mod.ContentStore, "download", download)
+    capsys.readouterr()
+    argv = ["fetch-set", url, os.fspath(out), "--member", "a", "--store", os.fspath(store),
+            "--link", "--endpoint-url", s3env.endpoint.url, "--no-progress"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err.splitlines()
+    again = shlex.join(["trtet-store", "fetch-set", url, os.fspath(out), "--member", "a",
+                        "--store", os.fspath(store), "--link", "--endpoint-url",
+                        s3env.endpoint.url])
+    assert err == [f"trtet-store fetch-set: interrupted; what was downloaded is kept: run "
+                   f"`{again}` to continue"], err
+    monkeypatch.setattr(store_mod.ContentStore, "download", real)
+    assert main([*shlex.split(again)[1:], "--json"]) == 0
+    import json
+    report = json.loads(capsys.readouterr().out)
+    assert report["bytes_downloaded"] == 90_000, report  # only the blob still missing
+    assert (out / "model.pte").read_bytes() == pte.read_bytes()
+    assert (out / "weights.ptd").read_bytes() == ptd.read_bytes()
