@@ -222,3 +222,37 @@ def test_prune_keeps_out_of_its_report_a_blob_another_clean_up_removed_meanwhile
     assert report.pruned == [other.rpartition("/")[2]], report.pruned
     assert gone not in deletes, deletes
     assert other in deletes and other not in _keys(s3env)
+
+
+def test_present_takes_a_blob_only_at_the_version_its_manifest_names(
+        s3env: Any, tmp_path: Path) -> None:
+    """``_present``: a blob is taken as there only when the object's ETag is the one its blob
+    manifest names. Another client rewrote the object (the same bytes, so the same size
+    and CRC64NVME, by PutObject: another ETag) and not its manifest (a renewal half done):
+    the replacing publish does not name the stale version, the committed set names the
+    object that is there, and a fetch of it gets the member's bytes."""
+    import json
+
+    import xxhash
+
+    from trtet_store.sets import fetch_set
+
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "src" / "model.pte", 5000, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    x = xxhash.xxh3_128(pte.read_bytes()).hexdigest()
+    xkey = f"rel/blobs/{x}"
+    e0 = s3env.client.head_object(Bucket=s3env.bucket, Key=xkey)["ETag"].strip('"')
+    e1 = s3env.client.put_object(Bucket=s3env.bucket, Key=xkey,
+                                 Body=pte.read_bytes())["ETag"].strip('"')
+    assert e1 != e0
+
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                if_exists="replace")
+    doc = json.loads(s3env.client.get_object(Bucket=s3env.bucket,
+                                             Key="rel/trtet-set.json")["Body"].read())
+    now = s3env.client.head_object(Bucket=s3env.bucket, Key=xkey)["ETag"].strip('"')
+    assert doc["blobs"][x]["etag"] == now, (doc["blobs"][x], e0, e1, now)
+    fetch_set(url, tmp_path / "out", "a", endpoint_url=s3env.endpoint.url)
+    assert (tmp_path / "out" / "model.pte").read_bytes() == pte.read_bytes()
