@@ -128,3 +128,20 @@ def test_fetch_set_interrupted_says_the_same_fetch_set_to_run_again(
     assert report["bytes_downloaded"] == 90_000, report  # only the blob still missing
     assert (out / "model.pte").read_bytes() == pte.read_bytes()
     assert (out / "weights.ptd").read_bytes() == ptd.read_bytes()
+
+
+def test_publish_set_journal_dir_is_where_the_blob_journals_go(
+        s3env: Any, tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """``publish-set --journal-dir DIR`` reaches each blob's upload (``PublishConfig``): the
+    resumable journals are made there, and nothing under the default
+    (``$XDG_STATE_HOME/trtet_store/publish``)."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", os.fspath(state))
+    journals = tmp_path / "journals"
+    url = f"s3://{s3env.bucket}/rel/"
+    pte = write(tmp_path / "src" / "model.pte", 6 * 1024 * 1024 + 5, 1)  # two parts
+    assert main(["publish-set", url, "--member", "a", os.fspath(pte), "--journal-dir",
+                 os.fspath(journals), "--endpoint-url", s3env.endpoint.url,
+                 "--no-progress"]) == 0
+    assert journals.is_dir(), "the journal directory given was never used"
+    assert not state.exists() or not any(state.rglob("*")), sorted(state.rglob("*"))
