@@ -1,0 +1,42 @@
+"""sets/store.py ``ContentStore.holds``: a blob of another size than the set's is not held.
+
+A store blob left shorter than the set says (a disk that filled, a crash mid-copy, a
+truncation) is not "in the store": ``fetch_set`` downloads it again (its bytes counted)
+and places the member's bytes, where taking it as held would have had the placement's
+check refuse the whole member. Real SeaweedFS, a real ext4 (tmp_path).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sets_helpers import write, xxh
+
+from trtet_store.remote.upload.config import PublishConfig
+from trtet_store.sets import ContentStore, fetch_set, publish_set
+
+
+def test_fetch_set_downloads_again_a_store_blob_of_another_size(s3env: Any,
+                                                                tmp_path: Path) -> None:
+    url = f"s3://{s3env.bucket}/rel/"
+    pte = write(tmp_path / "src" / "model.pte", 70_000, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url,
+                config=PublishConfig(journal_dir=s3env.journal_dir))
+    store = tmp_path / "store"
+    first = fetch_set(url, tmp_path / "one", "a", endpoint_url=s3env.endpoint.url,
+                      store=store, placements=["clone", "copy"])  # the store keeps the blob
+    assert first.bytes_downloaded == 70_000
+    blob = store / xxh(pte)
+    assert ContentStore(store).holds(xxh(pte), 70_000)
+    os.chmod(blob, 0o644)
+    os.truncate(blob, 70_000 - 1)
+    os.chmod(blob, 0o444)
+    assert not ContentStore(store).holds(xxh(pte), 70_000)
+
+    again = fetch_set(url, tmp_path / "two", "a", endpoint_url=s3env.endpoint.url,
+                      store=store, placements=["clone", "copy"])
+    assert again.bytes_downloaded == 70_000 and again.bytes_in_store == 0, again
+    assert (tmp_path / "two" / "model.pte").read_bytes() == pte.read_bytes()
+    assert blob.read_bytes() == pte.read_bytes()
