@@ -145,3 +145,31 @@ def test_publish_set_journal_dir_is_where_the_blob_journals_go(
                  "--no-progress"]) == 0
     assert journals.is_dir(), "the journal directory given was never used"
     assert not state.exists() or not any(state.rglob("*")), sorted(state.rglob("*"))
+
+
+def test_fetch_set_store_and_link_reach_the_fetch(s3env: Any, tmp_path: Path,
+                                                  capsys: Any) -> None:
+    """``fetch-set --store DIR --link`` (cli/sets.py ``cmd_fetch_set``): the blobs go into
+    the store given (none beside the destination, the default), and the member's files
+    are hard links to them (one inode, read-only 0444)."""
+    import stat
+
+    url = f"s3://{s3env.bucket}/rel/"
+    pte = write(tmp_path / "src" / "model.pte", 7000, 1)
+    ptd = write(tmp_path / "src" / "w.ptd", 9000, 2)
+    assert main(["publish-set", url, "--member", "a", os.fspath(pte), os.fspath(ptd),
+                 "--journal-dir", os.fspath(s3env.journal_dir), "--endpoint-url",
+                 s3env.endpoint.url, "--no-progress"]) == 0
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    out, store = machine / "out", machine / "my-store"
+    assert main(["fetch-set", url, os.fspath(out), "--member", "a", "--store",
+                 os.fspath(store), "--link", "--endpoint-url", s3env.endpoint.url,
+                 "--no-progress"]) == 0
+    assert sorted(os.listdir(machine)) == ["my-store", "out"]  # no .trtet-blobs beside
+    for placed, src in ((out / "model.pte", pte), (out / "w.ptd", ptd)):
+        st = os.lstat(placed)
+        blob = store / xxh(src)
+        assert placed.read_bytes() == src.read_bytes()
+        assert (st.st_dev, st.st_ino) == (os.lstat(blob).st_dev, os.lstat(blob).st_ino)
+        assert stat.S_IMODE(st.st_mode) == 0o444 and st.st_nlink == 2
