@@ -173,3 +173,21 @@ def test_fetch_set_store_and_link_reach_the_fetch(s3env: Any, tmp_path: Path,
         assert placed.read_bytes() == src.read_bytes()
         assert (st.st_dev, st.st_ino) == (os.lstat(blob).st_dev, os.lstat(blob).st_ino)
         assert stat.S_IMODE(st.st_mode) == 0o444 and st.st_nlink == 2
+
+
+def test_publish_set_gc_grace_nan_inf_and_negative_are_usage_errors(
+        s3env: Any, tmp_path: Path, capsys: Any) -> None:
+    """``--gc-grace`` (hours) NaN, -NaN, inf, -0.5: refused as a usage error (2), one line
+    naming the flag in hours, before any request (the bucket stays empty); ``-0`` is 0."""
+    url = f"s3://{s3env.bucket}/rel/"
+    pte = write(tmp_path / "src" / "model.pte", 3000, 1)
+    argv = ["publish-set", url, "--member", "a", os.fspath(pte), "--journal-dir",
+            os.fspath(s3env.journal_dir), "--endpoint-url", s3env.endpoint.url,
+            "--no-progress"]
+    for bad in ("nan", "-nan", "inf", "-0.5"):
+        assert main([*argv, f"--gc-grace={bad}"]) == 2, bad
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "--gc-grace must be a number of hours >= 0" in err[0], err
+        assert _listing(s3env) == {}
+    assert main([*argv, "--gc-grace=-0"]) == 0
+    assert "rel/trtet-set.json" in _listing(s3env)
