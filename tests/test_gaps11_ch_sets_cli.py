@@ -191,3 +191,35 @@ def test_publish_set_gc_grace_nan_inf_and_negative_are_usage_errors(
         assert _listing(s3env) == {}
     assert main([*argv, "--gc-grace=-0"]) == 0
     assert "rel/trtet-set.json" in _listing(s3env)
+
+
+def test_fetch_set_compute_capability_and_tensorrt_win_over_the_detected_machine(
+        s3env: Any, tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """``fetch-set --compute-capability X.Y`` / ``--tensorrt V`` (cli/sets.py
+    ``cmd_fetch_set``) say what the machine is instead of asking it: each flag given wins
+    over ``Machine.detect`` (here a GPU of 9.0 with TensorRT 10.3.0), the other fact is
+    the detected one; without a flag the detected machine picks."""
+    import json
+
+    from trtet_store.sets.machine import Machine
+
+    url = f"s3://{s3env.bucket}/rel/"
+    members = {n: write(tmp_path / "src" / n / "model.pte", 3000 + i, i)
+               for i, n in enumerate(("sm89", "sm90", "sm90-trt11"))}
+    argv = ["publish-set", url, "--journal-dir", os.fspath(s3env.journal_dir),
+            "--endpoint-url", s3env.endpoint.url, "--no-progress",
+            "--needs", "sm89", "cc=8.9,tensorrt=10.3.0", "--needs", "sm90",
+            "cc=9.0,tensorrt=10.3.0", "--needs", "sm90-trt11", "cc=9.0,tensorrt=11.0.0"]
+    for name, pte in members.items():
+        argv += ["--member", name, os.fspath(pte)]
+    assert main(argv) == 0
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: Machine("9.0", "10.3.0")))
+    capsys.readouterr()
+    for flags, want in (([], "sm90"), (["--compute-capability", "8.9"], "sm89"),
+                        (["--tensorrt", "11.0.0"], "sm90-trt11")):
+        out = tmp_path / f"out-{want}"
+        assert main(["fetch-set", url, os.fspath(out), *flags, "--endpoint-url",
+                     s3env.endpoint.url, "--no-progress", "--json"]) == 0, flags
+        report = json.loads(capsys.readouterr().out)
+        assert report["member"] == want and report["picked"], (flags, report["member"])
+        assert (out / "model.pte").read_bytes() == members[want].read_bytes()
