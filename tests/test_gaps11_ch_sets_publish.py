@@ -256,3 +256,50 @@ def test_present_takes_a_blob_only_at_the_version_its_manifest_names(
     assert doc["blobs"][x]["etag"] == now, (doc["blobs"][x], e0, e1, now)
     fetch_set(url, tmp_path / "out", "a", endpoint_url=s3env.endpoint.url)
     assert (tmp_path / "out" / "model.pte").read_bytes() == pte.read_bytes()
+
+
+def test_renew_never_commits_a_blob_at_an_etag_it_had_to_avoid(
+        s3env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_renew``: the version written must have an ETag none of ``avoid`` has. A blob of one
+    part that the replaced set lists in ``removing`` at its multipart ETag (``...-1``)
+    and that a losing publisher renewed by PutObject (the bytes' MD5: a prune may have
+    listed it so) has no layout left: its renewal by PutObject comes back to that MD5
+    ETag. The publish is refused (ConflictError, the set as it was), never committed
+    naming a version a pending delete is pinned to."""
+    import hashlib
+    import json
+
+    from trtet_store.remote import ConflictError
+
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "src" / "model.pte", 5000, 1)
+    x = write(tmp_path / "src" / "extra.ptd", 6000, 2)
+    xkey = f"rel/blobs/{xxh(x)}"
+    publish_set({"a": [pte, x]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    e0 = s3env.client.head_object(Bucket=s3env.bucket, Key=xkey)["ETag"].strip('"')
+    assert e0.endswith("-1"), e0
+    with monkeypatch.context() as m:  # v2 drops extra.ptd; killed before its clean-up
+        m.setattr(publish_mod, "_remove_unnamed", lambda *a, **k: [])
+        publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                    if_exists="replace")
+
+    def loses(*a: Any, **k: Any) -> str:
+        raise ConflictError("another publisher committed first", "rel/trtet-set.json")
+
+    with monkeypatch.context() as m:  # a loser renews extra.ptd (PutObject), then loses
+        m.setattr(publish_mod, "_commit", loses)
+        with pytest.raises(ConflictError):
+            publish_set({"a": [pte, x]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                        if_exists="replace")
+    md5 = hashlib.md5(x.read_bytes()).hexdigest()
+    assert s3env.client.head_object(Bucket=s3env.bucket, Key=xkey)["ETag"].strip('"') == md5
+    set_before = s3env.client.get_object(Bucket=s3env.bucket, Key="rel/trtet-set.json")
+    body = set_before["Body"].read()
+    assert json.loads(body)["removing"] == {xxh(x): e0}
+
+    with pytest.raises(ConflictError, match="being removed by another publisher's clean-up"):
+        publish_set({"a": [pte, x]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                    if_exists="replace")
+    now = s3env.client.get_object(Bucket=s3env.bucket, Key="rel/trtet-set.json")
+    assert now["Body"].read() == body and now["ETag"] == set_before["ETag"]
