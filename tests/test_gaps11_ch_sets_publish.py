@@ -303,3 +303,21 @@ def test_renew_never_commits_a_blob_at_an_etag_it_had_to_avoid(
                     if_exists="replace")
     now = s3env.client.get_object(Bucket=s3env.bucket, Key="rel/trtet-set.json")
     assert now["Body"].read() == body and now["ETag"] == set_before["ETag"]
+
+
+def test_publish_set_default_gc_grace_is_24_hours(s3env: Any, tmp_path: Path) -> None:
+    """``publish_set``'s default ``gc_grace`` (``DEFAULT_GC_GRACE``) is 24 hours in seconds:
+    the dry run's plan (``dry_run=True``, nothing written) keeps a stray blob uploaded a
+    moment ago "younger than 86400 s", and the bucket is unchanged."""
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "src" / "model.pte", 5000, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    stray = write(tmp_path / "stray.bin", 4000, 9)
+    s3env.client.put_object(Bucket=s3env.bucket, Key=f"rel/blobs/{xxh(stray)}",
+                            Body=stray.read_bytes())
+    before = _keys(s3env)
+    report = publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                         if_exists="replace", dry_run=True)
+    assert report.kept.get(xxh(stray)) == "younger than 86400 s", report.kept
+    assert report.pruned == [] and _keys(s3env) == before
