@@ -321,3 +321,34 @@ def test_publish_set_default_gc_grace_is_24_hours(s3env: Any, tmp_path: Path) ->
                          if_exists="replace", dry_run=True)
     assert report.kept.get(xxh(stray)) == "younger than 86400 s", report.kept
     assert report.pruned == [] and _keys(s3env) == before
+
+
+def test_present_does_not_take_a_blob_whose_manifest_names_another_crc(
+        s3env: Any, tmp_path: Path) -> None:
+    """``_present``: a blob is taken as there only when its blob manifest names the file's
+    size and CRC64NVME. A bucket writer changed the manifest's CRC64NVME (the object
+    untouched): the replacing publish does not take it as present. (On main the upload
+    that follows then stops: the blob's publish trusts the manifest there and reports its
+    CRC64NVME, which is not the file's: RemoteError naming both, and nothing is committed;
+    the set stays as it was, byte for byte.)"""
+    import json
+
+    from trtet_store.remote import RemoteError
+
+    url = f"s3://{s3env.bucket}/rel/"
+    cfg = PublishConfig(journal_dir=s3env.journal_dir)
+    pte = write(tmp_path / "src" / "model.pte", 5000, 1)
+    publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg)
+    mkey = f"rel/blobs/{xxh(pte)}.trtet.json"
+    doc = json.loads(s3env.client.get_object(Bucket=s3env.bucket, Key=mkey)["Body"].read())
+    doc["objects"][0]["crc64nvme"] = "AAAAAAAAAAA="
+    s3env.client.put_object(Bucket=s3env.bucket, Key=mkey, Body=json.dumps(doc).encode())
+    before = s3env.client.get_object(Bucket=s3env.bucket, Key="rel/trtet-set.json")
+    body = before["Body"].read()
+
+    with pytest.raises(RemoteError, match="published with CRC64NVME AAAAAAAAAAA=, its bytes "
+                                          "read "):
+        publish_set({"a": [pte]}, url, endpoint_url=s3env.endpoint.url, config=cfg,
+                    if_exists="replace")
+    now = s3env.client.get_object(Bucket=s3env.bucket, Key="rel/trtet-set.json")
+    assert now["Body"].read() == body and now["ETag"] == before["ETag"]
