@@ -40,3 +40,39 @@ def test_fetch_set_downloads_again_a_store_blob_of_another_size(s3env: Any,
     assert again.bytes_downloaded == 70_000 and again.bytes_in_store == 0, again
     assert (tmp_path / "two" / "model.pte").read_bytes() == pte.read_bytes()
     assert blob.read_bytes() == pte.read_bytes()
+
+
+def _rchar() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split(":")[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+def test_fetch_set_link_keeps_the_blobs_sealed_and_reads_none_back(s3env: Any,
+                                                                  tmp_path: Path) -> None:
+    """``fetch_set(link=True)`` (sets/fetch.py ``_check_after``): our own hard link changes
+    only the blob's ctime, so the store seals it again (``relink``) rather than reading the
+    placed files back: after the fetch every blob is sealed, and neither that fetch nor
+    the next member's (another directory, the same blobs) reads the blobs' bytes
+    (this process's rchar stays far below their size)."""
+    url = f"s3://{s3env.bucket}/rel/"
+    big = 4 * 1024 * 1024 + 3
+    pte = write(tmp_path / "src" / "model.pte", 9000, 1)
+    ptd = write(tmp_path / "src" / "w.ptd", big, 2)
+    publish_set({"a": [pte, ptd]}, url, endpoint_url=s3env.endpoint.url,
+                config=PublishConfig(journal_dir=s3env.journal_dir))
+    store = tmp_path / "store"
+    before = _rchar()
+    fetch_set(url, tmp_path / "one", "a", endpoint_url=s3env.endpoint.url, store=store,
+              link=True)
+    first = _rchar() - before
+    cas = ContentStore(store)
+    assert cas.sealed(xxh(pte)) and cas.sealed(xxh(ptd)), "a linked blob lost its seal"
+    before = _rchar()
+    again = fetch_set(url, tmp_path / "two", "a", endpoint_url=s3env.endpoint.url,
+                      store=store, link=True)
+    second = _rchar() - before
+    assert again.bytes_downloaded == 0
+    assert first < big and second < big, (first, second)
+    assert os.lstat(tmp_path / "two" / "w.ptd").st_ino == os.lstat(store / xxh(ptd)).st_ino
