@@ -76,3 +76,29 @@ def test_fetch_set_link_keeps_the_blobs_sealed_and_reads_none_back(s3env: Any,
     assert again.bytes_downloaded == 0
     assert first < big and second < big, (first, second)
     assert os.lstat(tmp_path / "two" / "w.ptd").st_ino == os.lstat(store / xxh(ptd)).st_ino
+
+
+def test_fetch_set_with_the_store_on_another_filesystem_keeps_its_blobs(
+        s3env: Any, tmp_path: Path, make_fs: Any) -> None:
+    """``_may_move`` (sets/fetch.py): a blob is moved out of the store into place only on
+    the destination's filesystem. A store on another filesystem (tmpfs here, the
+    destination on ext4) keeps every blob it downloaded, whole and sealed, and the member
+    is placed by copy; the next member finds them in the store (nothing downloaded)."""
+    url = f"s3://{s3env.bucket}/rel/"
+    pte = write(tmp_path / "src" / "model.pte", 9000, 1)
+    ptd = write(tmp_path / "src" / "w.ptd", 70_000, 2)
+    publish_set({"a": [pte, ptd]}, url, endpoint_url=s3env.endpoint.url,
+                config=PublishConfig(journal_dir=s3env.journal_dir))
+    store = make_fs("tmpfs", 80) / "store"
+    assert os.stat(store.parent).st_dev != os.stat(tmp_path).st_dev
+    first = fetch_set(url, tmp_path / "one", "a", endpoint_url=s3env.endpoint.url,
+                      store=store)
+    assert "move" not in first.placed, first.placed
+    cas = ContentStore(store)
+    for src in (pte, ptd):
+        assert (store / xxh(src)).read_bytes() == src.read_bytes()
+        assert cas.sealed(xxh(src))
+        assert (tmp_path / "one" / src.name).read_bytes() == src.read_bytes()
+    again = fetch_set(url, tmp_path / "two", "a", endpoint_url=s3env.endpoint.url,
+                      store=store)
+    assert again.bytes_downloaded == 0
