@@ -573,7 +573,9 @@ def _put_small(s3: S3, bucket: str, key: str, f: _File, avoid: set[str]) -> Blob
     if f.size:
         f.source.read_at(0, body)
     if crc64nvme_b64(crc64nvme(body)) != f.crc64nvme:
-        raise SourceChangedError(f"{f.source.name}: its bytes changed since they were read")
+        path = next((p.path for p in f.source.pieces if isinstance(p, ExternalFile)),
+                    f.source.name)
+        raise SourceChangedError(path, "its bytes changed since they were read")
     mkey = manifest_key(key)
     head = s3.head(bucket, key)
     mhead = s3.head(bucket, mkey)
