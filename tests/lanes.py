@@ -148,6 +148,29 @@ SMOKE_FAMILIES: dict[str, tuple[str, ...]] = {
         "test_a_failed_refit_falls_back_to_a_build_with_the_reason_and_nothing_torn",
         "test_the_refit_gate_reads_both_the_entry_and_the_export",
     ),
+    # The tier (a cache and a bucket shared by machines): a remote hit and a damaged
+    # entry on this version; the tier-down, local-hit and writers' races run once.
+    "tests/test_tiered_cache.py": (
+        "test_a_remote_hit_is_downloaded_linked_in_and_served",
+        "test_a_damaged_entry_is_never_served_and_the_rebuild_replaces_it",
+    ),
+    "tests/test_cache_partial_downloads.py": (
+        "test_a_cut_pull_keeps_its_partial_download_and_the_next_pull_resumes_it",
+        "test_a_partial_download_that_cannot_be_removed_is_said_and_stays_one_to_retry",
+    ),
+    # The cache's CLI: every local command on this version, and one compile through a
+    # shared bucket; the other bucket and other-machine tests run once.
+    "tests/test_cli_cache.py": (
+        "test_clear_keeps_an_entry_another_process_is_reading",
+        "test_compile_and_save_shares_engines_through_engine_cache_remote",
+        "test_compile_and_save_with_engine_cache_builds_once_and_says_hit",
+        "test_errors_are_one_line_and_a_nonzero_exit",
+        "test_list_shows_key_size_last_use_hits_versions_and_gpu",
+        "test_parse_age",
+        "test_prune_evicts_the_least_recently_used_down_to_the_bound",
+        "test_stats_are_the_apis",
+        "test_verify_drops_a_damaged_entry_and_exits_1",
+    ),
 }
 
 

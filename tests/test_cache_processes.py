@@ -193,7 +193,9 @@ def test_a_wait_past_its_timeout_raises_naming_the_key(here_fs: Path) -> None:
         with pytest.raises(CacheWaitTimeout, match=r"waited [0-9.]+ s .*'slowkey'"), \
                 cache.single_flight("slowkey", timeout=0.3):
             pass
-        assert time.monotonic() - t0 < 5
+        # A hang guard only (the builder holds the key for 600 s): far above the 0.3 s
+        # asked, so a loaded machine's stall cannot fail it.
+        assert time.monotonic() - t0 < 60
     finally:
         builder.kill()
         builder.wait()

@@ -386,7 +386,8 @@ class BlobCache:
             The holder kept it longer than ``timeout`` seconds.
         """
         check_key(key)
-        if timeout is not None and timeout < 0:
+        # `not >= 0`, not `< 0`: a NaN compares false both ways and would wait for ever.
+        if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
         lock_path = self.directory / "flights" / f"{key}.lock"
         start = time.monotonic()

@@ -149,7 +149,7 @@ def export(
         raise ValueError("engine_cache applies to backend='tensorrt' (it caches TensorRT "
                          "builds)")
     cache = cache_mod.resolve(engine_cache) if backend == "tensorrt" else None
-    if engine_cache_timeout is not None and engine_cache_timeout < 0:
+    if engine_cache_timeout is not None and not engine_cache_timeout >= 0:  # NaN too
         raise ValueError(f"engine_cache_timeout must be >= 0 seconds or None, got "
                          f"{engine_cache_timeout}")
 
