@@ -125,3 +125,26 @@ def test_cmd_compile_and_save_refuses_a_key_without_engine_cache_remote(
     assert "--signing-key and --trusted-key need --engine-cache-remote s3://BUCKET" in err
     assert handed == [] and builder.built == []
     assert list((here_fs / "out").iterdir()) == [] and not (here_fs / "cache").exists()
+
+
+@pytest.mark.parametrize("flag", [["--keep-versions", "2"], ["--versioned"]])
+def test_cmd_compile_and_save_versioned_says_the_path_through_its_link(
+        flag, builder, handed, here_fs, monkeypatch, capsys) -> None:
+    """A versioned write (--versioned, or --keep-versions alone) says where the program is
+    (``_written``): OUT itself does not exist, the path through the link it switched does,
+    and the line names where the link points now."""
+    import os
+
+    monkeypatch.chdir(here_fs)
+    (here_fs / "m.py").write_text(FACTORY)
+    (here_fs / "out").mkdir()
+    code = main(["compile-and-save", "m.py:make", "out/a.pte", *flag, "--no-progress"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    [kw] = handed
+    assert kw["versioned"] == (2 if flag[0] == "--keep-versions" else True)
+    link = here_fs / "out" / "a"
+    target = os.readlink(link)
+    first = printed.out.splitlines()[0]
+    assert first == f"wrote {link / 'a.pte'} ({link} -> {target})", first
+    assert (link / "a.pte").is_file() and not (here_fs / "out" / "a.pte").exists()
