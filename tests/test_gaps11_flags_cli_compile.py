@@ -148,3 +148,26 @@ def test_cmd_compile_and_save_versioned_says_the_path_through_its_link(
     first = printed.out.splitlines()[0]
     assert first == f"wrote {link / 'a.pte'} ({link} -> {target})", first
     assert (link / "a.pte").is_file() and not (here_fs / "out" / "a.pte").exists()
+
+
+@pytest.mark.parametrize("how", ["factory", "method"])
+def test_cmd_compile_and_save_publish_without_out_refuses_local_flags_first(
+        how, s3env, builder, handed, here_fs, monkeypatch, capsys) -> None:
+    """--publish without OUT (a FACTORY alone, or --method alone): --etrecord is refused
+    before anything else, a usage error: no request to the bucket, the factory never run,
+    nothing built or written (the no-OUT test counts --method's positionals as none)."""
+    monkeypatch.chdir(here_fs)
+    (here_fs / "m.py").write_text(FACTORY)
+    source = ["m.py:make"] if how == "factory" else ["--method", "forward=m.py:make"]
+    url = f"s3://{s3env.bucket}/p/a.pte"
+    code = main(["compile-and-save", *source, "--publish", url, "--etrecord",
+                 "--endpoint-url", s3env.endpoint.url, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "--etrecord need OUT (they write local files); --publish without OUT writes " \
+           "none" in err, err
+    assert not (here_fs / "factory-ran").exists(), "the factory ran before the refusal"
+    assert handed == [] and builder.built == []
+    assert sorted(p.name for p in here_fs.iterdir()) == ["m.py"]
+    got = s3env.client.list_objects_v2(Bucket=s3env.bucket).get("Contents", [])
+    assert got == []
