@@ -114,3 +114,69 @@ def test_reuse_leaves_a_refused_orphan_record_and_its_engines_in_place(tmp_path,
     again = BlobStore(tmp_path / "store")  # closing the store deleted nothing of them
     assert sorted((o.path.name, o.path.read_bytes()) for o in again.orphans()) == before
     again.close()
+
+
+def _rewrite_in_place(path: Path) -> None:
+    """The same size, other bytes, the mtime put back: only ctime says it changed."""
+    import os
+
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[100:102] = bytes(b ^ 0xFF for b in data[100:102])
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+@pytest.mark.parametrize("tamper", [True, False])
+def test_reuse_never_trusts_a_staged_orphan_engine_rewritten_with_its_mtime_put_back(
+        tmp_path, built, tamper) -> None:
+    """engine_reuse._trusted_digest compares the orphan's whole sealed identity (device,
+    inode, size, mtime, ctime): an engine rewritten in place with os.utime back is not
+    its recorded digest any more, so the record is not complete and nothing is reused
+    (the engine is built again), the changed engine never shipped."""
+    marker = tmp_path / "marker"
+    first = BlobStore(tmp_path / "store")
+    fp = built["metadata"]["fingerprint"]
+    engine = first.put(built["engine"], metadata={"kind": engine_reuse.ENGINE_KIND,
+                                                  "fingerprint": fp})
+    record = first.put(built["record"], metadata={
+        "kind": engine_reuse.RECORD_KIND, "fingerprint": fp,
+        "engines": built["metadata"]["engines"]})
+    engine_reuse.keep(first, [engine, record], own_store=True)
+    first.close()
+    store = BlobStore(tmp_path / "store")
+    [orphan] = [o for o in store.orphans()
+                if o.metadata.get("kind") == engine_reuse.ENGINE_KIND]
+    if not tamper:  # the control: unchanged, it is reused (no build)
+        assert engine_reuse.reuse(store, fp) is not None and not marker.exists()
+        store.close()
+        return
+    _rewrite_in_place(orphan.path)
+    assert engine_reuse.reuse(store, fp) is None, \
+        "an engine rewritten in place (mtime put back) was reused as the one built"
+    store.close()
+
+
+@pytest.mark.parametrize("tamper", [True, False])
+def test_reuse_never_trusts_a_kept_engine_rewritten_with_its_mtime_put_back(
+        tmp_path, built, tamper) -> None:
+    """The same for a blob kept in the caller's store (``Blob.identity_matches``)."""
+    store = BlobStore(tmp_path / "store")
+    fp = built["metadata"]["fingerprint"]
+    engine = store.put(built["engine"], metadata={"kind": engine_reuse.ENGINE_KIND,
+                                                  "fingerprint": fp})
+    record = store.put(built["record"], metadata={
+        "kind": engine_reuse.RECORD_KIND, "fingerprint": fp,
+        "engines": built["metadata"]["engines"]})
+    engine_reuse.keep(store, [engine, record], own_store=False)
+    if not tamper:  # the control: unchanged, it is reused
+        assert engine_reuse.reuse(store, fp) is not None
+        store.close()
+        return
+    _rewrite_in_place(Path(engine.path))
+    assert engine_reuse.reuse(store, fp) is None, \
+        "a kept engine rewritten in place (mtime put back) was reused as the one built"
+    store.close()
