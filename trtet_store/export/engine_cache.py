@@ -500,6 +500,11 @@ class EngineCache:
             wanted = key_list(keys, "push")
             timing = [k for k in wanted if k.startswith(timing_cache.TIMING_PREFIX)]
             wanted = [k for k in wanted if k not in timing]
+            kinds = {e.key: e.metadata.get("kind") for e in self.entries()} if timing else {}
+            for key in timing:  # checked with the rest, before anything is sent
+                if kinds.get(key) != timing_cache.TIMING_KIND:
+                    raise ValueError(f"{key!r} is not a timing cache in the engine cache "
+                                     f"{self.directory}")
         missing = []
         sizes: dict[str, int] = {}
         for key in wanted:
