@@ -28,10 +28,15 @@ def _objects(s3) -> list[str]:
                   s3.client.list_objects_v2(Bucket=s3.bucket).get("Contents", []))
 
 
+@pytest.mark.parametrize("bogus", ["absent", "another kind"])
 @pytest.mark.parametrize("order", ["good first", "bogus first"])
 def test_engine_cache_push_checks_every_timing_key_before_sending_any(here_fs: Path, s3env,
-                                                                     order) -> None:
+                                                                     order, bogus) -> None:
     cache = _tiered(here_fs, "A", s3env, s3env.endpoint.url)
+    if bogus == "another kind":  # a trt-t- key whose entry is not a timing cache
+        (here_fs / "other").write_bytes(b"an engine, not a timing cache")
+        assert cache.blobs.put(BOGUS, here_fs / "other",
+                               {"kind": "trtet_store.tensorrt.engine"}).stored
     data = write_timing_cache(_key(), {"a" * 16: "0000000a", "b" * 16: "0000000b"})
     src = here_fs / "src"
     src.write_bytes(data)
