@@ -51,3 +51,32 @@ def test_engine_cache_push_checks_every_timing_key_before_sending_any(here_fs: P
     with installed(FakeBuilder()):
         [pub] = cache.push([_key()])
     assert pub.published and cache.remote.lookup(_key()) is not None
+
+
+@pytest.mark.parametrize("other", ["a missing build key", "a missing timing key"])
+def test_engine_cache_pull_looks_every_key_up_before_downloading_any(here_fs: Path, s3env,
+                                                                    other) -> None:
+    """EngineCache.pull: "every key is looked up before anything is downloaded", timing keys
+    too. Before: the timing keys were pulled first (downloaded and merged), then the build
+    keys looked up, so pull([timing key, missing key]) took the timing entry in and raised."""
+    a = _tiered(here_fs, "A", s3env, s3env.endpoint.url)
+    data = write_timing_cache(_key(), {"a" * 16: "0000000a"})
+    (here_fs / "src").write_bytes(data)
+    assert a.blobs.put(_key(), here_fs / "src", _meta(data)).stored
+    with installed(FakeBuilder()):
+        [pub] = a.push([_key()])
+    assert pub.published
+    b = _tiered(here_fs, "B", s3env, s3env.endpoint.url)
+    missing = "ab" * 16 if other == "a missing build key" else BOGUS
+    with installed(FakeBuilder()), pytest.raises(ValueError, match=f"{missing!r} is (in neither|"
+                                                                   "not in the shared tier)"):
+        b.pull([_key(), missing])
+    assert b.blobs.get(_key()) is None, \
+        "the timing entry was downloaded before every key was looked up"
+    # The control: the timing key alone is pulled.
+    with installed(FakeBuilder()):
+        [(key, got)] = b.pull([_key()])
+    assert key == _key() and got > 0
+    hit = b.blobs.get(_key())
+    assert hit is not None
+    hit.close()
