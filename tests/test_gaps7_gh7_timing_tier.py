@@ -420,7 +420,8 @@ def test_mergeable_tier_fetch_takes_an_entry_of_exactly_the_limit(here_fs, s3env
 
 def test_engine_cache_pull_of_timing_and_build_keys_pulls_both(here_fs, s3env):
     # timing_entries.pull_entry takes the trt-t- keys; the rest go the builds' way (here: a
-    # build key in neither cache is refused, after the timing entry was taken in).
+    # build key in neither cache is refused, before the timing entry is taken in: every key
+    # is looked up before anything is downloaded).
     data = write_timing_cache(_key(), _entries(12, "pull"))
     _publish(here_fs, s3env, data)
     b = _tiered(here_fs, "B", s3env, s3env.endpoint.url)
@@ -428,6 +429,8 @@ def test_engine_cache_pull_of_timing_and_build_keys_pulls_both(here_fs, s3env):
     with installed(FakeBuilder()):
         with pytest.raises(ValueError, match="is in neither the engine cache"):
             b.pull([_key(), build])
-        assert _local_bytes(b) == data
+        assert _local_bytes(b) is None
+        [(key, got)] = b.pull([_key()])
+        assert key == _key() and got > 0 and _local_bytes(b) == data
         [(key, got)] = b.pull([_key()])  # taken in already: nothing downloaded
     assert key == _key() and got == 0

@@ -343,7 +343,8 @@ def _check_output(path: Path) -> None:
 
 
 def _check_alignment(alignment: int) -> None:
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or \
+            alignment & (alignment - 1):  # True is the int 1: never an alignment
         raise ValueError(f"segment_alignment must be a power of two (ExecuTorch aligns "
                          f"segments to it; 4096 puts every engine on a page), got {alignment}")
 

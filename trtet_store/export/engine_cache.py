@@ -500,6 +500,11 @@ class EngineCache:
             wanted = key_list(keys, "push")
             timing = [k for k in wanted if k.startswith(timing_cache.TIMING_PREFIX)]
             wanted = [k for k in wanted if k not in timing]
+            kinds = {e.key: e.metadata.get("kind") for e in self.entries()} if timing else {}
+            for key in timing:  # checked with the rest, before anything is sent
+                if kinds.get(key) != timing_cache.TIMING_KIND:
+                    raise ValueError(f"{key!r} is not a timing cache in the engine cache "
+                                     f"{self.directory}")
         missing = []
         sizes: dict[str, int] = {}
         for key in wanted:
@@ -563,10 +568,9 @@ class EngineCache:
 
         wanted = key_list(keys, "pull")
         timing = [k for k in wanted if k.startswith(timing_cache.TIMING_PREFIX)]
-        if timing:  # timing caches: fetched, verified and merged into the local entry
-            done = [(k, timing_entries.pull_entry(self, k)) for k in timing]
-            rest = [k for k in wanted if k not in timing]
-            return done + (self.pull(rest, progress=progress) if rest else [])
+        wanted = [k for k in wanted if k not in timing]
+        for key in timing:  # looked up and checked with the rest, before any download
+            timing_entries.pull_facts(self, key)
         entries: dict[str, RemoteEntry | None] = {}
         for key in wanted:
             cached = self.lookup(key)
@@ -583,8 +587,11 @@ class EngineCache:
             if problem is not None:
                 raise ValueError(f"the shared entry {key!r} cannot be used here: {problem}")
             entries[key] = entry
+        # Timing caches: fetched, verified and merged into the local entry.
+        out = [(k, timing_entries.pull_entry(self, k)) for k in timing]
+        if timing and not wanted:
+            return out
         tally = Tally(progress, sum(e.size for e in entries.values() if e is not None))
-        out = []
         for key in wanted:
             entry = entries[key]
             if entry is None:

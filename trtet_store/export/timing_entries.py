@@ -25,7 +25,7 @@ from trtet_store.io import read_fd_capped
 if TYPE_CHECKING:
     from trtet_store.export.timing_tier import CacheLevels
 
-__all__ = ["TimingExport", "export_entry", "pull_entry", "push_entries"]
+__all__ = ["TimingExport", "export_entry", "pull_entry", "pull_facts", "push_entries"]
 
 
 def _entry_check(facts: dict[str, Any] | None) -> Callable[[dict[str, Any]], str | None]:
@@ -82,6 +82,20 @@ def pull_entry(cache: CacheLevels, key: str, settings: dict[str, Any] | None = N
     """
     from trtet_store.export import timing_cache
 
+    facts = pull_facts(cache, key)
+    said = TierSaid()
+    pull(cache, key, _entry_check(facts), timing_cache._combined,
+         timing_cache._metadata(facts), limit=timing_cache.MAX_TIMING_BYTES, said=said)
+    if said.fetched_reason:
+        raise ValueError(f"the shared entry {key!r} was not taken in: {said.fetched_reason}")
+    return said.downloaded
+
+
+def pull_facts(cache: CacheLevels, key: str) -> dict[str, Any]:
+    """The facts a pull of ``key`` checks the tier's entry against: ValueError when the tier
+    has no such entry or it was made for another machine (checked before any download)."""
+    from trtet_store.export import timing_cache
+
     entry = cache.remote.lookup(key)
     if entry is None:
         raise ValueError(f"{key!r} is not in the shared tier {cache.remote.url}")
@@ -91,12 +105,7 @@ def pull_entry(cache: CacheLevels, key: str, settings: dict[str, Any] | None = N
     if timing_cache.timing_key(facts) != key:
         why = timing_cache.entry_problem(entry.metadata, facts) or "its key is not its facts'"
         raise ValueError(f"the shared entry {key!r} cannot be used here: {why}")
-    said = TierSaid()
-    pull(cache, key, _entry_check(facts), timing_cache._combined,
-         timing_cache._metadata(facts), limit=timing_cache.MAX_TIMING_BYTES, said=said)
-    if said.fetched_reason:
-        raise ValueError(f"the shared entry {key!r} was not taken in: {said.fetched_reason}")
-    return said.downloaded
+    return facts
 
 
 @dataclass
