@@ -20,9 +20,13 @@ from typing import Any
 
 from trtet_store.cache.layout import is_blob_name, refuse_foreign
 from trtet_store.cache.summary import Summary
-from trtet_store.io import Seal, SealedDir, try_lock, write_atomic
+from trtet_store.io import NotOursError, Seal, SealedDir, read_ours, try_lock, write_atomic
 
 log = logging.getLogger("trtet_store.cache")
+
+#: The most a key record (``keys/<key>.json``: the key, its blob, size, times and the
+#: caller's metadata) may hold; a bigger one is not ours to read.
+RECORD_MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -100,12 +104,16 @@ class CacheFiles:
         """The key's record, or None when it is missing; ValueError when it is unreadable."""
         path = self.record(key)
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                refuse_foreign(path, st, "record")
-                raw = json.loads(f.read())
+            # io's one reader of files read back: no link followed, no FIFO waited on,
+            # nothing read past the cap. Another user's record is refused as before;
+            # anything else we did not make is an unreadable record (dropped as one).
+            raw = json.loads(read_ours(path, limit=RECORD_MAX_BYTES, what="record"))
         except FileNotFoundError:
             return None
+        except NotOursError as exc:
+            if exc.other_owner:
+                refuse_foreign(path, os.lstat(path), "record")
+            raise ValueError(f"unreadable record {path}: {exc}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"unreadable record {path}: {exc}") from None
         try:
