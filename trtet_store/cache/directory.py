@@ -139,12 +139,7 @@ def open_cache_directory(path: Path, *, create: bool) -> bool:
             raise CacheDirectoryError(path, "was replaced while it was opened",
                                       "check who else writes to its parent directory")
         refuse_foreign(path, fst, "directory")
-        if fst.st_mode & 0o022:
-            raise PermissionError(
-                errno.EACCES,
-                f"refusing the engine cache directory {path}: it is writable by others (mode "
-                f"{stat.S_IMODE(fst.st_mode):o}); chmod 700 it or use another directory",
-                os.fspath(path))
+        _refuse_writable_by_others(path, fst)
         vfs = os.statvfs(fd)
         writable = create and not (vfs.f_flag & os.ST_RDONLY) and os.access(path, os.W_OK)
         names = [n for n in os.listdir(fd) if not _TAG_TEMP.fullmatch(n)]
@@ -219,6 +214,17 @@ def _check_subdirs(path: Path, fd: int, writable: bool) -> None:
             raise CacheDirectoryError(path / sub, "is not a directory (a link?)",
                                       "remove it, or pass another directory for the cache")
         refuse_foreign(path / sub, sst, "directory")
+        # Ours but writable by others: anyone could plant a record, a seal or a link in it.
+        _refuse_writable_by_others(path / sub, sst)
+
+
+def _refuse_writable_by_others(path: Path, st: os.stat_result) -> None:
+    if st.st_mode & 0o022:
+        raise PermissionError(
+            errno.EACCES,
+            f"refusing the engine cache directory {path}: it is writable by others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}); chmod 700 it or use another directory",
+            os.fspath(path))
 
 
 def _legacy_problem(fd: int, names: Iterable[str]) -> str | None:
