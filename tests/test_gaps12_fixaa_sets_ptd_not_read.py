@@ -69,6 +69,21 @@ def test_a_same_size_ptd_is_not_read_when_no_other_program_needs_it(
     assert (out / "foundation.ptd").read_bytes() == ptd.read_bytes()
     assert (out / "model.pte").read_bytes() == pte.read_bytes()
 
+    # A new version into the same directory: the member's own model.pte there is not
+    # "another program", so its same-size foundation.ptd is not read either.
+    ptd2 = write(src / "v2" / "foundation.ptd", SIZE, 3)
+    publish_set({"m": [pte, ptd2]}, url, endpoint_url=s3env.endpoint.url,
+                config=PublishConfig(journal_dir=s3env.journal_dir), if_exists="replace")
+    fd = _aged(out / "foundation.ptd")
+    try:
+        fetch_set(url, out, "m", endpoint_url=s3env.endpoint.url)
+        assert os.fstat(fd).st_atime_ns == OLD, (
+            "the previous version's same-size .ptd was read: the member's own .pte taken "
+            "for another program")
+    finally:
+        os.close(fd)
+    assert (out / "foundation.ptd").read_bytes() == ptd2.read_bytes()
+
     # Another program there: the same-size .ptd (other bytes) is read, and refused.
     other = mnt / "other"
     other.mkdir()
