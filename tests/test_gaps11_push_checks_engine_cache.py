@@ -73,10 +73,21 @@ def test_engine_cache_pull_looks_every_key_up_before_downloading_any(here_fs: Pa
         b.pull([_key(), missing])
     assert b.blobs.get(_key()) is None, \
         "the timing entry was downloaded before every key was looked up"
-    # The control: the timing key alone is pulled.
+    # The control: the timing key alone is pulled. The facts its check found are handed to
+    # the download, not asked of the tier again: one lookup for the check, two in the
+    # tier's fetch (its pointer, then the pointer again before the entry is taken in).
+    looked: list[str] = []
+    real_lookup = b.remote.lookup
+
+    def lookup(key, *args, **kwargs):
+        looked.append(key)
+        return real_lookup(key, *args, **kwargs)
+
+    b.remote.lookup = lookup
     with installed(FakeBuilder()):
         [(key, got)] = b.pull([_key()])
     assert key == _key() and got > 0
+    assert looked.count(_key()) <= 3, looked
     hit = b.blobs.get(_key())
     assert hit is not None
     hit.close()

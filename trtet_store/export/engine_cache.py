@@ -569,8 +569,8 @@ class EngineCache:
         wanted = key_list(keys, "pull")
         timing = [k for k in wanted if k.startswith(timing_cache.TIMING_PREFIX)]
         wanted = [k for k in wanted if k not in timing]
-        for key in timing:  # looked up and checked with the rest, before any download
-            timing_entries.pull_facts(self, key)
+        # Looked up and checked with the rest, before any download.
+        facts = {key: timing_entries.pull_facts(self, key) for key in timing}
         entries: dict[str, RemoteEntry | None] = {}
         for key in wanted:
             cached = self.lookup(key)
@@ -588,7 +588,7 @@ class EngineCache:
                 raise ValueError(f"the shared entry {key!r} cannot be used here: {problem}")
             entries[key] = entry
         # Timing caches: fetched, verified and merged into the local entry.
-        out = [(k, timing_entries.pull_entry(self, k)) for k in timing]
+        out = [(k, timing_entries.pull_entry(self, k, facts[k])) for k in timing]
         if timing and not wanted:
             return out
         tally = Tally(progress, sum(e.size for e in entries.values() if e is not None))

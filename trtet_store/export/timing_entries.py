@@ -73,16 +73,19 @@ def push_entries(cache: CacheLevels, keys: list[str]) -> list[Any]:
     return out
 
 
-def pull_entry(cache: CacheLevels, key: str, settings: dict[str, Any] | None = None) -> int:
+def pull_entry(cache: CacheLevels, key: str, facts: dict[str, Any] | None = None) -> int:
     """``cache pull`` of a timing entry: fetched, verified, merged into the local one.
 
     Refused (ValueError) when it was made for another GPU, TensorRT build,
     CUDA or driver than this machine's (its flags are the entry's own).
+    ``facts``: what :func:`pull_facts` already gave for ``key`` (its pointer is not
+    looked up again; the fetched entry is still checked against them).
     Returns the bytes downloaded.
     """
     from trtet_store.export import timing_cache
 
-    facts = pull_facts(cache, key)
+    if facts is None:
+        facts = pull_facts(cache, key)
     said = TierSaid()
     pull(cache, key, _entry_check(facts), timing_cache._combined,
          timing_cache._metadata(facts), limit=timing_cache.MAX_TIMING_BYTES, said=said)
